@@ -1,0 +1,241 @@
+//! Folds rounds into one Profile that every view reads, so the round lines, the summary and the
+//! JSON document can never disagree.
+use std::collections::BTreeMap;
+
+use heaptrace_common::{FUNC_COUNT, LOSS_COUNT};
+use serde::Serialize;
+
+use crate::{
+    model::{Round, Totals},
+    procfs::Mem,
+};
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Profile {
+    pub rounds: Vec<TimelineRow>,
+    pub procs: BTreeMap<u32, ProcProfile>,
+    /// (process, function index, size) -> count.
+    pub sizes: BTreeMap<(u32, u32, u64), u64>,
+    pub losses: [u64; LOSS_COUNT],
+    /// Blocks still in the live map when tracing ended, by (process, function index).
+    pub leaks: Option<BTreeMap<(u32, u32), Leak>>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ProcProfile {
+    pub comm: String,
+    pub totals: Totals,
+    pub mem: Option<Mem>,
+    pub peak_rss_kb: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Leak {
+    pub blocks: u64,
+    pub bytes: u64,
+}
+
+/// One line of the timeline: the round's own activity and the state at its end.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TimelineRow {
+    pub index: u64,
+    pub elapsed_ms: u64,
+    pub allocations: u64,
+    pub frees: u64,
+    pub bytes_allocated: u64,
+    pub live_blocks: i64,
+    pub live_bytes: i64,
+    pub rss_kb: u64,
+    pub virt_kb: u64,
+}
+
+impl Profile {
+    pub fn apply(&mut self, round: &Round) {
+        let mut delta = Totals::default();
+        for (pid, pr) in &round.procs {
+            let p = self.procs.entry(*pid).or_default();
+            if p.comm.is_empty() {
+                p.comm.clone_from(&pr.comm);
+            }
+            p.totals.plus(&pr.delta);
+            delta.plus(&pr.delta);
+        }
+        for (pid, mem) in &round.mem {
+            let p = self.procs.entry(*pid).or_default();
+            p.mem = Some(*mem);
+            p.peak_rss_kb = p.peak_rss_kb.max(mem.rss_kb);
+        }
+        for (key, n) in &round.sizes {
+            *self.sizes.entry(*key).or_default() += n;
+        }
+        for (acc, l) in self.losses.iter_mut().zip(round.losses.iter()) {
+            *acc += l;
+        }
+        let total = self.totals();
+        self.rounds.push(TimelineRow {
+            index: round.index,
+            elapsed_ms: round.elapsed_ms,
+            allocations: delta.allocations(),
+            frees: delta.frees(),
+            bytes_allocated: delta.bytes_allocated(),
+            live_blocks: total.live_blocks,
+            live_bytes: total.live_bytes,
+            rss_kb: round.mem.values().map(|m| m.rss_kb).sum(),
+            virt_kb: round.mem.values().map(|m| m.virt_kb).sum(),
+        });
+    }
+
+    /// All processes summed.
+    pub fn totals(&self) -> Totals {
+        let mut t = Totals::default();
+        for p in self.procs.values() {
+            t.plus(&p.totals);
+        }
+        t
+    }
+
+    /// (function index, size) -> count over all processes (or one).
+    pub fn sizes_by_func(&self, pid: Option<u32>) -> BTreeMap<(u32, u64), u64> {
+        let mut out = BTreeMap::new();
+        for ((p, f, s), n) in &self.sizes {
+            if pid.is_none_or(|want| want == *p) {
+                *out.entry((*f, *s)).or_default() += n;
+            }
+        }
+        out
+    }
+
+    pub fn leak_totals(&self, pid: Option<u32>) -> Option<Leak> {
+        let leaks = self.leaks.as_ref()?;
+        let mut t = Leak::default();
+        for ((p, _), l) in leaks {
+            if pid.is_none_or(|want| want == *p) {
+                t.blocks += l.blocks;
+                t.bytes += l.bytes;
+            }
+        }
+        Some(t)
+    }
+
+    pub fn leaks_by_func(&self, pid: Option<u32>) -> [Leak; FUNC_COUNT] {
+        let mut out = [Leak::default(); FUNC_COUNT];
+        for ((p, f), l) in self.leaks.iter().flatten() {
+            if pid.is_none_or(|want| want == *p) && (*f as usize) < FUNC_COUNT {
+                out[*f as usize].blocks += l.blocks;
+                out[*f as usize].bytes += l.bytes;
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use heaptrace_common::Func;
+
+    use super::*;
+    use crate::model::ProcRound;
+
+    fn round(index: u64, pid: u32, mallocs: u64, bytes: u64, frees: u64, live: i64) -> Round {
+        let mut delta = Totals::default();
+        delta.funcs[Func::Malloc as usize].calls = mallocs;
+        delta.funcs[Func::Malloc as usize].bytes = bytes;
+        delta.funcs[Func::Free as usize].calls = frees;
+        delta.live_blocks = mallocs as i64 - frees as i64;
+        delta.live_bytes = live;
+        let mut r = Round {
+            index,
+            elapsed_ms: index * 1000,
+            ..Default::default()
+        };
+        r.procs.insert(
+            pid,
+            ProcRound {
+                comm: "fx".into(),
+                delta,
+            },
+        );
+        r.sizes
+            .insert((pid, Func::Malloc as u32, bytes / mallocs.max(1)), mallocs);
+        r.mem.insert(
+            pid,
+            Mem {
+                rss_kb: 100 * index,
+                virt_kb: 1000,
+            },
+        );
+        r
+    }
+
+    #[test]
+    fn folds_rounds_into_totals_timeline_and_sizes() {
+        let mut p = Profile::default();
+        p.apply(&round(1, 10, 4, 400, 1, 300));
+        p.apply(&round(2, 10, 2, 200, 3, -100));
+        p.apply(&round(2, 11, 5, 50, 0, 50));
+        let t = p.totals();
+        assert_eq!(t.func(Func::Malloc).calls, 11);
+        assert_eq!(t.func(Func::Malloc).bytes, 650);
+        assert_eq!(t.frees(), 4);
+        assert_eq!(t.live_bytes, 250);
+        assert_eq!(p.rounds.len(), 3);
+        assert_eq!(p.rounds[1].allocations, 2);
+        assert_eq!(p.rounds[1].frees, 3);
+        assert_eq!(p.rounds[1].live_bytes, 200);
+        assert_eq!(p.procs[&10].peak_rss_kb, 200);
+        let sizes = p.sizes_by_func(None);
+        assert_eq!(sizes[&(Func::Malloc as u32, 100)], 6);
+        assert_eq!(sizes[&(Func::Malloc as u32, 10)], 5);
+        assert_eq!(p.sizes_by_func(Some(11)).len(), 1);
+    }
+
+    #[test]
+    fn leak_totals_filter_by_process() {
+        let mut p = Profile::default();
+        assert_eq!(p.leak_totals(None), None);
+        let mut leaks = BTreeMap::new();
+        leaks.insert(
+            (1, 0),
+            Leak {
+                blocks: 2,
+                bytes: 20,
+            },
+        );
+        leaks.insert(
+            (1, 1),
+            Leak {
+                blocks: 1,
+                bytes: 5,
+            },
+        );
+        leaks.insert(
+            (2, 0),
+            Leak {
+                blocks: 4,
+                bytes: 40,
+            },
+        );
+        p.leaks = Some(leaks);
+        assert_eq!(
+            p.leak_totals(None),
+            Some(Leak {
+                blocks: 7,
+                bytes: 65
+            })
+        );
+        assert_eq!(
+            p.leak_totals(Some(1)),
+            Some(Leak {
+                blocks: 3,
+                bytes: 25
+            })
+        );
+        assert_eq!(
+            p.leaks_by_func(Some(2))[0],
+            Leak {
+                blocks: 4,
+                bytes: 40
+            }
+        );
+    }
+}

@@ -1,0 +1,199 @@
+//! Which object provides `malloc` to a process: the executable (static binaries, programs with
+//! their own allocator), a preloaded or linked allocator (jemalloc, tcmalloc), or libc.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use crate::{
+    elf::{self, FuncSite},
+    error::{Error, Result},
+};
+
+/// The object whose malloc family heaptrace probes.
+#[derive(Clone, Debug)]
+pub struct Provider {
+    /// The path as the target process sees it (for display).
+    pub path: PathBuf,
+    /// The path heaptrace opens to attach (through /proc/PID/root for other mount namespaces).
+    pub attach_path: PathBuf,
+    pub sites: Vec<FuncSite>,
+}
+
+impl Provider {
+    fn load(path: PathBuf, attach_path: PathBuf) -> Result<Option<Provider>> {
+        let sites = elf::alloc_sites(&attach_path)?;
+        Ok(elf::defines_malloc(&sites).then_some(Provider {
+            path,
+            attach_path,
+            sites,
+        }))
+    }
+}
+
+fn is_libc(path: &Path) -> bool {
+    path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+        n.starts_with("libc.so") || n.starts_with("libc-") || n.starts_with("ld-musl")
+    })
+}
+
+fn is_dynamic_loader(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("ld-linux"))
+}
+
+/// The host's libc: the one heaptrace itself runs on.
+pub fn host_libc_path() -> Result<PathBuf> {
+    let maps = fs::read_to_string("/proc/self/maps").map_err(|source| Error::Read {
+        path: "/proc/self/maps".into(),
+        source,
+    })?;
+    mapped_files(&maps)
+        .into_iter()
+        .find(|p| is_libc(p))
+        .ok_or_else(|| Error::NoMallocFor("the host (no libc mapped in heaptrace itself)".into()))
+}
+
+pub fn host_libc() -> Result<Provider> {
+    let path = host_libc_path()?;
+    Provider::load(path.clone(), path.clone())?
+        .ok_or_else(|| Error::NoMallocFor(path.display().to_string()))
+}
+
+/// Executable file mappings of /proc/PID/maps, in order of first appearance, without duplicates.
+fn mapped_files(maps: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for line in maps.lines() {
+        let mut cols = line.split_whitespace();
+        let perms = cols.nth(1).unwrap_or("");
+        let path: Vec<&str> = cols.skip(3).collect();
+        if !perms.contains('x') || path.is_empty() || !path[0].starts_with('/') {
+            continue;
+        }
+        let path = path.join(" ");
+        if path.ends_with(" (deleted)") {
+            continue;
+        }
+        let path = PathBuf::from(path);
+        if !out.contains(&path) {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// The provider for a running process. Symbol lookup order is the executable first, then the
+/// libraries in load order, so the first object that defines malloc and free wins; libc last.
+pub fn for_pid(pid: u32) -> Result<Provider> {
+    let maps_path = PathBuf::from(format!("/proc/{pid}/maps"));
+    let maps = fs::read_to_string(&maps_path).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            Error::NoSuchProcess(pid)
+        } else {
+            Error::Read {
+                path: maps_path.clone(),
+                source,
+            }
+        }
+    })?;
+    let exe = fs::read_link(format!("/proc/{pid}/exe")).ok();
+    let files = mapped_files(&maps);
+    let root = PathBuf::from(format!("/proc/{pid}/root"));
+    let in_root = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
+
+    let mut ordered: Vec<&PathBuf> = Vec::new();
+    ordered.extend(files.iter().filter(|p| Some(*p) == exe.as_ref()));
+    ordered.extend(
+        files
+            .iter()
+            .filter(|p| Some(*p) != exe.as_ref() && !is_libc(p) && !is_dynamic_loader(p)),
+    );
+    ordered.extend(files.iter().filter(|p| is_libc(p)));
+
+    for path in &ordered {
+        // Unreadable or non-ELF mappings (vdso-like files, deleted files) are not allocators.
+        if let Ok(Some(p)) = Provider::load((*path).clone(), in_root(path)) {
+            return Ok(p);
+        }
+    }
+    Err(Error::NoMalloc {
+        pid,
+        looked: ordered
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
+}
+
+/// The provider for a command about to be executed: the executable if it defines malloc (a
+/// static binary), else the first LD_PRELOAD library that does, else the host's libc.
+pub fn for_command(exe: &Path, ld_preload: Option<&str>) -> Result<Provider> {
+    if let Ok(Some(p)) = Provider::load(exe.into(), exe.into()) {
+        return Ok(p);
+    }
+    for lib in ld_preload
+        .unwrap_or("")
+        .split([':', ' '])
+        .filter(|s| !s.is_empty())
+    {
+        if let Ok(Some(p)) = Provider::load(lib.into(), lib.into()) {
+            return Ok(p);
+        }
+    }
+    host_libc()
+}
+
+/// Resolves a command name the way execvp does.
+pub fn resolve_command(cmd: &str) -> Option<PathBuf> {
+    if cmd.contains('/') {
+        return Some(PathBuf::from(cmd));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(cmd))
+        .find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_maps_lines_keeping_executable_files_once() {
+        let maps = "\
+55d0c0000000-55d0c0001000 r--p 00000000 fe:01 123 /usr/bin/prog
+55d0c0001000-55d0c0002000 r-xp 00001000 fe:01 123 /usr/bin/prog
+7f0000000000-7f0000100000 r-xp 00000000 fe:01 456 /usr/lib/x86_64-linux-gnu/libjemalloc.so.2
+7f0000200000-7f0000300000 r-xp 00000000 fe:01 789 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f0000400000-7f0000500000 r-xp 00000000 fe:01 790 /tmp/my lib.so
+7f0000600000-7f0000700000 r-xp 00000000 fe:01 791 /tmp/old.so (deleted)
+7ffd00000000-7ffd00001000 r-xp 00000000 00:00 0 [vdso]
+";
+        let files = mapped_files(maps);
+        assert_eq!(
+            files,
+            vec![
+                PathBuf::from("/usr/bin/prog"),
+                PathBuf::from("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
+                PathBuf::from("/usr/lib/x86_64-linux-gnu/libc.so.6"),
+                PathBuf::from("/tmp/my lib.so"),
+            ]
+        );
+        assert!(is_libc(&files[2]));
+        assert!(!is_libc(&files[1]));
+    }
+
+    #[test]
+    fn own_process_uses_host_libc() {
+        let p = for_pid(std::process::id()).unwrap();
+        assert_eq!(p.path, host_libc_path().unwrap());
+    }
+
+    #[test]
+    fn missing_process_is_reported_as_such() {
+        let err = for_pid(u32::MAX - 1).unwrap_err();
+        assert!(matches!(err, Error::NoSuchProcess(_)), "{err}");
+    }
+}

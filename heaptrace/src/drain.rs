@@ -1,0 +1,126 @@
+//! Reading the kernel maps: the one place user space touches them.
+//!
+//! Counters in the kernel are cumulative and never reset; each round reads them all and
+//! subtracts the previous read (`Snapshot::since`). We chose this over Heapprof's double-buffer
+//! swap because a read-and-subtract needs no coordination with the probes (no map swap, no
+//! flag the hot path must check) and cannot lose or double-count a call: an increment that lands
+//! after the read is simply in the next round's difference.
+use std::collections::{BTreeMap, HashSet};
+
+use aya::{
+    Ebpf,
+    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap},
+};
+use heaptrace_common::{InFlight, LiveBlock, LiveKey, Loss, ProcCounters, SizeKey, maps};
+
+use crate::{
+    aggregate::Leak,
+    error::{Error, Result},
+    model::{ProcSnapshot, Snapshot, Totals},
+};
+
+pub struct KernelMaps {
+    procs: PerCpuHashMap<MapData, u32, ProcCounters>,
+    sizes: PerCpuHashMap<MapData, SizeKey, u64>,
+    losses: PerCpuArray<MapData, u64>,
+    live: HashMap<MapData, LiveKey, LiveBlock>,
+    inflight: HashMap<MapData, u64, InFlight>,
+}
+
+fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
+    move |e| Error::Map {
+        map,
+        reason: e.to_string(),
+    }
+}
+
+fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<T> {
+    let map = ebpf.take_map(name).ok_or_else(|| Error::Map {
+        map: name,
+        reason: "missing from the object".into(),
+    })?;
+    T::try_from(map).map_err(map_err(name))
+}
+
+impl KernelMaps {
+    pub fn take(ebpf: &mut Ebpf) -> Result<KernelMaps> {
+        Ok(KernelMaps {
+            procs: take(ebpf, maps::PROCS)?,
+            sizes: take(ebpf, maps::SIZES)?,
+            losses: take(ebpf, maps::LOSSES)?,
+            live: take(ebpf, maps::LIVE)?,
+            inflight: take(ebpf, maps::INFLIGHT)?,
+        })
+    }
+
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        let mut snap = Snapshot::default();
+        for item in self.procs.iter() {
+            let (tgid, per_cpu) = item.map_err(map_err(maps::PROCS))?;
+            let comm = per_cpu
+                .iter()
+                .map(|c| comm_str(&c.comm))
+                .find(|c| !c.is_empty())
+                .unwrap_or_default();
+            snap.procs.insert(
+                tgid,
+                ProcSnapshot {
+                    comm,
+                    totals: Totals::from_per_cpu(per_cpu.iter()),
+                },
+            );
+        }
+        for item in self.sizes.iter() {
+            let (key, per_cpu) = item.map_err(map_err(maps::SIZES))?;
+            let n = per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b));
+            snap.sizes.insert((key.tgid, key.func, key.size), n);
+        }
+        for kind in Loss::ALL {
+            let per_cpu = self
+                .losses
+                .get(&(kind as u32), 0)
+                .map_err(map_err(maps::LOSSES))?;
+            snap.losses[kind as usize] = per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b));
+        }
+        Ok(snap)
+    }
+
+    /// Blocks still live, grouped by (process, function). Reads the whole live map: for the
+    /// end of a trace, not for every round.
+    pub fn live_blocks(&self, pids: Option<&HashSet<u32>>) -> Result<BTreeMap<(u32, u32), Leak>> {
+        let mut out: BTreeMap<(u32, u32), Leak> = BTreeMap::new();
+        for item in self.live.iter() {
+            let (key, block) = item.map_err(map_err(maps::LIVE))?;
+            if pids.is_some_and(|p| !p.contains(&key.tgid)) {
+                continue;
+            }
+            let l = out.entry((key.tgid, block.func)).or_default();
+            l.blocks += 1;
+            l.bytes += block.size;
+        }
+        Ok(out)
+    }
+
+    /// Drops in-flight records of threads that are gone (a thread killed mid-call leaves its
+    /// record behind; the map is bounded, and a reused thread id must not inherit it).
+    pub fn purge_inflight(&mut self, thread_alive: impl Fn(u32, u32) -> bool) -> Result<usize> {
+        let dead: Vec<u64> = self
+            .inflight
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| !thread_alive((k >> 32) as u32, *k as u32))
+            .collect();
+        for k in &dead {
+            let _ = self.inflight.remove(k);
+        }
+        Ok(dead.len())
+    }
+}
+
+fn comm_str(comm: &[u8; 16]) -> String {
+    let end = comm.iter().position(|b| *b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}

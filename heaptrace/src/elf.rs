@@ -1,0 +1,126 @@
+//! Finding the malloc family in an ELF file: symbol addresses, file offsets, aliases.
+use std::{collections::BTreeMap, fs, path::Path};
+
+use heaptrace_common::Func;
+use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
+
+use crate::error::{Error, Result};
+
+/// One function to probe: where it is in the file, and which other names share its address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FuncSite {
+    pub func: Func,
+    pub vaddr: u64,
+    /// Offset in the file, what a uprobe attaches to.
+    pub file_offset: u64,
+    /// Other family members defined at the same address (probed once, counted as `func`).
+    pub aliases: Vec<Func>,
+}
+
+/// The malloc-family functions `path` defines, one site per distinct address.
+pub fn alloc_sites(path: &Path) -> Result<Vec<FuncSite>> {
+    let data = fs::read(path).map_err(|source| Error::Read {
+        path: path.into(),
+        source,
+    })?;
+    let elf_err = |reason: String| Error::Elf {
+        path: path.into(),
+        reason,
+    };
+    let file = object::File::parse(&*data).map_err(|e| elf_err(e.to_string()))?;
+
+    // Dynamic symbols are what the dynamic linker binds; a static binary only has .symtab.
+    let mut by_func: BTreeMap<Func, u64> = BTreeMap::new();
+    for sym in file.dynamic_symbols().chain(file.symbols()) {
+        if sym.is_undefined() || sym.kind() != SymbolKind::Text || sym.address() == 0 {
+            continue;
+        }
+        let Ok(name) = sym.name() else { continue };
+        // Versioned names ("malloc@@GLIBC_2.2.5") only appear in .symtab.
+        let name = name.split('@').next().unwrap_or(name);
+        if let Some(func) = Func::ALL.iter().find(|f| f.name() == name) {
+            by_func.entry(*func).or_insert(sym.address());
+        }
+    }
+
+    let mut by_addr: BTreeMap<u64, Vec<Func>> = BTreeMap::new();
+    for (func, addr) in by_func {
+        by_addr.entry(addr).or_default().push(func);
+    }
+    let mut sites = Vec::new();
+    for (vaddr, mut funcs) in by_addr {
+        funcs.sort();
+        let func = funcs.remove(0);
+        let file_offset = file_offset(&file, vaddr)
+            .ok_or_else(|| elf_err(format!("{} at {vaddr:#x} is in no segment", func.name())))?;
+        sites.push(FuncSite {
+            func,
+            vaddr,
+            file_offset,
+            aliases: funcs,
+        });
+    }
+    sites.sort_by_key(|s| s.func);
+    Ok(sites)
+}
+
+fn file_offset(file: &object::File<'_>, vaddr: u64) -> Option<u64> {
+    file.segments().find_map(|seg| {
+        let (off, size) = seg.file_range();
+        (vaddr >= seg.address() && vaddr < seg.address() + size)
+            .then(|| vaddr - seg.address() + off)
+    })
+}
+
+/// Whether `path` can serve as the process's allocator: it defines both malloc and free.
+pub fn defines_malloc(sites: &[FuncSite]) -> bool {
+    let has = |f: Func| sites.iter().any(|s| s.func == f || s.aliases.contains(&f));
+    has(Func::Malloc) && has(Func::Free)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host_libc() -> std::path::PathBuf {
+        crate::allocator::host_libc_path().expect("host libc")
+    }
+
+    #[test]
+    fn host_libc_defines_the_family_with_aligned_alloc_memalign_aliased() {
+        let sites = alloc_sites(&host_libc()).unwrap();
+        assert!(defines_malloc(&sites));
+        let names: Vec<_> = sites.iter().map(|s| s.func.name()).collect();
+        for f in [
+            "malloc",
+            "calloc",
+            "realloc",
+            "free",
+            "posix_memalign",
+            "valloc",
+            "pvalloc",
+        ] {
+            assert!(names.contains(&f), "{f} missing from {names:?}");
+        }
+        let aa = sites.iter().find(|s| s.func == Func::AlignedAlloc).unwrap();
+        assert_eq!(aa.aliases, vec![Func::Memalign], "glibc 2.36: one address");
+        assert!(!names.contains(&"memalign"));
+        // Addresses are distinct after dedup.
+        let mut addrs: Vec<_> = sites.iter().map(|s| s.vaddr).collect();
+        addrs.dedup();
+        assert_eq!(addrs.len(), sites.len());
+    }
+
+    #[test]
+    fn a_file_without_malloc_has_no_sites() {
+        // The test binary itself is a Rust program that imports malloc but does not define it.
+        let me = std::env::current_exe().unwrap();
+        assert!(!defines_malloc(&alloc_sites(&me).unwrap()));
+    }
+
+    #[test]
+    fn not_an_elf_is_an_error() {
+        let err = alloc_sites(Path::new("/etc/hostname")).unwrap_err();
+        assert!(err.to_string().contains("cannot parse ELF"), "{err}");
+    }
+}

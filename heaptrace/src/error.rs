@@ -1,0 +1,45 @@
+//! The library's typed errors. Each message is one line a user can act on.
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("heaptrace must run as root (or with CAP_BPF and CAP_PERFMON) to load eBPF programs")]
+    NotPermitted,
+    #[error(
+        "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing); heaptrace needs CONFIG_DEBUG_INFO_BTF"
+    )]
+    NoBtf,
+    #[error("this kernel has no uprobe support (/sys/bus/event_source/devices/uprobe is missing)")]
+    NoUprobes,
+    #[error("no such process: {0}")]
+    NoSuchProcess(u32),
+    #[error("process {0} is heaptrace itself; it never traces itself")]
+    SelfTarget(u32),
+    #[error("no malloc found in process {pid} (looked in: {looked})")]
+    NoMalloc { pid: u32, looked: String },
+    #[error("no malloc found for {0}")]
+    NoMallocFor(String),
+    #[error("cannot execute {cmd}: {reason}")]
+    Exec { cmd: String, reason: String },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot parse ELF file {path}: {reason}")]
+    Elf { path: PathBuf, reason: String },
+    #[error("cannot load the eBPF programs: {0}")]
+    Load(String),
+    #[error("cannot attach {func} in {path}: {reason}")]
+    Attach {
+        func: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("cannot read eBPF map {map}: {reason}")]
+    Map { map: &'static str, reason: String },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

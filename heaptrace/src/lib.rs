@@ -1,0 +1,20 @@
+//! heaptrace: a system-wide heap tracer.
+//!
+//! Data flow: `probe` (attach) -> `drain` (read kernel maps into snapshots) -> `model` (round
+//! deltas) -> `aggregate` (one Profile) -> views (`report`, `json`). `run` is the daemon tying
+//! them together; `allocator`, `elf`, `launch` and `procfs` find and start targets.
+pub mod aggregate;
+pub mod allocator;
+pub mod cli;
+pub mod drain;
+pub mod elf;
+pub mod error;
+pub mod json;
+pub mod launch;
+pub mod model;
+pub mod probe;
+pub mod procfs;
+pub mod report;
+pub mod run;
+
+pub use error::{Error, Result};

@@ -1,0 +1,272 @@
+//! Plain data that flows from the kernel maps to every view: cumulative snapshots and the
+//! per-round deltas between them. No kernel handles here; everything is serializable.
+use std::collections::BTreeMap;
+
+use heaptrace_common::{FUNC_COUNT, Func, LOSS_COUNT, ProcCounters};
+use serde::{Deserialize, Serialize};
+
+use crate::procfs::Mem;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FnTotals {
+    pub calls: u64,
+    pub bytes: u64,
+    pub failed: u64,
+}
+
+/// Counters of one process (or of several, summed). Cumulative in a snapshot, a difference in a
+/// round; the arithmetic is the same.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Totals {
+    pub funcs: [FnTotals; FUNC_COUNT],
+    pub live_blocks: i64,
+    pub live_bytes: i64,
+    pub untracked_frees: u64,
+    pub realloc_moves: u64,
+    pub realloc_in_place: u64,
+    pub realloc_frees: u64,
+    pub realloc_released_bytes: u64,
+}
+
+impl Totals {
+    /// Sums one process's per-CPU kernel values. Live counters are wrapping deltas per CPU.
+    pub fn from_per_cpu<'a>(cpus: impl IntoIterator<Item = &'a ProcCounters>) -> Totals {
+        let mut t = Totals::default();
+        for c in cpus {
+            for (acc, f) in t.funcs.iter_mut().zip(c.funcs.iter()) {
+                acc.calls = acc.calls.wrapping_add(f.calls);
+                acc.bytes = acc.bytes.wrapping_add(f.bytes);
+                acc.failed = acc.failed.wrapping_add(f.failed);
+            }
+            t.live_blocks = t.live_blocks.wrapping_add(c.live_blocks as i64);
+            t.live_bytes = t.live_bytes.wrapping_add(c.live_bytes as i64);
+            t.untracked_frees = t.untracked_frees.wrapping_add(c.untracked_frees);
+            t.realloc_moves = t.realloc_moves.wrapping_add(c.realloc_moves);
+            t.realloc_in_place = t.realloc_in_place.wrapping_add(c.realloc_in_place);
+            t.realloc_frees = t.realloc_frees.wrapping_add(c.realloc_frees);
+            t.realloc_released_bytes = t
+                .realloc_released_bytes
+                .wrapping_add(c.realloc_released_bytes);
+        }
+        t
+    }
+
+    /// `self - prev`, field by field (counters only grow, so a delta is never negative except
+    /// for the live figures).
+    pub fn minus(&self, prev: &Totals) -> Totals {
+        let mut d = *self;
+        for (a, b) in d.funcs.iter_mut().zip(prev.funcs.iter()) {
+            a.calls = a.calls.wrapping_sub(b.calls);
+            a.bytes = a.bytes.wrapping_sub(b.bytes);
+            a.failed = a.failed.wrapping_sub(b.failed);
+        }
+        d.live_blocks -= prev.live_blocks;
+        d.live_bytes -= prev.live_bytes;
+        d.untracked_frees = d.untracked_frees.wrapping_sub(prev.untracked_frees);
+        d.realloc_moves = d.realloc_moves.wrapping_sub(prev.realloc_moves);
+        d.realloc_in_place = d.realloc_in_place.wrapping_sub(prev.realloc_in_place);
+        d.realloc_frees = d.realloc_frees.wrapping_sub(prev.realloc_frees);
+        d.realloc_released_bytes = d
+            .realloc_released_bytes
+            .wrapping_sub(prev.realloc_released_bytes);
+        d
+    }
+
+    pub fn plus(&mut self, d: &Totals) {
+        for (a, b) in self.funcs.iter_mut().zip(d.funcs.iter()) {
+            a.calls += b.calls;
+            a.bytes += b.bytes;
+            a.failed += b.failed;
+        }
+        self.live_blocks += d.live_blocks;
+        self.live_bytes += d.live_bytes;
+        self.untracked_frees += d.untracked_frees;
+        self.realloc_moves += d.realloc_moves;
+        self.realloc_in_place += d.realloc_in_place;
+        self.realloc_frees += d.realloc_frees;
+        self.realloc_released_bytes += d.realloc_released_bytes;
+    }
+
+    pub fn func(&self, f: Func) -> &FnTotals {
+        &self.funcs[f as usize]
+    }
+
+    /// Blocks handed out: successful calls of the allocating functions. A realloc counts when it
+    /// returned a block (not for realloc(p, 0), which is a free).
+    pub fn allocations(&self) -> u64 {
+        Func::ALL
+            .iter()
+            .filter(|f| **f != Func::Free)
+            .map(|f| {
+                let t = self.func(*f);
+                let frees = if *f == Func::Realloc {
+                    self.realloc_frees
+                } else {
+                    0
+                };
+                t.calls - t.failed - frees
+            })
+            .sum()
+    }
+
+    /// Blocks given back: free() of a non-NULL pointer and realloc(p, 0).
+    pub fn frees(&self) -> u64 {
+        self.func(Func::Free).calls + self.realloc_frees
+    }
+
+    /// Bytes requested by successful allocating calls.
+    pub fn bytes_allocated(&self) -> u64 {
+        Func::ALL
+            .iter()
+            .filter(|f| **f != Func::Free)
+            .map(|f| self.func(*f).bytes)
+            .sum()
+    }
+}
+
+/// (process, function index, requested size).
+pub type SizeKey = (u32, u32, u64);
+
+/// What the kernel maps held at one instant, summed over CPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub procs: BTreeMap<u32, ProcSnapshot>,
+    pub sizes: BTreeMap<SizeKey, u64>,
+    pub losses: [u64; LOSS_COUNT],
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcSnapshot {
+    pub comm: String,
+    pub totals: Totals,
+}
+
+/// Everything new since the previous round.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Round {
+    pub index: u64,
+    pub elapsed_ms: u64,
+    /// Processes whose counters moved this round.
+    pub procs: BTreeMap<u32, ProcRound>,
+    pub sizes: BTreeMap<SizeKey, u64>,
+    pub losses: [u64; LOSS_COUNT],
+    /// Memory of the traced processes that are still alive, read at the end of the round.
+    pub mem: BTreeMap<u32, Mem>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcRound {
+    pub comm: String,
+    pub delta: Totals,
+}
+
+impl Snapshot {
+    /// The differences from `prev` to `self`. Cumulative kernel counters read twice give exact
+    /// deltas whatever the kernel did in between: a call counted after this read shows up in the
+    /// next round, never in two and never in none.
+    pub fn since(&self, prev: &Snapshot) -> Round {
+        let mut round = Round::default();
+        for (pid, snap) in &self.procs {
+            let delta = match prev.procs.get(pid) {
+                Some(p) => snap.totals.minus(&p.totals),
+                None => snap.totals,
+            };
+            if delta != Totals::default() {
+                round.procs.insert(
+                    *pid,
+                    ProcRound {
+                        comm: snap.comm.clone(),
+                        delta,
+                    },
+                );
+            }
+        }
+        for (key, count) in &self.sizes {
+            let d = count.wrapping_sub(prev.sizes.get(key).copied().unwrap_or(0));
+            if d != 0 {
+                round.sizes.insert(*key, d);
+            }
+        }
+        for (i, l) in self.losses.iter().enumerate() {
+            round.losses[i] = l.wrapping_sub(prev.losses[i]);
+        }
+        round
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counters(calls: u64, bytes: u64, live_blocks: i64, live_bytes: i64) -> ProcCounters {
+        let mut c = ProcCounters::ZERO;
+        c.funcs[Func::Malloc as usize].calls = calls;
+        c.funcs[Func::Malloc as usize].bytes = bytes;
+        c.live_blocks = live_blocks as u64;
+        c.live_bytes = live_bytes as u64;
+        c
+    }
+
+    #[test]
+    fn per_cpu_live_figures_sum_across_negative_cpus() {
+        // Two blocks of 100 allocated on CPU 0, one freed on CPU 1.
+        let cpu0 = counters(2, 200, 2, 200);
+        let cpu1 = counters(0, 0, -1, -100);
+        let t = Totals::from_per_cpu([&cpu0, &cpu1]);
+        assert_eq!(t.func(Func::Malloc).calls, 2);
+        assert_eq!((t.live_blocks, t.live_bytes), (1, 100));
+    }
+
+    #[test]
+    fn deltas_between_snapshots_add_back_to_the_last_snapshot() {
+        let mk = |calls, bytes, lb, lbytes, size_count| {
+            let mut s = Snapshot::default();
+            s.procs.insert(
+                7,
+                ProcSnapshot {
+                    comm: "fx".into(),
+                    totals: Totals::from_per_cpu([&counters(calls, bytes, lb, lbytes)]),
+                },
+            );
+            s.sizes.insert((7, 0, 100), size_count);
+            s.losses[0] = size_count / 2;
+            s
+        };
+        let s0 = Snapshot::default();
+        let s1 = mk(3, 300, 3, 300, 3);
+        let s2 = mk(10, 1000, 1, 100, 10);
+        let r1 = s1.since(&s0);
+        let r2 = s2.since(&s1);
+        assert_eq!(r1.procs[&7].delta.func(Func::Malloc).calls, 3);
+        assert_eq!(r2.procs[&7].delta.func(Func::Malloc).calls, 7);
+        assert_eq!(r2.procs[&7].delta.live_blocks, -2);
+        assert_eq!(r2.sizes[&(7, 0, 100)], 7);
+        assert_eq!(r2.losses[0], 4);
+        let mut sum = Totals::default();
+        sum.plus(&r1.procs[&7].delta);
+        sum.plus(&r2.procs[&7].delta);
+        assert_eq!(sum, s2.procs[&7].totals);
+        // A round in which nothing moved carries no process.
+        assert!(s2.since(&s2).procs.is_empty());
+    }
+
+    #[test]
+    fn allocations_and_frees_follow_realloc_semantics() {
+        let mut t = Totals::default();
+        t.funcs[Func::Malloc as usize] = FnTotals {
+            calls: 10,
+            bytes: 1000,
+            failed: 1,
+        };
+        t.funcs[Func::Realloc as usize] = FnTotals {
+            calls: 5,
+            bytes: 50,
+            failed: 1,
+        };
+        t.realloc_frees = 2;
+        t.funcs[Func::Free as usize].calls = 4;
+        assert_eq!(t.allocations(), 9 + 2);
+        assert_eq!(t.frees(), 4 + 2);
+        assert_eq!(t.bytes_allocated(), 1050);
+    }
+}

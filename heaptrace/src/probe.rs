@@ -1,0 +1,217 @@
+//! Loading the eBPF programs and attaching them to a provider's malloc family.
+//!
+//! Drop detaches everything: every exit path (return, error, panic unwinding) that drops the
+//! `Probes` removes the uprobes, and the kernel removes them when the process dies anyway.
+use std::{num::NonZeroU32, path::PathBuf};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    programs::{UProbe, uprobe::UProbeScope},
+};
+use heaptrace_common::{Func, globals, maps};
+
+use crate::{
+    allocator::Provider,
+    error::{Error, Result},
+};
+
+/// Which processes the probes fire for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// One process and all its threads, present and future (uprobe filters match the mm).
+    Process(u32),
+    /// Every process that maps the provider's file.
+    All,
+}
+
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub live_map_size: u32,
+    pub size_map_size: u32,
+    pub proc_map_size: u32,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            live_map_size: 1 << 20,
+            size_map_size: 32768,
+            proc_map_size: 4096,
+        }
+    }
+}
+
+/// One attached probe, for `--verbose` and the JSON document.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Attached {
+    pub func: &'static str,
+    pub aliases: Vec<&'static str>,
+    pub path: PathBuf,
+    pub offset: u64,
+    pub uretprobe: bool,
+}
+
+pub struct Probes {
+    pub ebpf: Ebpf,
+    pub attached: Vec<Attached>,
+}
+
+/// Checks what loading needs before trying, so the error names the cause.
+pub fn preflight() -> Result<()> {
+    if !has_bpf_caps() {
+        return Err(Error::NotPermitted);
+    }
+    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Err(Error::NoBtf);
+    }
+    if !std::path::Path::new("/sys/bus/event_source/devices/uprobe").exists() {
+        return Err(Error::NoUprobes);
+    }
+    Ok(())
+}
+
+fn has_bpf_caps() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let Some(eff) = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+    else {
+        return false;
+    };
+    let has = |c: u32| eff & (1 << c) != 0;
+    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+}
+
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/heaptrace"));
+
+pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
+    let me = std::process::id();
+    EbpfLoader::new()
+        .override_global(globals::SELF_TGID, &me, true)
+        .map_max_entries(maps::LIVE, opts.live_map_size)
+        .map_max_entries(maps::SIZES, opts.size_map_size)
+        .map_max_entries(maps::PROCS, opts.proc_map_size)
+        .load(EBPF_OBJECT)
+        .map_err(|e| {
+            let msg = format!("{e:#}");
+            if msg.contains("Operation not permitted") {
+                Error::NotPermitted
+            } else {
+                Error::Load(msg)
+            }
+        })
+}
+
+fn entry_program(func: Func) -> &'static str {
+    match func {
+        Func::Malloc => "malloc_entry",
+        Func::Calloc => "calloc_entry",
+        Func::Realloc => "realloc_entry",
+        Func::Free => "free_entry",
+        Func::PosixMemalign => "posix_memalign_entry",
+        Func::AlignedAlloc => "aligned_alloc_entry",
+        Func::Memalign => "memalign_entry",
+        Func::Valloc => "valloc_entry",
+        Func::Pvalloc => "pvalloc_entry",
+    }
+}
+
+const RETURN_PROGRAM: &str = "alloc_return";
+
+/// The first line of a load error and the verifier's last words, not its whole log.
+fn short(e: &dyn std::fmt::Display) -> String {
+    let full = format!("{e:#}");
+    let lines: Vec<&str> = full.lines().collect();
+    if lines.len() <= 4 {
+        return lines.join(" ");
+    }
+    let tail: Vec<&str> = lines
+        .iter()
+        .rev()
+        .filter(|l| {
+            !l.trim().is_empty()
+                && !l.starts_with("verification time")
+                && !l.starts_with("processed")
+        })
+        .take(2)
+        .copied()
+        .collect();
+    format!(
+        "{} ... {}",
+        lines[0],
+        tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    )
+}
+
+fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe> {
+    let prog: &mut UProbe = ebpf
+        .program_mut(name)
+        .ok_or_else(|| Error::Load(format!("program {name} missing from the object")))?
+        .try_into()
+        .map_err(|e| Error::Load(format!("{name}: {e}")))?;
+    Ok(prog)
+}
+
+impl Probes {
+    /// Attaches every function the provider defines. Return probes go first: an entry seen
+    /// without its return probe in place would leave a record that is never completed.
+    pub fn attach(mut ebpf: Ebpf, provider: &Provider, scope: Scope) -> Result<Probes> {
+        let scope = match scope {
+            Scope::All => UProbeScope::AllProcesses,
+            Scope::Process(pid) => {
+                UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(Error::NoSuchProcess(0))?)
+            }
+        };
+        let path = &provider.attach_path;
+        let attach_err = |func: Func, e: &dyn std::fmt::Display| Error::Attach {
+            func: func.name(),
+            path: provider.path.clone(),
+            reason: format!("{e:#}"),
+        };
+        let mut attached = Vec::new();
+        let loaded = |ebpf: &mut Ebpf, name: &str| -> Result<()> {
+            uprobe(ebpf, name)?
+                .load()
+                .map_err(|e| Error::Load(format!("{name}: {}", short(&e))))
+        };
+
+        loaded(&mut ebpf, RETURN_PROGRAM)?;
+        for site in provider.sites.iter().filter(|s| s.func != Func::Free) {
+            uprobe(&mut ebpf, RETURN_PROGRAM)?
+                .attach(site.file_offset, path, scope)
+                .map_err(|e| attach_err(site.func, &e))?;
+        }
+        for site in &provider.sites {
+            let name = entry_program(site.func);
+            loaded(&mut ebpf, name)?;
+            uprobe(&mut ebpf, name)?
+                .attach(site.file_offset, path, scope)
+                .map_err(|e| attach_err(site.func, &e))?;
+            attached.push(Attached {
+                func: site.func.name(),
+                aliases: site.aliases.iter().map(|a| a.name()).collect(),
+                path: provider.path.clone(),
+                offset: site.file_offset,
+                uretprobe: site.func != Func::Free,
+            });
+        }
+        Ok(Probes { ebpf, attached })
+    }
+
+    pub fn probe_count(&self) -> usize {
+        self.attached
+            .iter()
+            .map(|a| 1 + usize::from(a.uretprobe))
+            .sum()
+    }
+}

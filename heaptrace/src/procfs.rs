@@ -1,0 +1,91 @@
+//! What heaptrace reads about processes from /proc.
+use std::{
+    fs, io,
+    os::fd::{FromRawFd as _, OwnedFd},
+};
+
+/// The state letter from /proc/PID/stat (R, S, D, Z, X, ...), None if the process is gone.
+pub fn state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // comm may contain spaces and parentheses: the state follows the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.trim_start().chars().next()
+}
+
+/// A process counts as alive until it is a zombie (kill(pid, 0) succeeds on zombies).
+pub fn alive(pid: u32) -> bool {
+    matches!(state(pid), Some(s) if s != 'Z' && s != 'X')
+}
+
+/// Whether thread `tid` of process `tgid` still runs.
+pub fn thread_alive(tgid: u32, tid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{tgid}/task/{tid}")).exists()
+}
+
+pub fn comm(pid: u32) -> Option<String> {
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_string())
+}
+
+/// Memory figures of a process, in KiB, from /proc/PID/status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Mem {
+    pub rss_kb: u64,
+    pub virt_kb: u64,
+}
+
+pub fn mem(pid: u32) -> Option<Mem> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    Some(parse_status(&status))
+}
+
+fn parse_status(status: &str) -> Mem {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    Mem {
+        rss_kb: field("VmRSS:"),
+        virt_kb: field("VmSize:"),
+    }
+}
+
+/// A pidfd: becomes readable when the process exits, for any process (not only children).
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall; the returned fd is owned by us.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_status_fields() {
+        let s = "Name:\tx\nVmSize:\t  739156 kB\nVmRSS:\t     508 kB\nThreads:\t11\n";
+        assert_eq!(
+            parse_status(s),
+            Mem {
+                rss_kb: 508,
+                virt_kb: 739156
+            }
+        );
+    }
+
+    #[test]
+    fn own_process_is_alive_and_has_memory() {
+        let me = std::process::id();
+        assert!(alive(me));
+        assert!(mem(me).unwrap().rss_kb > 0);
+    }
+}

@@ -1,0 +1,180 @@
+//! Text views of a Profile: the line printed each round and the final summary.
+use std::fmt::Write as _;
+
+use heaptrace_common::{Func, Loss};
+
+use crate::aggregate::{Profile, TimelineRow};
+
+pub fn bytes(n: i64) -> String {
+    let neg = n < 0;
+    let mut v = n.unsigned_abs() as f64;
+    let mut unit = "B";
+    for u in ["KiB", "MiB", "GiB", "TiB"] {
+        if v < 1024.0 {
+            break;
+        }
+        v /= 1024.0;
+        unit = u;
+    }
+    let sign = if neg { "-" } else { "" };
+    if unit == "B" {
+        format!("{sign}{v} B")
+    } else {
+        format!("{sign}{v:.1} {unit}")
+    }
+}
+
+pub fn round_line(row: &TimelineRow) -> String {
+    let mut s = format!(
+        "[{:>7.1}s] round {}: {} allocs, {} frees, {} allocated, live {} blocks / {}",
+        row.elapsed_ms as f64 / 1000.0,
+        row.index,
+        row.allocations,
+        row.frees,
+        bytes(row.bytes_allocated as i64),
+        row.live_blocks,
+        bytes(row.live_bytes),
+    );
+    if row.rss_kb > 0 {
+        let _ = write!(s, ", RSS {}", bytes(row.rss_kb as i64 * 1024));
+    }
+    s
+}
+
+/// Functions shown in tables: every family member except those probed as another's alias.
+pub fn shown_funcs(aliased: &[Func]) -> impl Iterator<Item = Func> + '_ {
+    Func::ALL.into_iter().filter(move |f| !aliased.contains(f))
+}
+
+pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) -> String {
+    let totals = match pid {
+        Some(p) => profile.procs.get(&p).map(|p| p.totals).unwrap_or_default(),
+        None => profile.totals(),
+    };
+    let hidden: Vec<Func> = aliased.iter().map(|(a, _)| *a).collect();
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<24} {:>12} {:>16} {:>8}",
+        "function", "calls", "bytes", "failed"
+    );
+    for f in shown_funcs(&hidden) {
+        let t = totals.func(f);
+        let mut name = f.name().to_string();
+        for (a, of) in aliased {
+            if *of == f {
+                let _ = write!(name, "/{}", a.name());
+            }
+        }
+        if f == Func::Free {
+            let _ = writeln!(
+                s,
+                "{:<24} {:>12} {:>16} {:>8}   ({} untracked: of blocks not seen allocated)",
+                name, t.calls, t.bytes, "-", totals.untracked_frees
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "{:<24} {:>12} {:>16} {:>8}",
+                name, t.calls, t.bytes, t.failed
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "realloc: {} moved, {} in place, {} realloc(p, 0) frees",
+        totals.realloc_moves, totals.realloc_in_place, totals.realloc_frees
+    );
+    let _ = writeln!(
+        s,
+        "total: {} allocations, {} frees, {} allocated; live {} blocks / {}",
+        totals.allocations(),
+        totals.frees(),
+        bytes(totals.bytes_allocated() as i64),
+        totals.live_blocks,
+        bytes(totals.live_bytes)
+    );
+    if let Some(l) = profile.leak_totals(pid) {
+        let _ = writeln!(
+            s,
+            "not freed at the end: {} blocks, {} ({} bytes)",
+            l.blocks,
+            bytes(l.bytes as i64),
+            l.bytes
+        );
+    }
+    let lost: Vec<String> = Loss::ALL
+        .iter()
+        .filter(|l| profile.losses[**l as usize] > 0)
+        .map(|l| format!("{} {}", l.name(), profile.losses[*l as usize]))
+        .collect();
+    let _ = writeln!(
+        s,
+        "lost: {}",
+        if lost.is_empty() {
+            "none".to_string()
+        } else {
+            lost.join(", ")
+        }
+    );
+    s
+}
+
+/// The per-process breakdown of a system-wide trace, busiest first.
+pub fn processes(profile: &Profile, top: usize) -> String {
+    let mut rows: Vec<_> = profile.procs.iter().collect();
+    rows.sort_by_key(|(_, p)| std::cmp::Reverse(p.totals.allocations() + p.totals.frees()));
+    let mut s = format!(
+        "{:>8} {:<16} {:>12} {:>12} {:>14} {:>14}\n",
+        "pid", "command", "allocs", "frees", "allocated", "live"
+    );
+    for (pid, p) in rows.iter().take(top) {
+        let _ = writeln!(
+            s,
+            "{:>8} {:<16} {:>12} {:>12} {:>14} {:>14}",
+            pid,
+            p.comm,
+            p.totals.allocations(),
+            p.totals.frees(),
+            bytes(p.totals.bytes_allocated() as i64),
+            bytes(p.totals.live_bytes)
+        );
+    }
+    if rows.len() > top {
+        let _ = writeln!(s, "... and {} more processes", rows.len() - top);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_bytes_with_binary_units() {
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes(1023), "1023 B");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(bytes(-3 * 1024 * 1024), "-3.0 MiB");
+    }
+
+    #[test]
+    fn summary_merges_aliases_and_reports_losses() {
+        let mut p = Profile::default();
+        let mut t = crate::model::Totals::default();
+        t.funcs[Func::AlignedAlloc as usize].calls = 3;
+        p.procs.insert(
+            1,
+            crate::aggregate::ProcProfile {
+                comm: "x".into(),
+                totals: t,
+                ..Default::default()
+            },
+        );
+        p.losses[Loss::LiveMap as usize] = 5;
+        let s = summary(&p, None, &[(Func::Memalign, Func::AlignedAlloc)]);
+        assert!(s.contains("aligned_alloc/memalign"), "{s}");
+        assert!(!s.lines().any(|l| l.starts_with("memalign")), "{s}");
+        assert!(s.contains("lost: live_map 5"), "{s}");
+    }
+}

@@ -1,0 +1,316 @@
+//! The daemon: pick the target, attach, drain a round every interval until the target exits or
+//! we are told to stop, then detach and print what was seen.
+use std::{
+    collections::HashSet,
+    io::Write as _,
+    os::fd::OwnedFd,
+    time::{Duration, Instant},
+};
+
+use heaptrace_common::Func;
+use tokio::{
+    io::unix::AsyncFd,
+    signal::unix::{SignalKind, signal},
+};
+
+use crate::{
+    aggregate::Profile,
+    allocator::{self, Provider},
+    cli::Cli,
+    drain::KernelMaps,
+    error::{Error, Result},
+    json, launch,
+    model::Snapshot,
+    probe::{self, LoadOptions, Probes, Scope},
+    procfs, report,
+};
+
+enum Target {
+    Pid(u32),
+    All,
+    Command(Vec<String>),
+}
+
+impl Target {
+    fn from_cli(cli: &Cli) -> Result<Target> {
+        match (cli.pid, cli.all, cli.command.is_empty()) {
+            (Some(pid), _, _) => Ok(Target::Pid(pid)),
+            (None, true, _) => Ok(Target::All),
+            (None, false, false) => Ok(Target::Command(cli.command.clone())),
+            (None, false, true) => Err(Error::Exec {
+                cmd: "nothing".into(),
+                reason: "give a target: -p PID, --all or -- COMMAND [ARGS]".into(),
+            }),
+        }
+    }
+
+    fn mode(&self) -> &'static str {
+        match self {
+            Target::Pid(_) => "pid",
+            Target::All => "all",
+            Target::Command(_) => "command",
+        }
+    }
+}
+
+/// Why the main loop ended.
+enum End {
+    TargetExited,
+    Interrupted,
+    Terminated,
+}
+
+pub fn run(cli: Cli) -> Result<i32> {
+    let target = Target::from_cli(&cli)?;
+    probe::preflight()?;
+    let opts = LoadOptions {
+        live_map_size: cli.live_map_size,
+        size_map_size: cli.size_map_size,
+        ..LoadOptions::default()
+    };
+
+    // Find the target and its allocator; a launched command waits, stopped, until attached.
+    let mut stopped = None;
+    let (provider, scope) = match &target {
+        Target::Pid(pid) => {
+            if *pid == std::process::id() {
+                return Err(Error::SelfTarget(*pid));
+            }
+            if !procfs::alive(*pid) {
+                return Err(Error::NoSuchProcess(*pid));
+            }
+            (allocator::for_pid(*pid)?, Scope::Process(*pid))
+        }
+        Target::All => (allocator::host_libc()?, Scope::All),
+        Target::Command(argv) => {
+            let exe = allocator::resolve_command(&argv[0]).ok_or_else(|| Error::Exec {
+                cmd: argv[0].clone(),
+                reason: "command not found".into(),
+            })?;
+            let preload = std::env::var("LD_PRELOAD").ok();
+            let provider = allocator::for_command(&exe, preload.as_deref())?;
+            let child = launch::spawn_stopped(&exe, argv)?;
+            let scope = Scope::Process(child.pid);
+            stopped = Some(child);
+            (provider, scope)
+        }
+    };
+
+    let attached = probe::load(&opts).and_then(|ebpf| Probes::attach(ebpf, &provider, scope));
+    let mut probes = match attached {
+        Ok(p) => p,
+        Err(e) => {
+            if let Some(child) = stopped {
+                child.abort();
+            }
+            return Err(e);
+        }
+    };
+    let maps = KernelMaps::take(&mut probes.ebpf)?;
+    let what = match scope {
+        Scope::All => "all processes".to_string(),
+        Scope::Process(pid) => format!("pid {pid}"),
+    };
+    eprintln!(
+        "heaptrace: attached {} probes to {} ({what})",
+        probes.probe_count(),
+        provider.path.display()
+    );
+    if cli.verbose {
+        for a in &probes.attached {
+            eprintln!(
+                "heaptrace:   {}{} at {:#x}{}",
+                a.func,
+                if a.aliases.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (= {})", a.aliases.join(", "))
+                },
+                a.offset,
+                if a.uretprobe { " + return" } else { "" }
+            );
+        }
+    }
+
+    let pid = match (stopped, scope) {
+        (Some(child), _) => Some(child.resume()?),
+        (None, Scope::Process(pid)) => Some(pid),
+        (None, Scope::All) => None,
+    };
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut daemon = Daemon {
+        maps,
+        prev: Snapshot::default(),
+        profile: Profile::default(),
+        start: Instant::now(),
+        pid,
+        quiet: cli.quiet,
+    };
+    let end = rt.block_on(daemon.watch(cli.interval))?;
+
+    // Exit status of a launched command: it may still be finishing after a signal.
+    let exit_code = match (&target, pid) {
+        (Target::Command(_), Some(pid)) => Some(rt.block_on(child_exit(pid, &end))),
+        _ => None,
+    };
+
+    // Detach first so the final read is of a state nothing changes any more.
+    let attached_list = probes.attached.clone();
+    drop(probes);
+    daemon.round()?;
+    let pids: Option<HashSet<u32>> = pid.map(|p| HashSet::from([p]));
+    daemon.profile.leaks = Some(daemon.maps.live_blocks(pids.as_ref())?);
+
+    let aliases = aliases(&provider);
+    let profile = &daemon.profile;
+    eprintln!("heaptrace: {}", end_reason(&end, pid, exit_code));
+    eprint!("{}", report::summary(profile, pid, &aliases));
+    if pid.is_none() {
+        eprint!("{}", report::processes(profile, 20));
+    }
+    if let Some(path) = &cli.json {
+        let pids: Vec<u32> = pid.into_iter().collect();
+        let info = json::RunInfo {
+            mode: target.mode(),
+            pids: &pids,
+            command: match &target {
+                Target::Command(argv) => argv,
+                _ => &[],
+            },
+            exit_code,
+            interval_ms: cli.interval.as_millis() as u64,
+            provider: &provider.path.display().to_string(),
+            probes: &attached_list,
+            aliases: &aliases,
+        };
+        let doc = serde_json::to_string_pretty(&json::document(profile, &info))
+            .map_err(|e| Error::Io(std::io::Error::other(e)))?;
+        if path == "-" {
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{doc}")?;
+        } else {
+            std::fs::write(path, doc + "\n")?;
+        }
+    }
+    Ok(exit_code.unwrap_or(0))
+}
+
+/// (alias, probed as): family members defined at the address of another one.
+fn aliases(provider: &Provider) -> Vec<(Func, Func)> {
+    provider
+        .sites
+        .iter()
+        .flat_map(|s| s.aliases.iter().map(move |a| (*a, s.func)))
+        .collect()
+}
+
+fn end_reason(end: &End, pid: Option<u32>, exit_code: Option<i32>) -> String {
+    match (end, pid, exit_code) {
+        (End::TargetExited, Some(pid), Some(code)) => {
+            format!("pid {pid} exited with status {code}")
+        }
+        (End::TargetExited, Some(pid), None) => format!("pid {pid} exited"),
+        (End::Interrupted, _, _) => "interrupted; detached".into(),
+        (End::Terminated, _, _) => "terminated; detached".into(),
+        (End::TargetExited, None, _) => "stopped".into(),
+    }
+}
+
+/// Waits for a launched command to end after a signal (a terminal's Ctrl-C reaches it too;
+/// SIGTERM is passed on), a short while at most.
+async fn child_exit(pid: u32, end: &End) -> i32 {
+    if let End::Terminated = end {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        if let Some(code) = launch::try_wait(pid) {
+            return code;
+        }
+        if Instant::now() >= deadline {
+            return match end {
+                End::Terminated => 128 + libc::SIGTERM,
+                _ => 128 + libc::SIGINT,
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+struct Daemon {
+    maps: KernelMaps,
+    prev: Snapshot,
+    profile: Profile,
+    start: Instant,
+    /// The one traced process, or None for all.
+    pid: Option<u32>,
+    quiet: bool,
+}
+
+impl Daemon {
+    async fn watch(&mut self, interval: Duration) -> Result<End> {
+        let exited = match self.pid {
+            Some(pid) => {
+                let fd = procfs::pidfd_open(pid)?;
+                // SAFETY: we own the pidfd and keep it open while it is registered.
+                Some(unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)?)
+            }
+            None => None,
+        };
+        let mut sigint = signal(SignalKind::interrupt())?;
+        let mut sigterm = signal(SignalKind::terminate())?;
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await; // the first tick is immediate
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {
+                    self.round()?;
+                    self.maps.purge_inflight(procfs::thread_alive)?;
+                }
+                _ = target_exit(exited.as_ref()) => return Ok(End::TargetExited),
+                _ = sigint.recv() => return Ok(End::Interrupted),
+                _ = sigterm.recv() => return Ok(End::Terminated),
+            }
+        }
+    }
+
+    fn round(&mut self) -> Result<()> {
+        let snap = self.maps.snapshot()?;
+        let mut round = snap.since(&self.prev);
+        round.index = self.profile.rounds.len() as u64 + 1;
+        round.elapsed_ms = self.start.elapsed().as_millis() as u64;
+        let pids: Vec<u32> = match self.pid {
+            Some(p) => vec![p],
+            None => snap.procs.keys().copied().collect(),
+        };
+        for p in pids {
+            if procfs::alive(p)
+                && let Some(m) = procfs::mem(p)
+            {
+                round.mem.insert(p, m);
+            }
+        }
+        self.profile.apply(&round);
+        if !self.quiet
+            && let Some(row) = self.profile.rounds.last()
+        {
+            eprintln!("heaptrace: {}", report::round_line(row));
+        }
+        self.prev = snap;
+        Ok(())
+    }
+}
+
+async fn target_exit(fd: Option<&AsyncFd<OwnedFd>>) {
+    match fd {
+        Some(fd) => {
+            let _ = fd.readable().await;
+        }
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,314 @@
+//! Exact counts per function and per size for every way of choosing a target.
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Command, Stdio},
+};
+
+use serde_json::Value;
+
+use crate::{
+    expect::{Expected, Fixture},
+    support::*,
+};
+
+const DTV: u64 = 272;
+
+fn allocs() -> std::path::PathBuf {
+    fixture("allocs", "", &[])
+}
+
+/// Traces `allocs ARGS` launched by heaptrace; returns the JSON document.
+fn launch(tag: &str, bin: &std::path::Path, args: &[String], env: &[(&str, &str)]) -> Value {
+    let json = json_path(tag);
+    let mut cmd = heaptrace();
+    cmd.args(["--no-tui", "-q", "--json"])
+        .arg(&json)
+        .arg("--")
+        .arg(bin)
+        .args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = run_ok(&mut cmd);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("function"), "no summary table: {stderr}");
+    let doc = read_json(&json);
+    assert_eq!(doc["target"]["exit_code"], 0);
+    assert_eq!(doc["lost"]["live_map"], 0);
+    assert_eq!(doc["lost"]["in_flight"], 0);
+    doc
+}
+
+fn args(fx: &Fixture, extra: &[&str]) -> Vec<String> {
+    let mut a = vec![
+        fx.threads.to_string(),
+        fx.iterations.to_string(),
+        fx.leaks.to_string(),
+    ];
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn check_leaks(doc: &Value, want: &Expected) {
+    // The live map scanned at exit agrees with the running live counters, block for block.
+    assert_eq!(
+        doc["leaks"]["blocks"].as_u64(),
+        Some(want.live_blocks),
+        "{}",
+        doc["leaks"]
+    );
+    assert_eq!(
+        doc["leaks"]["bytes"].as_u64(),
+        Some(want.live_bytes),
+        "{}",
+        doc["leaks"]
+    );
+}
+
+fn launch_exact(threads: u64, iterations: u64, leaks: u64) {
+    let _g = shared();
+    let fx = Fixture {
+        threads,
+        iterations,
+        leaks,
+        memalign_apart: false,
+        no_pvalloc: false,
+    };
+    let doc = launch(&format!("launch{threads}"), &allocs(), &args(&fx, &[]), &[]);
+    let want = Expected::of(&fx).with_glibc_threads(threads, DTV);
+    let got = Expected::observed(&doc, &doc["sizes"], &want);
+    assert_eq!(got, want);
+    check_leaks(&doc, &want);
+    assert_eq!(doc["aliases"]["memalign"], "aligned_alloc");
+    assert!(doc["functions"].get("memalign").is_none());
+    assert_eq!(doc["processes"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn launch_one_thread_counts_exactly() {
+    if bpf_or_skip("launch_one_thread_counts_exactly") {
+        launch_exact(0, 3000, 5);
+    }
+}
+
+#[test]
+fn launch_four_threads_counts_exactly() {
+    if bpf_or_skip("launch_four_threads_counts_exactly") {
+        launch_exact(4, 3000, 3);
+    }
+}
+
+/// 4 threads x 12,000 iterations x 21 counted calls = 1,008,000 calls.
+#[test]
+fn launch_a_million_calls_counts_exactly() {
+    if bpf_or_skip("launch_a_million_calls_counts_exactly") {
+        launch_exact(4, 12_000, 2);
+    }
+}
+
+/// Attaches to a running fixture whose threads already exist (so libc's thread set-up is not
+/// seen), then lets it work.
+fn pid_exact(threads: u64) {
+    let _g = shared();
+    let fx = Fixture {
+        threads,
+        iterations: 2000,
+        leaks: 4,
+        memalign_apart: false,
+        no_pvalloc: false,
+    };
+    let mut target = Command::new(allocs())
+        .args(args(&fx, &["wait"]))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(target.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready, "ready\n");
+    let json = json_path(&format!("pid{threads}"));
+    let mut cmd = heaptrace();
+    cmd.args(["--no-tui", "-q", "--interval", "200ms", "--json"])
+        .arg(&json)
+        .args(["-p", &target.id().to_string()]);
+    let tracer = start_attached(&mut cmd);
+    target.stdin.take().unwrap().write_all(b"g").unwrap();
+    assert!(target.wait().unwrap().success());
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("exited"), "{stderr}");
+    let doc = read_json(&json);
+    let want = Expected::of(&fx);
+    let got = Expected::observed(&doc, &doc["sizes"], &want);
+    assert_eq!(got, want);
+    check_leaks(&doc, &want);
+    assert_eq!(doc["functions"]["free"]["untracked"], 0);
+}
+
+#[test]
+fn pid_one_thread_counts_exactly() {
+    if bpf_or_skip("pid_one_thread_counts_exactly") {
+        pid_exact(1);
+    }
+}
+
+#[test]
+fn pid_four_threads_counts_exactly() {
+    if bpf_or_skip("pid_four_threads_counts_exactly") {
+        pid_exact(4);
+    }
+}
+
+/// `--all` sees a fixture started after it, exactly, under the fixture's own pid.
+fn all_exact(threads: u64) {
+    let _g = exclusive();
+    let fx = Fixture {
+        threads,
+        iterations: 1500,
+        leaks: 2,
+        memalign_apart: false,
+        no_pvalloc: false,
+    };
+    let json = json_path(&format!("all{threads}"));
+    let mut cmd = heaptrace();
+    cmd.args(["--all", "--no-tui", "-q", "--interval", "200ms", "--json"])
+        .arg(&json);
+    let tracer = start_attached(&mut cmd);
+    let tracer_pid = tracer.child.id() as u64;
+    let status = Command::new(allocs()).args(args(&fx, &[])).spawn().unwrap();
+    let pid = status.id() as u64;
+    let out = status.wait_with_output().unwrap();
+    assert!(out.status.success());
+    tracer.signal(libc::SIGINT);
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    let doc = read_json(&json);
+    assert_eq!(doc["target"]["mode"], "all");
+    let procs = doc["processes"].as_array().unwrap();
+    assert!(
+        procs.iter().all(|p| p["pid"].as_u64() != Some(0)),
+        "pid 0 must not appear"
+    );
+    let p = procs
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .unwrap_or_else(|| panic!("pid {pid} missing from {procs:?}"));
+    assert_eq!(p["comm"], "allocs");
+    let want = Expected::of(&fx).with_glibc_threads(threads, DTV);
+    let got = Expected::observed(p, &per_process_sizes(&doc, pid), &want);
+    assert_eq!(got, want);
+    assert_eq!(p["leaks"]["blocks"].as_u64(), Some(want.live_blocks));
+    assert_eq!(p["leaks"]["bytes"].as_u64(), Some(want.live_bytes));
+    // heaptrace never traces itself, though it allocates through the same libc.
+    assert!(
+        procs.iter().all(|p| p["pid"].as_u64() != Some(tracer_pid)),
+        "heaptrace traced itself"
+    );
+}
+
+/// The per-process size histogram, as the document gives it.
+fn per_process_sizes(doc: &Value, pid: u64) -> Value {
+    doc["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .map(|p| p["sizes"].clone())
+        .unwrap()
+}
+
+#[test]
+fn all_one_thread_counts_exactly() {
+    if bpf_or_skip("all_one_thread_counts_exactly") {
+        all_exact(0);
+    }
+}
+
+#[test]
+fn all_four_threads_counts_exactly() {
+    if bpf_or_skip("all_four_threads_counts_exactly") {
+        all_exact(4);
+    }
+}
+
+/// Runs a fixture twice (no work, then work) under the same runtime; the difference is exactly
+/// the fixture's calls, whatever the runtime allocates for itself at start-up.
+fn exact_over_baseline(
+    tag: &str,
+    bin: &std::path::Path,
+    fx: Fixture,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Value {
+    let base_fx = Fixture {
+        iterations: 0,
+        leaks: 0,
+        ..fx
+    };
+    let want = Expected::of(&fx).minus(&Expected::of(&base_fx));
+    let base = launch(&format!("{tag}-base"), bin, &args(&base_fx, extra), env);
+    let full = launch(tag, bin, &args(&fx, extra), env);
+    let b = Expected::observed(&base, &base["sizes"], &want);
+    let f = Expected::observed(&full, &full["sizes"], &want);
+    assert_eq!(f.minus(&b), want);
+    // And the fixture's own sizes, absolutely.
+    for ((func, size), n) in &want.sizes {
+        assert_eq!(
+            f.sizes.get(&(func.clone(), *size)),
+            Some(n),
+            "{func} {size}"
+        );
+    }
+    full
+}
+
+#[test]
+fn static_binary_counts_exactly() {
+    if !bpf_or_skip("static_binary_counts_exactly") {
+        return;
+    }
+    let _g = shared();
+    let bin = fixture("allocs", "-static", &["-static"]);
+    let fx = Fixture {
+        threads: 4,
+        iterations: 2000,
+        leaks: 3,
+        memalign_apart: false,
+        no_pvalloc: false,
+    };
+    let doc = exact_over_baseline("static", &bin, fx, &[], &[]);
+    // The malloc family was found in the executable itself.
+    assert_eq!(doc["provider"]["path"], bin.display().to_string());
+}
+
+#[test]
+fn jemalloc_preload_counts_exactly() {
+    if !bpf_or_skip("jemalloc_preload_counts_exactly") {
+        return;
+    }
+    let _g = shared();
+    let lib = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+    assert!(
+        std::path::Path::new(lib).exists(),
+        "libjemalloc2 missing (cargo xtask setup installs it)"
+    );
+    let fx = Fixture {
+        threads: 4,
+        iterations: 2000,
+        leaks: 3,
+        // jemalloc defines memalign apart from aligned_alloc, and no pvalloc.
+        memalign_apart: true,
+        no_pvalloc: true,
+    };
+    let doc = exact_over_baseline(
+        "jemalloc",
+        &allocs(),
+        fx,
+        &["nopvalloc"],
+        &[("LD_PRELOAD", lib)],
+    );
+    assert_eq!(doc["provider"]["path"], lib);
+    assert!(doc["functions"].get("memalign").is_some());
+}

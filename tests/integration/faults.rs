@@ -1,0 +1,205 @@
+//! Bad input gets one clear line and a non-zero exit; every exit path leaves no probe behind.
+use std::{
+    io::{Read as _, Seek as _, SeekFrom},
+    os::unix::process::CommandExt as _,
+    process::Command,
+};
+
+use crate::support::*;
+
+fn error_line(out: &std::process::Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "want one error line: {stderr}");
+    errors[0].to_string()
+}
+
+#[test]
+fn no_target_is_a_usage_error() {
+    let out = heaptrace().output().unwrap();
+    assert!(!out.status.success());
+    assert!(error_line(&out).contains("give a target"), "{out:?}");
+}
+
+#[test]
+fn not_root_is_refused_with_a_clear_line() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        let out = heaptrace().args(["--", "true"]).output().unwrap();
+        assert!(error_line(&out).contains("must run as root"));
+        return;
+    }
+    let mut cmd = heaptrace();
+    cmd.args(["--", "true"]);
+    // SAFETY: setuid between fork and exec; drops root for the child only.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    assert!(!out.status.success());
+    assert!(error_line(&out).contains("must run as root"), "{out:?}");
+}
+
+#[test]
+fn missing_pid_and_missing_command_are_errors() {
+    if !bpf_or_skip("missing_pid_and_missing_command_are_errors") {
+        return;
+    }
+    let mut gone = Command::new("true").spawn().unwrap();
+    let pid = gone.id();
+    gone.wait().unwrap();
+    let out = heaptrace().args(["-p", &pid.to_string()]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        error_line(&out).contains(&format!("no such process: {pid}")),
+        "{out:?}"
+    );
+
+    let out = heaptrace()
+        .args(["--", "/nonexistent/prog"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        error_line(&out).contains("cannot execute /nonexistent/prog"),
+        "{out:?}"
+    );
+
+    let out = heaptrace().args(["--", "/etc/hostname"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        error_line(&out).contains("cannot execute /etc/hostname"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn launched_command_exit_status_is_heaptraces() {
+    if !bpf_or_skip("launched_command_exit_status_is_heaptraces") {
+        return;
+    }
+    let _g = shared();
+    let out = heaptrace()
+        .args(["--no-tui", "-q", "--", "sh", "-c", "exit 3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("exited with status 3"), "{stderr}");
+}
+
+/// The address of `func` in process `pid`'s memory and the byte its file has there.
+fn code_byte(pid: u32, func: &str) -> (u64, u8) {
+    let provider = heaptrace::allocator::for_pid(pid).unwrap();
+    let site = provider
+        .sites
+        .iter()
+        .find(|s| s.func.name() == func)
+        .unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let path = provider.path.display().to_string();
+    let addr = maps
+        .lines()
+        .filter(|l| l.ends_with(&path))
+        .find_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            let (lo, hi) = cols[0].split_once('-')?;
+            let lo = u64::from_str_radix(lo, 16).ok()?;
+            let hi = u64::from_str_radix(hi, 16).ok()?;
+            let off = u64::from_str_radix(cols[2], 16).ok()?;
+            (site.file_offset >= off && site.file_offset < off + (hi - lo))
+                .then(|| lo + site.file_offset - off)
+        })
+        .expect("mapping of the probed function");
+    let file = std::fs::read(&provider.path).unwrap();
+    (addr, file[site.file_offset as usize])
+}
+
+fn read_byte(pid: u32, addr: u64) -> u8 {
+    let mut f = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    f.seek(SeekFrom::Start(addr)).unwrap();
+    let mut b = [0u8];
+    f.read_exact(&mut b).unwrap();
+    b[0]
+}
+
+const INT3: u8 = 0xcc;
+
+/// Attach to a running process, SIGTERM heaptrace: the summary is printed and the target's code
+/// is byte-for-byte its file again (a uprobe is an int3 written into the target's text).
+#[test]
+fn sigterm_detaches_every_probe() {
+    if !bpf_or_skip("sigterm_detaches_every_probe") {
+        return;
+    }
+    let _g = exclusive();
+    let mut spin = Command::new(fixture("spin", "", &[])).spawn().unwrap();
+    let pid = spin.id();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let (malloc_at, malloc_byte) = code_byte(pid, "malloc");
+    let (free_at, free_byte) = code_byte(pid, "free");
+    assert_eq!(
+        read_byte(pid, malloc_at),
+        malloc_byte,
+        "probed before we started"
+    );
+
+    let tracer = start_attached(heaptrace().args([
+        "--no-tui",
+        "--interval",
+        "100ms",
+        "-p",
+        &pid.to_string(),
+    ]));
+    assert_eq!(
+        read_byte(pid, malloc_at),
+        INT3,
+        "no uprobe on malloc while attached"
+    );
+    assert_eq!(
+        read_byte(pid, free_at),
+        INT3,
+        "no uprobe on free while attached"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    tracer.signal(libc::SIGTERM);
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("terminated; detached"), "{stderr}");
+    assert!(stderr.contains("malloc"), "no summary: {stderr}");
+
+    assert_eq!(
+        read_byte(pid, malloc_at),
+        malloc_byte,
+        "malloc still probed"
+    );
+    assert_eq!(read_byte(pid, free_at), free_byte, "free still probed");
+    // The target is unharmed and still running.
+    assert!(spin.try_wait().unwrap().is_none());
+    spin.kill().unwrap();
+    spin.wait().unwrap();
+}
+
+#[test]
+fn process_without_malloc_is_an_error() {
+    if !bpf_or_skip("process_without_malloc_is_an_error") {
+        return;
+    }
+    let bin = fixture("nomalloc", "", &["-static", "-nostdlib", "-O2"]);
+    let mut target = Command::new(&bin).spawn().unwrap();
+    let out = heaptrace()
+        .args(["-p", &target.id().to_string()])
+        .output()
+        .unwrap();
+    target.kill().unwrap();
+    target.wait().unwrap();
+    assert!(!out.status.success());
+    let line = error_line(&out);
+    assert!(line.contains("no malloc found in process"), "{line}");
+    assert!(line.contains(&bin.display().to_string()), "{line}");
+}

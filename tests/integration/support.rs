@@ -1,0 +1,178 @@
+//! Helpers for the tests that run the real heaptrace binary against C fixtures.
+use std::{
+    io::{BufRead as _, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+/// Tests that probe every process (`--all`) or look at a target's code for breakpoints must not
+/// overlap with each other; the others may run side by side.
+static SYSTEM: RwLock<()> = RwLock::new(());
+
+pub fn shared() -> RwLockReadGuard<'static, ()> {
+    SYSTEM.read().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn exclusive() -> RwLockWriteGuard<'static, ()> {
+    SYSTEM.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether this machine lets us load and attach BPF programs. In CI a missing capability is a
+/// failure, elsewhere the test is skipped with the reason printed.
+pub fn bpf_or_skip(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let btf = Path::new("/sys/kernel/btf/vmlinux").exists();
+    let uprobe = Path::new("/sys/bus/event_source/devices/uprobe").exists();
+    if root && btf && uprobe {
+        return true;
+    }
+    let why =
+        format!("{test}: needs root, BTF and uprobes (root={root} btf={btf} uprobe={uprobe})");
+    if std::env::var_os("CI").is_some() {
+        panic!("{why}; CI must run the BPF tests");
+    }
+    eprintln!("SKIPPED {why}");
+    false
+}
+
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Builds tests/fixtures/NAME.c once per variant (flags) and returns the binary's path.
+pub fn fixture(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
+    static BUILT: OnceLock<Mutex<()>> = OnceLock::new();
+    let _g = BUILT.get_or_init(|| Mutex::new(())).lock().unwrap();
+    let dir = workspace().join("target/fixtures");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = workspace().join(format!("tests/fixtures/{name}.c"));
+    let bin = dir.join(format!("{name}{variant}"));
+    let fresh = bin.metadata().and_then(|b| b.modified()).ok()
+        >= src.metadata().and_then(|s| s.modified()).ok();
+    if !fresh || !bin.exists() {
+        let tmp = dir.join(format!(".{name}{variant}.tmp"));
+        let out = Command::new("gcc")
+            .args([
+                "-O1",
+                "-g",
+                "-fno-builtin",
+                "-fno-omit-frame-pointer",
+                "-pthread",
+            ])
+            .args(flags)
+            .arg("-o")
+            .arg(&tmp)
+            .arg(&src)
+            .output()
+            .expect("gcc");
+        assert!(
+            out.status.success(),
+            "building {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::rename(&tmp, &bin).unwrap();
+    }
+    bin
+}
+
+pub fn heaptrace() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_heaptrace"));
+    c.env("RUST_LOG", "warn");
+    c
+}
+
+pub fn json_path(tag: &str) -> PathBuf {
+    let dir = workspace().join("target/test-out");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(format!("{tag}-{}.json", std::process::id()))
+}
+
+pub fn read_json(path: &Path) -> Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Runs heaptrace to completion; panics with its stderr if it failed.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("run heaptrace");
+    assert!(
+        out.status.success(),
+        "heaptrace failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Starts heaptrace and waits until it says its probes are attached. Returns the child and
+/// the stderr lines read so far (a thread keeps draining the rest into the returned handle).
+pub struct Running {
+    pub child: Child,
+    pub stderr: std::sync::Arc<Mutex<String>>,
+}
+
+pub fn start_attached(cmd: &mut Command) -> Running {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn heaptrace");
+    let stderr = child.stderr.take().unwrap();
+    let text = std::sync::Arc::new(Mutex::new(String::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sink = text.clone();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if line.contains("attached")
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send(());
+            }
+            let mut s = sink.lock().unwrap();
+            s.push_str(&line);
+            s.push('\n');
+        }
+    });
+    if rx.recv_timeout(Duration::from_secs(60)).is_err() {
+        let _ = child.kill();
+        panic!("heaptrace did not attach: {}", text.lock().unwrap());
+    }
+    Running {
+        child,
+        stderr: text,
+    }
+}
+
+impl Running {
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    /// Waits for exit; returns (exit code, all of stderr).
+    pub fn wait(mut self) -> (i32, String) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                std::thread::sleep(Duration::from_millis(100)); // let the reader finish
+                return (
+                    status.code().unwrap_or(-1),
+                    self.stderr.lock().unwrap().clone(),
+                );
+            }
+            assert!(Instant::now() < deadline, "heaptrace did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

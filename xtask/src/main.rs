@@ -1,0 +1,199 @@
+//! `cargo xtask setup|run|test`: the README's commands. Each installs what is missing first, so a
+//! fresh machine needs nothing else; when everything is there, setup takes well under a second.
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+/// Debian packages: the LLVM bpf-linker links against, and what the test fixtures need.
+const APT_PACKAGES: &[&str] = &["llvm-22-dev", "gcc", "libc6-dev", "libjemalloc2", "tmux"];
+
+fn main() -> ExitCode {
+    match real_main() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main() -> Result<ExitCode> {
+    let mut args = env::args().skip(1);
+    let task = args.next().unwrap_or_default();
+    let rest: Vec<String> = args.collect();
+    match task.as_str() {
+        "setup" => setup().map(|()| ExitCode::SUCCESS),
+        "run" => {
+            setup()?;
+            run(&rest)
+        }
+        "test" => {
+            setup()?;
+            test(&rest)
+        }
+        _ => {
+            eprintln!(
+                "usage: cargo xtask setup              install what building and testing need\n       \
+                 cargo xtask run [-- ARGS]      trace the demo workload, or run heaptrace ARGS\n       \
+                 cargo xtask test [ARGS]        build and run every test (real probes need root)"
+            );
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+fn status(cmd: &mut Command) -> Result<()> {
+    let s = cmd
+        .status()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
+    if !s.success() {
+        bail!("{cmd:?} failed: {s}");
+    }
+    Ok(())
+}
+
+fn output_ok(cmd: &mut Command) -> Option<String> {
+    let out = cmd.output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn dpkg_installed(pkg: &str) -> bool {
+    output_ok(Command::new("dpkg-query").args(["-W", "-f=${Status}", pkg]))
+        .is_some_and(|s| s.contains("install ok installed"))
+}
+
+fn cargo_bin(name: &str) -> PathBuf {
+    let home = env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env::var_os("HOME").unwrap_or_default()).join(".cargo"));
+    home.join("bin").join(name)
+}
+
+/// Installs, only when missing: Debian packages, nightly with rust-src, bpf-linker.
+fn setup() -> Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !dpkg_installed(p))
+        .collect();
+    if !missing.is_empty() {
+        eprintln!("xtask: installing Debian packages: {}", missing.join(" "));
+        status(Command::new("apt-get").args(["update", "-qq"]))?;
+        status(
+            Command::new("apt-get")
+                .args(["install", "-y", "-qq", "--no-install-recommends"])
+                .args(&missing)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+    }
+
+    let nightly_ok = output_ok(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        "nightly",
+    ]))
+    .is_some_and(|s| s.lines().any(|l| l.starts_with("rust-src")));
+    if !nightly_ok {
+        eprintln!("xtask: installing the nightly toolchain with rust-src (for the eBPF target)");
+        status(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+        ]))?;
+    }
+
+    let linker = cargo_bin("bpf-linker");
+    let linker_ok = output_ok(Command::new(&linker).arg("--version"))
+        .is_some_and(|v| v.contains(BPF_LINKER_VERSION));
+    if !linker_ok {
+        eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} against {LLVM_PREFIX} (~2 min)");
+        status(
+            Command::new("cargo")
+                .args([
+                    "install",
+                    &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+                    "--locked",
+                    "--no-default-features",
+                    "--features",
+                    "llvm-22",
+                ])
+                .env("LLVM_PREFIX", LLVM_PREFIX),
+        )?;
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    c.current_dir(root());
+    // aya-build finds bpf-linker on PATH.
+    let path = env::var_os("PATH").unwrap_or_default();
+    let mut dirs: Vec<PathBuf> = env::split_paths(&path).collect();
+    dirs.insert(0, cargo_bin(""));
+    c.env("PATH", env::join_paths(dirs).expect("PATH"));
+    c
+}
+
+fn run(args: &[String]) -> Result<ExitCode> {
+    status(cargo().args(["build", "--release", "-p", "heaptrace"]))?;
+    let bin = root().join("target/release/heaptrace");
+    let args: Vec<String> = if args.is_empty() {
+        let demo = build_demo()?;
+        eprintln!(
+            "xtask: no arguments: tracing the demo workload ({})",
+            demo.display()
+        );
+        vec!["--".into(), demo.display().to_string(), "4".into()]
+    } else {
+        args.iter().skip_while(|a| *a == "--").cloned().collect()
+    };
+    let s = Command::new(&bin)
+        .args(&args)
+        .status()
+        .with_context(|| format!("cannot run {}", bin.display()))?;
+    Ok(ExitCode::from(s.code().unwrap_or(1).clamp(0, 255) as u8))
+}
+
+/// The demo: a small multithreaded program with a known mix of calls and a few leaks.
+fn build_demo() -> Result<PathBuf> {
+    let out = root().join("target/fixtures");
+    std::fs::create_dir_all(&out)?;
+    let bin = out.join("demo");
+    status(
+        Command::new("gcc")
+            .args(["-O1", "-g", "-fno-builtin", "-pthread", "-o"])
+            .arg(&bin)
+            .arg(root().join("tests/fixtures/demo.c")),
+    )?;
+    Ok(bin)
+}
+
+fn test(args: &[String]) -> Result<ExitCode> {
+    // The integration tests run target/debug/heaptrace; build it with the tests.
+    let s = cargo()
+        .args(["test", "--workspace", "--exclude", "heaptrace-ebpf"])
+        .args(args)
+        .status()?;
+    Ok(ExitCode::from(s.code().unwrap_or(1).clamp(0, 255) as u8))
+}
