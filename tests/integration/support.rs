@@ -1,24 +1,39 @@
 //! Helpers for the tests that run the real heaptrace binary against C fixtures.
 use std::{
     io::{BufRead as _, BufReader},
+    os::fd::AsRawFd as _,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
-    sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard},
+    sync::{Mutex, OnceLock},
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
 
 /// Tests that probe every process (`--all`) or look at a target's code for breakpoints must not
-/// overlap with each other; the others may run side by side.
-static SYSTEM: RwLock<()> = RwLock::new(());
+/// overlap with any other probing test, in this test binary or in another checkout's: an flock
+/// on a file every run shares. The others take it shared and run side by side.
+pub struct SystemLock(std::fs::File);
 
-pub fn shared() -> RwLockReadGuard<'static, ()> {
-    SYSTEM.read().unwrap_or_else(|e| e.into_inner())
+fn system_lock(op: i32) -> SystemLock {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open("/tmp/heaptrace-tests.lock")
+        .expect("lock file");
+    // SAFETY: flock on a descriptor we own; released when the file closes.
+    let r = unsafe { libc::flock(f.as_raw_fd(), op) };
+    assert_eq!(r, 0, "flock: {}", std::io::Error::last_os_error());
+    SystemLock(f)
 }
 
-pub fn exclusive() -> RwLockWriteGuard<'static, ()> {
-    SYSTEM.write().unwrap_or_else(|e| e.into_inner())
+pub fn shared() -> SystemLock {
+    system_lock(libc::LOCK_SH)
+}
+
+pub fn exclusive() -> SystemLock {
+    system_lock(libc::LOCK_EX)
 }
 
 /// Whether this machine lets us load and attach BPF programs. In CI a missing capability is a
