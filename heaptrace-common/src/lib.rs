@@ -142,6 +142,125 @@ pub struct LiveBlock {
     pub ts_ns: u64,
     pub tid: u32,
     pub func: u32,
+    /// The allocation site's stack id ([`NO_SITE`] outside stacks mode, negative errno when the
+    /// stack could not be stored).
+    pub stack_id: i32,
+    pub _pad: u32,
+}
+
+/// `LiveBlock::stack_id` of a block allocated while no stacks were collected.
+pub const NO_SITE: i32 = i32::MIN;
+
+/// What the probes collect; each mode adds to the one before and pays only for what it adds.
+pub mod mode {
+    /// Per-function counters and the live-block map.
+    pub const COUNTS: u32 = 0;
+    /// + the exact size histogram and the per-function latency histogram.
+    pub const SIZES: u32 = 1;
+    /// + the user stack of every allocation, aggregated per (process, stack, function).
+    pub const STACKS: u32 = 2;
+}
+
+/// Buckets of the power-of-two histograms: bucket `b` holds values in `[2^(b-1), 2^b)`,
+/// bucket 0 holds 0, the last bucket everything from `2^(LOG2_BUCKETS-2)` up.
+pub const LOG2_BUCKETS: usize = 32;
+
+/// The bucket of `v`: the number of significant bits, capped at the last bucket.
+#[inline(always)]
+pub fn log2_bucket(v: u64) -> usize {
+    // Binary search rather than leading_zeros: BPF has no count-leading-zeros instruction.
+    let mut v = v;
+    let mut r = 0usize;
+    if v >= 1 << 32 {
+        v >>= 32;
+        r += 32;
+    }
+    if v >= 1 << 16 {
+        v >>= 16;
+        r += 16;
+    }
+    if v >= 1 << 8 {
+        v >>= 8;
+        r += 8;
+    }
+    if v >= 1 << 4 {
+        v >>= 4;
+        r += 4;
+    }
+    if v >= 1 << 2 {
+        v >>= 2;
+        r += 2;
+    }
+    if v >= 1 << 1 {
+        v >>= 1;
+        r += 1;
+    }
+    r += v as usize;
+    if r >= LOG2_BUCKETS {
+        LOG2_BUCKETS - 1
+    } else {
+        r
+    }
+}
+
+/// The smallest value that lands in bucket `b`.
+pub const fn log2_bucket_floor(b: usize) -> u64 {
+    if b == 0 { 0 } else { 1u64 << (b - 1) }
+}
+
+/// An allocation site: the process, the user stack (id in the stack map) and the function.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SiteKey {
+    pub tgid: u32,
+    /// Stack map id, or a negative errno when the stack could not be stored ("stack lost").
+    pub stack_id: i32,
+    pub func: u32,
+    pub _pad: u32,
+}
+
+/// Cumulative counters of one allocation site (per CPU in the kernel).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SiteCounters {
+    /// Successful allocations and the bytes they requested.
+    pub calls: u64,
+    pub bytes: u64,
+    /// Blocks of this site released (free, realloc move or realloc(p, 0)) and their bytes.
+    pub frees: u64,
+    pub freed_bytes: u64,
+    /// Wrapping signed deltas, as in [`ProcCounters`].
+    pub live_blocks: u64,
+    pub live_bytes: u64,
+    /// Blocks released within the temporary threshold of their allocation.
+    pub temp_blocks: u64,
+    pub temp_bytes: u64,
+    /// Requested sizes, power-of-two buckets.
+    pub sizes: [u64; LOG2_BUCKETS],
+    /// Lifetimes of released blocks in units of 1024 ns (~us), power-of-two buckets.
+    pub lifetimes: [u64; LOG2_BUCKETS],
+}
+
+impl SiteCounters {
+    pub const ZERO: SiteCounters = SiteCounters {
+        calls: 0,
+        bytes: 0,
+        frees: 0,
+        freed_bytes: 0,
+        live_blocks: 0,
+        live_bytes: 0,
+        temp_blocks: 0,
+        temp_bytes: 0,
+        sizes: [0; LOG2_BUCKETS],
+        lifetimes: [0; LOG2_BUCKETS],
+    };
+}
+
+/// Time from entry to return of one call, per function: power-of-two buckets of nanoseconds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LatencyHist {
+    pub buckets: [u64; LOG2_BUCKETS],
 }
 
 /// An outermost allocation call between its entry and return probe, keyed by thread
@@ -155,6 +274,8 @@ pub struct InFlight {
     pub arg: u64,
     pub size: u64,
     pub sp: u64,
+    /// Entry time (0 in counts mode, which measures no latency).
+    pub ts_ns: u64,
     pub func: u32,
     pub _pad: u32,
 }
@@ -171,9 +292,14 @@ pub enum Loss {
     InFlight = 2,
     /// A process did not fit in the process map: its calls were not counted.
     ProcessMap = 3,
+    /// An allocation's stack could not be stored (stack map full or a hash collision): it is
+    /// counted under a "stack lost" site of its process and function.
+    Stack = 4,
+    /// A site did not fit in the site map: its allocations are missing from the per-site views.
+    SiteMap = 5,
 }
 
-pub const LOSS_COUNT: usize = 4;
+pub const LOSS_COUNT: usize = 6;
 
 impl Loss {
     pub const ALL: [Loss; LOSS_COUNT] = [
@@ -181,6 +307,8 @@ impl Loss {
         Loss::SizeHistogram,
         Loss::InFlight,
         Loss::ProcessMap,
+        Loss::Stack,
+        Loss::SiteMap,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -189,6 +317,8 @@ impl Loss {
             Loss::SizeHistogram => "size_histogram",
             Loss::InFlight => "in_flight",
             Loss::ProcessMap => "process_map",
+            Loss::Stack => "stack",
+            Loss::SiteMap => "site_map",
         }
     }
 }
@@ -200,12 +330,19 @@ pub mod maps {
     pub const LIVE: &str = "LIVE";
     pub const INFLIGHT: &str = "INFLIGHT";
     pub const LOSSES: &str = "LOSSES";
+    pub const STACKS: &str = "STACKS";
+    pub const SITES: &str = "SITES";
+    pub const LATENCY: &str = "LATENCY";
 }
 
 /// Globals set by the loader before the programs are loaded.
 pub mod globals {
     /// heaptrace's own tgid: never traced.
     pub const SELF_TGID: &str = "SELF_TGID";
+    /// One of [`super::mode`].
+    pub const MODE: &str = "MODE";
+    /// A block released within this many nanoseconds of its allocation is temporary.
+    pub const TEMPORARY_NS: &str = "TEMPORARY_NS";
 }
 
 // Layouts are part of the kernel/user contract: no implicit padding allowed.
@@ -213,8 +350,11 @@ const _: () = assert!(core::mem::size_of::<FnCounters>() == 24);
 const _: () = assert!(core::mem::size_of::<ProcCounters>() == 24 * FUNC_COUNT + 7 * 8 + 16);
 const _: () = assert!(core::mem::size_of::<SizeKey>() == 16);
 const _: () = assert!(core::mem::size_of::<LiveKey>() == 16);
-const _: () = assert!(core::mem::size_of::<LiveBlock>() == 24);
-const _: () = assert!(core::mem::size_of::<InFlight>() == 32);
+const _: () = assert!(core::mem::size_of::<LiveBlock>() == 32);
+const _: () = assert!(core::mem::size_of::<InFlight>() == 40);
+const _: () = assert!(core::mem::size_of::<SiteKey>() == 16);
+const _: () = assert!(core::mem::size_of::<SiteCounters>() == 8 * 8 + 2 * 8 * LOG2_BUCKETS);
+const _: () = assert!(core::mem::size_of::<LatencyHist>() == 8 * LOG2_BUCKETS);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -226,4 +366,26 @@ mod pod {
     unsafe impl aya::Pod for LiveKey {}
     unsafe impl aya::Pod for LiveBlock {}
     unsafe impl aya::Pod for InFlight {}
+    unsafe impl aya::Pod for SiteKey {}
+    unsafe impl aya::Pod for SiteCounters {}
+    unsafe impl aya::Pod for LatencyHist {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log2_buckets_hold_their_floors() {
+        assert_eq!(log2_bucket(0), 0);
+        assert_eq!(log2_bucket(1), 1);
+        assert_eq!(log2_bucket(2), 2);
+        assert_eq!(log2_bucket(3), 2);
+        assert_eq!(log2_bucket(1000), 10);
+        assert_eq!(log2_bucket(1024), 11);
+        assert_eq!(log2_bucket(u64::MAX), LOG2_BUCKETS - 1);
+        for b in 0..LOG2_BUCKETS {
+            assert_eq!(log2_bucket(log2_bucket_floor(b)), b);
+        }
+    }
 }

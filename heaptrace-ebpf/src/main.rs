@@ -11,146 +11,24 @@
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
 
-use core::intrinsics::{AtomicOrdering, atomic_xadd};
+mod maps;
+mod sites;
 
 use aya_ebpf::{
-    helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
-    },
-    macros::{map, uprobe, uretprobe},
-    maps::{HashMap, PerCpuArray, PerCpuHashMap},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
-use heaptrace_common::{
-    FnCounters, Func, InFlight, LOSS_COUNT, LiveBlock, LiveKey, Loss, ProcCounters, SizeKey,
-};
+use heaptrace_common::{Func, InFlight, LiveBlock, LiveKey, Loss, NO_SITE, ProcCounters, mode};
+
+use crate::maps::{INFLIGHT, LIVE, add, lose, mode, proc_counters, self_tgid};
 
 const BPF_ANY: u64 = 0;
-/// Create only: two CPUs adding the same new key must not overwrite each other's counts.
-const BPF_NOEXIST: u64 = 1;
-/// Allocate live-map entries on demand: the map's bound is its capacity, not its footprint.
-const BPF_F_NO_PREALLOC: u32 = 1;
-
-/// heaptrace's own tgid, set by the loader: heaptrace never traces itself.
-#[unsafe(no_mangle)]
-static SELF_TGID: u32 = 0;
-
-// Capacities are defaults; the loader may resize them (set_max_entries) from the command line.
-#[map(name = "PROCS")]
-static PROCS: PerCpuHashMap<u32, ProcCounters> = PerCpuHashMap::with_max_entries(4096, 0);
-
-#[map(name = "SIZES")]
-static SIZES: PerCpuHashMap<SizeKey, u64> = PerCpuHashMap::with_max_entries(32768, 0);
-
-#[map(name = "LIVE")]
-static LIVE: HashMap<LiveKey, LiveBlock> = HashMap::with_max_entries(1 << 20, BPF_F_NO_PREALLOC);
-
-#[map(name = "INFLIGHT")]
-static INFLIGHT: HashMap<u64, InFlight> = HashMap::with_max_entries(16384, 0);
-
-#[map(name = "LOSSES")]
-static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_COUNT as u32, 0);
 
 #[inline(always)]
-fn add(counter: &mut u64, v: u64) {
-    // SAFETY: the pointer comes from a live map value, aligned for u64.
-    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, v) };
-}
-
-#[inline(always)]
-fn lose(kind: Loss) {
-    if let Some(p) = LOSSES.get_ptr_mut(kind as u32) {
-        // SAFETY: map value pointer, valid for the program's run.
-        add(unsafe { &mut *p }, 1);
-    }
-}
-
-#[inline(always)]
-fn self_tgid() -> u32 {
-    // SAFETY: a plain read of a global the loader wrote before load.
-    unsafe { core::ptr::read_volatile(&SELF_TGID) }
-}
-
-/// This process's counters on this CPU, created on first use.
-#[inline(always)]
-fn proc_counters(tgid: u32) -> Option<&'static mut ProcCounters> {
-    if let Some(p) = PROCS.get_ptr_mut(tgid) {
-        // SAFETY: map value pointer.
-        return Some(unsafe { &mut *p });
-    }
-    let mut fresh = ProcCounters::ZERO;
-    if let Ok(comm) = bpf_get_current_comm() {
-        fresh.comm = comm;
-    }
-    // EEXIST means another CPU created it first: fine, the lookup below finds it.
-    let _ = PROCS.insert(tgid, fresh, BPF_NOEXIST);
-    match PROCS.get_ptr_mut(tgid) {
-        // SAFETY: map value pointer.
-        Some(p) => Some(unsafe { &mut *p }),
-        None => {
-            lose(Loss::ProcessMap);
-            None
-        }
-    }
-}
-
-#[inline(always)]
-fn count_size(tgid: u32, func: Func, size: u64) {
-    let key = SizeKey {
-        tgid,
-        func: func as u32,
-        size,
-    };
-    if let Some(p) = SIZES.get_ptr_mut(key) {
-        // SAFETY: map value pointer.
-        add(unsafe { &mut *p }, 1);
-        return;
-    }
-    if SIZES.insert(key, 0u64, BPF_NOEXIST).is_err() && SIZES.get_ptr_mut(key).is_none() {
-        lose(Loss::SizeHistogram);
-        return;
-    }
-    if let Some(p) = SIZES.get_ptr_mut(key) {
-        // SAFETY: map value pointer.
-        add(unsafe { &mut *p }, 1);
-    }
-}
-
-#[inline(always)]
-fn track(pc: &mut ProcCounters, tgid: u32, tid: u32, ptr: u64, size: u64, func: Func) {
-    let key = LiveKey { tgid, _pad: 0, ptr };
-    let block = LiveBlock {
-        size,
-        ts_ns: unsafe { bpf_ktime_get_ns() },
-        tid,
-        func: func as u32,
-    };
-    if LIVE.insert(key, block, BPF_ANY).is_err() {
-        lose(Loss::LiveMap);
-        return;
-    }
-    add(&mut pc.live_blocks, 1);
-    add(&mut pc.live_bytes, size);
-}
-
-/// Forgets a block; returns its size if it was known.
-#[inline(always)]
-fn untrack(pc: &mut ProcCounters, tgid: u32, ptr: u64) -> Option<u64> {
-    let key = LiveKey { tgid, _pad: 0, ptr };
-    // SAFETY: the value is copied out before the remove.
-    let size = unsafe { LIVE.get(key) }.map(|b| b.size);
-    match size {
-        Some(size) => {
-            let _ = LIVE.remove(key);
-            add(&mut pc.live_blocks, u64::MAX); // -1, wrapping
-            add(&mut pc.live_bytes, size.wrapping_neg());
-            Some(size)
-        }
-        None => {
-            add(&mut pc.untracked_frees, 1);
-            None
-        }
-    }
+fn stack_pointer(regs: *mut aya_ebpf::bindings::pt_regs) -> u64 {
+    // SAFETY: the context's register file, valid for the program's run.
+    unsafe { (*regs).rsp }
 }
 
 /// Entry of an allocating function: remember its arguments until it returns. A call entered at
@@ -166,15 +44,22 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
     }
     let sp = stack_pointer(ctx.regs);
     // SAFETY: map value; only this thread reads or writes its own entry.
-    if let Some(f) = unsafe { INFLIGHT.get(id) } {
-        if sp <= f.sp {
-            return Ok(());
-        }
+    if let Some(f) = unsafe { INFLIGHT.get(id) }
+        && sp <= f.sp
+    {
+        return Ok(());
     }
+    let ts_ns = if mode() >= mode::SIZES {
+        // SAFETY: no preconditions.
+        unsafe { bpf_ktime_get_ns() }
+    } else {
+        0
+    };
     let rec = InFlight {
         arg,
         size,
         sp,
+        ts_ns,
         func: func as u32,
         _pad: 0,
     };
@@ -182,12 +67,6 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
         lose(Loss::InFlight);
     }
     Ok(())
-}
-
-#[inline(always)]
-fn stack_pointer(regs: *mut aya_ebpf::bindings::pt_regs) -> u64 {
-    // SAFETY: the context's register file, valid for the program's run.
-    unsafe { (*regs).rsp }
 }
 
 #[uprobe]
@@ -253,12 +132,21 @@ pub fn pvalloc_entry(ctx: ProbeContext) -> u32 {
 /// One return program for every allocating function: the in-flight record says which one.
 #[uretprobe]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
-    let ret: u64 = ctx.ret();
-    let _ = try_alloc_return(ret, stack_pointer(ctx.regs));
+    let _ = try_alloc_return(&ctx);
     0
 }
 
-fn try_alloc_return(ret: u64, sp: u64) -> Result<(), i64> {
+/// What one completed call needs to account itself.
+struct Call<'a> {
+    ctx: &'a RetProbeContext,
+    pc: &'a mut ProcCounters,
+    tgid: u32,
+    tid: u32,
+    func: Func,
+    now: u64,
+}
+
+fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
     let id = bpf_get_current_pid_tgid();
     // SAFETY: map value, copied out; only this thread touches its own entry.
     let Some(rec) = (unsafe { INFLIGHT.get(id) }).copied() else {
@@ -268,7 +156,7 @@ fn try_alloc_return(ret: u64, sp: u64) -> Result<(), i64> {
     // outer call returns above it (its return address popped). A tail-called inner function
     // returns straight to the outer caller: its return probe runs first and completes the
     // outer record (which names the outer function); the outer probe then finds nothing.
-    if sp <= rec.sp {
+    if stack_pointer(ctx.regs) <= rec.sp {
         return Ok(());
     }
     let _ = INFLIGHT.remove(id);
@@ -285,15 +173,29 @@ fn try_alloc_return(ret: u64, sp: u64) -> Result<(), i64> {
         _ => return Ok(()),
     };
     let tgid = (id >> 32) as u32;
-    let tid = id as u32;
     let Some(pc) = proc_counters(tgid) else {
         return Ok(());
     };
-    let fc: &mut FnCounters = &mut pc.funcs[func as usize];
-    add(&mut fc.calls, 1);
-
+    add(&mut pc.funcs[func as usize].calls, 1);
+    let now = if rec.ts_ns != 0 {
+        // SAFETY: no preconditions.
+        let now = unsafe { bpf_ktime_get_ns() };
+        maps::latency(func, now.wrapping_sub(rec.ts_ns));
+        now
+    } else {
+        0
+    };
+    let mut call = Call {
+        ctx,
+        pc,
+        tgid,
+        tid: id as u32,
+        func,
+        now,
+    };
+    let ret: u64 = ctx.ret();
     match func {
-        Func::Realloc => realloc_return(pc, tgid, tid, rec, ret),
+        Func::Realloc => realloc_return(&mut call, rec, ret),
         Func::PosixMemalign => {
             // Returns an error number; the block is written through memptr.
             let ptr = if ret as u32 == 0 {
@@ -302,54 +204,111 @@ fn try_alloc_return(ret: u64, sp: u64) -> Result<(), i64> {
             } else {
                 0
             };
-            allocated(pc, tgid, tid, func, rec.size, ptr);
+            allocated(&mut call, rec.size, ptr);
         }
-        _ => allocated(pc, tgid, tid, func, rec.size, ret),
+        _ => allocated(&mut call, rec.size, ret),
     }
     Ok(())
 }
 
 #[inline(always)]
-fn allocated(pc: &mut ProcCounters, tgid: u32, tid: u32, func: Func, size: u64, ptr: u64) {
-    let fc = &mut pc.funcs[func as usize];
+fn allocated(call: &mut Call<'_>, size: u64, ptr: u64) {
+    let fc = &mut call.pc.funcs[call.func as usize];
     if ptr == 0 {
         add(&mut fc.failed, 1);
         return;
     }
     add(&mut fc.bytes, size);
-    count_size(tgid, func, size);
-    track(pc, tgid, tid, ptr, size, func);
+    if mode() >= mode::SIZES {
+        maps::count_size(call.tgid, call.func, size);
+    }
+    track(call, ptr, size);
+}
+
+#[inline(always)]
+fn track(call: &mut Call<'_>, ptr: u64, size: u64) {
+    let stack_id = if mode() >= mode::STACKS {
+        sites::allocated(call.ctx, call.tgid, call.func, size)
+    } else {
+        NO_SITE
+    };
+    let key = LiveKey {
+        tgid: call.tgid,
+        _pad: 0,
+        ptr,
+    };
+    let now = if call.now != 0 {
+        call.now
+    } else {
+        // SAFETY: no preconditions.
+        unsafe { bpf_ktime_get_ns() }
+    };
+    let block = LiveBlock {
+        size,
+        ts_ns: now,
+        tid: call.tid,
+        func: call.func as u32,
+        stack_id,
+        _pad: 0,
+    };
+    if LIVE.insert(key, block, BPF_ANY).is_err() {
+        lose(Loss::LiveMap);
+        return;
+    }
+    add(&mut call.pc.live_blocks, 1);
+    add(&mut call.pc.live_bytes, size);
+}
+
+/// Forgets a block; returns its size if it was known.
+#[inline(always)]
+fn untrack(pc: &mut ProcCounters, tgid: u32, ptr: u64) -> Option<u64> {
+    let key = LiveKey { tgid, _pad: 0, ptr };
+    // SAFETY: the value is copied out before the remove.
+    let Some(block) = (unsafe { LIVE.get(key) }).copied() else {
+        add(&mut pc.untracked_frees, 1);
+        return None;
+    };
+    let _ = LIVE.remove(key);
+    add(&mut pc.live_blocks, u64::MAX); // -1, wrapping
+    add(&mut pc.live_bytes, block.size.wrapping_neg());
+    if block.stack_id != NO_SITE {
+        sites::released(tgid, &block);
+    }
+    Some(block.size)
 }
 
 /// realloc's four outcomes: new block (old NULL), free (size 0, NULL back), failure (NULL back,
 /// old block stays live), move (new address: free old + allocate new) or resize in place.
 #[inline(always)]
-fn realloc_return(pc: &mut ProcCounters, tgid: u32, tid: u32, rec: InFlight, ret: u64) {
+fn realloc_return(call: &mut Call<'_>, rec: InFlight, ret: u64) {
     let old = rec.arg;
+    let tgid = call.tgid;
     if ret == 0 {
         if old != 0 && rec.size == 0 {
-            add(&mut pc.realloc_frees, 1);
-            if let Some(sz) = untrack(pc, tgid, old) {
-                add(&mut pc.realloc_released_bytes, sz);
+            add(&mut call.pc.realloc_frees, 1);
+            if let Some(sz) = untrack(call.pc, tgid, old) {
+                add(&mut call.pc.realloc_released_bytes, sz);
             }
         } else {
-            add(&mut pc.funcs[Func::Realloc as usize].failed, 1);
+            add(&mut call.pc.funcs[Func::Realloc as usize].failed, 1);
         }
         return;
     }
-    add(&mut pc.funcs[Func::Realloc as usize].bytes, rec.size);
-    count_size(tgid, Func::Realloc, rec.size);
+    add(&mut call.pc.funcs[Func::Realloc as usize].bytes, rec.size);
+    if mode() >= mode::SIZES {
+        maps::count_size(tgid, Func::Realloc, rec.size);
+    }
     if old != 0 {
         if ret == old {
-            add(&mut pc.realloc_in_place, 1);
+            add(&mut call.pc.realloc_in_place, 1);
         } else {
-            add(&mut pc.realloc_moves, 1);
+            add(&mut call.pc.realloc_moves, 1);
         }
-        if let Some(sz) = untrack(pc, tgid, old) {
-            add(&mut pc.realloc_released_bytes, sz);
+        if let Some(sz) = untrack(call.pc, tgid, old) {
+            add(&mut call.pc.realloc_released_bytes, sz);
         }
     }
-    track(pc, tgid, tid, ret, rec.size, Func::Realloc);
+    track(call, ret, rec.size);
 }
 
 #[uprobe]

@@ -1,14 +1,18 @@
 //! Folds rounds into one Profile that every view reads, so the round lines, the summary and the
 //! JSON document can never disagree.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use heaptrace_common::{FUNC_COUNT, LOSS_COUNT};
 use serde::Serialize;
 
 use crate::{
-    model::{Round, Totals},
+    model::{Log2, Round, SiteId, SiteTotals, Totals},
     procfs::Mem,
+    symbolize::Frame,
 };
+
+/// How many sites the peak remembers.
+const PEAK_SITES: usize = 20;
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Profile {
@@ -17,8 +21,14 @@ pub struct Profile {
     /// (process, function index, size) -> count.
     pub sizes: BTreeMap<(u32, u32, u64), u64>,
     pub losses: [u64; LOSS_COUNT],
-    /// Blocks still in the live map when tracing ended, by (process, function index).
-    pub leaks: Option<BTreeMap<(u32, u32), Leak>>,
+    pub sites: BTreeMap<SiteId, SiteTotals>,
+    /// Symbolized stacks by (process, stack id).
+    #[serde(skip)]
+    pub stacks: HashMap<(u32, i32), Vec<Frame>>,
+    pub latency: [Log2; FUNC_COUNT],
+    pub peak: Option<Peak>,
+    /// Blocks still in the live map when tracing ended, by site.
+    pub leaks: Option<BTreeMap<SiteId, Leak>>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -33,6 +43,17 @@ pub struct ProcProfile {
 pub struct Leak {
     pub blocks: u64,
     pub bytes: u64,
+}
+
+/// The highest live-heap total seen at the end of a round, and the sites holding it then.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Peak {
+    pub live_bytes: i64,
+    pub live_blocks: i64,
+    pub round: u64,
+    pub elapsed_ms: u64,
+    /// (site, live blocks, live bytes), largest first.
+    pub sites: Vec<(SiteId, i64, i64)>,
 }
 
 /// One line of the timeline: the round's own activity and the state at its end.
@@ -71,6 +92,17 @@ impl Profile {
         for (acc, l) in self.losses.iter_mut().zip(round.losses.iter()) {
             *acc += l;
         }
+        for (id, d) in &round.sites {
+            self.sites.entry(*id).or_default().plus(d);
+        }
+        for (key, s) in &round.stacks {
+            self.stacks.insert(*key, s.frames.clone());
+        }
+        for (acc, d) in self.latency.iter_mut().zip(round.latency.iter()) {
+            for (a, b) in acc.iter_mut().zip(d) {
+                *a += b;
+            }
+        }
         let total = self.totals();
         self.rounds.push(TimelineRow {
             index: round.index,
@@ -83,6 +115,31 @@ impl Profile {
             rss_kb: round.mem.values().map(|m| m.rss_kb).sum(),
             virt_kb: round.mem.values().map(|m| m.virt_kb).sum(),
         });
+        if self
+            .peak
+            .as_ref()
+            .is_none_or(|p| total.live_bytes > p.live_bytes)
+        {
+            self.peak = Some(self.peak_now(round, &total));
+        }
+    }
+
+    fn peak_now(&self, round: &Round, total: &Totals) -> Peak {
+        let mut sites: Vec<(SiteId, i64, i64)> = self
+            .sites
+            .iter()
+            .filter(|(_, s)| s.live_bytes > 0)
+            .map(|(id, s)| (*id, s.live_blocks, s.live_bytes))
+            .collect();
+        sites.sort_by_key(|(_, _, bytes)| std::cmp::Reverse(*bytes));
+        sites.truncate(PEAK_SITES);
+        Peak {
+            live_bytes: total.live_bytes,
+            live_blocks: total.live_blocks,
+            round: round.index,
+            elapsed_ms: round.elapsed_ms,
+            sites,
+        }
     }
 
     /// All processes summed.
@@ -108,7 +165,7 @@ impl Profile {
     pub fn leak_totals(&self, pid: Option<u32>) -> Option<Leak> {
         let leaks = self.leaks.as_ref()?;
         let mut t = Leak::default();
-        for ((p, _), l) in leaks {
+        for ((p, _, _), l) in leaks {
             if pid.is_none_or(|want| want == *p) {
                 t.blocks += l.blocks;
                 t.bytes += l.bytes;
@@ -119,13 +176,55 @@ impl Profile {
 
     pub fn leaks_by_func(&self, pid: Option<u32>) -> [Leak; FUNC_COUNT] {
         let mut out = [Leak::default(); FUNC_COUNT];
-        for ((p, f), l) in self.leaks.iter().flatten() {
+        for ((p, _, f), l) in self.leaks.iter().flatten() {
             if pid.is_none_or(|want| want == *p) && (*f as usize) < FUNC_COUNT {
                 out[*f as usize].blocks += l.blocks;
                 out[*f as usize].bytes += l.bytes;
             }
         }
         out
+    }
+
+    /// The frames of a site, innermost first (a lost stack gets one frame saying so).
+    pub fn frames(&self, site: &SiteId) -> Vec<Frame> {
+        let (pid, stack_id, _) = *site;
+        if stack_id < 0 {
+            return vec![Frame::lost(stack_id)];
+        }
+        self.stacks
+            .get(&(pid, stack_id))
+            .cloned()
+            .unwrap_or_else(|| vec![Frame::lost(0)])
+    }
+
+    /// Sites ordered by `key`, largest first, at most `top`.
+    pub fn top_sites(
+        &self,
+        top: usize,
+        key: impl Fn(&SiteTotals) -> i64,
+    ) -> Vec<(SiteId, SiteTotals)> {
+        let mut v: Vec<(SiteId, SiteTotals)> = self
+            .sites
+            .iter()
+            .filter(|(_, s)| key(s) > 0)
+            .map(|(id, s)| (*id, *s))
+            .collect();
+        v.sort_by_key(|(id, s)| (std::cmp::Reverse(key(s)), *id));
+        v.truncate(top);
+        v
+    }
+
+    /// Leaked blocks by site, largest first.
+    pub fn top_leaks(&self, top: usize) -> Vec<(SiteId, Leak)> {
+        let mut v: Vec<(SiteId, Leak)> = self
+            .leaks
+            .iter()
+            .flatten()
+            .map(|(id, l)| (*id, *l))
+            .collect();
+        v.sort_by_key(|(id, l)| (std::cmp::Reverse(l.bytes), *id));
+        v.truncate(top);
+        v
     }
 }
 
@@ -164,6 +263,15 @@ mod tests {
                 virt_kb: 1000,
             },
         );
+        r.sites.insert(
+            (pid, 1, 0),
+            SiteTotals {
+                calls: mallocs,
+                bytes,
+                live_bytes: live,
+                ..Default::default()
+            },
+        );
         r
     }
 
@@ -187,6 +295,19 @@ mod tests {
         assert_eq!(sizes[&(Func::Malloc as u32, 100)], 6);
         assert_eq!(sizes[&(Func::Malloc as u32, 10)], 5);
         assert_eq!(p.sizes_by_func(Some(11)).len(), 1);
+        assert_eq!(p.sites[&(10, 1, 0)].calls, 6);
+        assert_eq!(p.sites[&(10, 1, 0)].live_bytes, 200);
+    }
+
+    #[test]
+    fn peak_keeps_the_highest_round_and_its_sites() {
+        let mut p = Profile::default();
+        p.apply(&round(1, 10, 4, 400, 0, 300));
+        p.apply(&round(2, 10, 1, 100, 0, 100)); // live 400: the peak
+        p.apply(&round(3, 10, 0, 0, 3, -350)); // live 50
+        let peak = p.peak.as_ref().unwrap();
+        assert_eq!((peak.live_bytes, peak.round), (400, 2));
+        assert_eq!(peak.sites, vec![((10, 1, 0), 0, 400)]);
     }
 
     #[test]
@@ -195,21 +316,21 @@ mod tests {
         assert_eq!(p.leak_totals(None), None);
         let mut leaks = BTreeMap::new();
         leaks.insert(
-            (1, 0),
+            (1, 3, 0),
             Leak {
                 blocks: 2,
                 bytes: 20,
             },
         );
         leaks.insert(
-            (1, 1),
+            (1, 4, 1),
             Leak {
                 blocks: 1,
                 bytes: 5,
             },
         );
         leaks.insert(
-            (2, 0),
+            (2, 3, 0),
             Leak {
                 blocks: 4,
                 bytes: 40,
@@ -237,5 +358,13 @@ mod tests {
                 bytes: 40
             }
         );
+        assert_eq!(p.top_leaks(1)[0].0, (2, 3, 0));
+    }
+
+    #[test]
+    fn lost_stacks_get_a_frame_that_says_so() {
+        let p = Profile::default();
+        let f = p.frames(&(1, -17, 0));
+        assert_eq!(f[0].function, "[stack lost: errno 17]");
     }
 }

@@ -1,7 +1,36 @@
 //! Command-line arguments.
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
+
+/// What the probes collect (each mode adds to the one before, and costs more).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Per-function calls, bytes, failures; live blocks and leaks.
+    Counts,
+    /// + the exact size histogram and per-function latency.
+    Sizes,
+    /// + the user stack of each allocation: sites, leaks, temporaries, peak and lifetimes.
+    Stacks,
+}
+
+impl Mode {
+    pub fn kernel(self) -> u32 {
+        match self {
+            Mode::Counts => heaptrace_common::mode::COUNTS,
+            Mode::Sizes => heaptrace_common::mode::SIZES,
+            Mode::Stacks => heaptrace_common::mode::STACKS,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Counts => "counts",
+            Mode::Sizes => "sizes",
+            Mode::Stacks => "stacks",
+        }
+    }
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -34,6 +63,26 @@ pub struct Cli {
     /// Write a JSON document at exit to FILE ("-" for stdout).
     #[arg(long, value_name = "FILE")]
     pub json: Option<String>,
+
+    /// What to collect.
+    #[arg(long, value_enum, default_value = "stacks")]
+    pub mode: Mode,
+
+    /// How many sites the text views list.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub top: usize,
+
+    /// A block freed within this time of its allocation is temporary (default: the interval).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub temporary: Option<Duration>,
+
+    /// Capacity of the kernel's stack map (distinct user stacks).
+    #[arg(long, default_value_t = 16384, value_name = "STACKS")]
+    pub stack_map_size: u32,
+
+    /// Capacity of the kernel's site map ((process, stack, function) entries).
+    #[arg(long, default_value_t = 16384, value_name = "SITES")]
+    pub site_map_size: u32,
 
     /// Capacity of the kernel's live-allocation map (blocks tracked at once).
     #[arg(long, default_value_t = 1 << 20, value_name = "BLOCKS")]
@@ -68,8 +117,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .parse()
         .map_err(|_| format!("not a duration: {s:?} (try 1s or 500ms)"))?;
     let secs = v * scale;
-    if !(0.01..=3600.0).contains(&secs) {
-        return Err(format!("interval {s:?} out of range (10ms to 1h)"));
+    if !(0.001..=3600.0).contains(&secs) {
+        return Err(format!("duration {s:?} out of range (1ms to 1h)"));
     }
     Ok(Duration::from_secs_f64(secs))
 }
@@ -83,6 +132,7 @@ mod tests {
         assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("5ms"), Ok(Duration::from_millis(5)));
         assert!(parse_duration("0").is_err());
         assert!(parse_duration("fast").is_err());
     }

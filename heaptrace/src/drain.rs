@@ -9,14 +9,17 @@ use std::collections::{BTreeMap, HashSet};
 
 use aya::{
     Ebpf,
-    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap},
+    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, StackTraceMap},
 };
-use heaptrace_common::{InFlight, LiveBlock, LiveKey, Loss, ProcCounters, SizeKey, maps};
+use heaptrace_common::{
+    FUNC_COUNT, InFlight, LatencyHist, LiveBlock, LiveKey, Loss, ProcCounters, SiteCounters,
+    SiteKey, SizeKey, maps,
+};
 
 use crate::{
     aggregate::Leak,
     error::{Error, Result},
-    model::{ProcSnapshot, Snapshot, Totals},
+    model::{ProcSnapshot, SiteId, SiteTotals, Snapshot, Totals},
 };
 
 pub struct KernelMaps {
@@ -25,6 +28,9 @@ pub struct KernelMaps {
     losses: PerCpuArray<MapData, u64>,
     live: HashMap<MapData, LiveKey, LiveBlock>,
     inflight: HashMap<MapData, u64, InFlight>,
+    sites: PerCpuHashMap<MapData, SiteKey, SiteCounters>,
+    stacks: StackTraceMap<MapData>,
+    latency: PerCpuArray<MapData, LatencyHist>,
 }
 
 fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
@@ -53,7 +59,17 @@ impl KernelMaps {
             losses: take(ebpf, maps::LOSSES)?,
             live: take(ebpf, maps::LIVE)?,
             inflight: take(ebpf, maps::INFLIGHT)?,
+            sites: take(ebpf, maps::SITES)?,
+            stacks: take(ebpf, maps::STACKS)?,
+            latency: take(ebpf, maps::LATENCY)?,
         })
+    }
+
+    /// The return addresses of a stored stack, innermost first.
+    pub fn stack(&self, id: i32) -> Option<Vec<u64>> {
+        let id = u32::try_from(id).ok()?;
+        let trace = self.stacks.get(&id, 0).ok()?;
+        Some(trace.frames().iter().map(|f| f.ip).collect())
     }
 
     pub fn snapshot(&self) -> Result<Snapshot> {
@@ -85,19 +101,39 @@ impl KernelMaps {
                 .map_err(map_err(maps::LOSSES))?;
             snap.losses[kind as usize] = per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b));
         }
+        for item in self.sites.iter() {
+            let (key, per_cpu) = item.map_err(map_err(maps::SITES))?;
+            snap.sites.insert(
+                (key.tgid, key.stack_id, key.func),
+                SiteTotals::from_per_cpu(per_cpu.iter()),
+            );
+        }
+        for f in 0..FUNC_COUNT {
+            let per_cpu = self
+                .latency
+                .get(&(f as u32), 0)
+                .map_err(map_err(maps::LATENCY))?;
+            for h in per_cpu.iter() {
+                for (acc, b) in snap.latency[f].iter_mut().zip(h.buckets.iter()) {
+                    *acc = acc.wrapping_add(*b);
+                }
+            }
+        }
         Ok(snap)
     }
 
-    /// Blocks still live, grouped by (process, function). Reads the whole live map: for the
-    /// end of a trace, not for every round.
-    pub fn live_blocks(&self, pids: Option<&HashSet<u32>>) -> Result<BTreeMap<(u32, u32), Leak>> {
-        let mut out: BTreeMap<(u32, u32), Leak> = BTreeMap::new();
+    /// Blocks still live, grouped by site. Reads the whole live map: for the end of a trace,
+    /// not for every round.
+    pub fn live_blocks(&self, pids: Option<&HashSet<u32>>) -> Result<BTreeMap<SiteId, Leak>> {
+        let mut out: BTreeMap<SiteId, Leak> = BTreeMap::new();
         for item in self.live.iter() {
             let (key, block) = item.map_err(map_err(maps::LIVE))?;
             if pids.is_some_and(|p| !p.contains(&key.tgid)) {
                 continue;
             }
-            let l = out.entry((key.tgid, block.func)).or_default();
+            let l = out
+                .entry((key.tgid, block.stack_id, block.func))
+                .or_default();
             l.blocks += 1;
             l.bytes += block.size;
         }

@@ -3,7 +3,12 @@
 use heaptrace_common::{Func, Loss};
 use serde_json::{Map, Value, json};
 
-use crate::{aggregate::Profile, model::Totals, probe::Attached};
+use crate::{
+    aggregate::Profile,
+    hist::percentiles,
+    model::{SiteId, Totals},
+    probe::Attached,
+};
 
 /// What the document says about the run itself.
 pub struct RunInfo<'a> {
@@ -16,6 +21,118 @@ pub struct RunInfo<'a> {
     pub probes: &'a [Attached],
     /// (alias, probed as).
     pub aliases: &'a [(Func, Func)],
+    /// What was collected: counts, sizes or stacks.
+    pub collect: &'static str,
+    pub temporary_ms: u64,
+}
+
+/// A site's identity and frames, the common part of every per-stack entry.
+fn site(profile: &Profile, id: &SiteId) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("pid".into(), id.0.into());
+    m.insert(
+        "function".into(),
+        Func::from_u32(id.2).map(|f| f.name()).unwrap_or("?").into(),
+    );
+    m.insert("stack_id".into(), id.1.into());
+    m.insert(
+        "frames".into(),
+        serde_json::to_value(profile.frames(id)).unwrap_or(Value::Null),
+    );
+    m
+}
+
+fn with(mut m: Map<String, Value>, extra: Value) -> Value {
+    if let Value::Object(e) = extra {
+        m.extend(e);
+    }
+    Value::Object(m)
+}
+
+fn percentiles_json(p: Option<crate::hist::Percentiles>) -> Value {
+    match p {
+        Some(p) => json!({ "count": p.count, "p50_ns": p.p50, "p99_ns": p.p99, "max_ns": p.max }),
+        None => Value::Null,
+    }
+}
+
+fn stacks(profile: &Profile) -> Value {
+    profile
+        .top_sites(usize::MAX, |t| t.bytes as i64)
+        .iter()
+        .map(|(id, t)| {
+            let sizes: Vec<Value> = t
+                .sizes
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| **n > 0)
+                .map(|(b, n)| json!({ "from": heaptrace_common::log2_bucket_floor(b), "count": n }))
+                .collect();
+            with(
+                site(profile, id),
+                json!({
+                    "calls": t.calls,
+                    "bytes": t.bytes,
+                    "frees": t.frees,
+                    "freed_bytes": t.freed_bytes,
+                    "live_blocks": t.live_blocks,
+                    "live_bytes": t.live_bytes,
+                    "temporary": { "blocks": t.temp_blocks, "bytes": t.temp_bytes },
+                    "sizes": sizes,
+                    "lifetime": percentiles_json(percentiles(&t.lifetimes, 1024)),
+                }),
+            )
+        })
+        .collect()
+}
+
+fn temporary(profile: &Profile, threshold_ms: u64) -> Value {
+    let sites = profile.top_sites(usize::MAX, |t| t.temp_blocks as i64);
+    let blocks: u64 = profile.sites.values().map(|t| t.temp_blocks).sum();
+    let bytes: u64 = profile.sites.values().map(|t| t.temp_bytes).sum();
+    let by: Vec<Value> = sites
+        .iter()
+        .map(|(id, t)| {
+            with(
+                site(profile, id),
+                json!({ "blocks": t.temp_blocks, "bytes": t.temp_bytes, "calls": t.calls }),
+            )
+        })
+        .collect();
+    json!({ "threshold_ms": threshold_ms, "blocks": blocks, "bytes": bytes, "by_stack": by })
+}
+
+fn peak(profile: &Profile) -> Value {
+    let Some(p) = &profile.peak else {
+        return Value::Null;
+    };
+    let by: Vec<Value> = p
+        .sites
+        .iter()
+        .map(|(id, blocks, bytes)| {
+            with(
+                site(profile, id),
+                json!({ "live_blocks": blocks, "live_bytes": bytes }),
+            )
+        })
+        .collect();
+    json!({
+        "live_bytes": p.live_bytes,
+        "live_blocks": p.live_blocks,
+        "round": p.round,
+        "elapsed_ms": p.elapsed_ms,
+        "by_stack": by,
+    })
+}
+
+fn latency(profile: &Profile) -> Value {
+    let mut m = Map::new();
+    for f in Func::ALL {
+        if let Some(p) = percentiles(&profile.latency[f as usize], 1) {
+            m.insert(f.name().into(), percentiles_json(Some(p)));
+        }
+    }
+    Value::Object(m)
 }
 
 fn functions(t: &Totals, aliases: &[(Func, Func)]) -> Value {
@@ -70,7 +187,18 @@ fn leaks(profile: &Profile, pid: Option<u32>) -> Value {
             );
         }
     }
-    json!({ "blocks": total.blocks, "bytes": total.bytes, "by_function": by })
+    let by_stack: Vec<Value> = profile
+        .top_leaks(usize::MAX)
+        .iter()
+        .filter(|(id, _)| pid.is_none_or(|p| p == id.0))
+        .map(|(id, l)| {
+            with(
+                site(profile, id),
+                json!({ "blocks": l.blocks, "bytes": l.bytes }),
+            )
+        })
+        .collect();
+    json!({ "blocks": total.blocks, "bytes": total.bytes, "by_function": by, "by_stack": by_stack })
 }
 
 fn totals_summary(t: &Totals) -> Value {
@@ -119,6 +247,7 @@ pub fn document(profile: &Profile, info: &RunInfo<'_>) -> Value {
             "exit_code": info.exit_code,
         },
         "interval_ms": info.interval_ms,
+        "mode": info.collect,
         "rounds": profile.rounds.len(),
         "provider": { "path": info.provider, "probes": info.probes },
         "aliases": aliases,
@@ -130,6 +259,10 @@ pub fn document(profile: &Profile, info: &RunInfo<'_>) -> Value {
         "lost": lost,
         "processes": processes,
         "timeline": profile.rounds,
+        "stacks": stacks(profile),
+        "temporary": temporary(profile, info.temporary_ms),
+        "peak": peak(profile),
+        "latency": latency(profile),
     })
 }
 
@@ -173,6 +306,8 @@ mod tests {
             provider: "/lib/libc.so.6",
             probes: &[],
             aliases: &[(Func::Memalign, Func::AlignedAlloc)],
+            collect: "stacks",
+            temporary_ms: 1000,
         };
         let doc = document(&p, &info);
         let f = &doc["functions"];
@@ -189,5 +324,55 @@ mod tests {
         assert_eq!(doc["processes"][0]["pid"], 42);
         assert_eq!(doc["lost"]["live_map"], 0);
         assert!(doc["leaks"].is_null());
+        assert_eq!(doc["mode"], "stacks");
+        assert_eq!(doc["stacks"], json!([]));
+        assert_eq!(doc["temporary"]["threshold_ms"], 1000);
+    }
+
+    #[test]
+    fn stacks_carry_frames_and_counters() {
+        let mut p = Profile::default();
+        p.stacks.insert(
+            (7, 3),
+            vec![crate::symbolize::Frame {
+                function: "alloc_a".into(),
+                file: Some("fx.c".into()),
+                line: Some(9),
+                module: "fx".into(),
+                offset: 0x1139,
+                inlined: false,
+            }],
+        );
+        let mut t = crate::model::SiteTotals {
+            calls: 2,
+            bytes: 200,
+            temp_blocks: 1,
+            temp_bytes: 100,
+            ..Default::default()
+        };
+        t.sizes[heaptrace_common::log2_bucket(100)] = 2;
+        t.lifetimes[1] = 1;
+        p.sites.insert((7, 3, 0), t);
+        let mut leaked = std::collections::BTreeMap::new();
+        leaked.insert(
+            (7, 3, 0),
+            crate::aggregate::Leak {
+                blocks: 1,
+                bytes: 100,
+            },
+        );
+        p.leaks = Some(leaked);
+        let doc = stacks(&p);
+        assert_eq!(doc[0]["frames"][0]["function"], "alloc_a");
+        assert_eq!(doc[0]["frames"][0]["line"], 9);
+        assert_eq!(doc[0]["calls"], 2);
+        assert_eq!(doc[0]["sizes"][0]["from"], 64);
+        assert_eq!(doc[0]["lifetime"]["count"], 1);
+        assert_eq!(temporary(&p, 5)["by_stack"][0]["blocks"], 1);
+        assert_eq!(
+            leaks(&p, Some(7))["by_stack"][0]["frames"][0]["function"],
+            "alloc_a"
+        );
+        assert_eq!(leaks(&p, Some(8))["by_stack"], json!([]));
     }
 }

@@ -9,12 +9,16 @@ pub mod cli;
 pub mod drain;
 pub mod elf;
 pub mod error;
+pub mod hist;
 pub mod json;
 pub mod launch;
 pub mod model;
+pub mod modules;
 pub mod probe;
 pub mod procfs;
 pub mod report;
 pub mod run;
+pub mod symbolize;
+pub mod views;
 
 pub use error::{Error, Result};

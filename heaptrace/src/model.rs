@@ -2,7 +2,7 @@
 //! per-round deltas between them. No kernel handles here; everything is serializable.
 use std::collections::BTreeMap;
 
-use heaptrace_common::{FUNC_COUNT, Func, LOSS_COUNT, ProcCounters};
+use heaptrace_common::{FUNC_COUNT, Func, LOG2_BUCKETS, LOSS_COUNT, ProcCounters, SiteCounters};
 use serde::{Deserialize, Serialize};
 
 use crate::procfs::Mem;
@@ -127,12 +127,104 @@ impl Totals {
 /// (process, function index, requested size).
 pub type SizeKey = (u32, u32, u64);
 
+/// An allocation site: (process, stack id, function index). A negative stack id is a lost
+/// stack (its errno), `heaptrace_common::NO_SITE` a block allocated outside stacks mode.
+pub type SiteId = (u32, i32, u32);
+
+/// Power-of-two histogram buckets (see `heaptrace_common::log2_bucket`).
+pub type Log2 = [u64; LOG2_BUCKETS];
+
+/// Counters of one allocation site; cumulative in a snapshot, a difference in a round.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SiteTotals {
+    pub calls: u64,
+    pub bytes: u64,
+    pub frees: u64,
+    pub freed_bytes: u64,
+    pub live_blocks: i64,
+    pub live_bytes: i64,
+    pub temp_blocks: u64,
+    pub temp_bytes: u64,
+    pub sizes: Log2,
+    /// Lifetimes of released blocks, in units of 1024 ns.
+    pub lifetimes: Log2,
+}
+
+fn log2_add(a: &mut Log2, b: &Log2) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x = x.wrapping_add(*y);
+    }
+}
+
+fn log2_sub(a: &mut Log2, b: &Log2) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x = x.wrapping_sub(*y);
+    }
+}
+
+impl SiteTotals {
+    pub fn from_per_cpu<'a>(cpus: impl IntoIterator<Item = &'a SiteCounters>) -> SiteTotals {
+        let mut t = SiteTotals::default();
+        for c in cpus {
+            t.calls = t.calls.wrapping_add(c.calls);
+            t.bytes = t.bytes.wrapping_add(c.bytes);
+            t.frees = t.frees.wrapping_add(c.frees);
+            t.freed_bytes = t.freed_bytes.wrapping_add(c.freed_bytes);
+            t.live_blocks = t.live_blocks.wrapping_add(c.live_blocks as i64);
+            t.live_bytes = t.live_bytes.wrapping_add(c.live_bytes as i64);
+            t.temp_blocks = t.temp_blocks.wrapping_add(c.temp_blocks);
+            t.temp_bytes = t.temp_bytes.wrapping_add(c.temp_bytes);
+            log2_add(&mut t.sizes, &c.sizes);
+            log2_add(&mut t.lifetimes, &c.lifetimes);
+        }
+        t
+    }
+
+    pub fn minus(&self, prev: &SiteTotals) -> SiteTotals {
+        let mut d = *self;
+        d.calls = d.calls.wrapping_sub(prev.calls);
+        d.bytes = d.bytes.wrapping_sub(prev.bytes);
+        d.frees = d.frees.wrapping_sub(prev.frees);
+        d.freed_bytes = d.freed_bytes.wrapping_sub(prev.freed_bytes);
+        d.live_blocks -= prev.live_blocks;
+        d.live_bytes -= prev.live_bytes;
+        d.temp_blocks = d.temp_blocks.wrapping_sub(prev.temp_blocks);
+        d.temp_bytes = d.temp_bytes.wrapping_sub(prev.temp_bytes);
+        log2_sub(&mut d.sizes, &prev.sizes);
+        log2_sub(&mut d.lifetimes, &prev.lifetimes);
+        d
+    }
+
+    pub fn plus(&mut self, d: &SiteTotals) {
+        self.calls += d.calls;
+        self.bytes += d.bytes;
+        self.frees += d.frees;
+        self.freed_bytes += d.freed_bytes;
+        self.live_blocks += d.live_blocks;
+        self.live_bytes += d.live_bytes;
+        self.temp_blocks += d.temp_blocks;
+        self.temp_bytes += d.temp_bytes;
+        log2_add(&mut self.sizes, &d.sizes);
+        log2_add(&mut self.lifetimes, &d.lifetimes);
+    }
+}
+
 /// What the kernel maps held at one instant, summed over CPUs.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Snapshot {
     pub procs: BTreeMap<u32, ProcSnapshot>,
     pub sizes: BTreeMap<SizeKey, u64>,
     pub losses: [u64; LOSS_COUNT],
+    pub sites: BTreeMap<SiteId, SiteTotals>,
+    /// Per function: time from entry to return, power-of-two buckets of nanoseconds.
+    pub latency: [Log2; FUNC_COUNT],
+}
+
+/// A stack seen for the first time: raw return addresses (innermost first) and their frames.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct NewStack {
+    pub ips: Vec<u64>,
+    pub frames: Vec<crate::symbolize::Frame>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -152,6 +244,11 @@ pub struct Round {
     pub losses: [u64; LOSS_COUNT],
     /// Memory of the traced processes that are still alive, read at the end of the round.
     pub mem: BTreeMap<u32, Mem>,
+    pub sites: BTreeMap<SiteId, SiteTotals>,
+    pub latency: [Log2; FUNC_COUNT],
+    /// Stacks first seen this round, by (process, stack id).
+    #[serde(skip)]
+    pub stacks: BTreeMap<(u32, i32), NewStack>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -189,6 +286,19 @@ impl Snapshot {
         }
         for (i, l) in self.losses.iter().enumerate() {
             round.losses[i] = l.wrapping_sub(prev.losses[i]);
+        }
+        for (id, site) in &self.sites {
+            let d = match prev.sites.get(id) {
+                Some(p) => site.minus(p),
+                None => *site,
+            };
+            if d != SiteTotals::default() {
+                round.sites.insert(*id, d);
+            }
+        }
+        for (f, hist) in self.latency.iter().enumerate() {
+            round.latency[f] = *hist;
+            log2_sub(&mut round.latency[f], &prev.latency[f]);
         }
         round
     }
@@ -248,6 +358,39 @@ mod tests {
         assert_eq!(sum, s2.procs[&7].totals);
         // A round in which nothing moved carries no process.
         assert!(s2.since(&s2).procs.is_empty());
+    }
+
+    #[test]
+    fn site_deltas_follow_the_same_arithmetic() {
+        let mut c = SiteCounters::ZERO;
+        c.calls = 5;
+        c.bytes = 500;
+        c.live_blocks = 5;
+        c.live_bytes = 500;
+        c.sizes[7] = 5;
+        let mut freed = SiteCounters::ZERO;
+        freed.frees = 2;
+        freed.live_blocks = (-2i64) as u64;
+        freed.live_bytes = (-200i64) as u64;
+        freed.lifetimes[3] = 2;
+        let id: SiteId = (9, 4, 0);
+        let mut s1 = Snapshot::default();
+        s1.sites.insert(id, SiteTotals::from_per_cpu([&c]));
+        s1.latency[0][5] = 3;
+        let mut s2 = s1.clone();
+        s2.sites.insert(id, SiteTotals::from_per_cpu([&c, &freed]));
+        s2.latency[0][5] = 10;
+        let r = s2.since(&s1);
+        let d = r.sites[&id];
+        assert_eq!(
+            (d.calls, d.frees, d.live_blocks, d.live_bytes),
+            (0, 2, -2, -200)
+        );
+        assert_eq!(d.lifetimes[3], 2);
+        assert_eq!(r.latency[0][5], 7);
+        let mut total = s1.since(&Snapshot::default()).sites[&id];
+        total.plus(&d);
+        assert_eq!(total, s2.sites[&id]);
     }
 
     #[test]

@@ -26,17 +26,26 @@ pub enum Scope {
 
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
+    /// One of `heaptrace_common::mode`.
+    pub mode: u32,
+    pub temporary_ns: u64,
     pub live_map_size: u32,
     pub size_map_size: u32,
     pub proc_map_size: u32,
+    pub stack_map_size: u32,
+    pub site_map_size: u32,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
+            mode: heaptrace_common::mode::STACKS,
+            temporary_ns: 1_000_000_000,
             live_map_size: 1 << 20,
             size_map_size: 32768,
             proc_map_size: 4096,
+            stack_map_size: 16384,
+            site_map_size: 16384,
         }
     }
 }
@@ -96,11 +105,18 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 
 pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
     let me = std::process::id();
+    // Maps a mode does not use get one entry: a stack map is preallocated at full size.
+    let stacks = opts.mode >= heaptrace_common::mode::STACKS;
+    let sizes = opts.mode >= heaptrace_common::mode::SIZES;
     EbpfLoader::new()
         .override_global(globals::SELF_TGID, &me, true)
+        .override_global(globals::MODE, &opts.mode, true)
+        .override_global(globals::TEMPORARY_NS, &opts.temporary_ns, true)
         .map_max_entries(maps::LIVE, opts.live_map_size)
-        .map_max_entries(maps::SIZES, opts.size_map_size)
+        .map_max_entries(maps::SIZES, if sizes { opts.size_map_size } else { 1 })
         .map_max_entries(maps::PROCS, opts.proc_map_size)
+        .map_max_entries(maps::STACKS, if stacks { opts.stack_map_size } else { 1 })
+        .map_max_entries(maps::SITES, if stacks { opts.site_map_size } else { 1 })
         .load(EBPF_OBJECT)
         .map_err(|e| {
             let msg = format!("{e:#}");

@@ -21,8 +21,10 @@ use crate::{
     error::{Error, Result},
     json, launch,
     model::Snapshot,
+    modules::Modules,
     probe::{self, LoadOptions, Probes, Scope},
     procfs, report,
+    symbolize::Symbolizer,
 };
 
 enum Target {
@@ -64,8 +66,12 @@ pub fn run(cli: Cli) -> Result<i32> {
     let target = Target::from_cli(&cli)?;
     probe::preflight()?;
     let opts = LoadOptions {
+        mode: cli.mode.kernel(),
+        temporary_ns: cli.temporary.unwrap_or(cli.interval).as_nanos() as u64,
         live_map_size: cli.live_map_size,
         size_map_size: cli.size_map_size,
+        stack_map_size: cli.stack_map_size,
+        site_map_size: cli.site_map_size,
         ..LoadOptions::default()
     };
 
@@ -148,6 +154,8 @@ pub fn run(cli: Cli) -> Result<i32> {
         start: Instant::now(),
         pid,
         quiet: cli.quiet,
+        modules: Modules::default(),
+        symbolizer: Symbolizer::default(),
     };
     let end = rt.block_on(daemon.watch(cli.interval))?;
 
@@ -171,6 +179,11 @@ pub fn run(cli: Cli) -> Result<i32> {
     if pid.is_none() {
         eprint!("{}", report::processes(profile, 20));
     }
+    let temporary_ms = opts.temporary_ns / 1_000_000;
+    if cli.mode == crate::cli::Mode::Stacks {
+        eprint!("{}", crate::views::sites(profile, cli.top, temporary_ms));
+    }
+    eprint!("{}", crate::views::latency(profile));
     if let Some(path) = &cli.json {
         let pids: Vec<u32> = pid.into_iter().collect();
         let info = json::RunInfo {
@@ -185,6 +198,8 @@ pub fn run(cli: Cli) -> Result<i32> {
             provider: &provider.path.display().to_string(),
             probes: &attached_list,
             aliases: &aliases,
+            collect: cli.mode.name(),
+            temporary_ms,
         };
         let doc = serde_json::to_string_pretty(&json::document(profile, &info))
             .map_err(|e| Error::Io(std::io::Error::other(e)))?;
@@ -249,7 +264,15 @@ struct Daemon {
     /// The one traced process, or None for all.
     pid: Option<u32>,
     quiet: bool,
+    modules: Modules,
+    symbolizer: Symbolizer,
 }
+
+/// How long after the start the target's mappings are read often: a short-lived command may
+/// exit before the first round, and its stacks can only be resolved with mappings read while
+/// it was alive.
+const EARLY_MAPS: Duration = Duration::from_secs(2);
+const EARLY_MAPS_EVERY: Duration = Duration::from_millis(20);
 
 impl Daemon {
     async fn watch(&mut self, interval: Duration) -> Result<End> {
@@ -266,8 +289,15 @@ impl Daemon {
         let mut ticks = tokio::time::interval(interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticks.tick().await; // the first tick is immediate
+        let mut early = tokio::time::interval(EARLY_MAPS_EVERY);
         loop {
+            let early_maps = self.pid.is_some() && self.start.elapsed() < EARLY_MAPS;
             tokio::select! {
+                _ = early.tick(), if early_maps => {
+                    if let Some(pid) = self.pid {
+                        self.modules.refresh(pid);
+                    }
+                }
                 _ = ticks.tick() => {
                     self.round()?;
                     self.maps.purge_inflight(procfs::thread_alive)?;
@@ -282,6 +312,7 @@ impl Daemon {
     fn round(&mut self) -> Result<()> {
         let snap = self.maps.snapshot()?;
         let mut round = snap.since(&self.prev);
+        self.new_stacks(&mut round);
         round.index = self.profile.rounds.len() as u64 + 1;
         round.elapsed_ms = self.start.elapsed().as_millis() as u64;
         let pids: Vec<u32> = match self.pid {
@@ -303,6 +334,32 @@ impl Daemon {
         }
         self.prev = snap;
         Ok(())
+    }
+}
+
+impl Daemon {
+    /// Symbolizes the stacks first seen this round, while their processes are (maybe) alive.
+    fn new_stacks(&mut self, round: &mut crate::model::Round) {
+        let new: Vec<(u32, i32)> = round
+            .sites
+            .keys()
+            .filter(|(_, id, _)| *id >= 0)
+            .map(|(pid, id, _)| (*pid, *id))
+            .filter(|k| !self.profile.stacks.contains_key(k))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut refreshed = HashSet::new();
+        for (pid, id) in new {
+            if refreshed.insert(pid) && procfs::alive(pid) {
+                self.modules.refresh(pid);
+            }
+            let ips = self.maps.stack(id).unwrap_or_default();
+            let frames = self.symbolizer.stack(&self.modules, pid, &ips);
+            round
+                .stacks
+                .insert((pid, id), crate::model::NewStack { ips, frames });
+        }
     }
 }
 

@@ -13,7 +13,10 @@ use serde_json::Value;
 /// Tests that probe every process (`--all`) or look at a target's code for breakpoints must not
 /// overlap with any other probing test, in this test binary or in another checkout's: an flock
 /// on a file every run shares. The others take it shared and run side by side.
-pub struct SystemLock(std::fs::File);
+pub struct SystemLock {
+    /// Holding the open file holds the lock.
+    _file: std::fs::File,
+}
 
 fn system_lock(op: i32) -> SystemLock {
     let f = std::fs::OpenOptions::new()
@@ -25,7 +28,7 @@ fn system_lock(op: i32) -> SystemLock {
     // SAFETY: flock on a descriptor we own; released when the file closes.
     let r = unsafe { libc::flock(f.as_raw_fd(), op) };
     assert_eq!(r, 0, "flock: {}", std::io::Error::last_os_error());
-    SystemLock(f)
+    SystemLock { _file: f }
 }
 
 pub fn shared() -> SystemLock {

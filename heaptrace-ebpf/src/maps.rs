@@ -1,0 +1,142 @@
+//! The maps, the globals the loader sets, and the small helpers every program shares.
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
+use aya_ebpf::{
+    helpers::bpf_get_current_comm,
+    macros::map,
+    maps::{HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
+};
+use heaptrace_common::{
+    FUNC_COUNT, Func, InFlight, LOSS_COUNT, LatencyHist, LiveBlock, LiveKey, Loss, ProcCounters,
+    SiteCounters, SiteKey, SizeKey, log2_bucket,
+};
+
+/// Create only: two CPUs adding the same new key must not overwrite each other's counts.
+const BPF_NOEXIST: u64 = 1;
+/// Allocate entries on demand: the map's bound is its capacity, not its footprint.
+const BPF_F_NO_PREALLOC: u32 = 1;
+
+/// heaptrace's own tgid, set by the loader: heaptrace never traces itself.
+#[unsafe(no_mangle)]
+static SELF_TGID: u32 = 0;
+
+/// One of `heaptrace_common::mode`.
+#[unsafe(no_mangle)]
+static MODE: u32 = heaptrace_common::mode::STACKS;
+
+/// A block released within this many nanoseconds of its allocation is temporary.
+#[unsafe(no_mangle)]
+static TEMPORARY_NS: u64 = 1_000_000_000;
+
+// Capacities are defaults; the loader may resize them (map_max_entries) from the command line.
+#[map(name = "PROCS")]
+pub static PROCS: PerCpuHashMap<u32, ProcCounters> = PerCpuHashMap::with_max_entries(4096, 0);
+
+#[map(name = "SIZES")]
+pub static SIZES: PerCpuHashMap<SizeKey, u64> = PerCpuHashMap::with_max_entries(32768, 0);
+
+#[map(name = "LIVE")]
+pub static LIVE: HashMap<LiveKey, LiveBlock> =
+    HashMap::with_max_entries(1 << 20, BPF_F_NO_PREALLOC);
+
+#[map(name = "INFLIGHT")]
+pub static INFLIGHT: HashMap<u64, InFlight> = HashMap::with_max_entries(16384, 0);
+
+#[map(name = "LOSSES")]
+pub static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_COUNT as u32, 0);
+
+#[map(name = "STACKS")]
+pub static STACKS: StackTrace = StackTrace::with_max_entries(16384, 0);
+
+#[map(name = "SITES")]
+pub static SITES: PerCpuHashMap<SiteKey, SiteCounters> =
+    PerCpuHashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+
+#[map(name = "LATENCY")]
+pub static LATENCY: PerCpuArray<LatencyHist> = PerCpuArray::with_max_entries(FUNC_COUNT as u32, 0);
+
+#[inline(always)]
+pub fn add(counter: &mut u64, v: u64) {
+    // SAFETY: the pointer comes from a live map value, aligned for u64.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, v) };
+}
+
+#[inline(always)]
+pub fn lose(kind: Loss) {
+    if let Some(p) = LOSSES.get_ptr_mut(kind as u32) {
+        // SAFETY: map value pointer, valid for the program's run.
+        add(unsafe { &mut *p }, 1);
+    }
+}
+
+#[inline(always)]
+pub fn self_tgid() -> u32 {
+    // SAFETY: a plain read of a global the loader wrote before load.
+    unsafe { core::ptr::read_volatile(&SELF_TGID) }
+}
+
+#[inline(always)]
+pub fn mode() -> u32 {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&MODE) }
+}
+
+#[inline(always)]
+pub fn temporary_ns() -> u64 {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&TEMPORARY_NS) }
+}
+
+/// Looks up a per-CPU counter struct, creating it zeroed on first use. Returns None (and the
+/// caller counts the loss) when the map is full.
+#[inline(always)]
+pub fn get_or_insert<K, V>(map: &PerCpuHashMap<K, V>, key: &K, zero: &V) -> Option<&'static mut V> {
+    if let Some(p) = map.get_ptr_mut(key) {
+        // SAFETY: map value pointer.
+        return Some(unsafe { &mut *p });
+    }
+    // EEXIST means another CPU created it first: fine, the lookup below finds it.
+    let _ = map.insert(key, zero, BPF_NOEXIST);
+    // SAFETY: map value pointer.
+    map.get_ptr_mut(key).map(|p| unsafe { &mut *p })
+}
+
+/// This process's counters on this CPU, created on first use.
+#[inline(always)]
+pub fn proc_counters(tgid: u32) -> Option<&'static mut ProcCounters> {
+    if let Some(p) = PROCS.get_ptr_mut(tgid) {
+        // SAFETY: map value pointer.
+        return Some(unsafe { &mut *p });
+    }
+    let mut fresh = ProcCounters::ZERO;
+    if let Ok(comm) = bpf_get_current_comm() {
+        fresh.comm = comm;
+    }
+    let found = get_or_insert(&PROCS, &tgid, &fresh);
+    if found.is_none() {
+        lose(Loss::ProcessMap);
+    }
+    found
+}
+
+#[inline(always)]
+pub fn count_size(tgid: u32, func: Func, size: u64) {
+    let key = SizeKey {
+        tgid,
+        func: func as u32,
+        size,
+    };
+    match get_or_insert(&SIZES, &key, &0u64) {
+        Some(n) => add(n, 1),
+        None => lose(Loss::SizeHistogram),
+    }
+}
+
+#[inline(always)]
+pub fn latency(func: Func, ns: u64) {
+    if let Some(h) = LATENCY.get_ptr_mut(func as u32) {
+        let b = log2_bucket(ns);
+        // SAFETY: map value pointer; b < LOG2_BUCKETS.
+        add(unsafe { &mut (*h).buckets[b] }, 1);
+    }
+}

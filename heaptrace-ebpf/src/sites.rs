@@ -1,0 +1,69 @@
+//! Stacks mode: per allocation site (process, user stack, function) counters.
+//!
+//! The stack is taken at the return probe: there the instruction pointer is the return address
+//! in the immediate caller and the frame pointer is the caller's, so the kernel's frame-pointer
+//! walk starts at the caller. (At malloc's entry the walk would miss it: glibc's malloc does not
+//! begin with `push %rbp`.) Only successful allocations pay for a stack.
+use aya_ebpf::programs::{RetProbeContext, tracing::StackIdContext as _};
+use heaptrace_common::{Func, LiveBlock, Loss, SiteCounters, SiteKey, log2_bucket};
+
+use crate::maps::{SITES, STACKS, add, get_or_insert, lose, temporary_ns};
+
+const BPF_F_USER_STACK: u64 = 1 << 8;
+
+/// Counts an allocation at its site; returns the stack id to remember in the live map.
+#[inline(always)]
+pub fn allocated(ctx: &RetProbeContext, tgid: u32, func: Func, size: u64) -> i32 {
+    // No BPF_F_REUSE_STACKID: a hash collision must not silently hand this allocation to
+    // another stack. It fails with an errno instead, counted below as "stack lost".
+    let stack_id = match ctx.get_stackid(&STACKS, BPF_F_USER_STACK) {
+        Ok(id) => id as i32,
+        Err(e) => {
+            lose(Loss::Stack);
+            if e < 0 { e } else { -1 }
+        }
+    };
+    let key = SiteKey {
+        tgid,
+        stack_id,
+        func: func as u32,
+        _pad: 0,
+    };
+    let Some(site) = get_or_insert(&SITES, &key, &SiteCounters::ZERO) else {
+        lose(Loss::SiteMap);
+        return stack_id;
+    };
+    add(&mut site.calls, 1);
+    add(&mut site.bytes, size);
+    add(&mut site.live_blocks, 1);
+    add(&mut site.live_bytes, size);
+    add(&mut site.sizes[log2_bucket(size)], 1);
+    stack_id
+}
+
+/// Counts the release of a block at the site that allocated it.
+#[inline(always)]
+pub fn released(tgid: u32, block: &LiveBlock) {
+    let key = SiteKey {
+        tgid,
+        stack_id: block.stack_id,
+        func: block.func,
+        _pad: 0,
+    };
+    let Some(p) = SITES.get_ptr_mut(key) else {
+        return; // its allocation was not counted at a site (site map full)
+    };
+    // SAFETY: map value pointer.
+    let site = unsafe { &mut *p };
+    // SAFETY: no preconditions.
+    let lifetime = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() }.wrapping_sub(block.ts_ns);
+    add(&mut site.frees, 1);
+    add(&mut site.freed_bytes, block.size);
+    add(&mut site.live_blocks, u64::MAX);
+    add(&mut site.live_bytes, block.size.wrapping_neg());
+    add(&mut site.lifetimes[log2_bucket(lifetime >> 10)], 1);
+    if lifetime < temporary_ns() {
+        add(&mut site.temp_blocks, 1);
+        add(&mut site.temp_bytes, block.size);
+    }
+}

@@ -1,0 +1,117 @@
+//! Where code was: each traced process's executable mappings, remembered while it lives, so
+//! that its stacks can be turned into (module, file offset) and symbolized after it exits.
+use std::{collections::HashMap, fs, path::PathBuf};
+
+/// One executable file mapping of a process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// File offset of `start`.
+    pub offset: u64,
+    pub path: PathBuf,
+}
+
+/// A code address resolved to the file it belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Location {
+    pub path: PathBuf,
+    pub offset: u64,
+}
+
+/// Executable mappings per process, as last read while the process was alive.
+#[derive(Default)]
+pub struct Modules {
+    procs: HashMap<u32, Vec<Mapping>>,
+}
+
+impl Modules {
+    /// Reads the process's mappings again (if it is still alive); keeps the last good read.
+    pub fn refresh(&mut self, pid: u32) {
+        if let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) {
+            let parsed = parse_maps(&maps);
+            if !parsed.is_empty() {
+                self.procs.insert(pid, parsed);
+            }
+        }
+    }
+
+    pub fn knows(&self, pid: u32) -> bool {
+        self.procs.contains_key(&pid)
+    }
+
+    pub fn resolve(&self, pid: u32, addr: u64) -> Option<Location> {
+        let maps = self.procs.get(&pid)?;
+        maps.iter()
+            .find(|m| addr >= m.start && addr < m.end)
+            .map(|m| Location {
+                path: m.path.clone(),
+                offset: addr - m.start + m.offset,
+            })
+    }
+
+    pub fn forget(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+    }
+}
+
+fn parse_maps(maps: &str) -> Vec<Mapping> {
+    maps.lines()
+        .filter_map(|line| {
+            let mut cols = line.split_whitespace();
+            let range = cols.next()?;
+            let perms = cols.next()?;
+            let offset = cols.next()?;
+            let path: Vec<&str> = cols.skip(2).collect();
+            if !perms.contains('x') || path.is_empty() || !path[0].starts_with('/') {
+                return None;
+            }
+            let (lo, hi) = range.split_once('-')?;
+            Some(Mapping {
+                start: u64::from_str_radix(lo, 16).ok()?,
+                end: u64::from_str_radix(hi, 16).ok()?,
+                offset: u64::from_str_radix(offset, 16).ok()?,
+                path: PathBuf::from(path.join(" ").trim_end_matches(" (deleted)")),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_addresses_to_file_offsets() {
+        let mut m = Modules::default();
+        m.procs.insert(
+            1,
+            parse_maps(
+                "55d0c0000000-55d0c0001000 r--p 00000000 fe:01 1 /bin/prog\n\
+                 55d0c0001000-55d0c0003000 r-xp 00001000 fe:01 1 /bin/prog\n\
+                 7f0000000000-7f0000001000 r-xp 00028000 fe:01 2 /lib/libc.so.6\n",
+            ),
+        );
+        assert_eq!(
+            m.resolve(1, 0x55d0c0001010),
+            Some(Location {
+                path: "/bin/prog".into(),
+                offset: 0x1010
+            })
+        );
+        assert_eq!(m.resolve(1, 0x7f0000000100).unwrap().offset, 0x28100);
+        assert_eq!(m.resolve(1, 0x55d0c0000010), None, "not executable");
+        assert_eq!(m.resolve(2, 0x55d0c0001010), None, "unknown process");
+    }
+
+    #[test]
+    fn reads_own_mappings() {
+        let mut m = Modules::default();
+        let me = std::process::id();
+        m.refresh(me);
+        assert!(m.knows(me));
+        let f = reads_own_mappings as *const () as u64;
+        let loc = m.resolve(me, f).expect("own code is mapped");
+        assert_eq!(loc.path, std::env::current_exe().unwrap());
+    }
+}

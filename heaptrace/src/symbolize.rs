@@ -1,0 +1,201 @@
+//! Turning stacks of return addresses into named frames with blazesym, outside the hot path:
+//! new stacks only, in batches per module, cached per (module, file offset).
+use std::{collections::HashMap, path::PathBuf};
+
+use blazesym::symbolize::{
+    Input, Symbolized, Symbolizer as Blaze,
+    source::{Elf, Source},
+};
+use serde::Serialize;
+
+use crate::modules::{Location, Modules};
+
+/// One frame of a symbolized stack, innermost first. Never blank: a frame that cannot be named
+/// shows its module and offset.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Frame {
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub module: String,
+    pub offset: u64,
+    /// A function inlined into the next frame (same address).
+    pub inlined: bool,
+}
+
+impl Frame {
+    fn unknown(addr: u64) -> Frame {
+        Frame {
+            function: format!("[unknown] {addr:#x}"),
+            file: None,
+            line: None,
+            module: "[unknown]".into(),
+            offset: addr,
+            inlined: false,
+        }
+    }
+
+    /// A frame standing for an allocation whose stack was lost (the errno says why).
+    pub fn lost(errno: i32) -> Frame {
+        Frame {
+            function: format!("[stack lost: errno {}]", -errno),
+            file: None,
+            line: None,
+            module: "[lost]".into(),
+            offset: 0,
+            inlined: false,
+        }
+    }
+}
+
+pub struct Symbolizer {
+    blaze: Blaze,
+    cache: HashMap<Location, Vec<Frame>>,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Symbolizer {
+            blaze: Blaze::builder()
+                .enable_code_info(true)
+                .enable_inlined_fns(true)
+                .enable_demangling(true)
+                .build(),
+            cache: HashMap::new(),
+        }
+    }
+}
+
+fn module_name(path: &std::path::Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+impl Symbolizer {
+    /// Symbolizes a stack of return addresses of process `pid`, innermost first.
+    pub fn stack(&mut self, modules: &Modules, pid: u32, ips: &[u64]) -> Vec<Frame> {
+        // Return addresses point after the call: look up the call instruction itself.
+        let locs: Vec<Option<Location>> = ips
+            .iter()
+            .map(|ip| modules.resolve(pid, ip.saturating_sub(1)))
+            .collect();
+        self.fill(locs.iter().flatten());
+        let mut out = Vec::new();
+        for (ip, loc) in ips.iter().zip(&locs) {
+            match loc.as_ref().and_then(|l| self.cache.get(l)) {
+                Some(frames) => out.extend(frames.iter().cloned()),
+                None => out.push(Frame::unknown(*ip)),
+            }
+        }
+        out
+    }
+
+    /// Symbolizes the locations not cached yet, one blazesym call per module.
+    fn fill<'a>(&mut self, locs: impl Iterator<Item = &'a Location>) {
+        let mut by_module: HashMap<PathBuf, Vec<u64>> = HashMap::new();
+        for l in locs {
+            if !self.cache.contains_key(l) {
+                by_module.entry(l.path.clone()).or_default().push(l.offset);
+            }
+        }
+        for (path, mut offsets) in by_module {
+            offsets.sort_unstable();
+            offsets.dedup();
+            let module = module_name(&path);
+            let src = Source::Elf(Elf::new(&path));
+            let results = self
+                .blaze
+                .symbolize(&src, Input::FileOffset(&offsets))
+                .unwrap_or_default();
+            for (i, off) in offsets.iter().enumerate() {
+                let frames = match results.get(i) {
+                    Some(Symbolized::Sym(sym)) => {
+                        let mut frames: Vec<Frame> = sym
+                            .inlined
+                            .iter()
+                            .rev()
+                            .map(|f| Frame {
+                                function: f.name.to_string(),
+                                file: f
+                                    .code_info
+                                    .as_ref()
+                                    .map(|c| c.file.to_string_lossy().into()),
+                                line: f.code_info.as_ref().and_then(|c| c.line),
+                                module: module.clone(),
+                                offset: *off,
+                                inlined: true,
+                            })
+                            .collect();
+                        frames.push(Frame {
+                            function: sym.name.to_string(),
+                            file: sym
+                                .code_info
+                                .as_ref()
+                                .map(|c| c.file.to_string_lossy().into()),
+                            line: sym.code_info.as_ref().and_then(|c| c.line),
+                            module: module.clone(),
+                            offset: *off,
+                            inlined: false,
+                        });
+                        frames
+                    }
+                    _ => vec![Frame {
+                        function: format!("{module}+{off:#x}"),
+                        file: None,
+                        line: None,
+                        module: module.clone(),
+                        offset: *off,
+                        inlined: false,
+                    }],
+                };
+                self.cache.insert(
+                    Location {
+                        path: path.clone(),
+                        offset: *off,
+                    },
+                    frames,
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    fn marker_function_for_symbolization() -> u64 {
+        std::hint::black_box(42)
+    }
+
+    #[test]
+    fn names_a_function_of_this_test_binary_with_file_and_line() {
+        let me = std::process::id();
+        let mut modules = Modules::default();
+        modules.refresh(me);
+        let mut s = Symbolizer::default();
+        // +1: stack() looks up ip - 1, as for return addresses.
+        let addr = marker_function_for_symbolization as *const () as u64 + 1;
+        let frames = s.stack(&modules, me, &[addr]);
+        let last = frames.last().unwrap();
+        assert!(
+            last.function.contains("marker_function_for_symbolization"),
+            "{frames:?}"
+        );
+        assert!(
+            last.file.as_deref().unwrap_or("").ends_with("symbolize.rs"),
+            "{frames:?}"
+        );
+        assert!(!last.inlined);
+    }
+
+    #[test]
+    fn unknown_addresses_are_never_blank() {
+        let mut s = Symbolizer::default();
+        let frames = s.stack(&Modules::default(), 1, &[0xdead]);
+        assert_eq!(frames[0].function, "[unknown] 0xdead");
+        assert_eq!(frames[0].module, "[unknown]");
+    }
+}
