@@ -188,6 +188,9 @@ impl Profile {
     /// The frames of a site, innermost first (a lost stack gets one frame saying so).
     pub fn frames(&self, site: &SiteId) -> Vec<Frame> {
         let (pid, stack_id, _) = *site;
+        if stack_id == heaptrace_common::NO_SITE {
+            return vec![Frame::not_collected()];
+        }
         if stack_id < 0 {
             return vec![Frame::lost(stack_id)];
         }
@@ -366,5 +369,7 @@ mod tests {
         let p = Profile::default();
         let f = p.frames(&(1, -17, 0));
         assert_eq!(f[0].function, "[stack lost: errno 17]");
+        let f = p.frames(&(1, heaptrace_common::NO_SITE, 0));
+        assert_eq!(f[0].function, "[no stack: not collected in this mode]");
     }
 }

@@ -190,7 +190,7 @@ fn leaks(profile: &Profile, pid: Option<u32>) -> Value {
     let by_stack: Vec<Value> = profile
         .top_leaks(usize::MAX)
         .iter()
-        .filter(|(id, _)| pid.is_none_or(|p| p == id.0))
+        .filter(|(id, _)| pid.is_none_or(|p| p == id.0) && id.1 != heaptrace_common::NO_SITE)
         .map(|(id, l)| {
             with(
                 site(profile, id),

@@ -36,6 +36,28 @@ impl Modules {
         }
     }
 
+    /// Reads the mappings of a process that just started until they settle: the dynamic
+    /// loader maps every needed library before the program runs, so once `lib` is mapped and
+    /// two reads agree, later reads rarely add anything (dlopen excepted, caught each round).
+    pub fn settle(&mut self, pid: u32, lib: &std::path::Path, budget: std::time::Duration) {
+        let start = std::time::Instant::now();
+        let mut last: Option<String> = None;
+        while start.elapsed() < budget {
+            let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+                return; // gone
+            };
+            if maps.contains(&*lib.to_string_lossy()) && last.as_deref() == Some(&maps) {
+                break;
+            }
+            let parsed = parse_maps(&maps);
+            if !parsed.is_empty() {
+                self.procs.insert(pid, parsed);
+            }
+            last = Some(maps);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     pub fn knows(&self, pid: u32) -> bool {
         self.procs.contains_key(&pid)
     }

@@ -147,6 +147,10 @@ pub fn run(cli: Cli) -> Result<i32> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let mut modules = Modules::default();
+    if let (Target::Command(_), Some(pid)) = (&target, pid) {
+        modules.settle(pid, &provider.path, Duration::from_millis(200));
+    }
     let mut daemon = Daemon {
         maps,
         prev: Snapshot::default(),
@@ -154,7 +158,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         start: Instant::now(),
         pid,
         quiet: cli.quiet,
-        modules: Modules::default(),
+        modules,
         symbolizer: Symbolizer::default(),
     };
     let end = rt.block_on(daemon.watch(cli.interval))?;

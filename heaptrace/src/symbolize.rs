@@ -24,6 +24,18 @@ pub struct Frame {
 }
 
 impl Frame {
+    /// A frame standing for blocks allocated while stacks were not collected.
+    pub fn not_collected() -> Frame {
+        Frame {
+            function: "[no stack: not collected in this mode]".into(),
+            file: None,
+            line: None,
+            module: "[none]".into(),
+            offset: 0,
+            inlined: false,
+        }
+    }
+
     fn unknown(addr: u64) -> Frame {
         Frame {
             function: format!("[unknown] {addr:#x}"),
@@ -38,7 +50,7 @@ impl Frame {
     /// A frame standing for an allocation whose stack was lost (the errno says why).
     pub fn lost(errno: i32) -> Frame {
         Frame {
-            function: format!("[stack lost: errno {}]", -errno),
+            function: format!("[stack lost: errno {}]", errno.unsigned_abs()),
             file: None,
             line: None,
             module: "[lost]".into(),

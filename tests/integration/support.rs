@@ -67,30 +67,89 @@ pub fn workspace() -> PathBuf {
 
 /// Builds tests/fixtures/NAME.c once per variant (flags) and returns the binary's path.
 pub fn fixture(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
+    build_once(
+        name,
+        variant,
+        |tmp, src| {
+            Command::new("gcc")
+                .args([
+                    "-O1",
+                    "-g",
+                    "-fno-builtin",
+                    "-fno-omit-frame-pointer",
+                    "-pthread",
+                ])
+                .args(flags)
+                .arg("-o")
+                .arg(tmp)
+                .arg(src)
+                .output()
+                .expect("gcc")
+        },
+        "c",
+    )
+}
+
+/// Builds a C++ fixture with g++ (frame pointers, debug info).
+pub fn cpp_fixture(name: &str) -> PathBuf {
+    build_once(
+        name,
+        "",
+        |tmp, src| {
+            Command::new("g++")
+                .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
+                .arg(tmp)
+                .arg(src)
+                .output()
+                .expect("g++")
+        },
+        "cpp",
+    )
+}
+
+/// Builds a Rust fixture with rustc, with the given symbol mangling ("v0" or "legacy"; legacy
+/// needs -Z unstable-options, so it goes through the nightly the project installs anyway).
+pub fn rust_fixture(name: &str, mangling: &str) -> PathBuf {
+    build_once(
+        name,
+        &format!("-{mangling}"),
+        |tmp, src| {
+            let mut c = if mangling == "legacy" {
+                let mut c = Command::new("rustup");
+                c.args(["run", "nightly", "rustc", "-Z", "unstable-options"]);
+                c
+            } else {
+                Command::new("rustc")
+            };
+            c.args(["-C", "opt-level=1", "-C", "force-frame-pointers=yes", "-g"])
+                .arg(format!("-Csymbol-mangling-version={mangling}"))
+                .args(["--crate-name", "fixture", "-o"])
+                .arg(tmp)
+                .arg(src)
+                .output()
+                .expect("rustc")
+        },
+        "rs",
+    )
+}
+
+fn build_once(
+    name: &str,
+    variant: &str,
+    build: impl Fn(&Path, &Path) -> Output,
+    ext: &str,
+) -> PathBuf {
     static BUILT: OnceLock<Mutex<()>> = OnceLock::new();
     let _g = BUILT.get_or_init(|| Mutex::new(())).lock().unwrap();
     let dir = workspace().join("target/fixtures");
     std::fs::create_dir_all(&dir).unwrap();
-    let src = workspace().join(format!("tests/fixtures/{name}.c"));
+    let src = workspace().join(format!("tests/fixtures/{name}.{ext}"));
     let bin = dir.join(format!("{name}{variant}"));
     let fresh = bin.metadata().and_then(|b| b.modified()).ok()
         >= src.metadata().and_then(|s| s.modified()).ok();
     if !fresh || !bin.exists() {
         let tmp = dir.join(format!(".{name}{variant}.tmp"));
-        let out = Command::new("gcc")
-            .args([
-                "-O1",
-                "-g",
-                "-fno-builtin",
-                "-fno-omit-frame-pointer",
-                "-pthread",
-            ])
-            .args(flags)
-            .arg("-o")
-            .arg(&tmp)
-            .arg(&src)
-            .output()
-            .expect("gcc");
+        let out = build(&tmp, &src);
         assert!(
             out.status.success(),
             "building {name}: {}",

@@ -1,0 +1,321 @@
+//! Who allocates: stacks named exactly at known call sites, demangled C++ and Rust, leaks and
+//! temporaries per site, bounded memory under exponentially many stacks, and the modes.
+use serde_json::Value;
+
+use crate::support::*;
+
+/// Traces a launched fixture; returns the JSON document.
+fn trace(tag: &str, bin: &std::path::Path, args: &[&str], opts: &[&str]) -> Value {
+    let json = json_path(tag);
+    let mut cmd = heaptrace();
+    cmd.args(["--no-tui", "-q"])
+        .args(opts)
+        .arg("--json")
+        .arg(&json)
+        .arg("--")
+        .arg(bin)
+        .args(args);
+    run_ok(&mut cmd);
+    read_json(&json)
+}
+
+fn fname(frame: &Value) -> &str {
+    frame["function"].as_str().unwrap_or("")
+}
+
+/// Sites whose innermost frame is `function`.
+fn sites_at<'a>(doc: &'a Value, key: &str, function: &str) -> Vec<&'a Value> {
+    doc[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["frames"].get(0).is_some_and(|f| fname(f) == function))
+        .collect()
+}
+
+fn sum(sites: &[&Value], field: &str) -> u64 {
+    sites.iter().map(|s| s[field].as_u64().unwrap()).sum()
+}
+
+/// The line of the SITE_x marker in tests/fixtures/sites.c.
+fn marker_line(marker: &str) -> u64 {
+    let src = std::fs::read_to_string(workspace().join("tests/fixtures/sites.c")).unwrap();
+    src.lines()
+        .position(|l| l.contains(&format!("/* {marker} */")))
+        .map(|i| i as u64 + 1)
+        .unwrap()
+}
+
+const N: u64 = 2000;
+
+fn sites_doc(tag: &str) -> Value {
+    let bin = fixture("sites", "", &[]);
+    // alloc_a frees within microseconds, helper_c's blocks live 200 ms.
+    let doc = trace(tag, &bin, &[&N.to_string()], &["--temporary", "25ms"]);
+    assert_eq!(doc["mode"], "stacks");
+    assert_eq!(doc["lost"]["stack"], 0);
+    assert_eq!(doc["lost"]["site_map"], 0);
+    doc
+}
+
+#[test]
+fn c_sites_are_named_with_exact_counts_and_lines() {
+    if !bpf_or_skip("c_sites_are_named_with_exact_counts_and_lines") {
+        return;
+    }
+    let _g = shared();
+    let doc = sites_doc("sites");
+
+    let a = sites_at(&doc, "stacks", "alloc_a");
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!(a[0]["function"], "malloc");
+    assert_eq!((sum(&a, "calls"), sum(&a, "bytes")), (N, 111 * N));
+    assert_eq!(
+        a[0]["frames"][0]["line"].as_u64(),
+        Some(marker_line("SITE_A"))
+    );
+    assert_eq!(fname(&a[0]["frames"][1]), "main");
+    assert_eq!(
+        (sum(&a, "frees"), a[0]["live_blocks"].as_i64()),
+        (N, Some(0))
+    );
+    // Freed at once: all temporary, and every lifetime recorded.
+    assert_eq!(a[0]["temporary"]["blocks"].as_u64(), Some(N));
+    assert_eq!(a[0]["lifetime"]["count"].as_u64(), Some(N));
+
+    let b = sites_at(&doc, "stacks", "alloc_b");
+    assert_eq!(b.len(), 1);
+    assert_eq!(b[0]["function"], "calloc");
+    assert_eq!((sum(&b, "calls"), sum(&b, "bytes")), (N, 100 * N));
+    assert_eq!(
+        b[0]["frames"][0]["line"].as_u64(),
+        Some(marker_line("SITE_B"))
+    );
+    assert_eq!(b[0]["live_blocks"].as_i64(), Some(N as i64));
+
+    let c = sites_at(&doc, "stacks", "helper_c");
+    assert_eq!(c.len(), 1);
+    let frames: Vec<&str> = c[0]["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(fname)
+        .collect();
+    assert_eq!(&frames[..3], ["helper_c", "alloc_c", "main"]);
+    assert_eq!((sum(&c, "calls"), sum(&c, "bytes")), (N, 333 * N));
+    assert_eq!(
+        c[0]["frames"][0]["line"].as_u64(),
+        Some(marker_line("SITE_C"))
+    );
+    assert_eq!(
+        c[0]["temporary"]["blocks"], 0,
+        "freed long after allocation"
+    );
+
+    let d = sites_at(&doc, "stacks", "leak_d");
+    assert!(d.iter().all(|s| s["function"] == "realloc"), "{d:?}");
+    assert_eq!((sum(&d, "calls"), sum(&d, "bytes")), (3, 3 * 444));
+    assert_eq!(
+        d[0]["frames"][0]["line"].as_u64(),
+        Some(marker_line("SITE_D"))
+    );
+}
+
+/// The kernel's frame-pointer walk from malloc's entry misses its caller (glibc's malloc does not
+/// start with push %rbp); heaptrace's stacks must start at the function that called malloc.
+#[test]
+fn immediate_caller_of_malloc_is_the_first_frame() {
+    if !bpf_or_skip("immediate_caller_of_malloc_is_the_first_frame") {
+        return;
+    }
+    let _g = shared();
+    let doc = sites_doc("caller");
+    for (caller, marker) in [
+        ("alloc_a", "SITE_A"),
+        ("alloc_b", "SITE_B"),
+        ("helper_c", "SITE_C"),
+    ] {
+        let s = sites_at(&doc, "stacks", caller);
+        assert_eq!(s.len(), 1, "{caller} is not the first frame of one site");
+        assert_eq!(
+            s[0]["frames"][0]["line"].as_u64(),
+            Some(marker_line(marker))
+        );
+        assert!(
+            s[0]["frames"][0]["module"]
+                .as_str()
+                .unwrap()
+                .starts_with("sites")
+        );
+    }
+}
+
+#[test]
+fn leaks_are_reported_exactly_by_site() {
+    if !bpf_or_skip("leaks_are_reported_exactly_by_site") {
+        return;
+    }
+    let _g = shared();
+    let doc = sites_doc("leaks");
+    let leaks = &doc["leaks"];
+    assert_eq!(leaks["blocks"].as_u64(), Some(N + 3));
+    assert_eq!(leaks["bytes"].as_u64(), Some(100 * N + 3 * 444));
+    let b = sites_at(leaks, "by_stack", "alloc_b");
+    assert_eq!(
+        (b.len(), sum(&b, "blocks"), sum(&b, "bytes")),
+        (1, N, 100 * N)
+    );
+    assert_eq!(b[0]["function"], "calloc");
+    let d = sites_at(leaks, "by_stack", "leak_d");
+    assert_eq!((sum(&d, "blocks"), sum(&d, "bytes")), (3, 3 * 444));
+    assert!(d.iter().all(|s| s["function"] == "realloc"));
+    assert_eq!(
+        leaks["by_stack"].as_array().unwrap().len(),
+        b.len() + d.len()
+    );
+    // The peak was held by the long-lived and the leaked blocks, never by alloc_a's.
+    let peak = &doc["peak"];
+    assert!(peak["live_bytes"].as_i64().unwrap() >= (100 * N + 3 * 444) as i64);
+    assert!(sites_at(peak, "by_stack", "alloc_a").is_empty());
+}
+
+#[test]
+fn cpp_template_sites_are_demangled() {
+    if !bpf_or_skip("cpp_template_sites_are_demangled") {
+        return;
+    }
+    let _g = shared();
+    let doc = trace("cpp", &cpp_fixture("templates"), &[], &[]);
+    let find = |needle: &str| -> Vec<&Value> {
+        doc["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| fname(&s["frames"][0]).contains(needle))
+            .collect()
+    };
+    let w = find("Pool<Widget>::make_raw");
+    assert_eq!(
+        (w.len(), sum(&w, "calls"), sum(&w, "bytes")),
+        (1, 500, 500 * 96)
+    );
+    let d = find("Pool<double>::make_raw");
+    assert_eq!(
+        (d.len(), sum(&d, "calls"), sum(&d, "bytes")),
+        (1, 300, 300 * 24)
+    );
+    assert!(
+        !fname(&w[0]["frames"][0]).starts_with("_Z"),
+        "not demangled"
+    );
+    assert_eq!(fname(&w[0]["frames"][1]), "main");
+}
+
+fn rust_demangled(mangling: &str) {
+    let _g = shared();
+    let bin = rust_fixture("rustalloc", mangling);
+    let doc = trace(&format!("rust-{mangling}"), &bin, &[], &[]);
+    let site: Vec<&Value> = doc["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| {
+            s["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| fname(f) == "fixture::rust_alloc_site")
+        })
+        .collect();
+    assert_eq!(site.len(), 1, "{}", doc["stacks"]);
+    assert_eq!(
+        (sum(&site, "calls"), sum(&site, "bytes")),
+        (400, 400 * 1234)
+    );
+    assert_eq!(site[0]["live_blocks"].as_i64(), Some(400));
+}
+
+#[test]
+fn rust_v0_symbols_are_demangled() {
+    if bpf_or_skip("rust_v0_symbols_are_demangled") {
+        rust_demangled("v0");
+    }
+}
+
+#[test]
+fn rust_legacy_symbols_are_demangled() {
+    if bpf_or_skip("rust_legacy_symbols_are_demangled") {
+        rust_demangled("legacy");
+    }
+}
+
+/// 2^15 - 1 allocations with as many distinct stacks, into a stack map of 1024: memory stays
+/// bounded by the maps, every call is still counted, and the lost stacks are reported.
+#[test]
+fn unique_stack_recursion_stays_bounded_and_reports_losses() {
+    if !bpf_or_skip("unique_stack_recursion_stays_bounded_and_reports_losses") {
+        return;
+    }
+    let _g = shared();
+    let depth = 14;
+    let calls = (1u64 << (depth + 1)) - 1;
+    let bin = fixture("recurse", "", &[]);
+    let doc = trace(
+        "recurse",
+        &bin,
+        &[&depth.to_string()],
+        &["--stack-map-size", "1024"],
+    );
+    assert_eq!(doc["functions"]["malloc"]["calls"].as_u64(), Some(calls));
+    let stacks = doc["stacks"].as_array().unwrap();
+    let stored = stacks
+        .iter()
+        .filter(|s| s["stack_id"].as_i64() >= Some(0))
+        .count();
+    assert!(stored <= 1024, "{stored} stacks from a map of 1024");
+    let lost: u64 = stacks
+        .iter()
+        .filter(|s| s["stack_id"].as_i64() < Some(0))
+        .map(|s| s["calls"].as_u64().unwrap())
+        .sum();
+    assert!(lost > 0, "no lost stack reported");
+    assert_eq!(doc["lost"]["stack"].as_u64(), Some(lost));
+    let all: u64 = stacks.iter().map(|s| s["calls"].as_u64().unwrap()).sum();
+    assert_eq!(all, calls, "every call is in some site, stored or lost");
+    let lost_site = stacks
+        .iter()
+        .find(|s| s["stack_id"].as_i64() < Some(0))
+        .unwrap();
+    assert!(fname(&lost_site["frames"][0]).starts_with("[stack lost"));
+}
+
+#[test]
+fn counts_and_sizes_modes_collect_no_stacks() {
+    if !bpf_or_skip("counts_and_sizes_modes_collect_no_stacks") {
+        return;
+    }
+    let _g = shared();
+    let bin = fixture("sites", "", &[]);
+    let counts = trace("mode-counts", &bin, &["500"], &["--mode", "counts"]);
+    let sizes = trace("mode-sizes", &bin, &["500"], &["--mode", "sizes"]);
+    for doc in [&counts, &sizes] {
+        assert_eq!(doc["stacks"], serde_json::json!([]));
+        assert_eq!(doc["functions"]["malloc"]["calls"].as_u64(), Some(1000));
+        assert_eq!(doc["functions"]["calloc"]["calls"].as_u64(), Some(500));
+        assert_eq!(doc["functions"]["realloc"]["calls"].as_u64(), Some(3));
+        assert_eq!(doc["leaks"]["blocks"].as_u64(), Some(503));
+        assert_eq!(doc["leaks"]["by_stack"], serde_json::json!([]));
+    }
+    assert_eq!(counts["mode"], "counts");
+    assert_eq!(counts["sizes"], serde_json::json!([]));
+    assert_eq!(counts["latency"], serde_json::json!({}));
+    assert_eq!(sizes["mode"], "sizes");
+    assert_eq!(sizes["latency"]["malloc"]["count"].as_u64(), Some(1000));
+    let s111 = sizes["sizes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["size"] == 111)
+        .unwrap();
+    assert_eq!(s111["count"], 500);
+}
