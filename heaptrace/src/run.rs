@@ -159,6 +159,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         pid,
         quiet: cli.quiet,
         modules,
+        stack_depth: cli.stack_depth as usize,
         symbolizer: Symbolizer::default(),
     };
     let end = rt.block_on(daemon.watch(cli.interval))?;
@@ -269,6 +270,7 @@ struct Daemon {
     pid: Option<u32>,
     quiet: bool,
     modules: Modules,
+    stack_depth: usize,
     symbolizer: Symbolizer,
 }
 
@@ -358,7 +360,8 @@ impl Daemon {
             if refreshed.insert(pid) && procfs::alive(pid) {
                 self.modules.refresh(pid);
             }
-            let ips = self.maps.stack(id).unwrap_or_default();
+            let mut ips = self.maps.stack(id).unwrap_or_default();
+            ips.truncate(self.stack_depth);
             let frames = self.symbolizer.stack(&self.modules, pid, &ips);
             round
                 .stacks

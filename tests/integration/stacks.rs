@@ -180,6 +180,24 @@ fn leaks_are_reported_exactly_by_site() {
 }
 
 #[test]
+fn stack_depth_limits_the_frames_kept() {
+    if !bpf_or_skip("stack_depth_limits_the_frames_kept") {
+        return;
+    }
+    let _g = shared();
+    let bin = fixture("sites", "", &[]);
+    let doc = trace("depth", &bin, &["100"], &["--stack-depth", "2"]);
+    let c = sites_at(&doc, "stacks", "helper_c");
+    let frames: Vec<&str> = c[0]["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(fname)
+        .collect();
+    assert_eq!(frames, ["helper_c", "alloc_c"]);
+}
+
+#[test]
 fn cpp_template_sites_are_demangled() {
     if !bpf_or_skip("cpp_template_sites_are_demangled") {
         return;
