@@ -39,7 +39,7 @@ pub struct ProcProfile {
     pub peak_rss_kb: u64,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Leak {
     pub blocks: u64,
     pub bytes: u64,

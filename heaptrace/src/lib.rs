@@ -16,6 +16,7 @@ pub mod model;
 pub mod modules;
 pub mod probe;
 pub mod procfs;
+pub mod record;
 pub mod report;
 pub mod run;
 pub mod symbolize;

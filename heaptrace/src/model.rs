@@ -220,10 +220,12 @@ pub struct Snapshot {
     pub latency: [Log2; FUNC_COUNT],
 }
 
-/// A stack seen for the first time: raw return addresses (innermost first) and their frames.
+/// A stack seen for the first time: raw return addresses (innermost first), where each one is
+/// (module, file offset; what a recording keeps to symbolize again), and their frames.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct NewStack {
     pub ips: Vec<u64>,
+    pub locations: Vec<Option<crate::modules::Location>>,
     pub frames: Vec<crate::symbolize::Frame>,
 }
 

@@ -13,7 +13,7 @@ pub struct Mapping {
 }
 
 /// A code address resolved to the file it belongs to.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub struct Location {
     pub path: PathBuf,
     pub offset: u64,

@@ -362,10 +362,16 @@ impl Daemon {
             }
             let mut ips = self.maps.stack(id).unwrap_or_default();
             ips.truncate(self.stack_depth);
-            let frames = self.symbolizer.stack(&self.modules, pid, &ips);
-            round
-                .stacks
-                .insert((pid, id), crate::model::NewStack { ips, frames });
+            let locations = Symbolizer::locations(&self.modules, pid, &ips);
+            let frames = self.symbolizer.frames(&ips, &locations);
+            round.stacks.insert(
+                (pid, id),
+                crate::model::NewStack {
+                    ips,
+                    locations,
+                    frames,
+                },
+            );
         }
     }
 }

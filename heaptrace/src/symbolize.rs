@@ -85,16 +85,25 @@ fn module_name(path: &std::path::Path) -> String {
 }
 
 impl Symbolizer {
+    /// Where each return address is: (module, file offset) of the call instruction itself
+    /// (a return address points just after the call).
+    pub fn locations(modules: &Modules, pid: u32, ips: &[u64]) -> Vec<Option<Location>> {
+        ips.iter()
+            .map(|ip| modules.resolve(pid, ip.saturating_sub(1)))
+            .collect()
+    }
+
     /// Symbolizes a stack of return addresses of process `pid`, innermost first.
     pub fn stack(&mut self, modules: &Modules, pid: u32, ips: &[u64]) -> Vec<Frame> {
-        // Return addresses point after the call: look up the call instruction itself.
-        let locs: Vec<Option<Location>> = ips
-            .iter()
-            .map(|ip| modules.resolve(pid, ip.saturating_sub(1)))
-            .collect();
+        let locs = Self::locations(modules, pid, ips);
+        self.frames(ips, &locs)
+    }
+
+    /// Symbolizes resolved locations (live, or read back from a recording).
+    pub fn frames(&mut self, ips: &[u64], locs: &[Option<Location>]) -> Vec<Frame> {
         self.fill(locs.iter().flatten());
         let mut out = Vec::new();
-        for (ip, loc) in ips.iter().zip(&locs) {
+        for (ip, loc) in ips.iter().zip(locs) {
             match loc.as_ref().and_then(|l| self.cache.get(l)) {
                 Some(frames) => out.extend(frames.iter().cloned()),
                 None => out.push(Frame::unknown(*ip)),

@@ -1,0 +1,345 @@
+//! The trace file: a magic, a format version, then framed records.
+//!
+//! ```text
+//! file   := MAGIC(8) VERSION(u16 LE) RESERVED(u16) frame*
+//! frame  := KIND(u8) LEN(u32 LE) CRC32(u32 LE, of KIND and PAYLOAD) PAYLOAD(LEN)
+//! ```
+//! Payloads are postcard-encoded; round payloads are deflated (their counters are mostly zero).
+//! A reader accepts only versions it knows and stops at the first incomplete frame, so a file cut
+//! short (kill -9, full disk) reads up to its last complete frame.
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
+pub const VERSION: u16 = 1;
+/// No frame is larger: a hostile length cannot make the reader allocate more.
+pub const MAX_FRAME: u32 = 64 << 20;
+/// Nor may a deflated payload inflate beyond this.
+pub const MAX_INFLATED: u64 = 256 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    Header = 1,
+    String = 2,
+    Module = 3,
+    Stack = 4,
+    Round = 5,
+    Leaks = 6,
+    End = 7,
+}
+
+impl Kind {
+    pub fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Header,
+            2 => Kind::String,
+            3 => Kind::Module,
+            4 => Kind::Stack,
+            5 => Kind::Round,
+            6 => Kind::Leaks,
+            7 => Kind::End,
+            _ => return None,
+        })
+    }
+
+    fn deflated(self) -> bool {
+        matches!(self, Kind::Round | Kind::Stack | Kind::Leaks)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error("not a heaptrace recording (bad magic)")]
+    BadMagic,
+    #[error("recording format version {0} is newer than this heaptrace understands ({VERSION})")]
+    FutureVersion(u16),
+    #[error("empty file")]
+    Empty,
+    #[error("corrupt recording at byte {offset}: {reason}")]
+    Corrupt { offset: u64, reason: String },
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+/// What the recording says about the run, written first.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Header {
+    pub heaptrace_version: String,
+    pub host: String,
+    pub kernel: String,
+    pub start_unix_ms: u64,
+    pub interval_ms: u64,
+    /// counts, sizes or stacks.
+    pub mode: String,
+    /// pid, all or command.
+    pub target_mode: String,
+    pub pids: Vec<u32>,
+    pub command: Vec<String>,
+    pub provider: String,
+    pub temporary_ms: u64,
+    /// Command lines of the traced processes known at the start, by pid.
+    pub cmdlines: Vec<(u32, String)>,
+}
+
+/// A module (executable or library) that frames point into.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModuleRec {
+    pub id: u32,
+    pub path: String,
+    pub build_id: Option<Vec<u8>>,
+}
+
+/// A frame with its strings replaced by string-table ids.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrameRec {
+    pub function: u32,
+    pub file: Option<u32>,
+    pub line: Option<u32>,
+    /// Module id, or None for an address outside every known mapping.
+    pub module: Option<u32>,
+    pub offset: u64,
+    pub inlined: bool,
+}
+
+/// A stack of one process, written once when first seen.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StackRec {
+    pub pid: u32,
+    pub stack_id: i32,
+    pub ips: Vec<u64>,
+    /// Per ip: (module id, file offset), what `report --resymbolize` needs.
+    pub locations: Vec<Option<(u32, u64)>>,
+    pub frames: Vec<FrameRec>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndRec {
+    pub elapsed_ms: u64,
+    pub exit_code: Option<i32>,
+    pub reason: String,
+}
+
+pub fn write_preamble(w: &mut impl Write) -> io::Result<()> {
+    w.write_all(&MAGIC)?;
+    w.write_all(&VERSION.to_le_bytes())?;
+    w.write_all(&[0, 0])
+}
+
+pub fn read_preamble(r: &mut impl Read) -> Result<(), FormatError> {
+    let mut buf = [0u8; 12];
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..])? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    if got == 0 {
+        return Err(FormatError::Empty);
+    }
+    if got < 8 || buf[..8] != MAGIC {
+        return Err(FormatError::BadMagic);
+    }
+    if got < 12 {
+        return Err(FormatError::Corrupt {
+            offset: got as u64,
+            reason: "truncated in the file header".into(),
+        });
+    }
+    let version = u16::from_le_bytes([buf[8], buf[9]]);
+    if version > VERSION {
+        return Err(FormatError::FutureVersion(version));
+    }
+    if version == 0 {
+        return Err(FormatError::Corrupt {
+            offset: 8,
+            reason: "format version 0".into(),
+        });
+    }
+    Ok(())
+}
+
+fn checksum(kind: u8, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[kind]);
+    h.update(payload);
+    h.finalize()
+}
+
+pub fn write_frame<T: Serialize>(w: &mut impl Write, kind: Kind, value: &T) -> io::Result<()> {
+    let raw = postcard::to_stdvec(value).map_err(io::Error::other)?;
+    let payload = if kind.deflated() {
+        let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+        z.write_all(&raw)?;
+        z.finish()?
+    } else {
+        raw
+    };
+    let len = u32::try_from(payload.len())
+        .ok()
+        .filter(|l| *l <= MAX_FRAME)
+        .ok_or_else(|| io::Error::other("record frame too large"))?;
+    let mut head = [0u8; 9];
+    head[0] = kind as u8;
+    head[1..5].copy_from_slice(&len.to_le_bytes());
+    head[5..9].copy_from_slice(&checksum(kind as u8, &payload).to_le_bytes());
+    w.write_all(&head)?;
+    w.write_all(&payload)
+}
+
+/// One frame as read: its kind and its (inflated) payload.
+pub struct RawFrame {
+    pub kind: Kind,
+    pub offset: u64,
+    /// The payload's length in the file (before inflating).
+    pub stored_len: u64,
+    pub payload: Vec<u8>,
+}
+
+/// The outcome of reading one frame.
+pub enum Next {
+    Frame(RawFrame),
+    /// Clean end of file.
+    End,
+    /// The file ends inside a frame: written up to a crash or a full disk.
+    Truncated,
+}
+
+pub fn read_frame(r: &mut impl Read, offset: u64) -> Result<Next, FormatError> {
+    let mut head = [0u8; 9];
+    let mut got = 0;
+    while got < head.len() {
+        match r.read(&mut head[got..])? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    if got == 0 {
+        return Ok(Next::End);
+    }
+    if got < head.len() {
+        return Ok(Next::Truncated);
+    }
+    let corrupt = |reason: String| FormatError::Corrupt { offset, reason };
+    let kind = Kind::from_u8(head[0])
+        .ok_or_else(|| corrupt(format!("unknown record kind {}", head[0])))?;
+    let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
+    if len > MAX_FRAME {
+        return Err(corrupt(format!("record length {len} exceeds {MAX_FRAME}")));
+    }
+    let crc = u32::from_le_bytes([head[5], head[6], head[7], head[8]]);
+    let mut payload = Vec::new();
+    let n = r.take(u64::from(len)).read_to_end(&mut payload)?;
+    if n < len as usize {
+        return Ok(Next::Truncated);
+    }
+    if checksum(head[0], &payload) != crc {
+        return Err(corrupt("checksum mismatch".into()));
+    }
+    if kind.deflated() {
+        let mut out = Vec::new();
+        flate2::read::DeflateDecoder::new(&payload[..])
+            .take(MAX_INFLATED + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| corrupt(format!("bad compressed data: {e}")))?;
+        if out.len() as u64 > MAX_INFLATED {
+            return Err(corrupt("record inflates beyond the limit".into()));
+        }
+        payload = out;
+    }
+    Ok(Next::Frame(RawFrame {
+        kind,
+        offset,
+        stored_len: u64::from(len),
+        payload,
+    }))
+}
+
+pub fn decode<T: DeserializeOwned>(frame: &RawFrame) -> Result<T, FormatError> {
+    postcard::from_bytes(&frame.payload).map_err(|e| FormatError::Corrupt {
+        offset: frame.offset,
+        reason: format!("undecodable {:?} record: {e}", frame.kind),
+    })
+}
+
+/// Bytes a frame takes in the file (head + payload as stored).
+pub const FRAME_HEAD: u64 = 9;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(kind: Kind, v: &T) {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, kind, v).unwrap();
+        let Next::Frame(f) = read_frame(&mut &buf[..], 12).unwrap() else {
+            panic!("no frame")
+        };
+        assert_eq!(f.kind, kind);
+        assert_eq!(&decode::<T>(&f).unwrap(), v);
+    }
+
+    #[test]
+    fn frames_round_trip_plain_and_deflated() {
+        roundtrip(Kind::String, &(7u32, "malloc".to_string()));
+        roundtrip(
+            Kind::Stack,
+            &StackRec {
+                pid: 1,
+                stack_id: 3,
+                ips: vec![1, 2, 3],
+                locations: vec![Some((0, 10)), None, Some((1, 30))],
+                frames: vec![],
+            },
+        );
+    }
+
+    #[test]
+    fn preamble_rejects_what_it_does_not_know() {
+        let mut ok = Vec::new();
+        write_preamble(&mut ok).unwrap();
+        assert!(read_preamble(&mut &ok[..]).is_ok());
+        assert!(matches!(
+            read_preamble(&mut &b""[..]),
+            Err(FormatError::Empty)
+        ));
+        assert!(matches!(
+            read_preamble(&mut &b"ELF\x7fxxxxxxxx"[..]),
+            Err(FormatError::BadMagic)
+        ));
+        let mut future = ok.clone();
+        future[8] = 99;
+        assert!(matches!(
+            read_preamble(&mut &future[..]),
+            Err(FormatError::FutureVersion(99))
+        ));
+    }
+
+    #[test]
+    fn damaged_frames_are_detected() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, Kind::String, &(1u32, "x".to_string())).unwrap();
+        // Cut short: truncated, not an error.
+        assert!(matches!(
+            read_frame(&mut &buf[..buf.len() - 1], 0).unwrap(),
+            Next::Truncated
+        ));
+        // A flipped payload bit: checksum mismatch.
+        let mut bad = buf.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        let err = read_frame(&mut &bad[..], 0).err().unwrap();
+        assert!(err.to_string().contains("checksum"), "{err}");
+        // A hostile length: refused before any allocation.
+        let mut huge = buf.clone();
+        huge[1..5].copy_from_slice(&u32::MAX.to_le_bytes());
+        let err = read_frame(&mut &huge[..], 0).err().unwrap();
+        assert!(err.to_string().contains("exceeds"), "{err}");
+        // An unknown kind.
+        let mut kind = buf;
+        kind[0] = 200;
+        let err = read_frame(&mut &kind[..], 0).err().unwrap();
+        assert!(err.to_string().contains("unknown record kind"), "{err}");
+    }
+}

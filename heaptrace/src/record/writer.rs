@@ -1,0 +1,149 @@
+//! Writing a recording while tracing: each string, module and stack once, then the round.
+use std::{
+    collections::{BTreeMap, HashMap},
+    fs::File,
+    io::{self, BufWriter, Write},
+    path::{Path, PathBuf},
+};
+
+use super::format::{
+    EndRec, FrameRec, Header, Kind, ModuleRec, StackRec, write_frame, write_preamble,
+};
+use crate::{
+    aggregate::Leak,
+    model::{Round, SiteId},
+    modules::Location,
+    symbolize::Frame,
+};
+
+pub struct Recorder {
+    w: BufWriter<File>,
+    strings: HashMap<String, u32>,
+    modules: HashMap<PathBuf, u32>,
+    bytes: u64,
+}
+
+fn build_id(path: &Path) -> Option<Vec<u8>> {
+    use object::Object as _;
+    let data = std::fs::read(path).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    file.build_id().ok().flatten().map(<[u8]>::to_vec)
+}
+
+impl Recorder {
+    pub fn create(path: &Path, header: &Header) -> io::Result<Recorder> {
+        let mut w = BufWriter::new(File::create(path)?);
+        write_preamble(&mut w)?;
+        let mut r = Recorder {
+            w,
+            strings: HashMap::new(),
+            modules: HashMap::new(),
+            bytes: 0,
+        };
+        r.frame(Kind::Header, header)?;
+        r.w.flush()?;
+        Ok(r)
+    }
+
+    fn frame<T: serde::Serialize>(&mut self, kind: Kind, v: &T) -> io::Result<()> {
+        write_frame(&mut self.w, kind, v)
+    }
+
+    fn string(&mut self, s: &str) -> io::Result<u32> {
+        if let Some(id) = self.strings.get(s) {
+            return Ok(*id);
+        }
+        let id = self.strings.len() as u32;
+        self.frame(Kind::String, &(id, s))?;
+        self.strings.insert(s.to_string(), id);
+        Ok(id)
+    }
+
+    fn module(&mut self, path: &Path) -> io::Result<u32> {
+        if let Some(id) = self.modules.get(path) {
+            return Ok(*id);
+        }
+        let id = self.modules.len() as u32;
+        let rec = ModuleRec {
+            id,
+            path: path.display().to_string(),
+            build_id: build_id(path),
+        };
+        self.frame(Kind::Module, &rec)?;
+        self.modules.insert(path.to_path_buf(), id);
+        Ok(id)
+    }
+
+    fn stack(
+        &mut self,
+        pid: u32,
+        stack_id: i32,
+        ips: &[u64],
+        locations: &[Option<Location>],
+        frames: &[Frame],
+    ) -> io::Result<()> {
+        let mut locs = Vec::with_capacity(locations.len());
+        for l in locations {
+            locs.push(match l {
+                Some(l) => Some((self.module(&l.path)?, l.offset)),
+                None => None,
+            });
+        }
+        let mut recs = Vec::with_capacity(frames.len());
+        for f in frames {
+            let module = match locations.iter().flatten().find(|l| {
+                l.path.file_name().map(|n| n.to_string_lossy()) == Some(f.module.as_str().into())
+            }) {
+                Some(l) => Some(self.module(&l.path)?),
+                None => None,
+            };
+            recs.push(FrameRec {
+                function: self.string(&f.function)?,
+                file: match &f.file {
+                    Some(file) => Some(self.string(file)?),
+                    None => None,
+                },
+                line: f.line,
+                module,
+                offset: f.offset,
+                inlined: f.inlined,
+            });
+        }
+        let rec = StackRec {
+            pid,
+            stack_id,
+            ips: ips.to_vec(),
+            locations: locs,
+            frames: recs,
+        };
+        self.frame(Kind::Stack, &rec)
+    }
+
+    /// Writes a round and the stacks it saw first, then flushes: a recording cut short keeps
+    /// every round written before.
+    pub fn round(&mut self, round: &Round) -> io::Result<()> {
+        for ((pid, id), s) in &round.stacks {
+            self.stack(*pid, *id, &s.ips, &s.locations, &s.frames)?;
+        }
+        self.frame(Kind::Round, round)?;
+        self.w.flush()
+    }
+
+    /// Writes the leaks and the end record; returns the file's size.
+    pub fn finish(
+        mut self,
+        leaks: Option<&BTreeMap<SiteId, Leak>>,
+        end: &EndRec,
+    ) -> io::Result<u64> {
+        if let Some(leaks) = leaks {
+            let v: Vec<(SiteId, Leak)> = leaks.iter().map(|(k, l)| (*k, *l)).collect();
+            self.frame(Kind::Leaks, &v)?;
+        }
+        self.frame(Kind::End, end)?;
+        self.w.flush()?;
+        let f = self.w.into_inner().map_err(|e| e.into_error())?;
+        f.sync_all()?;
+        self.bytes = f.metadata()?.len();
+        Ok(self.bytes)
+    }
+}
