@@ -13,7 +13,7 @@ use serde_json::Value;
 /// Tests that probe every process (`--all`) or look at a target's code for breakpoints must not
 /// overlap with any other probing test, in this test binary or in another checkout's: an flock
 /// on a file every run shares. The others take it shared and run side by side.
-pub struct SystemLock(std::fs::File);
+pub struct SystemLock(#[allow(dead_code, reason = "held only for its flock")] std::fs::File);
 
 fn system_lock(op: i32) -> SystemLock {
     let f = std::fs::OpenOptions::new()
