@@ -2,7 +2,8 @@
 //!
 //! Data flow: `probe` (attach) -> `drain` (read kernel maps into snapshots) -> `model` (round
 //! deltas) -> `aggregate` (one Profile) -> views (`report`, `json`). `run` is the daemon tying
-//! them together; `allocator`, `elf`, `launch` and `procfs` find and start targets.
+//! them together; `allocator`, `elf`, `launch` and `procfs` find and start targets; `placement`
+//! decides where in each function its entry probe goes.
 pub mod aggregate;
 pub mod allocator;
 pub mod cli;
@@ -12,6 +13,7 @@ pub mod error;
 pub mod json;
 pub mod launch;
 pub mod model;
+pub mod placement;
 pub mod probe;
 pub mod procfs;
 pub mod report;
