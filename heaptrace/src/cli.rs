@@ -47,6 +47,11 @@ pub struct Cli {
     #[arg(short, long)]
     pub verbose: bool,
 
+    /// Put every entry probe at its function's first instruction, even where a later one
+    /// would cost the target less (see `heaptrace probes`).
+    #[arg(long)]
+    pub probe_at_entry: bool,
+
     /// The command to launch and trace (after --).
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,

@@ -69,7 +69,8 @@ pub fn choose(code: &[u8], func: Func, uretprobe: bool, reads: &[Register]) -> P
     if uretprobe {
         return entry(
             code,
-            "entry: the uretprobe must be at the entry and shares this trap",
+            "entry: its uretprobe must be here (only here is the return address at [rsp]) and \
+             shares this trap; a probe elsewhere would add a second one",
         );
     }
     let insns = decode_all(code);
@@ -78,13 +79,13 @@ pub fn choose(code: &[u8], func: Func, uretprobe: bool, reads: &[Register]) -> P
         return entry(code, format!("entry: {stopped}"));
     };
     let insn = &insns[spot.index];
-    let what = gas(insn);
     let mut why = if insn.ip() == 0 {
-        format!("entry: the kernel emulates `{what}`")
+        "entry: the kernel emulates it".to_string()
     } else {
+        let regs: Vec<String> = reads.iter().map(|r| format!("%{}", name(*r))).collect();
         format!(
-            "+{}: the first instruction the kernel emulates, `{what}`; none before it writes what the program reads",
-            insn.ip()
+            "the first instruction the kernel emulates; none before it writes {} or %rsp",
+            regs.join(", ")
         )
     };
     if let Some(target) = spot.null_target {
@@ -98,7 +99,7 @@ pub fn choose(code: &[u8], func: Func, uretprobe: bool, reads: &[Register]) -> P
                 ),
             );
         }
-        why.push_str(" (past the `test %rdi,%rdi; je` NULL check: free(NULL) does not trap)");
+        why.push_str("; past the NULL check (free(NULL) does not trap)");
     }
     if spot.pushes > 0 {
         why.push_str(&format!("; {} push(es) before it", spot.pushes));
@@ -106,9 +107,13 @@ pub fn choose(code: &[u8], func: Func, uretprobe: bool, reads: &[Register]) -> P
     Placement {
         offset: insn.ip(),
         pushes: spot.pushes,
-        instruction: what,
+        instruction: gas(insn),
         why,
     }
+}
+
+fn name(r: Register) -> String {
+    format!("{r:?}").to_lowercase()
 }
 
 /// A candidate probe point.
@@ -166,7 +171,7 @@ fn walk(
             writes(u.access()) && (r == Register::RSP || reads.contains(&r))
         });
         if let Some(u) = written {
-            let r = format!("{:?}", u.register().full_register()).to_lowercase();
+            let r = name(u.register().full_register());
             return (first, format!("{at} writes %{r} first"));
         }
     }
@@ -255,6 +260,7 @@ fn gas(insn: &Instruction) -> String {
     o.set_rip_relative_addresses(true);
     o.set_small_hex_numbers_in_decimal(false);
     o.set_branch_leading_zeros(false);
+    o.set_uppercase_hex(false);
     let mut s = String::new();
     f.format(insn, &mut s);
     s

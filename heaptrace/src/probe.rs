@@ -6,13 +6,18 @@ use std::{num::NonZeroU32, path::PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{UProbe, uprobe::UProbeScope},
+    programs::{
+        UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+    },
 };
 use heaptrace_common::{Func, globals, maps};
 
 use crate::{
     allocator::Provider,
+    elf::{self, FuncSite},
     error::{Error, Result},
+    placement::{self, Placement},
 };
 
 /// Which processes the probes fire for.
@@ -47,8 +52,44 @@ pub struct Attached {
     pub func: &'static str,
     pub aliases: Vec<&'static str>,
     pub path: PathBuf,
+    /// The function's offset in the file (its uretprobe's place).
     pub offset: u64,
     pub uretprobe: bool,
+    /// Where the entry probe is, from the function's start, and why.
+    pub placement: Placement,
+}
+
+/// Where one function's probes go.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    pub site: FuncSite,
+    /// Allocating functions have one (their result and size meet there); free does not.
+    pub uretprobe: bool,
+    pub placement: Placement,
+}
+
+/// Decides where each function's entry probe goes, from the provider file's code.
+/// `at_entry` keeps every probe at its function's entry.
+pub fn plan(provider: &Provider, at_entry: bool) -> Result<Vec<Planned>> {
+    provider
+        .sites
+        .iter()
+        .map(|site| {
+            let uretprobe = site.func != Func::Free;
+            let code = elf::code(&provider.attach_path, site, placement::WINDOW)?;
+            let placement = if at_entry {
+                placement::entry(&code, "entry: --probe-at-entry")
+            } else {
+                let reads = placement::reads(site.func);
+                placement::choose(&code, site.func, uretprobe, reads)
+            };
+            Ok(Planned {
+                site: site.clone(),
+                uretprobe,
+                placement,
+            })
+        })
+        .collect()
 }
 
 pub struct Probes {
@@ -163,9 +204,16 @@ fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe> {
 }
 
 impl Probes {
-    /// Attaches every function the provider defines. Return probes go first: an entry seen
-    /// without its return probe in place would leave a record that is never completed.
-    pub fn attach(mut ebpf: Ebpf, provider: &Provider, scope: Scope) -> Result<Probes> {
+    /// Attaches every function the provider defines, entry probes where `plan` puts them.
+    /// Return probes go first: an entry seen without its return probe in place would leave a
+    /// record that is never completed.
+    pub fn attach(
+        mut ebpf: Ebpf,
+        provider: &Provider,
+        scope: Scope,
+        at_entry: bool,
+    ) -> Result<Probes> {
+        let plan = plan(provider, at_entry)?;
         let scope = match scope {
             Scope::All => UProbeScope::AllProcesses,
             Scope::Process(pid) => {
@@ -186,23 +234,31 @@ impl Probes {
         };
 
         loaded(&mut ebpf, RETURN_PROGRAM)?;
-        for site in provider.sites.iter().filter(|s| s.func != Func::Free) {
+        for p in plan.iter().filter(|p| p.uretprobe) {
+            // Always at the entry: only there is the return address at [rsp].
             uprobe(&mut ebpf, RETURN_PROGRAM)?
-                .attach(site.file_offset, path, scope)
-                .map_err(|e| attach_err(site.func, &e))?;
+                .attach(p.site.file_offset, path, scope)
+                .map_err(|e| attach_err(p.site.func, &e))?;
         }
-        for site in &provider.sites {
+        for p in plan {
+            let (site, placement) = (&p.site, p.placement);
             let name = entry_program(site.func);
             loaded(&mut ebpf, name)?;
+            // The cookie tells the program how many pushes ran before the probe point.
+            let point = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(site.file_offset + placement.offset),
+                cookie: Some(u64::from(placement.pushes)),
+            };
             uprobe(&mut ebpf, name)?
-                .attach(site.file_offset, path, scope)
+                .attach(point, path, scope)
                 .map_err(|e| attach_err(site.func, &e))?;
             attached.push(Attached {
                 func: site.func.name(),
                 aliases: site.aliases.iter().map(|a| a.name()).collect(),
                 path: provider.path.clone(),
                 offset: site.file_offset,
-                uretprobe: site.func != Func::Free,
+                uretprobe: p.uretprobe,
+                placement,
             });
         }
         Ok(Probes { ebpf, attached })

@@ -96,7 +96,8 @@ pub fn run(cli: Cli) -> Result<i32> {
         }
     };
 
-    let attached = probe::load(&opts).and_then(|ebpf| Probes::attach(ebpf, &provider, scope));
+    let attached = probe::load(&opts)
+        .and_then(|ebpf| Probes::attach(ebpf, &provider, scope, cli.probe_at_entry));
     let mut probes = match attached {
         Ok(p) => p,
         Err(e) => {
@@ -118,8 +119,9 @@ pub fn run(cli: Cli) -> Result<i32> {
     );
     if cli.verbose {
         for a in &probes.attached {
+            let p = &a.placement;
             eprintln!(
-                "heaptrace:   {}{} at {:#x}{}",
+                "heaptrace:   {}{} at {:#x}+{} `{}`{}: {}",
                 a.func,
                 if a.aliases.is_empty() {
                     String::new()
@@ -127,7 +129,10 @@ pub fn run(cli: Cli) -> Result<i32> {
                     format!(" (= {})", a.aliases.join(", "))
                 },
                 a.offset,
-                if a.uretprobe { " + return" } else { "" }
+                p.offset,
+                p.instruction,
+                if a.uretprobe { " + return" } else { "" },
+                p.why
             );
         }
     }
