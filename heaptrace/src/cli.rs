@@ -1,16 +1,23 @@
 //! Command-line arguments.
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Args, Parser, Subcommand};
 
+/// Tracing is the default command, given by its flags alone; other commands are subcommands.
+/// `args_conflicts_with_subcommands` keeps the two apart: `heaptrace -p 1` traces,
+/// `heaptrace probes -p 1` does not, and `heaptrace -- probes` launches a program named probes.
 #[derive(Parser, Debug)]
 #[command(
     name = "heaptrace",
     version,
     about = "Trace every malloc-family call of live processes with eBPF uprobes",
-    after_help = "Examples:\n  heaptrace -p 1234\n  heaptrace -- ./prog args\n  heaptrace --all --json out.json"
+    after_help = "Examples:\n  heaptrace -p 1234\n  heaptrace -- ./prog args\n  heaptrace --all --json out.json\n  heaptrace probes -p 1234",
+    args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
+    #[command(subcommand)]
+    pub subcommand: Option<Command>,
+
     /// Attach to a running process (and all its threads).
     #[arg(short, long, value_name = "PID", conflicts_with_all = ["all", "command"])]
     pub pid: Option<u32>,
@@ -57,6 +64,19 @@ pub struct Cli {
     pub command: Vec<String>,
 }
 
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Show where each probe would go and why; attaches nothing.
+    Probes(ProbesArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ProbesArgs {
+    /// The process whose allocator to look at (default: the host's libc).
+    #[arg(short, long, value_name = "PID")]
+    pub pid: Option<u32>,
+}
+
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, scale) = if let Some(n) = s.strip_suffix("ms") {
@@ -98,5 +118,30 @@ mod tests {
         assert!(Cli::try_parse_from(["heaptrace", "--all", "--", "ls"]).is_err());
         let c = Cli::try_parse_from(["heaptrace", "--", "ls", "-l"]).unwrap();
         assert_eq!(c.command, vec!["ls", "-l"]);
+    }
+
+    #[test]
+    fn subcommands_leave_the_tracing_flags_alone() {
+        let c = Cli::try_parse_from(["heaptrace", "probes", "-p", "7"]).unwrap();
+        assert!(matches!(
+            c.subcommand,
+            Some(Command::Probes(ProbesArgs { pid: Some(7) }))
+        ));
+        let c = Cli::try_parse_from(["heaptrace", "probes"]).unwrap();
+        assert!(matches!(
+            c.subcommand,
+            Some(Command::Probes(ProbesArgs { pid: None }))
+        ));
+        let c = Cli::try_parse_from(["heaptrace", "-p", "7"]).unwrap();
+        assert!(c.subcommand.is_none());
+        assert_eq!(c.pid, Some(7));
+        let c = Cli::try_parse_from(["heaptrace", "--all", "--probe-at-entry"]).unwrap();
+        assert!(c.all && c.probe_at_entry && c.subcommand.is_none());
+        // After --, "probes" is the command to launch.
+        let c = Cli::try_parse_from(["heaptrace", "--", "probes", "x"]).unwrap();
+        assert!(c.subcommand.is_none());
+        assert_eq!(c.command, vec!["probes", "x"]);
+        // Tracing flags do not mix with a subcommand.
+        assert!(Cli::try_parse_from(["heaptrace", "-q", "probes"]).is_err());
     }
 }

@@ -7,6 +7,7 @@
 pub mod aggregate;
 pub mod allocator;
 pub mod cli;
+pub mod cmd;
 pub mod drain;
 pub mod elf;
 pub mod error;
