@@ -3,4 +3,5 @@
 mod counts;
 mod expect;
 mod faults;
+mod placement;
 mod support;
