@@ -331,6 +331,7 @@ pub mod maps {
     pub const INFLIGHT: &str = "INFLIGHT";
     pub const LOSSES: &str = "LOSSES";
     pub const STACKS: &str = "STACKS";
+    pub const STACKS2: &str = "STACKS2";
     pub const SITES: &str = "SITES";
     pub const LATENCY: &str = "LATENCY";
 }
@@ -343,6 +344,8 @@ pub mod globals {
     pub const MODE: &str = "MODE";
     /// A block released within this many nanoseconds of its allocation is temporary.
     pub const TEMPORARY_NS: &str = "TEMPORARY_NS";
+    /// Ids of stacks stored in the second stack map are offset by this (its bucket count).
+    pub const STACK_ID_OFFSET: &str = "STACK_ID_OFFSET";
 }
 
 // Layouts are part of the kernel/user contract: no implicit padding allowed.

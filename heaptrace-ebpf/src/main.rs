@@ -15,7 +15,10 @@ mod maps;
 mod sites;
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    EbpfContext as _,
+    helpers::{
+        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+    },
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
@@ -31,6 +34,16 @@ fn stack_pointer(regs: *mut aya_ebpf::bindings::pt_regs) -> u64 {
     unsafe { (*regs).rsp }
 }
 
+/// The stack pointer at the probed function's entry. An entry probe placed past N pushes (see
+/// heaptrace's `placement`) sees rsp 8*N lower; the loader passes N as the attach cookie, which
+/// reads 0 when none was set.
+#[inline(always)]
+fn entry_sp(ctx: &ProbeContext) -> u64 {
+    // SAFETY: the helper only reads the cookie of the link that runs this program.
+    let pushes = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    stack_pointer(ctx.regs).wrapping_add(pushes.wrapping_mul(8))
+}
+
 /// Entry of an allocating function: remember its arguments until it returns. A call entered at
 /// or below the stack pointer of the call in flight on this thread is nested inside it and is
 /// left to the outer call: small-alignment posix_memalign calls malloc (lower stack pointer),
@@ -42,7 +55,7 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
     if (id >> 32) as u32 == self_tgid() {
         return Ok(());
     }
-    let sp = stack_pointer(ctx.regs);
+    let sp = entry_sp(ctx);
     // SAFETY: map value; only this thread reads or writes its own entry.
     if let Some(f) = unsafe { INFLIGHT.get(id) }
         && sp <= f.sp
@@ -314,7 +327,7 @@ fn realloc_return(call: &mut Call<'_>, rec: InFlight, ret: u64) {
 #[uprobe]
 pub fn free_entry(ctx: ProbeContext) -> u32 {
     let ptr: u64 = ctx.arg(0).unwrap_or(0);
-    let _ = try_free(ptr, stack_pointer(ctx.regs));
+    let _ = try_free(ptr, entry_sp(&ctx));
     0
 }
 

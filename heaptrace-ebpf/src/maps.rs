@@ -45,12 +45,23 @@ pub static INFLIGHT: HashMap<u64, InFlight> = HashMap::with_max_entries(16384, 0
 #[map(name = "LOSSES")]
 pub static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_COUNT as u32, 0);
 
+// Two stack maps, a two-way set: the kernel hashes a stack to the same bucket index in both,
+// so a stack whose bucket in STACKS holds another stack still finds its bucket in STACKS2 free
+// unless a third stack got there first.
 #[map(name = "STACKS")]
-pub static STACKS: StackTrace = StackTrace::with_max_entries(16384, 0);
+pub static STACKS: StackTrace = StackTrace::with_max_entries(8192, 0);
 
+#[map(name = "STACKS2")]
+pub static STACKS2: StackTrace = StackTrace::with_max_entries(8192, 0);
+
+/// Ids from STACKS2 are reported offset by this (STACKS' bucket count), set by the loader.
+#[unsafe(no_mangle)]
+static STACK_ID_OFFSET: u32 = 8192;
+
+// Preallocated: without preallocation, fresh per-CPU elements were seen to vanish under bursts
+// of inserts (kernel 6.18), and a count that drops silently is worse than a bounded one.
 #[map(name = "SITES")]
-pub static SITES: PerCpuHashMap<SiteKey, SiteCounters> =
-    PerCpuHashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+pub static SITES: PerCpuHashMap<SiteKey, SiteCounters> = PerCpuHashMap::with_max_entries(16384, 0);
 
 #[map(name = "LATENCY")]
 pub static LATENCY: PerCpuArray<LatencyHist> = PerCpuArray::with_max_entries(FUNC_COUNT as u32, 0);
@@ -79,6 +90,12 @@ pub fn self_tgid() -> u32 {
 pub fn mode() -> u32 {
     // SAFETY: as above.
     unsafe { core::ptr::read_volatile(&MODE) }
+}
+
+#[inline(always)]
+pub fn stack_id_offset() -> u32 {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&STACK_ID_OFFSET) }
 }
 
 #[inline(always)]

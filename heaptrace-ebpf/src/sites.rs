@@ -7,16 +7,25 @@
 use aya_ebpf::programs::{RetProbeContext, tracing::StackIdContext as _};
 use heaptrace_common::{Func, LiveBlock, Loss, SiteCounters, SiteKey, log2_bucket};
 
-use crate::maps::{SITES, STACKS, add, get_or_insert, lose, temporary_ns};
+use crate::maps::{
+    SITES, STACKS, STACKS2, add, get_or_insert, lose, stack_id_offset, temporary_ns,
+};
 
 const BPF_F_USER_STACK: u64 = 1 << 8;
+const EEXIST: i32 = 17;
 
 /// Counts an allocation at its site; returns the stack id to remember in the live map.
 #[inline(always)]
 pub fn allocated(ctx: &RetProbeContext, tgid: u32, func: Func, size: u64) -> i32 {
     // No BPF_F_REUSE_STACKID: a hash collision must not silently hand this allocation to
     // another stack. It fails with an errno instead, counted below as "stack lost".
-    let stack_id = match ctx.get_stackid(&STACKS, BPF_F_USER_STACK) {
+    let stored = match ctx.get_stackid(&STACKS, BPF_F_USER_STACK) {
+        Err(e) if e == -EEXIST => ctx
+            .get_stackid(&STACKS2, BPF_F_USER_STACK)
+            .map(|id| id + i64::from(stack_id_offset())),
+        other => other,
+    };
+    let stack_id = match stored {
         Ok(id) => id as i32,
         Err(e) => {
             lose(Loss::Stack);

@@ -1,7 +1,7 @@
 //! Command-line arguments.
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// What the probes collect (each mode adds to the one before, and costs more).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -32,14 +32,21 @@ impl Mode {
     }
 }
 
+/// Tracing is the default command, given by its flags alone; other commands are subcommands.
+/// `args_conflicts_with_subcommands` keeps the two apart: `heaptrace -p 1` traces,
+/// `heaptrace probes -p 1` does not, and `heaptrace -- probes` launches a program named probes.
 #[derive(Parser, Debug)]
 #[command(
     name = "heaptrace",
     version,
     about = "Trace every malloc-family call of live processes with eBPF uprobes",
-    after_help = "Examples:\n  heaptrace -p 1234\n  heaptrace -- ./prog args\n  heaptrace --all --json out.json"
+    after_help = "Examples:\n  heaptrace -p 1234\n  heaptrace -- ./prog args\n  heaptrace --all --json out.json\n  heaptrace probes -p 1234",
+    args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
+    #[command(subcommand)]
+    pub subcommand: Option<Command>,
+
     /// Attach to a running process (and all its threads).
     #[arg(short, long, value_name = "PID", conflicts_with_all = ["all", "command"])]
     pub pid: Option<u32>,
@@ -85,9 +92,10 @@ pub struct Cli {
     #[arg(long, default_value_t = 16384, value_name = "STACKS")]
     pub stack_map_size: u32,
 
-    /// Capacity of the kernel's site map ((process, stack, function) entries).
-    #[arg(long, default_value_t = 16384, value_name = "SITES")]
-    pub site_map_size: u32,
+    /// Capacity of the kernel's site map ((process, stack, function) entries). Default: 16384,
+    /// or less on hosts with many CPUs (the map is per CPU and preallocated; 64 MiB budget).
+    #[arg(long, value_name = "SITES")]
+    pub site_map_size: Option<u32>,
 
     /// Capacity of the kernel's live-allocation map (blocks tracked at once).
     #[arg(long, default_value_t = 1 << 20, value_name = "BLOCKS")]
@@ -101,9 +109,27 @@ pub struct Cli {
     #[arg(short, long)]
     pub verbose: bool,
 
+    /// Put every entry probe at its function's first instruction, even where a later one
+    /// would cost the target less (see `heaptrace probes`).
+    #[arg(long)]
+    pub probe_at_entry: bool,
+
     /// The command to launch and trace (after --).
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Show where each probe would go and why; attaches nothing.
+    Probes(ProbesArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ProbesArgs {
+    /// The process whose allocator to look at (default: the host's libc).
+    #[arg(short, long, value_name = "PID")]
+    pub pid: Option<u32>,
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -148,5 +174,30 @@ mod tests {
         assert!(Cli::try_parse_from(["heaptrace", "--all", "--", "ls"]).is_err());
         let c = Cli::try_parse_from(["heaptrace", "--", "ls", "-l"]).unwrap();
         assert_eq!(c.command, vec!["ls", "-l"]);
+    }
+
+    #[test]
+    fn subcommands_leave_the_tracing_flags_alone() {
+        let c = Cli::try_parse_from(["heaptrace", "probes", "-p", "7"]).unwrap();
+        assert!(matches!(
+            c.subcommand,
+            Some(Command::Probes(ProbesArgs { pid: Some(7) }))
+        ));
+        let c = Cli::try_parse_from(["heaptrace", "probes"]).unwrap();
+        assert!(matches!(
+            c.subcommand,
+            Some(Command::Probes(ProbesArgs { pid: None }))
+        ));
+        let c = Cli::try_parse_from(["heaptrace", "-p", "7"]).unwrap();
+        assert!(c.subcommand.is_none());
+        assert_eq!(c.pid, Some(7));
+        let c = Cli::try_parse_from(["heaptrace", "--all", "--probe-at-entry"]).unwrap();
+        assert!(c.all && c.probe_at_entry && c.subcommand.is_none());
+        // After --, "probes" is the command to launch.
+        let c = Cli::try_parse_from(["heaptrace", "--", "probes", "x"]).unwrap();
+        assert!(c.subcommand.is_none());
+        assert_eq!(c.command, vec!["probes", "x"]);
+        // Tracing flags do not mix with a subcommand.
+        assert!(Cli::try_parse_from(["heaptrace", "-q", "probes"]).is_err());
     }
 }

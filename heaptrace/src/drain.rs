@@ -30,6 +30,9 @@ pub struct KernelMaps {
     inflight: HashMap<MapData, u64, InFlight>,
     sites: PerCpuHashMap<MapData, SiteKey, SiteCounters>,
     stacks: StackTraceMap<MapData>,
+    stacks2: StackTraceMap<MapData>,
+    /// Ids at or above this are in `stacks2`.
+    stack_id_offset: u32,
     latency: PerCpuArray<MapData, LatencyHist>,
 }
 
@@ -52,7 +55,7 @@ fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
 }
 
 impl KernelMaps {
-    pub fn take(ebpf: &mut Ebpf) -> Result<KernelMaps> {
+    pub fn take(ebpf: &mut Ebpf, stack_id_offset: u32) -> Result<KernelMaps> {
         Ok(KernelMaps {
             procs: take(ebpf, maps::PROCS)?,
             sizes: take(ebpf, maps::SIZES)?,
@@ -61,6 +64,8 @@ impl KernelMaps {
             inflight: take(ebpf, maps::INFLIGHT)?,
             sites: take(ebpf, maps::SITES)?,
             stacks: take(ebpf, maps::STACKS)?,
+            stacks2: take(ebpf, maps::STACKS2)?,
+            stack_id_offset,
             latency: take(ebpf, maps::LATENCY)?,
         })
     }
@@ -68,7 +73,11 @@ impl KernelMaps {
     /// The return addresses of a stored stack, innermost first.
     pub fn stack(&self, id: i32) -> Option<Vec<u64>> {
         let id = u32::try_from(id).ok()?;
-        let trace = self.stacks.get(&id, 0).ok()?;
+        let trace = if id >= self.stack_id_offset {
+            self.stacks2.get(&(id - self.stack_id_offset), 0).ok()?
+        } else {
+            self.stacks.get(&id, 0).ok()?
+        };
         Some(trace.frames().iter().map(|f| f.ip).collect())
     }
 

@@ -13,6 +13,8 @@ pub struct FuncSite {
     pub vaddr: u64,
     /// Offset in the file, what a uprobe attaches to.
     pub file_offset: u64,
+    /// The symbol's size in bytes (0 if the symbol does not say).
+    pub size: u64,
     /// Other family members defined at the same address (probed once, counted as `func`).
     pub aliases: Vec<Func>,
 }
@@ -30,7 +32,7 @@ pub fn alloc_sites(path: &Path) -> Result<Vec<FuncSite>> {
     let file = object::File::parse(&*data).map_err(|e| elf_err(e.to_string()))?;
 
     // Dynamic symbols are what the dynamic linker binds; a static binary only has .symtab.
-    let mut by_func: BTreeMap<Func, u64> = BTreeMap::new();
+    let mut by_func: BTreeMap<Func, (u64, u64)> = BTreeMap::new();
     for sym in file.dynamic_symbols().chain(file.symbols()) {
         if sym.is_undefined() || sym.kind() != SymbolKind::Text || sym.address() == 0 {
             continue;
@@ -39,16 +41,18 @@ pub fn alloc_sites(path: &Path) -> Result<Vec<FuncSite>> {
         // Versioned names ("malloc@@GLIBC_2.2.5") only appear in .symtab.
         let name = name.split('@').next().unwrap_or(name);
         if let Some(func) = Func::ALL.iter().find(|f| f.name() == name) {
-            by_func.entry(*func).or_insert(sym.address());
+            by_func.entry(*func).or_insert((sym.address(), sym.size()));
         }
     }
 
-    let mut by_addr: BTreeMap<u64, Vec<Func>> = BTreeMap::new();
-    for (func, addr) in by_func {
-        by_addr.entry(addr).or_default().push(func);
+    let mut by_addr: BTreeMap<u64, (u64, Vec<Func>)> = BTreeMap::new();
+    for (func, (addr, size)) in by_func {
+        let e = by_addr.entry(addr).or_default();
+        e.0 = e.0.max(size);
+        e.1.push(func);
     }
     let mut sites = Vec::new();
-    for (vaddr, mut funcs) in by_addr {
+    for (vaddr, (size, mut funcs)) in by_addr {
         funcs.sort();
         let func = funcs.remove(0);
         let file_offset = file_offset(&file, vaddr)
@@ -57,6 +61,7 @@ pub fn alloc_sites(path: &Path) -> Result<Vec<FuncSite>> {
             func,
             vaddr,
             file_offset,
+            size,
             aliases: funcs,
         });
     }
@@ -70,6 +75,28 @@ fn file_offset(file: &object::File<'_>, vaddr: u64) -> Option<u64> {
         (vaddr >= seg.address() && vaddr < seg.address() + size)
             .then(|| vaddr - seg.address() + off)
     })
+}
+
+/// The first bytes of a function's code as the file has them: `max` at most, and no more than
+/// the symbol's size when it gives one (the bytes after a function belong to another).
+pub fn code(path: &Path, site: &FuncSite, max: usize) -> Result<Vec<u8>> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let read_err = |source| Error::Read {
+        path: path.into(),
+        source,
+    };
+    let want = match site.size {
+        0 => max,
+        n => max.min(n as usize),
+    };
+    let mut f = fs::File::open(path).map_err(read_err)?;
+    f.seek(SeekFrom::Start(site.file_offset))
+        .map_err(read_err)?;
+    let mut buf = Vec::with_capacity(want);
+    f.take(want as u64)
+        .read_to_end(&mut buf)
+        .map_err(read_err)?;
+    Ok(buf)
 }
 
 /// Whether `path` can serve as the process's allocator: it defines both malloc and free.
@@ -109,6 +136,20 @@ mod tests {
         let mut addrs: Vec<_> = sites.iter().map(|s| s.vaddr).collect();
         addrs.dedup();
         assert_eq!(addrs.len(), sites.len());
+    }
+
+    #[test]
+    fn code_is_read_at_the_file_offset_within_the_symbol() {
+        let libc = host_libc();
+        let sites = alloc_sites(&libc).unwrap();
+        let file = fs::read(&libc).unwrap();
+        for s in &sites {
+            assert!(s.size > 0, "{:?} has no size", s.func);
+            let code = code(&libc, s, 64).unwrap();
+            assert_eq!(code.len() as u64, s.size.min(64));
+            let at = s.file_offset as usize;
+            assert_eq!(code, file[at..at + code.len()]);
+        }
     }
 
     #[test]

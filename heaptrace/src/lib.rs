@@ -2,10 +2,12 @@
 //!
 //! Data flow: `probe` (attach) -> `drain` (read kernel maps into snapshots) -> `model` (round
 //! deltas) -> `aggregate` (one Profile) -> views (`report`, `json`). `run` is the daemon tying
-//! them together; `allocator`, `elf`, `launch` and `procfs` find and start targets.
+//! them together; `allocator`, `elf`, `launch` and `procfs` find and start targets; `placement`
+//! decides where in each function its entry probe goes.
 pub mod aggregate;
 pub mod allocator;
 pub mod cli;
+pub mod cmd;
 pub mod drain;
 pub mod elf;
 pub mod error;
@@ -14,6 +16,7 @@ pub mod json;
 pub mod launch;
 pub mod model;
 pub mod modules;
+pub mod placement;
 pub mod probe;
 pub mod procfs;
 pub mod record;

@@ -6,13 +6,18 @@ use std::{num::NonZeroU32, path::PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{UProbe, uprobe::UProbeScope},
+    programs::{
+        UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+    },
 };
 use heaptrace_common::{Func, globals, maps};
 
 use crate::{
     allocator::Provider,
+    elf::{self, FuncSite},
     error::{Error, Result},
+    placement::{self, Placement},
 };
 
 /// Which processes the probes fire for.
@@ -50,14 +55,60 @@ impl Default for LoadOptions {
     }
 }
 
+/// The site map is per CPU and preallocated (a non-preallocated per-CPU hash map was seen
+/// losing fresh elements under bursts of inserts, without an error to count): size it to a
+/// 64 MiB budget, at most 16384 and at least 1024 sites.
+pub fn default_site_map_size() -> u32 {
+    const BUDGET: usize = 64 << 20;
+    let cpus = aya::util::nr_cpus().unwrap_or(1).max(1);
+    let per_site = std::mem::size_of::<heaptrace_common::SiteCounters>() * cpus;
+    (BUDGET / per_site).clamp(1024, 16384) as u32
+}
+
 /// One attached probe, for `--verbose` and the JSON document.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Attached {
     pub func: &'static str,
     pub aliases: Vec<&'static str>,
     pub path: PathBuf,
+    /// The function's offset in the file (its uretprobe's place).
     pub offset: u64,
     pub uretprobe: bool,
+    /// Where the entry probe is, from the function's start, and why.
+    pub placement: Placement,
+}
+
+/// Where one function's probes go.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    pub site: FuncSite,
+    /// Allocating functions have one (their result and size meet there); free does not.
+    pub uretprobe: bool,
+    pub placement: Placement,
+}
+
+/// Decides where each function's entry probe goes, from the provider file's code.
+/// `at_entry` keeps every probe at its function's entry.
+pub fn plan(provider: &Provider, at_entry: bool) -> Result<Vec<Planned>> {
+    provider
+        .sites
+        .iter()
+        .map(|site| {
+            let uretprobe = site.func != Func::Free;
+            let code = elf::code(&provider.attach_path, site, placement::WINDOW)?;
+            let placement = if at_entry {
+                placement::entry(&code, "entry: --probe-at-entry")
+            } else {
+                let reads = placement::reads(site.func);
+                placement::choose(&code, site.func, uretprobe, reads)
+            };
+            Ok(Planned {
+                site: site.clone(),
+                uretprobe,
+                placement,
+            })
+        })
+        .collect()
 }
 
 pub struct Probes {
@@ -103,19 +154,34 @@ fn has_bpf_caps() -> bool {
 
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/heaptrace"));
 
+/// Two stack maps of half the capacity each; ids of the second are offset by the first's bucket
+/// count (the kernel rounds a stack map's size up to a power of two). Returns (each map's
+/// capacity, the offset).
+pub fn stack_maps(opts: &LoadOptions) -> (u32, u32) {
+    let half = if opts.mode >= heaptrace_common::mode::STACKS {
+        (opts.stack_map_size / 2).max(1)
+    } else {
+        1
+    };
+    (half, half.next_power_of_two())
+}
+
 pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
     let me = std::process::id();
     // Maps a mode does not use get one entry: a stack map is preallocated at full size.
     let stacks = opts.mode >= heaptrace_common::mode::STACKS;
     let sizes = opts.mode >= heaptrace_common::mode::SIZES;
+    let (half, offset) = stack_maps(opts);
     EbpfLoader::new()
         .override_global(globals::SELF_TGID, &me, true)
         .override_global(globals::MODE, &opts.mode, true)
         .override_global(globals::TEMPORARY_NS, &opts.temporary_ns, true)
+        .override_global(globals::STACK_ID_OFFSET, &offset, true)
         .map_max_entries(maps::LIVE, opts.live_map_size)
         .map_max_entries(maps::SIZES, if sizes { opts.size_map_size } else { 1 })
         .map_max_entries(maps::PROCS, opts.proc_map_size)
-        .map_max_entries(maps::STACKS, if stacks { opts.stack_map_size } else { 1 })
+        .map_max_entries(maps::STACKS, half)
+        .map_max_entries(maps::STACKS2, half)
         .map_max_entries(maps::SITES, if stacks { opts.site_map_size } else { 1 })
         .load(EBPF_OBJECT)
         .map_err(|e| {
@@ -179,9 +245,16 @@ fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe> {
 }
 
 impl Probes {
-    /// Attaches every function the provider defines. Return probes go first: an entry seen
-    /// without its return probe in place would leave a record that is never completed.
-    pub fn attach(mut ebpf: Ebpf, provider: &Provider, scope: Scope) -> Result<Probes> {
+    /// Attaches every function the provider defines, entry probes where `plan` puts them.
+    /// Return probes go first: an entry seen without its return probe in place would leave a
+    /// record that is never completed.
+    pub fn attach(
+        mut ebpf: Ebpf,
+        provider: &Provider,
+        scope: Scope,
+        at_entry: bool,
+    ) -> Result<Probes> {
+        let plan = plan(provider, at_entry)?;
         let scope = match scope {
             Scope::All => UProbeScope::AllProcesses,
             Scope::Process(pid) => {
@@ -202,23 +275,31 @@ impl Probes {
         };
 
         loaded(&mut ebpf, RETURN_PROGRAM)?;
-        for site in provider.sites.iter().filter(|s| s.func != Func::Free) {
+        for p in plan.iter().filter(|p| p.uretprobe) {
+            // Always at the entry: only there is the return address at [rsp].
             uprobe(&mut ebpf, RETURN_PROGRAM)?
-                .attach(site.file_offset, path, scope)
-                .map_err(|e| attach_err(site.func, &e))?;
+                .attach(p.site.file_offset, path, scope)
+                .map_err(|e| attach_err(p.site.func, &e))?;
         }
-        for site in &provider.sites {
+        for p in plan {
+            let (site, placement) = (&p.site, p.placement);
             let name = entry_program(site.func);
             loaded(&mut ebpf, name)?;
+            // The cookie tells the program how many pushes ran before the probe point.
+            let point = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(site.file_offset + placement.offset),
+                cookie: Some(u64::from(placement.pushes)),
+            };
             uprobe(&mut ebpf, name)?
-                .attach(site.file_offset, path, scope)
+                .attach(point, path, scope)
                 .map_err(|e| attach_err(site.func, &e))?;
             attached.push(Attached {
                 func: site.func.name(),
                 aliases: site.aliases.iter().map(|a| a.name()).collect(),
                 path: provider.path.clone(),
                 offset: site.file_offset,
-                uretprobe: site.func != Func::Free,
+                uretprobe: p.uretprobe,
+                placement,
             });
         }
         Ok(Probes { ebpf, attached })

@@ -71,7 +71,9 @@ pub fn run(cli: Cli) -> Result<i32> {
         live_map_size: cli.live_map_size,
         size_map_size: cli.size_map_size,
         stack_map_size: cli.stack_map_size,
-        site_map_size: cli.site_map_size,
+        site_map_size: cli
+            .site_map_size
+            .unwrap_or_else(probe::default_site_map_size),
         ..LoadOptions::default()
     };
 
@@ -102,7 +104,8 @@ pub fn run(cli: Cli) -> Result<i32> {
         }
     };
 
-    let attached = probe::load(&opts).and_then(|ebpf| Probes::attach(ebpf, &provider, scope));
+    let attached = probe::load(&opts)
+        .and_then(|ebpf| Probes::attach(ebpf, &provider, scope, cli.probe_at_entry));
     let mut probes = match attached {
         Ok(p) => p,
         Err(e) => {
@@ -112,7 +115,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             return Err(e);
         }
     };
-    let maps = KernelMaps::take(&mut probes.ebpf)?;
+    let maps = KernelMaps::take(&mut probes.ebpf, probe::stack_maps(&opts).1)?;
     let what = match scope {
         Scope::All => "all processes".to_string(),
         Scope::Process(pid) => format!("pid {pid}"),
@@ -124,8 +127,9 @@ pub fn run(cli: Cli) -> Result<i32> {
     );
     if cli.verbose {
         for a in &probes.attached {
+            let p = &a.placement;
             eprintln!(
-                "heaptrace:   {}{} at {:#x}{}",
+                "heaptrace:   {}{} at {:#x}+{} `{}`{}: {}",
                 a.func,
                 if a.aliases.is_empty() {
                     String::new()
@@ -133,7 +137,10 @@ pub fn run(cli: Cli) -> Result<i32> {
                     format!(" (= {})", a.aliases.join(", "))
                 },
                 a.offset,
-                if a.uretprobe { " + return" } else { "" }
+                p.offset,
+                p.instruction,
+                if a.uretprobe { " + return" } else { "" },
+                p.why
             );
         }
     }

@@ -17,12 +17,23 @@ fn allocs() -> std::path::PathBuf {
     fixture("allocs", "", &[])
 }
 
-/// Traces `allocs ARGS` launched by heaptrace; returns the JSON document.
-fn launch(tag: &str, bin: &std::path::Path, args: &[String], env: &[(&str, &str)]) -> Value {
+/// Run both ways: probes where placement puts them (the default), and all at the entry.
+const AT_ENTRY: &[&str] = &["--probe-at-entry"];
+
+/// Traces `BIN ARGS` launched by heaptrace with extra heaptrace `flags`; returns the JSON
+/// document.
+pub fn launch(
+    tag: &str,
+    flags: &[&str],
+    bin: &std::path::Path,
+    args: &[String],
+    env: &[(&str, &str)],
+) -> Value {
     let json = json_path(tag);
     let mut cmd = heaptrace();
     cmd.args(["--no-tui", "-q", "--json"])
         .arg(&json)
+        .args(flags)
         .arg("--")
         .arg(bin)
         .args(args);
@@ -36,7 +47,19 @@ fn launch(tag: &str, bin: &std::path::Path, args: &[String], env: &[(&str, &str)
     assert_eq!(doc["target"]["exit_code"], 0);
     assert_eq!(doc["lost"]["live_map"], 0);
     assert_eq!(doc["lost"]["in_flight"], 0);
+    check_placement(&doc, flags);
     doc
+}
+
+/// Functions with a uretprobe keep their entry probe at the entry; with --probe-at-entry, all do.
+fn check_placement(doc: &Value, flags: &[&str]) {
+    for p in doc["provider"]["probes"].as_array().unwrap() {
+        let at = p["placement"]["offset"].as_u64().unwrap();
+        if p["uretprobe"] == true || flags.contains(&"--probe-at-entry") {
+            assert_eq!(at, 0, "{p}");
+            assert_eq!(p["placement"]["pushes"], 0, "{p}");
+        }
+    }
 }
 
 fn args(fx: &Fixture, extra: &[&str]) -> Vec<String> {
@@ -65,7 +88,7 @@ fn check_leaks(doc: &Value, want: &Expected) {
     );
 }
 
-fn launch_exact(threads: u64, iterations: u64, leaks: u64) {
+fn launch_exact(threads: u64, iterations: u64, leaks: u64, flags: &[&str]) {
     let _g = shared();
     let fx = Fixture {
         threads,
@@ -74,7 +97,8 @@ fn launch_exact(threads: u64, iterations: u64, leaks: u64) {
         memalign_apart: false,
         no_pvalloc: false,
     };
-    let doc = launch(&format!("launch{threads}"), &allocs(), &args(&fx, &[]), &[]);
+    let tag = format!("launch{threads}{}", flags.concat());
+    let doc = launch(&tag, flags, &allocs(), &args(&fx, &[]), &[]);
     let want = Expected::of(&fx).with_glibc_threads(threads, DTV);
     let got = Expected::observed(&doc, &doc["sizes"], &want);
     assert_eq!(got, want);
@@ -87,14 +111,21 @@ fn launch_exact(threads: u64, iterations: u64, leaks: u64) {
 #[test]
 fn launch_one_thread_counts_exactly() {
     if bpf_or_skip("launch_one_thread_counts_exactly") {
-        launch_exact(0, 3000, 5);
+        launch_exact(0, 3000, 5, &[]);
     }
 }
 
 #[test]
 fn launch_four_threads_counts_exactly() {
     if bpf_or_skip("launch_four_threads_counts_exactly") {
-        launch_exact(4, 3000, 3);
+        launch_exact(4, 3000, 3, &[]);
+    }
+}
+
+#[test]
+fn launch_four_threads_at_entry_counts_exactly() {
+    if bpf_or_skip("launch_four_threads_at_entry_counts_exactly") {
+        launch_exact(4, 3000, 3, AT_ENTRY);
     }
 }
 
@@ -102,13 +133,13 @@ fn launch_four_threads_counts_exactly() {
 #[test]
 fn launch_a_million_calls_counts_exactly() {
     if bpf_or_skip("launch_a_million_calls_counts_exactly") {
-        launch_exact(4, 12_000, 2);
+        launch_exact(4, 12_000, 2, &[]);
     }
 }
 
 /// Attaches to a running fixture whose threads already exist (so libc's thread set-up is not
 /// seen), then lets it work.
-fn pid_exact(threads: u64) {
+fn pid_exact(threads: u64, flags: &[&str]) {
     let _g = shared();
     let fx = Fixture {
         threads,
@@ -128,10 +159,11 @@ fn pid_exact(threads: u64) {
         .read_line(&mut ready)
         .unwrap();
     assert_eq!(ready, "ready\n");
-    let json = json_path(&format!("pid{threads}"));
+    let json = json_path(&format!("pid{threads}{}", flags.concat()));
     let mut cmd = heaptrace();
     cmd.args(["--no-tui", "-q", "--interval", "200ms", "--json"])
         .arg(&json)
+        .args(flags)
         .args(["-p", &target.id().to_string()]);
     let tracer = start_attached(&mut cmd);
     target.stdin.take().unwrap().write_all(b"g").unwrap();
@@ -140,6 +172,7 @@ fn pid_exact(threads: u64) {
     assert_eq!(code, 0, "{stderr}");
     assert!(stderr.contains("exited"), "{stderr}");
     let doc = read_json(&json);
+    check_placement(&doc, flags);
     let want = Expected::of(&fx);
     let got = Expected::observed(&doc, &doc["sizes"], &want);
     assert_eq!(got, want);
@@ -150,14 +183,21 @@ fn pid_exact(threads: u64) {
 #[test]
 fn pid_one_thread_counts_exactly() {
     if bpf_or_skip("pid_one_thread_counts_exactly") {
-        pid_exact(1);
+        pid_exact(1, &[]);
     }
 }
 
 #[test]
 fn pid_four_threads_counts_exactly() {
     if bpf_or_skip("pid_four_threads_counts_exactly") {
-        pid_exact(4);
+        pid_exact(4, &[]);
+    }
+}
+
+#[test]
+fn pid_four_threads_at_entry_counts_exactly() {
+    if bpf_or_skip("pid_four_threads_at_entry_counts_exactly") {
+        pid_exact(4, AT_ENTRY);
     }
 }
 
@@ -248,8 +288,14 @@ fn exact_over_baseline(
         ..fx
     };
     let want = Expected::of(&fx).minus(&Expected::of(&base_fx));
-    let base = launch(&format!("{tag}-base"), bin, &args(&base_fx, extra), env);
-    let full = launch(tag, bin, &args(&fx, extra), env);
+    let base = launch(
+        &format!("{tag}-base"),
+        &[],
+        bin,
+        &args(&base_fx, extra),
+        env,
+    );
+    let full = launch(tag, &[], bin, &args(&fx, extra), env);
     let b = Expected::observed(&base, &base["sizes"], &want);
     let f = Expected::observed(&full, &full["sizes"], &want);
     assert_eq!(f.minus(&b), want);

@@ -3,5 +3,6 @@
 mod counts;
 mod expect;
 mod faults;
+mod placement;
 mod stacks;
 mod support;

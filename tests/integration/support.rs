@@ -1,5 +1,6 @@
 //! Helpers for the tests that run the real heaptrace binary against C fixtures.
 use std::{
+    collections::BTreeMap,
     io::{BufRead as _, BufReader},
     os::fd::AsRawFd as _,
     path::{Path, PathBuf},
@@ -164,6 +165,45 @@ pub fn heaptrace() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_heaptrace"));
     c.env("RUST_LOG", "warn");
     c
+}
+
+/// One line of `heaptrace probes`.
+#[derive(Clone, Debug)]
+pub struct PlannedProbe {
+    pub file_offset: u64,
+    /// Where the entry probe goes, from the function's start.
+    pub entry: u64,
+    pub uretprobe: bool,
+    pub instruction: String,
+}
+
+/// Runs `heaptrace probes [-p PID]`; returns the provider's path and a line per function
+/// (aliases joined with '=' in the name).
+pub fn planned_probes(pid: Option<u32>) -> (PathBuf, BTreeMap<String, PlannedProbe>) {
+    let mut cmd = heaptrace();
+    cmd.arg("probes");
+    if let Some(pid) = pid {
+        cmd.args(["-p", &pid.to_string()]);
+    }
+    let out = run_ok(&mut cmd);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines();
+    let head = lines.next().expect("provider line");
+    let path = PathBuf::from(head.split(" (").next().unwrap());
+    assert!(lines.next().unwrap().starts_with("function"), "{text}");
+    let mut probes = BTreeMap::new();
+    for line in lines {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        let hex = cols[1].strip_prefix("0x").expect("hex file offset");
+        let probe = PlannedProbe {
+            file_offset: u64::from_str_radix(hex, 16).unwrap(),
+            entry: cols[2].strip_prefix('+').unwrap().parse().unwrap(),
+            uretprobe: cols[3] == "yes",
+            instruction: cols[4].to_string(),
+        };
+        probes.insert(cols[0].to_string(), probe);
+    }
+    (path, probes)
 }
 
 pub fn json_path(tag: &str) -> PathBuf {

@@ -1,0 +1,2 @@
+//! Commands other than tracing itself (which is `run`), one module each.
+pub mod probes;

@@ -1,0 +1,46 @@
+//! `heaptrace probes [-p PID]`: where each probe would go and why, attaching nothing.
+use std::fmt::Write as _;
+
+use crate::{
+    allocator::{self, Provider},
+    cli::ProbesArgs,
+    error::Result,
+    probe::{self, Planned},
+};
+
+pub fn run(args: &ProbesArgs) -> Result<i32> {
+    let (provider, whose) = match args.pid {
+        Some(pid) => (allocator::for_pid(pid)?, format!("pid {pid}")),
+        None => (allocator::host_libc()?, "the host's libc".to_string()),
+    };
+    let plan = probe::plan(&provider, false)?;
+    print!("{}", table(&provider, &whose, &plan));
+    Ok(0)
+}
+
+/// One line per function; the first four columns have no spaces, for scripts.
+fn table(provider: &Provider, whose: &str, plan: &[Planned]) -> String {
+    let mut out = format!("{} ({whose})\n", provider.path.display());
+    let _ = writeln!(
+        out,
+        "{:<24} {:>11} {:>11} {:<9} {:<26} why",
+        "function", "file offset", "entry probe", "uretprobe", "instruction"
+    );
+    for p in plan {
+        let mut name = p.site.func.name().to_string();
+        for a in &p.site.aliases {
+            name.push('=');
+            name.push_str(a.name());
+        }
+        let _ = writeln!(
+            out,
+            "{name:<24} {:>11} {:>11} {:<9} {:<26} {}",
+            format!("{:#x}", p.site.file_offset),
+            format!("+{}", p.placement.offset),
+            if p.uretprobe { "yes" } else { "no" },
+            p.placement.instruction,
+            p.placement.why
+        );
+    }
+    out
+}

@@ -1,0 +1,415 @@
+//! Where in a function to put its entry uprobe.
+//!
+//! A uprobe is an int3. On the trap the kernel either *emulates* the replaced instruction
+//! (push of a register, nop, jmp/call rel, jcc: one trap, ~0.75 us here) or copies it to an
+//! out-of-line slot and *single-steps* it (a second trap, ~4 us). glibc's `free` starts with
+//! `test %rdi,%rdi; je` (single-stepped) and reaches `push %rbp` at +9 on every non-NULL call, so
+//! a probe there costs a fifth. This module decodes a function's first bytes and picks the first
+//! instruction the kernel emulates that every call we must observe runs through, provided that
+//! nothing executed before it changes what the program reads (the argument registers, rsp
+//! beyond counted pushes). Anything it does not understand keeps the probe at the entry.
+//!
+//! The rules mirror arch/x86/kernel/uprobes.c (`branch_setup_xol_ops`, `push_setup_xol_ops`).
+use heaptrace_common::Func;
+use iced_x86::{
+    Decoder, DecoderOptions, FlowControl, Formatter as _, GasFormatter, Instruction,
+    InstructionInfoFactory, OpAccess, Register,
+};
+
+/// Bytes of a function decoded: a prologue's first instructions.
+pub const WINDOW: usize = 64;
+
+/// Where an entry probe goes and why.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Placement {
+    /// From the function's start; always the start of an instruction this module decoded.
+    pub offset: u64,
+    /// Pushes executed before `offset` on the path the probe sees: the program adds 8 per push
+    /// to the stack pointer it sees to get the one at function entry.
+    pub pushes: u32,
+    /// The instruction at `offset` (GNU syntax), `(bad)` if it did not decode.
+    pub instruction: String,
+    pub why: String,
+}
+
+/// The registers the entry program of `func` reads (heaptrace-ebpf's `*_entry`, System V
+/// argument order). Instructions run before the probe point must not write them.
+pub fn reads(func: Func) -> &'static [Register] {
+    match func {
+        Func::Malloc | Func::Valloc | Func::Pvalloc | Func::Free => &[Register::RDI],
+        Func::Calloc | Func::Realloc => &[Register::RDI, Register::RSI],
+        Func::PosixMemalign => &[Register::RDI, Register::RDX],
+        Func::AlignedAlloc | Func::Memalign => &[Register::RSI],
+    }
+}
+
+/// At the entry, whatever is there.
+pub fn entry(code: &[u8], why: impl Into<String>) -> Placement {
+    let instruction = decode_all(code)
+        .first()
+        .map_or_else(|| "(bad)".to_string(), gas);
+    Placement {
+        offset: 0,
+        pushes: 0,
+        instruction,
+        why: why.into(),
+    }
+}
+
+/// Chooses the entry probe's place in a function whose first bytes are `code`.
+///
+/// `uretprobe`: the function also has a return probe. That one must sit at the entry (only there
+/// is the return address at [rsp]; anywhere else the kernel would overwrite another stack slot
+/// and corrupt the target), and an entry probe at the same address shares its trap, so moving
+/// the entry probe would add a trap rather than save one.
+///
+/// `free` may skip a leading `test %rdi,%rdi; je` NULL check: free(NULL) is not counted, so a
+/// probe that only fires on the non-NULL path loses nothing.
+pub fn choose(code: &[u8], func: Func, uretprobe: bool, reads: &[Register]) -> Placement {
+    if uretprobe {
+        return entry(
+            code,
+            "entry: its uretprobe must be here (only here is the return address at [rsp]) and \
+             shares this trap; a probe elsewhere would add a second one",
+        );
+    }
+    let insns = decode_all(code);
+    let (spot, stopped) = walk(&insns, code, func == Func::Free, reads);
+    let Some(spot) = spot else {
+        return entry(code, format!("entry: {stopped}"));
+    };
+    let insn = &insns[spot.index];
+    let mut why = if insn.ip() == 0 {
+        "entry: the kernel emulates it".to_string()
+    } else {
+        let regs: Vec<String> = reads.iter().map(|r| format!("%{}", name(*r))).collect();
+        format!(
+            "the first instruction the kernel emulates; none before it writes {} or %rsp",
+            regs.join(", ")
+        )
+    };
+    if let Some(target) = spot.null_target {
+        // The NULL path must not reach the probe (it would see a different push count).
+        if target <= insn.ip() {
+            return entry(
+                code,
+                format!(
+                    "entry: the NULL check's branch to +{target} may reach +{}",
+                    insn.ip()
+                ),
+            );
+        }
+        why.push_str("; past the NULL check (free(NULL) does not trap)");
+    }
+    if spot.pushes > 0 {
+        why.push_str(&format!("; {} push(es) before it", spot.pushes));
+    }
+    Placement {
+        offset: insn.ip(),
+        pushes: spot.pushes,
+        instruction: gas(insn),
+        why,
+    }
+}
+
+fn name(r: Register) -> String {
+    format!("{r:?}").to_lowercase()
+}
+
+/// A candidate probe point.
+#[derive(Clone, Copy, Debug)]
+struct Spot {
+    index: usize,
+    pushes: u32,
+    /// Where the skipped NULL check branches to, if the spot is past one.
+    null_target: Option<u64>,
+}
+
+/// Walks the decoded instructions from the entry. Returns the spot found (None: stay at the
+/// entry) and, when the walk stopped early, why.
+fn walk(
+    insns: &[Instruction],
+    code: &[u8],
+    skip_null_check: bool,
+    reads: &[Register],
+) -> (Option<Spot>, String) {
+    let mut info = InstructionInfoFactory::new();
+    let mut pushes = 0u32;
+    // The first emulated instruction; taken unless a NULL check with a better spot follows.
+    let mut first: Option<Spot> = None;
+    let mut null_target: Option<u64> = None;
+    for (i, insn) in insns.iter().enumerate() {
+        if insn.is_invalid() {
+            return (first, format!("undecodable bytes at +{}", insn.ip()));
+        }
+        let at = format!("+{} `{}`", insn.ip(), gas(insn));
+        let raw = &code[insn.ip() as usize..insn.next_ip() as usize];
+        let here = Spot {
+            index: i,
+            pushes,
+            null_target,
+        };
+        if let Some(kind) = emulated(raw) {
+            if !skip_null_check || null_target.is_some() {
+                return (Some(here), String::new());
+            }
+            first.get_or_insert(here);
+            match kind {
+                _ if is_null_check(insns, i) => null_target = Some(insn.near_branch_target()),
+                // Neither changes a register the program reads; rsp is counted.
+                Emulated::Push => pushes += 1,
+                Emulated::Nop => {}
+                Emulated::Branch => return (first, format!("branch {at} comes first")),
+            }
+            continue;
+        }
+        if insn.flow_control() != FlowControl::Next {
+            return (first, format!("branch {at} comes first"));
+        }
+        let written = info.info(insn).used_registers().iter().find(|u| {
+            let r = u.register().full_register();
+            writes(u.access()) && (r == Register::RSP || reads.contains(&r))
+        });
+        if let Some(u) = written {
+            let r = name(u.register().full_register());
+            return (first, format!("{at} writes %{r} first"));
+        }
+    }
+    (
+        first,
+        format!("no emulated instruction in the first {} bytes", code.len()),
+    )
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Emulated {
+    Push,
+    Nop,
+    Branch,
+}
+
+/// Whether the kernel emulates this instruction instead of single-stepping it, by its bytes,
+/// as arch/x86/kernel/uprobes.c decides (a narrower set is safe: it only costs speed).
+fn emulated(raw: &[u8]) -> Option<Emulated> {
+    // push %reg: 50+r, or 41 50+r for r8-r15, nothing else.
+    match raw {
+        [0x50..=0x57] | [0x41, 0x50..=0x57] => return Some(Emulated::Push),
+        [0x90] | [0x66, 0x90] => return Some(Emulated::Nop),
+        _ => {}
+    }
+    // Legacy prefixes the kernel accepts on nops and branches (no 0x66 on branches); a
+    // segment or lock prefix makes it refuse the probe altogether.
+    let opcode = raw.iter().position(|b| !matches!(b, 0x66 | 0x67 | 0xf2))?;
+    let prefixes = &raw[..opcode];
+    match &raw[opcode..] {
+        [0x0f, 0x1f, ..] => Some(Emulated::Nop),
+        _ if prefixes.contains(&0x66) => None,
+        [0xeb, _] | [0xe9, _, _, _, _] | [0xe8, _, _, _, _] => Some(Emulated::Branch),
+        [0x70..=0x7f, _] | [0x0f, 0x80..=0x8f, _, _, _, _] => Some(Emulated::Branch),
+        _ => None,
+    }
+}
+
+/// Instruction `i` is `je` right after `test %rdi,%rdi` (at the very start of the walk or
+/// after pushes and nops only, which leave rdi as the caller passed it).
+fn is_null_check(insns: &[Instruction], i: usize) -> bool {
+    use iced_x86::Code;
+    let je = matches!(insns[i].code(), Code::Je_rel8_64 | Code::Je_rel32_64);
+    let test = i.checked_sub(1).map(|p| &insns[p]).is_some_and(|t| {
+        t.code() == Code::Test_rm64_r64
+            && t.op0_register() == Register::RDI
+            && t.op1_register() == Register::RDI
+    });
+    je && test
+}
+
+fn writes(a: OpAccess) -> bool {
+    matches!(
+        a,
+        OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite
+    )
+}
+
+/// Decodes `code` up to its end; a final instruction cut off by the end is dropped, an
+/// undecodable one is kept (invalid) so the walk stops there.
+fn decode_all(code: &[u8]) -> Vec<Instruction> {
+    let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
+    let mut out = Vec::new();
+    while decoder.can_decode() {
+        let insn = decoder.decode();
+        if insn.is_invalid() {
+            if decoder.last_error() != iced_x86::DecoderError::NoMoreBytes {
+                out.push(insn);
+            }
+            break;
+        }
+        out.push(insn);
+    }
+    out
+}
+
+fn gas(insn: &Instruction) -> String {
+    if insn.is_invalid() {
+        return "(bad)".into();
+    }
+    // Like objdump: hex immediates, rip-relative operands as such. Code is decoded at address 0,
+    // so a branch target reads as an offset in the function.
+    let mut f = GasFormatter::new();
+    let o = f.options_mut();
+    o.set_space_after_operand_separator(false);
+    o.set_rip_relative_addresses(true);
+    o.set_small_hex_numbers_in_decimal(false);
+    o.set_branch_leading_zeros(false);
+    o.set_uppercase_hex(false);
+    let mut s = String::new();
+    f.format(insn, &mut s);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn free_at(code: &[u8]) -> Placement {
+        choose(code, Func::Free, false, reads(Func::Free))
+    }
+
+    /// glibc 2.36-9+deb12u14's free: test %rdi,%rdi; je; push %rbp; lea; push %rbx; sub.
+    const GLIBC_FREE: &[u8] = &[
+        0x48, 0x85, 0xff, 0x0f, 0x84, 0xbf, 0x00, 0x00, 0x00, 0x55, 0x48, 0x8d, 0x77, 0xf0, 0x53,
+        0x48, 0x83, 0xec, 0x18,
+    ];
+
+    #[test]
+    fn glibc_free_is_probed_at_its_push_past_the_null_check() {
+        let p = free_at(GLIBC_FREE);
+        assert_eq!((p.offset, p.pushes), (9, 0), "{p:?}");
+        assert_eq!(p.instruction, "push %rbp");
+        assert!(p.why.contains("NULL check"), "{}", p.why);
+    }
+
+    #[test]
+    fn functions_with_a_uretprobe_stay_at_the_entry() {
+        // glibc's malloc: push %r12; push %rbp; push %rbx; mov %rdi,%rbx; sub $0x10,%rsp.
+        let malloc = [
+            0x41, 0x54, 0x55, 0x53, 0x48, 0x89, 0xfb, 0x48, 0x83, 0xec, 0x10,
+        ];
+        let p = choose(&malloc, Func::Malloc, true, reads(Func::Malloc));
+        assert_eq!((p.offset, p.pushes), (0, 0));
+        assert_eq!(p.instruction, "push %r12");
+        assert!(p.why.contains("uretprobe"), "{}", p.why);
+        // Without one, the entry push is already emulated.
+        let p = choose(&malloc, Func::Malloc, false, reads(Func::Malloc));
+        assert_eq!(p.offset, 0);
+        assert!(p.why.contains("emulates"), "{}", p.why);
+    }
+
+    /// glibc's posix_memalign: cmpb $0x0,0x140201(%rip); push %r12; mov %rdx,%r12; push %rbp ...
+    const GLIBC_POSIX_MEMALIGN: &[u8] = &[
+        0x80, 0x3d, 0x01, 0x02, 0x14, 0x00, 0x00, 0x41, 0x54, 0x49, 0x89, 0xd4, 0x55, 0x48, 0x89,
+        0xfd, 0x53, 0x48, 0x89, 0xf3, 0x74, 0x5a,
+    ];
+
+    #[test]
+    fn posix_memalign_stays_at_the_entry_for_its_uretprobe() {
+        let f = Func::PosixMemalign;
+        let p = choose(GLIBC_POSIX_MEMALIGN, f, true, reads(f));
+        assert_eq!(p.offset, 0);
+        assert_eq!(p.instruction, "cmpb $0x0,0x140201(%rip)");
+        // Were it not for the uretprobe, its first push would do: the cmpb writes only flags.
+        let p = choose(GLIBC_POSIX_MEMALIGN, f, false, reads(f));
+        assert_eq!((p.offset, p.pushes), (7, 0), "{p:?}");
+        assert_eq!(p.instruction, "push %r12");
+    }
+
+    #[test]
+    fn endbr64_before_the_null_check_is_walked_past() {
+        let mut code = vec![0xf3, 0x0f, 0x1e, 0xfa];
+        code.extend_from_slice(GLIBC_FREE);
+        let p = free_at(&code);
+        assert_eq!((p.offset, p.pushes), (13, 0), "{p:?}");
+        assert_eq!(p.instruction, "push %rbp");
+    }
+
+    #[test]
+    fn pushes_before_the_null_check_are_counted() {
+        // push %rbx; test %rdi,%rdi; je +2; push %rbp; pop %rbp; pop %rbx; ret
+        let code = [0x53, 0x48, 0x85, 0xff, 0x74, 0x02, 0x55, 0x5d, 0x5b, 0xc3];
+        let p = free_at(&code);
+        assert_eq!((p.offset, p.pushes), (6, 1), "{p:?}");
+        assert_eq!(p.instruction, "push %rbp");
+        // Without a NULL check, the first push is the place.
+        let p = free_at(&[0x53, 0x48, 0x89, 0xfb, 0x55]);
+        assert_eq!((p.offset, p.pushes), (0, 0), "{p:?}");
+    }
+
+    #[test]
+    fn a_write_to_the_argument_before_any_push_keeps_the_entry() {
+        // mov %rsi,%rdi; push %rbp
+        let p = free_at(&[0x48, 0x89, 0xf7, 0x55]);
+        assert_eq!(p.offset, 0);
+        assert_eq!(p.instruction, "mov %rsi,%rdi");
+        assert!(p.why.contains("writes %rdi"), "{}", p.why);
+        // The same write through a 32-bit register, and a write to rsp.
+        assert_eq!(free_at(&[0x31, 0xff, 0x55]).offset, 0);
+        assert_eq!(free_at(&[0x48, 0x83, 0xec, 0x08, 0x55]).offset, 0);
+        // A register the program does not read may be written.
+        assert_eq!(free_at(&[0x48, 0x89, 0xf8, 0x55]).offset, 3);
+    }
+
+    #[test]
+    fn other_branches_and_garbage_keep_the_entry() {
+        // test %rdi,%rdi; ret  (a non-emulated branch before any emulated instruction)
+        let p = free_at(&[0x48, 0x85, 0xff, 0xc3, 0x55]);
+        assert_eq!(p.offset, 0);
+        assert!(p.why.contains("branch"), "{}", p.why);
+        // Bytes invalid in 64-bit mode.
+        let p = free_at(&[0x06, 0x07, 0x55]);
+        assert_eq!((p.offset, p.instruction.as_str()), (0, "(bad)"));
+        // A prologue cut off by the window: nothing emulated, nothing half-decoded.
+        let p = free_at(&GLIBC_FREE[..5]);
+        assert_eq!(p.offset, 0);
+        assert_eq!(free_at(&[]).offset, 0);
+    }
+
+    #[test]
+    fn a_null_path_that_reaches_the_probe_keeps_the_entry() {
+        // test %rdi,%rdi; je +0 (to the push itself); push %rbp
+        let p = free_at(&[0x48, 0x85, 0xff, 0x74, 0x00, 0x55]);
+        assert_eq!(p.offset, 0, "{p:?}");
+        assert!(p.why.contains("NULL check"), "{}", p.why);
+    }
+
+    #[test]
+    fn a_branch_that_is_no_null_check_is_probed_on_not_past() {
+        // test %rdi,%rdi; jne ...; push %rbp: the jne is emulated and every call runs through it.
+        let p = free_at(&[0x48, 0x85, 0xff, 0x75, 0x10, 0x55]);
+        assert_eq!((p.offset, p.instruction.as_str()), (3, "jne 0x15"));
+        // A segment-prefixed nop is refused by the kernel: never chosen.
+        assert_eq!(
+            emulated(&[0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0]),
+            None
+        );
+        assert_eq!(
+            emulated(&[0x0f, 0x1f, 0x44, 0x00, 0x00]),
+            Some(Emulated::Nop)
+        );
+        assert_eq!(emulated(&[0x66, 0xe9, 0, 0]), None);
+        assert_eq!(emulated(&[0x48, 0x55]), None);
+    }
+
+    #[test]
+    fn the_host_libc_places_only_free_and_only_on_instruction_boundaries() {
+        let libc = crate::allocator::host_libc_path().unwrap();
+        for site in crate::elf::alloc_sites(&libc).unwrap() {
+            let code = crate::elf::code(&libc, &site, WINDOW).unwrap();
+            let uret = site.func != Func::Free;
+            let p = choose(&code, site.func, uret, reads(site.func));
+            if uret {
+                assert_eq!(p.offset, 0, "{:?}", site.func);
+            }
+            let boundaries: Vec<u64> = decode_all(&code).iter().map(|i| i.ip()).collect();
+            assert!(boundaries.contains(&p.offset), "{:?}: {p:?}", site.func);
+        }
+    }
+}
