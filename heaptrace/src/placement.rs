@@ -10,6 +10,11 @@
 //! beyond counted pushes). Anything it does not understand keeps the probe at the entry.
 //!
 //! The rules mirror arch/x86/kernel/uprobes.c (`branch_setup_xol_ops`, `push_setup_xol_ops`).
+//!
+//! What it cannot see: a jump from elsewhere into the bytes between the entry and the probe
+//! point would bypass the probe (or, onto the probe point itself, reach it with another push
+//! count). Compilers do not jump into another function's prologue; no direct jump or call in
+//! glibc 2.36 or jemalloc 5.3 targets free+1 up to its probe point.
 use heaptrace_common::Func;
 use iced_x86::{
     Decoder, DecoderOptions, FlowControl, Formatter as _, GasFormatter, Instruction,
