@@ -1,15 +1,20 @@
 //! Where in a function to put its entry uprobe.
 //!
 //! A uprobe is an int3. On the trap the kernel either *emulates* the replaced instruction
-//! (push of a register, nop, jmp/call rel, jcc: one trap, ~0.75 us here) or copies it to an
-//! out-of-line slot and *single-steps* it (a second trap, ~4 us). glibc's `free` starts with
-//! `test %rdi,%rdi; je` (single-stepped) and reaches `push %rbp` at +9 on every non-NULL call, so
-//! a probe there costs a fifth. This module decodes a function's first bytes and picks the first
+//! (push of a register, nop, jmp/call rel, jcc: one trap) or copies it to an out-of-line slot
+//! and *single-steps* it (a second trap; BENCHMARKS.md has what it costs here). glibc's `free`
+//! starts with `test %rdi,%rdi; je` (single-stepped) and reaches `push %rbp` at +9 on every
+//! non-NULL call, where a probe takes one trap. This module decodes a function's first bytes and picks the first
 //! instruction the kernel emulates that every call we must observe runs through, provided that
 //! nothing executed before it changes what the program reads (the argument registers, rsp
 //! beyond counted pushes). Anything it does not understand keeps the probe at the entry.
 //!
 //! The rules mirror arch/x86/kernel/uprobes.c (`branch_setup_xol_ops`, `push_setup_xol_ops`).
+//!
+//! What it cannot see: a jump from elsewhere into the bytes between the entry and the probe
+//! point would bypass the probe (or, onto the probe point itself, reach it with another push
+//! count). Compilers do not jump into another function's prologue; no direct jump or call in
+//! glibc 2.36 or jemalloc 5.3 targets free+1 up to its probe point.
 use heaptrace_common::Func;
 use iced_x86::{
     Decoder, DecoderOptions, FlowControl, Formatter as _, GasFormatter, Instruction,
@@ -210,8 +215,8 @@ fn emulated(raw: &[u8]) -> Option<Emulated> {
     }
 }
 
-/// Instruction `i` is `je` right after `test %rdi,%rdi` (at the very start of the walk or
-/// after pushes and nops only, which leave rdi as the caller passed it).
+/// Instruction `i` is `je` right after `test %rdi,%rdi`. The walk stops at any earlier write to
+/// rdi, so the test is of the pointer the caller passed.
 fn is_null_check(insns: &[Instruction], i: usize) -> bool {
     use iced_x86::Code;
     let je = matches!(insns[i].code(), Code::Je_rel8_64 | Code::Je_rel32_64);

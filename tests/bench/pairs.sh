@@ -14,6 +14,10 @@ mkdir -p target/fixtures
 gcc -O1 -g -fno-builtin -o target/fixtures/pairs tests/fixtures/pairs.c
 ht=target/release/heaptrace
 pairs=target/fixtures/pairs
+# The integration tests' system-wide lock, held exclusively: no probing test (an --all one would
+# trace the native runs too) runs in between.
+exec 9>/tmp/heaptrace-tests.lock
+flock 9
 out=$(mktemp)
 wall=$(mktemp)
 run() { # NAME CMD...
