@@ -116,13 +116,16 @@ impl ProcCounters {
     };
 }
 
-/// Key of the exact size histogram: (process, function, requested size).
+/// Key of the exact size histogram: (process, function, requested size, allocation site's
+/// stack id: [`NO_SITE`] outside stacks mode).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SizeKey {
     pub tgid: u32,
     pub func: u32,
     pub size: u64,
+    pub stack_id: i32,
+    pub _pad: u32,
 }
 
 /// Key of the live-allocation map.
@@ -351,7 +354,7 @@ pub mod globals {
 // Layouts are part of the kernel/user contract: no implicit padding allowed.
 const _: () = assert!(core::mem::size_of::<FnCounters>() == 24);
 const _: () = assert!(core::mem::size_of::<ProcCounters>() == 24 * FUNC_COUNT + 7 * 8 + 16);
-const _: () = assert!(core::mem::size_of::<SizeKey>() == 16);
+const _: () = assert!(core::mem::size_of::<SizeKey>() == 24);
 const _: () = assert!(core::mem::size_of::<LiveKey>() == 16);
 const _: () = assert!(core::mem::size_of::<LiveBlock>() == 32);
 const _: () = assert!(core::mem::size_of::<InFlight>() == 40);

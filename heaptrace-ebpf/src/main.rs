@@ -232,12 +232,10 @@ fn allocated(call: &mut Call<'_>, size: u64, ptr: u64) {
         return;
     }
     add(&mut fc.bytes, size);
-    if mode() >= mode::SIZES {
-        maps::count_size(call.tgid, call.func, size);
-    }
     track(call, ptr, size);
 }
 
+/// Counts a new block at its site and size, and remembers it in the live map.
 #[inline(always)]
 fn track(call: &mut Call<'_>, ptr: u64, size: u64) {
     let stack_id = if mode() >= mode::STACKS {
@@ -245,6 +243,9 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64) {
     } else {
         NO_SITE
     };
+    if mode() >= mode::SIZES {
+        maps::count_size(call.tgid, call.func, size, stack_id);
+    }
     let key = LiveKey {
         tgid: call.tgid,
         _pad: 0,
@@ -308,9 +309,6 @@ fn realloc_return(call: &mut Call<'_>, rec: InFlight, ret: u64) {
         return;
     }
     add(&mut call.pc.funcs[Func::Realloc as usize].bytes, rec.size);
-    if mode() >= mode::SIZES {
-        maps::count_size(tgid, Func::Realloc, rec.size);
-    }
     if old != 0 {
         if ret == old {
             add(&mut call.pc.realloc_in_place, 1);

@@ -33,7 +33,7 @@ static TEMPORARY_NS: u64 = 1_000_000_000;
 pub static PROCS: PerCpuHashMap<u32, ProcCounters> = PerCpuHashMap::with_max_entries(4096, 0);
 
 #[map(name = "SIZES")]
-pub static SIZES: PerCpuHashMap<SizeKey, u64> = PerCpuHashMap::with_max_entries(32768, 0);
+pub static SIZES: PerCpuHashMap<SizeKey, u64> = PerCpuHashMap::with_max_entries(65536, 0);
 
 #[map(name = "LIVE")]
 pub static LIVE: HashMap<LiveKey, LiveBlock> =
@@ -137,11 +137,13 @@ pub fn proc_counters(tgid: u32) -> Option<&'static mut ProcCounters> {
 }
 
 #[inline(always)]
-pub fn count_size(tgid: u32, func: Func, size: u64) {
+pub fn count_size(tgid: u32, func: Func, size: u64, stack_id: i32) {
     let key = SizeKey {
         tgid,
         func: func as u32,
         size,
+        stack_id,
+        _pad: 0,
     };
     match get_or_insert(&SIZES, &key, &0u64) {
         Some(n) => add(n, 1),

@@ -18,8 +18,8 @@ const PEAK_SITES: usize = 20;
 pub struct Profile {
     pub rounds: Vec<TimelineRow>,
     pub procs: BTreeMap<u32, ProcProfile>,
-    /// (process, function index, size) -> count.
-    pub sizes: BTreeMap<(u32, u32, u64), u64>,
+    /// (process, function index, size, stack id) -> count.
+    pub sizes: BTreeMap<crate::model::SizeKey, u64>,
     pub losses: [u64; LOSS_COUNT],
     pub sites: BTreeMap<SiteId, SiteTotals>,
     /// Symbolized stacks by (process, stack id).
@@ -154,7 +154,7 @@ impl Profile {
     /// (function index, size) -> count over all processes (or one).
     pub fn sizes_by_func(&self, pid: Option<u32>) -> BTreeMap<(u32, u64), u64> {
         let mut out = BTreeMap::new();
-        for ((p, f, s), n) in &self.sizes {
+        for ((p, f, s, _), n) in &self.sizes {
             if pid.is_none_or(|want| want == *p) {
                 *out.entry((*f, *s)).or_default() += n;
             }
@@ -217,6 +217,18 @@ impl Profile {
         v
     }
 
+    /// Sites that allocated exactly `size` bytes, and how often.
+    pub fn sites_with_size(&self, size: u64) -> Vec<(SiteId, u64)> {
+        let mut v: Vec<(SiteId, u64)> = self
+            .sizes
+            .iter()
+            .filter(|((_, _, s, _), _)| *s == size)
+            .map(|((p, f, _, stack), n)| ((*p, *stack, *f), *n))
+            .collect();
+        v.sort_by_key(|(id, n)| (std::cmp::Reverse(*n), *id));
+        v
+    }
+
     /// Leaked blocks by site, largest first.
     pub fn top_leaks(&self, top: usize) -> Vec<(SiteId, Leak)> {
         let mut v: Vec<(SiteId, Leak)> = self
@@ -257,8 +269,10 @@ mod tests {
                 delta,
             },
         );
-        r.sizes
-            .insert((pid, Func::Malloc as u32, bytes / mallocs.max(1)), mallocs);
+        r.sizes.insert(
+            (pid, Func::Malloc as u32, bytes / mallocs.max(1), 1),
+            mallocs,
+        );
         r.mem.insert(
             pid,
             Mem {

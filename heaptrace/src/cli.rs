@@ -47,6 +47,13 @@ pub struct Cli {
     #[command(subcommand)]
     pub subcommand: Option<Command>,
 
+    #[command(flatten)]
+    pub trace: TraceArgs,
+}
+
+/// What to trace and how: the flags of tracing itself and of `record`.
+#[derive(Args, Debug, Clone)]
+pub struct TraceArgs {
     /// Attach to a running process (and all its threads).
     #[arg(short, long, value_name = "PID", conflicts_with_all = ["all", "command"])]
     pub pid: Option<u32>,
@@ -101,8 +108,8 @@ pub struct Cli {
     #[arg(long, default_value_t = 1 << 20, value_name = "BLOCKS")]
     pub live_map_size: u32,
 
-    /// Capacity of the exact size histogram ((process, function, size) entries).
-    #[arg(long, default_value_t = 32768, value_name = "ENTRIES")]
+    /// Capacity of the exact size histogram ((process, function, size, stack) entries).
+    #[arg(long, default_value_t = 65536, value_name = "ENTRIES")]
     pub size_map_size: u32,
 
     /// Print where each probe was attached.
@@ -123,6 +130,137 @@ pub struct Cli {
 pub enum Command {
     /// Show where each probe would go and why; attaches nothing.
     Probes(ProbesArgs),
+    /// Trace like `heaptrace` does and write every round to a recording.
+    Record(RecordArgs),
+    /// Answer questions about a recording: views, exports, comparisons.
+    Report(ReportArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    /// The recording to write.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: std::path::PathBuf,
+
+    #[command(flatten)]
+    pub trace: TraceArgs,
+}
+
+/// The views of `heaptrace report`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum View {
+    /// Program, counts per function, totals, blocks not freed, losses.
+    Overview,
+    /// A row per round: allocations, frees, live bytes, RSS, cumulative bytes.
+    Timeline,
+    /// Requested size -> count.
+    Histogram,
+    /// The stacks that allocated exactly --size bytes.
+    Filter,
+    /// The call tree of allocation sites (callers below callees; --reverse for main down).
+    Tree,
+    /// The sites with the most calls and the most bytes.
+    Hotspots,
+    /// Folded stacks for a flame graph (--by count|bytes|live|temporary).
+    Flame,
+    /// Blocks not freed at the end, by site.
+    Leaks,
+    /// Blocks freed soon after their allocation, by site.
+    Temporary,
+    /// The highest live heap and the sites that held it.
+    Peak,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FlameBy {
+    Count,
+    Bytes,
+    Live,
+    Temporary,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Export {
+    /// gzipped profile.proto for `go tool pprof`.
+    Pprof,
+    /// Folded stacks, one line per stack.
+    Folded,
+    /// A flame graph (SVG, via inferno).
+    Svg,
+    /// Valgrind massif's text format, for ms_print.
+    Massif,
+}
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// The recording to read.
+    #[arg(value_name = "FILE")]
+    pub file: std::path::PathBuf,
+
+    /// What to show.
+    #[arg(value_enum, default_value = "overview")]
+    pub view: View,
+
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+
+    /// `filter`: the request size to look for.
+    #[arg(long, value_name = "BYTES")]
+    pub size: Option<u64>,
+
+    /// `tree`: from main down instead of from the allocation up.
+    #[arg(long)]
+    pub reverse: bool,
+
+    /// How many sites to list.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub top: usize,
+
+    /// `flame`: what the widths mean.
+    #[arg(long, value_enum, default_value = "bytes")]
+    pub by: FlameBy,
+
+    /// Show function names only (no file:line, no parameters).
+    #[arg(long)]
+    pub just_function_name: bool,
+
+    /// Replace template and generic arguments with `<...>`.
+    #[arg(long)]
+    pub shorten_templates: bool,
+
+    /// Only this process.
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<u32>,
+
+    /// Only rounds ending at or after this time since the start (e.g. 2s).
+    #[arg(long, value_parser = parse_duration, value_name = "TIME")]
+    pub from: Option<Duration>,
+
+    /// Only rounds ending at or before this time since the start.
+    #[arg(long, value_parser = parse_duration, value_name = "TIME")]
+    pub to: Option<Duration>,
+
+    /// Compare with another recording, per site.
+    #[arg(long, value_name = "B.bin")]
+    pub diff: Option<std::path::PathBuf>,
+
+    /// Symbolize the stored (module, offset) locations again, e.g. after installing debug info.
+    #[arg(long)]
+    pub resymbolize: bool,
+
+    /// Write an export instead of a view.
+    #[arg(long, value_enum, requires = "output")]
+    pub export: Option<Export>,
+
+    /// Where the export goes.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -173,7 +311,35 @@ mod tests {
         assert!(Cli::try_parse_from(["heaptrace", "-p", "1", "--all"]).is_err());
         assert!(Cli::try_parse_from(["heaptrace", "--all", "--", "ls"]).is_err());
         let c = Cli::try_parse_from(["heaptrace", "--", "ls", "-l"]).unwrap();
-        assert_eq!(c.command, vec!["ls", "-l"]);
+        assert_eq!(c.trace.command, vec!["ls", "-l"]);
+    }
+
+    #[test]
+    fn record_and_report_parse() {
+        let c = Cli::try_parse_from(["heaptrace", "record", "-o", "t.bin", "-p", "7"]).unwrap();
+        let Some(Command::Record(r)) = c.subcommand else {
+            panic!("not record")
+        };
+        assert_eq!((r.output.to_str(), r.trace.pid), (Some("t.bin"), Some(7)));
+        let c = Cli::try_parse_from(["heaptrace", "record", "-o", "t.bin", "--", "ls"]).unwrap();
+        let Some(Command::Record(r)) = c.subcommand else {
+            panic!("not record")
+        };
+        assert_eq!(r.trace.command, vec!["ls"]);
+        let c =
+            Cli::try_parse_from(["heaptrace", "report", "t.bin", "flame", "--by", "live"]).unwrap();
+        let Some(Command::Report(r)) = c.subcommand else {
+            panic!("not report")
+        };
+        assert_eq!((r.view, r.by), (View::Flame, FlameBy::Live));
+        let c = Cli::try_parse_from(["heaptrace", "report", "t.bin"]).unwrap();
+        let Some(Command::Report(r)) = c.subcommand else {
+            panic!("not report")
+        };
+        assert_eq!(r.view, View::Overview);
+        assert!(
+            Cli::try_parse_from(["heaptrace", "report", "t.bin", "--export", "pprof"]).is_err()
+        );
     }
 
     #[test]
@@ -190,13 +356,13 @@ mod tests {
         ));
         let c = Cli::try_parse_from(["heaptrace", "-p", "7"]).unwrap();
         assert!(c.subcommand.is_none());
-        assert_eq!(c.pid, Some(7));
+        assert_eq!(c.trace.pid, Some(7));
         let c = Cli::try_parse_from(["heaptrace", "--all", "--probe-at-entry"]).unwrap();
-        assert!(c.all && c.probe_at_entry && c.subcommand.is_none());
+        assert!(c.trace.all && c.trace.probe_at_entry && c.subcommand.is_none());
         // After --, "probes" is the command to launch.
         let c = Cli::try_parse_from(["heaptrace", "--", "probes", "x"]).unwrap();
         assert!(c.subcommand.is_none());
-        assert_eq!(c.command, vec!["probes", "x"]);
+        assert_eq!(c.trace.command, vec!["probes", "x"]);
         // Tracing flags do not mix with a subcommand.
         assert!(Cli::try_parse_from(["heaptrace", "-q", "probes"]).is_err());
     }

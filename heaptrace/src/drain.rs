@@ -101,7 +101,8 @@ impl KernelMaps {
         for item in self.sizes.iter() {
             let (key, per_cpu) = item.map_err(map_err(maps::SIZES))?;
             let n = per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b));
-            snap.sizes.insert((key.tgid, key.func, key.size), n);
+            snap.sizes
+                .insert((key.tgid, key.func, key.size, key.stack_id), n);
         }
         for kind in Loss::ALL {
             let per_cpu = self

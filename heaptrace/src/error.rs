@@ -39,6 +39,8 @@ pub enum Error {
     #[error("cannot read eBPF map {map}: {reason}")]
     Map { map: &'static str, reason: String },
     #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
     Io(#[from] std::io::Error),
 }
 

@@ -27,7 +27,7 @@ pub struct RunInfo<'a> {
 }
 
 /// A site's identity and frames, the common part of every per-stack entry.
-fn site(profile: &Profile, id: &SiteId) -> Map<String, Value> {
+pub(crate) fn site(profile: &Profile, id: &SiteId) -> Map<String, Value> {
     let mut m = Map::new();
     m.insert("pid".into(), id.0.into());
     m.insert(
@@ -56,7 +56,7 @@ fn percentiles_json(p: Option<crate::hist::Percentiles>) -> Value {
     }
 }
 
-fn stacks(profile: &Profile) -> Value {
+pub(crate) fn stacks(profile: &Profile) -> Value {
     profile
         .top_sites(usize::MAX, |t| t.bytes as i64)
         .iter()
@@ -86,7 +86,7 @@ fn stacks(profile: &Profile) -> Value {
         .collect()
 }
 
-fn temporary(profile: &Profile, threshold_ms: u64) -> Value {
+pub(crate) fn temporary(profile: &Profile, threshold_ms: u64) -> Value {
     let sites = profile.top_sites(usize::MAX, |t| t.temp_blocks as i64);
     let blocks: u64 = profile.sites.values().map(|t| t.temp_blocks).sum();
     let bytes: u64 = profile.sites.values().map(|t| t.temp_bytes).sum();
@@ -102,7 +102,7 @@ fn temporary(profile: &Profile, threshold_ms: u64) -> Value {
     json!({ "threshold_ms": threshold_ms, "blocks": blocks, "bytes": bytes, "by_stack": by })
 }
 
-fn peak(profile: &Profile) -> Value {
+pub(crate) fn peak(profile: &Profile) -> Value {
     let Some(p) = &profile.peak else {
         return Value::Null;
     };
@@ -125,7 +125,7 @@ fn peak(profile: &Profile) -> Value {
     })
 }
 
-fn latency(profile: &Profile) -> Value {
+pub(crate) fn latency(profile: &Profile) -> Value {
     let mut m = Map::new();
     for f in Func::ALL {
         if let Some(p) = percentiles(&profile.latency[f as usize], 1) {
@@ -164,7 +164,7 @@ fn functions(t: &Totals, aliases: &[(Func, Func)]) -> Value {
     Value::Object(m)
 }
 
-fn sizes(profile: &Profile, pid: Option<u32>) -> Value {
+pub(crate) fn sizes(profile: &Profile, pid: Option<u32>) -> Value {
     profile
         .sizes_by_func(pid)
         .into_iter()
@@ -174,7 +174,7 @@ fn sizes(profile: &Profile, pid: Option<u32>) -> Value {
         .collect()
 }
 
-fn leaks(profile: &Profile, pid: Option<u32>) -> Value {
+pub(crate) fn leaks(profile: &Profile, pid: Option<u32>) -> Value {
     let Some(total) = profile.leak_totals(pid) else {
         return Value::Null;
     };
@@ -296,7 +296,7 @@ mod tests {
                 ..Default::default()
             },
         );
-        p.sizes.insert((42, Func::Malloc as u32, 100), 3);
+        p.sizes.insert((42, Func::Malloc as u32, 100, 5), 3);
         let info = RunInfo {
             mode: "command",
             pids: &[42],

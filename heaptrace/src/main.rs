@@ -5,9 +5,12 @@ use clap::Parser as _;
 fn main() -> ExitCode {
     let cli = heaptrace::cli::Cli::parse();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    use heaptrace::cli::Command;
     let result = match &cli.subcommand {
-        Some(heaptrace::cli::Command::Probes(args)) => heaptrace::cmd::probes::run(args),
-        None => heaptrace::run::run(cli),
+        Some(Command::Probes(args)) => heaptrace::cmd::probes::run(args),
+        Some(Command::Record(args)) => heaptrace::run::run(&args.trace, Some(&args.output)),
+        Some(Command::Report(args)) => heaptrace::cmd::report::run(args),
+        None => heaptrace::run::run(&cli.trace, None),
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -124,8 +124,9 @@ impl Totals {
     }
 }
 
-/// (process, function index, requested size).
-pub type SizeKey = (u32, u32, u64);
+/// (process, function index, requested size, stack id of the allocating site: `NO_SITE`
+/// outside stacks mode).
+pub type SizeKey = (u32, u32, u64, i32);
 
 /// An allocation site: (process, stack id, function index). A negative stack id is a lost
 /// stack (its errno), `heaptrace_common::NO_SITE` a block allocated outside stacks mode.
@@ -340,7 +341,7 @@ mod tests {
                     totals: Totals::from_per_cpu([&counters(calls, bytes, lb, lbytes)]),
                 },
             );
-            s.sizes.insert((7, 0, 100), size_count);
+            s.sizes.insert((7, 0, 100, 3), size_count);
             s.losses[0] = size_count / 2;
             s
         };
@@ -352,7 +353,7 @@ mod tests {
         assert_eq!(r1.procs[&7].delta.func(Func::Malloc).calls, 3);
         assert_eq!(r2.procs[&7].delta.func(Func::Malloc).calls, 7);
         assert_eq!(r2.procs[&7].delta.live_blocks, -2);
-        assert_eq!(r2.sizes[&(7, 0, 100)], 7);
+        assert_eq!(r2.sizes[&(7, 0, 100, 3)], 7);
         assert_eq!(r2.losses[0], 4);
         let mut sum = Totals::default();
         sum.plus(&r1.procs[&7].delta);

@@ -47,7 +47,7 @@ impl Default for LoadOptions {
             mode: heaptrace_common::mode::STACKS,
             temporary_ns: 1_000_000_000,
             live_map_size: 1 << 20,
-            size_map_size: 32768,
+            size_map_size: 65536,
             proc_map_size: 4096,
             stack_map_size: 16384,
             site_map_size: 16384,

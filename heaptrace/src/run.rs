@@ -16,14 +16,16 @@ use tokio::{
 use crate::{
     aggregate::Profile,
     allocator::{self, Provider},
-    cli::Cli,
+    cli::TraceArgs,
     drain::KernelMaps,
     error::{Error, Result},
     json, launch,
     model::Snapshot,
     modules::Modules,
     probe::{self, LoadOptions, Probes, Scope},
-    procfs, report,
+    procfs,
+    record::{Header, Recorder, format::EndRec},
+    report,
     symbolize::Symbolizer,
 };
 
@@ -34,7 +36,7 @@ enum Target {
 }
 
 impl Target {
-    fn from_cli(cli: &Cli) -> Result<Target> {
+    fn from_cli(cli: &TraceArgs) -> Result<Target> {
         match (cli.pid, cli.all, cli.command.is_empty()) {
             (Some(pid), _, _) => Ok(Target::Pid(pid)),
             (None, true, _) => Ok(Target::All),
@@ -62,8 +64,8 @@ enum End {
     Terminated,
 }
 
-pub fn run(cli: Cli) -> Result<i32> {
-    let target = Target::from_cli(&cli)?;
+pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
+    let target = Target::from_cli(cli)?;
     probe::preflight()?;
     let opts = LoadOptions {
         mode: cli.mode.kernel(),
@@ -151,6 +153,19 @@ pub fn run(cli: Cli) -> Result<i32> {
         (None, Scope::All) => None,
     };
 
+    let recorder = match record {
+        Some(path) => {
+            let header = record_header(cli, &target, pid, &provider, opts.temporary_ns);
+            let r = Recorder::create(path, &header).map_err(|e| Error::Read {
+                path: path.to_path_buf(),
+                source: e,
+            })?;
+            eprintln!("heaptrace: recording to {}", path.display());
+            Some(r)
+        }
+        None => None,
+    };
+
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -168,6 +183,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         modules,
         stack_depth: cli.stack_depth as usize,
         symbolizer: Symbolizer::default(),
+        recorder,
     };
     let end = rt.block_on(daemon.watch(cli.interval))?;
 
@@ -185,8 +201,24 @@ pub fn run(cli: Cli) -> Result<i32> {
     daemon.profile.leaks = Some(daemon.maps.live_blocks(pids.as_ref())?);
 
     let aliases = aliases(&provider);
+    let reason = end_reason(&end, pid, exit_code);
+    if let Some(r) = daemon.recorder.take() {
+        let end = EndRec {
+            elapsed_ms: daemon.start.elapsed().as_millis() as u64,
+            exit_code,
+            reason: reason.clone(),
+        };
+        match r.finish(daemon.profile.leaks.as_ref(), &end) {
+            Ok(bytes) => eprintln!(
+                "heaptrace: recorded {} rounds, {}",
+                daemon.profile.rounds.len(),
+                report::bytes(bytes as i64)
+            ),
+            Err(e) => eprintln!("heaptrace: warning: finishing the recording: {e}"),
+        }
+    }
     let profile = &daemon.profile;
-    eprintln!("heaptrace: {}", end_reason(&end, pid, exit_code));
+    eprintln!("heaptrace: {reason}");
     eprint!("{}", report::summary(profile, pid, &aliases));
     if pid.is_none() {
         eprint!("{}", report::processes(profile, 20));
@@ -223,6 +255,58 @@ pub fn run(cli: Cli) -> Result<i32> {
         }
     }
     Ok(exit_code.unwrap_or(0))
+}
+
+fn first_line(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn record_header(
+    cli: &TraceArgs,
+    target: &Target,
+    pid: Option<u32>,
+    provider: &Provider,
+    temporary_ns: u64,
+) -> Header {
+    let cmdlines = pid
+        .into_iter()
+        .map(|p| {
+            let raw = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            let line = raw
+                .split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect::<Vec<_>>()
+                .join(" ");
+            (p, line)
+        })
+        .collect();
+    Header {
+        heaptrace_version: env!("CARGO_PKG_VERSION").into(),
+        host: first_line("/proc/sys/kernel/hostname"),
+        kernel: first_line("/proc/sys/kernel/osrelease"),
+        start_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        interval_ms: cli.interval.as_millis() as u64,
+        mode: cli.mode.name().into(),
+        target_mode: target.mode().into(),
+        pids: pid.into_iter().collect(),
+        command: match target {
+            Target::Command(argv) => argv.clone(),
+            _ => Vec::new(),
+        },
+        provider: provider.path.display().to_string(),
+        temporary_ms: temporary_ns / 1_000_000,
+        cmdlines,
+        aliases: aliases(provider)
+            .iter()
+            .map(|(a, of)| (a.name().to_string(), of.name().to_string()))
+            .collect(),
+    }
 }
 
 /// (alias, probed as): family members defined at the address of another one.
@@ -279,6 +363,7 @@ struct Daemon {
     modules: Modules,
     stack_depth: usize,
     symbolizer: Symbolizer,
+    recorder: Option<Recorder>,
 }
 
 /// How long after the start the target's mappings are read often: a short-lived command may
@@ -340,6 +425,13 @@ impl Daemon {
             }
         }
         self.profile.apply(&round);
+        if let Some(r) = &mut self.recorder
+            && let Err(e) = r.round(&round)
+        {
+            // A full disk ends the recording, not the trace; what was written stays readable.
+            eprintln!("heaptrace: warning: recording stopped: {e}");
+            self.recorder = None;
+        }
         if !self.quiet
             && let Some(row) = self.profile.rounds.last()
         {

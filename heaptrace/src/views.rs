@@ -8,25 +8,100 @@ use crate::{
     aggregate::Profile, hist::percentiles, model::SiteId, report::bytes, symbolize::Frame,
 };
 
+/// How frames are named: in full, or shortened (`report --just-function-name`,
+/// `--shorten-templates`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Names {
+    pub just_function_name: bool,
+    pub shorten_templates: bool,
+}
+
+impl Names {
+    /// The function's name, shortened as asked.
+    pub fn function(&self, f: &Frame) -> String {
+        let mut name = f.function.clone();
+        if self.just_function_name {
+            name = strip_parameters(&name);
+        }
+        if self.shorten_templates {
+            name = shorten_templates(&name);
+        }
+        name
+    }
+
+    /// "function (file:line)", with the file's base name, or just the function.
+    pub fn label(&self, f: &Frame) -> String {
+        let name = self.function(f);
+        match (&f.file, f.line, self.just_function_name) {
+            (Some(file), Some(line), false) => {
+                let base = file.rsplit('/').next().unwrap_or(file);
+                format!("{name} ({base}:{line})")
+            }
+            _ => name,
+        }
+    }
+}
+
+/// `f(int, char)` -> `f`: cuts at the first '(' outside template brackets.
+pub fn strip_parameters(name: &str) -> String {
+    let mut depth = 0i32;
+    for (i, c) in name.char_indices() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth -= 1,
+            '(' if depth == 0 && i > 0 && !name[..i].ends_with("operator") => {
+                return name[..i].to_string();
+            }
+            _ => {}
+        }
+    }
+    name.to_string()
+}
+
+/// `Pool<Widget<int>>::make` -> `Pool<…>::make`: template and generic arguments elided. A '<'
+/// right after an identifier opens arguments; a leading `<T as Trait>` path is kept.
+pub fn shorten_templates(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut depth = 0usize;
+    let mut prev: Option<char> = None;
+    for c in name.chars() {
+        match c {
+            '<' if depth > 0 => depth += 1,
+            '<' if prev.is_some_and(|p| p.is_alphanumeric() || p == '_') => {
+                depth = 1;
+                out.push_str("<…");
+            }
+            '>' if depth > 0 => {
+                depth -= 1;
+                if depth == 0 {
+                    out.push('>');
+                }
+            }
+            _ if depth > 0 => {}
+            _ => out.push(c),
+        }
+        prev = Some(c);
+    }
+    out
+}
+
 /// "function (file:line)", with the file's base name.
 pub fn frame_label(f: &Frame) -> String {
-    match (&f.file, f.line) {
-        (Some(file), Some(line)) => {
-            let base = file.rsplit('/').next().unwrap_or(file);
-            format!("{} ({base}:{line})", f.function)
-        }
-        _ => f.function.clone(),
-    }
+    Names::default().label(f)
 }
 
 /// A site in one line: the allocating function, then the innermost frames.
 pub fn site_label(profile: &Profile, site: &SiteId, depth: usize) -> String {
+    site_label_with(profile, site, depth, &Names::default())
+}
+
+pub fn site_label_with(profile: &Profile, site: &SiteId, depth: usize, names: &Names) -> String {
     let func = Func::from_u32(site.2).map(|f| f.name()).unwrap_or("?");
     let frames: Vec<String> = profile
         .frames(site)
         .iter()
         .take(depth)
-        .map(frame_label)
+        .map(|f| names.label(f))
         .collect();
     format!("{func} <- {}", frames.join(" <- "))
 }
@@ -48,10 +123,10 @@ pub fn nanos(ns: u64) -> String {
     }
 }
 
-pub fn sites(profile: &Profile, top: usize, temporary_ms: u64) -> String {
-    let mut s = String::new();
-    let depth = 4;
-    let _ = writeln!(s, "\ntop sites by bytes allocated:");
+const DEPTH: usize = 4;
+
+pub fn top_by_bytes(profile: &Profile, top: usize, names: &Names) -> String {
+    let mut s = String::from("top sites by bytes allocated:\n");
     for (id, t) in profile.top_sites(top, |t| t.bytes as i64) {
         let life = percentiles(&t.lifetimes, 1024)
             .map(|p| format!(", lifetime p50 {}", nanos(p.p50)))
@@ -63,10 +138,14 @@ pub fn sites(profile: &Profile, top: usize, temporary_ms: u64) -> String {
             t.calls,
             bytes(t.live_bytes),
             pid_prefix(profile, &id),
-            site_label(profile, &id, depth)
+            site_label_with(profile, &id, DEPTH, names)
         );
     }
-    let _ = writeln!(s, "top sites by calls:");
+    s
+}
+
+pub fn top_by_calls(profile: &Profile, top: usize, names: &Names) -> String {
+    let mut s = String::from("top sites by calls:\n");
     for (id, t) in profile.top_sites(top, |t| t.calls as i64) {
         let _ = writeln!(
             s,
@@ -74,61 +153,86 @@ pub fn sites(profile: &Profile, top: usize, temporary_ms: u64) -> String {
             t.calls,
             bytes(t.bytes as i64),
             pid_prefix(profile, &id),
-            site_label(profile, &id, depth)
+            site_label_with(profile, &id, DEPTH, names)
         );
-    }
-    let leaks = profile.top_leaks(top);
-    if !leaks.is_empty() {
-        let _ = writeln!(s, "not freed at the end, by site:");
-        for (id, l) in leaks {
-            let _ = writeln!(
-                s,
-                "  {:>10} in {:>7} blocks  {}{}",
-                bytes(l.bytes as i64),
-                l.blocks,
-                pid_prefix(profile, &id),
-                site_label(profile, &id, depth)
-            );
-        }
-    }
-    let temp = profile.top_sites(top, |t| t.temp_blocks as i64);
-    if !temp.is_empty() {
-        let _ = writeln!(s, "temporary (freed within {temporary_ms} ms), by site:");
-        for (id, t) in temp {
-            let _ = writeln!(
-                s,
-                "  {:>9} of {:>9} blocks ({:>10})  {}{}",
-                t.temp_blocks,
-                t.calls,
-                bytes(t.temp_bytes as i64),
-                pid_prefix(profile, &id),
-                site_label(profile, &id, depth)
-            );
-        }
-    }
-    if let Some(peak) = &profile.peak
-        && peak.live_bytes > 0
-    {
-        let _ = writeln!(
-            s,
-            "peak: {} live in {} blocks at {:.1}s (round {}), held by:",
-            bytes(peak.live_bytes),
-            peak.live_blocks,
-            peak.elapsed_ms as f64 / 1000.0,
-            peak.round
-        );
-        for (id, blocks, b) in peak.sites.iter().take(top) {
-            let _ = writeln!(
-                s,
-                "  {:>10} in {:>7} blocks  {}{}",
-                bytes(*b),
-                blocks,
-                pid_prefix(profile, id),
-                site_label(profile, id, depth)
-            );
-        }
     }
     s
+}
+
+pub fn leaks(profile: &Profile, top: usize, names: &Names) -> String {
+    let leaks = profile.top_leaks(top);
+    if leaks.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from("not freed at the end, by site:\n");
+    for (id, l) in leaks {
+        let _ = writeln!(
+            s,
+            "  {:>10} in {:>7} blocks  {}{}",
+            bytes(l.bytes as i64),
+            l.blocks,
+            pid_prefix(profile, &id),
+            site_label_with(profile, &id, DEPTH, names)
+        );
+    }
+    s
+}
+
+pub fn temporary(profile: &Profile, top: usize, temporary_ms: u64, names: &Names) -> String {
+    let temp = profile.top_sites(top, |t| t.temp_blocks as i64);
+    if temp.is_empty() {
+        return String::new();
+    }
+    let mut s = format!("temporary (freed within {temporary_ms} ms), by site:\n");
+    for (id, t) in temp {
+        let _ = writeln!(
+            s,
+            "  {:>9} of {:>9} blocks ({:>10})  {}{}",
+            t.temp_blocks,
+            t.calls,
+            bytes(t.temp_bytes as i64),
+            pid_prefix(profile, &id),
+            site_label_with(profile, &id, DEPTH, names)
+        );
+    }
+    s
+}
+
+pub fn peak(profile: &Profile, top: usize, names: &Names) -> String {
+    let Some(peak) = profile.peak.as_ref().filter(|p| p.live_bytes > 0) else {
+        return String::new();
+    };
+    let mut s = format!(
+        "peak: {} live in {} blocks at {:.1}s (round {}), held by:\n",
+        bytes(peak.live_bytes),
+        peak.live_blocks,
+        peak.elapsed_ms as f64 / 1000.0,
+        peak.round
+    );
+    for (id, blocks, b) in peak.sites.iter().take(top) {
+        let _ = writeln!(
+            s,
+            "  {:>10} in {:>7} blocks  {}{}",
+            bytes(*b),
+            blocks,
+            pid_prefix(profile, id),
+            site_label_with(profile, id, DEPTH, names)
+        );
+    }
+    s
+}
+
+/// Everything about sites, as printed at the end of a stacks-mode trace.
+pub fn sites(profile: &Profile, top: usize, temporary_ms: u64) -> String {
+    let n = Names::default();
+    format!(
+        "\n{}{}{}{}{}",
+        top_by_bytes(profile, top, &n),
+        top_by_calls(profile, top, &n),
+        leaks(profile, top, &n),
+        temporary(profile, top, temporary_ms, &n),
+        peak(profile, top, &n)
+    )
 }
 
 pub fn latency(profile: &Profile) -> String {
@@ -230,5 +334,32 @@ mod tests {
         );
         assert!(text.contains("not freed at the end"), "{text}");
         assert!(nanos(1500).contains("1.5 us"));
+    }
+
+    #[test]
+    fn names_shorten_as_asked() {
+        assert_eq!(
+            strip_parameters("Pool<Widget>::make_raw(unsigned long)"),
+            "Pool<Widget>::make_raw"
+        );
+        assert_eq!(strip_parameters("operator()(int)"), "operator()");
+        assert_eq!(
+            shorten_templates("Pool<Widget<int>>::make_raw"),
+            "Pool<…>::make_raw"
+        );
+        assert_eq!(
+            shorten_templates("<alloc::vec::Vec<u8> as Clone>::clone"),
+            "<alloc::vec::Vec<…> as Clone>::clone"
+        );
+        let f = frame("Pool<Widget>::make(int)", Some("/src/p.cc"), Some(3));
+        let both = Names {
+            just_function_name: true,
+            shorten_templates: true,
+        };
+        assert_eq!(both.label(&f), "Pool<…>::make");
+        assert_eq!(
+            Names::default().label(&f),
+            "Pool<Widget>::make(int) (p.cc:3)"
+        );
     }
 }

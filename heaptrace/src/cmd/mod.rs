@@ -1,2 +1,3 @@
 //! Commands other than tracing itself (which is `run`), one module each.
 pub mod probes;
+pub mod report;

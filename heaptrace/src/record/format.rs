@@ -81,6 +81,8 @@ pub struct Header {
     pub temporary_ms: u64,
     /// Command lines of the traced processes known at the start, by pid.
     pub cmdlines: Vec<(u32, String)>,
+    /// Family members probed as another at the same address: (alias, probed as), by name.
+    pub aliases: Vec<(String, String)>,
 }
 
 /// A module (executable or library) that frames point into.

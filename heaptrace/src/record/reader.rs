@@ -183,7 +183,7 @@ mod tests {
                 delta,
             },
         );
-        r.sizes.insert((42, 0, 100), 10 * index);
+        r.sizes.insert((42, 0, 100, 7), 10 * index);
         r.sites.insert(
             (42, 7, 0),
             SiteTotals {

@@ -23,7 +23,7 @@ pub struct Recorder {
     bytes: u64,
 }
 
-fn build_id(path: &Path) -> Option<Vec<u8>> {
+pub fn build_id(path: &Path) -> Option<Vec<u8>> {
     use object::Object as _;
     let data = std::fs::read(path).ok()?;
     let file = object::File::parse(&*data).ok()?;

@@ -1,0 +1,219 @@
+//! `heaptrace report FILE [VIEW]`: a recording replayed through the same aggregation as a live
+//! trace, then one view (text or JSON), an export, or a comparison with another recording.
+mod diff;
+mod export;
+mod tree;
+mod views;
+
+use std::{collections::HashSet, path::Path};
+
+use heaptrace_common::Func;
+
+use crate::{
+    aggregate::Profile,
+    cli::{Format, ReportArgs},
+    error::{Error, Result},
+    model::Round,
+    modules::Location,
+    record::{FormatError, Recording},
+    symbolize::Symbolizer,
+};
+
+pub use crate::views::Names;
+
+/// Exit code for a recording that cannot be read (bad input), as the issue asks.
+pub const BAD_FILE: i32 = 2;
+
+pub fn run(args: &ReportArgs) -> Result<i32> {
+    let rec = match open(&args.file) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("heaptrace: error: {}: {e}", args.file.display());
+            return Ok(BAD_FILE);
+        }
+    };
+    if rec.truncated {
+        eprintln!(
+            "heaptrace: warning: {} was cut short; read up to its last complete record",
+            args.file.display()
+        );
+    }
+    let names = Names {
+        just_function_name: args.just_function_name,
+        shorten_templates: args.shorten_templates,
+    };
+    let profile = profile(&rec, args);
+    if let Some(other) = &args.diff {
+        let b = match open(other) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("heaptrace: error: {}: {e}", other.display());
+                return Ok(BAD_FILE);
+            }
+        };
+        let pb = profile_of(&b, args);
+        print!(
+            "{}",
+            diff::render(&profile, &pb, &names, args.top, args.format)
+        );
+        return Ok(0);
+    }
+    if let Some(kind) = args.export {
+        let out = args
+            .output
+            .as_deref()
+            .ok_or_else(|| Error::Usage("report --export needs -o FILE".into()))?;
+        export::write(kind, &rec, &profile, &names, args, out)?;
+        eprintln!("heaptrace: wrote {}", out.display());
+        return Ok(0);
+    }
+    let text = match args.format {
+        Format::Text => views::text(args.view, &rec, &profile, &names, args)?,
+        Format::Json => {
+            let v = views::json(args.view, &rec, &profile, &names, args)?;
+            serde_json::to_string_pretty(&v).map_err(|e| Error::Io(std::io::Error::other(e)))?
+                + "\n"
+        }
+    };
+    print!("{text}");
+    Ok(0)
+}
+
+/// Reads a recording, turning every way it can be wrong into one message.
+pub fn open(path: &Path) -> Result<Recording, FormatError> {
+    Recording::open(path)
+}
+
+fn profile(rec: &Recording, args: &ReportArgs) -> Profile {
+    let mut rec_view = profile_of(rec, args);
+    if args.resymbolize {
+        resymbolize(rec, &mut rec_view);
+    }
+    rec_view
+}
+
+/// The rounds in the --from/--to window, restricted to --pid, replayed.
+fn profile_of(rec: &Recording, args: &ReportArgs) -> Profile {
+    let from = args.from.map(|d| d.as_millis() as u64).unwrap_or(0);
+    let to = args.to.map(|d| d.as_millis() as u64).unwrap_or(u64::MAX);
+    let mut p = Profile::default();
+    for r in rec
+        .rounds
+        .iter()
+        .filter(|r| r.elapsed_ms >= from && r.elapsed_ms <= to)
+    {
+        match args.pid {
+            Some(pid) => p.apply(&only_pid(r, pid)),
+            None => p.apply(r),
+        }
+    }
+    for (key, s) in &rec.stacks {
+        if args.pid.is_none_or(|pid| pid == key.0) {
+            p.stacks.insert(*key, rec.frames(s));
+        }
+    }
+    // Leaks are the state at the end: shown when the window reaches the end.
+    let reaches_end = args.to.is_none() || rec.rounds.last().is_some_and(|r| r.elapsed_ms <= to);
+    if reaches_end && let Some(leaks) = &rec.leaks {
+        p.leaks = Some(
+            leaks
+                .iter()
+                .filter(|(id, _)| args.pid.is_none_or(|pid| pid == id.0))
+                .copied()
+                .collect(),
+        );
+    }
+    p
+}
+
+fn only_pid(r: &Round, pid: u32) -> Round {
+    let mut out = Round {
+        index: r.index,
+        elapsed_ms: r.elapsed_ms,
+        losses: r.losses,
+        latency: r.latency,
+        ..Default::default()
+    };
+    out.procs = r
+        .procs
+        .iter()
+        .filter(|(p, _)| **p == pid)
+        .map(|(k, v)| (*k, v.clone()))
+        .collect();
+    out.sizes = r
+        .sizes
+        .iter()
+        .filter(|(k, _)| k.0 == pid)
+        .map(|(k, v)| (*k, *v))
+        .collect();
+    out.sites = r
+        .sites
+        .iter()
+        .filter(|(k, _)| k.0 == pid)
+        .map(|(k, v)| (*k, *v))
+        .collect();
+    out.mem = r
+        .mem
+        .iter()
+        .filter(|(p, _)| **p == pid)
+        .map(|(k, v)| (*k, *v))
+        .collect();
+    out
+}
+
+/// Symbolizes the stored (module, file offset) of every stack again, with the modules as they
+/// are on this machine now (a module whose build id changed is reported and left alone).
+fn resymbolize(rec: &Recording, p: &mut Profile) {
+    let mut sym = Symbolizer::default();
+    let mut changed: HashSet<String> = HashSet::new();
+    let usable: Vec<bool> = rec
+        .modules
+        .iter()
+        .map(|m| {
+            let now = crate::record::writer::build_id(Path::new(&m.path));
+            let ok = now.is_some() && now == m.build_id;
+            if !ok {
+                changed.insert(m.path.clone());
+            }
+            ok
+        })
+        .collect();
+    for path in &changed {
+        eprintln!(
+            "heaptrace: warning: {path} is missing or its build id changed; its frames are kept as recorded"
+        );
+    }
+    for (key, s) in &rec.stacks {
+        if !p.stacks.contains_key(key) {
+            continue;
+        }
+        if s.locations
+            .iter()
+            .flatten()
+            .any(|(m, _)| !usable[*m as usize])
+        {
+            continue;
+        }
+        let locs: Vec<Option<Location>> = s
+            .locations
+            .iter()
+            .map(|l| {
+                l.map(|(m, offset)| Location {
+                    path: rec.modules[m as usize].path.clone().into(),
+                    offset,
+                })
+            })
+            .collect();
+        p.stacks.insert(*key, sym.frames(&s.ips, &locs));
+    }
+}
+
+/// The function names a recording's header says were probed as another.
+fn aliases(rec: &Recording) -> Vec<(Func, Func)> {
+    let by_name = |n: &str| Func::ALL.into_iter().find(|f| f.name() == n);
+    rec.header
+        .aliases
+        .iter()
+        .filter_map(|(a, of)| Some((by_name(a)?, by_name(of)?)))
+        .collect()
+}

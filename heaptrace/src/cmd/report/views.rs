@@ -1,0 +1,246 @@
+//! The report's views, as text and as JSON. All of them read the replayed Profile.
+use std::fmt::Write as _;
+
+use heaptrace_common::Func;
+use serde_json::{Value, json};
+
+use super::{aliases, tree};
+use crate::{
+    aggregate::Profile,
+    cli::{FlameBy, ReportArgs, View},
+    error::{Error, Result},
+    json as doc,
+    record::Recording,
+    report::{bytes, processes, summary},
+    views::{self, Names},
+};
+
+fn need_size(args: &ReportArgs) -> Result<u64> {
+    args.size
+        .ok_or_else(|| Error::Usage("report filter needs --size BYTES".into()))
+}
+
+fn overview_head(rec: &Recording) -> String {
+    let h = &rec.header;
+    let elapsed = rec
+        .end
+        .as_ref()
+        .map(|e| e.elapsed_ms)
+        .or_else(|| rec.rounds.last().map(|r| r.elapsed_ms))
+        .unwrap_or(0);
+    let target = match h.target_mode.as_str() {
+        "command" => format!("command `{}` (pid {:?})", h.command.join(" "), h.pids),
+        "pid" => format!(
+            "pid {} ({})",
+            h.pids.first().copied().unwrap_or(0),
+            h.cmdlines.first().map(|c| c.1.as_str()).unwrap_or("?")
+        ),
+        _ => "all processes".into(),
+    };
+    let mut s = String::new();
+    let _ = writeln!(s, "target: {target}");
+    let _ = writeln!(
+        s,
+        "recorded by heaptrace {} on {} (kernel {}), {:.1} s in {} rounds of {} ms, mode {}",
+        h.heaptrace_version,
+        h.host,
+        h.kernel,
+        elapsed as f64 / 1000.0,
+        rec.rounds.len(),
+        h.interval_ms,
+        h.mode
+    );
+    let _ = writeln!(s, "allocator: {}", h.provider);
+    if let Some(end) = &rec.end {
+        let _ = writeln!(s, "end: {}", end.reason);
+    } else {
+        let _ = writeln!(s, "end: not recorded (the recording was cut short)");
+    }
+    s
+}
+
+pub fn text(
+    view: View,
+    rec: &Recording,
+    p: &Profile,
+    names: &Names,
+    args: &ReportArgs,
+) -> Result<String> {
+    let top = args.top;
+    Ok(match view {
+        View::Overview => {
+            let mut s = overview_head(rec);
+            s += &summary(p, args.pid, &aliases(rec));
+            if p.procs.len() > 1 {
+                s += &processes(p, top);
+            }
+            s
+        }
+        View::Timeline => timeline(p),
+        View::Histogram => histogram(p, args.pid),
+        View::Filter => {
+            let size = need_size(args)?;
+            let mut s = format!("sites that allocated exactly {size} bytes:\n");
+            for (id, n) in p.sites_with_size(size).into_iter().take(top) {
+                let _ = writeln!(
+                    s,
+                    "  {n:>9} x  {}",
+                    views::site_label_with(p, &id, 4, names)
+                );
+            }
+            s
+        }
+        View::Tree => tree::render(&tree::build(p, names, args.reverse), top),
+        View::Hotspots => views::top_by_calls(p, top, names) + &views::top_by_bytes(p, top, names),
+        View::Flame => folded(p, names, args.by).join("\n") + "\n",
+        View::Leaks => views::leaks(p, top, names),
+        View::Temporary => views::temporary(p, top, rec.header.temporary_ms, names),
+        View::Peak => views::peak(p, top, names),
+    })
+}
+
+pub fn json(
+    view: View,
+    rec: &Recording,
+    p: &Profile,
+    names: &Names,
+    args: &ReportArgs,
+) -> Result<Value> {
+    let h = &rec.header;
+    Ok(match view {
+        View::Overview => {
+            let info = doc::RunInfo {
+                mode: match h.target_mode.as_str() {
+                    "pid" => "pid",
+                    "command" => "command",
+                    _ => "all",
+                },
+                pids: &h.pids,
+                command: &h.command,
+                exit_code: rec.end.as_ref().and_then(|e| e.exit_code),
+                interval_ms: h.interval_ms,
+                provider: &h.provider,
+                probes: &[],
+                aliases: &aliases(rec),
+                collect: match h.mode.as_str() {
+                    "counts" => "counts",
+                    "sizes" => "sizes",
+                    _ => "stacks",
+                },
+                temporary_ms: h.temporary_ms,
+            };
+            doc::document(p, &info)
+        }
+        View::Timeline => serde_json::to_value(&p.rounds).unwrap_or(Value::Null),
+        View::Histogram => doc::sizes(p, args.pid),
+        View::Filter => {
+            let size = need_size(args)?;
+            p.sites_with_size(size)
+                .iter()
+                .map(|(id, n)| {
+                    let mut m = doc::site(p, id);
+                    m.insert("count".into(), (*n).into());
+                    Value::Object(m)
+                })
+                .collect()
+        }
+        View::Tree => tree::json(&tree::build(p, names, args.reverse)),
+        View::Hotspots => json!({
+            "by_calls": p.top_sites(args.top, |t| t.calls as i64).iter()
+                .map(|(id, t)| { let mut m = doc::site(p, id); m.insert("calls".into(), t.calls.into()); m.insert("bytes".into(), t.bytes.into()); Value::Object(m) })
+                .collect::<Vec<_>>(),
+            "by_bytes": p.top_sites(args.top, |t| t.bytes as i64).iter()
+                .map(|(id, t)| { let mut m = doc::site(p, id); m.insert("calls".into(), t.calls.into()); m.insert("bytes".into(), t.bytes.into()); Value::Object(m) })
+                .collect::<Vec<_>>(),
+        }),
+        View::Flame => folded(p, names, args.by)
+            .iter()
+            .filter_map(|l| {
+                let (stack, v) = l.rsplit_once(' ')?;
+                Some(json!({ "stack": stack, "value": v.parse::<u64>().ok()? }))
+            })
+            .collect(),
+        View::Leaks => doc::leaks(p, args.pid),
+        View::Temporary => doc::temporary(p, h.temporary_ms),
+        View::Peak => doc::peak(p),
+    })
+}
+
+fn timeline(p: &Profile) -> String {
+    let mut s = format!(
+        "{:>8} {:>10} {:>10} {:>12} {:>12} {:>10} {:>14}\n",
+        "time", "allocs", "frees", "live blocks", "live", "RSS", "allocated"
+    );
+    let mut cumulative = 0u64;
+    for r in &p.rounds {
+        cumulative += r.bytes_allocated;
+        let _ = writeln!(
+            s,
+            "{:>7.1}s {:>10} {:>10} {:>12} {:>12} {:>10} {:>14}",
+            r.elapsed_ms as f64 / 1000.0,
+            r.allocations,
+            r.frees,
+            r.live_blocks,
+            bytes(r.live_bytes),
+            if r.rss_kb > 0 {
+                bytes(r.rss_kb as i64 * 1024)
+            } else {
+                "-".into()
+            },
+            bytes(cumulative as i64)
+        );
+    }
+    s
+}
+
+fn histogram(p: &Profile, pid: Option<u32>) -> String {
+    let mut by_size: std::collections::BTreeMap<u64, u64> = Default::default();
+    for ((_, size), n) in p.sizes_by_func(pid) {
+        *by_size.entry(size).or_default() += n;
+    }
+    let max = by_size.values().copied().max().unwrap_or(1).max(1);
+    let mut s = format!("{:>12} {:>12}\n", "size", "count");
+    for (size, n) in by_size {
+        let bar = "#".repeat(((n as f64 / max as f64) * 40.0).ceil() as usize);
+        let _ = writeln!(s, "{size:>12} {n:>12} {bar}");
+    }
+    s
+}
+
+/// Folded stacks, outermost frame first, the allocating function last, then the value.
+pub fn folded(p: &Profile, names: &Names, by: FlameBy) -> Vec<String> {
+    let value = |id: &crate::model::SiteId| -> u64 {
+        match by {
+            FlameBy::Count => p.sites.get(id).map(|t| t.calls).unwrap_or(0),
+            FlameBy::Bytes => p.sites.get(id).map(|t| t.bytes).unwrap_or(0),
+            FlameBy::Live => p
+                .leaks
+                .as_ref()
+                .and_then(|l| l.get(id))
+                .map(|l| l.bytes)
+                .unwrap_or(0),
+            FlameBy::Temporary => p.sites.get(id).map(|t| t.temp_bytes).unwrap_or(0),
+        }
+    };
+    let mut lines = Vec::new();
+    let mut ids: Vec<crate::model::SiteId> = p.sites.keys().copied().collect();
+    if let Some(l) = &p.leaks {
+        ids.extend(l.keys().copied().filter(|k| !p.sites.contains_key(k)));
+    }
+    for id in ids {
+        let v = value(&id);
+        if v == 0 {
+            continue;
+        }
+        let mut frames: Vec<String> = p
+            .frames(&id)
+            .iter()
+            .rev()
+            .map(|f| names.function(f).replace(';', ":"))
+            .collect();
+        frames.push(Func::from_u32(id.2).map(|f| f.name()).unwrap_or("?").into());
+        lines.push(format!("{} {v}", frames.join(";")));
+    }
+    lines.sort();
+    lines
+}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Added time per malloc+free pair in each --mode (counts, sizes, stacks), entry probes placed.
+# Runs `pairs N` natively and under `heaptrace -q --mode M -- pairs N`, REPS interleaved rounds,
+# and reports medians of the loop's own time (pairs prints it; attach/detach left out). Root.
+#
+#   tests/bench/modes.sh [N] [REPS]        (from the repository root)
+set -euo pipefail
+N=${1:-1000000}
+REPS=${2:-5}
+cargo build --release -q -p heaptrace
+mkdir -p target/fixtures
+gcc -O1 -g -fno-builtin -fno-omit-frame-pointer -o target/fixtures/pairs tests/fixtures/pairs.c
+ht=target/release/heaptrace
+pairs=target/fixtures/pairs
+# The integration tests' system-wide lock: no probing test runs in between.
+exec 9>/tmp/heaptrace-tests.lock
+flock 9
+out=$(mktemp)
+for _ in $(seq "$REPS"); do
+    echo "native $("$pairs" "$N")" >>"$out"
+    for m in counts sizes stacks; do
+        echo "$m $("$ht" -q --mode "$m" -- "$pairs" "$N" 2>/dev/null)" >>"$out"
+    done
+done
+python3 - "$out" "$N" <<'PY'
+import statistics, sys
+t = {}
+for line in open(sys.argv[1]):
+    how, s = line.split()
+    t.setdefault(how, []).append(float(s))
+N = int(sys.argv[2])
+m = lambda k: statistics.median(t[k])
+print(f"N = {N} pairs, {len(t['native'])} interleaved runs each, medians of the loop time")
+print("| mode | loop time (s) | added per malloc+free pair |")
+print("|---|---|---|")
+for how in ("native", "counts", "sizes", "stacks"):
+    d = (m(how) - m("native")) / N * 1e6
+    print(f"| {how} | {m(how):.3f} | {d:.2f} us |")
+print("runs (s):")
+for how in ("native", "counts", "sizes", "stacks"):
+    print(f"  {how}:", " ".join(f"{x:.3f}" for x in t[how]))
+PY
+rm -f "$out"
