@@ -4,5 +4,6 @@ mod counts;
 mod expect;
 mod faults;
 mod placement;
+mod recording;
 mod stacks;
 mod support;

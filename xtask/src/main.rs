@@ -10,8 +10,18 @@ use anyhow::{Context as _, Result, bail};
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
-/// Debian packages: the LLVM bpf-linker links against, and what the test fixtures need.
-const APT_PACKAGES: &[&str] = &["llvm-22-dev", "gcc", "libc6-dev", "libjemalloc2", "tmux"];
+/// Debian packages: the LLVM bpf-linker links against, what the test fixtures need, and the
+/// tools the exports are checked with (go tool pprof, ms_print).
+const APT_PACKAGES: &[&str] = &[
+    "llvm-22-dev",
+    "gcc",
+    "g++",
+    "libc6-dev",
+    "libjemalloc2",
+    "tmux",
+    "golang-go",
+    "valgrind",
+];
 
 fn main() -> ExitCode {
     match real_main() {

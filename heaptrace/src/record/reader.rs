@@ -320,6 +320,36 @@ mod tests {
         assert_eq!(Recording::read(&data[..]).unwrap().rounds.len(), 2);
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(400))]
+
+        /// The reader's fuzz target: a valid recording with random bytes overwritten, inserted
+        /// or removed, or a random prefix of it, never panics, hangs or allocates without bound.
+        #[test]
+        fn mutated_recordings_never_panic(
+            edits in proptest::collection::vec((0usize..4096, proptest::prelude::any::<u8>(), 0u8..3), 1..12),
+            cut in proptest::option::of(0usize..4096),
+        ) {
+            static SAMPLE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+            let mut data = SAMPLE
+                .get_or_init(|| std::fs::read(sample_file(&tempdir("fuzz"))).unwrap())
+                .clone();
+            for (at, byte, op) in edits {
+                let at = at % (data.len() + 1);
+                match op {
+                    0 if at < data.len() => data[at] = byte,
+                    1 => data.insert(at, byte),
+                    _ if at < data.len() => { data.remove(at); }
+                    _ => {}
+                }
+            }
+            if let Some(c) = cut {
+                data.truncate(c % (data.len() + 1));
+            }
+            let _ = Recording::read(&data[..]);
+        }
+    }
+
     #[test]
     fn flipped_bytes_give_an_error_not_a_panic() {
         let dir = tempdir("flip");

@@ -2,6 +2,8 @@
 //! trace, then one view (text or JSON), an export, or a comparison with another recording.
 mod diff;
 mod export;
+#[cfg(test)]
+mod golden;
 mod tree;
 mod views;
 

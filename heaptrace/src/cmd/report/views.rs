@@ -29,7 +29,15 @@ fn overview_head(rec: &Recording) -> String {
         .or_else(|| rec.rounds.last().map(|r| r.elapsed_ms))
         .unwrap_or(0);
     let target = match h.target_mode.as_str() {
-        "command" => format!("command `{}` (pid {:?})", h.command.join(" "), h.pids),
+        "command" => format!(
+            "command `{}` (pid {})",
+            h.command.join(" "),
+            h.pids
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         "pid" => format!(
             "pid {} ({})",
             h.pids.first().copied().unwrap_or(0),

@@ -1,0 +1,206 @@
+//! Golden outputs of every view (insta snapshots), from a recording built by hand so that the
+//! numbers, names and order are fixed.
+use std::collections::BTreeMap;
+
+use heaptrace_common::Func;
+
+use super::*;
+use crate::{
+    aggregate::Leak,
+    cli::{FlameBy, View},
+    model::{NewStack, ProcRound, SiteTotals, Totals},
+    record::{Header, Recorder, format::EndRec},
+    symbolize::Frame,
+};
+
+fn frame(function: &str, file: &str, line: u32, inlined: bool) -> Frame {
+    Frame {
+        function: function.into(),
+        file: Some(format!("/src/{file}")),
+        line: Some(line),
+        module: "app".into(),
+        offset: 0x1000 + u64::from(line),
+        inlined,
+    }
+}
+
+fn round(index: u64, a: u64, b: u64, with_stacks: bool) -> Round {
+    let mut delta = Totals::default();
+    delta.funcs[Func::Malloc as usize].calls = a + b;
+    delta.funcs[Func::Malloc as usize].bytes = 100 * a + 2000 * b;
+    delta.funcs[Func::Free as usize].calls = a;
+    delta.funcs[Func::Free as usize].bytes = 100 * a;
+    delta.live_blocks = b as i64;
+    delta.live_bytes = 2000 * b as i64;
+    let mut r = Round {
+        index,
+        elapsed_ms: 1000 * index,
+        ..Default::default()
+    };
+    r.procs.insert(
+        7,
+        ProcRound {
+            comm: "app".into(),
+            delta,
+        },
+    );
+    r.sizes.insert((7, 0, 100, 1), a);
+    r.sizes.insert((7, 0, 2000, 2), b);
+    let mut sa = SiteTotals {
+        calls: a,
+        bytes: 100 * a,
+        frees: a,
+        freed_bytes: 100 * a,
+        temp_blocks: a,
+        temp_bytes: 100 * a,
+        ..Default::default()
+    };
+    sa.sizes[heaptrace_common::log2_bucket(100)] = a;
+    sa.lifetimes[3] = a;
+    r.sites.insert((7, 1, 0), sa);
+    r.sites.insert(
+        (7, 2, 0),
+        SiteTotals {
+            calls: b,
+            bytes: 2000 * b,
+            live_blocks: b as i64,
+            live_bytes: 2000 * b as i64,
+            ..Default::default()
+        },
+    );
+    r.mem.insert(
+        7,
+        crate::procfs::Mem {
+            rss_kb: 1024 * index,
+            virt_kb: 4096,
+        },
+    );
+    if with_stacks {
+        let stack = |frames: Vec<Frame>| NewStack {
+            ips: vec![0; frames.iter().filter(|f| !f.inlined).count()],
+            locations: vec![None; frames.iter().filter(|f| !f.inlined).count()],
+            frames,
+        };
+        r.stacks.insert(
+            (7, 1),
+            stack(vec![
+                frame("parse_token", "lexer.c", 41, false),
+                frame("Parser<Json>::next()", "parser.cc", 88, false),
+                frame("main", "main.c", 12, false),
+            ]),
+        );
+        r.stacks.insert(
+            (7, 2),
+            stack(vec![
+                frame("grow_buffer", "buf.h", 9, true),
+                frame(
+                    "Buffer::push(char const*, unsigned long)",
+                    "buf.cc",
+                    30,
+                    false,
+                ),
+                frame("main", "main.c", 14, false),
+            ]),
+        );
+    }
+    r
+}
+
+fn recording() -> (Recording, Profile) {
+    let dir = std::env::temp_dir().join(format!("heaptrace-golden-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("g.bin");
+    let header = Header {
+        heaptrace_version: "0.1.0".into(),
+        host: "host".into(),
+        kernel: "6.18".into(),
+        interval_ms: 1000,
+        mode: "stacks".into(),
+        target_mode: "command".into(),
+        pids: vec![7],
+        command: vec!["./app".into(), "input.json".into()],
+        provider: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
+        temporary_ms: 1000,
+        aliases: vec![("memalign".into(), "aligned_alloc".into())],
+        ..Default::default()
+    };
+    let mut w = Recorder::create(&path, &header).unwrap();
+    w.round(&round(1, 300, 2, true)).unwrap();
+    w.round(&round(2, 200, 3, false)).unwrap();
+    let mut leaks = BTreeMap::new();
+    leaks.insert(
+        (7, 2, 0),
+        Leak {
+            blocks: 5,
+            bytes: 10000,
+        },
+    );
+    w.finish(
+        Some(&leaks),
+        &EndRec {
+            elapsed_ms: 2100,
+            exit_code: Some(0),
+            reason: "pid 7 exited with status 0".into(),
+        },
+    )
+    .unwrap();
+    let rec = Recording::open(&path).unwrap();
+    let p = rec.profile();
+    (rec, p)
+}
+
+fn args(view: View) -> ReportArgs {
+    ReportArgs {
+        file: "g.bin".into(),
+        view,
+        format: Format::Text,
+        size: Some(2000),
+        reverse: false,
+        top: 10,
+        by: FlameBy::Bytes,
+        just_function_name: false,
+        shorten_templates: false,
+        pid: None,
+        from: None,
+        to: None,
+        diff: None,
+        resymbolize: false,
+        export: None,
+        output: None,
+    }
+}
+
+#[test]
+fn golden_views() {
+    let (rec, p) = recording();
+    let names = Names::default();
+    for view in [
+        View::Overview,
+        View::Timeline,
+        View::Histogram,
+        View::Filter,
+        View::Tree,
+        View::Hotspots,
+        View::Flame,
+        View::Leaks,
+        View::Temporary,
+        View::Peak,
+    ] {
+        let text = views::text(view, &rec, &p, &names, &args(view)).unwrap();
+        insta::assert_snapshot!(format!("{view:?}").to_lowercase(), text);
+    }
+    let mut rev = args(View::Tree);
+    rev.reverse = true;
+    let short = Names {
+        just_function_name: true,
+        shorten_templates: true,
+    };
+    insta::assert_snapshot!(
+        "tree_reverse_short",
+        views::text(View::Tree, &rec, &p, &short, &rev).unwrap()
+    );
+    let json = views::json(View::Leaks, &rec, &p, &names, &args(View::Leaks)).unwrap();
+    insta::assert_json_snapshot!("leaks_json", json);
+    let massif = export::massif(&rec, &p, &names);
+    insta::assert_snapshot!("massif", massif);
+}

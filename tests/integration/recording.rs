@@ -1,0 +1,376 @@
+//! Recordings: a recorded trace reports the same numbers as the live one, every view and export
+//! works (checked by the tools people use: go tool pprof, ms_print), and bad files give one
+//! line and exit code 2.
+use std::{path::PathBuf, process::Command};
+
+use serde_json::Value;
+
+use crate::support::*;
+
+const N: u64 = 2000;
+
+fn out(tag: &str, ext: &str) -> PathBuf {
+    json_path(tag).with_extension(ext)
+}
+
+/// Records the sites fixture (with the live JSON alongside); returns (recording, live JSON).
+fn record_sites(tag: &str, n: u64) -> (PathBuf, Value) {
+    let bin = fixture("sites", "", &[]);
+    let rec = out(tag, "bin");
+    let live = json_path(tag);
+    let o = run_ok(
+        heaptrace()
+            .args(["record", "-o"])
+            .arg(&rec)
+            .args(["-q", "--temporary", "25ms", "--json"])
+            .arg(&live)
+            .arg("--")
+            .arg(&bin)
+            .arg(n.to_string()),
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("recorded 1 rounds") || stderr.contains("recorded"),
+        "{stderr}"
+    );
+    (rec, read_json(&live))
+}
+
+fn report(args: &[&str]) -> std::process::Output {
+    heaptrace().arg("report").args(args).output().unwrap()
+}
+
+fn report_ok(args: &[&str]) -> String {
+    let o = report(args);
+    assert!(
+        o.status.success(),
+        "report {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn report_json(args: &[&str]) -> Value {
+    let mut a = args.to_vec();
+    a.extend(["--format", "json"]);
+    serde_json::from_str(&report_ok(&a)).unwrap()
+}
+
+/// The same numbers live and offline, and the fixture's exact ones.
+#[test]
+fn a_recording_reports_what_the_live_trace_saw() {
+    if !bpf_or_skip("a_recording_reports_what_the_live_trace_saw") {
+        return;
+    }
+    let _g = shared();
+    let (rec, live) = record_sites("rec-agree", N);
+    let r = rec.to_str().unwrap();
+    let off = report_json(&[r]);
+    for key in [
+        "functions",
+        "sizes",
+        "live",
+        "leaks",
+        "totals",
+        "lost",
+        "temporary",
+    ] {
+        assert_eq!(off[key], live[key], "{key} differs between live and report");
+    }
+    let calls = |doc: &Value| -> Vec<(String, u64, u64)> {
+        let mut v: Vec<_> = doc["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["frames"][0]["function"].as_str().unwrap().to_string(),
+                    s["calls"].as_u64().unwrap(),
+                    s["bytes"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(calls(&off), calls(&live));
+    // And the fixture's own numbers.
+    assert_eq!(off["functions"]["malloc"]["calls"].as_u64(), Some(2 * N));
+    assert_eq!(off["functions"]["calloc"]["calls"].as_u64(), Some(N));
+    assert_eq!(off["leaks"]["blocks"].as_u64(), Some(N + 3));
+    assert_eq!(off["leaks"]["bytes"].as_u64(), Some(100 * N + 3 * 444));
+    // The recording is small: strings and stacks once, rounds deflated.
+    let size = std::fs::metadata(&rec).unwrap().len();
+    assert!(size < 16 * 1024, "recording of {size} bytes");
+}
+
+#[test]
+fn every_view_answers_in_text_and_json() {
+    if !bpf_or_skip("every_view_answers_in_text_and_json") {
+        return;
+    }
+    let _g = shared();
+    let (rec, _) = record_sites("rec-views", N);
+    let r = rec.to_str().unwrap();
+    for view in [
+        "overview",
+        "timeline",
+        "histogram",
+        "tree",
+        "hotspots",
+        "flame",
+        "leaks",
+        "temporary",
+        "peak",
+    ] {
+        let text = report_ok(&[r, view]);
+        assert!(!text.trim().is_empty(), "{view}: empty");
+        let _ = report_json(&[r, view]);
+    }
+    let filter = report_json(&[r, "filter", "--size", "444"]);
+    let f = filter.as_array().unwrap();
+    assert_eq!(f.len(), 1, "{filter}");
+    assert_eq!(
+        (f[0]["count"].as_u64(), f[0]["function"].as_str()),
+        (Some(3), Some("realloc"))
+    );
+    assert_eq!(f[0]["frames"][0]["function"], "leak_d");
+    let flame = report_ok(&[r, "flame", "--by", "count"]);
+    assert!(
+        flame
+            .lines()
+            .any(|l| l.ends_with(";main;alloc_c;helper_c;malloc 2000")),
+        "{flame}"
+    );
+    let live = report_ok(&[r, "flame", "--by", "live"]);
+    assert!(
+        live.lines()
+            .any(|l| l.ends_with(";main;alloc_b;calloc 200000")),
+        "{live}"
+    );
+    assert!(!live.contains("alloc_a"), "{live}");
+    let tree = report_ok(&[r, "tree", "--reverse"]);
+    assert!(tree.contains("main (sites.c:"), "{tree}");
+    let hist = report_json(&[r, "histogram"]);
+    let n111 = hist
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["size"] == 111)
+        .unwrap();
+    assert_eq!(n111["count"].as_u64(), Some(N));
+    // Window and process filters.
+    let none = report_json(&[r, "--pid", "1"]);
+    assert_eq!(none["functions"]["malloc"]["calls"], 0);
+    let early = report_json(&[r, "timeline", "--to", "1ms"]);
+    assert_eq!(early, serde_json::json!([]));
+}
+
+fn tool(cmd: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn exports_are_read_by_pprof_ms_print_and_as_svg() {
+    if !bpf_or_skip("exports_are_read_by_pprof_ms_print_and_as_svg") {
+        return;
+    }
+    let _g = shared();
+    let (rec, _) = record_sites("rec-export", N);
+    let r = rec.to_str().unwrap();
+    let ci = std::env::var_os("CI").is_some();
+
+    let pb = out("rec-export", "pb.gz");
+    report_ok(&[r, "--export", "pprof", "-o", pb.to_str().unwrap()]);
+    if tool("go") || ci {
+        let o = Command::new("go")
+            .args(["tool", "pprof", "-top", "-unit=B"])
+            .arg(&pb)
+            .output()
+            .expect("go tool pprof");
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(text.contains("Type: inuse_space"), "{text}");
+        let first = text
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("flat"))
+            .nth(1)
+            .unwrap();
+        assert!(
+            first.contains("200000B") && first.ends_with("alloc_b"),
+            "{text}"
+        );
+        let o = Command::new("go")
+            .args([
+                "tool",
+                "pprof",
+                "-top",
+                "-unit=B",
+                "-sample_index=alloc_space",
+            ])
+            .arg(&pb)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        let first = text
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("flat"))
+            .nth(1)
+            .unwrap();
+        assert!(
+            first.contains(&format!("{}B", 333 * N)) && first.ends_with("helper_c"),
+            "{text}"
+        );
+    } else {
+        eprintln!("SKIPPED the pprof check: no go (cargo xtask setup installs golang-go)");
+    }
+
+    let massif = out("rec-export", "massif");
+    report_ok(&[r, "--export", "massif", "-o", massif.to_str().unwrap()]);
+    if tool("ms_print") || ci {
+        let o = Command::new("ms_print")
+            .arg(&massif)
+            .output()
+            .expect("ms_print");
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(text.contains("(200,000B) 0x"), "{text}");
+        assert!(text.contains("alloc_b (sites.c:"), "{text}");
+    } else {
+        eprintln!("SKIPPED the ms_print check: no valgrind");
+    }
+
+    let svg = out("rec-export", "svg");
+    report_ok(&[
+        r,
+        "--export",
+        "svg",
+        "--by",
+        "count",
+        "-o",
+        svg.to_str().unwrap(),
+    ]);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        text.starts_with("<?xml") && text.contains("<svg"),
+        "not an svg"
+    );
+    assert!(text.contains("helper_c") && text.contains("alloc_b"));
+
+    let folded = out("rec-export", "folded");
+    report_ok(&[
+        r,
+        "--export",
+        "folded",
+        "--by",
+        "count",
+        "-o",
+        folded.to_str().unwrap(),
+    ]);
+    let text = std::fs::read_to_string(&folded).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.ends_with(";main;alloc_a;malloc 2000")),
+        "{text}"
+    );
+}
+
+#[test]
+fn diff_compares_two_recordings_per_site() {
+    if !bpf_or_skip("diff_compares_two_recordings_per_site") {
+        return;
+    }
+    let _g = shared();
+    let (a, _) = record_sites("rec-diff-a", 2000);
+    let (b, _) = record_sites("rec-diff-b", 1000);
+    let d = report_json(&[a.to_str().unwrap(), "--diff", b.to_str().unwrap()]);
+    let sites = d["sites"].as_array().unwrap();
+    let a_site = sites
+        .iter()
+        .find(|s| {
+            s["site"]
+                .as_str()
+                .unwrap()
+                .starts_with("malloc <- alloc_a <- main")
+        })
+        .unwrap();
+    assert_eq!(a_site["bytes"], serde_json::json!([111 * 2000, 111 * 1000]));
+    assert_eq!(a_site["calls"], serde_json::json!([2000, 1000]));
+}
+
+/// A recorder killed with SIGKILL leaves a file that reads up to its last complete round.
+#[test]
+fn a_recording_cut_short_still_reads() {
+    if !bpf_or_skip("a_recording_cut_short_still_reads") {
+        return;
+    }
+    let _g = shared();
+    let mut spin = Command::new(fixture("spin", "", &[])).spawn().unwrap();
+    let rec = out("rec-killed", "bin");
+    let tracer = start_attached(heaptrace().args(["record", "-o"]).arg(&rec).args([
+        "-q",
+        "--interval",
+        "100ms",
+        "-p",
+        &spin.id().to_string(),
+    ]));
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    tracer.signal(libc::SIGKILL);
+    let _ = tracer.wait();
+    spin.kill().unwrap();
+    spin.wait().unwrap();
+    let o = report(&[rec.to_str().unwrap(), "timeline", "--format", "json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(rows.as_array().unwrap().len() >= 2, "{rows}");
+    assert!(rows[0]["allocations"].as_u64().unwrap() > 0);
+}
+
+fn bad_file_is_rejected(tag: &str, bytes: &[u8], expect: &str) {
+    let path = out(tag, "bin");
+    std::fs::write(&path, bytes).unwrap();
+    let o = report(&[path.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{tag}: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{tag}: {stderr}");
+    assert!(stderr.contains(expect), "{tag}: {stderr}");
+}
+
+#[test]
+fn bad_recordings_give_one_line_and_exit_code_2() {
+    bad_file_is_rejected("empty", b"", "empty file");
+    bad_file_is_rejected(
+        "elf",
+        b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0",
+        "not a heaptrace recording",
+    );
+    let mut future = b"HEAPTRC\0".to_vec();
+    future.extend([9, 0, 0, 0]);
+    bad_file_is_rejected("future", &future, "newer than this heaptrace");
+    // A header frame claiming 4 GiB.
+    let mut huge = b"HEAPTRC\0\x01\0\0\0".to_vec();
+    huge.extend([1, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]);
+    bad_file_is_rejected("huge", &huge, "exceeds");
+    // An unknown record kind.
+    let mut kind = b"HEAPTRC\0\x01\0\0\0".to_vec();
+    kind.extend([99, 0, 0, 0, 0, 0, 0, 0, 0]);
+    bad_file_is_rejected("kind", &kind, "unknown record kind");
+    let o = report(&["/nonexistent/trace.bin"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn a_flipped_byte_is_caught_by_the_checksum() {
+    if !bpf_or_skip("a_flipped_byte_is_caught_by_the_checksum") {
+        return;
+    }
+    let _g = shared();
+    let (rec, _) = record_sites("rec-flip", 100);
+    let mut data = std::fs::read(&rec).unwrap();
+    let last = data.len() - 3;
+    data[last] ^= 0xff;
+    bad_file_is_rejected("flip", &data, "checksum mismatch");
+}
