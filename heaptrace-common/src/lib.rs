@@ -162,6 +162,10 @@ pub mod mode {
     pub const SIZES: u32 = 1;
     /// + the user stack of every allocation, aggregated per (process, stack, function).
     pub const STACKS: u32 = 2;
+    /// Benchmark baseline, not a tracing mode: the same probes, programs that only walk the
+    /// user stack at the return and count calls. What heaptrace's real work costs is the
+    /// difference.
+    pub const BARE: u32 = 255;
 }
 
 /// Buckets of the power-of-two histograms: bucket `b` holds values in `[2^(b-1), 2^b)`,

@@ -51,6 +51,10 @@ fn entry_sp(ctx: &ProbeContext) -> u64 {
 /// means the recorded call's return was never seen; the stale record is replaced.
 #[inline(always)]
 fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64> {
+    if mode() == mode::BARE {
+        maps::bare_count(0);
+        return Ok(());
+    }
     let id = bpf_get_current_pid_tgid();
     if (id >> 32) as u32 == self_tgid() {
         return Ok(());
@@ -145,6 +149,10 @@ pub fn pvalloc_entry(ctx: ProbeContext) -> u32 {
 /// One return program for every allocating function: the in-flight record says which one.
 #[uretprobe]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
+    if mode() == mode::BARE {
+        sites::bare_stack(&ctx);
+        return 0;
+    }
     let _ = try_alloc_return(&ctx);
     0
 }
@@ -324,6 +332,10 @@ fn realloc_return(call: &mut Call<'_>, rec: InFlight, ret: u64) {
 
 #[uprobe]
 pub fn free_entry(ctx: ProbeContext) -> u32 {
+    if mode() == mode::BARE {
+        maps::bare_count(2);
+        return 0;
+    }
     let ptr: u64 = ctx.arg(0).unwrap_or(0);
     let _ = try_free(ptr, entry_sp(&ctx));
     0

@@ -66,6 +66,18 @@ pub static SITES: PerCpuHashMap<SiteKey, SiteCounters> = PerCpuHashMap::with_max
 #[map(name = "LATENCY")]
 pub static LATENCY: PerCpuArray<LatencyHist> = PerCpuArray::with_max_entries(FUNC_COUNT as u32, 0);
 
+/// Calls counted in bare mode (entries, returns, frees).
+#[map(name = "BARE")]
+pub static BARE: PerCpuArray<u64> = PerCpuArray::with_max_entries(3, 0);
+
+#[inline(always)]
+pub fn bare_count(i: u32) {
+    if let Some(p) = BARE.get_ptr_mut(i) {
+        // SAFETY: map value pointer.
+        add(unsafe { &mut *p }, 1);
+    }
+}
+
 #[inline(always)]
 pub fn add(counter: &mut u64, v: u64) {
     // SAFETY: the pointer comes from a live map value, aligned for u64.

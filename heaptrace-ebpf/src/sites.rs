@@ -50,6 +50,13 @@ pub fn allocated(ctx: &RetProbeContext, tgid: u32, func: Func, size: u64) -> i32
     stack_id
 }
 
+/// Bare mode: the stack walk and a count, nothing else.
+#[inline(always)]
+pub fn bare_stack(ctx: &RetProbeContext) {
+    let _ = ctx.get_stackid(&STACKS, BPF_F_USER_STACK);
+    crate::maps::bare_count(1);
+}
+
 /// Counts the release of a block at the site that allocated it.
 #[inline(always)]
 pub fn released(tgid: u32, block: &LiveBlock) {

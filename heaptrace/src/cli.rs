@@ -12,6 +12,9 @@ pub enum Mode {
     Sizes,
     /// + the user stack of each allocation: sites, leaks, temporaries, peak and lifetimes.
     Stacks,
+    /// Benchmark baseline: the same probes, programs that only walk the stack and count.
+    #[value(hide = true)]
+    Bare,
 }
 
 impl Mode {
@@ -20,6 +23,7 @@ impl Mode {
             Mode::Counts => heaptrace_common::mode::COUNTS,
             Mode::Sizes => heaptrace_common::mode::SIZES,
             Mode::Stacks => heaptrace_common::mode::STACKS,
+            Mode::Bare => heaptrace_common::mode::BARE,
         }
     }
 
@@ -28,6 +32,7 @@ impl Mode {
             Mode::Counts => "counts",
             Mode::Sizes => "sizes",
             Mode::Stacks => "stacks",
+            Mode::Bare => "bare",
         }
     }
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Added time per malloc+free pair in each --mode (counts, sizes, stacks), entry probes placed.
+# Added time per malloc+free pair in each --mode (counts, sizes, stacks), entry probes placed,
+# and for `bare`: the same probes with programs that only walk the stack and count (the floor).
 # Runs `pairs N` natively and under `heaptrace -q --mode M -- pairs N`, REPS interleaved rounds,
 # and reports medians of the loop's own time (pairs prints it; attach/detach left out). Root.
 #
@@ -18,7 +19,7 @@ flock 9
 out=$(mktemp)
 for _ in $(seq "$REPS"); do
     echo "native $("$pairs" "$N")" >>"$out"
-    for m in counts sizes stacks; do
+    for m in bare counts sizes stacks; do
         echo "$m $("$ht" -q --mode "$m" -- "$pairs" "$N" 2>/dev/null)" >>"$out"
     done
 done
@@ -33,11 +34,11 @@ m = lambda k: statistics.median(t[k])
 print(f"N = {N} pairs, {len(t['native'])} interleaved runs each, medians of the loop time")
 print("| mode | loop time (s) | added per malloc+free pair |")
 print("|---|---|---|")
-for how in ("native", "counts", "sizes", "stacks"):
+for how in ("native", "bare", "counts", "sizes", "stacks"):
     d = (m(how) - m("native")) / N * 1e6
     print(f"| {how} | {m(how):.3f} | {d:.2f} us |")
 print("runs (s):")
-for how in ("native", "counts", "sizes", "stacks"):
+for how in ("native", "bare", "counts", "sizes", "stacks"):
     print(f"  {how}:", " ".join(f"{x:.3f}" for x in t[how]))
 PY
 rm -f "$out"
