@@ -60,12 +60,6 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
         return Ok(());
     }
     let sp = entry_sp(ctx);
-    // SAFETY: map value; only this thread reads or writes its own entry.
-    if let Some(f) = unsafe { INFLIGHT.get(id) }
-        && sp <= f.sp
-    {
-        return Ok(());
-    }
     let ts_ns = if mode() >= mode::SIZES {
         // SAFETY: no preconditions.
         unsafe { bpf_ktime_get_ns() }
@@ -80,6 +74,18 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
         func: func as u32,
         _pad: 0,
     };
+    // Each thread keeps its one entry: later calls overwrite it in place (no insert, no delete,
+    // no bucket lock); a completed call leaves sp = 0. User space removes the entries of
+    // threads that are gone.
+    if let Some(f) = INFLIGHT.get_ptr_mut(id) {
+        // SAFETY: map value; only this thread reads or writes its own entry.
+        let f = unsafe { &mut *f };
+        if f.sp != 0 && sp <= f.sp {
+            return Ok(()); // nested in the call in flight
+        }
+        *f = rec;
+        return Ok(());
+    }
     if INFLIGHT.insert(id, rec, BPF_ANY).is_err() {
         lose(Loss::InFlight);
     }
@@ -169,10 +175,15 @@ struct Call<'a> {
 
 fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
     let id = bpf_get_current_pid_tgid();
-    // SAFETY: map value, copied out; only this thread touches its own entry.
-    let Some(rec) = (unsafe { INFLIGHT.get(id) }).copied() else {
+    let Some(f) = INFLIGHT.get_ptr_mut(id) else {
         return Ok(()); // entry not seen (attached mid-call) or lost (counted at entry)
     };
+    // SAFETY: map value; only this thread reads or writes its own entry.
+    let f = unsafe { &mut *f };
+    let rec = *f;
+    if rec.sp == 0 {
+        return Ok(()); // no call in flight (already completed, e.g. by a tail-called inner)
+    }
     // A nested call returns with the stack pointer still below the outer call's entry; the
     // outer call returns above it (its return address popped). A tail-called inner function
     // returns straight to the outer caller: its return probe runs first and completes the
@@ -180,7 +191,7 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
     if stack_pointer(ctx.regs) <= rec.sp {
         return Ok(());
     }
-    let _ = INFLIGHT.remove(id);
+    f.sp = 0;
     // A match, not a table lookup: the verifier must see the index bounded.
     let func = match rec.func {
         0 => Func::Malloc,
@@ -259,7 +270,8 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64) {
         _pad: 0,
         ptr,
     };
-    let now = if call.now != 0 {
+    // The allocation time is only read back for lifetimes and temporaries (stacks mode).
+    let now = if call.now != 0 || mode() < mode::STACKS {
         call.now
     } else {
         // SAFETY: no preconditions.
@@ -352,7 +364,7 @@ fn try_free(ptr: u64, sp: u64) -> Result<(), i64> {
     }
     // A free inside realloc (realloc(p, 0), moves of mmapped blocks) belongs to the realloc.
     // SAFETY: map value; only this thread touches its own entry.
-    if unsafe { INFLIGHT.get(id) }.is_some_and(|f| sp <= f.sp) {
+    if unsafe { INFLIGHT.get(id) }.is_some_and(|f| f.sp != 0 && sp <= f.sp) {
         return Ok(());
     }
     let Some(pc) = proc_counters(tgid) else {

@@ -44,8 +44,6 @@ pub fn allocated(ctx: &RetProbeContext, tgid: u32, func: Func, size: u64) -> i32
     };
     add(&mut site.calls, 1);
     add(&mut site.bytes, size);
-    add(&mut site.live_blocks, 1);
-    add(&mut site.live_bytes, size);
     add(&mut site.sizes[log2_bucket(size)], 1);
     stack_id
 }
@@ -75,8 +73,6 @@ pub fn released(tgid: u32, block: &LiveBlock) {
     let lifetime = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() }.wrapping_sub(block.ts_ns);
     add(&mut site.frees, 1);
     add(&mut site.freed_bytes, block.size);
-    add(&mut site.live_blocks, u64::MAX);
-    add(&mut site.live_bytes, block.size.wrapping_neg());
     add(&mut site.lifetimes[log2_bucket(lifetime >> 10)], 1);
     if lifetime < temporary_ns() {
         add(&mut site.temp_blocks, 1);

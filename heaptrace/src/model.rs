@@ -171,13 +171,14 @@ impl SiteTotals {
             t.bytes = t.bytes.wrapping_add(c.bytes);
             t.frees = t.frees.wrapping_add(c.frees);
             t.freed_bytes = t.freed_bytes.wrapping_add(c.freed_bytes);
-            t.live_blocks = t.live_blocks.wrapping_add(c.live_blocks as i64);
-            t.live_bytes = t.live_bytes.wrapping_add(c.live_bytes as i64);
             t.temp_blocks = t.temp_blocks.wrapping_add(c.temp_blocks);
             t.temp_bytes = t.temp_bytes.wrapping_add(c.temp_bytes);
             log2_add(&mut t.sizes, &c.sizes);
             log2_add(&mut t.lifetimes, &c.lifetimes);
         }
+        // The kernel keeps no live counters per site: what was allocated minus what was freed.
+        t.live_blocks = t.calls.wrapping_sub(t.frees) as i64;
+        t.live_bytes = t.bytes.wrapping_sub(t.freed_bytes) as i64;
         t
     }
 
@@ -368,13 +369,10 @@ mod tests {
         let mut c = SiteCounters::ZERO;
         c.calls = 5;
         c.bytes = 500;
-        c.live_blocks = 5;
-        c.live_bytes = 500;
         c.sizes[7] = 5;
         let mut freed = SiteCounters::ZERO;
         freed.frees = 2;
-        freed.live_blocks = (-2i64) as u64;
-        freed.live_bytes = (-200i64) as u64;
+        freed.freed_bytes = 200;
         freed.lifetimes[3] = 2;
         let id: SiteId = (9, 4, 0);
         let mut s1 = Snapshot::default();
