@@ -1,7 +1,13 @@
-//! Starting a command stopped before its first instruction, so the probes are in place before
-//! it runs: fork, the child stops itself, the parent attaches, then lets it exec.
+//! Starting a command before its first instruction, so the probes are in place before it
+//! runs: fork, the child waits on a pipe, the parent attaches, then lets it exec.
 //!
 //! std's `Command::pre_exec` cannot do this (spawn waits for the exec), hence the raw fork.
+//!
+//! The child is also held at its exit, with ptrace (`PTRACE_O_TRACEEXIT`): its mappings are
+//! still there, so the stacks of a command shorter than a round can be symbolized. One thread,
+//! the tracer, forks, seizes and waits for the child; it passes every signal on and tells the
+//! daemon when the child is exiting and when it has exited. If heaptrace dies, the kernel
+//! releases the child, which goes on.
 use std::{
     ffi::CString,
     io::{self, Read as _},
@@ -10,16 +16,44 @@ use std::{
         unix::ffi::OsStrExt as _,
     },
     path::Path,
+    sync::mpsc,
+    time::Duration,
 };
 
 use crate::error::{Error, Result};
 
+/// What the tracer thread tells the daemon.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Stopped at its exit, mappings intact; it goes on when acknowledged (or after a timeout).
+    Exiting,
+    /// Gone, with this exit code (128 + signal when killed).
+    Exited(i32),
+}
+
 /// A child stopped before exec.
 pub struct Stopped {
     pub pid: u32,
-    /// Read end of a close-on-exec pipe: EOF once exec succeeded, an errno if it failed.
-    status_pipe: OwnedFd,
+    resume: mpsc::Sender<bool>,
+    started: mpsc::Receiver<std::result::Result<(), i32>>,
+    events: Option<tokio::sync::mpsc::UnboundedReceiver<Event>>,
+    ack: Option<mpsc::Sender<()>>,
     cmd: String,
+}
+
+/// A running child: its tracer's events, and the way to let it go on at its exit.
+pub struct Child {
+    pub pid: u32,
+    pub events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    pub ack: mpsc::Sender<()>,
+}
+
+/// How long the child may be held at its exit, whatever the daemon is doing.
+const EXIT_HOLD: Duration = Duration::from_secs(5);
+
+struct Prepared {
+    exe: CString,
+    args: Vec<CString>,
 }
 
 pub fn spawn_stopped(exe: &Path, argv: &[String]) -> Result<Stopped> {
@@ -28,94 +62,264 @@ pub fn spawn_stopped(exe: &Path, argv: &[String]) -> Result<Stopped> {
         cmd: cmd.clone(),
         reason,
     };
-    let c_exe = CString::new(exe.as_os_str().as_bytes()).map_err(|e| exec_err(e.to_string()))?;
-    let c_args: Vec<CString> = argv
-        .iter()
-        .map(|a| CString::new(a.as_bytes()))
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|e| exec_err(e.to_string()))?;
-    let mut c_argv: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
-    c_argv.push(std::ptr::null());
-
-    let mut fds = [0i32; 2];
-    // SAFETY: fds is a valid 2-element array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error().into());
-    }
-    // SAFETY: the child only calls async-signal-safe functions before exec or _exit.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(io::Error::last_os_error().into());
-    }
-    if pid == 0 {
-        // SAFETY: async-signal-safe calls only; arguments were prepared before fork.
-        unsafe {
-            libc::close(fds[0]);
-            libc::raise(libc::SIGSTOP);
-            libc::execv(c_exe.as_ptr(), c_argv.as_ptr());
-            let errno = *libc::__errno_location();
-            libc::write(fds[1], (&errno as *const i32).cast(), 4);
-            libc::_exit(127);
-        }
-    }
-    // SAFETY: fds[1] is ours; the child holds its own copy.
-    unsafe { libc::close(fds[1]) };
-    // SAFETY: fds[0] is a fresh descriptor we own.
-    let status_pipe = unsafe { OwnedFd::from_raw_fd(fds[0]) };
-    let mut status = 0;
-    // SAFETY: waiting for our own child.
-    let r = unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) };
-    if r != pid || !libc::WIFSTOPPED(status) {
-        return Err(exec_err("the child did not stop before exec".into()));
-    }
+    let prepared = Prepared {
+        exe: CString::new(exe.as_os_str().as_bytes()).map_err(|e| exec_err(e.to_string()))?,
+        args: argv
+            .iter()
+            .map(|a| CString::new(a.as_bytes()))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| exec_err(e.to_string()))?,
+    };
+    let (pid_tx, pid_rx) = mpsc::channel();
+    let (resume_tx, resume_rx) = mpsc::channel();
+    let (started_tx, started_rx) = mpsc::channel();
+    let (event_tx, event_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (ack_tx, ack_rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("heaptrace-tracer".into())
+        .spawn(move || tracer(prepared, pid_tx, resume_rx, started_tx, event_tx, ack_rx))?;
+    let pid = pid_rx
+        .recv()
+        .map_err(|_| exec_err("the tracer thread died".into()))?
+        .map_err(exec_err)?;
     Ok(Stopped {
-        pid: pid as u32,
-        status_pipe,
+        pid,
+        resume: resume_tx,
+        started: started_rx,
+        events: Some(event_rx),
+        ack: Some(ack_tx),
         cmd,
     })
 }
 
 impl Stopped {
     /// Lets the child exec; fails if exec failed.
-    pub fn resume(self) -> Result<u32> {
-        // SAFETY: signalling our own stopped child.
-        unsafe { libc::kill(self.pid as i32, libc::SIGCONT) };
-        let mut buf = [0u8; 4];
-        let mut f = std::fs::File::from(self.status_pipe);
-        match f.read(&mut buf) {
-            Ok(4) => {
-                let errno = i32::from_ne_bytes(buf);
-                reap(self.pid);
-                Err(Error::Exec {
-                    cmd: self.cmd,
-                    reason: io::Error::from_raw_os_error(errno).to_string(),
-                })
-            }
-            _ => Ok(self.pid),
+    pub fn resume(mut self) -> Result<Child> {
+        let _ = self.resume.send(true);
+        match self.started.recv() {
+            Ok(Ok(())) => Ok(Child {
+                pid: self.pid,
+                events: self.events.take().expect("events"),
+                ack: self.ack.take().expect("ack"),
+            }),
+            Ok(Err(errno)) => Err(Error::Exec {
+                cmd: self.cmd,
+                reason: io::Error::from_raw_os_error(errno).to_string(),
+            }),
+            Err(_) => Err(Error::Exec {
+                cmd: self.cmd,
+                reason: "the tracer thread died".into(),
+            }),
         }
     }
 
     /// Kills and reaps the child (attach failed).
     pub fn abort(self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
-        reap(self.pid);
+        let _ = self.resume.send(false);
+        let _ = self.started.recv();
     }
 }
 
-fn reap(pid: u32) -> Option<i32> {
-    let mut status = 0;
-    // SAFETY: waiting for our own child.
-    let r = unsafe { libc::waitpid(pid as i32, &mut status, 0) };
-    (r == pid as i32).then(|| exit_code(status))
+/// The tracer thread: every ptrace request and wait for the child happens here.
+fn tracer(
+    p: Prepared,
+    pid_tx: mpsc::Sender<std::result::Result<u32, String>>,
+    resume: mpsc::Receiver<bool>,
+    started: mpsc::Sender<std::result::Result<(), i32>>,
+    events: tokio::sync::mpsc::UnboundedSender<Event>,
+    ack: mpsc::Receiver<()>,
+) {
+    let mut argv: Vec<*const libc::c_char> = p.args.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    // Two pipes: "go" (the child waits on it before exec, so the probes are in place first)
+    // and "status" (close-on-exec: EOF once exec succeeded, an errno if it failed).
+    let mut go = [0i32; 2];
+    let mut st = [0i32; 2];
+    // SAFETY: valid 2-element arrays.
+    if unsafe { libc::pipe2(go.as_mut_ptr(), libc::O_CLOEXEC) } != 0
+        || unsafe { libc::pipe2(st.as_mut_ptr(), libc::O_CLOEXEC) } != 0
+    {
+        let _ = pid_tx.send(Err(io::Error::last_os_error().to_string()));
+        return;
+    }
+    // SAFETY: the child only calls async-signal-safe functions before exec or _exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        let _ = pid_tx.send(Err(io::Error::last_os_error().to_string()));
+        return;
+    }
+    if pid == 0 {
+        // SAFETY: async-signal-safe calls only; arguments were prepared before fork.
+        unsafe {
+            libc::close(go[1]);
+            libc::close(st[0]);
+            let mut b = 0u8;
+            loop {
+                let n = libc::read(go[0], (&mut b as *mut u8).cast(), 1);
+                if n == 1 {
+                    break;
+                }
+                if n == 0 || *libc::__errno_location() != libc::EINTR {
+                    libc::_exit(127); // heaptrace gave up (attach failed) or died
+                }
+            }
+            libc::execv(p.exe.as_ptr(), argv.as_ptr());
+            let errno = *libc::__errno_location();
+            libc::write(st[1], (&errno as *const i32).cast(), 4);
+            libc::_exit(127);
+        }
+    }
+    // SAFETY: the child's ends are its own now; ours become owned descriptors.
+    let (go_w, status_pipe) = unsafe {
+        libc::close(go[0]);
+        libc::close(st[1]);
+        (OwnedFd::from_raw_fd(go[1]), OwnedFd::from_raw_fd(st[0]))
+    };
+    // Without ptrace (not permitted here), everything but the hold at exit still works.
+    // SAFETY: seizing our own child, which is waiting on the go pipe.
+    let seized = unsafe {
+        libc::ptrace(
+            libc::PTRACE_SEIZE,
+            pid,
+            0,
+            libc::PTRACE_O_TRACEEXIT as libc::c_ulong,
+        )
+    } == 0;
+    if !seized {
+        log::debug!(
+            "cannot hold the child at exit: {}",
+            io::Error::last_os_error()
+        );
+    }
+    let _ = pid_tx.send(Ok(pid as u32));
+    let mut go_w = std::fs::File::from(go_w);
+    if resume.recv() != Ok(true) {
+        drop(go_w); // the child reads EOF and leaves
+        wait_exit(pid);
+        let _ = started.send(Err(libc::ECANCELED));
+        return;
+    }
+    let _ = std::io::Write::write_all(&mut go_w, b"g");
+    drop(go_w);
+    let mut f = std::fs::File::from(status_pipe);
+    if !seized {
+        let mut buf = [0u8; 4];
+        if let Ok(4) = f.read(&mut buf) {
+            wait_exit(pid);
+            let _ = started.send(Err(i32::from_ne_bytes(buf)));
+            return;
+        }
+        let _ = started.send(Ok(()));
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+            && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+        {}
+        let _ = events.send(Event::Exited(exit_code(status)));
+        return;
+    }
+    let mut started = Some(started);
+    loop {
+        // Until exec succeeded (the close-on-exec pipe hangs up) or failed (an errno on it).
+        if let Some(tx) = started.take() {
+            match exec_outcome(&mut f) {
+                Some(Ok(())) => {
+                    let _ = tx.send(Ok(()));
+                }
+                Some(Err(errno)) => {
+                    wait_exit(pid);
+                    let _ = tx.send(Err(errno));
+                    return;
+                }
+                None => started = Some(tx),
+            }
+        }
+        let mut status = 0;
+        let wait_flags = if started.is_some() {
+            libc::__WALL | libc::WNOHANG
+        } else {
+            libc::__WALL
+        };
+        // SAFETY: waiting for our own (traced) child.
+        let r = unsafe { libc::waitpid(pid, &mut status, wait_flags) };
+        if r == 0 {
+            continue; // WNOHANG, nothing yet
+        }
+        if r < 0 {
+            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            let _ = events.send(Event::Exited(1));
+            return;
+        }
+        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+            if let Some(tx) = started.take() {
+                let _ = tx.send(Ok(()));
+            }
+            let _ = events.send(Event::Exited(exit_code(status)));
+            return;
+        }
+        if !libc::WIFSTOPPED(status) {
+            continue;
+        }
+        let sig = libc::WSTOPSIG(status);
+        let event = status >> 16;
+        // SAFETY (all three): ptrace requests on our own seized, stopped child.
+        match event {
+            libc::PTRACE_EVENT_EXIT => {
+                if let Some(tx) = started.take() {
+                    let _ = tx.send(Ok(()));
+                }
+                let _ = events.send(Event::Exiting);
+                let _ = ack.recv_timeout(EXIT_HOLD);
+                unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
+            }
+            // A group stop (SIGSTOP, SIGTSTP...): leave it stopped until SIGCONT.
+            libc::PTRACE_EVENT_STOP => unsafe {
+                libc::ptrace(libc::PTRACE_LISTEN, pid, 0, 0);
+            },
+            // A signal on its way: deliver it.
+            _ => unsafe {
+                libc::ptrace(libc::PTRACE_CONT, pid, 0, sig as libc::c_long);
+            },
+        }
+    }
 }
 
-/// The exit status of a child that has exited, without blocking; None while it runs.
-pub fn try_wait(pid: u32) -> Option<i32> {
-    let mut status = 0;
-    // SAFETY: waiting for our own child.
-    let r = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
-    (r == pid as i32).then(|| exit_code(status))
+/// Whether exec has happened yet: waits a little on the close-on-exec pipe. Some(Ok) once it
+/// hangs up (exec succeeded), Some(Err(errno)) if the child wrote why exec failed, None if
+/// neither yet.
+fn exec_outcome(f: &mut std::fs::File) -> Option<std::result::Result<(), i32>> {
+    use std::os::fd::AsRawFd as _;
+    let mut pfd = libc::pollfd {
+        fd: f.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut pfd, 1, 20) };
+    if n <= 0 {
+        return None;
+    }
+    let mut buf = [0u8; 4];
+    match f.read(&mut buf) {
+        Ok(4) => Some(Err(i32::from_ne_bytes(buf))),
+        _ => Some(Ok(())),
+    }
+}
+
+/// Reaps the child, letting it through any stop (it may be held at its exit) on the way.
+fn wait_exit(pid: i32) {
+    loop {
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
+        if r != pid || libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+            return;
+        }
+        // SAFETY: our own stopped child; fails harmlessly if it is not traced.
+        unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
+    }
 }
 
 /// Shell convention: the exit code, or 128 + the signal that killed it.
@@ -133,19 +337,45 @@ fn exit_code(status: i32) -> i32 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn runs_a_command_after_resume_and_reports_its_exit_code() {
-        let argv = vec!["sh".to_string(), "-c".into(), "exit 7".into()];
+    fn run(argv: &[&str]) -> (Vec<Event>, u32) {
+        let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
         let child = spawn_stopped(Path::new("/bin/sh"), &argv).unwrap();
-        let pid = child.resume().unwrap();
-        assert_eq!(reap(pid), Some(7));
+        let mut child = child.resume().unwrap();
+        let mut seen = Vec::new();
+        while let Some(e) = child.events.blocking_recv() {
+            if e == Event::Exiting {
+                // The mappings are still readable while it is held.
+                let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.pid)).unwrap();
+                assert!(maps.contains("libc.so.6"), "{maps}");
+                let _ = child.ack.send(());
+            }
+            let done = matches!(e, Event::Exited(_));
+            seen.push(e);
+            if done {
+                break;
+            }
+        }
+        (seen, child.pid)
+    }
+
+    #[test]
+    fn runs_a_command_held_at_exit_and_reports_its_exit_code() {
+        let (events, _) = run(&["sh", "-c", "exit 7"]);
+        assert_eq!(events, vec![Event::Exiting, Event::Exited(7)]);
+    }
+
+    #[test]
+    fn signals_reach_the_command() {
+        // The shell sends itself SIGTERM: the tracer must pass it on, and the exit shows it.
+        let (events, _) = run(&["sh", "-c", "kill -TERM $$; sleep 5"]);
+        assert_eq!(events.last(), Some(&Event::Exited(128 + libc::SIGTERM)));
     }
 
     #[test]
     fn exec_failure_is_an_error_naming_the_command() {
         let argv = vec!["nope".to_string()];
         let child = spawn_stopped(Path::new("/nonexistent/nope"), &argv).unwrap();
-        let err = child.resume().unwrap_err().to_string();
+        let err = child.resume().err().unwrap().to_string();
         assert!(err.contains("cannot execute nope"), "{err}");
     }
 }

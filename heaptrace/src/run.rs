@@ -147,10 +147,13 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         }
     }
 
-    let pid = match (stopped, scope) {
-        (Some(child), _) => Some(child.resume()?),
-        (None, Scope::Process(pid)) => Some(pid),
-        (None, Scope::All) => None,
+    let (pid, child) = match (stopped, scope) {
+        (Some(stopped), _) => {
+            let child = stopped.resume()?;
+            (Some(child.pid), Some(child))
+        }
+        (None, Scope::Process(pid)) => (Some(pid), None),
+        (None, Scope::All) => (None, None),
     };
 
     let recorder = match record {
@@ -184,12 +187,14 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         stack_depth: cli.stack_depth as usize,
         symbolizer: Symbolizer::default(),
         recorder,
+        child,
+        exit_code: None,
     };
     let end = rt.block_on(daemon.watch(cli.interval))?;
 
     // Exit status of a launched command: it may still be finishing after a signal.
-    let exit_code = match (&target, pid) {
-        (Target::Command(_), Some(pid)) => Some(rt.block_on(child_exit(pid, &end))),
+    let exit_code = match &target {
+        Target::Command(_) => Some(rt.block_on(daemon.child_exit(&end))?),
         _ => None,
     };
 
@@ -330,28 +335,6 @@ fn end_reason(end: &End, pid: Option<u32>, exit_code: Option<i32>) -> String {
     }
 }
 
-/// Waits for a launched command to end after a signal (a terminal's Ctrl-C reaches it too;
-/// SIGTERM is passed on), a short while at most.
-async fn child_exit(pid: u32, end: &End) -> i32 {
-    if let End::Terminated = end {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    }
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        if let Some(code) = launch::try_wait(pid) {
-            return code;
-        }
-        if Instant::now() >= deadline {
-            return match end {
-                End::Terminated => 128 + libc::SIGTERM,
-                _ => 128 + libc::SIGINT,
-            };
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 struct Daemon {
     maps: KernelMaps,
     prev: Snapshot,
@@ -364,6 +347,9 @@ struct Daemon {
     stack_depth: usize,
     symbolizer: Symbolizer,
     recorder: Option<Recorder>,
+    /// A launched command, held at its exit by its tracer thread.
+    child: Option<launch::Child>,
+    exit_code: Option<i32>,
 }
 
 /// How long after the start the target's mappings are read often: a short-lived command may
@@ -374,13 +360,15 @@ const EARLY_MAPS_EVERY: Duration = Duration::from_millis(20);
 
 impl Daemon {
     async fn watch(&mut self, interval: Duration) -> Result<End> {
+        // A launched command reports its end through its tracer; any other process, through a
+        // pidfd (readable once it exits).
         let exited = match self.pid {
-            Some(pid) => {
+            Some(pid) if self.child.is_none() => {
                 let fd = procfs::pidfd_open(pid)?;
                 // SAFETY: we own the pidfd and keep it open while it is registered.
                 Some(unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)?)
             }
-            None => None,
+            _ => None,
         };
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sigterm = signal(SignalKind::terminate())?;
@@ -401,8 +389,64 @@ impl Daemon {
                     self.maps.purge_inflight(procfs::thread_alive)?;
                 }
                 _ = target_exit(exited.as_ref()) => return Ok(End::TargetExited),
+                ev = child_event(self.child.as_mut()) => {
+                    if self.child_event(ev)? {
+                        return Ok(End::TargetExited);
+                    }
+                }
                 _ = sigint.recv() => return Ok(End::Interrupted),
                 _ = sigterm.recv() => return Ok(End::Terminated),
+            }
+        }
+    }
+
+    /// Handles an event of a launched command; true once it is gone. At its exit, while it is
+    /// held with its mappings intact, a round is drained so its new stacks get names.
+    fn child_event(&mut self, ev: Option<launch::Event>) -> Result<bool> {
+        match ev {
+            Some(launch::Event::Exiting) => {
+                if let Some(pid) = self.pid {
+                    self.modules.refresh(pid);
+                }
+                self.round()?;
+                if let Some(c) = &self.child {
+                    let _ = c.ack.send(());
+                }
+                Ok(false)
+            }
+            Some(launch::Event::Exited(code)) => {
+                self.exit_code = Some(code);
+                Ok(true)
+            }
+            None => Ok(true),
+        }
+    }
+
+    /// A launched command's exit status. After a signal it may still be finishing (a
+    /// terminal's Ctrl-C reaches it too; SIGTERM is passed on): wait a short while at most.
+    async fn child_exit(&mut self, end: &End) -> Result<i32> {
+        if let Some(code) = self.exit_code {
+            return Ok(code);
+        }
+        if let (End::Terminated, Some(pid)) = (end, self.pid) {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        }
+        let deadline = tokio::time::sleep(Duration::from_secs(2));
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                ev = child_event(self.child.as_mut()) => {
+                    if self.child_event(ev)? {
+                        return Ok(self.exit_code.unwrap_or(1));
+                    }
+                }
+                _ = &mut deadline => {
+                    return Ok(match end {
+                        End::Terminated => 128 + libc::SIGTERM,
+                        _ => 128 + libc::SIGINT,
+                    });
+                }
             }
         }
     }
@@ -472,6 +516,13 @@ impl Daemon {
                 },
             );
         }
+    }
+}
+
+async fn child_event(child: Option<&mut launch::Child>) -> Option<launch::Event> {
+    match child {
+        Some(c) => c.events.recv().await,
+        None => std::future::pending().await,
     }
 }
 
