@@ -301,9 +301,12 @@ pub enum Loss {
     Stack = 4,
     /// A site did not fit in the site map: its allocations are missing from the per-site views.
     SiteMap = 5,
+    /// A process start did not fit in the event ring: a new allocator file it uses may be
+    /// attached late (when another process using it starts).
+    ProcessEvents = 6,
 }
 
-pub const LOSS_COUNT: usize = 6;
+pub const LOSS_COUNT: usize = 7;
 
 impl Loss {
     pub const ALL: [Loss; LOSS_COUNT] = [
@@ -313,6 +316,7 @@ impl Loss {
         Loss::ProcessMap,
         Loss::Stack,
         Loss::SiteMap,
+        Loss::ProcessEvents,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -323,9 +327,21 @@ impl Loss {
             Loss::ProcessMap => "process_map",
             Loss::Stack => "stack",
             Loss::SiteMap => "site_map",
+            Loss::ProcessEvents => "process_events",
         }
     }
 }
+
+/// A process started (exec), from the scheduler's tracepoint.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcEvent {
+    /// [`PROC_EXEC`].
+    pub kind: u32,
+    pub tgid: u32,
+}
+
+pub const PROC_EXEC: u32 = 1;
 
 /// Map names, shared so that a rename on one side cannot silently break the other.
 pub mod maps {
@@ -338,6 +354,7 @@ pub mod maps {
     pub const STACKS2: &str = "STACKS2";
     pub const SITES: &str = "SITES";
     pub const LATENCY: &str = "LATENCY";
+    pub const EVENTS: &str = "EVENTS";
 }
 
 /// Globals set by the loader before the programs are loaded.
@@ -362,6 +379,7 @@ const _: () = assert!(core::mem::size_of::<InFlight>() == 40);
 const _: () = assert!(core::mem::size_of::<SiteKey>() == 16);
 const _: () = assert!(core::mem::size_of::<SiteCounters>() == 6 * 8 + 2 * 8 * LOG2_BUCKETS);
 const _: () = assert!(core::mem::size_of::<LatencyHist>() == 8 * LOG2_BUCKETS);
+const _: () = assert!(core::mem::size_of::<ProcEvent>() == 8);
 
 #[cfg(feature = "user")]
 mod pod {

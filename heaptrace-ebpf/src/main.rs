@@ -12,6 +12,7 @@
 #![feature(core_intrinsics)]
 
 mod maps;
+mod procs;
 mod sites;
 
 use aya_ebpf::{

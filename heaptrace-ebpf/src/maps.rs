@@ -4,7 +4,7 @@ use core::intrinsics::{AtomicOrdering, atomic_xadd};
 use aya_ebpf::{
     helpers::bpf_get_current_comm,
     macros::map,
-    maps::{HashMap, PerCpuArray, PerCpuHashMap, StackTrace},
+    maps::{HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
 };
 use heaptrace_common::{
     FUNC_COUNT, Func, InFlight, LOSS_COUNT, LatencyHist, LiveBlock, LiveKey, Loss, ProcCounters,
@@ -65,6 +65,10 @@ pub static SITES: PerCpuHashMap<SiteKey, SiteCounters> = PerCpuHashMap::with_max
 
 #[map(name = "LATENCY")]
 pub static LATENCY: PerCpuArray<LatencyHist> = PerCpuArray::with_max_entries(FUNC_COUNT as u32, 0);
+
+/// Process starts and exits, for user space to attach new allocator files and clean up.
+#[map(name = "EVENTS")]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
 
 /// Calls counted in bare mode (entries, returns, frees).
 #[map(name = "BARE")]

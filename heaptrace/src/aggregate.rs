@@ -37,6 +37,8 @@ pub struct ProcProfile {
     pub totals: Totals,
     pub mem: Option<Mem>,
     pub peak_rss_kb: u64,
+    /// Ended while traced (system-wide mode): its figures are final.
+    pub exited: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -75,7 +77,7 @@ impl Profile {
         let mut delta = Totals::default();
         for (pid, pr) in &round.procs {
             let p = self.procs.entry(*pid).or_default();
-            if p.comm.is_empty() {
+            if !pr.comm.is_empty() {
                 p.comm.clone_from(&pr.comm);
             }
             p.totals.plus(&pr.delta);

@@ -86,6 +86,59 @@ fn mapped_files(maps: &str) -> Vec<PathBuf> {
 /// The provider for a running process. Symbol lookup order is the executable first, then the
 /// libraries in load order, so the first object that defines malloc and free wins; libc last.
 pub fn for_pid(pid: u32) -> Result<Provider> {
+    let provider = for_pid_known(pid, &mut Known::default())?;
+    Ok(provider.expect("nothing is known attached"))
+}
+
+/// What is known of allocator files by (device, inode), so each is parsed once.
+#[derive(Default)]
+pub struct Known {
+    /// Files that define malloc and are probed already.
+    pub attached: std::collections::HashSet<(u64, u64)>,
+    /// Files that define no malloc.
+    pub not_allocators: std::collections::HashSet<(u64, u64)>,
+}
+
+/// `for_pid`, skipping files already known: Ok(None) when the process's allocator is a file
+/// probed already.
+pub fn for_pid_known(pid: u32, known: &mut Known) -> Result<Option<Provider>> {
+    let (ordered, root) = candidates(pid)?;
+    let in_root = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
+    for path in &ordered {
+        let attach = in_root(path);
+        let id = file_id(&attach);
+        if let Some(id) = id {
+            if known.attached.contains(&id) {
+                return Ok(None);
+            }
+            if known.not_allocators.contains(&id) {
+                continue;
+            }
+        }
+        // Unreadable or non-ELF mappings (vdso-like files, deleted files) are not allocators.
+        match Provider::load(path.clone(), attach) {
+            Ok(Some(p)) => return Ok(Some(p)),
+            Ok(None) => {
+                if let Some(id) = id {
+                    known.not_allocators.insert(id);
+                }
+            }
+            Err(_) => {}
+        }
+    }
+    Err(Error::NoMalloc {
+        pid,
+        looked: ordered
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
+}
+
+/// A process's mapped files in symbol lookup order (the executable, then libraries in load
+/// order, libc and the dynamic loader's neighbours last), and its root directory.
+fn candidates(pid: u32) -> Result<(Vec<PathBuf>, PathBuf)> {
     let maps_path = PathBuf::from(format!("/proc/{pid}/maps"));
     let maps = fs::read_to_string(&maps_path).map_err(|source| {
         if source.kind() == std::io::ErrorKind::NotFound {
@@ -99,32 +152,16 @@ pub fn for_pid(pid: u32) -> Result<Provider> {
     })?;
     let exe = fs::read_link(format!("/proc/{pid}/exe")).ok();
     let files = mapped_files(&maps);
-    let root = PathBuf::from(format!("/proc/{pid}/root"));
-    let in_root = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
-
-    let mut ordered: Vec<&PathBuf> = Vec::new();
-    ordered.extend(files.iter().filter(|p| Some(*p) == exe.as_ref()));
+    let mut ordered: Vec<PathBuf> = Vec::new();
+    ordered.extend(files.iter().filter(|p| Some(*p) == exe.as_ref()).cloned());
     ordered.extend(
         files
             .iter()
-            .filter(|p| Some(*p) != exe.as_ref() && !is_libc(p) && !is_dynamic_loader(p)),
+            .filter(|p| Some(*p) != exe.as_ref() && !is_libc(p) && !is_dynamic_loader(p))
+            .cloned(),
     );
-    ordered.extend(files.iter().filter(|p| is_libc(p)));
-
-    for path in &ordered {
-        // Unreadable or non-ELF mappings (vdso-like files, deleted files) are not allocators.
-        if let Ok(Some(p)) = Provider::load((*path).clone(), in_root(path)) {
-            return Ok(p);
-        }
-    }
-    Err(Error::NoMalloc {
-        pid,
-        looked: ordered
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", "),
-    })
+    ordered.extend(files.iter().filter(|p| is_libc(p)).cloned());
+    Ok((ordered, PathBuf::from(format!("/proc/{pid}/root"))))
 }
 
 /// The provider for a command about to be executed: the executable if it defines malloc (a
@@ -143,6 +180,14 @@ pub fn for_command(exe: &Path, ld_preload: Option<&str>) -> Result<Provider> {
         }
     }
     host_libc()
+}
+
+/// A file's identity: the same library seen through different paths (a container's root, a
+/// bind mount) is attached once, and a different file at the same path is not mistaken for it.
+pub fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino()))
 }
 
 /// Resolves a command name the way execvp does.

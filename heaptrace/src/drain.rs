@@ -150,6 +150,50 @@ impl KernelMaps {
         Ok(out)
     }
 
+    /// Forgets processes that are gone: returns the blocks they never freed (their leaks), and
+    /// removes their entries from every map keyed by process, so map space does not leak
+    /// with process churn. Call after a snapshot that holds their final counts.
+    pub fn forget(&mut self, pids: &HashSet<u32>) -> Result<BTreeMap<SiteId, Leak>> {
+        let mut leaks: BTreeMap<SiteId, Leak> = BTreeMap::new();
+        let mut gone: Vec<LiveKey> = Vec::new();
+        for item in self.live.iter() {
+            let (key, block) = item.map_err(map_err(maps::LIVE))?;
+            if pids.contains(&key.tgid) {
+                let l = leaks
+                    .entry((key.tgid, block.stack_id, block.func))
+                    .or_default();
+                l.blocks += 1;
+                l.bytes += block.size;
+                gone.push(key);
+            }
+        }
+        for k in &gone {
+            let _ = self.live.remove(k);
+        }
+        for pid in pids {
+            let _ = self.procs.remove(pid);
+        }
+        let sizes: Vec<SizeKey> = self
+            .sizes
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| pids.contains(&k.tgid))
+            .collect();
+        for k in &sizes {
+            let _ = self.sizes.remove(k);
+        }
+        let sites: Vec<SiteKey> = self
+            .sites
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| pids.contains(&k.tgid))
+            .collect();
+        for k in &sites {
+            let _ = self.sites.remove(k);
+        }
+        Ok(leaks)
+    }
+
     /// Drops in-flight records of threads that are gone (a thread killed mid-call leaves its
     /// record behind; the map is bounded, and a reused thread id must not inherit it).
     pub fn purge_inflight(&mut self, thread_alive: impl Fn(u32, u32) -> bool) -> Result<usize> {

@@ -21,15 +21,17 @@ pub struct FuncSite {
 
 /// The malloc-family functions `path` defines, one site per distinct address.
 pub fn alloc_sites(path: &Path) -> Result<Vec<FuncSite>> {
-    let data = fs::read(path).map_err(|source| Error::Read {
+    // Read lazily: only the headers and symbol tables, not a whole (maybe huge debug) binary.
+    let data = fs::File::open(path).map_err(|source| Error::Read {
         path: path.into(),
         source,
     })?;
+    let cache = object::ReadCache::new(data);
     let elf_err = |reason: String| Error::Elf {
         path: path.into(),
         reason,
     };
-    let file = object::File::parse(&*data).map_err(|e| elf_err(e.to_string()))?;
+    let file = object::File::parse(&cache).map_err(|e| elf_err(e.to_string()))?;
 
     // Dynamic symbols are what the dynamic linker binds; a static binary only has .symtab.
     let mut by_func: BTreeMap<Func, (u64, u64)> = BTreeMap::new();
@@ -69,7 +71,7 @@ pub fn alloc_sites(path: &Path) -> Result<Vec<FuncSite>> {
     Ok(sites)
 }
 
-fn file_offset(file: &object::File<'_>, vaddr: u64) -> Option<u64> {
+fn file_offset<'a, R: object::ReadRef<'a>>(file: &object::File<'a, R>, vaddr: u64) -> Option<u64> {
     file.segments().find_map(|seg| {
         let (off, size) = seg.file_range();
         (vaddr >= seg.address() && vaddr < seg.address() + size)

@@ -230,6 +230,7 @@ pub fn document(profile: &Profile, info: &RunInfo<'_>) -> Value {
                 "rss_kb": p.mem.map(|m| m.rss_kb),
                 "virt_kb": p.mem.map(|m| m.virt_kb),
                 "peak_rss_kb": p.peak_rss_kb,
+                "exited": p.exited,
             })
         })
         .collect();

@@ -24,5 +24,6 @@ pub mod report;
 pub mod run;
 pub mod symbolize;
 pub mod views;
+pub mod watch;
 
 pub use error::{Error, Result};

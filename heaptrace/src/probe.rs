@@ -245,15 +245,24 @@ fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe> {
 }
 
 impl Probes {
+    /// Loads every program once; `attach` then puts them on as many allocator files as needed.
+    pub fn new(mut ebpf: Ebpf) -> Result<Probes> {
+        let names = Func::ALL.map(entry_program);
+        for name in std::iter::once(RETURN_PROGRAM).chain(names) {
+            uprobe(&mut ebpf, name)?
+                .load()
+                .map_err(|e| Error::Load(format!("{name}: {}", short(&e))))?;
+        }
+        Ok(Probes {
+            ebpf,
+            attached: Vec::new(),
+        })
+    }
+
     /// Attaches every function the provider defines, entry probes where `plan` puts them.
     /// Return probes go first: an entry seen without its return probe in place would leave a
     /// record that is never completed.
-    pub fn attach(
-        mut ebpf: Ebpf,
-        provider: &Provider,
-        scope: Scope,
-        at_entry: bool,
-    ) -> Result<Probes> {
+    pub fn attach(&mut self, provider: &Provider, scope: Scope, at_entry: bool) -> Result<()> {
         let plan = plan(provider, at_entry)?;
         let scope = match scope {
             Scope::All => UProbeScope::AllProcesses,
@@ -267,33 +276,24 @@ impl Probes {
             path: provider.path.clone(),
             reason: format!("{e:#}"),
         };
-        let mut attached = Vec::new();
-        let loaded = |ebpf: &mut Ebpf, name: &str| -> Result<()> {
-            uprobe(ebpf, name)?
-                .load()
-                .map_err(|e| Error::Load(format!("{name}: {}", short(&e))))
-        };
-
-        loaded(&mut ebpf, RETURN_PROGRAM)?;
         for p in plan.iter().filter(|p| p.uretprobe) {
             // Always at the entry: only there is the return address at [rsp].
-            uprobe(&mut ebpf, RETURN_PROGRAM)?
+            uprobe(&mut self.ebpf, RETURN_PROGRAM)?
                 .attach(p.site.file_offset, path, scope)
                 .map_err(|e| attach_err(p.site.func, &e))?;
         }
         for p in plan {
             let (site, placement) = (&p.site, p.placement);
             let name = entry_program(site.func);
-            loaded(&mut ebpf, name)?;
             // The cookie tells the program how many pushes ran before the probe point.
             let point = UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(site.file_offset + placement.offset),
                 cookie: Some(u64::from(placement.pushes)),
             };
-            uprobe(&mut ebpf, name)?
+            uprobe(&mut self.ebpf, name)?
                 .attach(point, path, scope)
                 .map_err(|e| attach_err(site.func, &e))?;
-            attached.push(Attached {
+            self.attached.push(Attached {
                 func: site.func.name(),
                 aliases: site.aliases.iter().map(|a| a.name()).collect(),
                 path: provider.path.clone(),
@@ -302,7 +302,7 @@ impl Probes {
                 placement,
             });
         }
-        Ok(Probes { ebpf, attached })
+        Ok(())
     }
 
     pub fn probe_count(&self) -> usize {

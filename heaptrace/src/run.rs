@@ -1,7 +1,7 @@
 //! The daemon: pick the target, attach, drain a round every interval until the target exits or
 //! we are told to stop, then detach and print what was seen.
 use std::{
-    collections::HashSet,
+    collections::{BTreeMap, HashSet},
     io::Write as _,
     os::fd::OwnedFd,
     time::{Duration, Instant},
@@ -14,19 +14,20 @@ use tokio::{
 };
 
 use crate::{
-    aggregate::Profile,
+    aggregate::{Leak, Profile},
     allocator::{self, Provider},
     cli::TraceArgs,
     drain::KernelMaps,
     error::{Error, Result},
     json, launch,
-    model::Snapshot,
+    model::{SiteId, Snapshot},
     modules::Modules,
     probe::{self, LoadOptions, Probes, Scope},
     procfs,
     record::{Header, Recorder, format::EndRec},
     report,
     symbolize::Symbolizer,
+    watch::ProcWatch,
 };
 
 enum Target {
@@ -106,8 +107,11 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         }
     };
 
-    let attached = probe::load(&opts)
-        .and_then(|ebpf| Probes::attach(ebpf, &provider, scope, cli.probe_at_entry));
+    let attached = probe::load(&opts).and_then(|ebpf| {
+        let mut probes = Probes::new(ebpf)?;
+        probes.attach(&provider, scope, cli.probe_at_entry)?;
+        Ok(probes)
+    });
     let mut probes = match attached {
         Ok(p) => p,
         Err(e) => {
@@ -118,6 +122,21 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         }
     };
     let maps = KernelMaps::take(&mut probes.ebpf, probe::stack_maps(&opts).1)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    // The process watch registers its ring buffer with this runtime's reactor.
+    let _in_runtime = rt.enter();
+    // System-wide: follow processes that start later (their allocator may be another file) and
+    // those that end; look at the ones already running the same way.
+    let procwatch = match scope {
+        Scope::All => {
+            let mut w = ProcWatch::start(&mut probes, &provider, cli.probe_at_entry)?;
+            w.scan(&mut probes);
+            Some(w)
+        }
+        Scope::Process(_) => None,
+    };
     let what = match scope {
         Scope::All => "all processes".to_string(),
         Scope::Process(pid) => format!("pid {pid}"),
@@ -169,9 +188,6 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         None => None,
     };
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let mut modules = Modules::default();
     if let (Target::Command(_), Some(pid)) = (&target, pid) {
         modules.settle(pid, &provider.path, Duration::from_millis(200));
@@ -189,6 +205,9 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         recorder,
         child,
         exit_code: None,
+        probes: Some(probes),
+        procwatch,
+        exited_leaks: BTreeMap::new(),
     };
     let end = rt.block_on(daemon.watch(cli.interval))?;
 
@@ -199,11 +218,14 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     };
 
     // Detach first so the final read is of a state nothing changes any more.
+    let probes = daemon.probes.take().expect("probes");
     let attached_list = probes.attached.clone();
     drop(probes);
     daemon.round()?;
     let pids: Option<HashSet<u32>> = pid.map(|p| HashSet::from([p]));
-    daemon.profile.leaks = Some(daemon.maps.live_blocks(pids.as_ref())?);
+    let mut leaks = daemon.maps.live_blocks(pids.as_ref())?;
+    leaks.append(&mut daemon.exited_leaks);
+    daemon.profile.leaks = Some(leaks);
 
     let aliases = aliases(&provider);
     let reason = end_reason(&end, pid, exit_code);
@@ -350,6 +372,12 @@ struct Daemon {
     /// A launched command, held at its exit by its tracer thread.
     child: Option<launch::Child>,
     exit_code: Option<i32>,
+    /// Detached (dropped) before the final round.
+    probes: Option<Probes>,
+    /// System-wide mode: process starts and exits.
+    procwatch: Option<ProcWatch>,
+    /// Blocks that processes ended without freeing, taken out of the live map when they ended.
+    exited_leaks: BTreeMap<SiteId, Leak>,
 }
 
 /// How long after the start the target's mappings are read often: a short-lived command may
@@ -376,7 +404,9 @@ impl Daemon {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticks.tick().await; // the first tick is immediate
         let mut early = tokio::time::interval(EARLY_MAPS_EVERY);
+        let mut retry = tokio::time::interval(crate::watch::RETRY_EVERY);
         loop {
+            let pending = self.procwatch.as_ref().is_some_and(ProcWatch::has_pending);
             let early_maps = self.pid.is_some() && self.start.elapsed() < EARLY_MAPS;
             tokio::select! {
                 _ = early.tick(), if early_maps => {
@@ -394,10 +424,43 @@ impl Daemon {
                         return Ok(End::TargetExited);
                     }
                 }
+                _ = retry.tick(), if pending => {
+                    if let (Some(w), Some(p)) = (self.procwatch.as_mut(), self.probes.as_mut()) {
+                        w.retry(p);
+                    }
+                }
+                _ = ring_readable(self.procwatch.as_ref()) => {
+                    if let (Some(w), Some(p)) = (self.procwatch.as_mut(), self.probes.as_mut()) {
+                        w.drain(p);
+                    }
+                }
                 _ = sigint.recv() => return Ok(End::Interrupted),
                 _ = sigterm.recv() => return Ok(End::Terminated),
             }
         }
+    }
+
+    /// Processes that ended: their final counts are in the round just applied; keep their
+    /// leaks and free their map space.
+    fn forget_exited(&mut self, snap: &Snapshot) -> Result<()> {
+        let mut gone: HashSet<u32> = snap
+            .procs
+            .keys()
+            .copied()
+            .filter(|p| !procfs::alive(*p))
+            .collect();
+        gone.retain(|p| self.profile.procs.get(p).is_none_or(|pp| !pp.exited));
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let mut leaks = self.maps.forget(&gone)?;
+        self.exited_leaks.append(&mut leaks);
+        for p in &gone {
+            if let Some(pp) = self.profile.procs.get_mut(p) {
+                pp.exited = true;
+            }
+        }
+        Ok(())
     }
 
     /// Handles an event of a launched command; true once it is gone. At its exit, while it is
@@ -466,9 +529,17 @@ impl Daemon {
                 && let Some(m) = procfs::mem(p)
             {
                 round.mem.insert(p, m);
+                // The kernel names a process at its first allocation, which may be before
+                // its exec (a shell's fork): the current name wins while it lives.
+                if let (Some(pr), Some(comm)) = (round.procs.get_mut(&p), procfs::comm(p)) {
+                    pr.comm = comm;
+                }
             }
         }
         self.profile.apply(&round);
+        if self.procwatch.is_some() {
+            self.forget_exited(&snap)?;
+        }
         if let Some(r) = &mut self.recorder
             && let Err(e) = r.round(&round)
         {
@@ -516,6 +587,17 @@ impl Daemon {
                 },
             );
         }
+    }
+}
+
+async fn ring_readable(w: Option<&ProcWatch>) {
+    match w {
+        Some(w) => {
+            if let Ok(mut guard) = w.ring.readable().await {
+                guard.clear_ready();
+            }
+        }
+        None => std::future::pending().await,
     }
 }
 

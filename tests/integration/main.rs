@@ -7,3 +7,4 @@ mod placement;
 mod recording;
 mod stacks;
 mod support;
+mod system;

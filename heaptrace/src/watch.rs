@@ -1,0 +1,147 @@
+//! System-wide mode: processes that start after heaptrace, whose allocator may be a file not
+//! probed yet (a container's libc, a static executable, jemalloc).
+use std::fs;
+
+use aya::{
+    maps::{MapData, RingBuf},
+    programs::RawTracePoint,
+};
+use heaptrace_common::{PROC_EXEC, ProcEvent, maps};
+use tokio::io::unix::AsyncFd;
+
+use crate::{
+    allocator::{self, Provider},
+    error::{Error, Result},
+    probe::{Probes, Scope},
+};
+
+pub struct ProcWatch {
+    pub ring: AsyncFd<RingBuf<MapData>>,
+    /// Allocator files attached, and files that are no allocators, by (device, inode).
+    known: allocator::Known,
+    at_entry: bool,
+    /// Processes just started whose allocator is not mapped yet (the exec tracepoint fires
+    /// before the dynamic loader maps libc): looked at again shortly, a while at most.
+    pending: Vec<(u32, std::time::Instant)>,
+}
+
+/// How long a new process may take to map its allocator.
+const PENDING_FOR: std::time::Duration = std::time::Duration::from_millis(500);
+/// How often pending processes are looked at again.
+pub const RETRY_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
+impl ProcWatch {
+    /// Attaches the exec tracepoint; `first` is the file already probed.
+    pub fn start(probes: &mut Probes, first: &Provider, at_entry: bool) -> Result<ProcWatch> {
+        let (prog, tp) = ("on_exec", "sched_process_exec");
+        {
+            let p: &mut RawTracePoint = probes
+                .ebpf
+                .program_mut(prog)
+                .ok_or_else(|| Error::Load(format!("program {prog} missing from the object")))?
+                .try_into()
+                .map_err(|e| Error::Load(format!("{prog}: {e}")))?;
+            p.load().map_err(|e| Error::Load(format!("{prog}: {e}")))?;
+            p.attach(tp)
+                .map_err(|e| Error::Load(format!("{prog} on {tp}: {e}")))?;
+        }
+        let map = probes
+            .ebpf
+            .take_map(maps::EVENTS)
+            .ok_or_else(|| Error::Load("map EVENTS missing".into()))?;
+        let ring = RingBuf::try_from(map).map_err(|e| Error::Map {
+            map: maps::EVENTS,
+            reason: e.to_string(),
+        })?;
+        let mut known = allocator::Known::default();
+        if let Some(id) = allocator::file_id(&first.attach_path) {
+            known.attached.insert(id);
+        }
+        // SAFETY: the ring buffer owns its map fd and keeps it open while it is registered.
+        let ring = unsafe { AsyncFd::register(ring) }.map_err(|e| e.into_parts().1)?;
+        Ok(ProcWatch {
+            ring,
+            known,
+            at_entry,
+            pending: Vec::new(),
+        })
+    }
+
+    /// Looks at every process already running, as if each had just started.
+    pub fn scan(&mut self, probes: &mut Probes) {
+        let me = std::process::id();
+        let Ok(dir) = fs::read_dir("/proc") else {
+            return;
+        };
+        for entry in dir.flatten() {
+            if let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+                && pid != me
+            {
+                let _ = self.started(probes, pid);
+            }
+        }
+    }
+
+    /// Reads the events waiting in the ring.
+    pub fn drain(&mut self, probes: &mut Probes) {
+        let mut events = Vec::new();
+        {
+            let ring = self.ring.get_mut();
+            while let Some(item) = ring.next() {
+                if item.len() >= std::mem::size_of::<ProcEvent>() {
+                    // SAFETY: the kernel wrote a ProcEvent (repr(C), 8 bytes); read unaligned.
+                    events.push(unsafe {
+                        std::ptr::read_unaligned(item.as_ptr().cast::<ProcEvent>())
+                    });
+                }
+            }
+        }
+        for e in events.iter().filter(|e| e.kind == PROC_EXEC) {
+            if !self.started(probes, e.tgid) {
+                self.pending.push((e.tgid, std::time::Instant::now()));
+            }
+        }
+    }
+
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Looks again at the processes whose allocator was not mapped yet.
+    pub fn retry(&mut self, probes: &mut Probes) {
+        let pending = std::mem::take(&mut self.pending);
+        for (pid, since) in pending {
+            if !self.started(probes, pid) && since.elapsed() < PENDING_FOR {
+                self.pending.push((pid, since));
+            }
+        }
+    }
+
+    /// A process started: attach its allocator file if no probe is on it yet. False when no
+    /// allocator is mapped in it (yet).
+    fn started(&mut self, probes: &mut Probes, pid: u32) -> bool {
+        let provider = match allocator::for_pid_known(pid, &mut self.known) {
+            Ok(Some(p)) => p,
+            Ok(None) => return true, // an allocator file probed already
+            Err(crate::error::Error::NoSuchProcess(_)) => return true, // gone already
+            Err(_) => return false,  // nothing with malloc mapped, maybe not yet
+        };
+        let Some(id) = allocator::file_id(&provider.attach_path) else {
+            return true;
+        };
+        if !self.known.attached.insert(id) {
+            return true;
+        }
+        match probes.attach(&provider, Scope::All, self.at_entry) {
+            Ok(()) => eprintln!(
+                "heaptrace: also tracing {} (first seen in pid {pid})",
+                provider.path.display()
+            ),
+            Err(e) => eprintln!("heaptrace: warning: cannot trace pid {pid}'s allocator: {e}"),
+        }
+        true
+    }
+}

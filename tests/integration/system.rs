@@ -1,0 +1,200 @@
+//! System-wide mode beyond the host's libc: allocators that appear after heaptrace started (a
+//! static executable, a private copy of libc in its own mount namespace), and the clean-up of
+//! processes that end.
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::{
+    expect::{Expected, Fixture},
+    support::*,
+};
+
+fn start_all(tag: &str, extra: &[&str]) -> (Running, std::path::PathBuf) {
+    let json = json_path(tag);
+    let mut cmd = heaptrace();
+    cmd.args(["--all", "--no-tui", "-q", "--interval", "200ms"])
+        .args(extra)
+        .arg("--json")
+        .arg(&json);
+    (start_attached(&mut cmd), json)
+}
+
+/// Waits until heaptrace's stderr has `needle`.
+fn wait_for(tracer: &Running, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !tracer.stderr.lock().unwrap().contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} in {}",
+            tracer.stderr.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Starts a fixture in "wait" mode and reads its "ready" line.
+fn ready(mut cmd: Command) -> Child {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "ready\n");
+    child
+}
+
+fn go(mut child: Child) {
+    child.stdin.take().unwrap().write_all(b"g").unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+fn process(doc: &Value, pid: u32) -> &Value {
+    doc["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(u64::from(pid)))
+        .unwrap_or_else(|| panic!("pid {pid} not in {}", doc["processes"]))
+}
+
+fn sizes_of(p: &Value) -> std::collections::BTreeMap<(String, u64), u64> {
+    p["sizes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                (
+                    s["function"].as_str().unwrap().to_string(),
+                    s["size"].as_u64().unwrap(),
+                ),
+                s["count"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The fixture's own sizes, exactly: its work runs only after heaptrace said it attached.
+fn check_fixture_sizes(p: &Value, fx: &Fixture) {
+    let got = sizes_of(p);
+    for ((func, size), n) in &Expected::of(fx).sizes {
+        assert_eq!(got.get(&(func.clone(), *size)), Some(n), "{func} {size}");
+    }
+}
+
+#[test]
+fn all_attaches_a_static_binary_started_later() {
+    if !bpf_or_skip("all_attaches_a_static_binary_started_later") {
+        return;
+    }
+    let _g = exclusive();
+    let bin = fixture("allocs", "-static", &["-static"]);
+    let (tracer, json) = start_all("sys-static", &["--mode", "sizes"]);
+    let fx = Fixture {
+        threads: 0,
+        iterations: 300,
+        leaks: 3,
+        memalign_apart: false,
+        no_pvalloc: false,
+    };
+    let mut cmd = Command::new(&bin);
+    cmd.args(["0", "300", "3", "wait"]);
+    let child = ready(cmd);
+    let pid = child.id();
+    wait_for(&tracer, &format!("also tracing {}", bin.display()));
+    go(child);
+    std::thread::sleep(Duration::from_millis(500));
+    tracer.signal(libc::SIGINT);
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    let doc = read_json(&json);
+    let p = process(&doc, pid);
+    check_fixture_sizes(p, &fx);
+    assert_eq!(p["comm"], "allocs-static");
+    assert_eq!(p["exited"], true);
+    assert_eq!(p["leaks"]["blocks"].as_u64(), Some(4), "{}", p["leaks"]);
+}
+
+/// A process in its own mount namespace, where libc.so.6 is another file (a bind-mounted copy):
+/// heaptrace finds it through /proc/PID/root and attaches that file too, once.
+#[test]
+fn all_attaches_a_private_libc_in_another_mount_namespace() {
+    if !bpf_or_skip("all_attaches_a_private_libc_in_another_mount_namespace") {
+        return;
+    }
+    let _g = exclusive();
+    let host_libc = heaptrace::allocator::host_libc_path().unwrap();
+    let copy = workspace().join("target/fixtures/libc-copy.so.6");
+    std::fs::copy(&host_libc, &copy).unwrap();
+    let bin = fixture("allocs", "", &[]);
+    let (tracer, json) = start_all("sys-mntns", &["--mode", "sizes"]);
+    let fx = Fixture {
+        threads: 0,
+        iterations: 300,
+        leaks: 3,
+        memalign_apart: false,
+        no_pvalloc: false,
+    };
+    let script = format!(
+        "mount --bind {} {} && exec {} 0 300 3 wait",
+        copy.display(),
+        host_libc.display(),
+        bin.display()
+    );
+    let mut cmd = Command::new("unshare");
+    cmd.args(["-m", "--propagation", "private", "sh", "-c", &script]);
+    let child = ready(cmd);
+    let pid = child.id(); // unshare execs sh, which execs the fixture: the same pid
+    wait_for(
+        &tracer,
+        &format!("also tracing {} (first seen in pid", host_libc.display()),
+    );
+    go(child);
+    std::thread::sleep(Duration::from_millis(500));
+    tracer.signal(libc::SIGINT);
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stderr.matches("also tracing").count(), 1, "{stderr}");
+    let doc = read_json(&json);
+    check_fixture_sizes(process(&doc, pid), &fx);
+}
+
+/// Processes that end give their live-map space back: two processes that each leave 1500
+/// blocks behind, one after the other, fit in a live map of 2000, with their leaks exact.
+#[test]
+fn exited_processes_free_their_map_space() {
+    if !bpf_or_skip("exited_processes_free_their_map_space") {
+        return;
+    }
+    let _g = exclusive();
+    let bin = fixture("allocs", "", &[]);
+    let (tracer, json) = start_all("sys-exit", &["--mode", "counts", "--live-map-size", "2500"]);
+    let mut pids = Vec::new();
+    for _ in 0..2 {
+        let mut child = Command::new(&bin).args(["0", "0", "1500"]).spawn().unwrap();
+        pids.push(child.id());
+        assert!(child.wait().unwrap().success());
+        // Two rounds: one sees it gone and forgets it.
+        std::thread::sleep(Duration::from_millis(600));
+    }
+    tracer.signal(libc::SIGINT);
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    let doc = read_json(&json);
+    assert_eq!(doc["lost"]["live_map"], 0, "{}", doc["lost"]);
+    for pid in pids {
+        let p = process(&doc, pid);
+        assert_eq!(p["exited"], true);
+        assert_eq!(p["leaks"]["blocks"].as_u64(), Some(1501), "{}", p["leaks"]);
+        assert_eq!(p["leaks"]["bytes"].as_u64(), Some(1500 * 777 + 555));
+    }
+}
