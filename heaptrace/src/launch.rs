@@ -14,6 +14,31 @@ use std::{
 
 use crate::error::{Error, Result};
 
+/// Where a launched command's standard streams go.
+pub struct Redirect {
+    /// Receives stdout and stderr.
+    pub output: std::fs::File,
+    /// Becomes stdin.
+    pub input: std::fs::File,
+}
+
+impl Redirect {
+    /// stdout and stderr to `path` (created or truncated), stdin from /dev/null.
+    pub fn to(path: &Path) -> Result<Redirect> {
+        let output = std::fs::File::create(path).map_err(|e| {
+            Error::Io(io::Error::new(
+                e.kind(),
+                format!("cannot write {}: {e}", path.display()),
+            ))
+        })?;
+        let input = std::fs::File::open("/dev/null").map_err(|source| Error::Read {
+            path: "/dev/null".into(),
+            source,
+        })?;
+        Ok(Redirect { output, input })
+    }
+}
+
 /// A child stopped before exec.
 pub struct Stopped {
     pub pid: u32,
@@ -22,7 +47,9 @@ pub struct Stopped {
     cmd: String,
 }
 
-pub fn spawn_stopped(exe: &Path, argv: &[String]) -> Result<Stopped> {
+pub fn spawn_stopped(exe: &Path, argv: &[String], redirect: Option<&Redirect>) -> Result<Stopped> {
+    use std::os::fd::AsRawFd as _;
+    let fds_in_child = redirect.map(|r| (r.output.as_raw_fd(), r.input.as_raw_fd()));
     let cmd = argv.first().cloned().unwrap_or_default();
     let exec_err = |reason: String| Error::Exec {
         cmd: cmd.clone(),
@@ -51,6 +78,12 @@ pub fn spawn_stopped(exe: &Path, argv: &[String]) -> Result<Stopped> {
         // SAFETY: async-signal-safe calls only; arguments were prepared before fork.
         unsafe {
             libc::close(fds[0]);
+            if let Some((out, input)) = fds_in_child {
+                // dup2 leaves the copies open across exec (the originals are close-on-exec).
+                libc::dup2(out, 1);
+                libc::dup2(out, 2);
+                libc::dup2(input, 0);
+            }
             libc::raise(libc::SIGSTOP);
             libc::execv(c_exe.as_ptr(), c_argv.as_ptr());
             let errno = *libc::__errno_location();
@@ -136,15 +169,33 @@ mod tests {
     #[test]
     fn runs_a_command_after_resume_and_reports_its_exit_code() {
         let argv = vec!["sh".to_string(), "-c".into(), "exit 7".into()];
-        let child = spawn_stopped(Path::new("/bin/sh"), &argv).unwrap();
+        let child = spawn_stopped(Path::new("/bin/sh"), &argv, None).unwrap();
         let pid = child.resume().unwrap();
         assert_eq!(reap(pid), Some(7));
     }
 
     #[test]
+    fn redirects_output_to_a_file_and_input_from_dev_null() {
+        let out = std::env::temp_dir().join(format!("heaptrace-launch-{}.out", std::process::id()));
+        let argv = vec![
+            "sh".to_string(),
+            "-c".into(),
+            "echo to-out; echo to-err >&2; cat; echo done".into(),
+        ];
+        let r = Redirect::to(&out).unwrap();
+        let child = spawn_stopped(Path::new("/bin/sh"), &argv, Some(&r)).unwrap();
+        drop(r);
+        let pid = child.resume().unwrap();
+        assert_eq!(reap(pid), Some(0));
+        let text = std::fs::read_to_string(&out).unwrap();
+        let _ = std::fs::remove_file(&out);
+        assert_eq!(text, "to-out\nto-err\ndone\n");
+    }
+
+    #[test]
     fn exec_failure_is_an_error_naming_the_command() {
         let argv = vec!["nope".to_string()];
-        let child = spawn_stopped(Path::new("/nonexistent/nope"), &argv).unwrap();
+        let child = spawn_stopped(Path::new("/nonexistent/nope"), &argv, None).unwrap();
         let err = child.resume().unwrap_err().to_string();
         assert!(err.contains("cannot execute nope"), "{err}");
     }

@@ -19,6 +19,7 @@ pub mod procfs;
 pub mod report;
 pub mod run;
 pub mod symbolize;
+pub mod tui;
 pub mod views;
 
 pub use error::{Error, Result};

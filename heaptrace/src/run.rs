@@ -25,6 +25,7 @@ use crate::{
     probe::{self, LoadOptions, Probes, Scope},
     procfs, report,
     symbolize::Symbolizer,
+    tui,
 };
 
 enum Target {
@@ -60,11 +61,14 @@ enum End {
     TargetExited,
     Interrupted,
     Terminated,
+    /// The live view was quit.
+    Quit,
 }
 
 pub fn run(cli: Cli) -> Result<i32> {
     let target = Target::from_cli(&cli)?;
     probe::preflight()?;
+    let live_view = !cli.no_tui && tui::wanted();
     let opts = LoadOptions {
         mode: cli.mode.kernel(),
         temporary_ns: cli.temporary.unwrap_or(cli.interval).as_nanos() as u64,
@@ -95,7 +99,13 @@ pub fn run(cli: Cli) -> Result<i32> {
             })?;
             let preload = std::env::var("LD_PRELOAD").ok();
             let provider = allocator::for_command(&exe, preload.as_deref())?;
-            let child = launch::spawn_stopped(&exe, argv)?;
+            // With the live view on the terminal, the command's output would scribble over it.
+            let redirect = match (&cli.output, live_view) {
+                (Some(path), _) => Some(launch::Redirect::to(path)?),
+                (None, true) => Some(launch::Redirect::to(std::path::Path::new("/dev/null"))?),
+                (None, false) => None,
+            };
+            let child = launch::spawn_stopped(&exe, argv, redirect.as_ref())?;
             let scope = Scope::Process(child.pid);
             stopped = Some(child);
             (provider, scope)
@@ -151,6 +161,46 @@ pub fn run(cli: Cli) -> Result<i32> {
     if let (Target::Command(_), Some(pid)) = (&target, pid) {
         modules.settle(pid, &provider.path, Duration::from_millis(200));
     }
+    let aliases = aliases(&provider);
+    let temporary_ms = opts.temporary_ns / 1_000_000;
+    let (view, link) = if live_view {
+        let info = tui::Info {
+            target: match &target {
+                Target::Pid(p) => format!(
+                    "pid {p} ({})",
+                    procfs::comm(*p).unwrap_or_else(|| "?".into())
+                ),
+                Target::All => "all processes".into(),
+                Target::Command(argv) => format!("{} (pid {})", argv.join(" "), pid.unwrap_or(0)),
+            },
+            mode: target.mode(),
+            collect: cli.mode.name(),
+            interval_ms: cli.interval.as_millis() as u64,
+            provider: provider.path.display().to_string(),
+            pids: pid.into_iter().collect(),
+            command: match &target {
+                Target::Command(argv) => argv.clone(),
+                _ => Vec::new(),
+            },
+            attached: probes.attached.clone(),
+            aliases: aliases.clone(),
+            temporary_ms,
+            output: match (&target, &cli.output) {
+                (Target::Command(_), Some(p)) => Some(p.display().to_string()),
+                (Target::Command(_), None) => Some("/dev/null".into()),
+                _ => None,
+            },
+        };
+        match tui::Tui::start(info, tui::Published::default()) {
+            Ok((view, link)) => (Some(view), Some(link)),
+            Err(e) => {
+                eprintln!("heaptrace: cannot open the live view ({e}); printing rounds instead");
+                (None, None)
+            }
+        }
+    } else {
+        (None, None)
+    };
     let mut daemon = Daemon {
         maps,
         prev: Snapshot::default(),
@@ -161,6 +211,8 @@ pub fn run(cli: Cli) -> Result<i32> {
         modules,
         stack_depth: cli.stack_depth as usize,
         symbolizer: Symbolizer::default(),
+        live: link,
+        cpu: CpuMeter::default(),
     };
     let end = rt.block_on(daemon.watch(cli.interval))?;
 
@@ -177,14 +229,20 @@ pub fn run(cli: Cli) -> Result<i32> {
     let pids: Option<HashSet<u32>> = pid.map(|p| HashSet::from([p]));
     daemon.profile.leaks = Some(daemon.maps.live_blocks(pids.as_ref())?);
 
-    let aliases = aliases(&provider);
+    // The live view stays up on the final figures after the target exited, until quit.
+    let reason = end_reason(&end, pid, exit_code);
+    if daemon.live.is_some() && matches!(end, End::TargetExited) {
+        daemon.publish(Some(reason.clone()), exit_code);
+        rt.block_on(daemon.until_quit())?;
+    }
+    let view_error = view.map(|v| v.close()).and_then(|r| r.err());
+
     let profile = &daemon.profile;
-    eprintln!("heaptrace: {}", end_reason(&end, pid, exit_code));
+    eprintln!("heaptrace: {reason}");
     eprint!("{}", report::summary(profile, pid, &aliases));
     if pid.is_none() {
         eprint!("{}", report::processes(profile, 20));
     }
-    let temporary_ms = opts.temporary_ns / 1_000_000;
     if cli.mode == crate::cli::Mode::Stacks {
         eprint!("{}", crate::views::sites(profile, cli.top, temporary_ms));
     }
@@ -215,6 +273,9 @@ pub fn run(cli: Cli) -> Result<i32> {
             std::fs::write(path, doc + "\n")?;
         }
     }
+    if let Some(e) = view_error {
+        return Err(Error::Io(std::io::Error::other(e)));
+    }
     Ok(exit_code.unwrap_or(0))
 }
 
@@ -234,6 +295,7 @@ fn end_reason(end: &End, pid: Option<u32>, exit_code: Option<i32>) -> String {
         }
         (End::TargetExited, Some(pid), None) => format!("pid {pid} exited"),
         (End::Interrupted, _, _) => "interrupted; detached".into(),
+        (End::Quit, _, _) => "quit; detached".into(),
         (End::Terminated, _, _) => "terminated; detached".into(),
         (End::TargetExited, None, _) => "stopped".into(),
     }
@@ -241,10 +303,17 @@ fn end_reason(end: &End, pid: Option<u32>, exit_code: Option<i32>) -> String {
 
 /// Waits for a launched command to end after a signal (a terminal's Ctrl-C reaches it too;
 /// SIGTERM is passed on), a short while at most.
+/// Quitting the live view interrupts the command as Ctrl-C would without it, and kills it if
+/// it is still there after that while.
 async fn child_exit(pid: u32, end: &End) -> i32 {
-    if let End::Terminated = end {
+    let sig = match end {
+        End::Terminated => Some(libc::SIGTERM),
+        End::Quit => Some(libc::SIGINT),
+        _ => None,
+    };
+    if let Some(sig) = sig {
         // SAFETY: signalling our own child.
-        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        unsafe { libc::kill(pid as i32, sig) };
     }
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
@@ -252,6 +321,13 @@ async fn child_exit(pid: u32, end: &End) -> i32 {
             return code;
         }
         if Instant::now() >= deadline {
+            if let End::Quit = end {
+                // SAFETY: killing and reaping our own child.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                let mut status = 0;
+                unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+                return 128 + libc::SIGKILL;
+            }
             return match end {
                 End::Terminated => 128 + libc::SIGTERM,
                 _ => 128 + libc::SIGINT,
@@ -272,6 +348,38 @@ struct Daemon {
     modules: Modules,
     stack_depth: usize,
     symbolizer: Symbolizer,
+    /// The live view's channels, when it is up.
+    live: Option<tui::Link>,
+    cpu: CpuMeter,
+}
+
+/// heaptrace's own CPU use between two reads, from /proc/self/stat.
+#[derive(Default)]
+struct CpuMeter {
+    last: Option<(Instant, f64)>,
+}
+
+impl CpuMeter {
+    /// Percent of one CPU since the previous call.
+    fn sample(&mut self) -> Option<f64> {
+        let now = (Instant::now(), procfs::self_cpu_seconds()?);
+        let pct = self.last.map(|(t, cpu)| {
+            let wall = now.0.duration_since(t).as_secs_f64().max(1e-6);
+            100.0 * (now.1 - cpu) / wall
+        });
+        self.last = Some(now);
+        pct
+    }
+}
+
+/// Waits for the live view to quit (or to be gone); forever without one.
+async fn view_quit(live: Option<&mut tui::Link>) {
+    match live {
+        Some(l) => {
+            let _ = l.quit.recv().await;
+        }
+        None => std::future::pending().await,
+    }
 }
 
 /// How long after the start the target's mappings are read often: a short-lived command may
@@ -309,6 +417,7 @@ impl Daemon {
                     self.maps.purge_inflight(procfs::thread_alive)?;
                 }
                 _ = target_exit(exited.as_ref()) => return Ok(End::TargetExited),
+                _ = view_quit(self.live.as_mut()) => return Ok(End::Quit),
                 _ = sigint.recv() => return Ok(End::Interrupted),
                 _ = sigterm.recv() => return Ok(End::Terminated),
             }
@@ -334,11 +443,39 @@ impl Daemon {
         }
         self.profile.apply(&round);
         if !self.quiet
+            && self.live.is_none()
             && let Some(row) = self.profile.rounds.last()
         {
             eprintln!("heaptrace: {}", report::round_line(row));
         }
         self.prev = snap;
+        self.publish(None, None);
+        Ok(())
+    }
+
+    /// Hands the live view a copy of the Profile; it never waits for the view.
+    fn publish(&mut self, ended: Option<String>, exit_code: Option<i32>) {
+        if let Some(live) = &self.live {
+            let cpu_percent = self.cpu.sample();
+            live.publish(tui::Published {
+                profile: self.profile.clone(),
+                elapsed_ms: self.start.elapsed().as_millis() as u64,
+                cpu_percent,
+                ended,
+                exit_code,
+            });
+        }
+    }
+
+    /// After the target exited: waits until the live view is quit, or a signal.
+    async fn until_quit(&mut self) -> Result<()> {
+        let mut sigint = signal(SignalKind::interrupt())?;
+        let mut sigterm = signal(SignalKind::terminate())?;
+        tokio::select! {
+            _ = view_quit(self.live.as_mut()) => {}
+            _ = sigint.recv() => {}
+            _ = sigterm.recv() => {}
+        }
         Ok(())
     }
 }
