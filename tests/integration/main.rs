@@ -5,3 +5,4 @@ mod expect;
 mod faults;
 mod stacks;
 mod support;
+mod tui;

@@ -307,6 +307,8 @@ pub struct App {
     /// The site whose stack is open (Enter on the sites screen), and its scroll.
     pub detail: Option<SiteId>,
     pub detail_scroll: usize,
+    /// Narrows the sites (by a frame's function or module, or the allocating function) and the
+    /// processes (by command or pid); the other screens show every row.
     pub filter: String,
     pub editing_filter: bool,
     pub site_sort: SiteSort,
@@ -646,7 +648,6 @@ impl App {
     }
 
     pub fn func_rows(&self) -> Vec<FuncRow> {
-        let needle = self.filter.to_lowercase();
         let t = self.view.totals();
         let hidden: Vec<Func> = self.info.aliases.iter().map(|(a, _)| *a).collect();
         let mut rows: Vec<FuncRow> = shown_funcs(&hidden)
@@ -668,7 +669,6 @@ impl App {
                     latency: percentiles(&self.view.latency[f as usize], 1),
                 }
             })
-            .filter(|r| needle.is_empty() || matches(&r.name, &needle))
             .collect();
         match self.func_sort {
             FuncSort::Family => {}
@@ -719,15 +719,13 @@ impl App {
 
     /// Exact request sizes (all functions but free), in the chosen order.
     pub fn size_rows(&self) -> Vec<SizeRow> {
-        let needle = self.filter.to_lowercase();
         let mut rows: Vec<SizeRow> = self
             .view
             .sizes_by_func(None)
             .into_iter()
             .filter_map(|((f, size), count)| {
-                let func = Func::from_u32(f)?.name();
-                (needle.is_empty() || matches(func, &needle)).then_some(SizeRow {
-                    func,
+                Some(SizeRow {
+                    func: Func::from_u32(f)?.name(),
                     size,
                     count,
                 })
