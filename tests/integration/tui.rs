@@ -149,11 +149,20 @@ fn out_dir(tag: &str) -> PathBuf {
     d
 }
 
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
 /// `cd DIR; heaptrace ARGS; echo exit=$? > DIR/status; sleep` (the pane stays to be read).
 fn shell(dir: &Path, args: &[&str]) -> String {
-    let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    shell_env(dir, "", args)
+}
+
+/// The same with `VAR=value ` settings before heaptrace; the terminal's settings once it
+/// exited go to DIR/stty.
+fn shell_env(dir: &Path, env: &str, args: &[&str]) -> String {
     let mut cmd = format!(
-        "cd {} && RUST_LOG=warn {}",
+        "cd {} && RUST_LOG=warn {env}{}",
         quote(&dir.display().to_string()),
         quote(env!("CARGO_BIN_EXE_heaptrace"))
     );
@@ -162,7 +171,8 @@ fn shell(dir: &Path, args: &[&str]) -> String {
         cmd.push_str(&quote(a));
     }
     cmd.push_str(&format!(
-        "; echo exit=$? > {}; sleep 600",
+        "; e=$?; stty -a > {}; echo exit=$e > {}; sleep 600",
+        quote(&dir.join("stty").display().to_string()),
         quote(&dir.join("status").display().to_string())
     ));
     cmd
@@ -401,6 +411,51 @@ fn quitting_the_live_view_detaches_every_probe() {
     );
     assert_eq!(read_byte(pid, free_at), free_byte, "free still probed");
     assert!(spin.0.try_wait().unwrap().is_none(), "the target died");
+}
+
+/// A panic in the view's thread: the terminal is restored (cooked mode, the normal screen),
+/// the panic is told, the probes are detached, the summary is printed and heaptrace fails.
+#[test]
+fn a_panic_in_the_live_view_restores_the_terminal() {
+    if !bpf_or_skip("a_panic_in_the_live_view_restores_the_terminal")
+        || !tmux_or_skip("a_panic_in_the_live_view_restores_the_terminal")
+    {
+        return;
+    }
+    let _g = shared();
+    let spin = KillOnDrop(Command::new(fixture("spin", "", &[])).spawn().unwrap());
+    let pid = spin.0.id();
+    let dir = out_dir("tui-panic");
+    let t = Tmux::start(
+        "panic",
+        100,
+        30,
+        &shell_env(
+            &dir,
+            "HEAPTRACE_TEST_VIEW_PANIC=1 ",
+            &["--interval", "200ms", "-p", &pid.to_string()],
+        ),
+    );
+    t.wait_for("the view", 60, |s| s.contains("1 Timeline"));
+    t.keys(&["j"]);
+    assert_eq!(wait_status(&dir), "exit=1");
+    let s = t.wait_history("the summary", 10, |s| s.contains("quit; detached"));
+    assert!(
+        s.contains("HEAPTRACE_TEST_VIEW_PANIC: a key was pressed"),
+        "{s}"
+    );
+    assert!(s.contains("error: the live view panicked"), "{s}");
+    assert!(
+        !s.contains("1 Timeline"),
+        "the view is still on screen:\n{s}"
+    );
+    let stty = std::fs::read_to_string(dir.join("stty")).unwrap();
+    for mode in [" icanon", " echo ", " isig", " opost"] {
+        assert!(
+            stty.contains(mode),
+            "terminal not restored ({mode}): {stty}"
+        );
+    }
 }
 
 /// A target that does not outlive its test, whatever the test's outcome.

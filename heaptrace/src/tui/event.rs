@@ -39,6 +39,8 @@ pub fn run(
             .name("heaptrace-keys".into())
             .spawn(move || read_keys(&done, &key_tx))?
     };
+    // For the test that a panic in the view restores the terminal (tests/integration/tui.rs).
+    let panic_on_key = std::env::var_os("HEAPTRACE_TEST_VIEW_PANIC").is_some();
     let rt = tokio::runtime::Builder::new_current_thread().build()?;
     let result = rt.block_on(async {
         let mut dirty = true;
@@ -53,6 +55,7 @@ pub fn run(
             tokio::select! {
                 ev = keys.recv() => match ev {
                     Some(Ok(Event::Key(key))) => {
+                        assert!(!panic_on_key, "HEAPTRACE_TEST_VIEW_PANIC: a key was pressed");
                         match app.on_key(key) {
                             Action::Quit => {
                                 let _ = quit.send(());
