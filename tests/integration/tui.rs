@@ -450,9 +450,10 @@ fn a_panic_in_the_live_view_restores_the_terminal() {
         "the view is still on screen:\n{s}"
     );
     let stty = std::fs::read_to_string(dir.join("stty")).unwrap();
-    for mode in [" icanon", " echo ", " isig", " opost"] {
+    let modes: Vec<&str> = stty.split_whitespace().collect();
+    for mode in ["icanon", "echo", "isig", "opost"] {
         assert!(
-            stty.contains(mode),
+            modes.contains(&mode),
             "terminal not restored ({mode}): {stty}"
         );
     }
