@@ -447,14 +447,16 @@ fn draw_stack(f: &mut Frame, app: &App, area: Rect) {
             spans.push(Span::styled(" [inlined]", Style::new().italic()));
         }
         lines.push(Line::from(spans).style(style));
-        let at = if loc.is_empty() {
-            String::new()
-        } else {
-            format!("{loc}  ")
+        // A frame without a name already reads module+offset.
+        let place = format!("{}+{:#x}", fr.module, fr.offset);
+        let second = match (loc.is_empty(), fr.function == place) {
+            (true, true) => None,
+            (true, false) => Some(place),
+            (false, _) => Some(format!("{loc}  {place}")),
         };
-        lines.push(
-            Line::from(format!("       {at}{}+{:#x}", fr.module, fr.offset)).style(style.dim()),
-        );
+        if let Some(second) = second {
+            lines.push(Line::from(format!("       {second}")).style(style.dim()));
+        }
     }
     let title = format!(
         "Stack of {func} site {} in pid {} ({} frames; Esc/Enter back, j/k scroll)",
