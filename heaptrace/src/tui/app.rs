@@ -235,11 +235,17 @@ pub struct SiteRow {
     pub totals: SiteTotals,
     /// Blocks of this site still live at the end; None while tracing goes on.
     pub leak: Option<Leak>,
-    /// The innermost frame outside the allocator (see `meaningful_frame`).
-    pub frame: Frame,
+    /// The site's stack (shared with the Profile, not copied) and the frame it is named by:
+    /// the innermost one outside the allocator (see `meaningful_frame`).
+    pub frames: Arc<[Frame]>,
+    pub named: usize,
 }
 
 impl SiteRow {
+    pub fn frame(&self) -> &Frame {
+        &self.frames[self.named]
+    }
+
     pub fn func(&self) -> &'static str {
         Func::from_u32(self.id.2).map(|f| f.name()).unwrap_or("?")
     }
@@ -297,10 +303,10 @@ pub struct App {
     baseline: Option<Arc<Published>>,
     /// The process every screen is focused on (chosen on the processes screen).
     focus: Option<u32>,
-    /// `shown` since the baseline, all processes.
-    all: Profile,
-    /// `all` narrowed to the focused process.
-    view: Profile,
+    /// `shown` since the baseline, all processes (None: `shown` itself, no copy).
+    all: Option<Profile>,
+    /// `all` narrowed to the focused process (None: `all` itself).
+    view: Option<Profile>,
     pub screen: Screen,
     pub paused: bool,
     pub help: bool,
@@ -396,8 +402,8 @@ impl App {
             shown: first,
             baseline: None,
             focus: None,
-            all: Profile::default(),
-            view: Profile::default(),
+            all: None,
+            view: None,
             screen: Screen::Sites,
             paused: false,
             help: false,
@@ -434,7 +440,12 @@ impl App {
 
     /// The Profile on screen: since the baseline, narrowed to the focused process.
     pub fn view(&self) -> &Profile {
-        &self.view
+        self.view.as_ref().unwrap_or_else(|| self.all())
+    }
+
+    /// `shown` since the baseline, all processes.
+    fn all(&self) -> &Profile {
+        self.all.as_ref().unwrap_or(&self.shown.profile)
     }
 
     pub fn shown(&self) -> &Published {
@@ -501,14 +512,13 @@ impl App {
     }
 
     fn recompute(&mut self) {
-        self.all = match &self.baseline {
-            Some(b) => self.shown.profile.since(&b.profile),
-            None => self.shown.profile.clone(),
-        };
-        self.view = match self.focus {
-            Some(pid) => self.all.only(pid),
-            None => self.all.clone(),
-        };
+        // Copies only when the figures differ from the snapshot's: heaptrace's own allocations
+        // are traced too with --all.
+        self.all = self
+            .baseline
+            .as_ref()
+            .map(|b| self.shown.profile.since(&b.profile));
+        self.view = self.focus.map(|pid| self.all().only(pid));
         self.reselect();
     }
 
@@ -549,7 +559,7 @@ impl App {
     /// The timeline on screen: the Profile's, or the focused process's own rounds.
     pub fn timeline(&self) -> Vec<TimelineRow> {
         match self.focus {
-            None => self.view.rounds.clone(),
+            None => self.view().rounds.clone(),
             Some(pid) => {
                 let from = self.baseline_round().unwrap_or(0);
                 let to = self.shown.round();
@@ -568,17 +578,17 @@ impl App {
 
     /// The totals on screen (all processes, or the focused one), since the baseline.
     pub fn totals(&self) -> Totals {
-        self.view.totals()
+        self.view().totals()
     }
 
     /// The totals of all processes (the first row of the processes screen), since the baseline.
     pub fn all_totals(&self) -> Totals {
-        self.all.totals()
+        self.all().totals()
     }
 
     /// Memory of the processes on screen, in KiB: (RSS, VIRT) summed over the live ones.
     pub fn memory(&self) -> Option<(u64, u64)> {
-        let mems: Vec<_> = self.view.procs.values().filter_map(|p| p.mem).collect();
+        let mems: Vec<_> = self.view().procs.values().filter_map(|p| p.mem).collect();
         (!mems.is_empty()).then(|| {
             (
                 mems.iter().map(|m| m.rss_kb).sum(),
@@ -591,25 +601,29 @@ impl App {
     pub fn losses(&self) -> Vec<(&'static str, u64)> {
         Loss::ALL
             .iter()
-            .filter(|l| self.view.losses[**l as usize] > 0)
-            .map(|l| (l.name(), self.view.losses[*l as usize]))
+            .filter(|l| self.view().losses[**l as usize] > 0)
+            .map(|l| (l.name(), self.view().losses[*l as usize]))
             .collect()
     }
 
     pub fn site_frames(&self, id: &SiteId) -> Vec<Frame> {
-        self.view.frames(id)
+        self.view().frames(id)
     }
 
     pub fn site_rows(&self) -> Vec<SiteRow> {
         let needle = self.filter.to_lowercase();
         let module = self.info.allocator_module();
-        let leaks = self.view.leaks.as_ref();
-        let mut rows: Vec<SiteRow> = self
-            .view
+        let view = self.view();
+        let leaks = view.leaks.as_ref();
+        let mut rows: Vec<SiteRow> = view
             .sites
             .iter()
             .filter_map(|(id, t)| {
-                let frames = self.view.frames(id);
+                // The stack as stored; a lost one gets its one frame.
+                let frames: Arc<[Frame]> = match view.stacks.get(&(id.0, id.1)) {
+                    Some(f) if id.1 >= 0 => f.clone(),
+                    _ => view.frames(id).into(),
+                };
                 let func = Func::from_u32(id.2).map(|f| f.name()).unwrap_or("?");
                 if !needle.is_empty()
                     && !matches(func, &needle)
@@ -619,12 +633,12 @@ impl App {
                 {
                     return None;
                 }
-                let frame = frames[meaningful_frame(&frames, module)].clone();
                 Some(SiteRow {
                     id: *id,
                     totals: *t,
                     leak: leaks.map(|l| l.get(id).copied().unwrap_or_default()),
-                    frame,
+                    named: meaningful_frame(&frames, module),
+                    frames,
                 })
             })
             .collect();
@@ -648,7 +662,7 @@ impl App {
     }
 
     pub fn func_rows(&self) -> Vec<FuncRow> {
-        let t = self.view.totals();
+        let t = self.view().totals();
         let hidden: Vec<Func> = self.info.aliases.iter().map(|(a, _)| *a).collect();
         let mut rows: Vec<FuncRow> = shown_funcs(&hidden)
             .map(|f| {
@@ -666,7 +680,7 @@ impl App {
                     calls: c.calls,
                     bytes: c.bytes,
                     failed: (f != Func::Free).then_some(c.failed),
-                    latency: percentiles(&self.view.latency[f as usize], 1),
+                    latency: percentiles(&self.view().latency[f as usize], 1),
                 }
             })
             .collect();
@@ -685,7 +699,7 @@ impl App {
     pub fn proc_rows(&self) -> Vec<ProcRow> {
         let needle = self.filter.to_lowercase();
         let mut rows: Vec<ProcRow> = self
-            .all
+            .all()
             .procs
             .iter()
             .filter(|(pid, p)| {
@@ -720,7 +734,7 @@ impl App {
     /// Exact request sizes (all functions but free), in the chosen order.
     pub fn size_rows(&self) -> Vec<SizeRow> {
         let mut rows: Vec<SizeRow> = self
-            .view
+            .view()
             .sizes_by_func(None)
             .into_iter()
             .filter_map(|((f, size), count)| {
@@ -974,13 +988,13 @@ impl App {
     /// filtered and sorted as shown), and the whole `--json` document of the figures on screen
     /// (since the reset, for the focused process).
     pub fn export(&self) -> Value {
-        let frames_json = |id: &SiteId| serde_json::to_value(self.view.frames(id)).ok();
+        let frames_json = |id: &SiteId| serde_json::to_value(self.view().frames(id)).ok();
         let rows: Vec<Value> = match (self.screen, self.detail) {
             (Screen::Sites, Some(id)) => vec![json!({
                 "pid": id.0, "stack_id": id.1,
                 "function": Func::from_u32(id.2).map(|f| f.name()),
                 "frames": frames_json(&id),
-                "site": self.view.sites.get(&id),
+                "site": self.view().sites.get(&id),
             })],
             (Screen::Sites, None) => self
                 .site_rows()
@@ -988,7 +1002,7 @@ impl App {
                 .map(|r| {
                     json!({
                         "pid": r.id.0, "stack_id": r.id.1, "function": r.func(),
-                        "frame": r.frame,
+                        "frame": r.frame(),
                         "calls": r.totals.calls, "bytes": r.totals.bytes,
                         "live_blocks": r.totals.live_blocks, "live_bytes": r.totals.live_bytes,
                         "temporary": { "blocks": r.totals.temp_blocks, "bytes": r.totals.temp_bytes },
@@ -1057,7 +1071,7 @@ impl App {
                 "ended": self.shown.ended,
             },
             "rows": rows,
-            "document": doc::document(&self.view, &run),
+            "document": doc::document(self.view(), &run),
         })
     }
 }
@@ -1260,7 +1274,7 @@ pub(crate) mod tests {
     fn names(app: &App) -> Vec<String> {
         app.site_rows()
             .iter()
-            .map(|r| r.frame.function.clone())
+            .map(|r| r.frame().function.clone())
             .collect()
     }
 
@@ -1354,9 +1368,9 @@ pub(crate) mod tests {
         app.on_key(key('j'));
         app.on_key(key('j'));
         assert_eq!(app.selected(Screen::Sites), 2);
-        assert_eq!(app.current_site().unwrap().frame.function, "alloc_b");
+        assert_eq!(app.current_site().unwrap().frame().function, "alloc_b");
         app.on_key(key('k'));
-        assert_eq!(app.current_site().unwrap().frame.function, "alloc_a");
+        assert_eq!(app.current_site().unwrap().frame().function, "alloc_a");
         // Enter opens the stack; Esc closes it without quitting.
         app.on_key(code(KeyCode::Enter));
         assert_eq!(app.detail, Some((4242, 1, 0)));
@@ -1374,7 +1388,7 @@ pub(crate) mod tests {
         }));
         assert_eq!(names(&app)[0], "alloc_a");
         assert_eq!(app.selected(Screen::Sites), 0);
-        assert_eq!(app.current_site().unwrap().frame.function, "alloc_a");
+        assert_eq!(app.current_site().unwrap().frame().function, "alloc_a");
     }
 
     #[test]
@@ -1544,7 +1558,7 @@ pub(crate) mod tests {
         let mut app = App::new(info("command"), Arc::new(end));
         app.site_sort = SiteSort::Leaks;
         let rows = app.site_rows();
-        assert_eq!(rows[0].frame.function, "alloc_b");
+        assert_eq!(rows[0].frame().function, "alloc_b");
         assert_eq!(rows[0].leak.unwrap().bytes, 100_000);
         assert_eq!(rows[1].leak, Some(Leak::default()));
         let _ = ProcProfile::default();

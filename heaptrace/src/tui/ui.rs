@@ -15,6 +15,19 @@ use crate::{hist::percentiles, report::bytes, symbolize::Frame as StackFrame, vi
 
 const SELECTED: &str = "> ";
 
+/// The rows of a bordered table with a header that fit in `area`, such that the selected one
+/// shows, and the selected one's place among them. Only those rows are formatted: a trace can
+/// have tens of thousands of sites or sizes.
+fn window(len: usize, selected: usize, area: Rect) -> (std::ops::Range<usize>, Option<usize>) {
+    if len == 0 {
+        return (0..0, None);
+    }
+    let h = (area.height as usize).saturating_sub(3).max(1);
+    let sel = selected.min(len - 1);
+    let start = sel.saturating_sub(h - 1);
+    (start..(start + h).min(len), Some(sel - start))
+}
+
 pub fn draw(f: &mut Frame, app: &App) {
     let [header, tabs, body, status] = Layout::vertical([
         Constraint::Length(3),
@@ -322,7 +335,8 @@ fn draw_sites(f: &mut Frame, app: &App, area: Rect) {
     }
     header.extend(["func".into(), "site".into()]);
     widths.extend([Constraint::Length(7), Constraint::Fill(1)]);
-    let body: Vec<Row> = rows
+    let (shown, selected) = window(rows.len(), app.selected(Screen::Sites), area);
+    let body: Vec<Row> = rows[shown]
         .iter()
         .map(|r| {
             let t = &r.totals;
@@ -344,7 +358,7 @@ fn draw_sites(f: &mut Frame, app: &App, area: Rect) {
                 cells.push(Cell::from(format!("{:>7}", r.id.0)));
             }
             cells.push(Cell::from(r.func()));
-            cells.push(Cell::from(site_label(&r.frame)));
+            cells.push(Cell::from(site_label(r.frame())));
             Row::new(cells)
         })
         .collect();
@@ -355,8 +369,7 @@ fn draw_sites(f: &mut Frame, app: &App, area: Rect) {
         .block(block)
         .row_highlight_style(Style::new().reversed())
         .highlight_symbol(SELECTED);
-    let mut state =
-        TableState::default().with_selected((!empty).then(|| app.selected(Screen::Sites)));
+    let mut state = TableState::default().with_selected(selected);
     f.render_stateful_widget(table, area, &mut state);
     if empty {
         let msg = if app.filter.is_empty() {
@@ -509,7 +522,8 @@ fn draw_sizes(f: &mut Frame, app: &App, area: Rect) {
         f.render_widget(Paragraph::new(lines).block(block), left);
     }
     let rows = app.size_rows();
-    let body: Vec<Row> = rows
+    let (shown, selected) = window(rows.len(), app.selected(Screen::Sizes), right);
+    let body: Vec<Row> = rows[shown]
         .iter()
         .map(|r| {
             Row::new(vec![
@@ -540,8 +554,7 @@ fn draw_sizes(f: &mut Frame, app: &App, area: Rect) {
     )))
     .row_highlight_style(Style::new().reversed())
     .highlight_symbol(SELECTED);
-    let mut state = TableState::default()
-        .with_selected((!rows.is_empty()).then(|| app.selected(Screen::Sizes)));
+    let mut state = TableState::default().with_selected(selected);
     f.render_stateful_widget(table, right, &mut state);
 }
 
@@ -631,6 +644,7 @@ fn draw_functions(f: &mut Frame, app: &App, area: Rect) {
 }
 
 fn draw_processes(f: &mut Frame, app: &App, area: Rect) {
+    // Hundreds at most: every row is formatted.
     let rows = app.proc_rows();
     let wide = area.width >= 110;
     let all = app.all_totals();
@@ -840,6 +854,16 @@ mod tests {
         app.on_key(KeyEvent::from(KeyCode::Enter));
         insta::assert_snapshot!("stack_narrow", render(&app, 80, 24));
         insta::assert_snapshot!("stack_wide", render(&app, 140, 30));
+    }
+
+    #[test]
+    fn long_tables_format_only_the_rows_on_screen() {
+        let area = Rect::new(0, 0, 80, 13); // 10 rows between the borders and the header
+        assert_eq!(window(0, 0, area), (0..0, None));
+        assert_eq!(window(5, 2, area), (0..5, Some(2)));
+        assert_eq!(window(100, 9, area), (0..10, Some(9)));
+        assert_eq!(window(100, 10, area), (1..11, Some(9)));
+        assert_eq!(window(100, 500, area), (90..100, Some(9)));
     }
 
     #[test]
