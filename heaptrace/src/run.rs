@@ -295,6 +295,9 @@ fn end_reason(end: &End, pid: Option<u32>, exit_code: Option<i32>) -> String {
         }
         (End::TargetExited, Some(pid), None) => format!("pid {pid} exited"),
         (End::Interrupted, _, _) => "interrupted; detached".into(),
+        (End::Quit, Some(pid), Some(code)) => {
+            format!("quit; detached; pid {pid} ended with status {code}")
+        }
         (End::Quit, _, _) => "quit; detached".into(),
         (End::Terminated, _, _) => "terminated; detached".into(),
         (End::TargetExited, None, _) => "stopped".into(),
