@@ -1,6 +1,9 @@
 //! Folds rounds into one Profile that every view reads, so the round lines, the summary and the
 //! JSON document can never disagree.
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
 
 use heaptrace_common::{FUNC_COUNT, LOSS_COUNT};
 use serde::Serialize;
@@ -22,9 +25,10 @@ pub struct Profile {
     pub sizes: BTreeMap<crate::model::SizeKey, u64>,
     pub losses: [u64; LOSS_COUNT],
     pub sites: BTreeMap<SiteId, SiteTotals>,
-    /// Symbolized stacks by (process, stack id).
+    /// Symbolized stacks by (process, stack id). Shared, so that a copy of the Profile (the
+    /// live view's snapshot) does not copy every frame.
     #[serde(skip)]
-    pub stacks: HashMap<(u32, i32), Vec<Frame>>,
+    pub stacks: HashMap<(u32, i32), Arc<[Frame]>>,
     pub latency: [Log2; FUNC_COUNT],
     pub peak: Option<Peak>,
     /// Blocks still in the live map when tracing ended, by site.
@@ -98,7 +102,7 @@ impl Profile {
             self.sites.entry(*id).or_default().plus(d);
         }
         for (key, s) in &round.stacks {
-            self.stacks.insert(*key, s.frames.clone());
+            self.stacks.insert(*key, s.frames.clone().into());
         }
         for (acc, d) in self.latency.iter_mut().zip(round.latency.iter()) {
             for (a, b) in acc.iter_mut().zip(d) {
@@ -198,8 +202,100 @@ impl Profile {
         }
         self.stacks
             .get(&(pid, stack_id))
-            .cloned()
+            .map(|f| f.to_vec())
             .unwrap_or_else(|| vec![Frame::lost(0)])
+    }
+
+    /// What happened after `base`, an earlier state of this same Profile: counters are the
+    /// differences (live figures too, so they can be negative), the timeline keeps the rounds
+    /// after `base`'s last one. Memory figures, leaks and stacks are the current ones.
+    pub fn since(&self, base: &Profile) -> Profile {
+        let last = base.rounds.last().map_or(0, |r| r.index);
+        let mut out = Profile {
+            rounds: self
+                .rounds
+                .iter()
+                .filter(|r| r.index > last)
+                .cloned()
+                .collect(),
+            stacks: self.stacks.clone(),
+            leaks: self.leaks.clone(),
+            peak: self.peak.clone().filter(|p| p.round > last),
+            ..Profile::default()
+        };
+        for (pid, p) in &self.procs {
+            let mut p = p.clone();
+            if let Some(b) = base.procs.get(pid) {
+                p.totals = p.totals.minus(&b.totals);
+            }
+            out.procs.insert(*pid, p);
+        }
+        for (key, n) in &self.sizes {
+            let d = n.saturating_sub(base.sizes.get(key).copied().unwrap_or(0));
+            if d > 0 {
+                out.sizes.insert(*key, d);
+            }
+        }
+        for (i, l) in self.losses.iter().enumerate() {
+            out.losses[i] = l.saturating_sub(base.losses[i]);
+        }
+        for (id, s) in &self.sites {
+            let d = match base.sites.get(id) {
+                Some(b) => s.minus(b),
+                None => *s,
+            };
+            if d != SiteTotals::default() {
+                out.sites.insert(*id, d);
+            }
+        }
+        for (f, h) in self.latency.iter().enumerate() {
+            for (b, n) in h.iter().enumerate() {
+                out.latency[f][b] = n.saturating_sub(base.latency[f][b]);
+            }
+        }
+        out
+    }
+
+    /// The part of this Profile about one process. The timeline, losses and latencies stay
+    /// those of all processes (the kernel keeps them per function, not per process); the peak
+    /// is dropped, since it was measured over all of them.
+    pub fn only(&self, pid: u32) -> Profile {
+        Profile {
+            rounds: self.rounds.clone(),
+            procs: self
+                .procs
+                .iter()
+                .filter(|(p, _)| **p == pid)
+                .map(|(p, v)| (*p, v.clone()))
+                .collect(),
+            sizes: self
+                .sizes
+                .iter()
+                .filter(|(k, _)| k.0 == pid)
+                .map(|(k, v)| (*k, *v))
+                .collect(),
+            losses: self.losses,
+            sites: self
+                .sites
+                .iter()
+                .filter(|(k, _)| k.0 == pid)
+                .map(|(k, v)| (*k, *v))
+                .collect(),
+            stacks: self
+                .stacks
+                .iter()
+                .filter(|(k, _)| k.0 == pid)
+                .map(|(k, v)| (*k, v.clone()))
+                .collect(),
+            latency: self.latency,
+            peak: None,
+            leaks: self.leaks.as_ref().map(|l| {
+                l.iter()
+                    .filter(|(k, _)| k.0 == pid)
+                    .map(|(k, v)| (*k, *v))
+                    .collect()
+            }),
+        }
     }
 
     /// Sites ordered by `key`, largest first, at most `top`.
@@ -378,6 +474,41 @@ mod tests {
             }
         );
         assert_eq!(p.top_leaks(1)[0].0, (2, 3, 0));
+    }
+
+    #[test]
+    fn since_gives_the_differences_and_only_one_process() {
+        let mut p = Profile::default();
+        p.apply(&round(1, 10, 4, 400, 1, 300));
+        p.losses[0] = 2;
+        let base = p.clone();
+        p.apply(&round(2, 10, 2, 200, 3, -100));
+        p.apply(&round(3, 11, 5, 50, 0, 50));
+        p.losses[0] = 7;
+        let d = p.since(&base);
+        assert_eq!(d.procs[&10].totals.func(Func::Malloc).calls, 2);
+        assert_eq!(d.procs[&10].totals.live_bytes, -100);
+        assert_eq!(d.procs[&11].totals.func(Func::Malloc).calls, 5);
+        assert_eq!(d.totals().allocations(), 7);
+        assert_eq!(d.losses[0], 5);
+        assert_eq!(
+            d.rounds.iter().map(|r| r.index).collect::<Vec<_>>(),
+            vec![2, 3]
+        );
+        assert_eq!(d.sites[&(10, 1, 0)].calls, 2);
+        assert_eq!(d.sizes[&(10, Func::Malloc as u32, 100, 1)], 2);
+        assert!(!d.sizes.contains_key(&(10, Func::Malloc as u32, 100 + 1, 1)));
+        // Nothing happened since the last round: every counter is zero.
+        let none = p.since(&p);
+        assert_eq!(none.totals().allocations(), 0);
+        assert!(none.sites.is_empty() && none.sizes.is_empty() && none.rounds.is_empty());
+
+        let one = p.only(11);
+        assert_eq!(one.procs.keys().copied().collect::<Vec<_>>(), vec![11]);
+        assert_eq!(one.totals().allocations(), 5);
+        assert!(one.sites.keys().all(|k| k.0 == 11));
+        assert!(one.sizes.keys().all(|k| k.0 == 11));
+        assert_eq!(one.rounds.len(), 3);
     }
 
     #[test]

@@ -71,9 +71,16 @@ pub struct TraceArgs {
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub interval: Duration,
 
-    /// Print a line per round and a final summary instead of the interactive view.
+    /// Print a line per round and a final summary instead of the live view (the default when
+    /// stdout is not a terminal).
     #[arg(long)]
     pub no_tui: bool,
+
+    /// Where a launched command's stdout and stderr go. With the live view they go to
+    /// /dev/null unless this is given (and its stdin is /dev/null); without it, they stay
+    /// heaptrace's.
+    #[arg(long, value_name = "FILE")]
+    pub command_output: Option<std::path::PathBuf>,
 
     /// Do not print the per-round lines (the final summary is still printed).
     #[arg(short, long)]

@@ -342,7 +342,8 @@ mod tests {
                 module: "fx".into(),
                 offset: 0x1139,
                 inlined: false,
-            }],
+            }]
+            .into(),
         );
         let mut t = crate::model::SiteTotals {
             calls: 2,

@@ -31,6 +31,31 @@ pub enum Event {
     Exited(i32),
 }
 
+/// Where a launched command's standard streams go.
+pub struct Redirect {
+    /// Receives stdout and stderr.
+    pub output: std::fs::File,
+    /// Becomes stdin.
+    pub input: std::fs::File,
+}
+
+impl Redirect {
+    /// stdout and stderr to `path` (created or truncated), stdin from /dev/null.
+    pub fn to(path: &Path) -> Result<Redirect> {
+        let output = std::fs::File::create(path).map_err(|e| {
+            Error::Io(io::Error::new(
+                e.kind(),
+                format!("cannot write {}: {e}", path.display()),
+            ))
+        })?;
+        let input = std::fs::File::open("/dev/null").map_err(|source| Error::Read {
+            path: "/dev/null".into(),
+            source,
+        })?;
+        Ok(Redirect { output, input })
+    }
+}
+
 /// A child stopped before exec.
 pub struct Stopped {
     pub pid: u32,
@@ -54,9 +79,12 @@ const EXIT_HOLD: Duration = Duration::from_secs(5);
 struct Prepared {
     exe: CString,
     args: Vec<CString>,
+    /// (stdout+stderr, stdin) for the child, when redirected; the caller keeps them open.
+    redirect: Option<(i32, i32)>,
 }
 
-pub fn spawn_stopped(exe: &Path, argv: &[String]) -> Result<Stopped> {
+pub fn spawn_stopped(exe: &Path, argv: &[String], redirect: Option<&Redirect>) -> Result<Stopped> {
+    use std::os::fd::AsRawFd as _;
     let cmd = argv.first().cloned().unwrap_or_default();
     let exec_err = |reason: String| Error::Exec {
         cmd: cmd.clone(),
@@ -69,6 +97,7 @@ pub fn spawn_stopped(exe: &Path, argv: &[String]) -> Result<Stopped> {
             .map(|a| CString::new(a.as_bytes()))
             .collect::<std::result::Result<_, _>>()
             .map_err(|e| exec_err(e.to_string()))?,
+        redirect: redirect.map(|r| (r.output.as_raw_fd(), r.input.as_raw_fd())),
     };
     let (pid_tx, pid_rx) = mpsc::channel();
     let (resume_tx, resume_rx) = mpsc::channel();
@@ -162,6 +191,12 @@ fn tracer(
                 if n == 0 || *libc::__errno_location() != libc::EINTR {
                     libc::_exit(127); // heaptrace gave up (attach failed) or died
                 }
+            }
+            if let Some((out, input)) = p.redirect {
+                // dup2 leaves the copies open across exec (the originals are close-on-exec).
+                libc::dup2(out, 1);
+                libc::dup2(out, 2);
+                libc::dup2(input, 0);
             }
             libc::execv(p.exe.as_ptr(), argv.as_ptr());
             let errno = *libc::__errno_location();
@@ -339,7 +374,7 @@ mod tests {
 
     fn run(argv: &[&str]) -> (Vec<Event>, u32) {
         let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
-        let child = spawn_stopped(Path::new("/bin/sh"), &argv).unwrap();
+        let child = spawn_stopped(Path::new("/bin/sh"), &argv, None).unwrap();
         let mut child = child.resume().unwrap();
         let mut seen = Vec::new();
         while let Some(e) = child.events.blocking_recv() {
@@ -372,9 +407,39 @@ mod tests {
     }
 
     #[test]
+    fn redirects_output_to_a_file_and_input_from_dev_null() {
+        let out = std::env::temp_dir().join(format!("heaptrace-launch-{}.out", std::process::id()));
+        let argv = vec![
+            "sh".to_string(),
+            "-c".into(),
+            "echo to-out; echo to-err >&2; cat; echo done".into(),
+        ];
+        let r = Redirect::to(&out).unwrap();
+        let child = spawn_stopped(Path::new("/bin/sh"), &argv, Some(&r)).unwrap();
+        drop(r); // the child has its own copies since the fork
+        let mut child = child.resume().unwrap();
+        let mut code = None;
+        while let Some(e) = child.events.blocking_recv() {
+            match e {
+                Event::Exiting => {
+                    let _ = child.ack.send(());
+                }
+                Event::Exited(c) => {
+                    code = Some(c);
+                    break;
+                }
+            }
+        }
+        assert_eq!(code, Some(0));
+        let text = std::fs::read_to_string(&out).unwrap();
+        let _ = std::fs::remove_file(&out);
+        assert_eq!(text, "to-out\nto-err\ndone\n");
+    }
+
+    #[test]
     fn exec_failure_is_an_error_naming_the_command() {
         let argv = vec!["nope".to_string()];
-        let child = spawn_stopped(Path::new("/nonexistent/nope"), &argv).unwrap();
+        let child = spawn_stopped(Path::new("/nonexistent/nope"), &argv, None).unwrap();
         let err = child.resume().err().unwrap().to_string();
         assert!(err.contains("cannot execute nope"), "{err}");
     }

@@ -55,6 +55,24 @@ fn parse_status(status: &str) -> Mem {
     }
 }
 
+/// CPU time this process has used so far (user + system, all threads), in seconds.
+pub fn self_cpu_seconds() -> Option<f64> {
+    let stat = fs::read_to_string("/proc/self/stat").ok()?;
+    let ticks = cpu_ticks(&stat)?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| ticks as f64 / hz as f64)
+}
+
+/// utime + stime (fields 14 and 15 of /proc/PID/stat), in clock ticks.
+fn cpu_ticks(stat: &str) -> Option<u64> {
+    // Fields after the command name: state is field 3, so utime is the 12th after ')'.
+    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace().skip(11);
+    let utime: u64 = rest.next()?.parse().ok()?;
+    let stime: u64 = rest.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
 /// A pidfd: becomes readable when the process exits, for any process (not only children).
 pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     // SAFETY: plain syscall; the returned fd is owned by us.
@@ -80,6 +98,13 @@ mod tests {
                 virt_kb: 739156
             }
         );
+    }
+
+    #[test]
+    fn reads_cpu_ticks_after_the_command_name() {
+        let stat = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0 0 0 17 5 0 0 20 0 1 0 9 1 2";
+        assert_eq!(cpu_ticks(stat), Some(22));
+        assert!(self_cpu_seconds().is_some());
     }
 
     #[test]

@@ -27,6 +27,7 @@ use crate::{
     record::{Header, Recorder, format::EndRec},
     report,
     symbolize::Symbolizer,
+    tui,
     watch::ProcWatch,
 };
 
@@ -63,11 +64,14 @@ enum End {
     TargetExited,
     Interrupted,
     Terminated,
+    /// The live view was quit.
+    Quit,
 }
 
 pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     let target = Target::from_cli(cli)?;
     probe::preflight()?;
+    let live_view = !cli.no_tui && tui::wanted();
     let opts = LoadOptions {
         mode: cli.mode.kernel(),
         temporary_ns: cli.temporary.unwrap_or(cli.interval).as_nanos() as u64,
@@ -100,7 +104,13 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             })?;
             let preload = std::env::var("LD_PRELOAD").ok();
             let provider = allocator::for_command(&exe, preload.as_deref())?;
-            let child = launch::spawn_stopped(&exe, argv)?;
+            // With the live view on the terminal, the command's output would scribble over it.
+            let redirect = match (&cli.command_output, live_view) {
+                (Some(path), _) => Some(launch::Redirect::to(path)?),
+                (None, true) => Some(launch::Redirect::to(std::path::Path::new("/dev/null"))?),
+                (None, false) => None,
+            };
+            let child = launch::spawn_stopped(&exe, argv, redirect.as_ref())?;
             let scope = Scope::Process(child.pid);
             stopped = Some(child);
             (provider, scope)
@@ -192,6 +202,46 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     if let (Target::Command(_), Some(pid)) = (&target, pid) {
         modules.settle(pid, &provider.path, Duration::from_millis(200));
     }
+    let aliases = aliases(&provider);
+    let temporary_ms = opts.temporary_ns / 1_000_000;
+    let (view, link) = if live_view {
+        let info = tui::Info {
+            target: match &target {
+                Target::Pid(p) => format!(
+                    "pid {p} ({})",
+                    procfs::comm(*p).unwrap_or_else(|| "?".into())
+                ),
+                Target::All => "all processes".into(),
+                Target::Command(argv) => format!("{} (pid {})", argv.join(" "), pid.unwrap_or(0)),
+            },
+            mode: target.mode(),
+            collect: cli.mode.name(),
+            interval_ms: cli.interval.as_millis() as u64,
+            provider: provider.path.display().to_string(),
+            pids: pid.into_iter().collect(),
+            command: match &target {
+                Target::Command(argv) => argv.clone(),
+                _ => Vec::new(),
+            },
+            attached: probes.attached.clone(),
+            aliases: aliases.clone(),
+            temporary_ms,
+            output: match (&target, &cli.command_output) {
+                (Target::Command(_), Some(p)) => Some(p.display().to_string()),
+                (Target::Command(_), None) => Some("/dev/null".into()),
+                _ => None,
+            },
+        };
+        match tui::Tui::start(info, tui::Published::default()) {
+            Ok((view, link)) => (Some(view), Some(link)),
+            Err(e) => {
+                eprintln!("heaptrace: cannot open the live view ({e}); printing rounds instead");
+                (None, None)
+            }
+        }
+    } else {
+        (None, None)
+    };
     let mut daemon = Daemon {
         maps,
         prev: Snapshot::default(),
@@ -208,6 +258,8 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         probes: Some(probes),
         procwatch,
         exited_leaks: BTreeMap::new(),
+        live: link,
+        cpu: CpuMeter::default(),
     };
     let end = rt.block_on(daemon.watch(cli.interval))?;
 
@@ -227,7 +279,6 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     leaks.append(&mut daemon.exited_leaks);
     daemon.profile.leaks = Some(leaks);
 
-    let aliases = aliases(&provider);
     let reason = end_reason(&end, pid, exit_code);
     if let Some(r) = daemon.recorder.take() {
         let end = EndRec {
@@ -244,13 +295,19 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             Err(e) => eprintln!("heaptrace: warning: finishing the recording: {e}"),
         }
     }
+    // The live view stays up on the final figures after the target exited, until quit.
+    if daemon.live.is_some() && matches!(end, End::TargetExited) {
+        daemon.publish(Some(reason.clone()), exit_code);
+        rt.block_on(daemon.until_quit())?;
+    }
+    let view_error = view.map(|v| v.close()).and_then(|r| r.err());
+
     let profile = &daemon.profile;
     eprintln!("heaptrace: {reason}");
     eprint!("{}", report::summary(profile, pid, &aliases));
     if pid.is_none() {
         eprint!("{}", report::processes(profile, 20));
     }
-    let temporary_ms = opts.temporary_ns / 1_000_000;
     if cli.mode == crate::cli::Mode::Stacks {
         eprint!("{}", crate::views::sites(profile, cli.top, temporary_ms));
     }
@@ -280,6 +337,9 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         } else {
             std::fs::write(path, doc + "\n")?;
         }
+    }
+    if let Some(e) = view_error {
+        return Err(Error::Io(std::io::Error::other(e)));
     }
     Ok(exit_code.unwrap_or(0))
 }
@@ -352,6 +412,10 @@ fn end_reason(end: &End, pid: Option<u32>, exit_code: Option<i32>) -> String {
         }
         (End::TargetExited, Some(pid), None) => format!("pid {pid} exited"),
         (End::Interrupted, _, _) => "interrupted; detached".into(),
+        (End::Quit, Some(pid), Some(code)) => {
+            format!("quit; detached; pid {pid} ended with status {code}")
+        }
+        (End::Quit, _, _) => "quit; detached".into(),
         (End::Terminated, _, _) => "terminated; detached".into(),
         (End::TargetExited, None, _) => "stopped".into(),
     }
@@ -378,6 +442,38 @@ struct Daemon {
     procwatch: Option<ProcWatch>,
     /// Blocks that processes ended without freeing, taken out of the live map when they ended.
     exited_leaks: BTreeMap<SiteId, Leak>,
+    /// The live view's channels, when it is up.
+    live: Option<tui::Link>,
+    cpu: CpuMeter,
+}
+
+/// heaptrace's own CPU use between two reads, from /proc/self/stat.
+#[derive(Default)]
+struct CpuMeter {
+    last: Option<(Instant, f64)>,
+}
+
+impl CpuMeter {
+    /// Percent of one CPU since the previous call.
+    fn sample(&mut self) -> Option<f64> {
+        let now = (Instant::now(), procfs::self_cpu_seconds()?);
+        let pct = self.last.map(|(t, cpu)| {
+            let wall = now.0.duration_since(t).as_secs_f64().max(1e-6);
+            100.0 * (now.1 - cpu) / wall
+        });
+        self.last = Some(now);
+        pct
+    }
+}
+
+/// Waits for the live view to quit (or to be gone); forever without one.
+async fn view_quit(live: Option<&mut tui::Link>) {
+    match live {
+        Some(l) => {
+            let _ = l.quit.recv().await;
+        }
+        None => std::future::pending().await,
+    }
 }
 
 /// How long after the start the target's mappings are read often: a short-lived command may
@@ -434,21 +530,16 @@ impl Daemon {
                         w.drain(p);
                     }
                 }
+                _ = view_quit(self.live.as_mut()) => return Ok(End::Quit),
                 _ = sigint.recv() => return Ok(End::Interrupted),
                 _ = sigterm.recv() => return Ok(End::Terminated),
             }
         }
     }
 
-    /// Processes that ended: their final counts are in the round just applied; keep their
-    /// leaks and free their map space.
-    fn forget_exited(&mut self, snap: &Snapshot) -> Result<()> {
-        let mut gone: HashSet<u32> = snap
-            .procs
-            .keys()
-            .copied()
-            .filter(|p| !procfs::alive(*p))
-            .collect();
+    /// Processes that ended before the round just applied, so their final counts are in it:
+    /// keep their leaks and free their map space.
+    fn forget_exited(&mut self, mut gone: HashSet<u32>) -> Result<()> {
         gone.retain(|p| self.profile.procs.get(p).is_none_or(|pp| !pp.exited));
         if gone.is_empty() {
             return Ok(());
@@ -491,30 +582,57 @@ impl Daemon {
         if let Some(code) = self.exit_code {
             return Ok(code);
         }
-        if let (End::Terminated, Some(pid)) = (end, self.pid) {
+        // Quitting the live view interrupts the command as Ctrl-C would without it, and kills
+        // it if it is still there after that while.
+        let sig = match end {
+            End::Terminated => Some(libc::SIGTERM),
+            End::Quit => Some(libc::SIGINT),
+            _ => None,
+        };
+        if let (Some(sig), Some(pid)) = (sig, self.pid) {
             // SAFETY: signalling our own child.
-            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            unsafe { libc::kill(pid as i32, sig) };
         }
-        let deadline = tokio::time::sleep(Duration::from_secs(2));
-        tokio::pin!(deadline);
+        let mut killed = false;
         loop {
-            tokio::select! {
-                ev = child_event(self.child.as_mut()) => {
-                    if self.child_event(ev)? {
-                        return Ok(self.exit_code.unwrap_or(1));
+            let deadline = tokio::time::sleep(Duration::from_secs(2));
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    ev = child_event(self.child.as_mut()) => {
+                        if self.child_event(ev)? {
+                            return Ok(self.exit_code.unwrap_or(1));
+                        }
                     }
+                    _ = &mut deadline => break,
                 }
-                _ = &mut deadline => {
-                    return Ok(match end {
-                        End::Terminated => 128 + libc::SIGTERM,
-                        _ => 128 + libc::SIGINT,
-                    });
+            }
+            match (end, self.pid, killed) {
+                (End::Quit, Some(pid), false) => {
+                    // SAFETY: killing our own child; its tracer reaps it.
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                    killed = true;
                 }
+                (End::Terminated, _, _) => return Ok(128 + libc::SIGTERM),
+                (End::Quit, _, _) => return Ok(128 + libc::SIGKILL),
+                _ => return Ok(128 + libc::SIGINT),
             }
         }
     }
 
     fn round(&mut self) -> Result<()> {
+        // Who is gone is decided before the snapshot, so that it holds their final counts (a
+        // process found gone after it could still have counted something in between).
+        let gone: HashSet<u32> = if self.procwatch.is_some() {
+            self.prev
+                .procs
+                .keys()
+                .copied()
+                .filter(|p| !procfs::alive(*p))
+                .collect()
+        } else {
+            HashSet::new()
+        };
         let snap = self.maps.snapshot()?;
         let mut round = snap.since(&self.prev);
         self.new_stacks(&mut round);
@@ -537,8 +655,8 @@ impl Daemon {
             }
         }
         self.profile.apply(&round);
-        if self.procwatch.is_some() {
-            self.forget_exited(&snap)?;
+        if !gone.is_empty() {
+            self.forget_exited(gone)?;
         }
         if let Some(r) = &mut self.recorder
             && let Err(e) = r.round(&round)
@@ -548,11 +666,39 @@ impl Daemon {
             self.recorder = None;
         }
         if !self.quiet
+            && self.live.is_none()
             && let Some(row) = self.profile.rounds.last()
         {
             eprintln!("heaptrace: {}", report::round_line(row));
         }
         self.prev = snap;
+        self.publish(None, None);
+        Ok(())
+    }
+
+    /// Hands the live view a copy of the Profile; it never waits for the view.
+    fn publish(&mut self, ended: Option<String>, exit_code: Option<i32>) {
+        if let Some(live) = &self.live {
+            let cpu_percent = self.cpu.sample();
+            live.publish(tui::Published {
+                profile: self.profile.clone(),
+                elapsed_ms: self.start.elapsed().as_millis() as u64,
+                cpu_percent,
+                ended,
+                exit_code,
+            });
+        }
+    }
+
+    /// After the target exited: waits until the live view is quit, or a signal.
+    async fn until_quit(&mut self) -> Result<()> {
+        let mut sigint = signal(SignalKind::interrupt())?;
+        let mut sigterm = signal(SignalKind::terminate())?;
+        tokio::select! {
+            _ = view_quit(self.live.as_mut()) => {}
+            _ = sigint.recv() => {}
+            _ = sigterm.recv() => {}
+        }
         Ok(())
     }
 }

@@ -288,7 +288,8 @@ mod tests {
             vec![
                 frame("alloc_a", Some("/src/fx.c"), Some(12)),
                 frame("main", None, None),
-            ],
+            ]
+            .into(),
         );
         assert_eq!(
             site_label(&p, &(1, 5, 0), 4),
@@ -303,8 +304,10 @@ mod tests {
     #[test]
     fn sites_view_lists_sites_by_bytes_and_leaks() {
         let mut p = Profile::default();
-        p.stacks.insert((1, 5), vec![frame("big", None, None)]);
-        p.stacks.insert((1, 6), vec![frame("small", None, None)]);
+        p.stacks
+            .insert((1, 5), vec![frame("big", None, None)].into());
+        p.stacks
+            .insert((1, 6), vec![frame("small", None, None)].into());
         let site = |calls, bytes| SiteTotals {
             calls,
             bytes,

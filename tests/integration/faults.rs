@@ -94,7 +94,7 @@ fn launched_command_exit_status_is_heaptraces() {
 }
 
 /// The address of `func`+`at` in process `pid`'s memory and the byte its file has there.
-fn code_byte(pid: u32, func: &str, at: u64) -> (u64, u8) {
+pub(crate) fn code_byte(pid: u32, func: &str, at: u64) -> (u64, u8) {
     let provider = heaptrace::allocator::for_pid(pid).unwrap();
     let site = provider
         .sites
@@ -120,7 +120,7 @@ fn code_byte(pid: u32, func: &str, at: u64) -> (u64, u8) {
     (addr + at, file[(site.file_offset + at) as usize])
 }
 
-fn read_byte(pid: u32, addr: u64) -> u8 {
+pub(crate) fn read_byte(pid: u32, addr: u64) -> u8 {
     let mut f = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
     f.seek(SeekFrom::Start(addr)).unwrap();
     let mut b = [0u8];
@@ -128,7 +128,7 @@ fn read_byte(pid: u32, addr: u64) -> u8 {
     b[0]
 }
 
-const INT3: u8 = 0xcc;
+pub(crate) const INT3: u8 = 0xcc;
 
 /// Attach to a running process, SIGTERM heaptrace: the summary is printed and the target's code
 /// is byte-for-byte its file again (a uprobe is an int3 written into the target's text).

@@ -8,3 +8,4 @@ mod recording;
 mod stacks;
 mod support;
 mod system;
+mod tui;

@@ -142,7 +142,7 @@ impl Recording {
             p.apply(r);
         }
         for (key, s) in &self.stacks {
-            p.stacks.insert(*key, self.frames(s));
+            p.stacks.insert(*key, self.frames(s).into());
         }
         p.leaks = self
             .leaks

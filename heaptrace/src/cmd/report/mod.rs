@@ -111,7 +111,7 @@ fn profile_of(rec: &Recording, args: &ReportArgs) -> Profile {
     }
     for (key, s) in &rec.stacks {
         if args.pid.is_none_or(|pid| pid == key.0) {
-            p.stacks.insert(*key, rec.frames(s));
+            p.stacks.insert(*key, rec.frames(s).into());
         }
     }
     // Leaks are the state at the end: shown when the window reaches the end.
@@ -206,7 +206,7 @@ fn resymbolize(rec: &Recording, p: &mut Profile) {
                 })
             })
             .collect();
-        p.stacks.insert(*key, sym.frames(&s.ips, &locs));
+        p.stacks.insert(*key, sym.frames(&s.ips, &locs).into());
     }
 }
 

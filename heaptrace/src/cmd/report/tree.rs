@@ -109,8 +109,8 @@ mod tests {
     #[test]
     fn callers_merge_into_one_tree() {
         let mut p = Profile::default();
-        p.stacks.insert((1, 1), vec![f("a"), f("main")]);
-        p.stacks.insert((1, 2), vec![f("b"), f("main")]);
+        p.stacks.insert((1, 1), vec![f("a"), f("main")].into());
+        p.stacks.insert((1, 2), vec![f("b"), f("main")].into());
         let site = |calls, bytes| SiteTotals {
             calls,
             bytes,
