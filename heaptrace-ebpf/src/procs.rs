@@ -3,12 +3,13 @@
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid, macros::raw_tracepoint, programs::RawTracePointContext,
 };
+use aya_log_ebpf::warn;
 use heaptrace_common::{Loss, PROC_EXEC, ProcEvent};
 
 use crate::maps::{EVENTS, lose, self_tgid};
 
 #[inline(always)]
-fn report(kind: u32) {
+fn report(ctx: &RawTracePointContext, kind: u32) {
     let id = bpf_get_current_pid_tgid();
     let tgid = (id >> 32) as u32;
     if tgid == self_tgid() {
@@ -16,11 +17,17 @@ fn report(kind: u32) {
     }
     if EVENTS.output(ProcEvent { kind, tgid }, 0).is_err() {
         lose(Loss::ProcessEvents);
+        // Rare (user space drains the ring every few ms) and never on an allocation's path:
+        // what aya-log is for here.
+        warn!(
+            ctx,
+            "process event ring full: the start of pid {} was not reported", tgid
+        );
     }
 }
 
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
-pub fn on_exec(_ctx: RawTracePointContext) -> i32 {
-    report(PROC_EXEC);
+pub fn on_exec(ctx: RawTracePointContext) -> i32 {
+    report(&ctx, PROC_EXEC);
     0
 }

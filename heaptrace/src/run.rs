@@ -132,21 +132,6 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         }
     };
     let maps = KernelMaps::take(&mut probes.ebpf, probe::stack_maps(&opts).1)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    // The process watch registers its ring buffer with this runtime's reactor.
-    let _in_runtime = rt.enter();
-    // System-wide: follow processes that start later (their allocator may be another file) and
-    // those that end; look at the ones already running the same way.
-    let procwatch = match scope {
-        Scope::All => {
-            let mut w = ProcWatch::start(&mut probes, &provider, cli.probe_at_entry)?;
-            w.scan(&mut probes);
-            Some(w)
-        }
-        Scope::Process(_) => None,
-    };
     let what = match scope {
         Scope::All => "all processes".to_string(),
         Scope::Process(pid) => format!("pid {pid}"),
@@ -175,6 +160,22 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             );
         }
     }
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    // The process watch registers its ring buffer with this runtime's reactor.
+    let _in_runtime = rt.enter();
+    // System-wide: follow processes that start later (their allocator may be another file) and
+    // those that end; look at the ones already running the same way.
+    let procwatch = match scope {
+        Scope::All => {
+            let mut w = ProcWatch::start(&mut probes, &provider, cli.probe_at_entry)?;
+            w.scan(&mut probes);
+            Some(w)
+        }
+        Scope::Process(_) => None,
+    };
 
     let (pid, child) = match (stopped, scope) {
         (Some(stopped), _) => {
@@ -525,6 +526,11 @@ impl Daemon {
                         w.retry(p);
                     }
                 }
+                _ = logs_readable(self.procwatch.as_ref()) => {
+                    if let Some(w) = self.procwatch.as_mut() {
+                        w.flush_logs();
+                    }
+                }
                 _ = ring_readable(self.procwatch.as_ref()) => {
                     if let (Some(w), Some(p)) = (self.procwatch.as_mut(), self.probes.as_mut()) {
                         w.drain(p);
@@ -733,6 +739,17 @@ impl Daemon {
                 },
             );
         }
+    }
+}
+
+async fn logs_readable(w: Option<&ProcWatch>) {
+    match w.and_then(|w| w.logs.as_ref()) {
+        Some(l) => {
+            if let Ok(mut guard) = l.readable().await {
+                guard.clear_ready();
+            }
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -17,6 +17,8 @@ use crate::{
 
 pub struct ProcWatch {
     pub ring: AsyncFd<RingBuf<MapData>>,
+    /// The kernel side's rare diagnostics (aya-log), printed through `log`.
+    pub logs: Option<AsyncFd<aya_log::EbpfLogger<&'static dyn log::Log>>>,
     /// Allocator files attached, and files that are no allocators, by (device, inode).
     known: allocator::Known,
     at_entry: bool,
@@ -59,8 +61,18 @@ impl ProcWatch {
         }
         // SAFETY: the ring buffer owns its map fd and keeps it open while it is registered.
         let ring = unsafe { AsyncFd::register(ring) }.map_err(|e| e.into_parts().1)?;
+        // Without the log map (an object built without any log call) there is nothing to read.
+        let logs = match aya_log::EbpfLogger::init(&mut probes.ebpf) {
+            // SAFETY: the logger owns its ring buffer's fd while it is registered.
+            Ok(l) => unsafe { AsyncFd::register(l) }.ok(),
+            Err(e) => {
+                log::debug!("no kernel-side log: {e}");
+                None
+            }
+        };
         Ok(ProcWatch {
             ring,
+            logs,
             known,
             at_entry,
             pending: Vec::new(),
@@ -103,6 +115,13 @@ impl ProcWatch {
             if !self.started(probes, e.tgid) {
                 self.pending.push((e.tgid, std::time::Instant::now()));
             }
+        }
+    }
+
+    /// Prints what the kernel side logged.
+    pub fn flush_logs(&mut self) {
+        if let Some(l) = self.logs.as_mut() {
+            l.get_mut().flush();
         }
     }
 
