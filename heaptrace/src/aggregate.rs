@@ -43,6 +43,8 @@ pub struct ProcProfile {
     pub peak_rss_kb: u64,
     /// Ended while traced (system-wide mode): its figures are final.
     pub exited: bool,
+    /// Its cgroup (the unified hierarchy's path): tells containers apart.
+    pub cgroup: String,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -83,6 +85,9 @@ impl Profile {
             let p = self.procs.entry(*pid).or_default();
             if !pr.comm.is_empty() {
                 p.comm.clone_from(&pr.comm);
+            }
+            if !pr.cgroup.is_empty() {
+                p.cgroup.clone_from(&pr.cgroup);
             }
             p.totals.plus(&pr.delta);
             delta.plus(&pr.delta);
@@ -365,6 +370,7 @@ mod tests {
             ProcRound {
                 comm: "fx".into(),
                 delta,
+                cgroup: String::new(),
             },
         );
         r.sizes.insert(

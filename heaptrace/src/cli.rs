@@ -67,6 +67,14 @@ pub struct TraceArgs {
     #[arg(long, conflicts_with = "command")]
     pub all: bool,
 
+    /// With --all: only processes whose command name contains this.
+    #[arg(long, requires = "all", value_name = "NAME")]
+    pub comm: Option<String>,
+
+    /// With --all: only processes whose cgroup path contains this (a container's, a unit's).
+    #[arg(long, requires = "all", value_name = "PATH")]
+    pub cgroup: Option<String>,
+
     /// Time between rounds (e.g. 1s, 500ms, 2).
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub interval: Duration,

@@ -222,6 +222,7 @@ pub fn document(profile: &Profile, info: &RunInfo<'_>) -> Value {
             json!({
                 "pid": pid,
                 "comm": p.comm,
+                "cgroup": p.cgroup,
                 "functions": functions(&p.totals, info.aliases),
                 "totals": totals_summary(&p.totals),
                 "sizes": sizes(profile, Some(*pid)),

@@ -259,6 +259,8 @@ pub struct Round {
 pub struct ProcRound {
     pub comm: String,
     pub delta: Totals,
+    /// Its cgroup (the unified hierarchy's path), read while it lives; empty if unknown.
+    pub cgroup: String,
 }
 
 impl Snapshot {
@@ -278,6 +280,7 @@ impl Snapshot {
                     ProcRound {
                         comm: snap.comm.clone(),
                         delta,
+                        cgroup: String::new(),
                     },
                 );
             }

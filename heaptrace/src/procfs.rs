@@ -22,6 +22,14 @@ pub fn thread_alive(tgid: u32, tid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{tgid}/task/{tid}")).exists()
 }
 
+/// The process's cgroup in the unified hierarchy ("0::/path"), e.g. a container's.
+pub fn cgroup(pid: u32) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
+}
+
 pub fn comm(pid: u32) -> Option<String> {
     fs::read_to_string(format!("/proc/{pid}/comm"))
         .ok()

@@ -136,9 +136,28 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         Scope::All => "all processes".to_string(),
         Scope::Process(pid) => format!("pid {pid}"),
     };
+    let first = probes.probe_count();
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    // The process watch registers its ring buffer with this runtime's reactor.
+    let _in_runtime = rt.enter();
+    // System-wide: follow processes that start later (their allocator may be another file) and
+    // those that end; look at the ones already running the same way.
+    let procwatch = match scope {
+        Scope::All => {
+            let mut w = ProcWatch::start(&mut probes, &provider, cli.probe_at_entry)?;
+            w.scan(&mut probes);
+            Some(w)
+        }
+        Scope::Process(_) => None,
+    };
+
+    // Said once everything is in place (the scan of running processes included): tests and
+    // scripts start their targets on this line.
     eprintln!(
-        "heaptrace: attached {} probes to {} ({what})",
-        probes.probe_count(),
+        "heaptrace: attached {first} probes to {} ({what})",
         provider.path.display()
     );
     if cli.verbose {
@@ -160,22 +179,6 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             );
         }
     }
-
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    // The process watch registers its ring buffer with this runtime's reactor.
-    let _in_runtime = rt.enter();
-    // System-wide: follow processes that start later (their allocator may be another file) and
-    // those that end; look at the ones already running the same way.
-    let procwatch = match scope {
-        Scope::All => {
-            let mut w = ProcWatch::start(&mut probes, &provider, cli.probe_at_entry)?;
-            w.scan(&mut probes);
-            Some(w)
-        }
-        Scope::Process(_) => None,
-    };
 
     let (pid, child) = match (stopped, scope) {
         (Some(stopped), _) => {
@@ -259,6 +262,8 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         probes: Some(probes),
         procwatch,
         exited_leaks: BTreeMap::new(),
+        filter: Filter::from_cli(cli),
+        matched: std::collections::HashMap::new(),
         live: link,
         cpu: CpuMeter::default(),
     };
@@ -276,6 +281,13 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     drop(probes);
     daemon.round()?;
     let pids: Option<HashSet<u32>> = pid.map(|p| HashSet::from([p]));
+    if daemon.procwatch.is_some() {
+        for (p, pp) in daemon.profile.procs.iter_mut() {
+            if !procfs::alive(*p) {
+                pp.exited = true;
+            }
+        }
+    }
     let mut leaks = daemon.maps.live_blocks(pids.as_ref())?;
     leaks.append(&mut daemon.exited_leaks);
     daemon.profile.leaks = Some(leaks);
@@ -443,6 +455,9 @@ struct Daemon {
     procwatch: Option<ProcWatch>,
     /// Blocks that processes ended without freeing, taken out of the live map when they ended.
     exited_leaks: BTreeMap<SiteId, Leak>,
+    /// --comm/--cgroup, and each process's verdict, taken while it lived.
+    filter: Option<Filter>,
+    matched: std::collections::HashMap<u32, bool>,
     /// The live view's channels, when it is up.
     live: Option<tui::Link>,
     cpu: CpuMeter,
@@ -474,6 +489,51 @@ async fn view_quit(live: Option<&mut tui::Link>) {
             let _ = l.quit.recv().await;
         }
         None => std::future::pending().await,
+    }
+}
+
+/// `--comm` / `--cgroup`: which processes a system-wide trace reports. The probes see them all;
+/// the rounds keep only the matching ones, so every view agrees.
+struct Filter {
+    comm: Option<String>,
+    cgroup: Option<String>,
+}
+
+impl Filter {
+    fn from_cli(cli: &TraceArgs) -> Option<Filter> {
+        (cli.comm.is_some() || cli.cgroup.is_some()).then(|| Filter {
+            comm: cli.comm.clone(),
+            cgroup: cli.cgroup.clone(),
+        })
+    }
+
+    fn matches(&self, comm: &str, cgroup: &str) -> bool {
+        self.comm.as_ref().is_none_or(|c| comm.contains(c.as_str()))
+            && self
+                .cgroup
+                .as_ref()
+                .is_none_or(|c| cgroup.contains(c.as_str()))
+    }
+
+    /// Drops the processes that do not match. A process is judged once, when first seen: by
+    /// its name and cgroup while it lives; once gone, by the name the kernel recorded (its
+    /// cgroup can no longer be read, so a --cgroup filter leaves it out).
+    fn apply(
+        &self,
+        round: &mut crate::model::Round,
+        matched: &mut std::collections::HashMap<u32, bool>,
+    ) {
+        for (pid, pr) in &round.procs {
+            matched
+                .entry(*pid)
+                .or_insert_with(|| self.matches(&pr.comm, &pr.cgroup));
+        }
+        let keep = |pid: &u32| matched.get(pid).copied().unwrap_or(false);
+        round.procs.retain(|p, _| keep(p));
+        round.sizes.retain(|k, _| keep(&k.0));
+        round.sites.retain(|k, _| keep(&k.0));
+        round.mem.retain(|p, _| keep(p));
+        round.stacks.retain(|k, _| keep(&k.0));
     }
 }
 
@@ -551,6 +611,9 @@ impl Daemon {
             return Ok(());
         }
         let mut leaks = self.maps.forget(&gone)?;
+        if let Some(w) = self.procwatch.as_mut() {
+            w.seen.retain(|p, _| !gone.contains(p));
+        }
         self.exited_leaks.append(&mut leaks);
         for p in &gone {
             if let Some(pp) = self.profile.procs.get_mut(p) {
@@ -648,6 +711,15 @@ impl Daemon {
             Some(p) => vec![p],
             None => snap.procs.keys().copied().collect(),
         };
+        // Processes gone already: named as they were seen starting.
+        if let Some(w) = &self.procwatch {
+            for (p, pr) in round.procs.iter_mut() {
+                if let Some((comm, cgroup)) = w.seen.get(p) {
+                    pr.comm.clone_from(comm);
+                    pr.cgroup.clone_from(cgroup);
+                }
+            }
+        }
         for p in pids {
             if procfs::alive(p)
                 && let Some(m) = procfs::mem(p)
@@ -655,10 +727,16 @@ impl Daemon {
                 round.mem.insert(p, m);
                 // The kernel names a process at its first allocation, which may be before
                 // its exec (a shell's fork): the current name wins while it lives.
-                if let (Some(pr), Some(comm)) = (round.procs.get_mut(&p), procfs::comm(p)) {
-                    pr.comm = comm;
+                if let Some(pr) = round.procs.get_mut(&p) {
+                    if let Some(comm) = procfs::comm(p) {
+                        pr.comm = comm;
+                    }
+                    pr.cgroup = procfs::cgroup(p).unwrap_or_default();
                 }
             }
+        }
+        if let Some(filter) = &self.filter {
+            filter.apply(&mut round, &mut self.matched);
         }
         self.profile.apply(&round);
         if !gone.is_empty() {

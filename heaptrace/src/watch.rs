@@ -22,6 +22,10 @@ pub struct ProcWatch {
     /// Allocator files attached, and files that are no allocators, by (device, inode).
     known: allocator::Known,
     at_entry: bool,
+    /// Name and cgroup of processes seen starting, read while they surely lived: a process
+    /// that ends within a round is still named and placed. Entries go when the process is
+    /// forgotten.
+    pub seen: std::collections::HashMap<u32, (String, String)>,
     /// Processes just started whose allocator is not mapped yet (the exec tracepoint fires
     /// before the dynamic loader maps libc): looked at again shortly, a while at most.
     pending: Vec<(u32, std::time::Instant)>,
@@ -75,6 +79,7 @@ impl ProcWatch {
             logs,
             known,
             at_entry,
+            seen: std::collections::HashMap::new(),
             pending: Vec::new(),
         })
     }
@@ -112,6 +117,11 @@ impl ProcWatch {
             }
         }
         for e in events.iter().filter(|e| e.kind == PROC_EXEC) {
+            if let (Some(comm), Some(cgroup)) =
+                (crate::procfs::comm(e.tgid), crate::procfs::cgroup(e.tgid))
+            {
+                self.seen.insert(e.tgid, (comm, cgroup));
+            }
             if !self.started(probes, e.tgid) {
                 self.pending.push((e.tgid, std::time::Instant::now()));
             }

@@ -198,3 +198,50 @@ fn exited_processes_free_their_map_space() {
         assert_eq!(p["leaks"]["bytes"].as_u64(), Some(1500 * 777 + 555));
     }
 }
+
+/// `--comm` keeps only the matching processes, in every figure; each carries its cgroup.
+#[test]
+fn all_with_a_comm_filter_reports_only_matching_processes() {
+    if !bpf_or_skip("all_with_a_comm_filter_reports_only_matching_processes") {
+        return;
+    }
+    let _g = exclusive();
+    let bin = fixture("allocs", "", &[]);
+    let (tracer, json) = start_all("sys-comm", &["--mode", "sizes", "--comm", "allocs"]);
+    let fx = Fixture {
+        threads: 0,
+        iterations: 200,
+        leaks: 2,
+        memalign_apart: false,
+        no_pvalloc: false,
+    };
+    let mut cmd = Command::new(&bin);
+    cmd.args(["0", "200", "2", "wait"]);
+    let child = ready(cmd);
+    let pid = child.id();
+    go(child);
+    // Something else that allocates, and must not show.
+    assert!(
+        Command::new("sh")
+            .args(["-c", "ls / > /dev/null"])
+            .status()
+            .unwrap()
+            .success()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    tracer.signal(libc::SIGINT);
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    let doc = read_json(&json);
+    let procs = doc["processes"].as_array().unwrap();
+    assert!(procs.iter().all(|p| p["comm"] == "allocs"), "{procs:?}");
+    let p = process(&doc, pid);
+    assert!(
+        p["cgroup"].as_str().is_some_and(|c| c.starts_with('/')),
+        "{}",
+        p["cgroup"]
+    );
+    check_fixture_sizes(p, &fx);
+    // The top-level figures are those of the matching processes only.
+    assert_eq!(doc["functions"], p["functions"]);
+}

@@ -181,6 +181,7 @@ mod tests {
             ProcRound {
                 comm: "fx".into(),
                 delta,
+                cgroup: String::new(),
             },
         );
         r.sizes.insert((42, 0, 100, 7), 10 * index);

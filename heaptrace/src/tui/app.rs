@@ -1161,6 +1161,7 @@ pub(crate) mod tests {
             crate::model::ProcRound {
                 comm: "sites".into(),
                 delta: d,
+                cgroup: String::new(),
             },
         );
         r.mem.insert(
@@ -1232,6 +1233,7 @@ pub(crate) mod tests {
                 crate::model::ProcRound {
                     comm: "other".into(),
                     delta: d,
+                    cgroup: String::new(),
                 },
             );
             r.sites

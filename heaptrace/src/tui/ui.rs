@@ -921,6 +921,7 @@ mod tests {
             crate::model::ProcRound {
                 comm: "cxx".into(),
                 delta: sites_round(1, 10, false).procs[&4242].delta,
+                cgroup: String::new(),
             },
         );
         r.sites.insert(

@@ -42,6 +42,7 @@ fn round(index: u64, a: u64, b: u64, with_stacks: bool) -> Round {
         ProcRound {
             comm: "app".into(),
             delta,
+            cgroup: String::new(),
         },
     );
     r.sizes.insert((7, 0, 100, 1), a);
