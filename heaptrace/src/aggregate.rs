@@ -45,6 +45,9 @@ pub struct ProcProfile {
     pub exited: bool,
     /// Its cgroup (the unified hierarchy's path): tells containers apart.
     pub cgroup: String,
+    /// Its blocks were taken out of the kernel's live map when it ended (system-wide mode),
+    /// rather than found there at the end.
+    pub leaks_at_exit: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]

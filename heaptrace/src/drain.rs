@@ -5,7 +5,7 @@
 //! swap because a read-and-subtract needs no coordination with the probes (no map swap, no
 //! flag the hot path must check) and cannot lose or double-count a call: an increment that lands
 //! after the read is simply in the next round's difference.
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap as StdHashMap, HashSet};
 
 use aya::{
     Ebpf,
@@ -135,17 +135,20 @@ impl KernelMaps {
     /// Blocks still live, grouped by site. Reads the whole live map: for the end of a trace,
     /// not for every round.
     pub fn live_blocks(&self, pids: Option<&HashSet<u32>>) -> Result<BTreeMap<SiteId, Leak>> {
-        let mut out: BTreeMap<SiteId, Leak> = BTreeMap::new();
+        let blocks = self.live_entries(|tgid| pids.is_none_or(|p| p.contains(&tgid)))?;
+        Ok(group_by_site(&blocks))
+    }
+
+    /// The live map's entries for the processes `want` accepts, each once. The kernel deletes
+    /// entries while we walk the map (every free of every traced process), and a walk whose
+    /// current key was deleted starts over: keys can come back, so they are deduplicated.
+    fn live_entries(&self, want: impl Fn(u32) -> bool) -> Result<StdHashMap<LiveKey, LiveBlock>> {
+        let mut out = StdHashMap::new();
         for item in self.live.iter() {
             let (key, block) = item.map_err(map_err(maps::LIVE))?;
-            if pids.is_some_and(|p| !p.contains(&key.tgid)) {
-                continue;
+            if want(key.tgid) {
+                out.insert(key, block);
             }
-            let l = out
-                .entry((key.tgid, block.stack_id, block.func))
-                .or_default();
-            l.blocks += 1;
-            l.bytes += block.size;
         }
         Ok(out)
     }
@@ -208,6 +211,18 @@ impl KernelMaps {
         }
         Ok(dead.len())
     }
+}
+
+fn group_by_site(blocks: &StdHashMap<LiveKey, LiveBlock>) -> BTreeMap<SiteId, Leak> {
+    let mut out: BTreeMap<SiteId, Leak> = BTreeMap::new();
+    for (key, block) in blocks {
+        let l = out
+            .entry((key.tgid, block.stack_id, block.func))
+            .or_default();
+        l.blocks += 1;
+        l.bytes += block.size;
+    }
+    out
 }
 
 fn comm_str(comm: &[u8; 16]) -> String {

@@ -232,6 +232,7 @@ pub fn document(profile: &Profile, info: &RunInfo<'_>) -> Value {
                 "virt_kb": p.mem.map(|m| m.virt_kb),
                 "peak_rss_kb": p.peak_rss_kb,
                 "exited": p.exited,
+                "leaks_at_exit": p.leaks_at_exit,
             })
         })
         .collect();

@@ -618,6 +618,7 @@ impl Daemon {
         for p in &gone {
             if let Some(pp) = self.profile.procs.get_mut(p) {
                 pp.exited = true;
+                pp.leaks_at_exit = true;
             }
         }
         Ok(())
