@@ -1403,6 +1403,67 @@ mod tests {
         assert!(Options::parse(&a("--reps 0")).is_err());
     }
 
+    /// Every workload builds, runs at a tiny scale at P = 3 and prints its summary line, and one
+    /// stops itself under HEAPTRACE_BENCH_STOP until SIGCONT. No probes, no timing.
+    #[test]
+    fn workloads_build_and_run() {
+        let dir = std::env::temp_dir().join(format!("xtask-bench-test-{}", std::process::id()));
+        let c: Vec<String> = WORKLOADS
+            .iter()
+            .filter(|w| **w != "parse-json")
+            .map(|w| w.to_string())
+            .collect();
+        build_workloads(&dir, &c).unwrap();
+        for w in &c {
+            let out = Command::new(dir.join(w))
+                .args(["3", "0.01"])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{w}: {out:?}");
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                text.starts_with(&format!("bench: {w} P=3 scale=0.01 reps=1 ")),
+                "{text}"
+            );
+            assert!(parse_summary(&text).is_some(), "{text}");
+        }
+        // SECONDS repeats the work.
+        let out = Command::new(dir.join("queue"))
+            .args(["1", "0.001", "0.05"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!text.contains("reps=1 "), "{text}");
+
+        let child = Command::new(dir.join("shbench"))
+            .args(["2", "0.01"])
+            .env("HEAPTRACE_BENCH_STOP", "1")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        wait_until("the stop", Duration::from_secs(10), || {
+            Ok(proc_state(pid) == Some('T'))
+        })
+        .unwrap();
+        // SAFETY: signals our own child.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        assert!(parse_summary(&String::from_utf8_lossy(&out.stdout)).is_some());
+
+        // parse-json needs Debian's nlohmann-json3-dev, which only the benchmark installs.
+        if Path::new("/usr/include/nlohmann/json.hpp").exists() {
+            status(
+                Command::new("g++")
+                    .args(["-std=c++17", "-fsyntax-only", "-Wall"])
+                    .arg(root().join("bench/workloads/parse-json.cpp")),
+            )
+            .unwrap();
+        }
+        let _ = fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn tables() {
         let run = |kind: Option<Kind>, elapsed: f64, cpu: f64| Run {
