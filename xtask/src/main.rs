@@ -1,4 +1,4 @@
-//! `cargo xtask setup|run|test`: the README's commands. Each installs what is missing first, so a
+//! `cargo xtask setup|run|test|bench`: the README's commands, and the benchmark suite. Each installs what is missing first, so a
 //! fresh machine needs nothing else; when everything is there, setup takes well under a second.
 use std::{
     env,
@@ -7,6 +7,8 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+
+mod bench;
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
@@ -47,11 +49,20 @@ fn real_main() -> Result<ExitCode> {
             setup()?;
             test(&rest)
         }
+        "bench" if rest.iter().any(|a| a == "-h" || a == "--help") => {
+            println!("{}", bench::USAGE);
+            Ok(ExitCode::SUCCESS)
+        }
+        "bench" => {
+            setup()?;
+            bench::bench(&rest)
+        }
         _ => {
             eprintln!(
                 "usage: cargo xtask setup              install what building and testing need\n       \
                  cargo xtask run [-- ARGS]      trace the demo workload, or run heaptrace ARGS\n       \
-                 cargo xtask test [ARGS]        build and run every test (real probes need root)"
+                 cargo xtask test [ARGS]        build and run every test (real probes need root)\n       \
+                 cargo xtask bench [OPTIONS]    the benchmark suite (BENCHMARKS.md; --help)"
             );
             Ok(ExitCode::from(2))
         }
