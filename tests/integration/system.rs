@@ -250,3 +250,53 @@ fn all_with_a_comm_filter_reports_only_matching_processes() {
     // The top-level figures are those of the matching processes only.
     assert_eq!(doc["functions"], p["functions"]);
 }
+
+/// 200 short-lived processes started during a system-wide trace (ten at a time) are all
+/// counted, each exactly, and each is marked ended.
+#[test]
+fn all_counts_every_one_of_200_short_lived_processes() {
+    if !bpf_or_skip("all_counts_every_one_of_200_short_lived_processes") {
+        return;
+    }
+    let _g = exclusive();
+    let bin = fixture("allocs", "", &[]);
+    let (tracer, json) = start_all("sys-churn", &["--mode", "counts", "--comm", "allocs"]);
+    let fx = Fixture {
+        threads: 0,
+        iterations: 20,
+        leaks: 1,
+        memalign_apart: false,
+        no_pvalloc: false,
+    };
+    let want = Expected::of(&fx);
+    let mut pids = Vec::new();
+    for _ in 0..20 {
+        let batch: Vec<Child> = (0..10)
+            .map(|_| Command::new(&bin).args(["0", "20", "1"]).spawn().unwrap())
+            .collect();
+        for mut c in batch {
+            pids.push(c.id());
+            assert!(c.wait().unwrap().success());
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    tracer.signal(libc::SIGINT);
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    let doc = read_json(&json);
+    assert_eq!(doc["lost"]["process_map"], 0);
+    assert_eq!(doc["lost"]["in_flight"], 0);
+    for pid in &pids {
+        let p = process(&doc, *pid);
+        let got = Expected::observed(p, &serde_json::json!([]), &want);
+        assert_eq!(got.funcs, want.funcs, "pid {pid}");
+        assert_eq!(got.free_calls, want.free_calls, "pid {pid}");
+        assert_eq!(p["exited"], true, "pid {pid}");
+        assert_eq!(
+            p["leaks"]["blocks"].as_u64(),
+            Some(want.live_blocks),
+            "pid {pid}"
+        );
+    }
+    assert_eq!(doc["processes"].as_array().unwrap().len(), pids.len());
+}
