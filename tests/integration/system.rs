@@ -24,6 +24,14 @@ fn start_all(tag: &str, extra: &[&str]) -> (Running, std::path::PathBuf) {
     (start_attached(&mut cmd), json)
 }
 
+/// Interrupts heaptrace as Ctrl-C would; it must exit cleanly. Returns its stderr and JSON.
+fn stop(tracer: Running, json: &std::path::Path) -> (String, Value) {
+    tracer.signal(libc::SIGINT);
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    (stderr, read_json(json))
+}
+
 /// Waits until heaptrace's stderr has `needle`.
 fn wait_for(tracer: &Running, needle: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -113,10 +121,7 @@ fn all_attaches_a_static_binary_started_later() {
     wait_for(&tracer, &format!("also tracing {}", bin.display()));
     go(child);
     std::thread::sleep(Duration::from_millis(500));
-    tracer.signal(libc::SIGINT);
-    let (code, stderr) = tracer.wait();
-    assert_eq!(code, 0, "{stderr}");
-    let doc = read_json(&json);
+    let (_, doc) = stop(tracer, &json);
     let p = process(&doc, pid);
     check_fixture_sizes(p, &fx);
     assert_eq!(p["comm"], "allocs-static");
@@ -187,10 +192,7 @@ fn exited_processes_free_their_map_space() {
         // Two rounds: one sees it gone and forgets it.
         std::thread::sleep(Duration::from_millis(600));
     }
-    tracer.signal(libc::SIGINT);
-    let (code, stderr) = tracer.wait();
-    assert_eq!(code, 0, "{stderr}");
-    let doc = read_json(&json);
+    let (_, doc) = stop(tracer, &json);
     assert_eq!(doc["lost"]["live_map"], 0, "{}", doc["lost"]);
     for pid in pids {
         let p = process(&doc, pid);
@@ -234,10 +236,7 @@ fn all_with_a_comm_filter_reports_only_matching_processes() {
             .success()
     );
     std::thread::sleep(Duration::from_millis(500));
-    tracer.signal(libc::SIGINT);
-    let (code, stderr) = tracer.wait();
-    assert_eq!(code, 0, "{stderr}");
-    let doc = read_json(&json);
+    let (_, doc) = stop(tracer, &json);
     let procs = doc["processes"].as_array().unwrap();
     assert!(procs.iter().all(|p| p["comm"] == "allocs"), "{procs:?}");
     let p = process(&doc, pid);
@@ -280,10 +279,7 @@ fn all_counts_every_one_of_200_short_lived_processes() {
         }
     }
     std::thread::sleep(Duration::from_millis(500));
-    tracer.signal(libc::SIGINT);
-    let (code, stderr) = tracer.wait();
-    assert_eq!(code, 0, "{stderr}");
-    let doc = read_json(&json);
+    let (_, doc) = stop(tracer, &json);
     assert_eq!(doc["lost"]["process_map"], 0);
     assert_eq!(doc["lost"]["in_flight"], 0);
     for pid in &pids {

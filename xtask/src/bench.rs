@@ -25,7 +25,7 @@ use anyhow::{Context as _, Result, bail};
 use serde::{Deserialize, de::IgnoredAny};
 use serde_json::{Value, json};
 
-use crate::{cargo, dpkg_installed, root, status};
+use crate::{apt_install, cargo, root, status};
 
 /// The workloads, in Heapprof's order. Each is `bench/workloads/NAME.c` (or `.cpp`).
 pub const WORKLOADS: &[&str] = &[
@@ -741,24 +741,8 @@ fn lock() -> Result<File> {
 /// Installs the benchmark's packages when missing. A failure is not fatal: without heaptrack
 /// its runs are left out, without nlohmann-json3-dev parse-json is.
 fn bench_setup() -> (bool, bool) {
-    let missing: Vec<&str> = BENCH_APT_PACKAGES
-        .iter()
-        .copied()
-        .filter(|p| !dpkg_installed(p))
-        .collect();
-    if !missing.is_empty() {
-        eprintln!("xtask: installing Debian packages: {}", missing.join(" "));
-        let r = status(Command::new("apt-get").args(["update", "-qq"])).and_then(|()| {
-            status(
-                Command::new("apt-get")
-                    .args(["install", "-y", "-qq", "--no-install-recommends"])
-                    .args(&missing)
-                    .env("DEBIAN_FRONTEND", "noninteractive"),
-            )
-        });
-        if let Err(e) = r {
-            eprintln!("xtask: warning: {e:#}");
-        }
+    if let Err(e) = apt_install(BENCH_APT_PACKAGES) {
+        eprintln!("xtask: warning: {e:#}");
     }
     let heaptrack = Command::new("heaptrack")
         .arg("--version")

@@ -105,23 +105,29 @@ fn cargo_bin(name: &str) -> PathBuf {
     home.join("bin").join(name)
 }
 
-/// Installs, only when missing: Debian packages, nightly with rust-src, bpf-linker.
-fn setup() -> Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES
+/// Installs the Debian packages of `packages` that are missing (none: no apt call at all).
+fn apt_install(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|p| !dpkg_installed(p))
         .collect();
-    if !missing.is_empty() {
-        eprintln!("xtask: installing Debian packages: {}", missing.join(" "));
-        status(Command::new("apt-get").args(["update", "-qq"]))?;
-        status(
-            Command::new("apt-get")
-                .args(["install", "-y", "-qq", "--no-install-recommends"])
-                .args(&missing)
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-        )?;
+    if missing.is_empty() {
+        return Ok(());
     }
+    eprintln!("xtask: installing Debian packages: {}", missing.join(" "));
+    status(Command::new("apt-get").args(["update", "-qq"]))?;
+    status(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+/// Installs, only when missing: Debian packages, nightly with rust-src, bpf-linker.
+fn setup() -> Result<()> {
+    apt_install(APT_PACKAGES)?;
 
     let nightly_ok = output_ok(Command::new("rustup").args([
         "component",
