@@ -7,8 +7,8 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
 };
 use heaptrace_common::{
-    FUNC_COUNT, Func, InFlight, LOSS_COUNT, LatencyHist, LiveBlock, LiveKey, Loss, ProcCounters,
-    SiteCounters, SiteKey, SizeKey, log2_bucket,
+    FUNC_COUNT, Func, InFlight, LOSS_COUNT, LatencyHist, LiveBlock, LiveKey, Loss, MemCall,
+    ProcCounters, SiteCounters, SiteKey, SizeKey, log2_bucket,
 };
 
 /// Create only: two CPUs adding the same new key must not overwrite each other's counts.
@@ -69,6 +69,14 @@ pub static LATENCY: PerCpuArray<LatencyHist> = PerCpuArray::with_max_entries(FUN
 /// Process starts and exits, for user space to attach new allocator files and clean up.
 #[map(name = "EVENTS")]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+
+/// Memory syscalls of traced processes between entry and exit, by thread id.
+#[map(name = "MEMCALLS")]
+pub static MEMCALLS: HashMap<u32, MemCall> = HashMap::with_max_entries(4096, 0);
+
+/// Memory syscalls of traced processes and the sites of the allocator calls that made them.
+#[map(name = "MEMEVENTS")]
+pub static MEMEVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
 /// Calls counted in bare mode (entries, returns, frees).
 #[map(name = "BARE")]

@@ -21,6 +21,7 @@ pub mod probe;
 pub mod procfs;
 pub mod record;
 pub mod report;
+pub mod reserve;
 pub mod run;
 pub mod symbolize;
 pub mod tui;

@@ -12,7 +12,9 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
-pub const VERSION: u16 = 1;
+/// 2: rounds carry the allocators' reservations (the memory behind malloc) and one more loss
+/// counter. Version 1 files (written before any release) are not read.
+pub const VERSION: u16 = 2;
 /// No frame is larger: a hostile length cannot make the reader allocate more.
 pub const MAX_FRAME: u32 = 64 << 20;
 /// Nor may a deflated payload inflate beyond this.
@@ -55,6 +57,8 @@ pub enum FormatError {
     BadMagic,
     #[error("recording format version {0} is newer than this heaptrace understands ({VERSION})")]
     FutureVersion(u16),
+    #[error("recording format version {0} is older than this heaptrace reads ({VERSION})")]
+    OldVersion(u16),
     #[error("empty file")]
     Empty,
     #[error("corrupt recording at byte {offset}: {reason}")]
@@ -159,6 +163,9 @@ pub fn read_preamble(r: &mut impl Read) -> Result<(), FormatError> {
             offset: 8,
             reason: "format version 0".into(),
         });
+    }
+    if version < VERSION {
+        return Err(FormatError::OldVersion(version));
     }
     Ok(())
 }
@@ -316,6 +323,12 @@ mod tests {
         assert!(matches!(
             read_preamble(&mut &future[..]),
             Err(FormatError::FutureVersion(99))
+        ));
+        let mut old = ok.clone();
+        old[8] = 1;
+        assert!(matches!(
+            read_preamble(&mut &old[..]),
+            Err(FormatError::OldVersion(1))
         ));
     }
 
