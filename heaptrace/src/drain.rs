@@ -157,22 +157,13 @@ impl KernelMaps {
     /// removes their entries from every map keyed by process, so map space does not leak
     /// with process churn. Call after a snapshot that holds their final counts.
     pub fn forget(&mut self, pids: &HashSet<u32>) -> Result<BTreeMap<SiteId, Leak>> {
-        let mut leaks: BTreeMap<SiteId, Leak> = BTreeMap::new();
-        let mut gone: Vec<LiveKey> = Vec::new();
-        for item in self.live.iter() {
-            let (key, block) = item.map_err(map_err(maps::LIVE))?;
-            if pids.contains(&key.tgid) {
-                let l = leaks
-                    .entry((key.tgid, block.stack_id, block.func))
-                    .or_default();
-                l.blocks += 1;
-                l.bytes += block.size;
-                gone.push(key);
-            }
-        }
-        for k in &gone {
+        // Deduplicated: under other processes' frees the walk restarts and repeats keys, which
+        // once counted a process's leaks a third too high.
+        let blocks = self.live_entries(|tgid| pids.contains(&tgid))?;
+        for k in blocks.keys() {
             let _ = self.live.remove(k);
         }
+        let leaks = group_by_site(&blocks);
         for pid in pids {
             let _ = self.procs.remove(pid);
         }

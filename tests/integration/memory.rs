@@ -159,3 +159,51 @@ fn large_blocks_are_mappings_of_their_sites_returned_by_free_and_moved_by_reallo
         "{mem}"
     );
 }
+
+/// A recording keeps the reservations and per-process memory: `report FILE memory` says what
+/// the live trace said.
+#[test]
+fn a_recording_reports_the_same_reservations() {
+    if !bpf_or_skip("a_recording_reports_the_same_reservations") {
+        return;
+    }
+    let _g = shared();
+    let bin = fixture("bigblocks", "", &[]);
+    let rec = json_path("mem-rec").with_extension("bin");
+    let live = json_path("mem-rec");
+    run_ok(
+        heaptrace()
+            .args(["record", "-q", "--interval", "200ms", "-o"])
+            .arg(&rec)
+            .arg("--json")
+            .arg(&live)
+            .arg("--")
+            .arg(&bin),
+    );
+    let live = read_json(&live);
+    let o = heaptrace()
+        .args(["report"])
+        .arg(&rec)
+        .args(["memory", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let offline: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(offline["reservations"], live["reservations"]);
+    assert_eq!(
+        offline["processes"][0]["memory"],
+        live["processes"][0]["memory"]
+    );
+    let text = heaptrace()
+        .args(["report"])
+        .arg(&rec)
+        .arg("memory")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    let big = marker_line("bigblocks.c", "BIG_SITE");
+    assert!(
+        text.contains(&format!("(bigblocks.c:{big})")) && text.contains("given back"),
+        "{text}"
+    );
+}
