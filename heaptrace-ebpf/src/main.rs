@@ -169,6 +169,7 @@ struct Call<'a> {
     ctx: &'a RetProbeContext,
     pc: &'a mut ProcCounters,
     tgid: u32,
+    epoch: u32,
     tid: u32,
     func: Func,
     now: u64,
@@ -218,10 +219,12 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
     } else {
         0
     };
+    let epoch = pc.epoch as u32;
     let mut call = Call {
         ctx,
         pc,
         tgid,
+        epoch,
         tid: id as u32,
         func,
         now,
@@ -259,16 +262,16 @@ fn allocated(call: &mut Call<'_>, size: u64, ptr: u64) {
 #[inline(always)]
 fn track(call: &mut Call<'_>, ptr: u64, size: u64) {
     let stack_id = if mode() >= mode::STACKS {
-        sites::allocated(call.ctx, call.tgid, call.func, size)
+        sites::allocated(call.ctx, call.tgid, call.epoch, call.func, size)
     } else {
         NO_SITE
     };
     if mode() >= mode::SIZES {
-        maps::count_size(call.tgid, call.func, size, stack_id);
+        maps::count_size(call.tgid, call.epoch, call.func, size, stack_id);
     }
     let key = LiveKey {
         tgid: call.tgid,
-        _pad: 0,
+        epoch: call.epoch,
         ptr,
     };
     // The allocation time is only read back for lifetimes and temporaries (stacks mode).
@@ -297,7 +300,9 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64) {
 /// Forgets a block; returns its size if it was known.
 #[inline(always)]
 fn untrack(pc: &mut ProcCounters, tgid: u32, ptr: u64) -> Option<u64> {
-    let key = LiveKey { tgid, _pad: 0, ptr };
+    // A block of an earlier image of the process (before an exec) is never this image's.
+    let epoch = pc.epoch as u32;
+    let key = LiveKey { tgid, epoch, ptr };
     // SAFETY: the value is copied out before the remove.
     let Some(block) = (unsafe { LIVE.get(key) }).copied() else {
         add(&mut pc.untracked_frees, 1);
@@ -307,7 +312,7 @@ fn untrack(pc: &mut ProcCounters, tgid: u32, ptr: u64) -> Option<u64> {
     add(&mut pc.live_blocks, u64::MAX); // -1, wrapping
     add(&mut pc.live_bytes, block.size.wrapping_neg());
     if block.stack_id != NO_SITE {
-        sites::released(tgid, &block);
+        sites::released(tgid, epoch, &block);
     }
     Some(block.size)
 }

@@ -82,6 +82,20 @@ pub struct TimelineRow {
 }
 
 impl Profile {
+    /// A process starts over (it exec'ed): its figures so far go; its name and cgroup stay
+    /// until the next round names it again.
+    pub fn restart(&mut self, pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            *p = ProcProfile {
+                comm: std::mem::take(&mut p.comm),
+                cgroup: std::mem::take(&mut p.cgroup),
+                ..Default::default()
+            };
+        }
+        self.sizes.retain(|k, _| k.0 != pid);
+        self.sites.retain(|k, _| k.0 != pid);
+    }
+
     pub fn apply(&mut self, round: &Round) {
         let mut delta = Totals::default();
         for (pid, pr) in &round.procs {
@@ -101,7 +115,8 @@ impl Profile {
             p.peak_rss_kb = p.peak_rss_kb.max(mem.rss_kb);
         }
         for (key, n) in &round.sizes {
-            *self.sizes.entry(*key).or_default() += n;
+            let c = self.sizes.entry(*key).or_default();
+            *c = c.wrapping_add(*n);
         }
         for (acc, l) in self.losses.iter_mut().zip(round.losses.iter()) {
             *acc += l;

@@ -180,6 +180,7 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .map_max_entries(maps::LIVE, opts.live_map_size)
         .map_max_entries(maps::SIZES, if sizes { opts.size_map_size } else { 1 })
         .map_max_entries(maps::PROCS, opts.proc_map_size)
+        .map_max_entries(maps::EXECS, opts.proc_map_size)
         .map_max_entries(maps::STACKS, half)
         .map_max_entries(maps::STACKS2, half)
         .map_max_entries(maps::SITES, if stacks { opts.site_map_size } else { 1 })

@@ -591,11 +591,7 @@ impl Daemon {
                         w.flush_logs();
                     }
                 }
-                _ = ring_readable(self.procwatch.as_ref()) => {
-                    if let (Some(w), Some(p)) = (self.procwatch.as_mut(), self.probes.as_mut()) {
-                        w.drain(p);
-                    }
-                }
+                _ = ring_readable(self.procwatch.as_ref()) => self.process_events()?,
                 _ = view_quit(self.live.as_mut()) => return Ok(End::Quit),
                 _ = sigint.recv() => return Ok(End::Interrupted),
                 _ = sigterm.recv() => return Ok(End::Terminated),
@@ -690,7 +686,50 @@ impl Daemon {
         }
     }
 
+    /// Reads the process events: attaches the allocators of new processes, and starts the
+    /// processes that exec'ed over as their new command.
+    fn process_events(&mut self) -> Result<()> {
+        let Some(w) = self.procwatch.as_mut() else {
+            return Ok(());
+        };
+        let execs = w.drain(self.probes.as_mut());
+        self.restart(execs)
+    }
+
+    /// Processes that exec'ed: the kernel reset their counters at the exec, so their figures
+    /// are now those of the new command alone. What the image before the exec did (a shell's
+    /// fork between fork and exec) is dropped from every figure: it belonged to neither the
+    /// parent nor the new command.
+    fn restart(&mut self, execs: Vec<u32>) -> Result<()> {
+        // The kernel moves a process's epoch on only when it had counters: only those have
+        // anything to drop.
+        let pids: HashSet<u32> = execs
+            .into_iter()
+            .filter(|p| {
+                self.prev.procs.contains_key(p)
+                    || self.profile.procs.get(p).is_some_and(|pp| !pp.exited)
+                    || self.maps.has_restarted(*p)
+            })
+            .collect();
+        if pids.is_empty() {
+            return Ok(());
+        }
+        self.maps.restarted(&pids)?;
+        for p in &pids {
+            self.prev.procs.remove(p);
+            self.profile.restart(*p);
+            // Judged again under its new name.
+            self.matched.remove(p);
+        }
+        self.prev.sizes.retain(|k, _| !pids.contains(&k.0));
+        self.prev.sites.retain(|k, _| !pids.contains(&k.0));
+        Ok(())
+    }
+
     fn round(&mut self) -> Result<()> {
+        // Execs reported so far are applied before the read, so that it starts their new
+        // counts from zero.
+        self.process_events()?;
         // Who is gone is decided before the snapshot, so that it holds their final counts (a
         // process found gone after it could still have counted something in between).
         let gone: HashSet<u32> = if self.procwatch.is_some() {
