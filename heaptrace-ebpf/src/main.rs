@@ -117,6 +117,29 @@ pub fn realloc_entry(ctx: ProbeContext) -> u32 {
     0
 }
 
+// Allocators with other signatures (`--allocator-symbols rust`) get entry programs of their own
+// rather than an argument index in the attach cookie: the cookie already carries the probe's
+// push count, and a fixed register per program keeps each program trivial for the verifier.
+// `__rust_alloc(size, align)` and `__rust_dealloc(ptr, size, align)` read their first argument
+// like malloc and free, and use those programs.
+
+/// `__rust_alloc_zeroed(size, align)`: a zeroed allocation of `size` bytes, counted as calloc.
+#[uprobe]
+pub fn alloc_zeroed_entry(ctx: ProbeContext) -> u32 {
+    let size: u64 = ctx.arg(0).unwrap_or(0);
+    let _ = enter(&ctx, Func::Calloc, size, 0);
+    0
+}
+
+/// `__rust_realloc(ptr, old_size, align, new_size)`, counted as realloc.
+#[uprobe]
+pub fn rust_realloc_entry(ctx: ProbeContext) -> u32 {
+    let old: u64 = ctx.arg(0).unwrap_or(0);
+    let size: u64 = ctx.arg(3).unwrap_or(0);
+    let _ = enter(&ctx, Func::Realloc, size, old);
+    0
+}
+
 #[uprobe]
 pub fn posix_memalign_entry(ctx: ProbeContext) -> u32 {
     let memptr: u64 = ctx.arg(0).unwrap_or(0);

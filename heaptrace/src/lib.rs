@@ -23,6 +23,7 @@ pub mod record;
 pub mod report;
 pub mod run;
 pub mod symbolize;
+pub mod symbols;
 pub mod tui;
 pub mod views;
 pub mod watch;

@@ -94,7 +94,11 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             if !procfs::alive(*pid) {
                 return Err(Error::NoSuchProcess(*pid));
             }
-            (allocator::for_pid(*pid)?, Scope::Process(*pid))
+            let provider = match &cli.allocator_symbols {
+                Some(c) => allocator::custom_for_pid(*pid, c)?,
+                None => allocator::for_pid(*pid)?,
+            };
+            (provider, Scope::Process(*pid))
         }
         Target::All => (allocator::host_libc()?, Scope::All),
         Target::Command(argv) => {
@@ -103,7 +107,10 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
                 reason: "command not found".into(),
             })?;
             let preload = std::env::var("LD_PRELOAD").ok();
-            let provider = allocator::for_command(&exe, preload.as_deref())?;
+            let provider = match &cli.allocator_symbols {
+                Some(c) => allocator::custom_for_command(&exe, preload.as_deref(), c)?,
+                None => allocator::for_command(&exe, preload.as_deref())?,
+            };
             // With the live view on the terminal, the command's output would scribble over it.
             let redirect = match (&cli.command_output, live_view) {
                 (Some(path), _) => Some(launch::Redirect::to(path)?),
@@ -165,7 +172,11 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             let p = &a.placement;
             eprintln!(
                 "heaptrace:   {}{} at {:#x}+{} `{}`{}: {}",
-                a.func,
+                if a.symbol == a.func {
+                    a.func.to_string()
+                } else {
+                    format!("{} ({})", a.symbol, a.func)
+                },
                 if a.aliases.is_empty() {
                     String::new()
                 } else {

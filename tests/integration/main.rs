@@ -1,6 +1,7 @@
 //! Integration tests: the real heaptrace binary, real uprobes, C fixtures with known calls.
 //! They need root, BTF and uprobes; in CI (`CI` set) a missing capability fails the test.
 mod counts;
+mod custom;
 mod expect;
 mod faults;
 mod placement;
