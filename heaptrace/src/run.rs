@@ -755,7 +755,6 @@ impl Daemon {
         };
         let snap = self.maps.snapshot()?;
         let mut round = snap.since(&self.prev);
-        self.new_stacks(&mut round);
         round.index = self.profile.rounds.len() as u64 + 1;
         round.elapsed_ms = self.start.elapsed().as_millis() as u64;
         let pids: Vec<u32> = match self.pid {
@@ -789,6 +788,9 @@ impl Daemon {
         if let Some(filter) = &self.filter {
             filter.apply(&mut round, &mut self.matched);
         }
+        // After the filter: the stacks of processes left out are never symbolized (in --all,
+        // those of every other program on the host, and their debug info would stay loaded).
+        self.new_stacks(&mut round);
         self.profile.apply(&round);
         if !gone.is_empty() {
             self.forget_exited(gone)?;
