@@ -336,6 +336,16 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         eprint!("{}", crate::views::sites(profile, cli.top, temporary_ms));
     }
     eprint!("{}", crate::views::latency(profile));
+    // What tracing cost in memory, read once everything is gathered: the kernel maps are
+    // bounded by their sizes, this is the daemon's side (profile, stacks, symbols).
+    let own = procfs::own_rss_kb();
+    if let Some((rss, peak)) = own {
+        eprintln!(
+            "heaptrace itself: RSS {}, peak {}",
+            report::bytes(rss as i64 * 1024),
+            report::bytes(peak as i64 * 1024)
+        );
+    }
     if let Some(path) = &cli.json {
         let pids: Vec<u32> = pid.into_iter().collect();
         let info = json::RunInfo {
@@ -353,8 +363,13 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             collect: cli.mode.name(),
             temporary_ms,
         };
-        let doc = serde_json::to_string_pretty(&json::document(profile, &info))
-            .map_err(|e| Error::Io(std::io::Error::other(e)))?;
+        let mut doc = json::document(profile, &info);
+        if let Some((rss, peak)) = own {
+            doc["heaptrace"]["rss_kb"] = rss.into();
+            doc["heaptrace"]["peak_rss_kb"] = peak.into();
+        }
+        let doc =
+            serde_json::to_string_pretty(&doc).map_err(|e| Error::Io(std::io::Error::other(e)))?;
         if path == "-" {
             let mut out = std::io::stdout().lock();
             writeln!(out, "{doc}")?;

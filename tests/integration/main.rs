@@ -6,6 +6,7 @@ mod expect;
 mod faults;
 mod placement;
 mod recording;
+mod scale;
 mod stacks;
 mod support;
 mod system;
