@@ -177,19 +177,28 @@ impl KernelMaps {
     /// removes their entries from every map keyed by process, so map space does not leak
     /// with process churn. Call after a snapshot that holds their final counts.
     pub fn forget(&mut self, pids: &HashSet<u32>) -> Result<BTreeMap<SiteId, Leak>> {
-        let mut leaks: BTreeMap<SiteId, Leak> = BTreeMap::new();
-        let mut gone: Vec<LiveKey> = Vec::new();
+        // Collected first, by key: a walk whose current key the kernel deletes meanwhile (any
+        // process's free) starts over, and would count the blocks seen before twice.
+        let mut blocks: StdHashMap<LiveKey, LiveBlock> = StdHashMap::new();
         for item in self.live.iter() {
             let (key, block) = item.map_err(map_err(maps::LIVE))?;
             if pids.contains(&key.tgid) {
+                blocks.insert(key, block);
+            }
+        }
+        // Blocks of an image before an exec not cleared yet go too, but are not its leaks.
+        let epochs: StdHashMap<u32, u32> = pids.iter().map(|p| (*p, self.epoch(*p))).collect();
+        let mut leaks: BTreeMap<SiteId, Leak> = BTreeMap::new();
+        for (key, block) in &blocks {
+            if epochs.get(&key.tgid) == Some(&key.epoch) {
                 let l = leaks
                     .entry((key.tgid, block.stack_id, block.func))
                     .or_default();
                 l.blocks += 1;
                 l.bytes += block.size;
-                gone.push(key);
             }
         }
+        let gone: Vec<LiveKey> = blocks.into_keys().collect();
         for k in &gone {
             let _ = self.live.remove(k);
         }
