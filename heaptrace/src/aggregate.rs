@@ -439,6 +439,27 @@ mod tests {
     }
 
     #[test]
+    fn a_restarted_process_keeps_only_what_came_after() {
+        let mut p = Profile::default();
+        p.apply(&round(1, 10, 4, 400, 1, 300));
+        p.apply(&round(1, 11, 5, 50, 0, 50));
+        p.restart(10);
+        p.apply(&round(2, 10, 2, 60, 0, 60));
+        let t = &p.procs[&10].totals;
+        assert_eq!(t.func(Func::Malloc).calls, 2);
+        assert_eq!(t.func(Func::Malloc).bytes, 60);
+        assert_eq!(t.frees(), 0);
+        assert_eq!(t.live_bytes, 60);
+        assert_eq!(p.procs[&10].comm, "fx");
+        assert_eq!(p.sizes_by_func(Some(10)).len(), 1);
+        assert_eq!(p.sizes_by_func(Some(10))[&(Func::Malloc as u32, 30)], 2);
+        assert_eq!(p.sites[&(10, 1, 0)].calls, 2);
+        // Others keep theirs, and the totals are the sum of what is left.
+        assert_eq!(p.procs[&11].totals.func(Func::Malloc).calls, 5);
+        assert_eq!(p.totals().func(Func::Malloc).calls, 7);
+    }
+
+    #[test]
     fn peak_keeps_the_highest_round_and_its_sites() {
         let mut p = Profile::default();
         p.apply(&round(1, 10, 4, 400, 0, 300));

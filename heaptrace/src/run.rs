@@ -273,6 +273,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         probes: Some(probes),
         procwatch,
         exited_leaks: BTreeMap::new(),
+        stale: HashSet::new(),
         filter: Filter::from_cli(cli),
         matched: std::collections::HashMap::new(),
         live: link,
@@ -481,6 +482,10 @@ struct Daemon {
     procwatch: Option<ProcWatch>,
     /// Blocks that processes ended without freeing, taken out of the live map when they ended.
     exited_leaks: BTreeMap<SiteId, Leak>,
+    /// Processes that exec'ed since the last round: what their earlier images left in the
+    /// kernel maps is dropped once a round (a walk of the live map each time would be too
+    /// much for a host that runs many commands); until then their epoch keeps it out.
+    stale: HashSet<u32>,
     /// --comm/--cgroup, and each process's verdict, taken while it lived.
     filter: Option<Filter>,
     matched: std::collections::HashMap<u32, bool>,
@@ -617,7 +622,7 @@ impl Daemon {
                         w.flush_logs();
                     }
                 }
-                _ = ring_readable(self.procwatch.as_ref()) => self.process_events()?,
+                _ = ring_readable(self.procwatch.as_ref()) => self.process_events(),
                 _ = view_quit(self.live.as_mut()) => return Ok(End::Quit),
                 _ = sigint.recv() => return Ok(End::Interrupted),
                 _ = sigterm.recv() => return Ok(End::Terminated),
@@ -714,19 +719,18 @@ impl Daemon {
 
     /// Reads the process events: attaches the allocators of new processes, and starts the
     /// processes that exec'ed over as their new command.
-    fn process_events(&mut self) -> Result<()> {
-        let Some(w) = self.procwatch.as_mut() else {
-            return Ok(());
-        };
-        let execs = w.drain(self.probes.as_mut());
-        self.restart(execs)
+    fn process_events(&mut self) {
+        if let Some(w) = self.procwatch.as_mut() {
+            let execs = w.drain(self.probes.as_mut());
+            self.restart(execs);
+        }
     }
 
     /// Processes that exec'ed: the kernel reset their counters at the exec, so their figures
     /// are now those of the new command alone. What the image before the exec did (a shell's
     /// fork between fork and exec) is dropped from every figure: it belonged to neither the
     /// parent nor the new command.
-    fn restart(&mut self, execs: Vec<u32>) -> Result<()> {
+    fn restart(&mut self, execs: Vec<u32>) {
         // The kernel moves a process's epoch on only when it had counters: only those have
         // anything to drop.
         let pids: HashSet<u32> = execs
@@ -738,9 +742,8 @@ impl Daemon {
             })
             .collect();
         if pids.is_empty() {
-            return Ok(());
+            return;
         }
-        self.maps.restarted(&pids)?;
         for p in &pids {
             self.prev.procs.remove(p);
             self.profile.restart(*p);
@@ -749,13 +752,17 @@ impl Daemon {
         }
         self.prev.sizes.retain(|k, _| !pids.contains(&k.0));
         self.prev.sites.retain(|k, _| !pids.contains(&k.0));
-        Ok(())
+        self.stale.extend(pids);
     }
 
     fn round(&mut self) -> Result<()> {
         // Execs reported so far are applied before the read, so that it starts their new
         // counts from zero.
-        self.process_events()?;
+        self.process_events();
+        if !self.stale.is_empty() {
+            let stale = std::mem::take(&mut self.stale);
+            self.maps.restarted(&stale)?;
+        }
         // Who is gone is decided before the snapshot, so that it holds their final counts (a
         // process found gone after it could still have counted something in between).
         let gone: HashSet<u32> = if self.procwatch.is_some() {
