@@ -85,7 +85,7 @@ fn custom_in(files: &[(PathBuf, PathBuf)], custom: &Custom, whose: &str) -> Resu
     Err(Error::SymbolsNotFound {
         spec: custom.spec.clone(),
         missing: format!("{s} ({})", f.name()),
-        looked: format!("{whose}: {}", looked()),
+        looked: format!("{whose} (looked in: {})", looked()),
     })
 }
 
@@ -118,7 +118,10 @@ pub fn custom_for_command(
             .filter(|s| !s.is_empty())
             .map(PathBuf::from),
     );
-    files.push(host_libc_path()?);
+    let libc = host_libc_path()?;
+    if !files.contains(&libc) {
+        files.push(libc);
+    }
     let files: Vec<(PathBuf, PathBuf)> = files.into_iter().map(|p| (p.clone(), p)).collect();
     custom_in(&files, custom, &exe.display().to_string())
 }
