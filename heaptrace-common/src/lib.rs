@@ -96,6 +96,11 @@ pub struct ProcCounters {
     pub realloc_released_bytes: u64,
     /// Command name (task comm) of the thread that first allocated.
     pub comm: [u8; 16],
+    /// Which image of the process these counters belong to: 1 + the number of its execs seen
+    /// while traced (0 until this CPU's copy has looked it up). The keys of its sizes, sites
+    /// and live blocks carry it, so that what an image left behind in those maps is told apart
+    /// from what the next image counts.
+    pub epoch: u64,
 }
 
 impl ProcCounters {
@@ -113,6 +118,7 @@ impl ProcCounters {
         realloc_frees: 0,
         realloc_released_bytes: 0,
         comm: [0; 16],
+        epoch: 0,
     };
 }
 
@@ -125,7 +131,8 @@ pub struct SizeKey {
     pub func: u32,
     pub size: u64,
     pub stack_id: i32,
-    pub _pad: u32,
+    /// [`ProcCounters::epoch`] of the image that counted it.
+    pub epoch: u32,
 }
 
 /// Key of the live-allocation map.
@@ -133,7 +140,8 @@ pub struct SizeKey {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LiveKey {
     pub tgid: u32,
-    pub _pad: u32,
+    /// [`ProcCounters::epoch`] of the image that allocated it.
+    pub epoch: u32,
     pub ptr: u64,
 }
 
@@ -223,7 +231,8 @@ pub struct SiteKey {
     /// Stack map id, or a negative errno when the stack could not be stored ("stack lost").
     pub stack_id: i32,
     pub func: u32,
-    pub _pad: u32,
+    /// [`ProcCounters::epoch`] of the image that allocated there.
+    pub epoch: u32,
 }
 
 /// Cumulative counters of one allocation site (per CPU in the kernel).
@@ -407,6 +416,7 @@ pub mod maps {
     pub const EVENTS: &str = "EVENTS";
     pub const MEMCALLS: &str = "MEMCALLS";
     pub const MEMEVENTS: &str = "MEMEVENTS";
+    pub const EXECS: &str = "EXECS";
 }
 
 /// Globals set by the loader before the programs are loaded.
@@ -423,7 +433,7 @@ pub mod globals {
 
 // Layouts are part of the kernel/user contract: no implicit padding allowed.
 const _: () = assert!(core::mem::size_of::<FnCounters>() == 24);
-const _: () = assert!(core::mem::size_of::<ProcCounters>() == 24 * FUNC_COUNT + 7 * 8 + 16);
+const _: () = assert!(core::mem::size_of::<ProcCounters>() == 24 * FUNC_COUNT + 7 * 8 + 16 + 8);
 const _: () = assert!(core::mem::size_of::<SizeKey>() == 24);
 const _: () = assert!(core::mem::size_of::<LiveKey>() == 16);
 const _: () = assert!(core::mem::size_of::<LiveBlock>() == 32);

@@ -120,6 +120,29 @@ pub fn realloc_entry(ctx: ProbeContext) -> u32 {
     0
 }
 
+// Allocators with other signatures (`--allocator-symbols rust`) get entry programs of their own
+// rather than an argument index in the attach cookie: the cookie already carries the probe's
+// push count, and a fixed register per program keeps each program trivial for the verifier.
+// `__rust_alloc(size, align)` and `__rust_dealloc(ptr, size, align)` read their first argument
+// like malloc and free, and use those programs.
+
+/// `__rust_alloc_zeroed(size, align)`: a zeroed allocation of `size` bytes, counted as calloc.
+#[uprobe]
+pub fn alloc_zeroed_entry(ctx: ProbeContext) -> u32 {
+    let size: u64 = ctx.arg(0).unwrap_or(0);
+    let _ = enter(&ctx, Func::Calloc, size, 0);
+    0
+}
+
+/// `__rust_realloc(ptr, old_size, align, new_size)`, counted as realloc.
+#[uprobe]
+pub fn rust_realloc_entry(ctx: ProbeContext) -> u32 {
+    let old: u64 = ctx.arg(0).unwrap_or(0);
+    let size: u64 = ctx.arg(3).unwrap_or(0);
+    let _ = enter(&ctx, Func::Realloc, size, old);
+    0
+}
+
 #[uprobe]
 pub fn posix_memalign_entry(ctx: ProbeContext) -> u32 {
     let memptr: u64 = ctx.arg(0).unwrap_or(0);
@@ -172,6 +195,7 @@ struct Call<'a> {
     ctx: &'a RetProbeContext,
     pc: &'a mut ProcCounters,
     tgid: u32,
+    epoch: u32,
     tid: u32,
     func: Func,
     now: u64,
@@ -224,10 +248,12 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
     } else {
         0
     };
+    let epoch = pc.epoch as u32;
     let mut call = Call {
         ctx,
         pc,
         tgid,
+        epoch,
         tid: id as u32,
         func,
         now,
@@ -265,16 +291,16 @@ fn allocated(call: &mut Call<'_>, size: u64, ptr: u64) {
 #[inline(always)]
 fn track(call: &mut Call<'_>, ptr: u64, size: u64) {
     let stack_id = if mode() >= mode::STACKS {
-        sites::allocated(call.ctx, call.tgid, call.func, size)
+        sites::allocated(call.ctx, call.tgid, call.epoch, call.func, size)
     } else {
         NO_SITE
     };
     if mode() >= mode::SIZES {
-        maps::count_size(call.tgid, call.func, size, stack_id);
+        maps::count_size(call.tgid, call.epoch, call.func, size, stack_id);
     }
     let key = LiveKey {
         tgid: call.tgid,
-        _pad: 0,
+        epoch: call.epoch,
         ptr,
     };
     // The allocation time is only read back for lifetimes and temporaries (stacks mode).
@@ -303,7 +329,9 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64) {
 /// Forgets a block; returns its size if it was known.
 #[inline(always)]
 fn untrack(pc: &mut ProcCounters, tgid: u32, ptr: u64) -> Option<u64> {
-    let key = LiveKey { tgid, _pad: 0, ptr };
+    // A block of an earlier image of the process (before an exec) is never this image's.
+    let epoch = pc.epoch as u32;
+    let key = LiveKey { tgid, epoch, ptr };
     // SAFETY: the value is copied out before the remove.
     let Some(block) = (unsafe { LIVE.get(key) }).copied() else {
         add(&mut pc.untracked_frees, 1);
@@ -313,7 +341,7 @@ fn untrack(pc: &mut ProcCounters, tgid: u32, ptr: u64) -> Option<u64> {
     add(&mut pc.live_blocks, u64::MAX); // -1, wrapping
     add(&mut pc.live_bytes, block.size.wrapping_neg());
     if block.stack_id != NO_SITE {
-        sites::released(tgid, &block);
+        sites::released(tgid, epoch, &block);
     }
     Some(block.size)
 }

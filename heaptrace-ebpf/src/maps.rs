@@ -78,6 +78,12 @@ pub static MEMCALLS: HashMap<u32, MemCall> = HashMap::with_max_entries(4096, 0);
 #[map(name = "MEMEVENTS")]
 pub static MEMEVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
+/// Execs of traced processes, by tgid: a process's current image is its epoch 1 + this (see
+/// `ProcCounters::epoch`). Only processes that had counters get an entry; user space removes
+/// it when the process is forgotten.
+#[map(name = "EXECS")]
+pub static EXECS: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
+
 /// Calls counted in bare mode (entries, returns, frees).
 #[map(name = "BARE")]
 pub static BARE: PerCpuArray<u64> = PerCpuArray::with_max_entries(3, 0);
@@ -142,32 +148,42 @@ pub fn get_or_insert<K, V>(map: &PerCpuHashMap<K, V>, key: &K, zero: &V) -> Opti
     map.get_ptr_mut(key).map(|p| unsafe { &mut *p })
 }
 
-/// This process's counters on this CPU, created on first use.
+/// This process's counters on this CPU, created on first use, with its epoch known.
 #[inline(always)]
 pub fn proc_counters(tgid: u32) -> Option<&'static mut ProcCounters> {
-    if let Some(p) = PROCS.get_ptr_mut(tgid) {
+    let pc = match PROCS.get_ptr_mut(tgid) {
         // SAFETY: map value pointer.
-        return Some(unsafe { &mut *p });
+        Some(p) => unsafe { &mut *p },
+        None => {
+            let mut fresh = ProcCounters::ZERO;
+            if let Ok(comm) = bpf_get_current_comm() {
+                fresh.comm = comm;
+            }
+            let Some(pc) = get_or_insert(&PROCS, &tgid, &fresh) else {
+                lose(Loss::ProcessMap);
+                return None;
+            };
+            pc
+        }
+    };
+    // An insert fills only this CPU's copy (the others start zeroed): each CPU's copy looks
+    // the epoch up once. Racing writers on one CPU write the same value.
+    if pc.epoch == 0 {
+        // SAFETY: the value is copied out at once.
+        let execs = unsafe { EXECS.get(tgid) }.copied().unwrap_or(0);
+        pc.epoch = u64::from(execs) + 1;
     }
-    let mut fresh = ProcCounters::ZERO;
-    if let Ok(comm) = bpf_get_current_comm() {
-        fresh.comm = comm;
-    }
-    let found = get_or_insert(&PROCS, &tgid, &fresh);
-    if found.is_none() {
-        lose(Loss::ProcessMap);
-    }
-    found
+    Some(pc)
 }
 
 #[inline(always)]
-pub fn count_size(tgid: u32, func: Func, size: u64, stack_id: i32) {
+pub fn count_size(tgid: u32, epoch: u32, func: Func, size: u64, stack_id: i32) {
     let key = SizeKey {
         tgid,
         func: func as u32,
         size,
         stack_id,
-        _pad: 0,
+        epoch,
     };
     match get_or_insert(&SIZES, &key, &0u64) {
         Some(n) => add(n, 1),

@@ -6,7 +6,7 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use heaptrace_common::{Loss, PROC_EXEC, ProcEvent};
 
-use crate::maps::{EVENTS, lose, self_tgid};
+use crate::maps::{EVENTS, EXECS, PROCS, lose, self_tgid};
 
 #[inline(always)]
 fn report(ctx: &RawTracePointContext, kind: u32) {
@@ -26,8 +26,32 @@ fn report(ctx: &RawTracePointContext, kind: u32) {
     }
 }
 
+/// A traced process that execs starts over as its new image: its counters go, and its epoch
+/// moves on so that the sizes, sites and live blocks of the image it was are kept apart (user
+/// space drops them). This runs in the exec before the new image's first instruction, with the
+/// old image's other threads already gone, so no call of either image is counted in the other.
+/// The event goes out after the reset: when user space reads it, the reset is done.
+#[inline(always)]
+fn restart(tgid: u32) {
+    // SAFETY: the value is copied out at once.
+    if unsafe { PROCS.get(tgid) }.is_none() {
+        return; // never counted anything: nothing to start over
+    }
+    // SAFETY: as above.
+    let execs = unsafe { EXECS.get(tgid) }.copied().unwrap_or(0);
+    if EXECS.insert(tgid, execs.wrapping_add(1), 0).is_err() {
+        // Without a new epoch the new image's sizes and sites would add to the old ones'.
+        lose(Loss::ProcessMap);
+    }
+    let _ = PROCS.remove(tgid);
+}
+
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
 pub fn on_exec(ctx: RawTracePointContext) -> i32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if tgid != self_tgid() {
+        restart(tgid);
+    }
     report(&ctx, PROC_EXEC);
     0
 }

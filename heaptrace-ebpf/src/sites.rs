@@ -16,7 +16,7 @@ const EEXIST: i32 = 17;
 
 /// Counts an allocation at its site; returns the stack id to remember in the live map.
 #[inline(always)]
-pub fn allocated(ctx: &RetProbeContext, tgid: u32, func: Func, size: u64) -> i32 {
+pub fn allocated(ctx: &RetProbeContext, tgid: u32, epoch: u32, func: Func, size: u64) -> i32 {
     let stack_id = match store_stack(ctx) {
         Ok(id) => id as i32,
         Err(e) => {
@@ -28,7 +28,7 @@ pub fn allocated(ctx: &RetProbeContext, tgid: u32, func: Func, size: u64) -> i32
         tgid,
         stack_id,
         func: func as u32,
-        _pad: 0,
+        epoch,
     };
     let Some(site) = get_or_insert(&SITES, &key, &SiteCounters::ZERO) else {
         lose(Loss::SiteMap);
@@ -62,12 +62,12 @@ pub fn bare_stack(ctx: &RetProbeContext) {
 
 /// Counts the release of a block at the site that allocated it.
 #[inline(always)]
-pub fn released(tgid: u32, block: &LiveBlock) {
+pub fn released(tgid: u32, epoch: u32, block: &LiveBlock) {
     let key = SiteKey {
         tgid,
         stack_id: block.stack_id,
         func: block.func,
-        _pad: 0,
+        epoch,
     };
     let Some(p) = SITES.get_ptr_mut(key) else {
         return; // its allocation was not counted at a site (site map full)

@@ -89,6 +89,21 @@ pub struct TimelineRow {
 }
 
 impl Profile {
+    /// A process starts over (it exec'ed): its figures so far go; its name and cgroup stay
+    /// until the next round names it again.
+    pub fn restart(&mut self, pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            *p = ProcProfile {
+                comm: std::mem::take(&mut p.comm),
+                cgroup: std::mem::take(&mut p.cgroup),
+                ..Default::default()
+            };
+        }
+        self.sizes.retain(|k, _| k.0 != pid);
+        self.sites.retain(|k, _| k.0 != pid);
+        self.reservations.retain(|k, _| k.0 != pid);
+    }
+
     pub fn apply(&mut self, round: &Round) {
         let mut delta = Totals::default();
         for (pid, pr) in &round.procs {
@@ -114,7 +129,8 @@ impl Profile {
             self.reservations.entry(*key).or_default().plus(t);
         }
         for (key, n) in &round.sizes {
-            *self.sizes.entry(*key).or_default() += n;
+            let c = self.sizes.entry(*key).or_default();
+            *c = c.wrapping_add(*n);
         }
         for (acc, l) in self.losses.iter_mut().zip(round.losses.iter()) {
             *acc += l;
@@ -453,6 +469,27 @@ mod tests {
         assert_eq!(p.sizes_by_func(Some(11)).len(), 1);
         assert_eq!(p.sites[&(10, 1, 0)].calls, 6);
         assert_eq!(p.sites[&(10, 1, 0)].live_bytes, 200);
+    }
+
+    #[test]
+    fn a_restarted_process_keeps_only_what_came_after() {
+        let mut p = Profile::default();
+        p.apply(&round(1, 10, 4, 400, 1, 300));
+        p.apply(&round(1, 11, 5, 50, 0, 50));
+        p.restart(10);
+        p.apply(&round(2, 10, 2, 60, 0, 60));
+        let t = &p.procs[&10].totals;
+        assert_eq!(t.func(Func::Malloc).calls, 2);
+        assert_eq!(t.func(Func::Malloc).bytes, 60);
+        assert_eq!(t.frees(), 0);
+        assert_eq!(t.live_bytes, 60);
+        assert_eq!(p.procs[&10].comm, "fx");
+        assert_eq!(p.sizes_by_func(Some(10)).len(), 1);
+        assert_eq!(p.sizes_by_func(Some(10))[&(Func::Malloc as u32, 30)], 2);
+        assert_eq!(p.sites[&(10, 1, 0)].calls, 2);
+        // Others keep theirs, and the totals are the sum of what is left.
+        assert_eq!(p.procs[&11].totals.func(Func::Malloc).calls, 5);
+        assert_eq!(p.totals().func(Func::Malloc).calls, 7);
     }
 
     #[test]

@@ -5,9 +5,12 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use heaptrace_common::Func;
+
 use crate::{
     elf::{self, FuncSite},
     error::{Error, Result},
+    symbols::{Abi, Custom},
 };
 
 /// The object whose malloc family heaptrace probes.
@@ -18,6 +21,8 @@ pub struct Provider {
     /// The path heaptrace opens to attach (through /proc/PID/root for other mount namespaces).
     pub attach_path: PathBuf,
     pub sites: Vec<FuncSite>,
+    /// How its functions take their arguments.
+    pub abi: Abi,
 }
 
 impl Provider {
@@ -27,8 +32,98 @@ impl Provider {
             path,
             attach_path,
             sites,
+            abi: Abi::C,
         }))
     }
+}
+
+/// The first of `files` (in symbol lookup order) that defines the custom malloc. Only its
+/// custom functions are probed, not the family it may call underneath (a wrapper's libc
+/// malloc): each call is counted once, under its custom name's function.
+fn custom_in(files: &[(PathBuf, PathBuf)], custom: &Custom, whose: &str) -> Result<Provider> {
+    let names: Vec<(Func, String)> = custom
+        .names
+        .iter()
+        .map(|(f, s, _)| (*f, s.clone()))
+        .collect();
+    let looked = || {
+        files
+            .iter()
+            .map(|(p, _)| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for (path, attach) in files {
+        let Ok(sites) = elf::named_sites(attach, &names) else {
+            continue; // unreadable or not ELF: not the allocator
+        };
+        if !sites.iter().any(|s| s.func == Func::Malloc) {
+            continue;
+        }
+        let has = |f: Func| sites.iter().any(|s| s.func == f || s.aliases.contains(&f));
+        let missing: Vec<String> = custom
+            .names
+            .iter()
+            .filter(|(f, _, required)| *required && !has(*f))
+            .map(|(f, s, _)| format!("{s} ({})", f.name()))
+            .collect();
+        if !missing.is_empty() {
+            return Err(Error::SymbolsNotFound {
+                spec: custom.spec.clone(),
+                missing: missing.join(", "),
+                looked: path.display().to_string(),
+            });
+        }
+        return Ok(Provider {
+            path: path.clone(),
+            attach_path: attach.clone(),
+            sites,
+            abi: custom.abi,
+        });
+    }
+    let (f, s, _) = &custom.names[0];
+    Err(Error::SymbolsNotFound {
+        spec: custom.spec.clone(),
+        missing: format!("{s} ({})", f.name()),
+        looked: format!("{whose} (looked in: {})", looked()),
+    })
+}
+
+/// The provider of custom allocator functions in a running process.
+pub fn custom_for_pid(pid: u32, custom: &Custom) -> Result<Provider> {
+    let (ordered, root) = candidates(pid)?;
+    let files: Vec<(PathBuf, PathBuf)> = ordered
+        .into_iter()
+        .map(|p| {
+            let attach = root.join(p.strip_prefix("/").unwrap_or(&p));
+            (p, attach)
+        })
+        .collect();
+    custom_in(&files, custom, &format!("process {pid}"))
+}
+
+/// The provider of custom allocator functions for a command about to be executed: its
+/// executable, then its LD_PRELOAD libraries, then the host's libc (libraries it links are
+/// only known once it runs: trace those with -p).
+pub fn custom_for_command(
+    exe: &Path,
+    ld_preload: Option<&str>,
+    custom: &Custom,
+) -> Result<Provider> {
+    let mut files = vec![exe.to_path_buf()];
+    files.extend(
+        ld_preload
+            .unwrap_or("")
+            .split([':', ' '])
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from),
+    );
+    let libc = host_libc_path()?;
+    if !files.contains(&libc) {
+        files.push(libc);
+    }
+    let files: Vec<(PathBuf, PathBuf)> = files.into_iter().map(|p| (p.clone(), p)).collect();
+    custom_in(&files, custom, &exe.display().to_string())
 }
 
 fn is_libc(path: &Path) -> bool {

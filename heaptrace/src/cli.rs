@@ -146,6 +146,14 @@ pub struct TraceArgs {
     #[arg(long)]
     pub no_reservations: bool,
 
+    /// Probe a custom allocator instead of the malloc family: `prefix:PFX` (PFXmalloc,
+    /// PFXfree, ...), `rust` (__rust_alloc, __rust_dealloc, __rust_realloc,
+    /// __rust_alloc_zeroed) or `FUNC=SYMBOL,...` (e.g. malloc=my_alloc,free=my_free). With -p
+    /// or a command; malloc and free are required.
+    #[arg(long, value_name = "SPEC", value_parser = crate::symbols::parse,
+          conflicts_with = "all")]
+    pub allocator_symbols: Option<crate::symbols::Custom>,
+
     /// The command to launch and trace (after --).
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -296,6 +304,10 @@ pub struct ProbesArgs {
     /// The process whose allocator to look at (default: the host's libc).
     #[arg(short, long, value_name = "PID")]
     pub pid: Option<u32>,
+
+    /// The custom allocator functions to look for, as when tracing.
+    #[arg(long, value_name = "SPEC", value_parser = crate::symbols::parse)]
+    pub allocator_symbols: Option<crate::symbols::Custom>,
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -375,12 +387,12 @@ mod tests {
         let c = Cli::try_parse_from(["heaptrace", "probes", "-p", "7"]).unwrap();
         assert!(matches!(
             c.subcommand,
-            Some(Command::Probes(ProbesArgs { pid: Some(7) }))
+            Some(Command::Probes(ProbesArgs { pid: Some(7), .. }))
         ));
         let c = Cli::try_parse_from(["heaptrace", "probes"]).unwrap();
         assert!(matches!(
             c.subcommand,
-            Some(Command::Probes(ProbesArgs { pid: None }))
+            Some(Command::Probes(ProbesArgs { pid: None, .. }))
         ));
         let c = Cli::try_parse_from(["heaptrace", "-p", "7"]).unwrap();
         assert!(c.subcommand.is_none());
@@ -391,6 +403,15 @@ mod tests {
         let c = Cli::try_parse_from(["heaptrace", "--", "probes", "x"]).unwrap();
         assert!(c.subcommand.is_none());
         assert_eq!(c.trace.command, vec!["probes", "x"]);
+        let c = Cli::try_parse_from(["heaptrace", "-p", "7", "--allocator-symbols", "rust"]);
+        assert!(c.unwrap().trace.allocator_symbols.is_some());
+        assert!(
+            Cli::try_parse_from(["heaptrace", "--all", "--allocator-symbols", "rust"]).is_err()
+        );
+        assert!(
+            Cli::try_parse_from(["heaptrace", "-p", "7", "--allocator-symbols", "x=y,free=z"])
+                .is_err()
+        );
         // Tracing flags do not mix with a subcommand.
         assert!(Cli::try_parse_from(["heaptrace", "-q", "probes"]).is_err());
     }

@@ -34,6 +34,7 @@ pub struct KernelMaps {
     /// Ids at or above this are in `stacks2`.
     stack_id_offset: u32,
     latency: PerCpuArray<MapData, LatencyHist>,
+    execs: HashMap<MapData, u32, u32>,
 }
 
 fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
@@ -67,6 +68,7 @@ impl KernelMaps {
             stacks2: take(ebpf, maps::STACKS2)?,
             stack_id_offset,
             latency: take(ebpf, maps::LATENCY)?,
+            execs: take(ebpf, maps::EXECS)?,
         })
     }
 
@@ -83,8 +85,13 @@ impl KernelMaps {
 
     pub fn snapshot(&self) -> Result<Snapshot> {
         let mut snap = Snapshot::default();
+        // Each process's current image: only its entries count (an earlier image's wait to be
+        // dropped, see `restarted`). A process without counters has no current entries yet.
+        let mut epochs: StdHashMap<u32, u32> = StdHashMap::new();
         for item in self.procs.iter() {
             let (tgid, per_cpu) = item.map_err(map_err(maps::PROCS))?;
+            let epoch = per_cpu.iter().map(|c| c.epoch).max().unwrap_or(0);
+            epochs.insert(tgid, epoch as u32);
             let comm = per_cpu
                 .iter()
                 .map(|c| comm_str(&c.comm))
@@ -100,6 +107,9 @@ impl KernelMaps {
         }
         for item in self.sizes.iter() {
             let (key, per_cpu) = item.map_err(map_err(maps::SIZES))?;
+            if epochs.get(&key.tgid) != Some(&key.epoch) {
+                continue;
+            }
             let n = per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b));
             snap.sizes
                 .insert((key.tgid, key.func, key.size, key.stack_id), n);
@@ -113,6 +123,9 @@ impl KernelMaps {
         }
         for item in self.sites.iter() {
             let (key, per_cpu) = item.map_err(map_err(maps::SITES))?;
+            if epochs.get(&key.tgid) != Some(&key.epoch) {
+                continue;
+            }
             snap.sites.insert(
                 (key.tgid, key.stack_id, key.func),
                 SiteTotals::from_per_cpu(per_cpu.iter()),
@@ -144,9 +157,16 @@ impl KernelMaps {
     /// current key was deleted starts over: keys can come back, so they are deduplicated.
     fn live_entries(&self, want: impl Fn(u32) -> bool) -> Result<StdHashMap<LiveKey, LiveBlock>> {
         let mut out = StdHashMap::new();
+        let mut epochs: StdHashMap<u32, u32> = StdHashMap::new();
         for item in self.live.iter() {
             let (key, block) = item.map_err(map_err(maps::LIVE))?;
-            if want(key.tgid) {
+            if !want(key.tgid) {
+                continue;
+            }
+            let epoch = *epochs
+                .entry(key.tgid)
+                .or_insert_with(|| self.epoch(key.tgid));
+            if key.epoch == epoch {
                 out.insert(key, block);
             }
         }
@@ -157,15 +177,34 @@ impl KernelMaps {
     /// removes their entries from every map keyed by process, so map space does not leak
     /// with process churn. Call after a snapshot that holds their final counts.
     pub fn forget(&mut self, pids: &HashSet<u32>) -> Result<BTreeMap<SiteId, Leak>> {
-        // Deduplicated: under other processes' frees the walk restarts and repeats keys, which
-        // once counted a process's leaks a third too high.
-        let blocks = self.live_entries(|tgid| pids.contains(&tgid))?;
-        for k in blocks.keys() {
+        // Collected first, by key: a walk whose current key the kernel deletes meanwhile (any
+        // process's free) starts over, and would count the blocks seen before twice.
+        let mut blocks: StdHashMap<LiveKey, LiveBlock> = StdHashMap::new();
+        for item in self.live.iter() {
+            let (key, block) = item.map_err(map_err(maps::LIVE))?;
+            if pids.contains(&key.tgid) {
+                blocks.insert(key, block);
+            }
+        }
+        // Blocks of an image before an exec not cleared yet go too, but are not its leaks.
+        let epochs: StdHashMap<u32, u32> = pids.iter().map(|p| (*p, self.epoch(*p))).collect();
+        let mut leaks: BTreeMap<SiteId, Leak> = BTreeMap::new();
+        for (key, block) in &blocks {
+            if epochs.get(&key.tgid) == Some(&key.epoch) {
+                let l = leaks
+                    .entry((key.tgid, block.stack_id, block.func))
+                    .or_default();
+                l.blocks += 1;
+                l.bytes += block.size;
+            }
+        }
+        let gone: Vec<LiveKey> = blocks.into_keys().collect();
+        for k in &gone {
             let _ = self.live.remove(k);
         }
-        let leaks = group_by_site(&blocks);
         for pid in pids {
             let _ = self.procs.remove(pid);
+            let _ = self.execs.remove(pid);
         }
         let sizes: Vec<SizeKey> = self
             .sizes
@@ -186,6 +225,53 @@ impl KernelMaps {
             let _ = self.sites.remove(k);
         }
         Ok(leaks)
+    }
+
+    /// The epoch of a process's current image (see `ProcCounters::epoch`).
+    fn epoch(&self, tgid: u32) -> u32 {
+        self.execs.get(&tgid, 0).unwrap_or(0).wrapping_add(1)
+    }
+
+    /// Whether the kernel started this process over at an exec while it was traced.
+    pub fn has_restarted(&self, tgid: u32) -> bool {
+        self.execs.get(&tgid, 0).is_ok()
+    }
+
+    /// Processes exec'ed (the kernel has reset its counters and moved its epoch on): drops
+    /// what their earlier images left in the maps keyed by process. The blocks they never freed
+    /// went with their address space. The current image's entries carry another epoch, so
+    /// nothing it counts meanwhile is touched.
+    pub fn restarted(&mut self, pids: &HashSet<u32>) -> Result<()> {
+        let epochs: StdHashMap<u32, u32> = pids.iter().map(|p| (*p, self.epoch(*p))).collect();
+        let old = |tgid: u32, epoch: u32| epochs.get(&tgid).is_some_and(|e| *e != epoch);
+        let live: Vec<LiveKey> = self
+            .live
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| old(k.tgid, k.epoch))
+            .collect();
+        for k in &live {
+            let _ = self.live.remove(k);
+        }
+        let sizes: Vec<SizeKey> = self
+            .sizes
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| old(k.tgid, k.epoch))
+            .collect();
+        for k in &sizes {
+            let _ = self.sizes.remove(k);
+        }
+        let sites: Vec<SiteKey> = self
+            .sites
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| old(k.tgid, k.epoch))
+            .collect();
+        for k in &sites {
+            let _ = self.sites.remove(k);
+        }
+        Ok(())
     }
 
     /// Drops in-flight records of threads that are gone (a thread killed mid-call leaves its

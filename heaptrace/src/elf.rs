@@ -10,6 +10,9 @@ use crate::error::{Error, Result};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FuncSite {
     pub func: Func,
+    /// The function's name: the family's own, or the custom one it stands in for (see
+    /// `--allocator-symbols`).
+    pub symbol: String,
     pub vaddr: u64,
     /// Offset in the file, what a uprobe attaches to.
     pub file_offset: u64,
@@ -21,6 +24,16 @@ pub struct FuncSite {
 
 /// The malloc-family functions `path` defines, one site per distinct address.
 pub fn alloc_sites(path: &Path) -> Result<Vec<FuncSite>> {
+    let names: Vec<(Func, String)> = Func::ALL
+        .iter()
+        .map(|f| (*f, f.name().to_string()))
+        .collect();
+    named_sites(path, &names)
+}
+
+/// The functions of `names` ((counted as, symbol)) that `path` defines, one site per
+/// distinct address.
+pub fn named_sites(path: &Path, names: &[(Func, String)]) -> Result<Vec<FuncSite>> {
     // Read lazily: only the headers and symbol tables, not a whole (maybe huge debug) binary.
     let data = fs::File::open(path).map_err(|source| Error::Read {
         path: path.into(),
@@ -42,7 +55,10 @@ pub fn alloc_sites(path: &Path) -> Result<Vec<FuncSite>> {
         let Ok(name) = sym.name() else { continue };
         // Versioned names ("malloc@@GLIBC_2.2.5") only appear in .symtab.
         let name = name.split('@').next().unwrap_or(name);
-        if let Some(func) = Func::ALL.iter().find(|f| f.name() == name) {
+        if let Some((func, _)) = names
+            .iter()
+            .find(|(_, want)| crate::symbols::matches(name, want))
+        {
             by_func.entry(*func).or_insert((sym.address(), sym.size()));
         }
     }
@@ -59,8 +75,13 @@ pub fn alloc_sites(path: &Path) -> Result<Vec<FuncSite>> {
         let func = funcs.remove(0);
         let file_offset = file_offset(&file, vaddr)
             .ok_or_else(|| elf_err(format!("{} at {vaddr:#x} is in no segment", func.name())))?;
+        let symbol = names
+            .iter()
+            .find(|(f, _)| *f == func)
+            .map_or_else(|| func.name().to_string(), |(_, s)| s.clone());
         sites.push(FuncSite {
             func,
+            symbol,
             vaddr,
             file_offset,
             size,

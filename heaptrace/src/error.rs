@@ -17,6 +17,12 @@ pub enum Error {
     SelfTarget(u32),
     #[error("no malloc found in process {pid} (looked in: {looked})")]
     NoMalloc { pid: u32, looked: String },
+    #[error("--allocator-symbols {spec}: {missing} not found in {looked}")]
+    SymbolsNotFound {
+        spec: String,
+        missing: String,
+        looked: String,
+    },
     #[error("no malloc found for {0}")]
     NoMallocFor(String),
     #[error("cannot execute {cmd}: {reason}")]

@@ -24,6 +24,7 @@ pub mod report;
 pub mod reserve;
 pub mod run;
 pub mod symbolize;
+pub mod symbols;
 pub mod tui;
 pub mod views;
 pub mod watch;

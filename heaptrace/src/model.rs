@@ -72,19 +72,24 @@ impl Totals {
         d
     }
 
+    /// Adds a delta. Wrapping, like the deltas: a round read while a process exec'ed can see
+    /// its counters lower than the round before (the kernel reset them), and the restart that
+    /// follows puts its figures right.
     pub fn plus(&mut self, d: &Totals) {
         for (a, b) in self.funcs.iter_mut().zip(d.funcs.iter()) {
-            a.calls += b.calls;
-            a.bytes += b.bytes;
-            a.failed += b.failed;
+            a.calls = a.calls.wrapping_add(b.calls);
+            a.bytes = a.bytes.wrapping_add(b.bytes);
+            a.failed = a.failed.wrapping_add(b.failed);
         }
-        self.live_blocks += d.live_blocks;
-        self.live_bytes += d.live_bytes;
-        self.untracked_frees += d.untracked_frees;
-        self.realloc_moves += d.realloc_moves;
-        self.realloc_in_place += d.realloc_in_place;
-        self.realloc_frees += d.realloc_frees;
-        self.realloc_released_bytes += d.realloc_released_bytes;
+        self.live_blocks = self.live_blocks.wrapping_add(d.live_blocks);
+        self.live_bytes = self.live_bytes.wrapping_add(d.live_bytes);
+        self.untracked_frees = self.untracked_frees.wrapping_add(d.untracked_frees);
+        self.realloc_moves = self.realloc_moves.wrapping_add(d.realloc_moves);
+        self.realloc_in_place = self.realloc_in_place.wrapping_add(d.realloc_in_place);
+        self.realloc_frees = self.realloc_frees.wrapping_add(d.realloc_frees);
+        self.realloc_released_bytes = self
+            .realloc_released_bytes
+            .wrapping_add(d.realloc_released_bytes);
     }
 
     pub fn func(&self, f: Func) -> &FnTotals {

@@ -12,12 +12,14 @@ use aya::{
     },
 };
 use heaptrace_common::{Func, globals, maps};
+use iced_x86::Register;
 
 use crate::{
     allocator::Provider,
     elf::{self, FuncSite},
     error::{Error, Result},
     placement::{self, Placement},
+    symbols::Abi,
 };
 
 /// Which processes the probes fire for.
@@ -68,7 +70,10 @@ pub fn default_site_map_size() -> u32 {
 /// One attached probe, for `--verbose` and the JSON document.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Attached {
+    /// The family function it is counted as.
     pub func: &'static str,
+    /// The probed symbol: `func` itself, or its `--allocator-symbols` stand-in.
+    pub symbol: String,
     pub aliases: Vec<&'static str>,
     pub path: PathBuf,
     /// The function's offset in the file (its uretprobe's place).
@@ -99,7 +104,11 @@ pub fn plan(provider: &Provider, at_entry: bool) -> Result<Vec<Planned>> {
             let placement = if at_entry {
                 placement::entry(&code, "entry: --probe-at-entry")
             } else {
-                let reads = placement::reads(site.func);
+                let reads = match (provider.abi, site.func) {
+                    (Abi::Rust, Func::Realloc) => &[Register::RDI, Register::RCX][..],
+                    (Abi::Rust, Func::Calloc) => &[Register::RDI][..],
+                    _ => placement::reads(site.func),
+                };
                 placement::choose(&code, site.func, uretprobe, reads)
             };
             Ok(Planned {
@@ -180,6 +189,7 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .map_max_entries(maps::LIVE, opts.live_map_size)
         .map_max_entries(maps::SIZES, if sizes { opts.size_map_size } else { 1 })
         .map_max_entries(maps::PROCS, opts.proc_map_size)
+        .map_max_entries(maps::EXECS, opts.proc_map_size)
         .map_max_entries(maps::STACKS, half)
         .map_max_entries(maps::STACKS2, half)
         .map_max_entries(maps::SITES, if stacks { opts.site_map_size } else { 1 })
@@ -194,7 +204,14 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         })
 }
 
-fn entry_program(func: Func) -> &'static str {
+/// The entry program of a function: most read the C family's arguments; Rust's realloc and
+/// zeroed allocation have their own (see the eBPF side).
+fn entry_program(func: Func, abi: Abi) -> &'static str {
+    match (abi, func) {
+        (Abi::Rust, Func::Calloc) => return "alloc_zeroed_entry",
+        (Abi::Rust, Func::Realloc) => return "rust_realloc_entry",
+        _ => {}
+    }
     match func {
         Func::Malloc => "malloc_entry",
         Func::Calloc => "calloc_entry",
@@ -247,7 +264,13 @@ fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe> {
 impl Probes {
     /// Loads every program once; `attach` then puts them on as many allocator files as needed.
     pub fn new(mut ebpf: Ebpf) -> Result<Probes> {
-        let names = Func::ALL.map(entry_program);
+        let names = Func::ALL
+            .map(|f| entry_program(f, Abi::C))
+            .into_iter()
+            .chain([
+                entry_program(Func::Calloc, Abi::Rust),
+                entry_program(Func::Realloc, Abi::Rust),
+            ]);
         for name in std::iter::once(RETURN_PROGRAM).chain(names) {
             uprobe(&mut ebpf, name)?
                 .load()
@@ -284,7 +307,7 @@ impl Probes {
         }
         for p in plan {
             let (site, placement) = (&p.site, p.placement);
-            let name = entry_program(site.func);
+            let name = entry_program(site.func, provider.abi);
             // The cookie tells the program how many pushes ran before the probe point.
             let point = UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(site.file_offset + placement.offset),
@@ -295,6 +318,7 @@ impl Probes {
                 .map_err(|e| attach_err(site.func, &e))?;
             self.attached.push(Attached {
                 func: site.func.name(),
+                symbol: site.symbol.clone(),
                 aliases: site.aliases.iter().map(|a| a.name()).collect(),
                 path: provider.path.clone(),
                 offset: site.file_offset,

@@ -48,15 +48,26 @@ pub fn mem(pid: u32) -> Option<Mem> {
     Some(parse_status(&status))
 }
 
+/// heaptrace's own resident memory in KiB: now, and the highest it has been (VmHWM).
+pub fn own_rss_kb() -> Option<(u64, u64)> {
+    let status = fs::read_to_string("/proc/self/status").ok()?;
+    Some((
+        status_field(&status, "VmRSS:"),
+        status_field(&status, "VmHWM:"),
+    ))
+}
+
+fn status_field(status: &str, name: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 fn parse_status(status: &str) -> Mem {
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
+    let field = |name: &str| status_field(status, name);
     Mem {
         rss_kb: field("VmRSS:"),
         virt_kb: field("VmSize:"),
@@ -164,5 +175,7 @@ mod tests {
         let me = std::process::id();
         assert!(alive(me));
         assert!(mem(me).unwrap().rss_kb > 0);
+        let (rss, peak) = own_rss_kb().unwrap();
+        assert!(rss > 0 && peak >= rss, "{rss} {peak}");
     }
 }

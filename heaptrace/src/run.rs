@@ -95,7 +95,11 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             if !procfs::alive(*pid) {
                 return Err(Error::NoSuchProcess(*pid));
             }
-            (allocator::for_pid(*pid)?, Scope::Process(*pid))
+            let provider = match &cli.allocator_symbols {
+                Some(c) => allocator::custom_for_pid(*pid, c)?,
+                None => allocator::for_pid(*pid)?,
+            };
+            (provider, Scope::Process(*pid))
         }
         Target::All => (allocator::host_libc()?, Scope::All),
         Target::Command(argv) => {
@@ -104,7 +108,10 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
                 reason: "command not found".into(),
             })?;
             let preload = std::env::var("LD_PRELOAD").ok();
-            let provider = allocator::for_command(&exe, preload.as_deref())?;
+            let provider = match &cli.allocator_symbols {
+                Some(c) => allocator::custom_for_command(&exe, preload.as_deref(), c)?,
+                None => allocator::for_command(&exe, preload.as_deref())?,
+            };
             // With the live view on the terminal, the command's output would scribble over it.
             let redirect = match (&cli.command_output, live_view) {
                 (Some(path), _) => Some(launch::Redirect::to(path)?),
@@ -178,7 +185,11 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             let p = &a.placement;
             eprintln!(
                 "heaptrace:   {}{} at {:#x}+{} `{}`{}: {}",
-                a.func,
+                if a.symbol == a.func {
+                    a.func.to_string()
+                } else {
+                    format!("{} ({})", a.symbol, a.func)
+                },
                 if a.aliases.is_empty() {
                     String::new()
                 } else {
@@ -275,6 +286,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         probes: Some(probes),
         procwatch,
         exited_leaks: BTreeMap::new(),
+        stale: HashSet::new(),
         filter: Filter::from_cli(cli),
         matched: std::collections::HashMap::new(),
         live: link,
@@ -341,6 +353,16 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         eprint!("{}", crate::views::sites(profile, cli.top, temporary_ms));
     }
     eprint!("{}", crate::views::latency(profile));
+    // What tracing cost in memory, read once everything is gathered: the kernel maps are
+    // bounded by their sizes, this is the daemon's side (profile, stacks, symbols).
+    let own = procfs::own_rss_kb();
+    if let Some((rss, peak)) = own {
+        eprintln!(
+            "heaptrace itself: RSS {}, peak {}",
+            report::bytes(rss as i64 * 1024),
+            report::bytes(peak as i64 * 1024)
+        );
+    }
     eprint!("{}", report::memory(profile, 10));
     if let Some(path) = &cli.json {
         let pids: Vec<u32> = pid.into_iter().collect();
@@ -359,8 +381,13 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             collect: cli.mode.name(),
             temporary_ms,
         };
-        let doc = serde_json::to_string_pretty(&json::document(profile, &info))
-            .map_err(|e| Error::Io(std::io::Error::other(e)))?;
+        let mut doc = json::document(profile, &info);
+        if let Some((rss, peak)) = own {
+            doc["heaptrace"]["rss_kb"] = rss.into();
+            doc["heaptrace"]["peak_rss_kb"] = peak.into();
+        }
+        let doc =
+            serde_json::to_string_pretty(&doc).map_err(|e| Error::Io(std::io::Error::other(e)))?;
         if path == "-" {
             let mut out = std::io::stdout().lock();
             writeln!(out, "{doc}")?;
@@ -472,6 +499,10 @@ struct Daemon {
     procwatch: Option<ProcWatch>,
     /// Blocks that processes ended without freeing, taken out of the live map when they ended.
     exited_leaks: BTreeMap<SiteId, Leak>,
+    /// Processes that exec'ed since the last round: what their earlier images left in the
+    /// kernel maps is dropped once a round (a walk of the live map each time would be too
+    /// much for a host that runs many commands); until then their epoch keeps it out.
+    stale: HashSet<u32>,
     /// --comm/--cgroup, and each process's verdict, taken while it lived.
     filter: Option<Filter>,
     matched: std::collections::HashMap<u32, bool>,
@@ -616,11 +647,7 @@ impl Daemon {
                     }
                 }
                 _ = mem_readable(self.memring.as_ref()) => self.drain_mem(),
-                _ = ring_readable(self.procwatch.as_ref()) => {
-                    if let (Some(w), Some(p)) = (self.procwatch.as_mut(), self.probes.as_mut()) {
-                        w.drain(p);
-                    }
-                }
+                _ = ring_readable(self.procwatch.as_ref()) => self.process_events(),
                 _ = view_quit(self.live.as_mut()) => return Ok(End::Quit),
                 _ = sigint.recv() => return Ok(End::Interrupted),
                 _ = sigterm.recv() => return Ok(End::Terminated),
@@ -716,7 +743,54 @@ impl Daemon {
         }
     }
 
+    /// Reads the process events: attaches the allocators of new processes, and starts the
+    /// processes that exec'ed over as their new command.
+    fn process_events(&mut self) {
+        if let Some(w) = self.procwatch.as_mut() {
+            let execs = w.drain(self.probes.as_mut());
+            self.restart(execs);
+        }
+    }
+
+    /// Processes that exec'ed: the kernel reset their counters at the exec, so their figures
+    /// are now those of the new command alone. What the image before the exec did (a shell's
+    /// fork between fork and exec) is dropped from every figure: it belonged to neither the
+    /// parent nor the new command.
+    fn restart(&mut self, execs: Vec<u32>) {
+        // The kernel moves a process's epoch on only when it had counters: only those have
+        // anything to drop.
+        let pids: HashSet<u32> = execs
+            .into_iter()
+            .filter(|p| {
+                self.prev.procs.contains_key(p)
+                    || self.profile.procs.get(p).is_some_and(|pp| !pp.exited)
+                    || self.maps.has_restarted(*p)
+            })
+            .collect();
+        if pids.is_empty() {
+            return;
+        }
+        for p in &pids {
+            self.prev.procs.remove(p);
+            self.profile.restart(*p);
+            // exec replaced its mappings: the new image's allocator starts from nothing.
+            self.reserves.forget(*p);
+            // Judged again under its new name.
+            self.matched.remove(p);
+        }
+        self.prev.sizes.retain(|k, _| !pids.contains(&k.0));
+        self.prev.sites.retain(|k, _| !pids.contains(&k.0));
+        self.stale.extend(pids);
+    }
+
     fn round(&mut self) -> Result<()> {
+        // Execs reported so far are applied before the read, so that it starts their new
+        // counts from zero.
+        self.process_events();
+        if !self.stale.is_empty() {
+            let stale = std::mem::take(&mut self.stale);
+            self.maps.restarted(&stale)?;
+        }
         // Who is gone is decided before the snapshot, so that it holds their final counts (a
         // process found gone after it could still have counted something in between).
         let gone: HashSet<u32> = if self.procwatch.is_some() {
@@ -733,7 +807,6 @@ impl Daemon {
         let snap = self.maps.snapshot()?;
         let mut round = snap.since(&self.prev);
         round.reservations = self.reserves.take();
-        self.new_stacks(&mut round);
         round.index = self.profile.rounds.len() as u64 + 1;
         round.elapsed_ms = self.start.elapsed().as_millis() as u64;
         let pids: Vec<u32> = match self.pid {
@@ -780,6 +853,9 @@ impl Daemon {
         if let Some(filter) = &self.filter {
             filter.apply(&mut round, &mut self.matched);
         }
+        // After the filter: the stacks of processes left out are never symbolized (in --all,
+        // those of every other program on the host, and their debug info would stay loaded).
+        self.new_stacks(&mut round);
         self.profile.apply(&round);
         if !gone.is_empty() {
             self.forget_exited(gone)?;

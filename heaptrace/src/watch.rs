@@ -102,8 +102,9 @@ impl ProcWatch {
         }
     }
 
-    /// Reads the events waiting in the ring.
-    pub fn drain(&mut self, probes: &mut Probes) {
+    /// Reads the events waiting in the ring and looks at each process that started (attaching
+    /// its allocator when `probes` is given). Returns the processes that exec'ed.
+    pub fn drain(&mut self, mut probes: Option<&mut Probes>) -> Vec<u32> {
         let mut events = Vec::new();
         {
             let ring = self.ring.get_mut();
@@ -116,16 +117,21 @@ impl ProcWatch {
                 }
             }
         }
+        let mut execs = Vec::new();
         for e in events.iter().filter(|e| e.kind == PROC_EXEC) {
+            execs.push(e.tgid);
             if let (Some(comm), Some(cgroup)) =
                 (crate::procfs::comm(e.tgid), crate::procfs::cgroup(e.tgid))
             {
                 self.seen.insert(e.tgid, (comm, cgroup));
             }
-            if !self.started(probes, e.tgid) {
+            if let Some(p) = probes.as_deref_mut()
+                && !self.started(p, e.tgid)
+            {
                 self.pending.push((e.tgid, std::time::Instant::now()));
             }
         }
+        execs
     }
 
     /// Prints what the kernel side logged.

@@ -1,11 +1,13 @@
 //! Integration tests: the real heaptrace binary, real uprobes, C fixtures with known calls.
 //! They need root, BTF and uprobes; in CI (`CI` set) a missing capability fails the test.
 mod counts;
+mod custom;
 mod expect;
 mod faults;
 mod memory;
 mod placement;
 mod recording;
+mod scale;
 mod stacks;
 mod support;
 mod system;

@@ -9,9 +9,15 @@ use crate::{
 };
 
 pub fn run(args: &ProbesArgs) -> Result<i32> {
-    let (provider, whose) = match args.pid {
-        Some(pid) => (allocator::for_pid(pid)?, format!("pid {pid}")),
-        None => (allocator::host_libc()?, "the host's libc".to_string()),
+    let (provider, whose) = match (args.pid, &args.allocator_symbols) {
+        (Some(pid), None) => (allocator::for_pid(pid)?, format!("pid {pid}")),
+        (Some(pid), Some(c)) => (allocator::custom_for_pid(pid, c)?, format!("pid {pid}")),
+        (None, None) => (allocator::host_libc()?, "the host's libc".to_string()),
+        (None, Some(c)) => {
+            let libc = allocator::host_libc_path()?;
+            let provider = allocator::custom_for_command(&libc, None, c)?;
+            (provider, "the host's libc".to_string())
+        }
     };
     let plan = probe::plan(&provider, false)?;
     print!("{}", table(&provider, &whose, &plan));
@@ -27,7 +33,12 @@ fn table(provider: &Provider, whose: &str, plan: &[Planned]) -> String {
         "function", "file offset", "entry probe", "uretprobe", "instruction"
     );
     for p in plan {
-        let mut name = p.site.func.name().to_string();
+        // A custom function shows what it is counted as: `malloc:xx_malloc`.
+        let mut name = if p.site.symbol == p.site.func.name() {
+            p.site.func.name().to_string()
+        } else {
+            format!("{}:{}", p.site.func.name(), p.site.symbol)
+        };
         for a in &p.site.aliases {
             name.push('=');
             name.push_str(a.name());

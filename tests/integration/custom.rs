@@ -1,0 +1,372 @@
+//! `--allocator-symbols`: a program's own prefixed allocator, explicit names, and Rust's global
+//! allocator shims, each counted exactly; bad specs and missing symbols are one-line errors.
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Write as _},
+    path::Path,
+    process::{Child, Command, Stdio},
+};
+
+use serde_json::Value;
+
+use crate::{counts::launch, support::*};
+
+/// (function -> (calls, bytes, failed)), free included.
+type Funcs = BTreeMap<&'static str, (u64, u64, u64)>;
+
+fn funcs_of(doc: &Value, names: &[&'static str]) -> Funcs {
+    names
+        .iter()
+        .map(|n| {
+            let f = &doc["functions"][*n];
+            let v = |k: &str| f[k].as_u64().unwrap_or_else(|| panic!("{n}.{k}: {f}"));
+            (
+                *n,
+                (
+                    v("calls"),
+                    v("bytes"),
+                    if *n == "free" { 0 } else { v("failed") },
+                ),
+            )
+        })
+        .collect()
+}
+
+fn sizes_of(doc: &Value) -> BTreeMap<(String, u64), u64> {
+    doc["sizes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let f = s["function"].as_str().unwrap().to_string();
+            (
+                (f, s["size"].as_u64().unwrap()),
+                s["count"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn probed_symbols(doc: &Value) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = doc["provider"]["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let s = |k: &str| p[k].as_str().unwrap().to_string();
+            (s("func"), s("symbol"))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = v
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    v.sort();
+    v
+}
+
+const N: u64 = 500;
+const LEAKS: u64 = 7;
+
+/// tests/fixtures/customalloc.c with `prefix:xx_`: only the program's own xx_ functions are
+/// probed, in the program, not the libc they wrap. Each call counts once: the libc malloc inside
+/// xx_malloc is not probed, and xx_malloc inside xx_calloc is a nested call of the calloc. The
+/// fixture's direct libc malloc(50) is not the custom allocator's and does not show.
+#[test]
+fn prefixed_custom_allocator_counts_exactly() {
+    if !bpf_or_skip("prefixed_custom_allocator_counts_exactly") {
+        return;
+    }
+    let _g = shared();
+    let bin = fixture("customalloc", "", &[]);
+    let args = [N.to_string(), LEAKS.to_string()];
+    let doc = launch(
+        "custom-prefix",
+        &["--mode", "sizes", "--allocator-symbols", "prefix:xx_"],
+        &bin,
+        &args,
+        &[],
+    );
+    assert_eq!(doc["provider"]["path"], bin.display().to_string());
+    assert_eq!(
+        probed_symbols(&doc),
+        pairs(&[
+            ("malloc", "xx_malloc"),
+            ("calloc", "xx_calloc"),
+            ("realloc", "xx_realloc"),
+            ("free", "xx_free"),
+        ])
+    );
+    let want: Funcs = [
+        ("malloc", (N + LEAKS, 100 * N + 64 * LEAKS, 0)),
+        ("calloc", (N, 100 * N, 0)),
+        ("realloc", (N, 300 * N, 0)),
+        ("free", (2 * N, 400 * N, 0)),
+    ]
+    .into();
+    assert_eq!(
+        funcs_of(&doc, &["malloc", "calloc", "realloc", "free"]),
+        want
+    );
+    let f = &doc["functions"];
+    assert_eq!(f["free"]["untracked"], 0);
+    assert_eq!(
+        f["realloc"]["moved"].as_u64().unwrap() + f["realloc"]["in_place"].as_u64().unwrap(),
+        N
+    );
+    let sizes: BTreeMap<(String, u64), u64> = [
+        (("malloc".to_string(), 100), N),
+        (("malloc".to_string(), 64), LEAKS),
+        (("calloc".to_string(), 100), N),
+        (("realloc".to_string(), 300), N),
+    ]
+    .into();
+    assert_eq!(sizes_of(&doc), sizes);
+    assert_eq!(doc["leaks"]["blocks"].as_u64(), Some(LEAKS));
+    assert_eq!(doc["leaks"]["bytes"].as_u64(), Some(64 * LEAKS));
+}
+
+/// Explicit names, without calloc: xx_calloc is then not probed, and the xx_malloc inside it is
+/// an outermost call of its own, counted as malloc.
+#[test]
+fn explicit_custom_names_count_exactly() {
+    if !bpf_or_skip("explicit_custom_names_count_exactly") {
+        return;
+    }
+    let _g = shared();
+    let bin = fixture("customalloc", "", &[]);
+    let args = [N.to_string(), LEAKS.to_string()];
+    let spec = "malloc=xx_malloc,realloc=xx_realloc,free=xx_free";
+    let doc = launch(
+        "custom-explicit",
+        &["--mode", "counts", "--allocator-symbols", spec],
+        &bin,
+        &args,
+        &[],
+    );
+    assert_eq!(
+        probed_symbols(&doc),
+        pairs(&[
+            ("malloc", "xx_malloc"),
+            ("realloc", "xx_realloc"),
+            ("free", "xx_free"),
+        ])
+    );
+    let want: Funcs = [
+        ("malloc", (2 * N + LEAKS, 200 * N + 64 * LEAKS, 0)),
+        ("calloc", (0, 0, 0)),
+        ("realloc", (N, 300 * N, 0)),
+        ("free", (2 * N, 400 * N, 0)),
+    ]
+    .into();
+    assert_eq!(
+        funcs_of(&doc, &["malloc", "calloc", "realloc", "free"]),
+        want
+    );
+    assert_eq!(doc["live"]["blocks"].as_u64(), Some(LEAKS));
+}
+
+/// Starts a fixture that says "ready" and waits for a byte on stdin.
+fn ready(bin: &Path, args: &[&str]) -> Child {
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "ready\n");
+    child
+}
+
+/// `heaptrace probes -p PID --allocator-symbols SPEC`: (name column, file offset) per line.
+fn planned(pid: u32, spec: &str) -> (String, BTreeMap<String, u64>) {
+    let out = run_ok(heaptrace().args([
+        "probes",
+        "-p",
+        &pid.to_string(),
+        "--allocator-symbols",
+        spec,
+    ]));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines();
+    let head = lines.next().unwrap().to_string();
+    lines.next();
+    let rows = lines
+        .map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            let off = u64::from_str_radix(cols[1].trim_start_matches("0x"), 16).unwrap();
+            (cols[0].to_string(), off)
+        })
+        .collect();
+    (head, rows)
+}
+
+/// The symbol table's address of each function whose name ends with one of `names`.
+fn nm(bin: &Path, names: &[&str]) -> BTreeMap<String, u64> {
+    let out = Command::new("nm").arg(bin).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut found = BTreeMap::new();
+    for l in text.lines() {
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        if cols.len() == 3
+            && let Some(n) = names.iter().find(|n| cols[2].ends_with(*n))
+        {
+            found.insert(n.to_string(), u64::from_str_radix(cols[0], 16).unwrap());
+        }
+    }
+    found
+}
+
+#[test]
+fn probes_lists_the_custom_functions() {
+    if !bpf_or_skip("probes_lists_the_custom_functions") {
+        return;
+    }
+    let bin = fixture("customalloc", "", &[]);
+    let mut child = ready(&bin, &["0", "0", "wait"]);
+    let (head, rows) = planned(child.id(), "prefix:xx_");
+    child.stdin.take().unwrap().write_all(b"g").unwrap();
+    assert!(child.wait().unwrap().success());
+    assert!(head.starts_with(&bin.display().to_string()), "{head}");
+    // In this PIE the text segment's addresses are its file offsets.
+    let addr = nm(&bin, &["xx_malloc", "xx_calloc", "xx_realloc", "xx_free"]);
+    let want: BTreeMap<String, u64> = [
+        ("malloc:xx_malloc", addr["xx_malloc"]),
+        ("calloc:xx_calloc", addr["xx_calloc"]),
+        ("realloc:xx_realloc", addr["xx_realloc"]),
+        ("free:xx_free", addr["xx_free"]),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), *v))
+    .collect();
+    assert_eq!(rows, want);
+}
+
+/// Rust's global allocator: rustc emits `__rust_alloc` and its siblings as shims (v0-mangled,
+/// `..._7___rustc12___rust_alloc`) that jump to the System allocator's `__rdl_*`, and std calls
+/// them through the GOT: they are not inlined away, and `rust` probes them. The fixture waits
+/// until heaptrace is attached (-p), so only its own calls happen under the probes.
+#[test]
+fn rust_global_allocator_counts_exactly() {
+    if !bpf_or_skip("rust_global_allocator_counts_exactly") {
+        return;
+    }
+    let _g = shared();
+    let bin = rust_fixture("rustfamily", "v0");
+    let mut child = ready(&bin, &[&N.to_string(), &LEAKS.to_string()]);
+    let pid = child.id();
+    let (_, rows) = planned(pid, "rust");
+    let names: Vec<&str> = rows.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        [
+            "calloc:__rust_alloc_zeroed",
+            "free:__rust_dealloc",
+            "malloc:__rust_alloc",
+            "realloc:__rust_realloc"
+        ]
+    );
+    let json = json_path("custom-rust");
+    let mut cmd = heaptrace();
+    cmd.args([
+        "--no-tui",
+        "-q",
+        "--mode",
+        "sizes",
+        "--allocator-symbols",
+        "rust",
+    ])
+    .args(["-p", &pid.to_string(), "--json"])
+    .arg(&json);
+    let tracer = start_attached(&mut cmd);
+    child.stdin.take().unwrap().write_all(b"g").unwrap();
+    assert!(child.wait().unwrap().success());
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    let doc = read_json(&json);
+    let want: Funcs = [
+        ("malloc", (N + LEAKS, 1000 * N + 777 * LEAKS, 0)),
+        ("calloc", (N, 2000 * N, 0)),
+        ("realloc", (N, 3000 * N, 0)),
+        ("free", (2 * N, 5000 * N, 0)),
+    ]
+    .into();
+    assert_eq!(
+        funcs_of(&doc, &["malloc", "calloc", "realloc", "free"]),
+        want
+    );
+    let sizes: BTreeMap<(String, u64), u64> = [
+        (("malloc".to_string(), 1000), N),
+        (("malloc".to_string(), 777), LEAKS),
+        (("calloc".to_string(), 2000), N),
+        (("realloc".to_string(), 3000), N),
+    ]
+    .into();
+    assert_eq!(sizes_of(&doc), sizes);
+    assert_eq!(doc["functions"]["free"]["untracked"], 0);
+    assert_eq!(doc["leaks"]["blocks"].as_u64(), Some(LEAKS));
+}
+
+fn error_line(out: &std::process::Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "want one error line: {stderr}");
+    errors[0].to_string()
+}
+
+#[test]
+fn bad_allocator_symbols_are_one_line_errors() {
+    let out = heaptrace()
+        .args(["--allocator-symbols", "mallocx=a,free=b", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        error_line(&out).contains("unknown function \"mallocx\""),
+        "{out:?}"
+    );
+    let out = heaptrace()
+        .args(["--all", "--allocator-symbols", "rust"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(error_line(&out).contains("cannot be used with"), "{out:?}");
+    if !bpf_or_skip("bad_allocator_symbols_are_one_line_errors") {
+        return;
+    }
+    let bin = fixture("customalloc", "", &[]);
+    let out = heaptrace()
+        .args([
+            "--no-tui",
+            "--allocator-symbols",
+            "malloc=xx_malloc,free=nope",
+            "--",
+        ])
+        .arg(&bin)
+        .args(["1", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let line = error_line(&out);
+    assert!(line.contains("nope (free) not found in"), "{line}");
+    let out = heaptrace()
+        .args(["--no-tui", "--allocator-symbols", "prefix:zz_", "--"])
+        .arg(&bin)
+        .args(["1", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        error_line(&out).contains("zz_malloc (malloc) not found in"),
+        "{out:?}"
+    );
+}
