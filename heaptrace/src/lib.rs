@@ -22,6 +22,7 @@ pub mod procfs;
 pub mod record;
 pub mod report;
 pub mod run;
+pub mod sampling;
 pub mod symbolize;
 pub mod tui;
 pub mod views;

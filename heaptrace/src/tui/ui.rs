@@ -1,5 +1,7 @@
 //! Drawing the live view: a header, the screen tabs, one function per screen, a status line,
 //! and the help overlay. Reads the App only.
+use std::fmt::Write as _;
+
 use ratatui::{
     Frame,
     layout::{Constraint, Layout, Rect},
@@ -139,14 +141,19 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
         ));
     }
     let t = app.totals();
-    let l3 = format!(
-        "allocs {}  frees {}  allocated {}  live {} blocks / {}",
+    let sample_bytes = app.view().sample_bytes;
+    let e = crate::report::est(sample_bytes);
+    let mut l3 = format!(
+        "allocs {}  frees {}  allocated {}  live {e}{} blocks / {e}{}",
         t.allocations(),
         t.frees(),
         bytes(t.bytes_allocated() as i64),
         t.live_blocks,
         bytes(t.live_bytes)
     );
+    if sample_bytes > 0 {
+        let _ = write!(l3, "  sampled 1/{sample_bytes} B: ~ estimated");
+    }
     let text = vec![Line::from(l1), Line::from(l2), Line::from(l3)];
     f.render_widget(Paragraph::new(text), area);
 }
@@ -292,9 +299,10 @@ fn site_label(fr: &StackFrame) -> String {
 fn draw_sites(f: &mut Frame, app: &App, area: Rect) {
     let rows = app.site_rows();
     let block = Block::bordered().title(format!(
-        "Sites: {} (sorted by {}; Enter: stack)",
+        "Sites: {} (sorted by {}; Enter: stack){}",
         rows.len(),
-        app.site_sort.name()
+        app.site_sort.name(),
+        crate::views::estimated(app.view())
     ));
     if app.info.collect != "stacks" {
         f.render_widget(
@@ -575,7 +583,10 @@ fn draw_functions(f: &mut Frame, app: &App, area: Rect) {
             let mut cells = vec![
                 Cell::from(r.name.clone()),
                 Cell::from(format!("{:>11}", r.calls)),
-                Cell::from(format!("{:>13}", r.bytes)),
+                Cell::from(format!(
+                    "{:>13}",
+                    r.bytes.map_or("-".into(), |n| n.to_string())
+                )),
                 Cell::from(format!(
                     "{:>6}",
                     r.failed.map_or("-".into(), |n| n.to_string())
@@ -621,11 +632,19 @@ fn draw_functions(f: &mut Frame, app: &App, area: Rect) {
         .with_selected((!rows.is_empty()).then(|| app.selected(Screen::Functions)));
     f.render_stateful_widget(table, top, &mut state);
     let t = app.totals();
-    let mut notes = vec![
-        Line::from(format!(
+    let free_note = if app.view().sample_bytes > 0 {
+        format!(
+            "free: {} of blocks not sampled or not seen allocated (bytes freed: not known)",
+            t.untracked_frees
+        )
+    } else {
+        format!(
             "free: {} untracked (blocks not seen allocated)",
             t.untracked_frees
-        )),
+        )
+    };
+    let mut notes = vec![
+        Line::from(free_note),
         Line::from(format!(
             "realloc: {} moved, {} in place, {} realloc(p, 0) frees",
             t.realloc_moves, t.realloc_in_place, t.realloc_frees
