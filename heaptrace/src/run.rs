@@ -70,7 +70,6 @@ enum End {
 
 pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     let target = Target::from_cli(cli)?;
-    probe::preflight()?;
     if cli.sample_bytes > 0 && cli.mode != crate::cli::Mode::Stacks {
         return Err(Error::Usage(
             "--sample-bytes samples stacks: it needs --mode stacks (counts and sizes are exact \
@@ -78,6 +77,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
                 .into(),
         ));
     }
+    probe::preflight()?;
     let live_view = !cli.no_tui && tui::wanted();
     let opts = LoadOptions {
         mode: cli.mode.kernel(),

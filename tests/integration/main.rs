@@ -5,6 +5,7 @@ mod expect;
 mod faults;
 mod placement;
 mod recording;
+mod sampling;
 mod stacks;
 mod support;
 mod system;
