@@ -1,7 +1,5 @@
 //! Drawing the live view: a header, the screen tabs, one function per screen, a status line,
 //! and the help overlay. Reads the App only.
-use std::fmt::Write as _;
-
 use ratatui::{
     Frame,
     layout::{Constraint, Layout, Rect},
@@ -70,8 +68,12 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
         Span::styled("heaptrace ", Style::new().bold()),
         Span::raw(info.target.clone()),
         Span::raw(format!(
-            "  {} mode, every {interval}, {} probes in {}",
+            "  {} mode{}, every {interval}, {} probes in {}",
             info.collect,
+            match app.view().sample_bytes {
+                0 => String::new(),
+                n => format!(" sampled 1/{n} B (~: estimated)"),
+            },
             info.probe_count(),
             info.allocator_module()
         )),
@@ -143,7 +145,7 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
     let t = app.totals();
     let sample_bytes = app.view().sample_bytes;
     let e = crate::report::est(sample_bytes);
-    let mut l3 = format!(
+    let l3 = format!(
         "allocs {}  frees {}  allocated {}  live {e}{} blocks / {e}{}",
         t.allocations(),
         t.frees(),
@@ -151,9 +153,7 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
         t.live_blocks,
         bytes(t.live_bytes)
     );
-    if sample_bytes > 0 {
-        let _ = write!(l3, "  sampled 1/{sample_bytes} B: ~ estimated");
-    }
+
     let text = vec![Line::from(l1), Line::from(l2), Line::from(l3)];
     f.render_widget(Paragraph::new(text), area);
 }
@@ -883,6 +883,64 @@ mod tests {
         assert_eq!(window(100, 9, area), (0..10, Some(9)));
         assert_eq!(window(100, 10, area), (1..11, Some(9)));
         assert_eq!(window(100, 500, area), (90..100, Some(9)));
+    }
+
+    #[test]
+    fn a_sampled_trace_says_its_rate_and_marks_estimates() {
+        // 100,000 mallocs of 1 KiB, 1,564 of them sampled (about 1 in 64.5) at one site, 1,549
+        // of those freed; 99,000 frees in all.
+        let mut r = Round {
+            index: 1,
+            elapsed_ms: 1000,
+            ..Default::default()
+        };
+        let mut delta = crate::model::Totals::default();
+        delta.funcs[heaptrace_common::Func::Malloc as usize].calls = 100_000;
+        delta.funcs[heaptrace_common::Func::Malloc as usize].bytes = 100_000 * 1024;
+        delta.funcs[heaptrace_common::Func::Free as usize].calls = 99_000;
+        delta.untracked_frees = 98_000;
+        r.procs.insert(
+            4242,
+            crate::model::ProcRound {
+                comm: "sites".into(),
+                delta,
+                cgroup: String::new(),
+            },
+        );
+        r.sizes.insert((4242, 0, 1024, 7), 1564);
+        r.sizes
+            .insert((4242, 0, 1024, heaptrace_common::NOT_SAMPLED), 98_436);
+        let mut site = SiteTotals {
+            calls: 1564,
+            bytes: 1564 * 1024,
+            frees: 1549,
+            freed_bytes: 1549 * 1024,
+            ..Default::default()
+        };
+        site.sizes[heaptrace_common::log2_bucket(1024)] = 1564;
+        r.sites.insert((4242, 7, 0), site);
+        r.stacks.insert(
+            (4242, 7),
+            NewStack {
+                frames: vec![frame("alloc_a", "sites.c", 19, "sites")],
+                ..Default::default()
+            },
+        );
+        let mut p = Profile::sampled(65536);
+        p.apply(&r);
+        let published = Arc::new(Published {
+            elapsed_ms: 3000,
+            cpu_percent: Some(0.4),
+            profile: p,
+            ended: None,
+            exit_code: None,
+        });
+        let mut app = App::new(info("command"), published);
+        for s in [Screen::Sites, Screen::Functions] {
+            screen(&mut app, s);
+            let text = render(&app, 80, 24);
+            insta::assert_snapshot!(format!("sampled_{}", s.title().to_lowercase()), text);
+        }
     }
 
     #[test]
