@@ -287,8 +287,13 @@ pub struct InFlight {
     /// Entry time (0 in counts mode, which measures no latency).
     pub ts_ns: u64,
     pub func: u32,
-    pub _pad: u32,
+    /// [`INFLIGHT_RESERVED`] once the call made a memory syscall (mmap, brk, ...).
+    pub flags: u32,
 }
+
+/// `InFlight::flags`: the call changed the process's mappings; its return reports its site so
+/// user space can attribute the reservation to it.
+pub const INFLIGHT_RESERVED: u32 = 1;
 
 /// Indexes of the per-CPU loss counters: every bounded map that can fill counts what it dropped.
 #[repr(u32)]
@@ -310,9 +315,12 @@ pub enum Loss {
     /// A process start did not fit in the event ring: a new allocator file it uses may be
     /// attached late (when another process using it starts).
     ProcessEvents = 6,
+    /// A memory syscall (mmap, munmap, mremap, brk) or its call's site did not fit in the
+    /// memory-event ring or the syscall map: the reserved-memory figures may be off.
+    MemEvents = 7,
 }
 
-pub const LOSS_COUNT: usize = 7;
+pub const LOSS_COUNT: usize = 8;
 
 impl Loss {
     pub const ALL: [Loss; LOSS_COUNT] = [
@@ -323,6 +331,7 @@ impl Loss {
         Loss::Stack,
         Loss::SiteMap,
         Loss::ProcessEvents,
+        Loss::MemEvents,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -334,6 +343,7 @@ impl Loss {
             Loss::Stack => "stack",
             Loss::SiteMap => "site_map",
             Loss::ProcessEvents => "process_events",
+            Loss::MemEvents => "mem_events",
         }
     }
 }
@@ -349,6 +359,46 @@ pub struct ProcEvent {
 
 pub const PROC_EXEC: u32 = 1;
 
+/// The memory syscalls heaptrace follows (x86-64 numbers), and the kinds of [`MemEvent`].
+pub mod mem {
+    pub const MMAP: u32 = 9;
+    pub const MUNMAP: u32 = 11;
+    pub const BRK: u32 = 12;
+    pub const MREMAP: u32 = 25;
+    /// Not a syscall: an allocator call that made memory syscalls returned; `args[0]` is its
+    /// site's stack id (as i64; `NO_SITE` outside stacks mode).
+    pub const CALL_END: u32 = 0x100;
+    /// `MemEvent::func` of a syscall made outside any allocator call.
+    pub const NO_FUNC: u32 = u32::MAX;
+}
+
+/// A memory syscall of a traced process, reported at its (successful) return, or the end of
+/// the allocator call that made it.
+///
+/// `args`: mmap (addr, len, prot, flags); munmap (addr, len); mremap (old addr, old len, new
+/// len, flags); brk (requested break). `ret`: mmap/mremap the address, brk the new break.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemEvent {
+    /// A syscall number of [`mem`], or [`mem::CALL_END`].
+    pub kind: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    /// The allocator function in flight on the thread ([`Func`] index), or [`mem::NO_FUNC`].
+    pub func: u32,
+    pub args: [u64; 4],
+    pub ret: u64,
+}
+
+/// A memory syscall between its entry and exit, by thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemCall {
+    pub nr: u32,
+    pub func: u32,
+    pub args: [u64; 4],
+}
+
 /// Map names, shared so that a rename on one side cannot silently break the other.
 pub mod maps {
     pub const PROCS: &str = "PROCS";
@@ -363,6 +413,8 @@ pub mod maps {
     pub const EVENTS: &str = "EVENTS";
     pub const SAMPLE_LEFT: &str = "SAMPLE_LEFT";
     pub const LOG2_TABLE: &str = "LOG2_TABLE";
+    pub const MEMCALLS: &str = "MEMCALLS";
+    pub const MEMEVENTS: &str = "MEMEVENTS";
 }
 
 /// Globals set by the loader before the programs are loaded.
@@ -393,6 +445,8 @@ const _: () = assert!(core::mem::size_of::<SiteKey>() == 16);
 const _: () = assert!(core::mem::size_of::<SiteCounters>() == 6 * 8 + 2 * 8 * LOG2_BUCKETS);
 const _: () = assert!(core::mem::size_of::<LatencyHist>() == 8 * LOG2_BUCKETS);
 const _: () = assert!(core::mem::size_of::<ProcEvent>() == 8);
+const _: () = assert!(core::mem::size_of::<MemEvent>() == 56);
+const _: () = assert!(core::mem::size_of::<MemCall>() == 40);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -407,6 +461,7 @@ mod pod {
     unsafe impl aya::Pod for SiteKey {}
     unsafe impl aya::Pod for SiteCounters {}
     unsafe impl aya::Pod for LatencyHist {}
+    unsafe impl aya::Pod for MemEvent {}
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 #![feature(core_intrinsics)]
 
 mod maps;
+mod mem;
 mod procs;
 mod sites;
 
@@ -24,7 +25,8 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use heaptrace_common::{
-    Func, InFlight, LiveBlock, LiveKey, Loss, NO_SITE, NOT_SAMPLED, ProcCounters, mode,
+    Func, INFLIGHT_RESERVED, InFlight, LiveBlock, LiveKey, Loss, NO_SITE, NOT_SAMPLED,
+    ProcCounters, mode,
 };
 
 use crate::maps::{INFLIGHT, LIVE, add, lose, mode, proc_counters, self_tgid};
@@ -75,7 +77,7 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
         sp,
         ts_ns,
         func: func as u32,
-        _pad: 0,
+        flags: 0,
     };
     // Each thread keeps its one entry: later calls overwrite it in place (no insert, no delete,
     // no bucket lock); a completed call leaves sp = 0. User space removes the entries of
@@ -208,6 +210,9 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
         _ => return Ok(()),
     };
     let tgid = (id >> 32) as u32;
+    if rec.flags & INFLIGHT_RESERVED != 0 {
+        mem::call_end(ctx, tgid, id as u32, func);
+    }
     let Some(pc) = proc_counters(tgid) else {
         return Ok(());
     };

@@ -7,8 +7,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
 };
 use heaptrace_common::{
-    FUNC_COUNT, Func, InFlight, LOSS_COUNT, LatencyHist, LiveBlock, LiveKey, Loss, ProcCounters,
-    SiteCounters, SiteKey, SizeKey, log2_bucket, sampling,
+    FUNC_COUNT, Func, InFlight, LOSS_COUNT, LatencyHist, LiveBlock, LiveKey, Loss, MemCall,
+    ProcCounters, SiteCounters, SiteKey, SizeKey, log2_bucket, sampling,
 };
 
 /// Create only: two CPUs adding the same new key must not overwrite each other's counts.
@@ -92,6 +92,14 @@ pub static SAMPLE_LEFT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// log2(1 + j/1024) in Q32, filled by the loader (see heaptrace_common::sampling).
 #[map(name = "LOG2_TABLE")]
 pub static LOG2_TABLE: Array<u64> = Array::with_max_entries(sampling::TABLE_LEN as u32, 0);
+
+/// Memory syscalls of traced processes between entry and exit, by thread id.
+#[map(name = "MEMCALLS")]
+pub static MEMCALLS: HashMap<u32, MemCall> = HashMap::with_max_entries(4096, 0);
+
+/// Memory syscalls of traced processes and the sites of the allocator calls that made them.
+#[map(name = "MEMEVENTS")]
+pub static MEMEVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
 /// Calls counted in bare mode (entries, returns, frees).
 #[map(name = "BARE")]

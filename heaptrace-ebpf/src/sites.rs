@@ -17,15 +17,7 @@ const EEXIST: i32 = 17;
 /// Counts an allocation at its site; returns the stack id to remember in the live map.
 #[inline(always)]
 pub fn allocated(ctx: &RetProbeContext, tgid: u32, func: Func, size: u64) -> i32 {
-    // No BPF_F_REUSE_STACKID: a hash collision must not silently hand this allocation to
-    // another stack. It fails with an errno instead, counted below as "stack lost".
-    let stored = match ctx.get_stackid(&STACKS, BPF_F_USER_STACK) {
-        Err(e) if e == -EEXIST => ctx
-            .get_stackid(&STACKS2, BPF_F_USER_STACK)
-            .map(|id| id + i64::from(stack_id_offset())),
-        other => other,
-    };
-    let stack_id = match stored {
+    let stack_id = match store_stack(ctx) {
         Ok(id) => id as i32,
         Err(e) => {
             lose(Loss::Stack);
@@ -46,6 +38,19 @@ pub fn allocated(ctx: &RetProbeContext, tgid: u32, func: Func, size: u64) -> i32
     add(&mut site.bytes, size);
     add(&mut site.sizes[log2_bucket(size)], 1);
     stack_id
+}
+
+/// The id of the user stack at this return probe, stored in one of the two stack maps.
+#[inline(always)]
+pub fn store_stack(ctx: &RetProbeContext) -> Result<i64, i32> {
+    // No BPF_F_REUSE_STACKID: a hash collision must not silently hand this allocation to
+    // another stack. It fails with an errno instead, counted by the caller as "stack lost".
+    match ctx.get_stackid(&STACKS, BPF_F_USER_STACK) {
+        Err(e) if e == -EEXIST => ctx
+            .get_stackid(&STACKS2, BPF_F_USER_STACK)
+            .map(|id| id + i64::from(stack_id_offset())),
+        other => other,
+    }
 }
 
 /// Bare mode: the stack walk and a count, nothing else.

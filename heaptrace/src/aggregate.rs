@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::{
     model::{Log2, Round, SiteId, SiteTotals, Totals},
     procfs::Mem,
+    reserve::{ResKey, ResTotals, Reserved},
     symbolize::Frame,
 };
 
@@ -41,6 +42,8 @@ pub struct Profile {
     pub samples: BTreeMap<SiteId, SiteTotals>,
     #[serde(skip)]
     pub weights: BTreeMap<SiteId, crate::sampling::Weighted>,
+    /// The allocators' reservations and releases of memory, by site.
+    pub reservations: BTreeMap<ResKey, ResTotals>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -48,6 +51,8 @@ pub struct ProcProfile {
     pub comm: String,
     pub totals: Totals,
     pub mem: Option<Mem>,
+    /// What its allocator holds from the kernel (last read while it lived).
+    pub reserved: Option<Reserved>,
     pub peak_rss_kb: u64,
     /// Ended while traced (system-wide mode): its figures are final.
     pub exited: bool,
@@ -87,6 +92,8 @@ pub struct TimelineRow {
     pub live_bytes: i64,
     pub rss_kb: u64,
     pub virt_kb: u64,
+    /// Bytes the allocators hold from the kernel (heap, arenas, mmapped blocks).
+    pub reserved_bytes: u64,
 }
 
 impl Profile {
@@ -115,6 +122,12 @@ impl Profile {
             let p = self.procs.entry(*pid).or_default();
             p.mem = Some(*mem);
             p.peak_rss_kb = p.peak_rss_kb.max(mem.rss_kb);
+        }
+        for (pid, r) in &round.reserved {
+            self.procs.entry(*pid).or_default().reserved = Some(*r);
+        }
+        for (key, t) in &round.reservations {
+            self.reservations.entry(*key).or_default().plus(t);
         }
         for (key, n) in &round.sizes {
             *self.sizes.entry(*key).or_default() += n;
@@ -148,6 +161,7 @@ impl Profile {
             live_bytes: total.live_bytes,
             rss_kb: round.mem.values().map(|m| m.rss_kb).sum(),
             virt_kb: round.mem.values().map(|m| m.virt_kb).sum(),
+            reserved_bytes: round.reserved.values().map(|r| r.total()).sum(),
         });
         if self
             .peak
@@ -348,6 +362,18 @@ impl Profile {
                 out.latency[f][b] = n.saturating_sub(base.latency[f][b]);
             }
         }
+        for (key, t) in &self.reservations {
+            let b = base.reservations.get(key).copied().unwrap_or_default();
+            if *t != b {
+                out.reservations.insert(
+                    *key,
+                    ResTotals {
+                        calls: t.calls - b.calls,
+                        bytes: t.bytes - b.bytes,
+                    },
+                );
+            }
+        }
         out
     }
 
@@ -403,6 +429,12 @@ impl Profile {
                     .map(|(k, v)| (*k, *v))
                     .collect()
             }),
+            reservations: self
+                .reservations
+                .iter()
+                .filter(|(k, _)| k.0 == pid)
+                .map(|(k, v)| (*k, *v))
+                .collect(),
         }
     }
 

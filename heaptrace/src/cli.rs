@@ -150,6 +150,11 @@ pub struct TraceArgs {
     #[arg(long)]
     pub probe_at_entry: bool,
 
+    /// Do not trace the memory behind malloc (mmap, munmap, mremap, brk). Its two syscall
+    /// tracepoints add about 0.15 us to every syscall of every process on the host.
+    #[arg(long)]
+    pub no_reservations: bool,
+
     /// The command to launch and trace (after --).
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -198,6 +203,9 @@ pub enum View {
     Temporary,
     /// The highest live heap and the sites that held it.
     Peak,
+    /// The memory behind malloc: what allocators reserved (heap, arenas, mmapped blocks) and
+    /// which sites made them, beside live requested bytes, RSS and VIRT.
+    Memory,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

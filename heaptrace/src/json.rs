@@ -259,6 +259,7 @@ pub fn document(profile: &Profile, info: &RunInfo<'_>) -> Value {
                 "rss_kb": p.mem.map(|m| m.rss_kb),
                 "virt_kb": p.mem.map(|m| m.virt_kb),
                 "peak_rss_kb": p.peak_rss_kb,
+                "memory": memory(p),
                 "exited": p.exited,
                 "leaks_at_exit": p.leaks_at_exit,
             })
@@ -299,7 +300,54 @@ pub fn document(profile: &Profile, info: &RunInfo<'_>) -> Value {
         "temporary": temporary(profile, info.temporary_ms),
         "peak": peak(profile),
         "latency": latency(profile),
+        "reservations": reservations(profile),
     })
+}
+
+/// Three different numbers side by side: what the program asked for and still holds, what its
+/// allocator holds from the kernel, and what the kernel counts (RSS, VIRT).
+fn memory(p: &crate::aggregate::ProcProfile) -> Value {
+    json!({
+        "requested_live_bytes": p.totals.live_bytes,
+        "reserved_bytes": p.reserved.map(|r| r.total()),
+        "reserved": p.reserved.map(|r| json!({
+            "heap": r.heap, "arenas": r.arenas, "mmapped": r.mmapped,
+        })),
+        "rss_bytes": p.mem.map(|m| m.rss_kb * 1024),
+        "virt_bytes": p.mem.map(|m| m.virt_kb * 1024),
+    })
+}
+
+pub(crate) fn memory_by_process(profile: &Profile) -> Value {
+    profile
+        .procs
+        .iter()
+        .map(|(pid, p)| json!({ "pid": pid, "comm": p.comm, "memory": memory(p) }))
+        .collect()
+}
+
+/// The allocators' reservations and releases by site, most bytes first.
+pub(crate) fn reservations(profile: &Profile) -> Value {
+    let mut v: Vec<_> = profile.reservations.iter().collect();
+    v.sort_by_key(|(k, t)| (std::cmp::Reverse(t.bytes), **k));
+    v.into_iter()
+        .map(|((pid, kind, stack_id, func), t)| {
+            let mut m = site(profile, &(*pid, *stack_id, *func));
+            if *func == heaptrace_common::mem::NO_FUNC {
+                m.insert("function".into(), Value::Null);
+            }
+            if *stack_id == heaptrace_common::NO_SITE {
+                m.insert("frames".into(), Value::Array(Vec::new())); // no site known
+            }
+            m.insert("kind".into(), kind.name().into());
+            if let Some(of) = kind.of() {
+                m.insert("of".into(), of.into());
+            }
+            m.insert("calls".into(), t.calls.into());
+            m.insert("bytes".into(), t.bytes.into());
+            Value::Object(m)
+        })
+        .collect()
 }
 
 #[cfg(test)]

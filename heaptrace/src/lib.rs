@@ -21,6 +21,7 @@ pub mod probe;
 pub mod procfs;
 pub mod record;
 pub mod report;
+pub mod reserve;
 pub mod run;
 pub mod sampling;
 pub mod symbolize;

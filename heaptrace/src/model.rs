@@ -250,6 +250,10 @@ pub struct Round {
     pub mem: BTreeMap<u32, Mem>,
     pub sites: BTreeMap<SiteId, SiteTotals>,
     pub latency: [Log2; FUNC_COUNT],
+    /// The allocators' reservations and releases of memory this round, by site.
+    pub reservations: BTreeMap<crate::reserve::ResKey, crate::reserve::ResTotals>,
+    /// What each live traced process's allocator holds at the end of the round.
+    pub reserved: BTreeMap<u32, crate::reserve::Reserved>,
     /// Stacks first seen this round, by (process, stack id).
     #[serde(skip)]
     pub stacks: BTreeMap<(u32, i32), NewStack>,

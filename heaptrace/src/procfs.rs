@@ -63,6 +63,32 @@ fn parse_status(status: &str) -> Mem {
     }
 }
 
+/// The process's brk heap: ([heap] start, end) from /proc/PID/maps; before the heap exists,
+/// (start_brk, start_brk) from /proc/PID/stat. The end is the current break.
+pub fn heap(pid: u32) -> Option<(u64, u64)> {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    if let Some(line) = maps.lines().find(|l| l.ends_with("[heap]")) {
+        return parse_range(line);
+    }
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let start_brk = start_brk(&stat)?;
+    Some((start_brk, start_brk))
+}
+
+fn parse_range(line: &str) -> Option<(u64, u64)> {
+    let (a, b) = line.split_whitespace().next()?.split_once('-')?;
+    Some((
+        u64::from_str_radix(a, 16).ok()?,
+        u64::from_str_radix(b, 16).ok()?,
+    ))
+}
+
+/// Field 47 of /proc/PID/stat (start_brk); the fields after comm count from its ')'.
+fn start_brk(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(47 - 3)?.parse().ok()
+}
+
 /// CPU time this process has used so far (user + system, all threads), in seconds.
 pub fn self_cpu_seconds() -> Option<f64> {
     let stat = fs::read_to_string("/proc/self/stat").ok()?;
@@ -95,6 +121,24 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_heap_starts_at_start_brk() {
+        // This test binary has a heap (Rust's allocator is glibc's malloc).
+        let _keep = vec![0u8; 1000];
+        let me = std::process::id();
+        let maps = fs::read_to_string("/proc/self/maps").unwrap();
+        let line = maps
+            .lines()
+            .find(|l| l.ends_with("[heap]"))
+            .expect("a heap");
+        let (start, end) = parse_range(line).unwrap();
+        let stat = fs::read_to_string("/proc/self/stat").unwrap();
+        assert_eq!(start_brk(&stat), Some(start));
+        let (s, e) = heap(me).unwrap();
+        assert_eq!(s, start);
+        assert!(e >= end);
+    }
 
     #[test]
     fn parses_status_fields() {

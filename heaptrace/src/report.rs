@@ -41,6 +41,9 @@ pub fn round_line(row: &TimelineRow, sample_bytes: u64) -> String {
         row.live_blocks,
         bytes(row.live_bytes),
     );
+    if row.reserved_bytes > 0 {
+        let _ = write!(s, ", reserved {}", bytes(row.reserved_bytes as i64));
+    }
     if row.rss_kb > 0 {
         let _ = write!(s, ", RSS {}", bytes(row.rss_kb as i64 * 1024));
     }
@@ -60,6 +63,70 @@ pub fn sampling_line(sample_bytes: u64) -> String {
          live, leaks, peak, temporaries) are estimates from the sampled allocations\n",
         crate::sampling::describe(sample_bytes)
     )
+}
+
+/// The memory behind malloc, per process (most reserved first, at most `top`): requested and
+/// still live, held by the allocator, RSS and VIRT; then the sites that reserved the most.
+pub fn memory(profile: &Profile, top: usize) -> String {
+    let mut procs: Vec<_> = profile
+        .procs
+        .iter()
+        .filter_map(|(pid, p)| p.reserved.map(|r| (*pid, p, r)))
+        .collect();
+    if procs.is_empty() {
+        return String::new();
+    }
+    procs.sort_by_key(|(pid, _, r)| (std::cmp::Reverse(r.total()), *pid));
+    let mut s = String::from("memory behind malloc:\n");
+    for (pid, p, r) in procs.iter().take(top) {
+        let _ = writeln!(
+            s,
+            "  pid {pid} {}: requested and live {}{}; allocator holds {} (heap {}, arenas {}, \
+             mmapped {}); RSS {}; VIRT {}",
+            p.comm,
+            est(profile.sample_bytes),
+            bytes(p.totals.live_bytes),
+            bytes(r.total() as i64),
+            bytes(r.heap as i64),
+            bytes(r.arenas as i64),
+            bytes(r.mmapped as i64),
+            p.mem.map_or("?".into(), |m| bytes(m.rss_kb as i64 * 1024)),
+            p.mem.map_or("?".into(), |m| bytes(m.virt_kb as i64 * 1024)),
+        );
+    }
+    let mut made: Vec<_> = profile
+        .reservations
+        .iter()
+        .filter(|(k, _)| k.1.of().is_none())
+        .collect();
+    made.sort_by_key(|(k, t)| (std::cmp::Reverse(t.bytes), **k));
+    for ((pid, kind, stack_id, func), t) in made.into_iter().take(top) {
+        let site = if *stack_id == heaptrace_common::NO_SITE {
+            Func::from_u32(*func).map_or("?", |f| f.name()).to_string()
+        } else {
+            crate::views::site_label(profile, &(*pid, *stack_id, *func), 2)
+        };
+        let back = match kind {
+            crate::reserve::Kind::Arena => Some(crate::reserve::Area::Arena),
+            crate::reserve::Kind::Mmap => Some(crate::reserve::Area::Mmap),
+            _ => None,
+        }
+        .and_then(|of| {
+            let k = (*pid, crate::reserve::Kind::Munmap { of }, *stack_id, *func);
+            profile.reservations.get(&k)
+        })
+        .map_or(String::new(), |b| {
+            format!(" ({} given back)", bytes(b.bytes as i64))
+        });
+        let _ = writeln!(
+            s,
+            "  {:>6} {:<5} {:>10}{back}  pid {pid}: {site}",
+            t.calls,
+            kind.name(),
+            bytes(t.bytes as i64),
+        );
+    }
+    s
 }
 
 /// Functions shown in tables: every family member except those probed as another's alias.

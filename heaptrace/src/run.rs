@@ -26,6 +26,7 @@ use crate::{
     procfs,
     record::{Header, Recorder, format::EndRec},
     report,
+    reserve::{Tracker, ring::MemRing},
     symbolize::Symbolizer,
     tui,
     watch::ProcWatch,
@@ -161,6 +162,18 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         }
         Scope::Process(_) => None,
     };
+    // The memory behind malloc; not part of the bare benchmark floor.
+    let memring = if opts.mode == heaptrace_common::mode::BARE || cli.no_reservations {
+        None
+    } else {
+        match MemRing::start(&mut probes) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!("heaptrace: warning: memory syscalls not traced: {e}");
+                None
+            }
+        }
+    };
 
     // Said once everything is in place (the scan of running processes included): tests and
     // scripts start their targets on this line.
@@ -274,6 +287,9 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         matched: std::collections::HashMap::new(),
         live: link,
         cpu: CpuMeter::default(),
+        memring,
+        reserves: Tracker::default(),
+        reserves_lost: 0,
     };
     let end = rt.block_on(daemon.watch(cli.interval))?;
 
@@ -333,6 +349,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         eprint!("{}", crate::views::sites(profile, cli.top, temporary_ms));
     }
     eprint!("{}", crate::views::latency(profile));
+    eprint!("{}", report::memory(profile, 10));
     if let Some(path) = &cli.json {
         let pids: Vec<u32> = pid.into_iter().collect();
         let info = json::RunInfo {
@@ -470,6 +487,11 @@ struct Daemon {
     /// The live view's channels, when it is up.
     live: Option<tui::Link>,
     cpu: CpuMeter,
+    /// Memory syscalls of traced processes, and what they tell about reserved memory.
+    memring: Option<MemRing>,
+    reserves: Tracker,
+    /// `reserves.lost` already reported in a round.
+    reserves_lost: u64,
 }
 
 /// heaptrace's own CPU use between two reads, from /proc/self/stat.
@@ -543,6 +565,8 @@ impl Filter {
         round.sites.retain(|k, _| keep(&k.0));
         round.mem.retain(|p, _| keep(p));
         round.stacks.retain(|k, _| keep(&k.0));
+        round.reservations.retain(|k, _| keep(&k.0));
+        round.reserved.retain(|p, _| keep(p));
     }
 }
 
@@ -600,6 +624,7 @@ impl Daemon {
                         w.flush_logs();
                     }
                 }
+                _ = mem_readable(self.memring.as_ref()) => self.drain_mem(),
                 _ = ring_readable(self.procwatch.as_ref()) => {
                     if let (Some(w), Some(p)) = (self.procwatch.as_mut(), self.probes.as_mut()) {
                         w.drain(p);
@@ -625,6 +650,7 @@ impl Daemon {
         }
         self.exited_leaks.append(&mut leaks);
         for p in &gone {
+            self.reserves.forget(*p);
             if let Some(pp) = self.profile.procs.get_mut(p) {
                 pp.exited = true;
                 pp.leaks_at_exit = true;
@@ -712,8 +738,10 @@ impl Daemon {
         } else {
             HashSet::new()
         };
+        self.drain_mem();
         let snap = self.maps.snapshot()?;
         let mut round = snap.since(&self.prev);
+        round.reservations = self.reserves.take();
         self.new_stacks(&mut round);
         round.index = self.profile.rounds.len() as u64 + 1;
         round.elapsed_ms = self.start.elapsed().as_millis() as u64;
@@ -735,6 +763,16 @@ impl Daemon {
                 && let Some(m) = procfs::mem(p)
             {
                 round.mem.insert(p, m);
+                if self.memring.is_some()
+                    && let Some((start, brk)) = procfs::heap(p)
+                {
+                    if !self.reserves.knows(p) {
+                        self.reserves.seed_brk(p, brk);
+                    }
+                    let mut r = self.reserves.reserved(p);
+                    r.heap = brk - start;
+                    round.reserved.insert(p, r);
+                }
                 // The kernel names a process at its first allocation, which may be before
                 // its exec (a shell's fork): the current name wins while it lives.
                 if let Some(pr) = round.procs.get_mut(&p) {
@@ -745,6 +783,9 @@ impl Daemon {
                 }
             }
         }
+        let lost = self.reserves.lost - self.reserves_lost;
+        round.losses[heaptrace_common::Loss::MemEvents as usize] += lost;
+        self.reserves_lost = self.reserves.lost;
         if let Some(filter) = &self.filter {
             filter.apply(&mut round, &mut self.matched);
         }
@@ -801,13 +842,23 @@ impl Daemon {
 }
 
 impl Daemon {
+    /// Folds the memory syscalls reported so far into the reservation tracker.
+    fn drain_mem(&mut self) {
+        if let Some(r) = self.memring.as_mut() {
+            for ev in r.drain() {
+                self.reserves.event(&ev);
+            }
+        }
+    }
+
     /// Symbolizes the stacks first seen this round, while their processes are (maybe) alive.
     fn new_stacks(&mut self, round: &mut crate::model::Round) {
         let new: Vec<(u32, i32)> = round
             .sites
             .keys()
-            .filter(|(_, id, _)| *id >= 0)
             .map(|(pid, id, _)| (*pid, *id))
+            .chain(round.reservations.keys().map(|(pid, _, id, _)| (*pid, *id)))
+            .filter(|(_, id)| *id >= 0)
             .filter(|k| !self.profile.stacks.contains_key(k))
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
@@ -837,6 +888,17 @@ async fn logs_readable(w: Option<&ProcWatch>) {
     match w.and_then(|w| w.logs.as_ref()) {
         Some(l) => {
             if let Ok(mut guard) = l.readable().await {
+                guard.clear_ready();
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn mem_readable(r: Option<&MemRing>) {
+    match r {
+        Some(r) => {
+            if let Ok(mut guard) = r.ring.readable().await {
                 guard.clear_ready();
             }
         }

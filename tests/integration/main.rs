@@ -3,6 +3,7 @@
 mod counts;
 mod expect;
 mod faults;
+mod memory;
 mod placement;
 mod recording;
 mod sampling;

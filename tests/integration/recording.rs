@@ -350,12 +350,14 @@ fn bad_recordings_give_one_line_and_exit_code_2() {
     let mut future = b"HEAPTRC\0".to_vec();
     future.extend([9, 0, 0, 0]);
     bad_file_is_rejected("future", &future, "newer than this heaptrace");
+    let old = b"HEAPTRC\0\x01\0\0\0".to_vec();
+    bad_file_is_rejected("old", &old, "older than this heaptrace reads");
     // A header frame claiming 4 GiB.
-    let mut huge = b"HEAPTRC\0\x01\0\0\0".to_vec();
+    let mut huge = b"HEAPTRC\0\x02\0\0\0".to_vec();
     huge.extend([1, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]);
     bad_file_is_rejected("huge", &huge, "exceeds");
     // An unknown record kind.
-    let mut kind = b"HEAPTRC\0\x01\0\0\0".to_vec();
+    let mut kind = b"HEAPTRC\0\x02\0\0\0".to_vec();
     kind.extend([99, 0, 0, 0, 0, 0, 0, 0, 0]);
     bad_file_is_rejected("kind", &kind, "unknown record kind");
     let o = report(&["/nonexistent/trace.bin"]);

@@ -12,8 +12,12 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
-/// 2 added `Header::sample_bytes`; version 1 files still read (their header without it).
-pub const VERSION: u16 = 2;
+/// 3: the header's `sample_bytes` (`--sample-bytes`); version 2 files still read (their header
+/// without it, as unsampled). 2: rounds carry the allocators' reservations (the memory behind
+/// malloc) and one more loss counter. Version 1 files (written before any release) are not read.
+pub const VERSION: u16 = 3;
+/// The oldest version this reader reads.
+pub const OLDEST: u16 = 2;
 /// No frame is larger: a hostile length cannot make the reader allocate more.
 pub const MAX_FRAME: u32 = 64 << 20;
 /// Nor may a deflated payload inflate beyond this.
@@ -56,6 +60,10 @@ pub enum FormatError {
     BadMagic,
     #[error("recording format version {0} is newer than this heaptrace understands ({VERSION})")]
     FutureVersion(u16),
+    #[error(
+        "recording format version {0} is older than this heaptrace reads ({OLDEST} to {VERSION})"
+    )]
+    OldVersion(u16),
     #[error("empty file")]
     Empty,
     #[error("corrupt recording at byte {offset}: {reason}")]
@@ -84,14 +92,14 @@ pub struct Header {
     pub cmdlines: Vec<(u32, String)>,
     /// Family members probed as another at the same address: (alias, probed as), by name.
     pub aliases: Vec<(String, String)>,
-    /// `--sample-bytes` (format 2): 0 when every allocation was sampled.
+    /// `--sample-bytes` (format 3): 0 when every allocation was sampled.
     pub sample_bytes: u64,
 }
 
-/// The header of format 1: postcard is not self-describing, so a field added at the end is
+/// The header of format 2: postcard is not self-describing, so a field added at the end is
 /// read by decoding the old layout and converting.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HeaderV1 {
+pub struct HeaderV2 {
     pub heaptrace_version: String,
     pub host: String,
     pub kernel: String,
@@ -107,8 +115,8 @@ pub struct HeaderV1 {
     pub aliases: Vec<(String, String)>,
 }
 
-impl From<HeaderV1> for Header {
-    fn from(h: HeaderV1) -> Header {
+impl From<HeaderV2> for Header {
+    fn from(h: HeaderV2) -> Header {
         Header {
             heaptrace_version: h.heaptrace_version,
             host: h.host,
@@ -170,7 +178,7 @@ pub fn write_preamble(w: &mut impl Write) -> io::Result<()> {
     write_preamble_version(w, VERSION)
 }
 
-/// The preamble of a given version (tests write version 1 files with it).
+/// The preamble of a given version (tests write older versions' files with it).
 pub fn write_preamble_version(w: &mut impl Write, version: u16) -> io::Result<()> {
     w.write_all(&MAGIC)?;
     w.write_all(&version.to_le_bytes())?;
@@ -208,6 +216,9 @@ pub fn read_preamble(r: &mut impl Read) -> Result<u16, FormatError> {
             offset: 8,
             reason: "format version 0".into(),
         });
+    }
+    if version < OLDEST {
+        return Err(FormatError::OldVersion(version));
     }
     Ok(version)
 }
@@ -365,6 +376,12 @@ mod tests {
         assert!(matches!(
             read_preamble(&mut &future[..]),
             Err(FormatError::FutureVersion(99))
+        ));
+        let mut old = ok.clone();
+        old[8] = 1;
+        assert!(matches!(
+            read_preamble(&mut &old[..]),
+            Err(FormatError::OldVersion(1))
         ));
     }
 

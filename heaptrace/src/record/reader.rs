@@ -7,7 +7,7 @@ use std::{
 };
 
 use super::format::{
-    EndRec, FRAME_HEAD, FormatError, Header, HeaderV1, Kind, ModuleRec, Next, StackRec, decode,
+    EndRec, FRAME_HEAD, FormatError, Header, HeaderV2, Kind, ModuleRec, Next, StackRec, decode,
     read_frame, read_preamble,
 };
 use crate::{
@@ -60,8 +60,8 @@ impl Recording {
                     if seen_header {
                         return Err(corrupt("a second header".into()));
                     }
-                    rec.header = if version == 1 {
-                        decode::<HeaderV1>(&frame)?.into()
+                    rec.header = if version == 2 {
+                        decode::<HeaderV2>(&frame)?.into()
                     } else {
                         decode(&frame)?
                     };
@@ -302,11 +302,11 @@ mod tests {
     }
 
     #[test]
-    fn format_1_recordings_still_read_as_unsampled() {
+    fn format_2_recordings_still_read_as_unsampled() {
         use crate::record::format::{Kind, write_frame, write_preamble_version};
         let mut data = Vec::new();
-        write_preamble_version(&mut data, 1).unwrap();
-        let old = HeaderV1 {
+        write_preamble_version(&mut data, 2).unwrap();
+        let old = HeaderV2 {
             heaptrace_version: "0.1.0".into(),
             interval_ms: 500,
             mode: "stacks".into(),

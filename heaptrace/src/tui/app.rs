@@ -272,6 +272,8 @@ pub struct ProcRow {
     pub rss_kb: Option<u64>,
     pub virt_kb: Option<u64>,
     pub peak_rss_kb: u64,
+    /// Bytes its allocator holds from the kernel (heap, arenas, mmapped blocks).
+    pub reserved: Option<u64>,
 }
 
 /// One exact request size.
@@ -504,6 +506,7 @@ impl App {
                 live_bytes: pp.totals.live_bytes,
                 rss_kb: pp.mem.map_or(0, |m| m.rss_kb),
                 virt_kb: pp.mem.map_or(0, |m| m.virt_kb),
+                reserved_bytes: pp.reserved.map_or(0, |r| r.total()),
             });
             if h.len() > PROC_HISTORY {
                 h.pop_front();
@@ -713,6 +716,7 @@ impl App {
                 rss_kb: p.mem.map(|m| m.rss_kb),
                 virt_kb: p.mem.map(|m| m.virt_kb),
                 peak_rss_kb: p.peak_rss_kb,
+                reserved: p.reserved.map(|r| r.total()),
             })
             .collect();
         match self.proc_sort {
@@ -1037,6 +1041,7 @@ impl App {
                         "bytes_allocated": r.totals.bytes_allocated(),
                         "live_blocks": r.totals.live_blocks, "live_bytes": r.totals.live_bytes,
                         "rss_kb": r.rss_kb, "virt_kb": r.virt_kb,
+                        "reserved_bytes": r.reserved,
                     })
                 })
                 .collect(),
@@ -1170,6 +1175,14 @@ pub(crate) mod tests {
             Mem {
                 rss_kb: 1800 + index * 10,
                 virt_kb: 4000,
+            },
+        );
+        r.reserved.insert(
+            4242,
+            crate::reserve::Reserved {
+                heap: 132 << 10,
+                arenas: 64 << 20,
+                mmapped: 0,
             },
         );
         r.sizes.insert((4242, 0, 111, 1), scale);

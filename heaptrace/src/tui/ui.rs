@@ -696,6 +696,10 @@ fn draw_processes(f: &mut Frame, app: &App, area: Rect) {
             Cell::from(format!("{:>10}", bytes(r.totals.live_bytes))),
             Cell::from(format!("{:>10}", r.rss_kb.map_or("-".into(), kib))),
             Cell::from(format!("{:>10}", r.virt_kb.map_or("-".into(), kib))),
+            Cell::from(format!(
+                "{:>10}",
+                r.reserved.map_or("-".into(), |b| bytes(b as i64))
+            )),
         ])
     }));
     let num = if wide { 11 } else { 10 };
@@ -726,6 +730,9 @@ fn draw_processes(f: &mut Frame, app: &App, area: Rect) {
     if wide {
         widths.push(Constraint::Length(10));
         header.push(format!("{:>10}", "VIRT"));
+        // What the allocator holds from the kernel: why VIRT and RSS differ from "live".
+        widths.push(Constraint::Length(10));
+        header.push(format!("{:>10}", "reserved"));
     }
     // Without room for VIRT, rows keep their last cell: a table draws as many as it has columns.
     let table = Table::new(body, widths)

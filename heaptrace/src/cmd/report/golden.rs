@@ -76,6 +76,32 @@ fn round(index: u64, a: u64, b: u64, with_stacks: bool) -> Round {
             virt_kb: 4096,
         },
     );
+    // Site 2's big buffers are mapped blocks: reserved every round, one given back in round 2.
+    use crate::reserve::{Area, Kind, ResTotals, Reserved};
+    r.reservations.insert(
+        (7, Kind::Mmap, 2, 0),
+        ResTotals {
+            calls: 1,
+            bytes: 1 << 20,
+        },
+    );
+    if index == 2 {
+        r.reservations.insert(
+            (7, Kind::Munmap { of: Area::Mmap }, 2, 0),
+            ResTotals {
+                calls: 1,
+                bytes: 1 << 20,
+            },
+        );
+    }
+    r.reserved.insert(
+        7,
+        Reserved {
+            heap: 132 << 10,
+            arenas: 0,
+            mmapped: 1 << 20,
+        },
+    );
     if with_stacks {
         let stack = |frames: Vec<Frame>| NewStack {
             ips: vec![0; frames.iter().filter(|f| !f.inlined).count()],
@@ -186,6 +212,7 @@ fn golden_views() {
         View::Leaks,
         View::Temporary,
         View::Peak,
+        View::Memory,
     ] {
         let text = views::text(view, &rec, &p, &names, &args(view)).unwrap();
         insta::assert_snapshot!(format!("{view:?}").to_lowercase(), text);
@@ -202,6 +229,8 @@ fn golden_views() {
     );
     let json = views::json(View::Leaks, &rec, &p, &names, &args(View::Leaks)).unwrap();
     insta::assert_json_snapshot!("leaks_json", json);
+    let json = views::json(View::Memory, &rec, &p, &names, &args(View::Memory)).unwrap();
+    insta::assert_json_snapshot!("memory_json", json);
     let massif = export::massif(&rec, &p, &names);
     insta::assert_snapshot!("massif", massif);
 }

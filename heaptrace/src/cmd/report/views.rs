@@ -116,6 +116,10 @@ pub fn text(
             View::Leaks => views::leaks(p, top, names),
             View::Temporary => views::temporary(p, top, rec.header.temporary_ms, names),
             View::Peak => views::peak(p, top, names),
+            View::Memory => match crate::report::memory(p, top) {
+                s if s.is_empty() => "no memory reservations recorded\n".into(),
+                s => s,
+            },
         })
 }
 
@@ -185,6 +189,10 @@ pub fn json(
         View::Leaks => doc::leaks(p, args.pid),
         View::Temporary => doc::temporary(p, h.temporary_ms),
         View::Peak => doc::peak(p),
+        View::Memory => json!({
+            "processes": doc::memory_by_process(p),
+            "reservations": doc::reservations(p),
+        }),
     })
 }
 

@@ -1,0 +1,362 @@
+//! The memory behind malloc: what allocators reserve from the kernel (brk heap, arenas, mmapped
+//! chunks) and which allocation sites made them do it.
+//!
+//! The kernel side reports every mmap, munmap, mremap and brk of a traced process, marked with
+//! the allocator call in flight on its thread, and, when such a call returns, that call's site
+//! (see heaptrace-ebpf's `mem.rs`). Here the syscalls of one call are paired with its site and
+//! netted: glibc makes a thread's arena by mapping 128 MiB and unmapping the unaligned head and
+//! tail within the same malloc call, which is one 64 MiB reservation by that malloc's caller.
+//!
+//! Mappings made before heaptrace attached are not known, except the brk heap, whose size is
+//! read from /proc each round.
+mod regions;
+pub mod ring;
+
+use std::collections::{BTreeMap, HashMap};
+
+use heaptrace_common::{MemEvent, NO_SITE, mem};
+use serde::{Deserialize, Serialize};
+
+use regions::{Region, Regions};
+
+/// What a reservation entry records. A release ("munmap") is attributed to the site that made
+/// the memory it returns, so that per site, reserved minus released is what it still holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Kind {
+    /// A glibc arena heap: an inaccessible (PROT_NONE, MAP_NORESERVE) region made usable piece
+    /// by piece.
+    Arena,
+    /// Any other mapping made inside an allocator call: a large block's own mmap.
+    Mmap,
+    /// Growth of the brk heap (the main arena).
+    Brk,
+    /// Memory given back: unmapped, or the brk heap shrunk (`of` Brk, no site).
+    Munmap { of: Area },
+}
+
+/// Where reserved memory lies: the three kinds an allocator holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Area {
+    Arena,
+    Mmap,
+    Brk,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Arena => "arena",
+            Kind::Mmap => "mmap",
+            Kind::Brk => "brk",
+            Kind::Munmap { .. } => "munmap",
+        }
+    }
+
+    /// For a release: what was released.
+    pub fn of(self) -> Option<&'static str> {
+        match self {
+            Kind::Munmap { of } => Some(Kind::from(of).name()),
+            _ => None,
+        }
+    }
+}
+
+impl From<Area> for Kind {
+    fn from(r: Area) -> Kind {
+        match r {
+            Area::Arena => Kind::Arena,
+            Area::Mmap => Kind::Mmap,
+            Area::Brk => Kind::Brk,
+        }
+    }
+}
+
+/// (process, kind, the site's stack id, the site's function index).
+pub type ResKey = (u32, Kind, i32, u32);
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResTotals {
+    /// Allocator calls (or syscalls, for releases) and the bytes they reserved or released.
+    pub calls: u64,
+    pub bytes: u64,
+}
+
+impl ResTotals {
+    pub fn plus(&mut self, o: &ResTotals) {
+        self.calls += o.calls;
+        self.bytes += o.bytes;
+    }
+}
+
+/// What a process's allocator holds from the kernel, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reserved {
+    /// The brk heap ([heap] in /proc/PID/maps).
+    pub heap: u64,
+    /// Arena heaps made while traced.
+    pub arenas: u64,
+    /// Large blocks' own mappings made while traced.
+    pub mmapped: u64,
+}
+
+impl Reserved {
+    pub fn total(&self) -> u64 {
+        self.heap + self.arenas + self.mmapped
+    }
+}
+
+const PROT_NONE: u64 = 0;
+const MAP_FIXED: u64 = 0x10;
+const MAP_NORESERVE: u64 = 0x4000;
+/// Syscalls one allocator call may make before its site is known; more are applied unnamed.
+const MAX_PENDING: usize = 64;
+
+#[derive(Default)]
+struct ProcState {
+    regions: Regions,
+    /// The last break seen, once known.
+    brk: Option<u64>,
+    /// Syscalls of the allocator call in flight, by thread, until its site is known.
+    pending: HashMap<u32, Vec<MemEvent>>,
+}
+
+/// Folds memory events into per-process reserved regions and per-site reservations.
+#[derive(Default)]
+pub struct Tracker {
+    procs: HashMap<u32, ProcState>,
+    /// Reservations and releases since the last `take`.
+    fresh: BTreeMap<ResKey, ResTotals>,
+    /// Calls applied so far: tells the regions of the current call apart.
+    serial: u64,
+    /// Regions not kept (a process with too many): counted as lost memory events.
+    pub lost: u64,
+}
+
+impl Tracker {
+    pub fn event(&mut self, ev: &MemEvent) {
+        let pid = ev.tgid;
+        let st = self.procs.entry(pid).or_default();
+        if ev.kind == mem::CALL_END {
+            let evs = st.pending.remove(&ev.tid).unwrap_or_default();
+            self.call(pid, &evs, ev.args[0] as i64 as i32, ev.func);
+            return;
+        }
+        if ev.func != mem::NO_FUNC {
+            let p = st.pending.entry(ev.tid).or_default();
+            if p.len() < MAX_PENDING {
+                p.push(*ev);
+                return;
+            }
+        }
+        // A syscall outside any allocator call: the thread's last call is over, whether or not
+        // its end was seen.
+        if let Some(evs) = st.pending.remove(&ev.tid) {
+            let func = evs.first().map_or(mem::NO_FUNC, |e| e.func);
+            self.call(pid, &evs, NO_SITE, func);
+        }
+        self.outside(pid, ev);
+    }
+
+    /// The syscalls of one allocator call, netted, under its site.
+    fn call(&mut self, pid: u32, evs: &[MemEvent], stack_id: i32, func: u32) {
+        if evs.is_empty() {
+            return;
+        }
+        self.serial += 1;
+        let serial = self.serial;
+        let st = self.procs.entry(pid).or_default();
+        let mut released = Vec::new();
+        let mut grown = 0u64;
+        for ev in evs {
+            match ev.kind {
+                mem::MMAP => {
+                    let [_, len, prot, flags] = ev.args;
+                    let (start, end) = (ev.ret, ev.ret.saturating_add(len));
+                    if flags & MAP_FIXED != 0 && st.regions.covers(start, end) {
+                        continue; // glibc decommitting part of an arena: still reserved
+                    }
+                    released.extend(st.regions.unmap(start, end, serial));
+                    let kind = if prot == PROT_NONE && flags & MAP_NORESERVE != 0 {
+                        Area::Arena
+                    } else {
+                        Area::Mmap
+                    };
+                    let r = Region {
+                        end,
+                        kind,
+                        stack_id,
+                        func,
+                        serial,
+                    };
+                    if !st.regions.insert(start, r) {
+                        self.lost += 1;
+                    }
+                }
+                mem::MUNMAP => {
+                    let [addr, len, ..] = ev.args;
+                    released.extend(st.regions.unmap(addr, addr.saturating_add(len), serial));
+                }
+                mem::MREMAP => {
+                    let [old, old_len, new_len, _] = ev.args;
+                    let kind = st.regions.kind_at(old).unwrap_or(Area::Mmap);
+                    released.extend(st.regions.unmap(old, old.saturating_add(old_len), serial));
+                    let r = Region {
+                        end: ev.ret.saturating_add(new_len),
+                        kind,
+                        stack_id,
+                        func,
+                        serial,
+                    };
+                    if !st.regions.insert(ev.ret, r) {
+                        self.lost += 1;
+                    }
+                }
+                mem::BRK => {
+                    if let Some(prev) = st.brk {
+                        if ev.ret > prev {
+                            grown += ev.ret - prev;
+                        } else if ev.ret < prev {
+                            released.push(heap_release(prev - ev.ret));
+                        }
+                    }
+                    st.brk = Some(ev.ret);
+                }
+                _ => {}
+            }
+        }
+        // What this call made and still holds, by kind: one reservation each.
+        let mut made: BTreeMap<Area, u64> = BTreeMap::new();
+        for (start, r) in st.regions.of_serial(serial) {
+            *made.entry(r.kind).or_default() += r.end - start;
+        }
+        if grown > 0 {
+            made.insert(Area::Brk, grown);
+        }
+        for (kind, bytes) in made {
+            if bytes > 0 {
+                let t = self
+                    .fresh
+                    .entry((pid, kind.into(), stack_id, func))
+                    .or_default();
+                t.calls += 1;
+                t.bytes += bytes;
+            }
+        }
+        self.released(pid, released);
+    }
+
+    /// A syscall made outside any allocator call: only what it does to the allocator's memory
+    /// matters (free's munmap of a large block, its trim of the brk heap).
+    fn outside(&mut self, pid: u32, ev: &MemEvent) {
+        let st = self.procs.entry(pid).or_default();
+        let mut released = Vec::new();
+        match ev.kind {
+            mem::MMAP => {
+                let [_, len, _, flags] = ev.args;
+                if flags & MAP_FIXED != 0 {
+                    let (start, end) = (ev.ret, ev.ret.saturating_add(len));
+                    if !st.regions.covers(start, end) {
+                        released.extend(st.regions.unmap(start, end, 0));
+                    }
+                }
+            }
+            mem::MUNMAP => {
+                let [addr, len, ..] = ev.args;
+                released.extend(st.regions.unmap(addr, addr.saturating_add(len), 0));
+            }
+            mem::MREMAP => {
+                // The program moved a block the allocator made: same owner, new place.
+                let [old, old_len, new_len, _] = ev.args;
+                if let Some(r) = st.regions.get_at(old) {
+                    st.regions.unmap(old, old.saturating_add(old_len), u64::MAX);
+                    let moved = Region {
+                        end: ev.ret.saturating_add(new_len),
+                        ..r
+                    };
+                    if !st.regions.insert(ev.ret, moved) {
+                        self.lost += 1;
+                    }
+                }
+            }
+            mem::BRK => {
+                if let Some(prev) = st.brk
+                    && ev.ret < prev
+                {
+                    released.push(heap_release(prev - ev.ret));
+                }
+                st.brk = Some(ev.ret);
+            }
+            _ => {}
+        }
+        self.released(pid, released);
+    }
+
+    fn released(&mut self, pid: u32, released: Vec<(Region, u64)>) {
+        for (r, bytes) in released {
+            if bytes == 0 {
+                continue;
+            }
+            let t = self
+                .fresh
+                .entry((pid, Kind::Munmap { of: r.kind }, r.stack_id, r.func))
+                .or_default();
+            t.calls += 1;
+            t.bytes += bytes;
+        }
+    }
+
+    /// Tells the tracker where a process's break is, when first seeing it: brk growth is only
+    /// measured from a known break.
+    pub fn seed_brk(&mut self, pid: u32, brk: u64) {
+        let st = self.procs.entry(pid).or_default();
+        if st.brk.is_none() {
+            st.brk = Some(brk);
+        }
+    }
+
+    pub fn knows(&self, pid: u32) -> bool {
+        self.procs.get(&pid).is_some_and(|s| s.brk.is_some())
+    }
+
+    /// Reservations and releases since the previous call.
+    pub fn take(&mut self) -> BTreeMap<ResKey, ResTotals> {
+        std::mem::take(&mut self.fresh)
+    }
+
+    /// The arena and mmapped bytes a process holds (the heap is read from /proc).
+    pub fn reserved(&self, pid: u32) -> Reserved {
+        let mut out = Reserved::default();
+        if let Some(st) = self.procs.get(&pid) {
+            for (start, r) in st.regions.iter() {
+                match r.kind {
+                    Area::Arena => out.arenas += r.end - start,
+                    Area::Mmap => out.mmapped += r.end - start,
+                    Area::Brk => {}
+                }
+            }
+        }
+        out
+    }
+
+    /// A process is gone: its mappings went with it.
+    pub fn forget(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+    }
+}
+
+/// The brk heap shrinking: no site made "that" part of it, so it is released unnamed.
+fn heap_release(bytes: u64) -> (Region, u64) {
+    (
+        Region {
+            end: 0,
+            kind: Area::Brk,
+            stack_id: NO_SITE,
+            func: mem::NO_FUNC,
+            serial: 0,
+        },
+        bytes,
+    )
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,62 @@
+//! The kernel side of reservation tracing: the two syscall tracepoints and their event ring.
+use aya::{
+    Btf,
+    maps::{MapData, RingBuf},
+    programs::BtfTracePoint,
+};
+use heaptrace_common::{MemEvent, maps};
+use tokio::io::unix::AsyncFd;
+
+use crate::{
+    error::{Error, Result},
+    probe::Probes,
+};
+
+pub struct MemRing {
+    pub ring: AsyncFd<RingBuf<MapData>>,
+}
+
+impl MemRing {
+    /// Attaches the syscall tracepoints. They run on every syscall of the host but return at
+    /// once unless it is a memory syscall of a traced process; they detach with `probes`.
+    pub fn start(probes: &mut Probes) -> Result<MemRing> {
+        let btf = Btf::from_sys_fs().map_err(|e| Error::Load(format!("kernel BTF: {e}")))?;
+        for (prog, tp) in [("mem_sys_enter", "sys_enter"), ("mem_sys_exit", "sys_exit")] {
+            let p: &mut BtfTracePoint = probes
+                .ebpf
+                .program_mut(prog)
+                .ok_or_else(|| Error::Load(format!("program {prog} missing from the object")))?
+                .try_into()
+                .map_err(|e| Error::Load(format!("{prog}: {e}")))?;
+            p.load(tp, &btf)
+                .map_err(|e| Error::Load(format!("{prog}: {e}")))?;
+            p.attach()
+                .map_err(|e| Error::Load(format!("{prog} on {tp}: {e}")))?;
+        }
+        let map = probes
+            .ebpf
+            .take_map(maps::MEMEVENTS)
+            .ok_or_else(|| Error::Load("map MEMEVENTS missing".into()))?;
+        let ring = RingBuf::try_from(map).map_err(|e| Error::Map {
+            map: maps::MEMEVENTS,
+            reason: e.to_string(),
+        })?;
+        // SAFETY: the ring buffer owns its map fd and keeps it open while it is registered.
+        let ring = unsafe { AsyncFd::register(ring) }.map_err(|e| e.into_parts().1)?;
+        Ok(MemRing { ring })
+    }
+
+    /// The events waiting in the ring, in the order the kernel reserved them (per thread, the
+    /// order they happened).
+    pub fn drain(&mut self) -> Vec<MemEvent> {
+        let mut out = Vec::new();
+        let ring = self.ring.get_mut();
+        while let Some(item) = ring.next() {
+            if item.len() >= std::mem::size_of::<MemEvent>() {
+                // SAFETY: the kernel wrote a MemEvent (repr(C), no padding); read unaligned.
+                out.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<MemEvent>()) });
+            }
+        }
+        out
+    }
+}

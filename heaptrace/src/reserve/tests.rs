@@ -1,0 +1,248 @@
+use heaptrace_common::{MemEvent, NO_SITE, mem};
+
+use super::*;
+
+const MIB: u64 = 1 << 20;
+const PID: u32 = 100;
+const RW: u64 = 3;
+const PRIVATE_ANON: u64 = 0x22;
+
+fn sys(kind: u32, tid: u32, func: u32, args: [u64; 4], ret: u64) -> MemEvent {
+    MemEvent {
+        kind,
+        tgid: PID,
+        tid,
+        func,
+        args,
+        ret,
+    }
+}
+
+fn end(tid: u32, func: u32, stack_id: i32) -> MemEvent {
+    sys(
+        mem::CALL_END,
+        tid,
+        func,
+        [stack_id as i64 as u64, 0, 0, 0],
+        0,
+    )
+}
+
+/// glibc's new_heap: 128 MiB inaccessible, head and tail unmapped to keep an aligned 64 MiB.
+fn arena_events(tid: u32, base: u64) -> Vec<MemEvent> {
+    let aligned = (base + 64 * MIB - 1) & !(64 * MIB - 1);
+    vec![
+        sys(
+            mem::MMAP,
+            tid,
+            0,
+            [0, 128 * MIB, PROT_NONE, PRIVATE_ANON | MAP_NORESERVE],
+            base,
+        ),
+        sys(mem::MUNMAP, tid, 0, [base, aligned - base, 0, 0], 0),
+        sys(
+            mem::MUNMAP,
+            tid,
+            0,
+            [
+                aligned + 64 * MIB,
+                base + 128 * MIB - aligned - 64 * MIB,
+                0,
+                0,
+            ],
+            0,
+        ),
+    ]
+}
+
+#[test]
+fn a_new_arena_is_one_64_mib_reservation_of_the_calling_site() {
+    let mut t = Tracker::default();
+    for (i, tid) in [11u32, 12, 13].into_iter().enumerate() {
+        for e in arena_events(tid, 0x7f00_0123_4000 + i as u64 * 256 * MIB) {
+            t.event(&e);
+        }
+        t.event(&end(tid, 0, 5));
+    }
+    let fresh = t.take();
+    assert_eq!(
+        fresh.get(&(PID, Kind::Arena, 5, 0)),
+        Some(&ResTotals {
+            calls: 3,
+            bytes: 3 * 64 * MIB
+        })
+    );
+    assert_eq!(
+        fresh.len(),
+        1,
+        "trimming its own mapping is no release: {fresh:?}"
+    );
+    assert_eq!(t.reserved(PID).arenas, 3 * 64 * MIB);
+    assert!(t.take().is_empty(), "taken once");
+}
+
+#[test]
+fn a_large_block_is_reserved_by_its_site_and_released_to_it_by_free() {
+    let mut t = Tracker::default();
+    let addr = 0x7f00_0000_0000;
+    t.event(&sys(
+        mem::MMAP,
+        7,
+        0,
+        [0, 200 << 10, RW, PRIVATE_ANON],
+        addr,
+    ));
+    t.event(&end(7, 0, 9));
+    assert_eq!(t.reserved(PID).mmapped, 200 << 10);
+    // free() is not an in-flight call: its munmap comes unnamed.
+    t.event(&sys(
+        mem::MUNMAP,
+        7,
+        mem::NO_FUNC,
+        [addr, 200 << 10, 0, 0],
+        0,
+    ));
+    let fresh = t.take();
+    assert_eq!(fresh[&(PID, Kind::Mmap, 9, 0)].bytes, 200 << 10);
+    assert_eq!(
+        fresh[&(PID, Kind::Munmap { of: Area::Mmap }, 9, 0)],
+        ResTotals {
+            calls: 1,
+            bytes: 200 << 10
+        }
+    );
+    assert_eq!(t.reserved(PID), Reserved::default());
+}
+
+#[test]
+fn brk_growth_counts_from_a_known_break_and_a_trim_is_released_unnamed() {
+    let mut t = Tracker::default();
+    // Before the break is known, growth cannot be measured.
+    t.event(&sys(mem::BRK, 3, 1, [0x60_0000, 0, 0, 0], 0x60_0000));
+    t.event(&end(3, 1, 4));
+    assert!(t.take().is_empty());
+    t.event(&sys(mem::BRK, 3, 0, [0x62_1000, 0, 0, 0], 0x62_1000));
+    t.event(&end(3, 0, 4));
+    t.event(&sys(
+        mem::BRK,
+        3,
+        mem::NO_FUNC,
+        [0x61_0000, 0, 0, 0],
+        0x61_0000,
+    ));
+    let fresh = t.take();
+    assert_eq!(fresh[&(PID, Kind::Brk, 4, 0)].bytes, 0x2_1000);
+    assert_eq!(
+        fresh[&(PID, Kind::Munmap { of: Area::Brk }, NO_SITE, mem::NO_FUNC)].bytes,
+        0x1_1000
+    );
+}
+
+#[test]
+fn a_seeded_break_measures_the_first_growth() {
+    let mut t = Tracker::default();
+    t.seed_brk(PID, 0x60_0000);
+    assert!(t.knows(PID));
+    t.event(&sys(mem::BRK, 3, 0, [0x62_1000, 0, 0, 0], 0x62_1000));
+    t.event(&end(3, 0, 4));
+    assert_eq!(t.take()[&(PID, Kind::Brk, 4, 0)].bytes, 0x2_1000);
+}
+
+#[test]
+fn a_call_whose_end_was_not_seen_is_applied_unnamed_at_the_threads_next_syscall() {
+    let mut t = Tracker::default();
+    t.event(&sys(
+        mem::MMAP,
+        5,
+        2,
+        [0, 1 << 20, RW, PRIVATE_ANON],
+        0x1000_0000,
+    ));
+    assert!(t.take().is_empty(), "waits for its site");
+    t.event(&sys(
+        mem::MUNMAP,
+        5,
+        mem::NO_FUNC,
+        [0x5000_0000, 4096, 0, 0],
+        0,
+    ));
+    let fresh = t.take();
+    assert_eq!(fresh[&(PID, Kind::Mmap, NO_SITE, 2)].bytes, 1 << 20);
+    assert_eq!(
+        fresh.len(),
+        1,
+        "the unrelated munmap released nothing of ours"
+    );
+}
+
+#[test]
+fn decommitting_part_of_an_arena_keeps_it_reserved() {
+    let mut t = Tracker::default();
+    for e in arena_events(11, 0x7f00_0000_0000) {
+        t.event(&e);
+    }
+    t.event(&end(11, 0, 5));
+    t.take();
+    let a = 0x7f00_0000_0000 + 64 * MIB; // aligned start (base is aligned: no head)
+    let r = t.reserved(PID).arenas;
+    // shrink_heap: mmap(MAP_FIXED, PROT_NONE) over the arena's tail, from free().
+    t.event(&sys(
+        mem::MMAP,
+        11,
+        mem::NO_FUNC,
+        [a + MIB, MIB, PROT_NONE, PRIVATE_ANON | MAP_FIXED],
+        a + MIB,
+    ));
+    assert!(t.take().is_empty());
+    assert_eq!(t.reserved(PID).arenas, r);
+}
+
+#[test]
+fn a_program_moving_a_block_keeps_its_owner() {
+    let mut t = Tracker::default();
+    t.event(&sys(
+        mem::MMAP,
+        7,
+        0,
+        [0, 1 << 20, RW, PRIVATE_ANON],
+        0x1000_0000,
+    ));
+    t.event(&end(7, 0, 9));
+    t.take();
+    t.event(&sys(
+        mem::MREMAP,
+        7,
+        mem::NO_FUNC,
+        [0x1000_0000, 1 << 20, 2 << 20, 1],
+        0x2000_0000,
+    ));
+    assert!(t.take().is_empty());
+    assert_eq!(t.reserved(PID).mmapped, 2 << 20);
+    t.forget(PID);
+    assert_eq!(t.reserved(PID), Reserved::default());
+}
+
+#[test]
+fn unmapping_the_middle_of_a_region_splits_it() {
+    let mut r = regions::Regions::default();
+    let region = |serial| regions::Region {
+        end: 0x4000,
+        kind: Area::Mmap,
+        stack_id: 1,
+        func: 0,
+        serial,
+    };
+    assert!(r.insert(0x1000, region(1)));
+    let out = r.unmap(0x2000, 0x3000, 2);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].1, 0x1000);
+    assert_eq!(r.get_at(0x1fff).map(|x| x.end), Some(0x2000));
+    assert_eq!(r.get_at(0x2000), None);
+    assert_eq!(r.get_at(0x3000).map(|x| x.end), Some(0x4000));
+    assert!(r.covers(0x1000, 0x2000));
+    assert!(!r.covers(0x1000, 0x3001));
+    assert!(
+        r.unmap(0x3000, 0x3800, 1).is_empty(),
+        "its own call: a trim"
+    );
+}

@@ -1,0 +1,161 @@
+//! The memory behind malloc: arenas, mmapped blocks and the brk heap, attributed to the
+//! allocation sites that made the allocator reserve them, beside RSS and VIRT.
+use serde_json::Value;
+
+use crate::support::*;
+
+const MIB: u64 = 1 << 20;
+/// A glibc arena heap (HEAP_MAX_SIZE on 64-bit).
+const ARENA: u64 = 64 * MIB;
+/// An mmapped chunk of 1 MiB: the 16-byte header rounds the mapping up by a page.
+const BIG: u64 = MIB + 4096;
+
+fn trace(tag: &str, fixture_name: &str, args: &[&str], env: &[(&str, &str)]) -> Value {
+    let bin = fixture(fixture_name, "", &[]);
+    let json = json_path(tag);
+    let mut cmd = heaptrace();
+    cmd.args(["--no-tui", "-q", "--mode", "stacks", "--interval", "200ms"])
+        .arg("--json")
+        .arg(&json)
+        .arg("--")
+        .arg(&bin)
+        .args(args)
+        .envs(env.iter().copied());
+    run_ok(&mut cmd);
+    let doc = read_json(&json);
+    assert_eq!(doc["lost"]["mem_events"], 0);
+    doc
+}
+
+/// The line of a /* MARKER */ comment in a fixture.
+fn marker_line(file: &str, marker: &str) -> u64 {
+    let src = std::fs::read_to_string(workspace().join("tests/fixtures").join(file)).unwrap();
+    src.lines()
+        .position(|l| l.contains(&format!("/* {marker} */")))
+        .map(|i| i as u64 + 1)
+        .unwrap()
+}
+
+/// Reservation entries of `kind` whose innermost frame is at `line` of the fixture.
+fn at_line<'a>(doc: &'a Value, kind: &str, line: u64) -> Vec<&'a Value> {
+    doc["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == kind && r["frames"][0]["line"].as_u64() == Some(line))
+        .collect()
+}
+
+fn of_kind<'a>(doc: &'a Value, kind: &str) -> Vec<&'a Value> {
+    doc["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == kind)
+        .collect()
+}
+
+fn sum(v: &[&Value], field: &str) -> u64 {
+    v.iter().map(|r| r[field].as_u64().unwrap()).sum()
+}
+
+#[test]
+fn each_threads_arena_is_a_64_mib_reservation_of_its_malloc_site() {
+    if !bpf_or_skip("each_threads_arena_is_a_64_mib_reservation_of_its_malloc_site") {
+        return;
+    }
+    let _g = shared();
+    let doc = trace("arenas", "arenas", &["1"], &[]);
+    let p = &doc["processes"][0];
+    let malloc = &p["functions"]["malloc"];
+    assert_eq!(
+        (malloc["calls"].as_u64(), malloc["bytes"].as_u64()),
+        (Some(10), Some(80))
+    );
+    let line = marker_line("arenas.c", "ARENA_SITE");
+    let site: Vec<&Value> = doc["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["frames"][0]["line"].as_u64() == Some(line))
+        .collect();
+    assert_eq!(site.len(), 1, "{site:?}");
+    assert_eq!(site[0]["live_bytes"].as_i64(), Some(80));
+
+    // glibc gives each thread its own arena up to 8 per core: all 10 here (2 cores or more).
+    let cores = std::thread::available_parallelism().unwrap().get() as u64;
+    let arenas = at_line(&doc, "arena", line);
+    assert!(
+        arenas.iter().all(|r| r["function"] == "malloc"),
+        "{arenas:?}"
+    );
+    let n = sum(&arenas, "calls");
+    assert_eq!(n, 10.min(8 * cores), "{:#}", doc["reservations"]);
+    assert_eq!(sum(&arenas, "bytes"), n * ARENA);
+    assert_eq!(
+        of_kind(&doc, "arena").len(),
+        arenas.len(),
+        "no arena elsewhere"
+    );
+
+    let mem = &p["memory"];
+    assert_eq!(mem["reserved"]["arenas"].as_u64(), Some(n * ARENA));
+    assert!(
+        mem["requested_live_bytes"].as_i64().unwrap() < 4096,
+        "{mem}"
+    );
+    let virt = mem["virt_bytes"].as_u64().unwrap();
+    let rss = mem["rss_bytes"].as_u64().unwrap();
+    assert!(virt > n * ARENA, "VIRT holds the arenas: {mem}");
+    assert!(rss < 10 * MIB, "RSS barely moves: {mem}");
+}
+
+#[test]
+fn with_one_arena_the_reservations_disappear() {
+    if !bpf_or_skip("with_one_arena_the_reservations_disappear") {
+        return;
+    }
+    let _g = shared();
+    let doc = trace("arenas1", "arenas", &["0.3"], &[("MALLOC_ARENA_MAX", "1")]);
+    let p = &doc["processes"][0];
+    assert_eq!(p["functions"]["malloc"]["calls"].as_u64(), Some(10));
+    assert!(
+        of_kind(&doc, "arena").is_empty(),
+        "{:#}",
+        doc["reservations"]
+    );
+    assert_eq!(p["memory"]["reserved"]["arenas"].as_u64(), Some(0));
+    assert!(p["memory"]["virt_bytes"].as_u64().unwrap() < 10 * ARENA);
+}
+
+#[test]
+fn large_blocks_are_mappings_of_their_sites_returned_by_free_and_moved_by_realloc() {
+    if !bpf_or_skip(
+        "large_blocks_are_mappings_of_their_sites_returned_by_free_and_moved_by_realloc",
+    ) {
+        return;
+    }
+    let _g = shared();
+    let doc = trace("bigblocks", "bigblocks", &[], &[]);
+    let big = marker_line("bigblocks.c", "BIG_SITE");
+    let grow = marker_line("bigblocks.c", "GROW_SITE");
+    let made = at_line(&doc, "mmap", big);
+    assert_eq!((sum(&made, "calls"), sum(&made, "bytes")), (8, 8 * BIG));
+    // Four frees, and the realloc's move of a fifth block, give back BIG_SITE's mappings.
+    let back = at_line(&doc, "munmap", big);
+    assert!(back.iter().all(|r| r["of"] == "mmap"), "{back:?}");
+    assert_eq!((sum(&back, "calls"), sum(&back, "bytes")), (5, 5 * BIG));
+    let moved = at_line(&doc, "mmap", grow);
+    assert_eq!(moved.len(), 1);
+    assert_eq!(moved[0]["function"], "realloc");
+    assert_eq!(
+        (moved[0]["calls"].as_u64(), moved[0]["bytes"].as_u64()),
+        (Some(1), Some(2 * MIB + 4096))
+    );
+    let mem = &doc["processes"][0]["memory"];
+    assert_eq!(
+        mem["reserved"]["mmapped"].as_u64(),
+        Some(3 * BIG + 2 * MIB + 4096),
+        "{mem}"
+    );
+}
