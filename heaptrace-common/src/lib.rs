@@ -4,6 +4,8 @@
 //! time, so the two sides (compiled for different targets) always agree on the layout.
 #![no_std]
 
+pub mod sampling;
+
 /// Functions of the malloc family heaptrace probes, as indexes into [`ProcCounters::funcs`].
 ///
 /// `Memalign` gets its own slot because some allocators (jemalloc) define it apart from
@@ -161,6 +163,10 @@ pub struct LiveBlock {
 
 /// `LiveBlock::stack_id` of a block allocated while no stacks were collected.
 pub const NO_SITE: i32 = i32::MIN;
+
+/// Stack id of an allocation that byte sampling (`--sample-bytes`) left out: it is counted in
+/// the per-function counters and the size histogram, under this id, and nowhere else.
+pub const NOT_SAMPLED: i32 = i32::MIN + 1;
 
 /// What the probes collect; each mode adds to the one before and pays only for what it adds.
 pub mod mode {
@@ -414,6 +420,8 @@ pub mod maps {
     pub const SITES: &str = "SITES";
     pub const LATENCY: &str = "LATENCY";
     pub const EVENTS: &str = "EVENTS";
+    pub const SAMPLE_LEFT: &str = "SAMPLE_LEFT";
+    pub const LOG2_TABLE: &str = "LOG2_TABLE";
     pub const MEMCALLS: &str = "MEMCALLS";
     pub const MEMEVENTS: &str = "MEMEVENTS";
     pub const EXECS: &str = "EXECS";
@@ -429,6 +437,11 @@ pub mod globals {
     pub const TEMPORARY_NS: &str = "TEMPORARY_NS";
     /// Ids of stacks stored in the second stack map are offset by this (its bucket count).
     pub const STACK_ID_OFFSET: &str = "STACK_ID_OFFSET";
+    /// `--sample-bytes`: the mean number of bytes between two sampled allocations; 0 samples
+    /// every allocation.
+    pub const SAMPLE_BYTES: &str = "SAMPLE_BYTES";
+    /// SAMPLE_BYTES * ln 2 in Q16 (see [`super::sampling::gap`]).
+    pub const SAMPLE_SCALE: &str = "SAMPLE_SCALE";
 }
 
 // Layouts are part of the kernel/user contract: no implicit padding allowed.

@@ -25,7 +25,8 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use heaptrace_common::{
-    Func, INFLIGHT_RESERVED, InFlight, LiveBlock, LiveKey, Loss, NO_SITE, ProcCounters, mode,
+    Func, INFLIGHT_RESERVED, InFlight, LiveBlock, LiveKey, Loss, NO_SITE, NOT_SAMPLED,
+    ProcCounters, mode,
 };
 
 use crate::maps::{INFLIGHT, LIVE, add, lose, mode, proc_counters, self_tgid};
@@ -287,16 +288,24 @@ fn allocated(call: &mut Call<'_>, size: u64, ptr: u64) {
     track(call, ptr, size);
 }
 
-/// Counts a new block at its site and size, and remembers it in the live map.
+/// Counts a new block at its site and size, and remembers it in the live map. With byte
+/// sampling (stacks mode only), an allocation left out is counted in the size histogram only:
+/// no stack, no site, no live-map entry (its free will miss the live map).
 #[inline(always)]
 fn track(call: &mut Call<'_>, ptr: u64, size: u64) {
-    let stack_id = if mode() >= mode::STACKS {
+    let sampled = mode() < mode::STACKS || maps::sampled(size);
+    let stack_id = if mode() < mode::STACKS {
+        NO_SITE
+    } else if sampled {
         sites::allocated(call.ctx, call.tgid, call.epoch, call.func, size)
     } else {
-        NO_SITE
+        NOT_SAMPLED
     };
     if mode() >= mode::SIZES {
         maps::count_size(call.tgid, call.epoch, call.func, size, stack_id);
+    }
+    if !sampled {
+        return;
     }
     let key = LiveKey {
         tgid: call.tgid,

@@ -4,11 +4,11 @@ use core::intrinsics::{AtomicOrdering, atomic_xadd};
 use aya_ebpf::{
     helpers::bpf_get_current_comm,
     macros::map,
-    maps::{HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
 };
 use heaptrace_common::{
     FUNC_COUNT, Func, InFlight, LOSS_COUNT, LatencyHist, LiveBlock, LiveKey, Loss, MemCall,
-    ProcCounters, SiteCounters, SiteKey, SizeKey, log2_bucket,
+    ProcCounters, SiteCounters, SiteKey, SizeKey, log2_bucket, sampling,
 };
 
 /// Create only: two CPUs adding the same new key must not overwrite each other's counts.
@@ -23,6 +23,18 @@ static SELF_TGID: u32 = 0;
 /// One of `heaptrace_common::mode`.
 #[unsafe(no_mangle)]
 static MODE: u32 = heaptrace_common::mode::STACKS;
+
+/// `--sample-bytes` (0: every allocation is sampled) and it times ln 2 in Q16.
+///
+/// Mutable (.data), unlike the globals above: LLVM merges an anonymous constant into a
+/// constant global of the same value, and the `&0u64` the size histogram inserts was merged
+/// into a read-only `SAMPLE_BYTES = 0`, so every new size entry started at the sampling rate
+/// the loader wrote there. A mutable global is never a merge target.
+#[unsafe(no_mangle)]
+static mut SAMPLE_BYTES: u64 = 0;
+
+#[unsafe(no_mangle)]
+static mut SAMPLE_SCALE: u64 = 0;
 
 /// A block released within this many nanoseconds of its allocation is temporary.
 #[unsafe(no_mangle)]
@@ -69,6 +81,17 @@ pub static LATENCY: PerCpuArray<LatencyHist> = PerCpuArray::with_max_entries(FUN
 /// Process starts and exits, for user space to attach new allocator files and clean up.
 #[map(name = "EVENTS")]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+
+/// Byte sampling: bytes left until the next sample. Per CPU rather than per thread: an array
+/// lookup is the cheapest state a probe can have, and the exponential gap is memoryless, so an
+/// allocation of s bytes is sampled with probability 1 - exp(-s/N) whichever threads' bytes
+/// came before it on its CPU. 0 means not drawn yet.
+#[map(name = "SAMPLE_LEFT")]
+pub static SAMPLE_LEFT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// log2(1 + j/1024) in Q32, filled by the loader (see heaptrace_common::sampling).
+#[map(name = "LOG2_TABLE")]
+pub static LOG2_TABLE: Array<u64> = Array::with_max_entries(sampling::TABLE_LEN as u32, 0);
 
 /// Memory syscalls of traced processes between entry and exit, by thread id.
 #[map(name = "MEMCALLS")]
@@ -126,6 +149,43 @@ pub fn mode() -> u32 {
 pub fn stack_id_offset() -> u32 {
     // SAFETY: as above.
     unsafe { core::ptr::read_volatile(&STACK_ID_OFFSET) }
+}
+
+/// Whether an allocation of `size` bytes is sampled: always when sampling is off; otherwise
+/// when it crosses this CPU's countdown, which is then drawn again. Read and written without
+/// an atomic: a probe preempted between the two by another allocation on the same CPU can
+/// only make one gap a little longer or shorter, not bias which sizes get sampled.
+#[inline(always)]
+pub fn sampled(size: u64) -> bool {
+    // SAFETY: a plain read of a global the loader wrote before load; nothing writes it later.
+    let n = unsafe { core::ptr::read_volatile(&raw const SAMPLE_BYTES) };
+    if n == 0 {
+        return true;
+    }
+    let Some(left) = SAMPLE_LEFT.get_ptr_mut(0) else {
+        return true;
+    };
+    // SAFETY: map value pointer, valid for the program's run.
+    let left = unsafe { &mut *left };
+    let mut cur = *left;
+    if cur == 0 {
+        cur = draw_gap();
+    }
+    if size < cur {
+        *left = cur - size;
+        return false;
+    }
+    *left = draw_gap();
+    true
+}
+
+#[inline(always)]
+fn draw_gap() -> u64 {
+    // SAFETY: as above.
+    let scale = unsafe { core::ptr::read_volatile(&raw const SAMPLE_SCALE) };
+    // SAFETY: no preconditions.
+    let random = unsafe { aya_ebpf::helpers::bpf_get_prandom_u32() };
+    sampling::gap(random, scale, |j| LOG2_TABLE.get(j).copied())
 }
 
 #[inline(always)]

@@ -32,8 +32,16 @@ pub struct Profile {
     pub stacks: HashMap<(u32, i32), Arc<[Frame]>>,
     pub latency: [Log2; FUNC_COUNT],
     pub peak: Option<Peak>,
-    /// Blocks still in the live map when tracing ended, by site.
+    /// Blocks still in the live map when tracing ended, by site (estimates with sampling:
+    /// set them with [`Profile::set_leaks`]).
     pub leaks: Option<BTreeMap<SiteId, Leak>>,
+    /// `--sample-bytes`: 0 when every allocation was sampled. Otherwise `sites`, the live
+    /// figures of `procs`, the peak and the leaks are estimates (see `sampling`), and the
+    /// sampled counters are in `samples`.
+    pub sample_bytes: u64,
+    pub samples: BTreeMap<SiteId, SiteTotals>,
+    #[serde(skip)]
+    pub weights: BTreeMap<SiteId, crate::sampling::Weighted>,
     /// The allocators' reservations and releases of memory, by site.
     pub reservations: BTreeMap<ResKey, ResTotals>,
 }
@@ -104,6 +112,14 @@ impl Profile {
         self.reservations.retain(|k, _| k.0 != pid);
     }
 
+    /// An empty Profile of a trace sampled at `sample_bytes` (0: not sampled).
+    pub fn sampled(sample_bytes: u64) -> Profile {
+        Profile {
+            sample_bytes,
+            ..Profile::default()
+        }
+    }
+
     pub fn apply(&mut self, round: &Round) {
         let mut delta = Totals::default();
         for (pid, pr) in &round.procs {
@@ -135,8 +151,12 @@ impl Profile {
         for (acc, l) in self.losses.iter_mut().zip(round.losses.iter()) {
             *acc += l;
         }
-        for (id, d) in &round.sites {
-            self.sites.entry(*id).or_default().plus(d);
+        if self.sample_bytes == 0 {
+            for (id, d) in &round.sites {
+                self.sites.entry(*id).or_default().plus(d);
+            }
+        } else {
+            self.apply_samples(round);
         }
         for (key, s) in &round.stacks {
             self.stacks.insert(*key, s.frames.clone().into());
@@ -166,6 +186,59 @@ impl Profile {
         {
             self.peak = Some(self.peak_now(round, &total));
         }
+    }
+
+    /// Sampled sites: their sampled counters add up, their estimates are derived again, and
+    /// so are the live figures of the processes they belong to (the kernel's live counters
+    /// count sampled blocks only).
+    fn apply_samples(&mut self, round: &Round) {
+        crate::sampling::weigh(&mut self.weights, &round.sizes, self.sample_bytes);
+        for (id, d) in &round.sites {
+            self.samples.entry(*id).or_default().plus(d);
+        }
+        let touched: std::collections::BTreeSet<SiteId> = round
+            .sites
+            .keys()
+            .copied()
+            .chain(round.sizes.keys().map(|(p, f, _, st)| (*p, *st, *f)))
+            .filter(|id| self.samples.contains_key(id))
+            .collect();
+        for id in touched {
+            let w = self.weights.get(&id).copied().unwrap_or_default();
+            let (est, _) = crate::sampling::estimate(&self.samples[&id], &w, self.sample_bytes);
+            self.sites.insert(id, est);
+        }
+        for pid in round.procs.keys() {
+            let (blocks, bytes) = self
+                .sites
+                .range((*pid, i32::MIN, 0)..=(*pid, i32::MAX, u32::MAX))
+                .fold((0, 0), |(b, y), (_, s)| {
+                    (b + s.live_blocks, y + s.live_bytes)
+                });
+            if let Some(p) = self.procs.get_mut(pid) {
+                p.totals.live_blocks = blocks;
+                p.totals.live_bytes = bytes;
+            }
+        }
+    }
+
+    /// Sets the blocks found not freed at the end, by site. With sampling these are sampled
+    /// blocks: each site's are scaled as its other releases are.
+    pub fn set_leaks(&mut self, raw: BTreeMap<SiteId, Leak>) {
+        if self.sample_bytes == 0 {
+            self.leaks = Some(raw);
+            return;
+        }
+        let scaled = raw
+            .into_iter()
+            .map(|(id, l)| {
+                let w = self.weights.get(&id).copied().unwrap_or_default();
+                let raw_site = self.samples.get(&id).copied().unwrap_or_default();
+                let (_, scale) = crate::sampling::estimate(&raw_site, &w, self.sample_bytes);
+                (id, crate::sampling::scale_leak(&l, scale))
+            })
+            .collect();
+        self.leaks = Some(scaled);
     }
 
     fn peak_now(&self, round: &Round, total: &Totals) -> Peak {
@@ -235,6 +308,9 @@ impl Profile {
         if stack_id == heaptrace_common::NO_SITE {
             return vec![Frame::not_collected()];
         }
+        if stack_id == heaptrace_common::NOT_SAMPLED {
+            return vec![Frame::not_sampled()];
+        }
         if stack_id < 0 {
             return vec![Frame::lost(stack_id)];
         }
@@ -259,8 +335,19 @@ impl Profile {
             stacks: self.stacks.clone(),
             leaks: self.leaks.clone(),
             peak: self.peak.clone().filter(|p| p.round > last),
+            sample_bytes: self.sample_bytes,
+            weights: self.weights.clone(),
             ..Profile::default()
         };
+        for (id, s) in &self.samples {
+            let d = match base.samples.get(id) {
+                Some(b) => s.minus(b),
+                None => *s,
+            };
+            if d != SiteTotals::default() {
+                out.samples.insert(*id, d);
+            }
+        }
         for (pid, p) in &self.procs {
             let mut p = p.clone();
             if let Some(b) = base.procs.get(pid) {
@@ -339,6 +426,19 @@ impl Profile {
                 .collect(),
             latency: self.latency,
             peak: None,
+            sample_bytes: self.sample_bytes,
+            samples: self
+                .samples
+                .iter()
+                .filter(|(k, _)| k.0 == pid)
+                .map(|(k, v)| (*k, *v))
+                .collect(),
+            weights: self
+                .weights
+                .iter()
+                .filter(|(k, _)| k.0 == pid)
+                .map(|(k, v)| (*k, *v))
+                .collect(),
             leaks: self.leaks.as_ref().map(|l| {
                 l.iter()
                     .filter(|(k, _)| k.0 == pid)
@@ -587,6 +687,53 @@ mod tests {
         assert!(one.sites.keys().all(|k| k.0 == 11));
         assert!(one.sizes.keys().all(|k| k.0 == 11));
         assert_eq!(one.rounds.len(), 3);
+    }
+
+    #[test]
+    fn sampled_sites_become_estimates_and_so_do_live_figures() {
+        let n = 65536;
+        let mut p = Profile::sampled(n);
+        // 1000 mallocs of 1 KiB, 10 of them sampled at site 5; 4 sampled ones freed.
+        let mut r = round(1, 10, 1000, 1024 * 1000, 0, 0);
+        r.sizes.clear();
+        r.sizes.insert((10, 0, 1024, 5), 10);
+        r.sizes
+            .insert((10, 0, 1024, heaptrace_common::NOT_SAMPLED), 990);
+        r.sites.clear();
+        r.sites.insert(
+            (10, 5, 0),
+            SiteTotals {
+                calls: 10,
+                bytes: 10240,
+                frees: 4,
+                freed_bytes: 4096,
+                ..Default::default()
+            },
+        );
+        p.apply(&r);
+        let w = crate::sampling::weight(1024, n);
+        let site = p.sites[&(10, 5, 0)];
+        assert_eq!(site.calls, (10.0 * w).round() as u64);
+        assert_eq!(site.frees, (4.0 * w).round() as u64);
+        assert_eq!(p.samples[&(10, 5, 0)].calls, 10);
+        // The process's live figures are the sites' estimates, not the sampled blocks'.
+        assert_eq!(p.procs[&10].totals.live_blocks, site.live_blocks);
+        assert_eq!(p.rounds[0].live_bytes, site.live_bytes);
+        // Exact figures stay exact.
+        assert_eq!(p.totals().func(Func::Malloc).calls, 1000);
+        assert_eq!(p.sizes_by_func(None)[&(0, 1024)], 1000);
+        let mut leaks = BTreeMap::new();
+        leaks.insert(
+            (10, 5, 0),
+            Leak {
+                blocks: 6,
+                bytes: 6144,
+            },
+        );
+        p.set_leaks(leaks);
+        let l = p.leak_totals(None).unwrap();
+        assert_eq!(l.blocks, (6.0 * w).round() as u64);
+        assert_eq!(l.bytes, (6144.0 * w).round() as u64);
     }
 
     #[test]

@@ -102,6 +102,15 @@ pub struct TraceArgs {
     #[arg(long, value_enum, default_value = "stacks")]
     pub mode: Mode,
 
+    /// Stacks mode: sample allocations, on average one per N bytes allocated (a Poisson
+    /// process over the allocated bytes, as tcmalloc and jemalloc sample). Only sampled
+    /// allocations pay for a stack and a live-map entry; per-function counts and the size
+    /// histogram stay exact, per-site, live and leak figures become unbiased estimates.
+    /// 0 (the default) samples every allocation.
+    #[arg(long, default_value_t = 0, value_name = "N",
+          value_parser = crate::sampling::parse_sample_bytes)]
+    pub sample_bytes: u64,
+
     /// How many sites the text views list.
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub top: usize,
@@ -380,6 +389,15 @@ mod tests {
         assert!(
             Cli::try_parse_from(["heaptrace", "report", "t.bin", "--export", "pprof"]).is_err()
         );
+    }
+
+    #[test]
+    fn sample_bytes_parse_and_default_to_exact() {
+        let c = Cli::try_parse_from(["heaptrace", "--sample-bytes", "65536", "-p", "1"]).unwrap();
+        assert_eq!(c.trace.sample_bytes, 65536);
+        let c = Cli::try_parse_from(["heaptrace", "-p", "1"]).unwrap();
+        assert_eq!(c.trace.sample_bytes, 0);
+        assert!(Cli::try_parse_from(["heaptrace", "--sample-bytes", "x", "-p", "1"]).is_err());
     }
 
     #[test]

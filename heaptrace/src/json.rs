@@ -71,6 +71,8 @@ pub(crate) fn stacks(profile: &Profile) -> Value {
             with(
                 site(profile, id),
                 json!({
+                    "estimated": profile.sample_bytes > 0,
+                    "samples": profile.samples.get(id).map_or(t.calls, |s| s.calls),
                     "calls": t.calls,
                     "bytes": t.bytes,
                     "frees": t.frees,
@@ -99,7 +101,13 @@ pub(crate) fn temporary(profile: &Profile, threshold_ms: u64) -> Value {
             )
         })
         .collect();
-    json!({ "threshold_ms": threshold_ms, "blocks": blocks, "bytes": bytes, "by_stack": by })
+    json!({
+        "threshold_ms": threshold_ms,
+        "estimated": profile.sample_bytes > 0,
+        "blocks": blocks,
+        "bytes": bytes,
+        "by_stack": by,
+    })
 }
 
 pub(crate) fn peak(profile: &Profile) -> Value {
@@ -117,6 +125,7 @@ pub(crate) fn peak(profile: &Profile) -> Value {
         })
         .collect();
     json!({
+        "estimated": profile.sample_bytes > 0,
         "live_bytes": p.live_bytes,
         "live_blocks": p.live_blocks,
         "round": p.round,
@@ -135,7 +144,10 @@ pub(crate) fn latency(profile: &Profile) -> Value {
     Value::Object(m)
 }
 
-fn functions(t: &Totals, aliases: &[(Func, Func)]) -> Value {
+/// With sampling (`sample_bytes` > 0), frees of blocks that were not sampled miss the live
+/// map like untracked ones, and their sizes are unknown: free's bytes and the untracked count
+/// are null, and `not_in_live_map` counts both kinds.
+fn functions(t: &Totals, aliases: &[(Func, Func)], sample_bytes: u64) -> Value {
     let mut m = Map::new();
     for f in Func::ALL {
         if aliases.iter().any(|(a, _)| *a == f) {
@@ -143,6 +155,12 @@ fn functions(t: &Totals, aliases: &[(Func, Func)]) -> Value {
         }
         let c = t.func(f);
         let v = match f {
+            Func::Free if sample_bytes > 0 => json!({
+                "calls": c.calls,
+                "bytes": Value::Null,
+                "untracked": Value::Null,
+                "not_in_live_map": t.untracked_frees,
+            }),
             Func::Free => json!({
                 "calls": c.calls,
                 "bytes": c.bytes,
@@ -198,7 +216,13 @@ pub(crate) fn leaks(profile: &Profile, pid: Option<u32>) -> Value {
             )
         })
         .collect();
-    json!({ "blocks": total.blocks, "bytes": total.bytes, "by_function": by, "by_stack": by_stack })
+    json!({
+        "estimated": profile.sample_bytes > 0,
+        "blocks": total.blocks,
+        "bytes": total.bytes,
+        "by_function": by,
+        "by_stack": by_stack,
+    })
 }
 
 fn totals_summary(t: &Totals) -> Value {
@@ -223,10 +247,14 @@ pub fn document(profile: &Profile, info: &RunInfo<'_>) -> Value {
                 "pid": pid,
                 "comm": p.comm,
                 "cgroup": p.cgroup,
-                "functions": functions(&p.totals, info.aliases),
+                "functions": functions(&p.totals, info.aliases, profile.sample_bytes),
                 "totals": totals_summary(&p.totals),
                 "sizes": sizes(profile, Some(*pid)),
-                "live": { "blocks": p.totals.live_blocks, "bytes": p.totals.live_bytes },
+                "live": {
+                    "blocks": p.totals.live_blocks,
+                    "bytes": p.totals.live_bytes,
+                    "estimated": profile.sample_bytes > 0,
+                },
                 "leaks": leaks(profile, Some(*pid)),
                 "rss_kb": p.mem.map(|m| m.rss_kb),
                 "virt_kb": p.mem.map(|m| m.virt_kb),
@@ -252,13 +280,18 @@ pub fn document(profile: &Profile, info: &RunInfo<'_>) -> Value {
         },
         "interval_ms": info.interval_ms,
         "mode": info.collect,
+        "sample_bytes": profile.sample_bytes,
         "rounds": profile.rounds.len(),
         "provider": { "path": info.provider, "probes": info.probes },
         "aliases": aliases,
-        "functions": functions(&totals, info.aliases),
+        "functions": functions(&totals, info.aliases, profile.sample_bytes),
         "totals": totals_summary(&totals),
         "sizes": sizes(profile, None),
-        "live": { "blocks": totals.live_blocks, "bytes": totals.live_bytes },
+        "live": {
+            "blocks": totals.live_blocks,
+            "bytes": totals.live_bytes,
+            "estimated": profile.sample_bytes > 0,
+        },
         "leaks": leaks(profile, None),
         "lost": lost,
         "processes": processes,

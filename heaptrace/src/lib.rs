@@ -23,6 +23,7 @@ pub mod record;
 pub mod report;
 pub mod reserve;
 pub mod run;
+pub mod sampling;
 pub mod symbolize;
 pub mod symbols;
 pub mod tui;

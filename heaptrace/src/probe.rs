@@ -41,6 +41,8 @@ pub struct LoadOptions {
     pub proc_map_size: u32,
     pub stack_map_size: u32,
     pub site_map_size: u32,
+    /// `--sample-bytes` (0: every allocation).
+    pub sample_bytes: u64,
 }
 
 impl Default for LoadOptions {
@@ -53,6 +55,7 @@ impl Default for LoadOptions {
             proc_map_size: 4096,
             stack_map_size: 16384,
             site_map_size: 16384,
+            sample_bytes: 0,
         }
     }
 }
@@ -181,8 +184,11 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
     let stacks = opts.mode >= heaptrace_common::mode::STACKS;
     let sizes = opts.mode >= heaptrace_common::mode::SIZES;
     let (half, offset) = stack_maps(opts);
-    EbpfLoader::new()
+    let scale = crate::sampling::gap_scale(opts.sample_bytes);
+    let mut ebpf = EbpfLoader::new()
         .override_global(globals::SELF_TGID, &me, true)
+        .override_global(globals::SAMPLE_BYTES, &opts.sample_bytes, true)
+        .override_global(globals::SAMPLE_SCALE, &scale, true)
         .override_global(globals::MODE, &opts.mode, true)
         .override_global(globals::TEMPORARY_NS, &opts.temporary_ns, true)
         .override_global(globals::STACK_ID_OFFSET, &offset, true)
@@ -201,7 +207,21 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
             } else {
                 Error::Load(msg)
             }
-        })
+        })?;
+    if opts.sample_bytes > 0 {
+        // Before any probe is attached: a draw before the table is there would read zeros.
+        let mut table: aya::maps::Array<_, u64> = ebpf
+            .map_mut(maps::LOG2_TABLE)
+            .ok_or_else(|| Error::Load(format!("map {} missing", maps::LOG2_TABLE)))?
+            .try_into()
+            .map_err(|e| Error::Load(format!("{}: {e}", maps::LOG2_TABLE)))?;
+        for (j, v) in crate::sampling::log2_table().into_iter().enumerate() {
+            table
+                .set(j as u32, v, 0)
+                .map_err(|e| Error::Load(format!("{}: {e}", maps::LOG2_TABLE)))?;
+        }
+    }
+    Ok(ebpf)
 }
 
 /// The entry program of a function: most read the C family's arguments; Rust's realloc and

@@ -24,9 +24,15 @@ pub fn bytes(n: i64) -> String {
     }
 }
 
-pub fn round_line(row: &TimelineRow) -> String {
+/// "~" before a figure that sampling made an estimate.
+pub fn est(sample_bytes: u64) -> &'static str {
+    if sample_bytes > 0 { "~" } else { "" }
+}
+
+pub fn round_line(row: &TimelineRow, sample_bytes: u64) -> String {
+    let e = est(sample_bytes);
     let mut s = format!(
-        "[{:>7.1}s] round {}: {} allocs, {} frees, {} allocated, live {} blocks / {}",
+        "[{:>7.1}s] round {}: {} allocs, {} frees, {} allocated, live {e}{} blocks / {e}{}",
         row.elapsed_ms as f64 / 1000.0,
         row.index,
         row.allocations,
@@ -41,7 +47,22 @@ pub fn round_line(row: &TimelineRow) -> String {
     if row.rss_kb > 0 {
         let _ = write!(s, ", RSS {}", bytes(row.rss_kb as i64 * 1024));
     }
+    if sample_bytes > 0 {
+        let _ = write!(s, " (sampled 1/{sample_bytes} B)");
+    }
     s
+}
+
+/// The sampling line of every text output: what was sampled and which figures estimate.
+pub fn sampling_line(sample_bytes: u64) -> String {
+    if sample_bytes == 0 {
+        return String::new();
+    }
+    format!(
+        "sampling: {}; per-function counts and sizes are exact, figures marked ~ (sites, \
+         live, leaks, peak, temporaries) are estimates from the sampled allocations\n",
+        crate::sampling::describe(sample_bytes)
+    )
 }
 
 /// The memory behind malloc, per process (most reserved first, at most `top`): requested and
@@ -60,9 +81,10 @@ pub fn memory(profile: &Profile, top: usize) -> String {
     for (pid, p, r) in procs.iter().take(top) {
         let _ = writeln!(
             s,
-            "  pid {pid} {}: requested and live {}; allocator holds {} (heap {}, arenas {}, \
+            "  pid {pid} {}: requested and live {}{}; allocator holds {} (heap {}, arenas {}, \
              mmapped {}); RSS {}; VIRT {}",
             p.comm,
+            est(profile.sample_bytes),
             bytes(p.totals.live_bytes),
             bytes(r.total() as i64),
             bytes(r.heap as i64),
@@ -118,7 +140,8 @@ pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) ->
         None => profile.totals(),
     };
     let hidden: Vec<Func> = aliased.iter().map(|(a, _)| *a).collect();
-    let mut s = String::new();
+    let mut s = sampling_line(profile.sample_bytes);
+    let e = est(profile.sample_bytes);
     let _ = writeln!(
         s,
         "{:<24} {:>12} {:>16} {:>8}",
@@ -132,7 +155,15 @@ pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) ->
                 let _ = write!(name, "/{}", a.name());
             }
         }
-        if f == Func::Free {
+        if f == Func::Free && profile.sample_bytes > 0 {
+            // Frees of blocks that were not sampled miss the live map, like untracked ones,
+            // and their sizes are not known: the two cannot be told apart.
+            let _ = writeln!(
+                s,
+                "{:<24} {:>12} {:>16} {:>8}   ({} of blocks not sampled or not seen allocated)",
+                name, t.calls, "-", "-", totals.untracked_frees
+            );
+        } else if f == Func::Free {
             let _ = writeln!(
                 s,
                 "{:<24} {:>12} {:>16} {:>8}   ({} untracked: of blocks not seen allocated)",
@@ -153,7 +184,7 @@ pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) ->
     );
     let _ = writeln!(
         s,
-        "total: {} allocations, {} frees, {} allocated; live {} blocks / {}",
+        "total: {} allocations, {} frees, {} allocated; live {e}{} blocks / {e}{}",
         totals.allocations(),
         totals.frees(),
         bytes(totals.bytes_allocated() as i64),
@@ -163,7 +194,7 @@ pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) ->
     if let Some(l) = profile.leak_totals(pid) {
         let _ = writeln!(
             s,
-            "not freed at the end: {} blocks, {} ({} bytes)",
+            "not freed at the end: {e}{} blocks, {e}{} ({e}{} bytes)",
             l.blocks,
             bytes(l.bytes as i64),
             l.bytes
@@ -192,7 +223,12 @@ pub fn processes(profile: &Profile, top: usize) -> String {
     rows.sort_by_key(|(_, p)| std::cmp::Reverse(p.totals.allocations() + p.totals.frees()));
     let mut s = format!(
         "{:>8} {:<16} {:>12} {:>12} {:>14} {:>14}\n",
-        "pid", "command", "allocs", "frees", "allocated", "live"
+        "pid",
+        "command",
+        "allocs",
+        "frees",
+        "allocated",
+        format!("{}live", est(profile.sample_bytes))
     );
     for (pid, p) in rows.iter().take(top) {
         let _ = writeln!(

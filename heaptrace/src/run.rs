@@ -71,6 +71,13 @@ enum End {
 
 pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     let target = Target::from_cli(cli)?;
+    if cli.sample_bytes > 0 && cli.mode != crate::cli::Mode::Stacks {
+        return Err(Error::Usage(
+            "--sample-bytes samples stacks: it needs --mode stacks (counts and sizes are exact \
+             and cheap already)"
+                .into(),
+        ));
+    }
     probe::preflight()?;
     let live_view = !cli.no_tui && tui::wanted();
     let opts = LoadOptions {
@@ -82,6 +89,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         site_map_size: cli
             .site_map_size
             .unwrap_or_else(probe::default_site_map_size),
+        sample_bytes: cli.sample_bytes,
         ..LoadOptions::default()
     };
 
@@ -273,7 +281,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     let mut daemon = Daemon {
         maps,
         prev: Snapshot::default(),
-        profile: Profile::default(),
+        profile: Profile::sampled(cli.sample_bytes),
         start: Instant::now(),
         pid,
         quiet: cli.quiet,
@@ -318,7 +326,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     }
     let mut leaks = daemon.maps.live_blocks(pids.as_ref())?;
     leaks.append(&mut daemon.exited_leaks);
-    daemon.profile.leaks = Some(leaks);
+    daemon.profile.set_leaks(leaks);
 
     let reason = end_reason(&end, pid, exit_code);
     if let Some(r) = daemon.recorder.take() {
@@ -450,6 +458,7 @@ fn record_header(
             .iter()
             .map(|(a, of)| (a.name().to_string(), of.name().to_string()))
             .collect(),
+        sample_bytes: cli.sample_bytes,
     }
 }
 
@@ -871,7 +880,10 @@ impl Daemon {
             && self.live.is_none()
             && let Some(row) = self.profile.rounds.last()
         {
-            eprintln!("heaptrace: {}", report::round_line(row));
+            eprintln!(
+                "heaptrace: {}",
+                report::round_line(row, self.profile.sample_bytes)
+            );
         }
         self.prev = snap;
         self.publish(None, None);

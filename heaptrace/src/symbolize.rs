@@ -48,6 +48,17 @@ impl Frame {
     }
 
     /// A frame standing for an allocation whose stack was lost (the errno says why).
+    pub fn not_sampled() -> Frame {
+        Frame {
+            function: "[no stack: not sampled]".into(),
+            file: None,
+            line: None,
+            module: "[none]".into(),
+            offset: 0,
+            inlined: false,
+        }
+    }
+
     pub fn lost(errno: i32) -> Frame {
         Frame {
             function: format!("[stack lost: errno {}]", errno.unsigned_abs()),

@@ -125,8 +125,20 @@ pub fn nanos(ns: u64) -> String {
 
 const DEPTH: usize = 4;
 
+/// The note on a title whose figures sampling made estimates.
+pub fn estimated(profile: &Profile) -> String {
+    if profile.sample_bytes == 0 {
+        String::new()
+    } else {
+        format!(
+            " (~ estimated from samples, 1 per {} bytes)",
+            profile.sample_bytes
+        )
+    }
+}
+
 pub fn top_by_bytes(profile: &Profile, top: usize, names: &Names) -> String {
-    let mut s = String::from("top sites by bytes allocated:\n");
+    let mut s = format!("top sites by bytes allocated{}:\n", estimated(profile));
     for (id, t) in profile.top_sites(top, |t| t.bytes as i64) {
         let life = percentiles(&t.lifetimes, 1024)
             .map(|p| format!(", lifetime p50 {}", nanos(p.p50)))
@@ -145,7 +157,7 @@ pub fn top_by_bytes(profile: &Profile, top: usize, names: &Names) -> String {
 }
 
 pub fn top_by_calls(profile: &Profile, top: usize, names: &Names) -> String {
-    let mut s = String::from("top sites by calls:\n");
+    let mut s = format!("top sites by calls{}:\n", estimated(profile));
     for (id, t) in profile.top_sites(top, |t| t.calls as i64) {
         let _ = writeln!(
             s,
@@ -164,7 +176,7 @@ pub fn leaks(profile: &Profile, top: usize, names: &Names) -> String {
     if leaks.is_empty() {
         return String::new();
     }
-    let mut s = String::from("not freed at the end, by site:\n");
+    let mut s = format!("not freed at the end, by site{}:\n", estimated(profile));
     for (id, l) in leaks {
         let _ = writeln!(
             s,
@@ -183,7 +195,10 @@ pub fn temporary(profile: &Profile, top: usize, temporary_ms: u64, names: &Names
     if temp.is_empty() {
         return String::new();
     }
-    let mut s = format!("temporary (freed within {temporary_ms} ms), by site:\n");
+    let mut s = format!(
+        "temporary (freed within {temporary_ms} ms), by site{}:\n",
+        estimated(profile)
+    );
     for (id, t) in temp {
         let _ = writeln!(
             s,
@@ -203,11 +218,12 @@ pub fn peak(profile: &Profile, top: usize, names: &Names) -> String {
         return String::new();
     };
     let mut s = format!(
-        "peak: {} live in {} blocks at {:.1}s (round {}), held by:\n",
+        "peak: {} live in {} blocks at {:.1}s (round {}){}, held by:\n",
         bytes(peak.live_bytes),
         peak.live_blocks,
         peak.elapsed_ms as f64 / 1000.0,
-        peak.round
+        peak.round,
+        estimated(profile)
     );
     for (id, blocks, b) in peak.sites.iter().take(top) {
         let _ = writeln!(

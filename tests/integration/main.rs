@@ -7,6 +7,7 @@ mod faults;
 mod memory;
 mod placement;
 mod recording;
+mod sampling;
 mod scale;
 mod stacks;
 mod support;

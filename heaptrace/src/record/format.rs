@@ -12,9 +12,12 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
-/// 2: rounds carry the allocators' reservations (the memory behind malloc) and one more loss
-/// counter. Version 1 files (written before any release) are not read.
-pub const VERSION: u16 = 2;
+/// 3: the header's `sample_bytes` (`--sample-bytes`); version 2 files still read (their header
+/// without it, as unsampled). 2: rounds carry the allocators' reservations (the memory behind
+/// malloc) and one more loss counter. Version 1 files (written before any release) are not read.
+pub const VERSION: u16 = 3;
+/// The oldest version this reader reads.
+pub const OLDEST: u16 = 2;
 /// No frame is larger: a hostile length cannot make the reader allocate more.
 pub const MAX_FRAME: u32 = 64 << 20;
 /// Nor may a deflated payload inflate beyond this.
@@ -57,7 +60,9 @@ pub enum FormatError {
     BadMagic,
     #[error("recording format version {0} is newer than this heaptrace understands ({VERSION})")]
     FutureVersion(u16),
-    #[error("recording format version {0} is older than this heaptrace reads ({VERSION})")]
+    #[error(
+        "recording format version {0} is older than this heaptrace reads ({OLDEST} to {VERSION})"
+    )]
     OldVersion(u16),
     #[error("empty file")]
     Empty,
@@ -87,6 +92,48 @@ pub struct Header {
     pub cmdlines: Vec<(u32, String)>,
     /// Family members probed as another at the same address: (alias, probed as), by name.
     pub aliases: Vec<(String, String)>,
+    /// `--sample-bytes` (format 3): 0 when every allocation was sampled.
+    pub sample_bytes: u64,
+}
+
+/// The header of format 2: postcard is not self-describing, so a field added at the end is
+/// read by decoding the old layout and converting.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeaderV2 {
+    pub heaptrace_version: String,
+    pub host: String,
+    pub kernel: String,
+    pub start_unix_ms: u64,
+    pub interval_ms: u64,
+    pub mode: String,
+    pub target_mode: String,
+    pub pids: Vec<u32>,
+    pub command: Vec<String>,
+    pub provider: String,
+    pub temporary_ms: u64,
+    pub cmdlines: Vec<(u32, String)>,
+    pub aliases: Vec<(String, String)>,
+}
+
+impl From<HeaderV2> for Header {
+    fn from(h: HeaderV2) -> Header {
+        Header {
+            heaptrace_version: h.heaptrace_version,
+            host: h.host,
+            kernel: h.kernel,
+            start_unix_ms: h.start_unix_ms,
+            interval_ms: h.interval_ms,
+            mode: h.mode,
+            target_mode: h.target_mode,
+            pids: h.pids,
+            command: h.command,
+            provider: h.provider,
+            temporary_ms: h.temporary_ms,
+            cmdlines: h.cmdlines,
+            aliases: h.aliases,
+            sample_bytes: 0,
+        }
+    }
 }
 
 /// A module (executable or library) that frames point into.
@@ -128,12 +175,18 @@ pub struct EndRec {
 }
 
 pub fn write_preamble(w: &mut impl Write) -> io::Result<()> {
+    write_preamble_version(w, VERSION)
+}
+
+/// The preamble of a given version (tests write older versions' files with it).
+pub fn write_preamble_version(w: &mut impl Write, version: u16) -> io::Result<()> {
     w.write_all(&MAGIC)?;
-    w.write_all(&VERSION.to_le_bytes())?;
+    w.write_all(&version.to_le_bytes())?;
     w.write_all(&[0, 0])
 }
 
-pub fn read_preamble(r: &mut impl Read) -> Result<(), FormatError> {
+/// Checks the preamble; returns the file's format version.
+pub fn read_preamble(r: &mut impl Read) -> Result<u16, FormatError> {
     let mut buf = [0u8; 12];
     let mut got = 0;
     while got < buf.len() {
@@ -164,10 +217,10 @@ pub fn read_preamble(r: &mut impl Read) -> Result<(), FormatError> {
             reason: "format version 0".into(),
         });
     }
-    if version < VERSION {
+    if version < OLDEST {
         return Err(FormatError::OldVersion(version));
     }
-    Ok(())
+    Ok(version)
 }
 
 fn checksum(kind: u8, payload: &[u8]) -> u32 {

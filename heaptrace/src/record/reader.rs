@@ -7,8 +7,8 @@ use std::{
 };
 
 use super::format::{
-    EndRec, FRAME_HEAD, FormatError, Header, Kind, ModuleRec, Next, StackRec, decode, read_frame,
-    read_preamble,
+    EndRec, FRAME_HEAD, FormatError, Header, HeaderV2, Kind, ModuleRec, Next, StackRec, decode,
+    read_frame, read_preamble,
 };
 use crate::{
     aggregate::{Leak, Profile},
@@ -35,7 +35,7 @@ impl Recording {
     }
 
     pub fn read(mut r: impl Read) -> Result<Recording, FormatError> {
-        read_preamble(&mut r)?;
+        let version = read_preamble(&mut r)?;
         let mut rec = Recording::default();
         let mut offset = 12u64;
         let mut seen_header = false;
@@ -60,7 +60,11 @@ impl Recording {
                     if seen_header {
                         return Err(corrupt("a second header".into()));
                     }
-                    rec.header = decode(&frame)?;
+                    rec.header = if version == 2 {
+                        decode::<HeaderV2>(&frame)?.into()
+                    } else {
+                        decode(&frame)?
+                    };
                     seen_header = true;
                 }
                 Kind::String => {
@@ -137,17 +141,16 @@ impl Recording {
 
     /// Replays the rounds through the same aggregation as a live trace.
     pub fn profile(&self) -> Profile {
-        let mut p = Profile::default();
+        let mut p = Profile::sampled(self.header.sample_bytes);
         for r in &self.rounds {
             p.apply(r);
         }
         for (key, s) in &self.stacks {
             p.stacks.insert(*key, self.frames(s).into());
         }
-        p.leaks = self
-            .leaks
-            .as_ref()
-            .map(|l| l.iter().copied().collect::<BTreeMap<_, _>>());
+        if let Some(l) = &self.leaks {
+            p.set_leaks(l.iter().copied().collect::<BTreeMap<_, _>>());
+        }
         p
     }
 }
@@ -296,6 +299,37 @@ mod tests {
             rec.modules[0].build_id.is_some(),
             "the test binary has a build id"
         );
+    }
+
+    #[test]
+    fn format_2_recordings_still_read_as_unsampled() {
+        use crate::record::format::{Kind, write_frame, write_preamble_version};
+        let mut data = Vec::new();
+        write_preamble_version(&mut data, 2).unwrap();
+        let old = HeaderV2 {
+            heaptrace_version: "0.1.0".into(),
+            interval_ms: 500,
+            mode: "stacks".into(),
+            ..Default::default()
+        };
+        write_frame(&mut data, Kind::Header, &old).unwrap();
+        write_frame(&mut data, Kind::Round, &sample_round(1, false)).unwrap();
+        let rec = Recording::read(&data[..]).unwrap();
+        assert_eq!(rec.header.interval_ms, 500);
+        assert_eq!(rec.header.sample_bytes, 0);
+        assert_eq!(rec.profile().sample_bytes, 0);
+        assert_eq!(rec.rounds.len(), 1);
+        // And the current version keeps the rate.
+        let dir = tempdir("v2");
+        let path = dir.join("s.bin");
+        let header = Header {
+            sample_bytes: 4096,
+            ..Default::default()
+        };
+        Recorder::create(&path, &header).unwrap();
+        let rec = Recording::open(&path).unwrap();
+        assert_eq!(rec.header.sample_bytes, 4096);
+        assert_eq!(rec.profile().sample_bytes, 4096);
     }
 
     #[test]

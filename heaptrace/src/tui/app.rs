@@ -257,7 +257,8 @@ pub struct FuncRow {
     /// With the aliases counted under it: "aligned_alloc/memalign".
     pub name: String,
     pub calls: u64,
-    pub bytes: u64,
+    /// None for free when sampling: frees of blocks not sampled have no known size.
+    pub bytes: Option<u64>,
     /// None for free, which cannot fail.
     pub failed: Option<u64>,
     pub latency: Option<Percentiles>,
@@ -681,7 +682,7 @@ impl App {
                     func: f,
                     name,
                     calls: c.calls,
-                    bytes: c.bytes,
+                    bytes: (f != Func::Free || self.view().sample_bytes == 0).then_some(c.bytes),
                     failed: (f != Func::Free).then_some(c.failed),
                     latency: percentiles(&self.view().latency[f as usize], 1),
                 }

@@ -68,8 +68,12 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
         Span::styled("heaptrace ", Style::new().bold()),
         Span::raw(info.target.clone()),
         Span::raw(format!(
-            "  {} mode, every {interval}, {} probes in {}",
+            "  {} mode{}, every {interval}, {} probes in {}",
             info.collect,
+            match app.view().sample_bytes {
+                0 => String::new(),
+                n => format!(" sampled 1/{n} B (~: estimated)"),
+            },
             info.probe_count(),
             info.allocator_module()
         )),
@@ -139,14 +143,17 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
         ));
     }
     let t = app.totals();
+    let sample_bytes = app.view().sample_bytes;
+    let e = crate::report::est(sample_bytes);
     let l3 = format!(
-        "allocs {}  frees {}  allocated {}  live {} blocks / {}",
+        "allocs {}  frees {}  allocated {}  live {e}{} blocks / {e}{}",
         t.allocations(),
         t.frees(),
         bytes(t.bytes_allocated() as i64),
         t.live_blocks,
         bytes(t.live_bytes)
     );
+
     let text = vec![Line::from(l1), Line::from(l2), Line::from(l3)];
     f.render_widget(Paragraph::new(text), area);
 }
@@ -292,9 +299,10 @@ fn site_label(fr: &StackFrame) -> String {
 fn draw_sites(f: &mut Frame, app: &App, area: Rect) {
     let rows = app.site_rows();
     let block = Block::bordered().title(format!(
-        "Sites: {} (sorted by {}; Enter: stack)",
+        "Sites: {} (sorted by {}; Enter: stack){}",
         rows.len(),
-        app.site_sort.name()
+        app.site_sort.name(),
+        crate::views::estimated(app.view())
     ));
     if app.info.collect != "stacks" {
         f.render_widget(
@@ -575,7 +583,10 @@ fn draw_functions(f: &mut Frame, app: &App, area: Rect) {
             let mut cells = vec![
                 Cell::from(r.name.clone()),
                 Cell::from(format!("{:>11}", r.calls)),
-                Cell::from(format!("{:>13}", r.bytes)),
+                Cell::from(format!(
+                    "{:>13}",
+                    r.bytes.map_or("-".into(), |n| n.to_string())
+                )),
                 Cell::from(format!(
                     "{:>6}",
                     r.failed.map_or("-".into(), |n| n.to_string())
@@ -621,11 +632,19 @@ fn draw_functions(f: &mut Frame, app: &App, area: Rect) {
         .with_selected((!rows.is_empty()).then(|| app.selected(Screen::Functions)));
     f.render_stateful_widget(table, top, &mut state);
     let t = app.totals();
-    let mut notes = vec![
-        Line::from(format!(
+    let free_note = if app.view().sample_bytes > 0 {
+        format!(
+            "free: {} of blocks not sampled or not seen allocated (bytes freed: not known)",
+            t.untracked_frees
+        )
+    } else {
+        format!(
             "free: {} untracked (blocks not seen allocated)",
             t.untracked_frees
-        )),
+        )
+    };
+    let mut notes = vec![
+        Line::from(free_note),
         Line::from(format!(
             "realloc: {} moved, {} in place, {} realloc(p, 0) frees",
             t.realloc_moves, t.realloc_in_place, t.realloc_frees
@@ -871,6 +890,64 @@ mod tests {
         assert_eq!(window(100, 9, area), (0..10, Some(9)));
         assert_eq!(window(100, 10, area), (1..11, Some(9)));
         assert_eq!(window(100, 500, area), (90..100, Some(9)));
+    }
+
+    #[test]
+    fn a_sampled_trace_says_its_rate_and_marks_estimates() {
+        // 100,000 mallocs of 1 KiB, 1,564 of them sampled (about 1 in 64.5) at one site, 1,549
+        // of those freed; 99,000 frees in all.
+        let mut r = Round {
+            index: 1,
+            elapsed_ms: 1000,
+            ..Default::default()
+        };
+        let mut delta = crate::model::Totals::default();
+        delta.funcs[heaptrace_common::Func::Malloc as usize].calls = 100_000;
+        delta.funcs[heaptrace_common::Func::Malloc as usize].bytes = 100_000 * 1024;
+        delta.funcs[heaptrace_common::Func::Free as usize].calls = 99_000;
+        delta.untracked_frees = 98_000;
+        r.procs.insert(
+            4242,
+            crate::model::ProcRound {
+                comm: "sites".into(),
+                delta,
+                cgroup: String::new(),
+            },
+        );
+        r.sizes.insert((4242, 0, 1024, 7), 1564);
+        r.sizes
+            .insert((4242, 0, 1024, heaptrace_common::NOT_SAMPLED), 98_436);
+        let mut site = SiteTotals {
+            calls: 1564,
+            bytes: 1564 * 1024,
+            frees: 1549,
+            freed_bytes: 1549 * 1024,
+            ..Default::default()
+        };
+        site.sizes[heaptrace_common::log2_bucket(1024)] = 1564;
+        r.sites.insert((4242, 7, 0), site);
+        r.stacks.insert(
+            (4242, 7),
+            NewStack {
+                frames: vec![frame("alloc_a", "sites.c", 19, "sites")],
+                ..Default::default()
+            },
+        );
+        let mut p = Profile::sampled(65536);
+        p.apply(&r);
+        let published = Arc::new(Published {
+            elapsed_ms: 3000,
+            cpu_percent: Some(0.4),
+            profile: p,
+            ended: None,
+            exit_code: None,
+        });
+        let mut app = App::new(info("command"), published);
+        for s in [Screen::Sites, Screen::Functions] {
+            screen(&mut app, s);
+            let text = render(&app, 80, 24);
+            insta::assert_snapshot!(format!("sampled_{}", s.title().to_lowercase()), text);
+        }
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub fn write(
             let lines = folded(p, names, args.by);
             let mut opts = inferno::flamegraph::Options::default();
             opts.title = format!("heaptrace: {}", by_title(args.by));
+            if p.sample_bytes > 0 {
+                opts.title += &format!(" (estimated, sampled 1 per {} bytes)", p.sample_bytes);
+            }
             opts.count_name = match args.by {
                 FlameBy::Count => "calls".into(),
                 _ => "bytes".into(),
@@ -97,6 +100,12 @@ pub struct PProfile {
     pub time_nanos: i64,
     #[prost(int64, tag = "10")]
     pub duration_nanos: i64,
+    #[prost(message, optional, tag = "11")]
+    pub period_type: Option<ValueType>,
+    #[prost(int64, tag = "12")]
+    pub period: i64,
+    #[prost(int64, repeated, tag = "13")]
+    pub comment: Vec<i64>,
     #[prost(int64, tag = "14")]
     pub default_sample_type: i64,
 }
@@ -214,6 +223,20 @@ pub fn pprof(rec: &Recording, p: &Profile, names: &Names) -> PProfile {
         });
     }
     out.default_sample_type = strings.id("inuse_space");
+    // As Go heap profiles say their sampling: one sample per `period` bytes allocated, the
+    // values already scaled to estimates (pprof does not scale them again).
+    if p.sample_bytes > 0 {
+        out.period_type = Some(ValueType {
+            r#type: strings.id("space"),
+            unit: strings.id("bytes"),
+        });
+        out.period = p.sample_bytes as i64;
+        let note = format!(
+            "heaptrace: sampled {}; values are unbiased estimates",
+            crate::sampling::describe(p.sample_bytes)
+        );
+        out.comment.push(strings.id(&note));
+    }
     for m in &rec.modules {
         let build_id = m
             .build_id
@@ -327,7 +350,14 @@ pub fn pprof(rec: &Recording, p: &Profile, names: &Names) -> PProfile {
 /// Massif's text format: a snapshot per round (live heap), detailed at the peak and at the end.
 pub fn massif(rec: &Recording, p: &Profile, names: &Names) -> String {
     let mut s = String::new();
-    s += &format!("desc: heaptrace --mode {}\n", rec.header.mode);
+    s += &format!("desc: heaptrace --mode {}", rec.header.mode);
+    if p.sample_bytes > 0 {
+        s += &format!(
+            " --sample-bytes {} (estimates from samples)",
+            p.sample_bytes
+        );
+    }
+    s += "\n";
     let cmd = if rec.header.command.is_empty() {
         rec.header
             .cmdlines
@@ -447,5 +477,32 @@ mod tests {
         assert_eq!(groups.len(), 2);
         assert_eq!(groups[0].len(), 2);
         assert_eq!(groups[1][0].function, "main");
+    }
+
+    #[test]
+    fn a_sampled_profile_gives_pprof_its_period() {
+        let rec = Recording::default();
+        let mut p = Profile::sampled(65536);
+        p.sites.insert(
+            (1, 3, 0),
+            crate::model::SiteTotals {
+                calls: 640,
+                bytes: 655360,
+                ..Default::default()
+            },
+        );
+        let out = pprof(&rec, &p, &Names::default());
+        let name = |i: i64| out.string_table[i as usize].as_str();
+        let period_type = out.period_type.clone().expect("a period type");
+        assert_eq!(
+            (name(period_type.r#type), name(period_type.unit)),
+            ("space", "bytes")
+        );
+        assert_eq!(out.period, 65536);
+        assert!(name(out.comment[0]).contains("1 per 65536 bytes"));
+        // The values are the Profile's estimates, not scaled again.
+        assert_eq!(out.sample[0].value[..2], [640, 655360]);
+        let exact = pprof(&rec, &Profile::default(), &Names::default());
+        assert_eq!((exact.period_type, exact.period), (None, 0));
     }
 }

@@ -98,7 +98,7 @@ fn profile(rec: &Recording, args: &ReportArgs) -> Profile {
 fn profile_of(rec: &Recording, args: &ReportArgs) -> Profile {
     let from = args.from.map(|d| d.as_millis() as u64).unwrap_or(0);
     let to = args.to.map(|d| d.as_millis() as u64).unwrap_or(u64::MAX);
-    let mut p = Profile::default();
+    let mut p = Profile::sampled(rec.header.sample_bytes);
     for r in rec
         .rounds
         .iter()
@@ -117,7 +117,7 @@ fn profile_of(rec: &Recording, args: &ReportArgs) -> Profile {
     // Leaks are the state at the end: shown when the window reaches the end.
     let reaches_end = args.to.is_none() || rec.rounds.last().is_some_and(|r| r.elapsed_ms <= to);
     if reaches_end && let Some(leaks) = &rec.leaks {
-        p.leaks = Some(
+        p.set_leaks(
             leaks
                 .iter()
                 .filter(|(id, _)| args.pid.is_none_or(|pid| pid == id.0))

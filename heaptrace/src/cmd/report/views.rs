@@ -75,40 +75,52 @@ pub fn text(
     args: &ReportArgs,
 ) -> Result<String> {
     let top = args.top;
-    Ok(match view {
-        View::Overview => {
-            let mut s = overview_head(rec);
-            s += &summary(p, args.pid, &aliases(rec));
-            if p.procs.len() > 1 {
-                s += &processes(p, top);
+    // Every view but the overview (whose summary says it) and the folded stacks (a format
+    // other tools read) begins with the sampling rate when there was one.
+    let head = match view {
+        View::Overview | View::Flame => String::new(),
+        _ => crate::report::sampling_line(p.sample_bytes),
+    };
+    Ok(head
+        + &match view {
+            View::Overview => {
+                let mut s = overview_head(rec);
+                s += &summary(p, args.pid, &aliases(rec));
+                if p.procs.len() > 1 {
+                    s += &processes(p, top);
+                }
+                s
             }
-            s
-        }
-        View::Timeline => timeline(p),
-        View::Histogram => histogram(p, args.pid),
-        View::Filter => {
-            let size = need_size(args)?;
-            let mut s = format!("sites that allocated exactly {size} bytes:\n");
-            for (id, n) in p.sites_with_size(size).into_iter().take(top) {
-                let _ = writeln!(
-                    s,
-                    "  {n:>9} x  {}",
-                    views::site_label_with(p, &id, 4, names)
-                );
+            View::Timeline => timeline(p),
+            View::Histogram => histogram(p, args.pid),
+            View::Filter => {
+                let size = need_size(args)?;
+                let mut s = format!("sites that allocated exactly {size} bytes:\n");
+                if p.sample_bytes > 0 {
+                    s += "  (counts of sampled allocations; [no stack: not sampled] has the others)\n";
+                }
+                for (id, n) in p.sites_with_size(size).into_iter().take(top) {
+                    let _ = writeln!(
+                        s,
+                        "  {n:>9} x  {}",
+                        views::site_label_with(p, &id, 4, names)
+                    );
+                }
+                s
             }
-            s
-        }
-        View::Tree => tree::render(&tree::build(p, names, args.reverse), top),
-        View::Hotspots => views::top_by_calls(p, top, names) + &views::top_by_bytes(p, top, names),
-        View::Flame => folded(p, names, args.by).join("\n") + "\n",
-        View::Leaks => views::leaks(p, top, names),
-        View::Temporary => views::temporary(p, top, rec.header.temporary_ms, names),
-        View::Peak => views::peak(p, top, names),
-        View::Memory => match crate::report::memory(p, top) {
-            s if s.is_empty() => "no memory reservations recorded\n".into(),
-            s => s,
-        },
-    })
+            View::Tree => tree::render(&tree::build(p, names, args.reverse), top),
+            View::Hotspots => {
+                views::top_by_calls(p, top, names) + &views::top_by_bytes(p, top, names)
+            }
+            View::Flame => folded(p, names, args.by).join("\n") + "\n",
+            View::Leaks => views::leaks(p, top, names),
+            View::Temporary => views::temporary(p, top, rec.header.temporary_ms, names),
+            View::Peak => views::peak(p, top, names),
+            View::Memory => match crate::report::memory(p, top) {
+                s if s.is_empty() => "no memory reservations recorded\n".into(),
+                s => s,
+            },
+        })
 }
 
 pub fn json(
@@ -158,6 +170,8 @@ pub fn json(
         }
         View::Tree => tree::json(&tree::build(p, names, args.reverse)),
         View::Hotspots => json!({
+            "sample_bytes": p.sample_bytes,
+            "estimated": p.sample_bytes > 0,
             "by_calls": p.top_sites(args.top, |t| t.calls as i64).iter()
                 .map(|(id, t)| { let mut m = doc::site(p, id); m.insert("calls".into(), t.calls.into()); m.insert("bytes".into(), t.bytes.into()); Value::Object(m) })
                 .collect::<Vec<_>>(),

@@ -1,0 +1,304 @@
+//! Byte sampling (`--sample-bytes N`): what the loader gives the kernel, and how user space
+//! turns the sampled allocations of a site into unbiased estimates.
+//!
+//! The kernel samples an allocation of s bytes with probability 1 - exp(-s/N) (see
+//! `heaptrace_common::sampling`). Per-function counters and the size histogram stay exact;
+//! only sampled allocations get a stack, a site and a live-map entry. The size histogram keeps
+//! each sampled allocation's site, so every sampled allocation is weighted by its own size
+//! (pprof's scaling of Go heap samples uses a site's average size instead, which is the same
+//! for a site of one size and biased for a site of many).
+use std::collections::BTreeMap;
+
+use heaptrace_common::{
+    LOG2_BUCKETS, NO_SITE, NOT_SAMPLED, log2_bucket,
+    sampling::{FRAC_BITS, MAX_SAMPLE_BYTES, TABLE_BITS, TABLE_LEN},
+};
+use serde::Serialize;
+
+use crate::{
+    aggregate::Leak,
+    model::{SiteId, SiteTotals, SizeKey},
+};
+
+/// Checks a `--sample-bytes` value (clap's parser): 0 (every allocation) up to 2^40.
+pub fn parse_sample_bytes(s: &str) -> Result<u64, String> {
+    let n: u64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a number of bytes: {s:?}"))?;
+    if n > MAX_SAMPLE_BYTES {
+        return Err(format!(
+            "{n} is above the largest sampling rate, {MAX_SAMPLE_BYTES}"
+        ));
+    }
+    Ok(n)
+}
+
+/// The kernel's log2 table: log2(1 + j / 1024) in Q32, j in 0..=1024.
+pub fn log2_table() -> Vec<u64> {
+    (0..TABLE_LEN)
+        .map(|j| {
+            let m = 1.0 + j as f64 / f64::from(1u32 << TABLE_BITS);
+            (m.log2() * (1u64 << FRAC_BITS) as f64).round() as u64
+        })
+        .collect()
+}
+
+/// N * ln 2 in Q16: the kernel's scale from -log2(u) to bytes.
+pub fn gap_scale(sample_bytes: u64) -> u64 {
+    (sample_bytes as f64 * std::f64::consts::LN_2 * 65536.0).round() as u64
+}
+
+/// The unbiased weight of a sampled allocation of `size` bytes: 1 / P(sampled) =
+/// 1 / (1 - exp(-size/N)), as pprof scales tcmalloc's and Go's heap samples. 1 without
+/// sampling.
+pub fn weight(size: u64, sample_bytes: u64) -> f64 {
+    if sample_bytes == 0 {
+        return 1.0;
+    }
+    let p = -(-(size as f64) / sample_bytes as f64).exp_m1();
+    if p > 0.0 { 1.0 / p } else { 1.0 }
+}
+
+/// What the sampled allocations of one site stand for: their weighted count, bytes and
+/// sizes, summed allocation by allocation from the size histogram.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Weighted {
+    /// Sampled allocations found in the size histogram, and their bytes.
+    pub calls: u64,
+    pub bytes: u64,
+    /// Their weighted sums.
+    pub est_calls: f64,
+    pub est_bytes: f64,
+    #[serde(skip)]
+    pub est_sizes: [f64; LOG2_BUCKETS],
+}
+
+impl Default for Weighted {
+    fn default() -> Self {
+        Weighted {
+            calls: 0,
+            bytes: 0,
+            est_calls: 0.0,
+            est_bytes: 0.0,
+            est_sizes: [0.0; LOG2_BUCKETS],
+        }
+    }
+}
+
+impl Weighted {
+    fn add(&mut self, size: u64, n: u64, sample_bytes: u64) {
+        let w = weight(size, sample_bytes) * n as f64;
+        self.calls += n;
+        self.bytes += size * n;
+        self.est_calls += w;
+        self.est_bytes += w * size as f64;
+        self.est_sizes[log2_bucket(size)] += w;
+    }
+}
+
+/// Adds a round's size-histogram increments of sampled sites to their weighted sums.
+pub fn weigh(
+    weights: &mut BTreeMap<SiteId, Weighted>,
+    sizes: &BTreeMap<SizeKey, u64>,
+    sample_bytes: u64,
+) {
+    for ((pid, func, size, stack), n) in sizes {
+        if *stack != NOT_SAMPLED && *stack != NO_SITE {
+            weights
+                .entry((*pid, *stack, *func))
+                .or_default()
+                .add(*size, *n, sample_bytes);
+        }
+    }
+}
+
+/// Per-site multipliers from sampled to estimated: for blocks and for bytes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scale {
+    pub blocks: f64,
+    pub bytes: f64,
+}
+
+/// The estimate of a site's counters from its sampled ones. Allocations come from the
+/// weighted size histogram; sampled allocations it does not hold yet (the two maps are read
+/// one after the other, or the histogram was full) are weighted by their average size.
+/// Releases, temporaries and lifetimes are of sampled blocks whose sizes are not kept apart:
+/// they are scaled by the site's ratio of estimated to sampled blocks and bytes (exact for a
+/// site of one size).
+pub fn estimate(raw: &SiteTotals, w: &Weighted, sample_bytes: u64) -> (SiteTotals, Scale) {
+    let mut est_calls = w.est_calls;
+    let mut est_bytes = w.est_bytes;
+    let mut sizes = w.est_sizes;
+    let rest_calls = raw.calls.saturating_sub(w.calls);
+    let rest_bytes = raw.bytes.saturating_sub(w.bytes);
+    if let Some(avg) = rest_bytes.checked_div(rest_calls) {
+        let wt = weight(avg, sample_bytes) * rest_calls as f64;
+        est_calls += wt;
+        est_bytes += weight(avg, sample_bytes) * rest_bytes as f64;
+        sizes[log2_bucket(avg)] += wt;
+    }
+    let ratio = |est: f64, raw: u64| if raw == 0 { 1.0 } else { est / raw as f64 };
+    let scale = Scale {
+        blocks: ratio(est_calls, raw.calls),
+        bytes: ratio(est_bytes, raw.bytes),
+    };
+    let by = |v: u64, f: f64| (v as f64 * f).round() as u64;
+    let mut t = SiteTotals {
+        calls: est_calls.round() as u64,
+        bytes: est_bytes.round() as u64,
+        frees: by(raw.frees, scale.blocks),
+        freed_bytes: by(raw.freed_bytes, scale.bytes),
+        temp_blocks: by(raw.temp_blocks, scale.blocks),
+        temp_bytes: by(raw.temp_bytes, scale.bytes),
+        ..SiteTotals::default()
+    };
+    for (e, s) in t.sizes.iter_mut().zip(sizes) {
+        *e = s.round() as u64;
+    }
+    for (e, l) in t.lifetimes.iter_mut().zip(raw.lifetimes) {
+        *e = by(l, scale.blocks);
+    }
+    t.live_blocks = t.calls as i64 - t.frees as i64;
+    t.live_bytes = t.bytes as i64 - t.freed_bytes as i64;
+    (t, scale)
+}
+
+/// A site's sampled blocks not freed at the end, scaled to an estimate.
+pub fn scale_leak(l: &Leak, s: Scale) -> Leak {
+    Leak {
+        blocks: (l.blocks as f64 * s.blocks).round() as u64,
+        bytes: (l.bytes as f64 * s.bytes).round() as u64,
+    }
+}
+
+/// "1 in N bytes" in the words every output uses.
+pub fn describe(sample_bytes: u64) -> String {
+    if sample_bytes == 0 {
+        "every allocation".into()
+    } else {
+        format!("1 per {sample_bytes} bytes allocated (Poisson)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use heaptrace_common::sampling::{gap, neg_log2_q32};
+
+    use super::*;
+
+    fn table_fn(t: &[u64]) -> impl Fn(u32) -> Option<u64> + '_ {
+        move |j| t.get(j as usize).copied()
+    }
+
+    #[test]
+    fn weights_are_the_inverse_sampling_probability() {
+        let n = 65536;
+        assert_eq!(weight(100, 0), 1.0);
+        // A block of N bytes is sampled with probability 1 - 1/e.
+        let w = weight(n, n);
+        assert!((w - 1.0 / (1.0 - (-1.0f64).exp())).abs() < 1e-12, "{w}");
+        // Small blocks: about N / s; huge blocks: about 1.
+        assert!((weight(1024, n) - 64.5).abs() < 0.01, "{}", weight(1024, n));
+        assert!((weight(64 * n, n) - 1.0).abs() < 1e-12);
+        assert_eq!(weight(0, n), 1.0);
+    }
+
+    #[test]
+    fn the_log2_table_and_its_interpolation_match_the_logarithm() {
+        let t = log2_table();
+        assert_eq!(t.len(), TABLE_LEN);
+        assert_eq!((t[0], t[TABLE_LEN - 1]), (0, 1 << FRAC_BITS));
+        // Every random number's -log2(u), against f64, over a spread of values.
+        let mut worst = 0.0f64;
+        for i in 0..200_000u64 {
+            let r = (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as u32;
+            let want = -((u64::from(r) + 1) as f64 / 4294967296.0).log2();
+            let got = neg_log2_q32(r, table_fn(&t)) as f64 / 4294967296.0;
+            worst = worst.max((got - want).abs());
+        }
+        assert!(worst < 1e-6, "worst error {worst}");
+        assert_eq!(neg_log2_q32(u32::MAX, table_fn(&t)), 0);
+        assert_eq!(neg_log2_q32(0, table_fn(&t)), 32 << FRAC_BITS);
+    }
+
+    #[test]
+    fn gaps_are_exponential_with_mean_n() {
+        // Every 2^-20 quantile of the random number: the gaps' distribution, deterministically.
+        let t = log2_table();
+        let n = 65536u64;
+        let scale = gap_scale(n);
+        let steps = 1u64 << 20;
+        let gaps: Vec<u64> = (0..steps)
+            .map(|i| gap(((i << 12) | 0x800) as u32, scale, table_fn(&t)))
+            .collect();
+        let mean = gaps.iter().sum::<u64>() as f64 / steps as f64;
+        assert!((mean / n as f64 - 1.0).abs() < 1e-3, "mean {mean}");
+        // P(gap <= s) = 1 - exp(-s/N): what makes 1 / (1 - exp(-s/N)) the right weight.
+        for s in [64u64, 1024, 16384, 65536, 262144] {
+            let p = gaps.iter().filter(|g| **g <= s).count() as f64 / steps as f64;
+            let want = -(-(s as f64) / n as f64).exp_m1();
+            assert!((p / want - 1.0).abs() < 2e-3, "s {s}: {p} vs {want}");
+        }
+    }
+
+    #[test]
+    fn parses_and_bounds_the_rate() {
+        assert_eq!(parse_sample_bytes("0"), Ok(0));
+        assert_eq!(parse_sample_bytes("65536"), Ok(65536));
+        assert!(parse_sample_bytes("-1").is_err());
+        assert!(parse_sample_bytes("1k").is_err());
+        assert!(parse_sample_bytes(&(MAX_SAMPLE_BYTES + 1).to_string()).is_err());
+    }
+
+    #[test]
+    fn sites_are_weighted_allocation_by_allocation() {
+        let n = 65536;
+        let mut weights = BTreeMap::new();
+        let mut sizes = BTreeMap::new();
+        // Site 5: 10 sampled blocks of 1 KiB and 2 of 1 MiB; unsampled calls are not weighed.
+        sizes.insert((1, 0, 1024, 5), 10);
+        sizes.insert((1, 0, 1 << 20, 5), 2);
+        sizes.insert((1, 0, 1024, NOT_SAMPLED), 1000);
+        weigh(&mut weights, &sizes, n);
+        assert_eq!(weights.len(), 1);
+        let raw = SiteTotals {
+            calls: 12,
+            bytes: 10 * 1024 + (2 << 20),
+            frees: 10,
+            freed_bytes: 10 * 1024,
+            ..Default::default()
+        };
+        let (est, scale) = estimate(&raw, &weights[&(1, 5, 0)], n);
+        let w_small = weight(1024, n);
+        let w_big = weight(1 << 20, n);
+        assert_eq!(est.calls, (10.0 * w_small + 2.0 * w_big).round() as u64);
+        assert_eq!(
+            est.bytes,
+            (10.0 * 1024.0 * w_small + 2.0 * (1 << 20) as f64 * w_big).round() as u64
+        );
+        assert_eq!(
+            est.sizes[log2_bucket(1024)],
+            (10.0 * w_small).round() as u64
+        );
+        assert_eq!(est.sizes[log2_bucket(1 << 20)], 2);
+        assert_eq!(est.live_blocks, est.calls as i64 - est.frees as i64);
+        // A sampled allocation the histogram does not hold yet: weighted by its size.
+        let mut more = raw;
+        more.calls += 1;
+        more.bytes += 2048;
+        let (est2, _) = estimate(&more, &weights[&(1, 5, 0)], n);
+        assert_eq!(
+            est2.calls,
+            (10.0 * w_small + 2.0 * w_big + weight(2048, n)).round() as u64
+        );
+        let leak = scale_leak(
+            &Leak {
+                blocks: 2,
+                bytes: 2 << 20,
+            },
+            scale,
+        );
+        assert!(leak.blocks > 2 && leak.bytes > 2 << 20, "{leak:?}");
+    }
+}
