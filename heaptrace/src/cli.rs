@@ -141,6 +141,11 @@ pub struct TraceArgs {
     #[arg(long)]
     pub probe_at_entry: bool,
 
+    /// Attach perf-event uprobes even where uprobe_multi links are available (slower to
+    /// detach; for benchmarks and tests of the fallback).
+    #[arg(long, hide = true)]
+    pub perf_uprobes: bool,
+
     /// The command to launch and trace (after --).
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,

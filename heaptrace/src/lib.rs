@@ -16,6 +16,7 @@ pub mod json;
 pub mod launch;
 pub mod model;
 pub mod modules;
+pub mod multi;
 pub mod placement;
 pub mod probe;
 pub mod procfs;

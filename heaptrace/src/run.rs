@@ -118,7 +118,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     };
 
     let attached = probe::load(&opts).and_then(|ebpf| {
-        let mut probes = Probes::new(ebpf)?;
+        let mut probes = Probes::new(ebpf, !cli.perf_uprobes)?;
         probes.attach(&provider, scope, cli.probe_at_entry)?;
         Ok(probes)
     });
