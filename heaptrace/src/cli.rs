@@ -141,6 +141,11 @@ pub struct TraceArgs {
     #[arg(long)]
     pub probe_at_entry: bool,
 
+    /// Capacity of the kernel's in-flight call map (threads with a call recorded). For tests:
+    /// a small one shows that exited threads give their entries back.
+    #[arg(long, default_value_t = 16384, value_name = "THREADS", hide = true)]
+    pub inflight_map_size: u32,
+
     /// Attach perf-event uprobes even where uprobe_multi links are available (slower to
     /// detach; for benchmarks and tests of the fallback).
     #[arg(long, hide = true)]

@@ -197,8 +197,11 @@ impl KernelMaps {
         Ok(leaks)
     }
 
-    /// Drops in-flight records of threads that are gone (a thread killed mid-call leaves its
-    /// record behind; the map is bounded, and a reused thread id must not inherit it).
+    /// Drops in-flight records of threads that are gone; the map is bounded, and a reused
+    /// thread id must not inherit one. The kernel deletes a thread's record when it exits
+    /// (sched_process_exit), so this is a backstop for the records that tracepoint misses: a
+    /// non-leader thread that calls execve takes over its process's pid without exiting, and
+    /// leaves its record under the old thread id; and the tracepoint may fail to attach.
     pub fn purge_inflight(&mut self, thread_alive: impl Fn(u32, u32) -> bool) -> Result<usize> {
         let dead: Vec<u64> = self
             .inflight

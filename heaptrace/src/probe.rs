@@ -44,6 +44,7 @@ pub struct LoadOptions {
     pub live_map_size: u32,
     pub size_map_size: u32,
     pub proc_map_size: u32,
+    pub inflight_map_size: u32,
     pub stack_map_size: u32,
     pub site_map_size: u32,
 }
@@ -56,6 +57,7 @@ impl Default for LoadOptions {
             live_map_size: 1 << 20,
             size_map_size: 65536,
             proc_map_size: 4096,
+            inflight_map_size: 16384,
             stack_map_size: 16384,
             site_map_size: 16384,
         }
@@ -229,6 +231,7 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .map_max_entries(maps::LIVE, opts.live_map_size)
         .map_max_entries(maps::SIZES, if sizes { opts.size_map_size } else { 1 })
         .map_max_entries(maps::PROCS, opts.proc_map_size)
+        .map_max_entries(maps::INFLIGHT, opts.inflight_map_size)
         .map_max_entries(maps::STACKS, half)
         .map_max_entries(maps::STACKS2, half)
         .map_max_entries(maps::SITES, if stacks { opts.site_map_size } else { 1 })
@@ -293,6 +296,25 @@ fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe> {
     Ok(prog)
 }
 
+/// Attaches the thread-exit cleanup of in-flight records (heaptrace-ebpf's threads.rs) before
+/// any uprobe can make one. Without it, the daemon's purge of records of threads that are gone
+/// still bounds the map, a round later: a warning, not an error.
+fn thread_exits(ebpf: &mut Ebpf) {
+    let (prog, tp) = ("on_thread_exit", "sched_process_exit");
+    let attached = ebpf
+        .program_mut(prog)
+        .ok_or_else(|| format!("program {prog} missing from the object"))
+        .and_then(|p| {
+            let p: &mut aya::programs::RawTracePoint =
+                p.try_into().map_err(|e| format!("{prog}: {e}"))?;
+            p.load().map_err(|e| format!("{prog}: {e}"))?;
+            p.attach(tp).map_err(|e| format!("{prog} on {tp}: {e}"))
+        });
+    if let Err(e) = attached {
+        eprintln!("heaptrace: warning: no in-flight cleanup at thread exit ({e})");
+    }
+}
+
 /// Takes a just-attached link from its program. Fails only if the id is unknown, which would be
 /// a bug; the program still holds (and detaches) the link then.
 fn own(prog: &mut UProbe, id: aya::programs::uprobe::UProbeLinkId) -> Result<UProbeLink> {
@@ -313,6 +335,7 @@ impl Probes {
                 .load()
                 .map_err(|e| Error::Load(format!("{name}: {}", short(&e))))?;
         }
+        thread_exits(&mut ebpf);
         let multi = if multi {
             MultiPrograms::load(EBPF_OBJECT, &ebpf, &names)
                 .inspect_err(|e| log::debug!("no uprobe_multi links, perf-event uprobes: {e}"))

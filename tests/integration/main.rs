@@ -8,4 +8,5 @@ mod recording;
 mod stacks;
 mod support;
 mod system;
+mod threads;
 mod tui;
