@@ -5,7 +5,10 @@
 //! swap because a read-and-subtract needs no coordination with the probes (no map swap, no
 //! flag the hot path must check) and cannot lose or double-count a call: an increment that lands
 //! after the read is simply in the next round's difference.
-use std::collections::{BTreeMap, HashMap as StdHashMap, HashSet};
+use std::{
+    collections::{BTreeMap, HashMap as StdHashMap, HashSet},
+    os::fd::{AsFd as _, OwnedFd},
+};
 
 use aya::{
     Ebpf,
@@ -18,6 +21,7 @@ use heaptrace_common::{
 
 use crate::{
     aggregate::Leak,
+    batch,
     error::{Error, Result},
     model::{ProcSnapshot, SiteId, SiteTotals, Snapshot, Totals},
 };
@@ -34,6 +38,11 @@ pub struct KernelMaps {
     /// Ids at or above this are in `stacks2`.
     stack_id_offset: u32,
     latency: PerCpuArray<MapData, LatencyHist>,
+    /// The per-CPU hash maps read every round, for batched reads (`batch`).
+    procs_fd: OwnedFd,
+    sizes_fd: OwnedFd,
+    sites_fd: OwnedFd,
+    cpus: usize,
 }
 
 fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
@@ -54,9 +63,38 @@ fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
     T::try_from(map).map_err(map_err(name))
 }
 
+/// A second descriptor of a per-CPU hash map, for batched reads next to aya's handle.
+fn per_cpu_hash_fd(ebpf: &Ebpf, name: &'static str) -> Result<OwnedFd> {
+    match ebpf.map(name) {
+        Some(aya::maps::Map::PerCpuHashMap(data)) => data
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| Error::Map {
+                map: name,
+                reason: e.to_string(),
+            }),
+        _ => Err(Error::Map {
+            map: name,
+            reason: "not a per-CPU hash map in the object".into(),
+        }),
+    }
+}
+
 impl KernelMaps {
     pub fn take(ebpf: &mut Ebpf, stack_id_offset: u32) -> Result<KernelMaps> {
+        let procs_fd = per_cpu_hash_fd(ebpf, maps::PROCS)?;
+        let sizes_fd = per_cpu_hash_fd(ebpf, maps::SIZES)?;
+        let sites_fd = per_cpu_hash_fd(ebpf, maps::SITES)?;
+        let cpus = aya::util::nr_cpus().map_err(|(path, e)| Error::Read {
+            path: path.into(),
+            source: e,
+        })?;
         Ok(KernelMaps {
+            procs_fd,
+            sizes_fd,
+            sites_fd,
+            cpus,
             procs: take(ebpf, maps::PROCS)?,
             sizes: take(ebpf, maps::SIZES)?,
             losses: take(ebpf, maps::LOSSES)?,
@@ -83,8 +121,15 @@ impl KernelMaps {
 
     pub fn snapshot(&self) -> Result<Snapshot> {
         let mut snap = Snapshot::default();
-        for item in self.procs.iter() {
-            let (tgid, per_cpu) = item.map_err(map_err(maps::PROCS))?;
+        let read_err = |map: &'static str| {
+            move |e: std::io::Error| Error::Map {
+                map,
+                reason: e.to_string(),
+            }
+        };
+        let procs = batch::per_cpu_hash::<u32, ProcCounters>(self.procs_fd.as_fd(), self.cpus)
+            .map_err(read_err(maps::PROCS))?;
+        for (&tgid, per_cpu) in procs.iter() {
             let comm = per_cpu
                 .iter()
                 .map(|c| comm_str(&c.comm))
@@ -98,8 +143,9 @@ impl KernelMaps {
                 },
             );
         }
-        for item in self.sizes.iter() {
-            let (key, per_cpu) = item.map_err(map_err(maps::SIZES))?;
+        let sizes = batch::per_cpu_hash::<SizeKey, u64>(self.sizes_fd.as_fd(), self.cpus)
+            .map_err(read_err(maps::SIZES))?;
+        for (key, per_cpu) in sizes.iter() {
             let n = per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b));
             snap.sizes
                 .insert((key.tgid, key.func, key.size, key.stack_id), n);
@@ -111,8 +157,9 @@ impl KernelMaps {
                 .map_err(map_err(maps::LOSSES))?;
             snap.losses[kind as usize] = per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b));
         }
-        for item in self.sites.iter() {
-            let (key, per_cpu) = item.map_err(map_err(maps::SITES))?;
+        let sites = batch::per_cpu_hash::<SiteKey, SiteCounters>(self.sites_fd.as_fd(), self.cpus)
+            .map_err(read_err(maps::SITES))?;
+        for (key, per_cpu) in sites.iter() {
             snap.sites.insert(
                 (key.tgid, key.stack_id, key.func),
                 SiteTotals::from_per_cpu(per_cpu.iter()),

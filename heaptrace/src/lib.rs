@@ -6,6 +6,8 @@
 //! decides where in each function its entry probe goes.
 pub mod aggregate;
 pub mod allocator;
+pub mod batch;
+pub mod bpfsys;
 pub mod cli;
 pub mod cmd;
 pub mod drain;

@@ -24,6 +24,8 @@ use aya_obj::generated::{
 };
 use thiserror::Error;
 
+use crate::bpfsys::bpf;
+
 #[derive(Debug, Error)]
 pub enum MultiError {
     #[error("parsing the eBPF object: {0}")]
@@ -50,23 +52,6 @@ pub enum MultiError {
 /// Programs loaded for uprobe_multi links, by name.
 pub struct MultiPrograms {
     progs: HashMap<String, OwnedFd>,
-}
-
-fn bpf(cmd: u32, attr: &mut bpf_attr) -> std::io::Result<i64> {
-    // SAFETY: attr is a valid, fully initialized bpf_attr of the size passed.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *mut bpf_attr,
-            std::mem::size_of::<bpf_attr>(),
-        )
-    };
-    if ret < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
 }
 
 /// The fd of a map of one of the kinds heaptrace's object defines.
