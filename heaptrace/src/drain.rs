@@ -204,20 +204,10 @@ impl KernelMaps {
     /// removes their entries from every map keyed by process, so map space does not leak
     /// with process churn. Call after a snapshot that holds their final counts.
     pub fn forget(&mut self, pids: &HashSet<u32>) -> Result<BTreeMap<SiteId, Leak>> {
-        let mut leaks: BTreeMap<SiteId, Leak> = BTreeMap::new();
-        let mut gone: Vec<LiveKey> = Vec::new();
-        for item in self.live.iter() {
-            let (key, block) = item.map_err(map_err(maps::LIVE))?;
-            if pids.contains(&key.tgid) {
-                let l = leaks
-                    .entry((key.tgid, block.stack_id, block.func))
-                    .or_default();
-                l.blocks += 1;
-                l.bytes += block.size;
-                gone.push(key);
-            }
-        }
-        for k in &gone {
+        // Deduplicated: a walk of the live map can meet a key twice (see `live_entries`).
+        let gone = self.live_entries(|tgid| pids.contains(&tgid))?;
+        let leaks = group_by_site(&gone);
+        for k in gone.keys() {
             let _ = self.live.remove(k);
         }
         for pid in pids {
