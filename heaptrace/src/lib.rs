@@ -16,6 +16,7 @@ pub mod error;
 pub mod hist;
 pub mod json;
 pub mod launch;
+pub mod links;
 pub mod model;
 pub mod modules;
 pub mod multi;

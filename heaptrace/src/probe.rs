@@ -8,7 +8,7 @@
 //! uprobe_multi links (`multi`) where the kernel has them: one per program, each unregistered
 //! behind one grace period. `Probes` owns its links and closes them from one thread each, so
 //! those waits overlap too. Perf-event uprobes remain the fallback.
-use std::{num::NonZeroU32, os::fd::OwnedFd, path::PathBuf};
+use std::{num::NonZeroU32, path::PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -23,6 +23,7 @@ use crate::{
     allocator::Provider,
     elf::{self, FuncSite},
     error::{Error, Result},
+    links::{self, Link},
     multi::MultiPrograms,
     placement::{self, Placement},
 };
@@ -129,42 +130,10 @@ pub struct Probes {
     multi: Option<MultiPrograms>,
 }
 
-/// Dropping either kind detaches it.
-enum Link {
-    Perf(#[allow(dead_code)] UProbeLink),
-    Multi(#[allow(dead_code)] OwnedFd),
-}
-
-/// Upper bound on detaching threads: system-wide traces may probe several allocator files.
-const DETACH_THREADS: usize = 32;
-
 impl Drop for Probes {
     fn drop(&mut self) {
-        detach_all(std::mem::take(&mut self.links));
+        links::detach_all(std::mem::take(&mut self.links));
     }
-}
-
-/// Closes the links from up to `DETACH_THREADS` threads. If a thread cannot be started, its
-/// links are closed on this one: detaching must happen whatever else fails.
-fn detach_all(links: Vec<Link>) {
-    let threads = links.len().min(DETACH_THREADS);
-    if threads <= 1 {
-        drop(links);
-        return;
-    }
-    let mut shares: Vec<Vec<Link>> = (0..threads).map(|_| Vec::new()).collect();
-    for (i, link) in links.into_iter().enumerate() {
-        shares[i % threads].push(link);
-    }
-    std::thread::scope(|s| {
-        for share in shares {
-            let spawned = std::thread::Builder::new()
-                .name("heaptrace-detach".into())
-                .spawn_scoped(s, move || drop(share));
-            // A failed spawn drops the closure, and with it the share, right here.
-            drop(spawned);
-        }
-    });
 }
 
 /// Checks what loading needs before trying, so the error names the cause.
