@@ -15,6 +15,7 @@ mod maps;
 mod mem;
 mod procs;
 mod sites;
+mod threads;
 
 use aya_ebpf::{
     EbpfContext as _,
@@ -80,8 +81,8 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
         flags: 0,
     };
     // Each thread keeps its one entry: later calls overwrite it in place (no insert, no delete,
-    // no bucket lock); a completed call leaves sp = 0. User space removes the entries of
-    // threads that are gone.
+    // no bucket lock); a completed call leaves sp = 0. The entry goes when the thread exits
+    // (threads.rs).
     if let Some(f) = INFLIGHT.get_ptr_mut(id) {
         // SAFETY: map value; only this thread reads or writes its own entry.
         let f = unsafe { &mut *f };

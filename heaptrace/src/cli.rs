@@ -163,6 +163,16 @@ pub struct TraceArgs {
           conflicts_with = "all")]
     pub allocator_symbols: Option<crate::symbols::Custom>,
 
+    /// Capacity of the kernel's in-flight call map (threads with a call recorded). For tests:
+    /// a small one shows that exited threads give their entries back.
+    #[arg(long, default_value_t = 16384, value_name = "THREADS", hide = true)]
+    pub inflight_map_size: u32,
+
+    /// Attach perf-event uprobes even where uprobe_multi links are available (slower to
+    /// detach; for benchmarks and tests of the fallback).
+    #[arg(long, hide = true)]
+    pub perf_uprobes: bool,
+
     /// The command to launch and trace (after --).
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,

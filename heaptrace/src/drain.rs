@@ -5,7 +5,10 @@
 //! swap because a read-and-subtract needs no coordination with the probes (no map swap, no
 //! flag the hot path must check) and cannot lose or double-count a call: an increment that lands
 //! after the read is simply in the next round's difference.
-use std::collections::{BTreeMap, HashMap as StdHashMap, HashSet};
+use std::{
+    collections::{BTreeMap, HashMap as StdHashMap, HashSet},
+    os::fd::{AsFd as _, OwnedFd},
+};
 
 use aya::{
     Ebpf,
@@ -18,6 +21,7 @@ use heaptrace_common::{
 
 use crate::{
     aggregate::Leak,
+    batch,
     error::{Error, Result},
     model::{ProcSnapshot, SiteId, SiteTotals, Snapshot, Totals},
 };
@@ -35,6 +39,11 @@ pub struct KernelMaps {
     stack_id_offset: u32,
     latency: PerCpuArray<MapData, LatencyHist>,
     execs: HashMap<MapData, u32, u32>,
+    /// The per-CPU hash maps read every round, for batched reads (`batch`).
+    procs_fd: OwnedFd,
+    sizes_fd: OwnedFd,
+    sites_fd: OwnedFd,
+    cpus: usize,
 }
 
 fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
@@ -55,9 +64,38 @@ fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
     T::try_from(map).map_err(map_err(name))
 }
 
+/// A second descriptor of a per-CPU hash map, for batched reads next to aya's handle.
+fn per_cpu_hash_fd(ebpf: &Ebpf, name: &'static str) -> Result<OwnedFd> {
+    match ebpf.map(name) {
+        Some(aya::maps::Map::PerCpuHashMap(data)) => data
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| Error::Map {
+                map: name,
+                reason: e.to_string(),
+            }),
+        _ => Err(Error::Map {
+            map: name,
+            reason: "not a per-CPU hash map in the object".into(),
+        }),
+    }
+}
+
 impl KernelMaps {
     pub fn take(ebpf: &mut Ebpf, stack_id_offset: u32) -> Result<KernelMaps> {
+        let procs_fd = per_cpu_hash_fd(ebpf, maps::PROCS)?;
+        let sizes_fd = per_cpu_hash_fd(ebpf, maps::SIZES)?;
+        let sites_fd = per_cpu_hash_fd(ebpf, maps::SITES)?;
+        let cpus = aya::util::nr_cpus().map_err(|(path, e)| Error::Read {
+            path: path.into(),
+            source: e,
+        })?;
         Ok(KernelMaps {
+            procs_fd,
+            sizes_fd,
+            sites_fd,
+            cpus,
             procs: take(ebpf, maps::PROCS)?,
             sizes: take(ebpf, maps::SIZES)?,
             losses: take(ebpf, maps::LOSSES)?,
@@ -85,11 +123,18 @@ impl KernelMaps {
 
     pub fn snapshot(&self) -> Result<Snapshot> {
         let mut snap = Snapshot::default();
+        let read_err = |map: &'static str| {
+            move |e: std::io::Error| Error::Map {
+                map,
+                reason: e.to_string(),
+            }
+        };
+        let procs = batch::per_cpu_hash::<u32, ProcCounters>(self.procs_fd.as_fd(), self.cpus)
+            .map_err(read_err(maps::PROCS))?;
         // Each process's current image: only its entries count (an earlier image's wait to be
         // dropped, see `restarted`). A process without counters has no current entries yet.
         let mut epochs: StdHashMap<u32, u32> = StdHashMap::new();
-        for item in self.procs.iter() {
-            let (tgid, per_cpu) = item.map_err(map_err(maps::PROCS))?;
+        for (&tgid, per_cpu) in procs.iter() {
             let epoch = per_cpu.iter().map(|c| c.epoch).max().unwrap_or(0);
             epochs.insert(tgid, epoch as u32);
             let comm = per_cpu
@@ -105,8 +150,9 @@ impl KernelMaps {
                 },
             );
         }
-        for item in self.sizes.iter() {
-            let (key, per_cpu) = item.map_err(map_err(maps::SIZES))?;
+        let sizes = batch::per_cpu_hash::<SizeKey, u64>(self.sizes_fd.as_fd(), self.cpus)
+            .map_err(read_err(maps::SIZES))?;
+        for (key, per_cpu) in sizes.iter() {
             if epochs.get(&key.tgid) != Some(&key.epoch) {
                 continue;
             }
@@ -121,8 +167,9 @@ impl KernelMaps {
                 .map_err(map_err(maps::LOSSES))?;
             snap.losses[kind as usize] = per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b));
         }
-        for item in self.sites.iter() {
-            let (key, per_cpu) = item.map_err(map_err(maps::SITES))?;
+        let sites = batch::per_cpu_hash::<SiteKey, SiteCounters>(self.sites_fd.as_fd(), self.cpus)
+            .map_err(read_err(maps::SITES))?;
+        for (key, per_cpu) in sites.iter() {
             if epochs.get(&key.tgid) != Some(&key.epoch) {
                 continue;
             }
@@ -177,15 +224,8 @@ impl KernelMaps {
     /// removes their entries from every map keyed by process, so map space does not leak
     /// with process churn. Call after a snapshot that holds their final counts.
     pub fn forget(&mut self, pids: &HashSet<u32>) -> Result<BTreeMap<SiteId, Leak>> {
-        // Collected first, by key: a walk whose current key the kernel deletes meanwhile (any
-        // process's free) starts over, and would count the blocks seen before twice.
-        let mut blocks: StdHashMap<LiveKey, LiveBlock> = StdHashMap::new();
-        for item in self.live.iter() {
-            let (key, block) = item.map_err(map_err(maps::LIVE))?;
-            if pids.contains(&key.tgid) {
-                blocks.insert(key, block);
-            }
-        }
+        // Deduplicated: a walk of the live map can meet a key twice (see `live_entries`).
+        let blocks = self.live_entries(|tgid| pids.contains(&tgid))?;
         // Blocks of an image before an exec not cleared yet go too, but are not its leaks.
         let epochs: StdHashMap<u32, u32> = pids.iter().map(|p| (*p, self.epoch(*p))).collect();
         let mut leaks: BTreeMap<SiteId, Leak> = BTreeMap::new();
@@ -198,8 +238,7 @@ impl KernelMaps {
                 l.bytes += block.size;
             }
         }
-        let gone: Vec<LiveKey> = blocks.into_keys().collect();
-        for k in &gone {
+        for k in blocks.keys() {
             let _ = self.live.remove(k);
         }
         for pid in pids {
@@ -274,8 +313,11 @@ impl KernelMaps {
         Ok(())
     }
 
-    /// Drops in-flight records of threads that are gone (a thread killed mid-call leaves its
-    /// record behind; the map is bounded, and a reused thread id must not inherit it).
+    /// Drops in-flight records of threads that are gone; the map is bounded, and a reused
+    /// thread id must not inherit one. The kernel deletes a thread's record when it exits
+    /// (sched_process_exit), so this is a backstop for the records that tracepoint misses: a
+    /// non-leader thread that calls execve takes over its process's pid without exiting, and
+    /// leaves its record under the old thread id; and the tracepoint may fail to attach.
     pub fn purge_inflight(&mut self, thread_alive: impl Fn(u32, u32) -> bool) -> Result<usize> {
         let dead: Vec<u64> = self
             .inflight

@@ -6,6 +6,8 @@
 //! decides where in each function its entry probe goes.
 pub mod aggregate;
 pub mod allocator;
+pub mod batch;
+pub mod bpfsys;
 pub mod cli;
 pub mod cmd;
 pub mod drain;
@@ -14,8 +16,10 @@ pub mod error;
 pub mod hist;
 pub mod json;
 pub mod launch;
+pub mod links;
 pub mod model;
 pub mod modules;
+pub mod multi;
 pub mod placement;
 pub mod probe;
 pub mod procfs;

@@ -2,13 +2,19 @@
 //!
 //! Drop detaches everything: every exit path (return, error, panic unwinding) that drops the
 //! `Probes` removes the uprobes, and the kernel removes them when the process dies anyway.
+//!
+//! Detaching is the slow part. Closing a perf-event uprobe waits for grace periods under a
+//! kernel-wide mutex: about 0.1 s per probe here, one after the other. So the probes go on as
+//! uprobe_multi links (`multi`) where the kernel has them: one per program, each unregistered
+//! behind one grace period. `Probes` owns its links and closes them from one thread each, so
+//! those waits overlap too. Perf-event uprobes remain the fallback.
 use std::{num::NonZeroU32, path::PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
     programs::{
         UProbe,
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeScope},
     },
 };
 use heaptrace_common::{Func, globals, maps};
@@ -18,6 +24,8 @@ use crate::{
     allocator::Provider,
     elf::{self, FuncSite},
     error::{Error, Result},
+    links::{self, Link},
+    multi::MultiPrograms,
     placement::{self, Placement},
     symbols::Abi,
 };
@@ -39,6 +47,7 @@ pub struct LoadOptions {
     pub live_map_size: u32,
     pub size_map_size: u32,
     pub proc_map_size: u32,
+    pub inflight_map_size: u32,
     pub stack_map_size: u32,
     pub site_map_size: u32,
     /// `--sample-bytes` (0: every allocation).
@@ -53,6 +62,7 @@ impl Default for LoadOptions {
             live_map_size: 1 << 20,
             size_map_size: 65536,
             proc_map_size: 4096,
+            inflight_map_size: 16384,
             stack_map_size: 16384,
             site_map_size: 16384,
             sample_bytes: 0,
@@ -126,6 +136,16 @@ pub fn plan(provider: &Provider, at_entry: bool) -> Result<Vec<Planned>> {
 pub struct Probes {
     pub ebpf: Ebpf,
     pub attached: Vec<Attached>,
+    /// Every uprobe link, owned here (not by its program) so that Drop can close them at once.
+    links: Vec<Link>,
+    /// The programs loaded again for uprobe_multi links; None where the kernel refused them.
+    multi: Option<MultiPrograms>,
+}
+
+impl Drop for Probes {
+    fn drop(&mut self) {
+        links::detach_all(std::mem::take(&mut self.links));
+    }
 }
 
 /// Checks what loading needs before trying, so the error names the cause.
@@ -196,6 +216,7 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .map_max_entries(maps::SIZES, if sizes { opts.size_map_size } else { 1 })
         .map_max_entries(maps::PROCS, opts.proc_map_size)
         .map_max_entries(maps::EXECS, opts.proc_map_size)
+        .map_max_entries(maps::INFLIGHT, opts.inflight_map_size)
         .map_max_entries(maps::STACKS, half)
         .map_max_entries(maps::STACKS2, half)
         .map_max_entries(maps::SITES, if stacks { opts.site_map_size } else { 1 })
@@ -281,25 +302,107 @@ fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe> {
     Ok(prog)
 }
 
+/// Attaches the thread-exit cleanup of in-flight records (heaptrace-ebpf's threads.rs) before
+/// any uprobe can make one. Without it, the daemon's purge of records of threads that are gone
+/// still bounds the map, a round later: a warning, not an error.
+fn thread_exits(ebpf: &mut Ebpf) {
+    let (prog, tp) = ("on_thread_exit", "sched_process_exit");
+    let attached = ebpf
+        .program_mut(prog)
+        .ok_or_else(|| format!("program {prog} missing from the object"))
+        .and_then(|p| {
+            let p: &mut aya::programs::RawTracePoint =
+                p.try_into().map_err(|e| format!("{prog}: {e}"))?;
+            p.load().map_err(|e| format!("{prog}: {e}"))?;
+            p.attach(tp).map_err(|e| format!("{prog} on {tp}: {e}"))
+        });
+    if let Err(e) = attached {
+        eprintln!("heaptrace: warning: no in-flight cleanup at thread exit ({e})");
+    }
+}
+
+/// Takes a just-attached link from its program. Fails only if the id is unknown, which would be
+/// a bug; the program still holds (and detaches) the link then.
+fn own(prog: &mut UProbe, id: aya::programs::uprobe::UProbeLinkId) -> Result<UProbeLink> {
+    prog.take_link(id)
+        .map_err(|e| Error::Load(format!("taking an attached link: {e}")))
+}
+
 impl Probes {
     /// Loads every program once; `attach` then puts them on as many allocator files as needed.
-    pub fn new(mut ebpf: Ebpf) -> Result<Probes> {
-        let names = Func::ALL
-            .map(|f| entry_program(f, Abi::C))
-            .into_iter()
+    /// `multi` asks for uprobe_multi links where the kernel has them. Call before any map is
+    /// taken out of `ebpf`: the uprobe_multi copies of the programs are pointed at its maps.
+    pub fn new(mut ebpf: Ebpf, multi: bool) -> Result<Probes> {
+        let names: Vec<&str> = std::iter::once(RETURN_PROGRAM)
+            .chain(Func::ALL.map(|f| entry_program(f, Abi::C)))
             .chain([
                 entry_program(Func::Calloc, Abi::Rust),
                 entry_program(Func::Realloc, Abi::Rust),
-            ]);
-        for name in std::iter::once(RETURN_PROGRAM).chain(names) {
+            ])
+            .collect();
+        for name in &names {
             uprobe(&mut ebpf, name)?
                 .load()
                 .map_err(|e| Error::Load(format!("{name}: {}", short(&e))))?;
         }
+        thread_exits(&mut ebpf);
+        let multi = if multi {
+            MultiPrograms::load(EBPF_OBJECT, &ebpf, &names)
+                .inspect_err(|e| log::debug!("no uprobe_multi links, perf-event uprobes: {e}"))
+                .ok()
+        } else {
+            None
+        };
         Ok(Probes {
             ebpf,
             attached: Vec::new(),
+            links: Vec::new(),
+            multi,
         })
+    }
+
+    /// One uprobe_multi link for every return probe, then one per entry program. All or
+    /// nothing: on an error, the links made so far are closed (detached) on return.
+    fn attach_multi(
+        multi: &MultiPrograms,
+        plan: &[Planned],
+        provider: &Provider,
+        pid: u32,
+    ) -> std::result::Result<Vec<Link>, crate::multi::MultiError> {
+        let path = &provider.attach_path;
+        let mut links = Vec::new();
+        let returns: Vec<u64> = plan
+            .iter()
+            .filter(|p| p.uretprobe)
+            .map(|p| p.site.file_offset)
+            .collect();
+        if !returns.is_empty() {
+            let cookies = vec![0; returns.len()];
+            let fd = multi.attach(RETURN_PROGRAM, path, &returns, &cookies, true, pid)?;
+            links.push(Link::Multi(fd));
+        }
+        for p in plan {
+            let offset = p.site.file_offset + p.placement.offset;
+            let cookie = u64::from(p.placement.pushes);
+            let name = entry_program(p.site.func, provider.abi);
+            let fd = multi.attach(name, path, &[offset], &[cookie], false, pid)?;
+            links.push(Link::Multi(fd));
+        }
+        Ok(links)
+    }
+
+    fn record(&mut self, provider: &Provider, plan: &[Planned]) {
+        for p in plan {
+            self.attached.push(Attached {
+                func: p.site.func.name(),
+                symbol: p.site.symbol.clone(),
+                aliases: p.site.aliases.iter().map(|a| a.name()).collect(),
+                path: provider.path.clone(),
+                offset: p.site.file_offset,
+                uretprobe: p.uretprobe,
+                placement: p.placement.clone(),
+            });
+        }
     }
 
     /// Attaches every function the provider defines, entry probes where `plan` puts them.
@@ -307,6 +410,23 @@ impl Probes {
     /// record that is never completed.
     pub fn attach(&mut self, provider: &Provider, scope: Scope, at_entry: bool) -> Result<()> {
         let plan = plan(provider, at_entry)?;
+        if let Some(multi) = &self.multi {
+            let pid = match scope {
+                Scope::All => 0,
+                Scope::Process(pid) => pid,
+            };
+            match Self::attach_multi(multi, &plan, provider, pid) {
+                Ok(mut links) => {
+                    self.links.append(&mut links);
+                    self.record(provider, &plan);
+                    return Ok(());
+                }
+                Err(e) => log::debug!(
+                    "uprobe_multi on {}: {e}; perf-event uprobes instead",
+                    provider.path.display()
+                ),
+            }
+        }
         let scope = match scope {
             Scope::All => UProbeScope::AllProcesses,
             Scope::Process(pid) => {
@@ -321,31 +441,27 @@ impl Probes {
         };
         for p in plan.iter().filter(|p| p.uretprobe) {
             // Always at the entry: only there is the return address at [rsp].
-            uprobe(&mut self.ebpf, RETURN_PROGRAM)?
+            let prog = uprobe(&mut self.ebpf, RETURN_PROGRAM)?;
+            let id = prog
                 .attach(p.site.file_offset, path, scope)
                 .map_err(|e| attach_err(p.site.func, &e))?;
+            self.links.push(Link::Perf(own(prog, id)?));
         }
-        for p in plan {
-            let (site, placement) = (&p.site, p.placement);
+        for p in &plan {
+            let (site, placement) = (&p.site, &p.placement);
             let name = entry_program(site.func, provider.abi);
             // The cookie tells the program how many pushes ran before the probe point.
             let point = UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(site.file_offset + placement.offset),
                 cookie: Some(u64::from(placement.pushes)),
             };
-            uprobe(&mut self.ebpf, name)?
+            let prog = uprobe(&mut self.ebpf, name)?;
+            let id = prog
                 .attach(point, path, scope)
                 .map_err(|e| attach_err(site.func, &e))?;
-            self.attached.push(Attached {
-                func: site.func.name(),
-                symbol: site.symbol.clone(),
-                aliases: site.aliases.iter().map(|a| a.name()).collect(),
-                path: provider.path.clone(),
-                offset: site.file_offset,
-                uretprobe: p.uretprobe,
-                placement,
-            });
+            self.links.push(Link::Perf(own(prog, id)?));
         }
+        self.record(provider, &plan);
         Ok(())
     }
 

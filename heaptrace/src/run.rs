@@ -85,6 +85,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         temporary_ns: cli.temporary.unwrap_or(cli.interval).as_nanos() as u64,
         live_map_size: cli.live_map_size,
         size_map_size: cli.size_map_size,
+        inflight_map_size: cli.inflight_map_size,
         stack_map_size: cli.stack_map_size,
         site_map_size: cli
             .site_map_size
@@ -134,7 +135,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     };
 
     let attached = probe::load(&opts).and_then(|ebpf| {
-        let mut probes = Probes::new(ebpf)?;
+        let mut probes = Probes::new(ebpf, !cli.perf_uprobes)?;
         probes.attach(&provider, scope, cli.probe_at_entry)?;
         Ok(probes)
     });

@@ -135,9 +135,20 @@ pub(crate) const INT3: u8 = 0xcc;
 /// free's probe is checked where placement put it (after its NULL check in glibc 2.36).
 #[test]
 fn sigterm_detaches_every_probe() {
-    if !bpf_or_skip("sigterm_detaches_every_probe") {
-        return;
+    if bpf_or_skip("sigterm_detaches_every_probe") {
+        sigterm_detaches(&[]);
     }
+}
+
+/// The same through perf-event uprobes, the fallback where the kernel has no uprobe_multi.
+#[test]
+fn sigterm_detaches_every_perf_event_probe() {
+    if bpf_or_skip("sigterm_detaches_every_perf_event_probe") {
+        sigterm_detaches(&["--perf-uprobes"]);
+    }
+}
+
+fn sigterm_detaches(flags: &[&str]) {
     let _g = exclusive();
     let mut spin = Command::new(fixture("spin", "", &[])).spawn().unwrap();
     let pid = spin.id();
@@ -152,7 +163,7 @@ fn sigterm_detaches_every_probe() {
         "probed before we started"
     );
 
-    let tracer = start_attached(heaptrace().args([
+    let tracer = start_attached(heaptrace().args(flags).args([
         "--no-tui",
         "--interval",
         "100ms",

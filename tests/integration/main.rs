@@ -12,4 +12,5 @@ mod scale;
 mod stacks;
 mod support;
 mod system;
+mod threads;
 mod tui;

@@ -88,4 +88,6 @@ fn a_probe_after_pushes_recovers_the_entry_stack_pointer() {
     };
     assert_eq!(free(&pushfree(&[])), (Some(6), Some(1)));
     assert_eq!(free(&pushfree(&["--probe-at-entry"])), (Some(0), Some(0)));
+    // The cookie reaches the program through perf-event uprobes (the fallback) too.
+    assert_eq!(free(&pushfree(&["--perf-uprobes"])), (Some(6), Some(1)));
 }

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The daemon's own cost at scale: `heaptrace -q --no-tui --mode stacks` (1 round/s) launching
+# tests/bench/livestacks.c, which keeps STACKS distinct stacks live, then frees and reallocates
+# RATE blocks a second through the same paths for SECONDS. Reports heaptrace's CPU time
+# (utime+stime of /proc/PID/stat, children excluded) as a percentage of one core over the steady
+# state (from WARM seconds after attaching to 2 s before the workload's end), and its peak RSS
+# (VmHWM) over the same span. REPS runs, medians. Holds the tests' system-wide lock. Root needed.
+#
+#   tests/bench/daemon.sh [REPS] [STACKS] [SECONDS] [RATE] [HEAPTRACE ARGS...]
+set -euo pipefail
+REPS=${1:-5}
+STACKS=${2:-10000}
+SECONDS_=${3:-30}
+RATE=${4:-10000}
+shift 4 || shift $#
+[ -n "${HEAPTRACE:-}" ] || cargo build --release -q -p heaptrace
+mkdir -p target/fixtures
+gcc -O2 -g -fno-omit-frame-pointer -fno-builtin -o target/fixtures/livestacks tests/bench/livestacks.c
+exec 9>/tmp/heaptrace-tests.lock
+flock 9
+python3 - "$REPS" "$STACKS" "$SECONDS_" "$RATE" "${HEAPTRACE:-target/release/heaptrace}" target/fixtures/livestacks "$@" <<'PY'
+import json, os, statistics, subprocess, sys, tempfile, threading, time
+reps, stacks, seconds, rate = map(int, sys.argv[1:5])
+ht, work, extra = sys.argv[5], sys.argv[6], sys.argv[7:]
+WARM = 6
+tick = os.sysconf("SC_CLK_TCK")
+
+def cpu(pid):
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / tick  # utime, stime
+
+def hwm(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+
+pcts, rss, seen = [], [], []
+for _ in range(reps):
+    out = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
+    p = subprocess.Popen([ht, "-q", "--no-tui", "--mode", "stacks", "--json", out, *extra,
+                          "--", work, str(stacks), str(seconds), str(rate)],
+                         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    err = []
+    for line in p.stderr:
+        err.append(line)
+        if "attached" in line:
+            break
+    t_att = time.monotonic()
+    drain = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)
+    drain.start()
+    time.sleep(WARM)
+    c0, w0 = cpu(p.pid), time.monotonic()
+    time.sleep(max(1, seconds - WARM - 2))
+    c1, w1 = cpu(p.pid), time.monotonic()
+    peak = hwm(p.pid)
+    p.wait()
+    drain.join()
+    doc = json.load(open(out))
+    os.unlink(out)
+    pcts.append(100 * (c1 - c0) / (w1 - w0))
+    rss.append(peak)
+    seen.append((len(doc.get("stacks", [])), doc["lost"]))
+med = statistics.median
+print(f"{stacks} live stacks, {rate} frees+mallocs/s, {seconds} s, {reps} runs (medians):")
+print(f"daemon CPU {med(pcts):.2f}% of one core over the steady state; peak RSS {med(rss):.1f} MiB")
+print("CPU %:", " ".join(f"{x:.2f}" for x in pcts))
+print("peak RSS MiB:", " ".join(f"{x:.1f}" for x in rss))
+print("stacks in the JSON, losses:", seen[-1][0], {k: v for k, v in seen[-1][1].items() if v})
+PY
