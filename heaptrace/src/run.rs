@@ -853,7 +853,10 @@ impl Daemon {
                     if let Some(comm) = procfs::comm(p) {
                         pr.comm = comm;
                     }
-                    pr.cgroup = procfs::cgroup(p).unwrap_or_default();
+                    // A process ending right now keeps the cgroup it was seen starting in.
+                    if let Some(cgroup) = procfs::cgroup(p) {
+                        pr.cgroup = cgroup;
+                    }
                 }
             }
         }

@@ -117,14 +117,22 @@ impl ProcWatch {
                 }
             }
         }
-        let mut execs = Vec::new();
-        for e in events.iter().filter(|e| e.kind == PROC_EXEC) {
-            execs.push(e.tgid);
+        let execs: Vec<u32> = events
+            .iter()
+            .filter(|e| e.kind == PROC_EXEC)
+            .map(|e| e.tgid)
+            .collect();
+        // Names first, for every process of the batch: looking for a process's allocator can
+        // take long (a big new file to read and attach), and a short-lived process started
+        // meanwhile would be gone, nameless, by the time its turn came.
+        for &tgid in &execs {
             if let (Some(comm), Some(cgroup)) =
-                (crate::procfs::comm(e.tgid), crate::procfs::cgroup(e.tgid))
+                (crate::procfs::comm(tgid), crate::procfs::cgroup(tgid))
             {
-                self.seen.insert(e.tgid, (comm, cgroup));
+                self.seen.insert(tgid, (comm, cgroup));
             }
+        }
+        for e in events.iter().filter(|e| e.kind == PROC_EXEC) {
             if let Some(p) = probes.as_deref_mut()
                 && !self.started(p, e.tgid)
             {
