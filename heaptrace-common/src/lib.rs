@@ -364,6 +364,11 @@ pub struct ProcEvent {
     /// [`PROC_EXEC`].
     pub kind: u32,
     pub tgid: u32,
+    /// Its cgroup (v2) id, read in the kernel: a process may be gone before user space could
+    /// read /proc.
+    pub cgroup_id: u64,
+    /// Its new command name, for the same reason.
+    pub comm: [u8; 16],
 }
 
 pub const PROC_EXEC: u32 = 1;
@@ -454,7 +459,7 @@ const _: () = assert!(core::mem::size_of::<InFlight>() == 40);
 const _: () = assert!(core::mem::size_of::<SiteKey>() == 16);
 const _: () = assert!(core::mem::size_of::<SiteCounters>() == 6 * 8 + 2 * 8 * LOG2_BUCKETS);
 const _: () = assert!(core::mem::size_of::<LatencyHist>() == 8 * LOG2_BUCKETS);
-const _: () = assert!(core::mem::size_of::<ProcEvent>() == 8);
+const _: () = assert!(core::mem::size_of::<ProcEvent>() == 32);
 const _: () = assert!(core::mem::size_of::<MemEvent>() == 56);
 const _: () = assert!(core::mem::size_of::<MemCall>() == 40);
 

@@ -1,7 +1,9 @@
 //! Process starts (system-wide mode): a raw tracepoint, which needs no tracefs. Exits need no
 //! event: each round already finds which traced processes are gone.
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid, macros::raw_tracepoint, programs::RawTracePointContext,
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid},
+    macros::raw_tracepoint,
+    programs::RawTracePointContext,
 };
 use aya_log_ebpf::warn;
 use heaptrace_common::{Loss, PROC_EXEC, ProcEvent};
@@ -15,7 +17,14 @@ fn report(ctx: &RawTracePointContext, kind: u32) {
     if tgid == self_tgid() {
         return;
     }
-    if EVENTS.output(ProcEvent { kind, tgid }, 0).is_err() {
+    let event = ProcEvent {
+        kind,
+        tgid,
+        // SAFETY: no preconditions.
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    };
+    if EVENTS.output(event, 0).is_err() {
         lose(Loss::ProcessEvents);
         // Rare (user space drains the ring every few ms) and never on an allocation's path:
         // what aya-log is for here.

@@ -8,6 +8,7 @@ pub mod aggregate;
 pub mod allocator;
 pub mod batch;
 pub mod bpfsys;
+pub mod cgroups;
 pub mod cli;
 pub mod cmd;
 pub mod drain;

@@ -614,7 +614,15 @@ impl Daemon {
         // pidfd (readable once it exits).
         let exited = match self.pid {
             Some(pid) if self.child.is_none() => {
-                let fd = procfs::pidfd_open(pid)?;
+                let fd = match procfs::pidfd_open(pid) {
+                    Ok(fd) => fd,
+                    // Gone already (it can end right after the attach): its calls are in the
+                    // maps, and the final round reads them.
+                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                        return Ok(End::TargetExited);
+                    }
+                    Err(e) => return Err(e.into()),
+                };
                 // SAFETY: we own the pidfd and keep it open while it is registered.
                 Some(unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)?)
             }

@@ -26,6 +26,7 @@ pub struct ProcWatch {
     /// that ends within a round is still named and placed. Entries go when the process is
     /// forgotten.
     pub seen: std::collections::HashMap<u32, (String, String)>,
+    cgroups: crate::cgroups::CgroupNames,
     /// Processes just started whose allocator is not mapped yet (the exec tracepoint fires
     /// before the dynamic loader maps libc): looked at again shortly, a while at most.
     pending: Vec<(u32, std::time::Instant)>,
@@ -80,6 +81,7 @@ impl ProcWatch {
             known,
             at_entry,
             seen: std::collections::HashMap::new(),
+            cgroups: crate::cgroups::CgroupNames::default(),
             pending: Vec::new(),
         })
     }
@@ -110,7 +112,7 @@ impl ProcWatch {
             let ring = self.ring.get_mut();
             while let Some(item) = ring.next() {
                 if item.len() >= std::mem::size_of::<ProcEvent>() {
-                    // SAFETY: the kernel wrote a ProcEvent (repr(C), 8 bytes); read unaligned.
+                    // SAFETY: the kernel wrote a ProcEvent (repr(C), no padding); read unaligned.
                     events.push(unsafe {
                         std::ptr::read_unaligned(item.as_ptr().cast::<ProcEvent>())
                     });
@@ -122,15 +124,19 @@ impl ProcWatch {
             .filter(|e| e.kind == PROC_EXEC)
             .map(|e| e.tgid)
             .collect();
-        // Names first, for every process of the batch: looking for a process's allocator can
-        // take long (a big new file to read and attach), and a short-lived process started
-        // meanwhile would be gone, nameless, by the time its turn came.
-        for &tgid in &execs {
-            if let (Some(comm), Some(cgroup)) =
-                (crate::procfs::comm(tgid), crate::procfs::cgroup(tgid))
-            {
-                self.seen.insert(tgid, (comm, cgroup));
-            }
+        // Names first, for every process of the batch, from the event itself (taken in the
+        // kernel at the exec): looking for a process's allocator can take long (a big new file
+        // to read and attach), and a short-lived process may be gone before /proc is read.
+        for e in events.iter().filter(|e| e.kind == PROC_EXEC) {
+            let comm = comm_str(&e.comm)
+                .or_else(|| crate::procfs::comm(e.tgid))
+                .unwrap_or_default();
+            let cgroup = self
+                .cgroups
+                .path(e.cgroup_id)
+                .or_else(|| crate::procfs::cgroup(e.tgid))
+                .unwrap_or_default();
+            self.seen.insert(e.tgid, (comm, cgroup));
         }
         for e in events.iter().filter(|e| e.kind == PROC_EXEC) {
             if let Some(p) = probes.as_deref_mut()
@@ -187,4 +193,9 @@ impl ProcWatch {
         }
         true
     }
+}
+
+fn comm_str(comm: &[u8; 16]) -> Option<String> {
+    let end = comm.iter().position(|b| *b == 0).unwrap_or(comm.len());
+    (end > 0).then(|| String::from_utf8_lossy(&comm[..end]).into_owned())
 }

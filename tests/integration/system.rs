@@ -366,3 +366,53 @@ fn all_restarts_a_process_at_exec() {
         doc["processes"]
     );
 }
+
+/// The cgroup v2 mount point (a hybrid host mounts it at /sys/fs/cgroup/unified).
+fn cgroup2_root() -> Option<std::path::PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
+    mounts.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.get(2) == Some(&"cgroup2")).then(|| std::path::PathBuf::from(f[1]))
+    })
+}
+
+/// A process that lives for milliseconds in a cgroup of its own is named and placed from its
+/// exec event (taken in the kernel), not from /proc, which it may have left by the time
+/// heaptrace looks: `--cgroup` keeps it, with its exact counts.
+#[test]
+fn all_places_a_short_lived_process_in_its_cgroup() {
+    if !bpf_or_skip("all_places_a_short_lived_process_in_its_cgroup") {
+        return;
+    }
+    let _g = exclusive();
+    let root = cgroup2_root().expect("a cgroup2 mount");
+    let name = format!("heaptrace-test-{}", std::process::id());
+    let dir = root.join(&name);
+    std::fs::create_dir(&dir).expect("mkdir in the cgroup2 hierarchy");
+    let bin = fixture("allocs", "", &[]);
+    let (tracer, json) = start_all("sys-cgroup", &["--mode", "sizes", "--cgroup", &name]);
+    // The shell moves itself into the cgroup, then becomes the fixture.
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec {} 0 50 2",
+        dir.display(),
+        bin.display()
+    );
+    let status = Command::new("sh").args(["-c", &script]).status().unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    let (stderr, doc) = stop(tracer, &json);
+    let _ = std::fs::remove_dir(&dir);
+    assert!(status.success());
+    let procs = doc["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 1, "{procs:?} {stderr}");
+    let p = &procs[0];
+    assert_eq!(p["comm"], "allocs");
+    assert_eq!(p["cgroup"], format!("/{name}"));
+    let fx = Fixture {
+        threads: 0,
+        iterations: 50,
+        leaks: 2,
+        memalign_apart: false,
+        no_pvalloc: false,
+    };
+    check_fixture_sizes(p, &fx);
+}

@@ -1,0 +1,106 @@
+//! Cgroup v2 ids, as the kernel reports them, to the paths /proc/PID/cgroup shows: a process
+//! can be gone before user space reads /proc, but its exec event carries its cgroup's id.
+use std::{
+    collections::HashMap,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+/// A miss walks the hierarchy again, at most this often (ids of cgroups made since the last
+/// walk; a host without cgroup v2 never matches).
+const RESCAN_EVERY: Duration = Duration::from_millis(200);
+
+pub struct CgroupNames {
+    /// Where the cgroup2 hierarchy is mounted (/sys/fs/cgroup, or /sys/fs/cgroup/unified on a
+    /// hybrid host); None without one.
+    root: Option<PathBuf>,
+    /// A cgroup's id is its directory's inode number in the cgroup2 file system.
+    known: HashMap<u64, String>,
+    last_scan: Option<Instant>,
+}
+
+impl Default for CgroupNames {
+    fn default() -> Self {
+        CgroupNames {
+            root: cgroup2_mount(),
+            known: HashMap::new(),
+            last_scan: None,
+        }
+    }
+}
+
+/// The first cgroup2 mount in /proc/mounts.
+fn cgroup2_mount() -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
+    mounts.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (_, dir, fstype) = (f.next()?, f.next()?, f.next()?);
+        (fstype == "cgroup2").then(|| PathBuf::from(dir))
+    })
+}
+
+impl CgroupNames {
+    /// The path of cgroup `id` ("/" for the root), if it can be found.
+    pub fn path(&mut self, id: u64) -> Option<String> {
+        if let Some(p) = self.known.get(&id) {
+            return Some(p.clone());
+        }
+        if self.last_scan.is_none_or(|t| t.elapsed() >= RESCAN_EVERY) {
+            self.last_scan = Some(Instant::now());
+            self.known.clear();
+            if let Some(root) = self.root.clone()
+                && let Ok(meta) = std::fs::metadata(&root)
+            {
+                self.walk(&root, &root, meta.dev());
+            }
+        }
+        self.known.get(&id).cloned()
+    }
+
+    /// Every directory under `root` on its file system (`dev`): inode -> path.
+    fn walk(&mut self, root: &Path, dir: &Path, dev: u64) {
+        let Ok(meta) = std::fs::metadata(dir) else {
+            return;
+        };
+        if meta.dev() != dev {
+            return;
+        }
+        let rel = dir.strip_prefix(root).unwrap_or(Path::new(""));
+        self.known
+            .insert(meta.ino(), format!("/{}", rel.to_string_lossy()));
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                self.walk(root, &e.path(), dev);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_this_processs_cgroup_by_its_directorys_inode() {
+        let Some(mine) = crate::procfs::cgroup(std::process::id()) else {
+            eprintln!("SKIPPED no cgroup v2 line in /proc/self/cgroup");
+            return;
+        };
+        let Some(root) = cgroup2_mount() else {
+            eprintln!("SKIPPED no cgroup2 mount");
+            return;
+        };
+        let dir = root.join(mine.trim_start_matches('/'));
+        let Ok(meta) = std::fs::metadata(&dir) else {
+            eprintln!("SKIPPED {} not mounted", dir.display());
+            return;
+        };
+        let mut names = CgroupNames::default();
+        assert_eq!(names.path(meta.ino()), Some(mine));
+        assert_eq!(names.path(u64::MAX), None);
+    }
+}
