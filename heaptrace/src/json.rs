@@ -345,6 +345,9 @@ pub(crate) fn reservations(profile: &Profile) -> Value {
             }
             m.insert("calls".into(), t.calls.into());
             m.insert("bytes".into(), t.bytes.into());
+            // The shape, beside the keys every per-stack entry has.
+            let stack = json!({ "id": m["stack_id"].clone(), "frames": m["frames"].clone() });
+            m.insert("stack".into(), stack);
             Value::Object(m)
         })
         .collect()

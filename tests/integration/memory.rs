@@ -89,6 +89,12 @@ fn each_threads_arena_is_a_64_mib_reservation_of_its_malloc_site() {
         arenas.iter().all(|r| r["function"] == "malloc"),
         "{arenas:?}"
     );
+    assert!(
+        arenas
+            .iter()
+            .all(|r| r["stack"]["frames"] == r["frames"] && r["stack"]["id"] == r["stack_id"]),
+        "{arenas:?}"
+    );
     let n = sum(&arenas, "calls");
     assert_eq!(n, 10.min(8 * cores), "{:#}", doc["reservations"]);
     assert_eq!(sum(&arenas, "bytes"), n * ARENA);
