@@ -245,24 +245,8 @@ impl KernelMaps {
             let _ = self.procs.remove(pid);
             let _ = self.execs.remove(pid);
         }
-        let sizes: Vec<SizeKey> = self
-            .sizes
-            .keys()
-            .filter_map(|k| k.ok())
-            .filter(|k| pids.contains(&k.tgid))
-            .collect();
-        for k in &sizes {
-            let _ = self.sizes.remove(k);
-        }
-        let sites: Vec<SiteKey> = self
-            .sites
-            .keys()
-            .filter_map(|k| k.ok())
-            .filter(|k| pids.contains(&k.tgid))
-            .collect();
-        for k in &sites {
-            let _ = self.sites.remove(k);
-        }
+        remove_where(&mut self.sizes, |k: &SizeKey| pids.contains(&k.tgid));
+        remove_where(&mut self.sites, |k: &SiteKey| pids.contains(&k.tgid));
         Ok(leaks)
     }
 
@@ -283,33 +267,9 @@ impl KernelMaps {
     pub fn restarted(&mut self, pids: &HashSet<u32>) -> Result<()> {
         let epochs: StdHashMap<u32, u32> = pids.iter().map(|p| (*p, self.epoch(*p))).collect();
         let old = |tgid: u32, epoch: u32| epochs.get(&tgid).is_some_and(|e| *e != epoch);
-        let live: Vec<LiveKey> = self
-            .live
-            .keys()
-            .filter_map(|k| k.ok())
-            .filter(|k| old(k.tgid, k.epoch))
-            .collect();
-        for k in &live {
-            let _ = self.live.remove(k);
-        }
-        let sizes: Vec<SizeKey> = self
-            .sizes
-            .keys()
-            .filter_map(|k| k.ok())
-            .filter(|k| old(k.tgid, k.epoch))
-            .collect();
-        for k in &sizes {
-            let _ = self.sizes.remove(k);
-        }
-        let sites: Vec<SiteKey> = self
-            .sites
-            .keys()
-            .filter_map(|k| k.ok())
-            .filter(|k| old(k.tgid, k.epoch))
-            .collect();
-        for k in &sites {
-            let _ = self.sites.remove(k);
-        }
+        remove_where(&mut self.live, |k: &LiveKey| old(k.tgid, k.epoch));
+        remove_where(&mut self.sizes, |k: &SizeKey| old(k.tgid, k.epoch));
+        remove_where(&mut self.sites, |k: &SiteKey| old(k.tgid, k.epoch));
         Ok(())
     }
 
@@ -329,6 +289,38 @@ impl KernelMaps {
             let _ = self.inflight.remove(k);
         }
         Ok(dead.len())
+    }
+}
+
+/// A kernel map whose keys can be listed and removed: what dropping a process's entries needs.
+trait Keyed<K> {
+    fn key_list(&self) -> Vec<K>;
+    fn drop_key(&mut self, key: &K);
+}
+
+impl<K: aya::Pod, V: aya::Pod> Keyed<K> for HashMap<MapData, K, V> {
+    fn key_list(&self) -> Vec<K> {
+        self.keys().filter_map(|k| k.ok()).collect()
+    }
+    fn drop_key(&mut self, key: &K) {
+        let _ = self.remove(key);
+    }
+}
+
+impl<K: aya::Pod, V: aya::Pod> Keyed<K> for PerCpuHashMap<MapData, K, V> {
+    fn key_list(&self) -> Vec<K> {
+        self.keys().filter_map(|k| k.ok()).collect()
+    }
+    fn drop_key(&mut self, key: &K) {
+        let _ = self.remove(key);
+    }
+}
+
+/// Removes the entries whose key `drop` selects. The keys are listed first: removing while
+/// walking would restart the walk.
+fn remove_where<K>(map: &mut impl Keyed<K>, drop: impl Fn(&K) -> bool) {
+    for k in map.key_list().iter().filter(|k| drop(k)) {
+        map.drop_key(k);
     }
 }
 

@@ -2,9 +2,9 @@
 //! allocator shims, each counted exactly; bad specs and missing symbols are one-line errors.
 use std::{
     collections::BTreeMap,
-    io::{BufRead as _, BufReader, Write as _},
+    io::Write as _,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
 };
 
 use serde_json::Value;
@@ -173,18 +173,9 @@ fn explicit_custom_names_count_exactly() {
 
 /// Starts a fixture that says "ready" and waits for a byte on stdin.
 fn ready(bin: &Path, args: &[&str]) -> Child {
-    let mut child = Command::new(bin)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line, "ready\n");
-    child
+    let mut cmd = Command::new(bin);
+    cmd.args(args);
+    crate::system::ready(cmd)
 }
 
 /// `heaptrace probes -p PID --allocator-symbols SPEC`: (name column, file offset) per line.

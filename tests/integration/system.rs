@@ -46,7 +46,7 @@ fn wait_for(tracer: &Running, needle: &str) {
 }
 
 /// Starts a fixture in "wait" mode and reads its "ready" line.
-fn ready(mut cmd: Command) -> Child {
+pub fn ready(mut cmd: Command) -> Child {
     let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
