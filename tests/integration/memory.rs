@@ -213,3 +213,26 @@ fn a_recording_reports_the_same_reservations() {
         "{text}"
     );
 }
+
+/// `--no-reservations` leaves the syscalls alone: no reservations, no reserved figures.
+#[test]
+fn no_reservations_turns_the_syscall_tracing_off() {
+    if !bpf_or_skip("no_reservations_turns_the_syscall_tracing_off") {
+        return;
+    }
+    let _g = shared();
+    let bin = fixture("bigblocks", "", &[]);
+    let json = json_path("mem-off");
+    run_ok(
+        heaptrace()
+            .args(["--no-tui", "-q", "--no-reservations", "--json"])
+            .arg(&json)
+            .arg("--")
+            .arg(&bin),
+    );
+    let doc = read_json(&json);
+    assert_eq!(doc["reservations"], serde_json::json!([]));
+    let p = &doc["processes"][0];
+    assert_eq!(p["memory"]["reserved"], Value::Null);
+    assert_eq!(p["functions"]["malloc"]["calls"].as_u64(), Some(8));
+}
