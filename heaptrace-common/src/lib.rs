@@ -186,12 +186,12 @@ pub mod mode {
 /// bucket 0 holds 0, the last bucket everything from `2^(LOG2_BUCKETS-2)` up.
 pub const LOG2_BUCKETS: usize = 32;
 
-/// The bucket of `v`: the number of significant bits, capped at the last bucket.
+/// The number of significant bits of `v` (0 for 0). A binary search rather than
+/// leading_zeros: BPF has no count-leading-zeros instruction.
 #[inline(always)]
-pub fn log2_bucket(v: u64) -> usize {
-    // Binary search rather than leading_zeros: BPF has no count-leading-zeros instruction.
+pub fn bit_length(v: u64) -> u32 {
     let mut v = v;
-    let mut r = 0usize;
+    let mut r = 0u32;
     if v >= 1 << 32 {
         v >>= 32;
         r += 32;
@@ -216,7 +216,13 @@ pub fn log2_bucket(v: u64) -> usize {
         v >>= 1;
         r += 1;
     }
-    r += v as usize;
+    r + v as u32
+}
+
+/// The bucket of `v`: the number of significant bits, capped at the last bucket.
+#[inline(always)]
+pub fn log2_bucket(v: u64) -> usize {
+    let r = bit_length(v) as usize;
     if r >= LOG2_BUCKETS {
         LOG2_BUCKETS - 1
     } else {
@@ -482,6 +488,13 @@ mod pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bit_length_counts_significant_bits() {
+        for v in [0u64, 1, 2, 3, 255, 256, 1 << 40, u64::MAX] {
+            assert_eq!(bit_length(v), 64 - v.leading_zeros());
+        }
+    }
 
     #[test]
     fn log2_buckets_hold_their_floors() {

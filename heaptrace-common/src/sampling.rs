@@ -21,36 +21,10 @@ pub const FRAC_BITS: u32 = 32;
 /// The largest `--sample-bytes`: keeps `log2 (Q16, at most 2^21) * N * ln 2` within 64 bits.
 pub const MAX_SAMPLE_BYTES: u64 = 1 << 40;
 
-/// The number of significant bits of `v` minus one (floor(log2 v)); v > 0. A binary search:
-/// BPF has no count-leading-zeros instruction.
+/// floor(log2 v) for v > 0.
 #[inline(always)]
 fn floor_log2(v: u64) -> u32 {
-    let mut v = v;
-    let mut r = 0u32;
-    if v >= 1 << 32 {
-        v >>= 32;
-        r += 32;
-    }
-    if v >= 1 << 16 {
-        v >>= 16;
-        r += 16;
-    }
-    if v >= 1 << 8 {
-        v >>= 8;
-        r += 8;
-    }
-    if v >= 1 << 4 {
-        v >>= 4;
-        r += 4;
-    }
-    if v >= 1 << 2 {
-        v >>= 2;
-        r += 2;
-    }
-    if v >= 1 << 1 {
-        r += 1;
-    }
-    r
+    crate::bit_length(v) - 1
 }
 
 /// -log2(u) in Q32 for u = (random + 1) / 2^32, so u is in (0, 1]. `table(j)` returns

@@ -307,13 +307,6 @@ fn rust_global_allocator_counts_exactly() {
     assert_eq!(doc["leaks"]["blocks"].as_u64(), Some(LEAKS));
 }
 
-fn error_line(out: &std::process::Output) -> String {
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
-    assert_eq!(errors.len(), 1, "want one error line: {stderr}");
-    errors[0].to_string()
-}
-
 #[test]
 fn bad_allocator_symbols_are_one_line_errors() {
     let out = heaptrace()

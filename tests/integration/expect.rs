@@ -36,6 +36,20 @@ pub struct Fixture {
     pub no_pvalloc: bool,
 }
 
+impl Fixture {
+    /// The work on the main thread of a glibc process: no thread, memalign at aligned_alloc's
+    /// address, pvalloc called.
+    pub fn main_thread(iterations: u64, leaks: u64) -> Fixture {
+        Fixture {
+            threads: 0,
+            iterations,
+            leaks,
+            memalign_apart: false,
+            no_pvalloc: false,
+        }
+    }
+}
+
 impl Expected {
     fn add(&mut self, f: &'static str, calls: u64, bytes: u64, failed: u64) {
         let e = self.funcs.entry(f).or_default();

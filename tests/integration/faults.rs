@@ -7,13 +7,6 @@ use std::{
 
 use crate::support::*;
 
-fn error_line(out: &std::process::Output) -> String {
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
-    assert_eq!(errors.len(), 1, "want one error line: {stderr}");
-    errors[0].to_string()
-}
-
 #[test]
 fn no_target_is_a_usage_error() {
     let out = heaptrace().output().unwrap();

@@ -43,13 +43,7 @@ fn all_traces_100_long_lived_processes_exactly_in_bounded_memory() {
     let _g = exclusive();
     let bin = fixture("allocs", "-scale", &[]);
     let (tracer, json) = start_all("sys-scale", &["--mode", "counts", "--comm", "allocs-scale"]);
-    let fx = Fixture {
-        threads: 0,
-        iterations: 200,
-        leaks: 3,
-        memalign_apart: false,
-        no_pvalloc: false,
-    };
+    let fx = Fixture::main_thread(200, 3);
     let mut procs: Vec<(Child, BufReader<ChildStdout>)> = (0..PROCESSES)
         .map(|_| {
             let mut c = Command::new(&bin)

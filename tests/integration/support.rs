@@ -293,3 +293,11 @@ impl Running {
         }
     }
 }
+
+/// The one line of a failed run's stderr that says "error" (there must be exactly one).
+pub fn error_line(out: &std::process::Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "want one error line: {stderr}");
+    errors[0].to_string()
+}

@@ -107,13 +107,7 @@ fn all_attaches_a_static_binary_started_later() {
     let _g = exclusive();
     let bin = fixture("allocs", "-static", &["-static"]);
     let (tracer, json) = start_all("sys-static", &["--mode", "sizes"]);
-    let fx = Fixture {
-        threads: 0,
-        iterations: 300,
-        leaks: 3,
-        memalign_apart: false,
-        no_pvalloc: false,
-    };
+    let fx = Fixture::main_thread(300, 3);
     let mut cmd = Command::new(&bin);
     cmd.args(["0", "300", "3", "wait"]);
     let child = ready(cmd);
@@ -142,13 +136,7 @@ fn all_attaches_a_private_libc_in_another_mount_namespace() {
     std::fs::copy(&host_libc, &copy).unwrap();
     let bin = fixture("allocs", "", &[]);
     let (tracer, json) = start_all("sys-mntns", &["--mode", "sizes"]);
-    let fx = Fixture {
-        threads: 0,
-        iterations: 300,
-        leaks: 3,
-        memalign_apart: false,
-        no_pvalloc: false,
-    };
+    let fx = Fixture::main_thread(300, 3);
     let script = format!(
         "mount --bind {} {} && exec {} 0 300 3 wait",
         copy.display(),
@@ -215,13 +203,7 @@ fn all_with_a_comm_filter_reports_only_matching_processes() {
     let _g = exclusive();
     let bin = fixture("allocs", "", &[]);
     let (tracer, json) = start_all("sys-comm", &["--mode", "sizes", "--comm", "allocs"]);
-    let fx = Fixture {
-        threads: 0,
-        iterations: 200,
-        leaks: 2,
-        memalign_apart: false,
-        no_pvalloc: false,
-    };
+    let fx = Fixture::main_thread(200, 2);
     let mut cmd = Command::new(&bin);
     cmd.args(["0", "200", "2", "wait"]);
     let child = ready(cmd);
@@ -260,13 +242,7 @@ fn all_counts_every_one_of_200_short_lived_processes() {
     let _g = exclusive();
     let bin = fixture("allocs", "", &[]);
     let (tracer, json) = start_all("sys-churn", &["--mode", "counts", "--comm", "allocs"]);
-    let fx = Fixture {
-        threads: 0,
-        iterations: 20,
-        leaks: 1,
-        memalign_apart: false,
-        no_pvalloc: false,
-    };
+    let fx = Fixture::main_thread(20, 1);
     let want = Expected::of(&fx);
     let mut pids = Vec::new();
     for _ in 0..20 {
@@ -310,13 +286,7 @@ fn all_restarts_a_process_at_exec() {
     let bin = fixture("allocs", "", &[]);
     let launcher = fixture("execfork", "", &[]);
     let (tracer, json) = start_all("sys-exec", &["--comm", "allocs"]);
-    let fx = Fixture {
-        threads: 0,
-        iterations: 300,
-        leaks: 3,
-        memalign_apart: false,
-        no_pvalloc: false,
-    };
+    let fx = Fixture::main_thread(300, 3);
     let out = Command::new(&launcher)
         .arg("40")
         .arg(&bin)
@@ -407,12 +377,6 @@ fn all_places_a_short_lived_process_in_its_cgroup() {
     let p = &procs[0];
     assert_eq!(p["comm"], "allocs");
     assert_eq!(p["cgroup"], format!("/{name}"));
-    let fx = Fixture {
-        threads: 0,
-        iterations: 50,
-        leaks: 2,
-        memalign_apart: false,
-        no_pvalloc: false,
-    };
+    let fx = Fixture::main_thread(50, 2);
     check_fixture_sizes(p, &fx);
 }
