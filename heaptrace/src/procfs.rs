@@ -77,9 +77,16 @@ fn parse_status(status: &str) -> Mem {
 /// The process's brk heap: ([heap] start, end) from /proc/PID/maps; before the heap exists,
 /// (start_brk, start_brk) from /proc/PID/stat. The end is the current break.
 pub fn heap(pid: u32) -> Option<(u64, u64)> {
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    if let Some(line) = maps.lines().find(|l| l.ends_with("[heap]")) {
-        return parse_range(line);
+    use std::io::BufRead as _;
+    // Read line by line, not whole: this runs every round for every traced process, the heap
+    // comes right after the executable's mappings, and the kernel makes the file as it is read.
+    let maps = io::BufReader::new(fs::File::open(format!("/proc/{pid}/maps")).ok()?);
+    if let Some(line) = maps
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.ends_with("[heap]"))
+    {
+        return parse_range(&line);
     }
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let start_brk = start_brk(&stat)?;

@@ -167,7 +167,17 @@ impl Tracker {
         let st = self.procs.entry(pid).or_default();
         let mut released = Vec::new();
         let mut grown = 0u64;
+        // The address span this call mapped: its regions can only lie there.
+        let mut span = (u64::MAX, 0u64);
         for ev in evs {
+            if matches!(ev.kind, mem::MMAP | mem::MREMAP) {
+                let len = if ev.kind == mem::MMAP {
+                    ev.args[1]
+                } else {
+                    ev.args[2]
+                };
+                span = (span.0.min(ev.ret), span.1.max(ev.ret.saturating_add(len)));
+            }
             match ev.kind {
                 mem::MMAP => {
                     let [_, len, prot, flags] = ev.args;
@@ -226,7 +236,7 @@ impl Tracker {
         }
         // What this call made and still holds, by kind: one reservation each.
         let mut made: BTreeMap<Area, u64> = BTreeMap::new();
-        for (start, r) in st.regions.of_serial(serial) {
+        for (start, r) in st.regions.of_serial(serial, span.0, span.1) {
             *made.entry(r.kind).or_default() += r.end - start;
         }
         if grown > 0 {

@@ -88,8 +88,12 @@ impl Regions {
         self.get_at(addr).map(|r| r.kind)
     }
 
-    pub fn of_serial(&self, serial: u64) -> impl Iterator<Item = (u64, &Region)> {
-        self.iter().filter(move |(_, r)| r.serial == serial)
+    /// The regions call `serial` made, all within [lo, hi).
+    pub fn of_serial(&self, serial: u64, lo: u64, hi: u64) -> impl Iterator<Item = (u64, &Region)> {
+        self.0
+            .range(lo..hi.max(lo))
+            .map(|(s, r)| (*s, r))
+            .filter(move |(_, r)| r.serial == serial)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (u64, &Region)> {
