@@ -12,7 +12,7 @@
 mod regions;
 pub mod ring;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, hash_map::Entry};
 
 use heaptrace_common::{MemEvent, NO_SITE, mem};
 use serde::{Deserialize, Serialize};
@@ -108,16 +108,27 @@ impl Reserved {
 const PROT_NONE: u64 = 0;
 const MAP_FIXED: u64 = 0x10;
 const MAP_NORESERVE: u64 = 0x4000;
-/// Syscalls one allocator call may make before its site is known; more are applied unnamed.
-const MAX_PENDING: usize = 64;
 
 #[derive(Default)]
 struct ProcState {
     regions: Regions,
     /// The last break seen, once known.
     brk: Option<u64>,
-    /// Syscalls of the allocator call in flight, by thread, until its site is known.
-    pending: HashMap<u32, Vec<MemEvent>>,
+    /// The allocator call in flight on each thread that made memory syscalls.
+    pending: HashMap<u32, Call>,
+}
+
+/// What one allocator call did to the mappings, until its end names its site.
+struct Call {
+    /// Tags the regions it made (`Tracker::serial`).
+    serial: u64,
+    func: u32,
+    /// The address span it mapped: its regions lie there.
+    span: (u64, u64),
+    /// Brk heap growth.
+    grown: u64,
+    /// Memory of earlier calls it gave back.
+    released: Vec<(Region, u64)>,
 }
 
 /// Folds memory events into per-process reserved regions and per-site reservations.
@@ -135,124 +146,122 @@ pub struct Tracker {
 impl Tracker {
     pub fn event(&mut self, ev: &MemEvent) {
         let pid = ev.tgid;
-        let st = self.procs.entry(pid).or_default();
         if ev.kind == mem::CALL_END {
-            let evs = st.pending.remove(&ev.tid).unwrap_or_default();
-            self.call(pid, &evs, ev.args[0] as i64 as i32, ev.func);
+            self.finish(pid, ev.tid, ev.args[0] as i64 as i32);
             return;
         }
         if ev.func != mem::NO_FUNC {
-            let p = st.pending.entry(ev.tid).or_default();
-            if p.len() < MAX_PENDING {
-                p.push(*ev);
-                return;
-            }
+            self.inside(pid, ev);
+            return;
         }
         // A syscall outside any allocator call: the thread's last call is over, whether or not
         // its end was seen.
-        if let Some(evs) = st.pending.remove(&ev.tid) {
-            let func = evs.first().map_or(mem::NO_FUNC, |e| e.func);
-            self.call(pid, &evs, NO_SITE, func);
-        }
+        self.finish(pid, ev.tid, NO_SITE);
         self.outside(pid, ev);
     }
 
-    /// The syscalls of one allocator call, netted, under its site.
-    fn call(&mut self, pid: u32, evs: &[MemEvent], stack_id: i32, func: u32) {
-        if evs.is_empty() {
-            return;
-        }
-        self.serial += 1;
-        let serial = self.serial;
+    /// A syscall inside an allocator call, applied at once: deferred to the call's end, it
+    /// could be applied after a later syscall of another thread on the same addresses (a range
+    /// one thread's new arena trimmed off, which another's mapped next).
+    fn inside(&mut self, pid: u32, ev: &MemEvent) {
         let st = self.procs.entry(pid).or_default();
-        let mut released = Vec::new();
-        let mut grown = 0u64;
-        // The address span this call mapped: its regions can only lie there.
-        let mut span = (u64::MAX, 0u64);
-        for ev in evs {
-            if matches!(ev.kind, mem::MMAP | mem::MREMAP) {
-                let len = if ev.kind == mem::MMAP {
-                    ev.args[1]
-                } else {
-                    ev.args[2]
-                };
-                span = (span.0.min(ev.ret), span.1.max(ev.ret.saturating_add(len)));
+        let call = match st.pending.entry(ev.tid) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                self.serial += 1;
+                e.insert(Call {
+                    serial: self.serial,
+                    func: ev.func,
+                    span: (u64::MAX, 0),
+                    grown: 0,
+                    released: Vec::new(),
+                })
             }
-            match ev.kind {
-                mem::MMAP => {
-                    let [_, len, prot, flags] = ev.args;
-                    let (start, end) = (ev.ret, ev.ret.saturating_add(len));
-                    if flags & MAP_FIXED != 0 && st.regions.covers(start, end) {
-                        continue; // glibc decommitting part of an arena: still reserved
-                    }
-                    released.extend(st.regions.unmap(start, end, serial));
+        };
+        let serial = call.serial;
+        let mut inserted = true;
+        match ev.kind {
+            mem::MMAP => {
+                let [_, len, prot, flags] = ev.args;
+                let (start, end) = (ev.ret, ev.ret.saturating_add(len));
+                // glibc decommitting part of an arena: still reserved.
+                if flags & MAP_FIXED == 0 || !st.regions.covers(start, end) {
+                    call.released.extend(st.regions.unmap(start, end, serial));
                     let kind = if prot == PROT_NONE && flags & MAP_NORESERVE != 0 {
                         Area::Arena
                     } else {
                         Area::Mmap
                     };
-                    let r = Region {
-                        end,
-                        kind,
-                        stack_id,
-                        func,
-                        serial,
-                    };
-                    if !st.regions.insert(start, r) {
-                        self.lost += 1;
-                    }
+                    call.span = (call.span.0.min(start), call.span.1.max(end));
+                    inserted = st
+                        .regions
+                        .insert(start, Region::made(end, kind, ev.func, serial));
                 }
-                mem::MUNMAP => {
-                    let [addr, len, ..] = ev.args;
-                    released.extend(st.regions.unmap(addr, addr.saturating_add(len), serial));
-                }
-                mem::MREMAP => {
-                    let [old, old_len, new_len, _] = ev.args;
-                    let kind = st.regions.kind_at(old).unwrap_or(Area::Mmap);
-                    released.extend(st.regions.unmap(old, old.saturating_add(old_len), serial));
-                    let r = Region {
-                        end: ev.ret.saturating_add(new_len),
-                        kind,
-                        stack_id,
-                        func,
-                        serial,
-                    };
-                    if !st.regions.insert(ev.ret, r) {
-                        self.lost += 1;
-                    }
-                }
-                mem::BRK => {
-                    if let Some(prev) = st.brk {
-                        if ev.ret > prev {
-                            grown += ev.ret - prev;
-                        } else if ev.ret < prev {
-                            released.push(heap_release(prev - ev.ret));
-                        }
-                    }
-                    st.brk = Some(ev.ret);
-                }
-                _ => {}
             }
+            mem::MUNMAP => {
+                let [addr, len, ..] = ev.args;
+                call.released
+                    .extend(st.regions.unmap(addr, addr.saturating_add(len), serial));
+            }
+            mem::MREMAP => {
+                let [old, old_len, new_len, _] = ev.args;
+                let kind = st.regions.kind_at(old).unwrap_or(Area::Mmap);
+                call.released
+                    .extend(st.regions.unmap(old, old.saturating_add(old_len), serial));
+                let end = ev.ret.saturating_add(new_len);
+                call.span = (call.span.0.min(ev.ret), call.span.1.max(end));
+                inserted = st
+                    .regions
+                    .insert(ev.ret, Region::made(end, kind, ev.func, serial));
+            }
+            mem::BRK => {
+                if let Some(prev) = st.brk {
+                    if ev.ret > prev {
+                        call.grown += ev.ret - prev;
+                    } else if ev.ret < prev {
+                        call.released.push(heap_release(prev - ev.ret));
+                    }
+                }
+                st.brk = Some(ev.ret);
+            }
+            _ => {}
         }
-        // What this call made and still holds, by kind: one reservation each.
+        if !inserted {
+            self.lost += 1;
+        }
+    }
+
+    /// The end of a thread's allocator call: its regions get its site, and what it made and
+    /// still holds is one reservation per kind.
+    fn finish(&mut self, pid: u32, tid: u32, stack_id: i32) {
+        let Some(st) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        let Some(call) = st.pending.remove(&tid) else {
+            return;
+        };
         let mut made: BTreeMap<Area, u64> = BTreeMap::new();
-        for (start, r) in st.regions.of_serial(serial, span.0, span.1) {
+        for (start, r) in st
+            .regions
+            .of_serial_mut(call.serial, call.span.0, call.span.1)
+        {
+            r.stack_id = stack_id;
             *made.entry(r.kind).or_default() += r.end - start;
         }
-        if grown > 0 {
-            made.insert(Area::Brk, grown);
+        if call.grown > 0 {
+            made.insert(Area::Brk, call.grown);
         }
         for (kind, bytes) in made {
             if bytes > 0 {
                 let t = self
                     .fresh
-                    .entry((pid, kind.into(), stack_id, func))
+                    .entry((pid, kind.into(), stack_id, call.func))
                     .or_default();
                 t.calls += 1;
                 t.bytes += bytes;
             }
         }
-        self.released(pid, released);
+        self.released(pid, call.released);
     }
 
     /// A syscall made outside any allocator call: only what it does to the allocator's memory

@@ -14,6 +14,19 @@ pub struct Region {
     pub serial: u64,
 }
 
+impl Region {
+    /// A region an allocator call just made; its site is set when the call ends.
+    pub fn made(end: u64, kind: Area, func: u32, serial: u64) -> Region {
+        Region {
+            end,
+            kind,
+            stack_id: heaptrace_common::NO_SITE,
+            func,
+            serial,
+        }
+    }
+}
+
 /// A process can hold at most this many mappings (vm.max_map_count's default is 65530).
 const MAX_REGIONS: usize = 1 << 16;
 
@@ -89,9 +102,14 @@ impl Regions {
     }
 
     /// The regions call `serial` made, all within [lo, hi).
-    pub fn of_serial(&self, serial: u64, lo: u64, hi: u64) -> impl Iterator<Item = (u64, &Region)> {
+    pub fn of_serial_mut(
+        &mut self,
+        serial: u64,
+        lo: u64,
+        hi: u64,
+    ) -> impl Iterator<Item = (u64, &mut Region)> {
         self.0
-            .range(lo..hi.max(lo))
+            .range_mut(lo..hi.max(lo))
             .map(|(s, r)| (*s, r))
             .filter(move |(_, r)| r.serial == serial)
     }

@@ -246,3 +246,24 @@ fn unmapping_the_middle_of_a_region_splits_it() {
         "its own call: a trim"
     );
 }
+
+#[test]
+fn calls_of_two_threads_keep_their_regions_whichever_ends_first() {
+    let mut t = Tracker::default();
+    let base = 0x7f00_0000_0000; // aligned: A keeps [base, base + 64 MiB), trims the rest
+    for e in arena_events(11, base) {
+        t.event(&e);
+    }
+    // B's new arena lands in the 64 MiB A just trimmed off, and B's call ends first.
+    for e in arena_events(12, base + ARENA_SIZE) {
+        t.event(&e);
+    }
+    t.event(&end(12, 0, 6));
+    t.event(&end(11, 0, 5));
+    let fresh = t.take();
+    assert_eq!(fresh[&(PID, Kind::Arena, 5, 0)].bytes, ARENA_SIZE);
+    assert_eq!(fresh[&(PID, Kind::Arena, 6, 0)].bytes, ARENA_SIZE);
+    assert_eq!(t.reserved(PID).arenas, 2 * ARENA_SIZE);
+}
+
+const ARENA_SIZE: u64 = 64 * MIB;
