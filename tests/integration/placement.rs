@@ -36,7 +36,7 @@ fn probes_places_free_on_a_push_and_keeps_uretprobe_functions_at_the_entry() {
         }
     }
     // A process using the host's libc gets the same plan.
-    let mut spin = Command::new(fixture("spin", "", &[])).spawn().unwrap();
+    let mut spin = spawn_with_libc(&mut Command::new(fixture("spin", "", &[])));
     let (pid_path, pid_probes) = planned_probes(Some(spin.id()));
     spin.kill().unwrap();
     spin.wait().unwrap();

@@ -308,7 +308,7 @@ fn a_recording_cut_short_still_reads() {
         return;
     }
     let _g = shared();
-    let mut spin = Command::new(fixture("spin", "", &[])).spawn().unwrap();
+    let mut spin = spawn_with_libc(&mut Command::new(fixture("spin", "", &[])));
     let rec = out("rec-killed", "bin");
     let tracer = start_attached(heaptrace().args(["record", "-o"]).arg(&rec).args([
         "-q",

@@ -301,3 +301,16 @@ pub fn error_line(out: &std::process::Output) -> String {
     assert_eq!(errors.len(), 1, "want one error line: {stderr}");
     errors[0].to_string()
 }
+
+/// Spawns a dynamically linked fixture and waits until its libc is mapped: `-p` on a process
+/// the dynamic loader has not finished with finds no malloc yet.
+pub fn spawn_with_libc(cmd: &mut Command) -> std::process::Child {
+    let child = cmd.spawn().expect("spawn");
+    let maps = format!("/proc/{}/maps", child.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !std::fs::read_to_string(&maps).is_ok_and(|m| m.contains("libc.so")) {
+        assert!(std::time::Instant::now() < deadline, "libc never mapped");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child
+}
