@@ -11,11 +11,11 @@ use anyhow::{Context as _, Result, bail};
 mod bench;
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
-const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
-/// Debian packages: the LLVM bpf-linker links against, what the test fixtures need, and the
-/// tools the exports are checked with (go tool pprof, ms_print).
+/// The LLVM majors bpf-linker 0.13.0 can be built for (its `llvm-N` features).
+const BPF_LINKER_LLVM: std::ops::RangeInclusive<u32> = 21..=23;
+/// Debian packages: what the test fixtures need, and the tools the exports are checked with
+/// (go tool pprof, ms_print).
 const APT_PACKAGES: &[&str] = &[
-    "llvm-22-dev",
     "gcc",
     "g++",
     "libc6-dev",
@@ -150,24 +150,132 @@ fn setup() -> Result<()> {
         ]))?;
     }
 
+    bpf_linker()
+}
+
+/// The nightly toolchain's LLVM: its version and the shared library rustc itself loads.
+struct NightlyLlvm {
+    major: u32,
+    /// Names one nightly build: release, commit and LLVM version.
+    id: String,
+    /// A file-name-safe form of `id`.
+    dir: String,
+    /// The nightly's libLLVM shared library.
+    lib: PathBuf,
+}
+
+fn nightly_llvm() -> Result<NightlyLlvm> {
+    let rustc = |args: &[&str]| {
+        output_ok(
+            Command::new("rustup")
+                .args(["run", "nightly", "rustc"])
+                .args(args),
+        )
+        .with_context(|| format!("cannot run the nightly rustc {}", args.join(" ")))
+    };
+    let vv = rustc(&["-vV"])?;
+    let field = |key: &str| {
+        vv.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(str::trim)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (release, commit, llvm) = (
+        field("release:"),
+        field("commit-hash:"),
+        field("LLVM version:"),
+    );
+    let major: u32 = llvm
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .with_context(|| format!("no LLVM version in the nightly rustc's -vV:\n{vv}"))?;
+    let libdir = PathBuf::from(rustc(&["--print", "sysroot"])?.trim()).join("lib");
+    let lib = std::fs::read_dir(&libdir)
+        .with_context(|| format!("cannot read {}", libdir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libLLVM") && n.contains(".so"))
+        })
+        // The library itself, not the linker script beside it that names it.
+        .find(|p| {
+            std::fs::read(p)
+                .ok()
+                .is_some_and(|b| b.starts_with(b"\x7fELF"))
+        })
+        .with_context(|| {
+            format!(
+                "the nightly toolchain has no libLLVM in {}",
+                libdir.display()
+            )
+        })?;
+    let id = format!("{release} {commit} LLVM {llvm}");
+    let dir = format!("{release}-{}", commit.get(..12).unwrap_or(&commit));
+    Ok(NightlyLlvm {
+        major,
+        id,
+        dir,
+        lib,
+    })
+}
+
+/// bpf-linker reads the bitcode the nightly's rustc writes, and LLVM's bitcode reader rejects
+/// records of a newer LLVM ("Invalid record"). A system LLVM drifts from the nightly's (Debian
+/// ships 22 while the nightly moved to 23), so bpf-linker is built against the nightly's own
+/// libLLVM: a prefix whose lib/ links to it, which bpf-linker's build links and records as its
+/// rpath. A stamp names the nightly it was built for; another nightly rebuilds it (~1 min).
+fn bpf_linker() -> Result<()> {
+    let llvm = nightly_llvm()?;
+    let home = cargo_bin("").parent().expect("cargo home").to_path_buf();
+    let base = home.join("heaptrace-llvm");
+    let stamp = base.join("bpf-linker.stamp");
+    let want = format!("bpf-linker {BPF_LINKER_VERSION} for {}\n", llvm.id);
     let linker = cargo_bin("bpf-linker");
-    let linker_ok = output_ok(Command::new(&linker).arg("--version"))
+    let runs = output_ok(Command::new(&linker).arg("--version"))
         .is_some_and(|v| v.contains(BPF_LINKER_VERSION));
-    if !linker_ok {
-        eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} against {LLVM_PREFIX} (~2 min)");
-        status(
-            Command::new("cargo")
-                .args([
-                    "install",
-                    &format!("bpf-linker@{BPF_LINKER_VERSION}"),
-                    "--locked",
-                    "--no-default-features",
-                    "--features",
-                    "llvm-22",
-                ])
-                .env("LLVM_PREFIX", LLVM_PREFIX),
-        )?;
+    if runs && std::fs::read_to_string(&stamp).is_ok_and(|s| s == want) {
+        return Ok(());
     }
+    if !BPF_LINKER_LLVM.contains(&llvm.major) {
+        bail!(
+            "the nightly toolchain's LLVM ({}) is not one bpf-linker {BPF_LINKER_VERSION} can be \
+             built for ({}-{})",
+            llvm.id,
+            BPF_LINKER_LLVM.start(),
+            BPF_LINKER_LLVM.end()
+        );
+    }
+    let prefix = base.join(&llvm.dir);
+    let lib = prefix.join("lib");
+    std::fs::create_dir_all(&lib).with_context(|| format!("cannot create {}", lib.display()))?;
+    let name = llvm.lib.file_name().expect("a file");
+    // The build links -lLLVM; the loader then looks for the library's soname, its file name.
+    for link in [lib.join("libLLVM.so"), lib.join(name)] {
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&llvm.lib, &link)
+            .with_context(|| format!("cannot link {}", link.display()))?;
+    }
+    eprintln!(
+        "xtask: building bpf-linker {BPF_LINKER_VERSION} against the nightly's LLVM ({}, ~1 min)",
+        llvm.id
+    );
+    status(
+        Command::new("cargo")
+            .args([
+                "install",
+                &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+                "--locked",
+                "--force",
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{}", llvm.major),
+            ])
+            .env("LLVM_PREFIX", &prefix),
+    )?;
+    std::fs::write(&stamp, want).with_context(|| format!("cannot write {}", stamp.display()))?;
     Ok(())
 }
 
