@@ -453,7 +453,23 @@ pub mod globals {
     pub const SAMPLE_BYTES: &str = "SAMPLE_BYTES";
     /// SAMPLE_BYTES * ln 2 in Q16 (see [`super::sampling::gap`]).
     pub const SAMPLE_SCALE: &str = "SAMPLE_SCALE";
+    /// Calls mode (1): a function without a return probe ([`super::COOKIE_NO_RETURN`]) is
+    /// counted at its entry, and nothing is kept in the live map.
+    pub const CALLS_MODE: &str = "CALLS_MODE";
+    /// Bare mode (a benchmark floor): 1 walks the user stack at the return, 0 only counts.
+    pub const BARE_STACK: &str = "BARE_STACK";
 }
+
+/// An entry probe's attach cookie: the pushes executed before the probe point (see
+/// heaptrace's `placement`) in the low bits, and this bit when the function has no return
+/// probe (calls mode's malloc): the call is counted at its entry and opens no in-flight window.
+pub const COOKIE_NO_RETURN: u64 = 1 << 32;
+pub const COOKIE_PUSHES: u64 = 0xffff_ffff;
+
+/// The largest request an allocator can satisfy: glibc and jemalloc refuse anything above
+/// PTRDIFF_MAX without trying. Calls mode, which does not see malloc return, counts such a
+/// request as failed at the entry; it sees no other failure of malloc.
+pub const MAX_REQUEST: u64 = i64::MAX as u64;
 
 // Layouts are part of the kernel/user contract: no implicit padding allowed.
 const _: () = assert!(core::mem::size_of::<FnCounters>() == 24);

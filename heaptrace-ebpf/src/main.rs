@@ -26,11 +26,11 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use heaptrace_common::{
-    Func, INFLIGHT_RESERVED, InFlight, LiveBlock, LiveKey, Loss, NO_SITE, NOT_SAMPLED,
-    ProcCounters, mode,
+    COOKIE_NO_RETURN, COOKIE_PUSHES, Func, INFLIGHT_RESERVED, InFlight, LiveBlock, LiveKey, Loss,
+    MAX_REQUEST, NO_SITE, NOT_SAMPLED, ProcCounters, mode,
 };
 
-use crate::maps::{INFLIGHT, LIVE, add, lose, mode, proc_counters, self_tgid};
+use crate::maps::{INFLIGHT, LIVE, add, calls_mode, lose, mode, proc_counters, self_tgid};
 
 const BPF_ANY: u64 = 0;
 
@@ -40,14 +40,18 @@ fn stack_pointer(regs: *mut aya_ebpf::bindings::pt_regs) -> u64 {
     unsafe { (*regs).rsp }
 }
 
-/// The stack pointer at the probed function's entry. An entry probe placed past N pushes (see
-/// heaptrace's `placement`) sees rsp 8*N lower; the loader passes N as the attach cookie, which
-/// reads 0 when none was set.
+/// The entry probe's attach cookie (`heaptrace_common::COOKIE_*`); 0 when none was set.
 #[inline(always)]
-fn entry_sp(ctx: &ProbeContext) -> u64 {
+fn cookie(ctx: &ProbeContext) -> u64 {
     // SAFETY: the helper only reads the cookie of the link that runs this program.
-    let pushes = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    stack_pointer(ctx.regs).wrapping_add(pushes.wrapping_mul(8))
+    unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }
+}
+
+/// The stack pointer at the probed function's entry. An entry probe placed past N pushes (see
+/// heaptrace's `placement`) sees rsp 8*N lower; N is in the cookie.
+#[inline(always)]
+fn entry_sp(ctx: &ProbeContext, cookie: u64) -> u64 {
+    stack_pointer(ctx.regs).wrapping_add((cookie & COOKIE_PUSHES).wrapping_mul(8))
 }
 
 /// Entry of an allocating function: remember its arguments until it returns. A call entered at
@@ -65,8 +69,13 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
     if (id >> 32) as u32 == self_tgid() {
         return Ok(());
     }
-    let sp = entry_sp(ctx);
-    let ts_ns = if mode() >= mode::SIZES {
+    let cookie = cookie(ctx);
+    let sp = entry_sp(ctx, cookie);
+    if cookie & COOKIE_NO_RETURN != 0 {
+        count_at_entry(id, func, size, sp);
+        return Ok(());
+    }
+    let ts_ns = if mode() >= mode::SIZES && !calls_mode() {
         // SAFETY: no preconditions.
         unsafe { bpf_ktime_get_ns() }
     } else {
@@ -98,6 +107,29 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
     Ok(())
 }
 
+/// Calls mode, a function without a return probe (malloc): counted here. Nested calls are
+/// told apart as in `enter`, by the window of an outer call (which has a return probe). Only
+/// a request no allocator can satisfy is known to fail here.
+#[inline(always)]
+fn count_at_entry(id: u64, func: Func, size: u64, sp: u64) {
+    // SAFETY: map value; only this thread reads or writes its own entry.
+    if unsafe { INFLIGHT.get(id) }.is_some_and(|f| f.sp != 0 && sp <= f.sp) {
+        return;
+    }
+    let tgid = (id >> 32) as u32;
+    let Some(pc) = proc_counters(tgid) else {
+        return;
+    };
+    let fc = &mut pc.funcs[func as usize];
+    add(&mut fc.calls, 1);
+    if size > MAX_REQUEST {
+        add(&mut fc.failed, 1);
+        return;
+    }
+    add(&mut fc.bytes, size);
+    maps::count_size(tgid, pc.epoch as u32, func, size, NO_SITE);
+}
+
 #[uprobe]
 pub fn malloc_entry(ctx: ProbeContext) -> u32 {
     let size: u64 = ctx.arg(0).unwrap_or(0);
@@ -109,8 +141,19 @@ pub fn malloc_entry(ctx: ProbeContext) -> u32 {
 pub fn calloc_entry(ctx: ProbeContext) -> u32 {
     let n: u64 = ctx.arg(0).unwrap_or(0);
     let each: u64 = ctx.arg(1).unwrap_or(0);
-    // An overflowing product fails inside calloc; the size recorded then does not matter.
-    let _ = enter(&ctx, Func::Calloc, n.wrapping_mul(each), 0);
+    // An overflowing product fails inside calloc: recorded as a request that cannot succeed.
+    // Not checked_mul: LLVM lowers overflow checks (and `n > MAX / each`, which it recognizes)
+    // to a 128-bit multiply from compiler_builtins, a call BPF cannot make. A volatile read of
+    // the quotient keeps the division.
+    let limit = if each == 0 { u64::MAX } else { u64::MAX / each };
+    // SAFETY: a read of a local.
+    let limit = unsafe { core::ptr::read_volatile(&limit) };
+    let size = if n > limit {
+        u64::MAX
+    } else {
+        n.wrapping_mul(each)
+    };
+    let _ = enter(&ctx, Func::Calloc, size, 0);
     0
 }
 
@@ -305,8 +348,8 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64) {
     if mode() >= mode::SIZES {
         maps::count_size(call.tgid, call.epoch, call.func, size, stack_id);
     }
-    if !sampled {
-        return;
+    if !sampled || calls_mode() {
+        return; // calls mode keeps no live map
     }
     let key = LiveKey {
         tgid: call.tgid,
@@ -336,9 +379,12 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64) {
     add(&mut call.pc.live_bytes, size);
 }
 
-/// Forgets a block; returns its size if it was known.
+/// Forgets a block; returns its size if it was known (never in calls mode: no live map).
 #[inline(always)]
 fn untrack(pc: &mut ProcCounters, tgid: u32, ptr: u64) -> Option<u64> {
+    if calls_mode() {
+        return None;
+    }
     // A block of an earlier image of the process (before an exec) is never this image's.
     let epoch = pc.epoch as u32;
     let key = LiveKey { tgid, epoch, ptr };
@@ -394,7 +440,7 @@ pub fn free_entry(ctx: ProbeContext) -> u32 {
         return 0;
     }
     let ptr: u64 = ctx.arg(0).unwrap_or(0);
-    let _ = try_free(ptr, entry_sp(&ctx));
+    let _ = try_free(ptr, entry_sp(&ctx, cookie(&ctx)));
     0
 }
 

@@ -40,6 +40,20 @@ static mut SAMPLE_SCALE: u64 = 0;
 #[unsafe(no_mangle)]
 static TEMPORARY_NS: u64 = 1_000_000_000;
 
+/// Bare mode: see `heaptrace_common::globals::BARE_STACK`.
+#[unsafe(no_mangle)]
+static BARE_STACK: u32 = 1;
+
+#[inline(always)]
+pub fn bare_stack() -> bool {
+    // SAFETY: a plain read of a global the loader wrote before load.
+    unsafe { core::ptr::read_volatile(&BARE_STACK) != 0 }
+}
+
+/// Calls mode: see `heaptrace_common::globals::CALLS_MODE`.
+#[unsafe(no_mangle)]
+static CALLS_MODE: u32 = 0;
+
 // Capacities are defaults; the loader may resize them (map_max_entries) from the command line.
 #[map(name = "PROCS")]
 pub static PROCS: PerCpuHashMap<u32, ProcCounters> = PerCpuHashMap::with_max_entries(4096, 0);
@@ -143,6 +157,12 @@ pub fn self_tgid() -> u32 {
 pub fn mode() -> u32 {
     // SAFETY: as above.
     unsafe { core::ptr::read_volatile(&MODE) }
+}
+
+#[inline(always)]
+pub fn calls_mode() -> bool {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&CALLS_MODE) != 0 }
 }
 
 #[inline(always)]

@@ -53,10 +53,12 @@ pub fn store_stack(ctx: &RetProbeContext) -> Result<i64, i32> {
     }
 }
 
-/// Bare mode: the stack walk and a count, nothing else.
+/// Bare mode: the stack walk (unless the floor measured is the traps' alone) and a count.
 #[inline(always)]
 pub fn bare_stack(ctx: &RetProbeContext) {
-    let _ = ctx.get_stackid(&STACKS, BPF_F_USER_STACK);
+    if crate::maps::bare_stack() {
+        let _ = ctx.get_stackid(&STACKS, BPF_F_USER_STACK);
+    }
     crate::maps::bare_count(1);
 }
 

@@ -44,6 +44,10 @@ pub struct Profile {
     pub weights: BTreeMap<SiteId, crate::sampling::Weighted>,
     /// The allocators' reservations and releases of memory, by site.
     pub reservations: BTreeMap<ResKey, ResTotals>,
+    /// Calls mode: malloc was counted at its entry and nothing was kept in the live map, so
+    /// live figures, leaks, free's bytes and untracked count, and realloc's released bytes are
+    /// not known. The views say so rather than show zeros.
+    pub calls: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -117,6 +121,14 @@ impl Profile {
         Profile {
             sample_bytes,
             ..Profile::default()
+        }
+    }
+
+    /// An empty Profile of a trace in `mode` (its `--mode` name), sampled at `sample_bytes`.
+    pub fn of_mode(mode: &str, sample_bytes: u64) -> Profile {
+        Profile {
+            calls: mode == "calls",
+            ..Profile::sampled(sample_bytes)
         }
     }
 
@@ -427,6 +439,7 @@ impl Profile {
             latency: self.latency,
             peak: None,
             sample_bytes: self.sample_bytes,
+            calls: self.calls,
             samples: self
                 .samples
                 .iter()

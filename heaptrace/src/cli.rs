@@ -3,9 +3,12 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-/// What the probes collect (each mode adds to the one before, and costs more).
+/// What the probes collect (from counts on, each mode adds to the one before, and costs more).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
+    /// The cheapest: per-function calls and bytes and the exact size histogram, malloc counted
+    /// at its entry (no return probe); no live blocks, leaks, latency or reservations.
+    Calls,
     /// Per-function calls, bytes, failures; live blocks and leaks.
     Counts,
     /// + the exact size histogram and per-function latency.
@@ -15,24 +18,36 @@ pub enum Mode {
     /// Benchmark baseline: the same probes, programs that only walk the stack and count.
     #[value(hide = true)]
     Bare,
+    /// Benchmark baseline: the probes of counts and sizes modes, programs that only count.
+    #[value(hide = true)]
+    BareTraps,
+    /// Benchmark baseline: the probes of calls mode (no return probe on malloc), programs that
+    /// only count.
+    #[value(hide = true)]
+    BareEntry,
 }
 
 impl Mode {
     pub fn kernel(self) -> u32 {
         match self {
+            // The size histogram is sizes mode's; the CALLS_MODE global does the rest.
+            Mode::Calls => heaptrace_common::mode::SIZES,
             Mode::Counts => heaptrace_common::mode::COUNTS,
             Mode::Sizes => heaptrace_common::mode::SIZES,
             Mode::Stacks => heaptrace_common::mode::STACKS,
-            Mode::Bare => heaptrace_common::mode::BARE,
+            Mode::Bare | Mode::BareTraps | Mode::BareEntry => heaptrace_common::mode::BARE,
         }
     }
 
     pub fn name(self) -> &'static str {
         match self {
+            Mode::Calls => "calls",
             Mode::Counts => "counts",
             Mode::Sizes => "sizes",
             Mode::Stacks => "stacks",
             Mode::Bare => "bare",
+            Mode::BareTraps => "bare-traps",
+            Mode::BareEntry => "bare-entry",
         }
     }
 }
@@ -327,6 +342,10 @@ pub struct ProbesArgs {
     /// The custom allocator functions to look for, as when tracing.
     #[arg(long, value_name = "SPEC", value_parser = crate::symbols::parse)]
     pub allocator_symbols: Option<crate::symbols::Custom>,
+
+    /// The mode to plan for: in calls mode malloc has no return probe.
+    #[arg(long, value_enum, default_value = "stacks")]
+    pub mode: Mode,
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {

@@ -146,8 +146,10 @@ pub(crate) fn latency(profile: &Profile) -> Value {
 
 /// With sampling (`sample_bytes` > 0), frees of blocks that were not sampled miss the live
 /// map like untracked ones, and their sizes are unknown: free's bytes and the untracked count
-/// are null, and `not_in_live_map` counts both kinds.
-fn functions(t: &Totals, aliases: &[(Func, Func)], sample_bytes: u64) -> Value {
+/// are null, and `not_in_live_map` counts both kinds. Calls mode keeps no live map: free's
+/// bytes and untracked count and realloc's released bytes are null.
+fn functions(t: &Totals, aliases: &[(Func, Func)], profile: &Profile) -> Value {
+    let sample_bytes = profile.sample_bytes;
     let mut m = Map::new();
     for f in Func::ALL {
         if aliases.iter().any(|(a, _)| *a == f) {
@@ -155,6 +157,11 @@ fn functions(t: &Totals, aliases: &[(Func, Func)], sample_bytes: u64) -> Value {
         }
         let c = t.func(f);
         let v = match f {
+            Func::Free if profile.calls => json!({
+                "calls": c.calls,
+                "bytes": Value::Null,
+                "untracked": Value::Null,
+            }),
             Func::Free if sample_bytes > 0 => json!({
                 "calls": c.calls,
                 "bytes": Value::Null,
@@ -173,7 +180,11 @@ fn functions(t: &Totals, aliases: &[(Func, Func)], sample_bytes: u64) -> Value {
                 "moved": t.realloc_moves,
                 "in_place": t.realloc_in_place,
                 "freed": t.realloc_frees,
-                "released_bytes": t.realloc_released_bytes,
+                "released_bytes": if profile.calls {
+                    Value::Null
+                } else {
+                    t.realloc_released_bytes.into()
+                },
             }),
             _ => json!({ "calls": c.calls, "bytes": c.bytes, "failed": c.failed }),
         };
@@ -247,19 +258,15 @@ pub fn document(profile: &Profile, info: &RunInfo<'_>) -> Value {
                 "pid": pid,
                 "comm": p.comm,
                 "cgroup": p.cgroup,
-                "functions": functions(&p.totals, info.aliases, profile.sample_bytes),
+                "functions": functions(&p.totals, info.aliases, profile),
                 "totals": totals_summary(&p.totals),
                 "sizes": sizes(profile, Some(*pid)),
-                "live": {
-                    "blocks": p.totals.live_blocks,
-                    "bytes": p.totals.live_bytes,
-                    "estimated": profile.sample_bytes > 0,
-                },
-                "leaks": leaks(profile, Some(*pid)),
+                "live": live(profile, &p.totals),
+                "leaks": if profile.calls { Value::Null } else { leaks(profile, Some(*pid)) },
                 "rss_kb": p.mem.map(|m| m.rss_kb),
                 "virt_kb": p.mem.map(|m| m.virt_kb),
                 "peak_rss_kb": p.peak_rss_kb,
-                "memory": memory(p),
+                "memory": memory(profile, p),
                 "exited": p.exited,
                 "leaks_at_exit": p.leaks_at_exit,
             })
@@ -284,15 +291,11 @@ pub fn document(profile: &Profile, info: &RunInfo<'_>) -> Value {
         "rounds": profile.rounds.len(),
         "provider": { "path": info.provider, "probes": info.probes },
         "aliases": aliases,
-        "functions": functions(&totals, info.aliases, profile.sample_bytes),
+        "functions": functions(&totals, info.aliases, profile),
         "totals": totals_summary(&totals),
         "sizes": sizes(profile, None),
-        "live": {
-            "blocks": totals.live_blocks,
-            "bytes": totals.live_bytes,
-            "estimated": profile.sample_bytes > 0,
-        },
-        "leaks": leaks(profile, None),
+        "live": live(profile, &totals),
+        "leaks": if profile.calls { Value::Null } else { leaks(profile, None) },
         "lost": lost,
         "processes": processes,
         "timeline": profile.rounds,
@@ -304,11 +307,23 @@ pub fn document(profile: &Profile, info: &RunInfo<'_>) -> Value {
     })
 }
 
+/// The live blocks and bytes; null in calls mode, which keeps no live map.
+fn live(profile: &Profile, t: &Totals) -> Value {
+    if profile.calls {
+        return Value::Null;
+    }
+    json!({
+        "blocks": t.live_blocks,
+        "bytes": t.live_bytes,
+        "estimated": profile.sample_bytes > 0,
+    })
+}
+
 /// Three different numbers side by side: what the program asked for and still holds, what its
 /// allocator holds from the kernel, and what the kernel counts (RSS, VIRT).
-fn memory(p: &crate::aggregate::ProcProfile) -> Value {
+fn memory(profile: &Profile, p: &crate::aggregate::ProcProfile) -> Value {
     json!({
-        "requested_live_bytes": p.totals.live_bytes,
+        "requested_live_bytes": if profile.calls { Value::Null } else { p.totals.live_bytes.into() },
         "reserved_bytes": p.reserved.map(|r| r.total()),
         "reserved": p.reserved.map(|r| json!({
             "heap": r.heap, "arenas": r.arenas, "mmapped": r.mmapped,
@@ -322,7 +337,7 @@ pub(crate) fn memory_by_process(profile: &Profile) -> Value {
     profile
         .procs
         .iter()
-        .map(|(pid, p)| json!({ "pid": pid, "comm": p.comm, "memory": memory(p) }))
+        .map(|(pid, p)| json!({ "pid": pid, "comm": p.comm, "memory": memory(profile, p) }))
         .collect()
 }
 

@@ -17,7 +17,7 @@ use aya::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeScope},
     },
 };
-use heaptrace_common::{Func, globals, maps};
+use heaptrace_common::{COOKIE_NO_RETURN, Func, globals, maps};
 use iced_x86::Register;
 
 use crate::{
@@ -52,6 +52,11 @@ pub struct LoadOptions {
     pub site_map_size: u32,
     /// `--sample-bytes` (0: every allocation).
     pub sample_bytes: u64,
+    /// Calls mode: malloc is counted at its entry (no return probe), nothing is kept in the
+    /// live map. `mode` is then SIZES, for the size histogram.
+    pub calls: bool,
+    /// Bare mode: walk the stack at the return (the floor of stacks mode) or only count.
+    pub bare_stack: bool,
 }
 
 impl Default for LoadOptions {
@@ -66,6 +71,8 @@ impl Default for LoadOptions {
             stack_map_size: 16384,
             site_map_size: 16384,
             sample_bytes: 0,
+            calls: false,
+            bare_stack: true,
         }
     }
 }
@@ -100,19 +107,44 @@ pub struct Attached {
 #[derive(Clone, Debug)]
 pub struct Planned {
     pub site: FuncSite,
-    /// Allocating functions have one (their result and size meet there); free does not.
+    /// Allocating functions have one (their result and size meet there), except malloc in
+    /// calls mode; free does not.
     pub uretprobe: bool,
     pub placement: Placement,
 }
 
+impl Planned {
+    /// The entry probe's cookie: the pushes before the probe point, and whether the call is
+    /// counted at its entry (see heaptrace_common::COOKIE_NO_RETURN).
+    pub fn cookie(&self) -> u64 {
+        let at_entry = !self.uretprobe && self.site.func != Func::Free;
+        u64::from(self.placement.pushes) | if at_entry { COOKIE_NO_RETURN } else { 0 }
+    }
+}
+
+/// Whether a function needs a return probe. In calls mode malloc does without one: it is
+/// counted at its entry. That takes a trap off every malloc, and is exact as long as malloc
+/// runs no other family member inside it, which holds for the C allocators (glibc, jemalloc,
+/// tcmalloc). Every other function keeps its return probe: it may run malloc or free inside
+/// (realloc(NULL, n), small-alignment posix_memalign), and only its return closes the window
+/// in which such a nested call is told apart. A custom allocator's malloc (`--allocator-symbols`)
+/// may wrap anything, and keeps its return probe too.
+fn needs_uretprobe(provider: &Provider, site: &FuncSite, calls: bool) -> bool {
+    match site.func {
+        Func::Free => false,
+        Func::Malloc if calls => !(provider.abi == Abi::C && site.symbol == "malloc"),
+        _ => true,
+    }
+}
+
 /// Decides where each function's entry probe goes, from the provider file's code.
-/// `at_entry` keeps every probe at its function's entry.
-pub fn plan(provider: &Provider, at_entry: bool) -> Result<Vec<Planned>> {
+/// `at_entry` keeps every probe at its function's entry; `calls` is calls mode.
+pub fn plan(provider: &Provider, at_entry: bool, calls: bool) -> Result<Vec<Planned>> {
     provider
         .sites
         .iter()
         .map(|site| {
-            let uretprobe = site.func != Func::Free;
+            let uretprobe = needs_uretprobe(provider, site, calls);
             let code = elf::code(&provider.attach_path, site, placement::WINDOW)?;
             let placement = if at_entry {
                 placement::entry(&code, "entry: --probe-at-entry")
@@ -140,6 +172,8 @@ pub struct Probes {
     links: Vec<Link>,
     /// The programs loaded again for uprobe_multi links; None where the kernel refused them.
     multi: Option<MultiPrograms>,
+    /// Calls mode: see [`plan`].
+    calls: bool,
 }
 
 impl Drop for Probes {
@@ -211,6 +245,8 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .override_global(globals::SAMPLE_SCALE, &scale, true)
         .override_global(globals::MODE, &opts.mode, true)
         .override_global(globals::TEMPORARY_NS, &opts.temporary_ns, true)
+        .override_global(globals::CALLS_MODE, &u32::from(opts.calls), true)
+        .override_global(globals::BARE_STACK, &u32::from(opts.bare_stack), true)
         .override_global(globals::STACK_ID_OFFSET, &offset, true)
         .map_max_entries(maps::LIVE, opts.live_map_size)
         .map_max_entries(maps::SIZES, if sizes { opts.size_map_size } else { 1 })
@@ -332,7 +368,7 @@ impl Probes {
     /// Loads every program once; `attach` then puts them on as many allocator files as needed.
     /// `multi` asks for uprobe_multi links where the kernel has them. Call before any map is
     /// taken out of `ebpf`: the uprobe_multi copies of the programs are pointed at its maps.
-    pub fn new(mut ebpf: Ebpf, multi: bool) -> Result<Probes> {
+    pub fn new(mut ebpf: Ebpf, multi: bool, calls: bool) -> Result<Probes> {
         let names: Vec<&str> = std::iter::once(RETURN_PROGRAM)
             .chain(Func::ALL.map(|f| entry_program(f, Abi::C)))
             .chain([
@@ -358,6 +394,7 @@ impl Probes {
             attached: Vec::new(),
             links: Vec::new(),
             multi,
+            calls,
         })
     }
 
@@ -383,7 +420,7 @@ impl Probes {
         }
         for p in plan {
             let offset = p.site.file_offset + p.placement.offset;
-            let cookie = u64::from(p.placement.pushes);
+            let cookie = p.cookie();
             let name = entry_program(p.site.func, provider.abi);
             let fd = multi.attach(name, path, &[offset], &[cookie], false, pid)?;
             links.push(Link::Multi(fd));
@@ -409,7 +446,7 @@ impl Probes {
     /// Return probes go first: an entry seen without its return probe in place would leave a
     /// record that is never completed.
     pub fn attach(&mut self, provider: &Provider, scope: Scope, at_entry: bool) -> Result<()> {
-        let plan = plan(provider, at_entry)?;
+        let plan = plan(provider, at_entry, self.calls)?;
         if let Some(multi) = &self.multi {
             let pid = match scope {
                 Scope::All => 0,
@@ -453,7 +490,7 @@ impl Probes {
             // The cookie tells the program how many pushes ran before the probe point.
             let point = UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(site.file_offset + placement.offset),
-                cookie: Some(u64::from(placement.pushes)),
+                cookie: Some(p.cookie()),
             };
             let prog = uprobe(&mut self.ebpf, name)?;
             let id = prog

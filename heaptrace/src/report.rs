@@ -29,18 +29,25 @@ pub fn est(sample_bytes: u64) -> &'static str {
     if sample_bytes > 0 { "~" } else { "" }
 }
 
-pub fn round_line(row: &TimelineRow, sample_bytes: u64) -> String {
+pub fn round_line(row: &TimelineRow, profile: &Profile) -> String {
+    let sample_bytes = profile.sample_bytes;
     let e = est(sample_bytes);
     let mut s = format!(
-        "[{:>7.1}s] round {}: {} allocs, {} frees, {} allocated, live {e}{} blocks / {e}{}",
+        "[{:>7.1}s] round {}: {} allocs, {} frees, {} allocated",
         row.elapsed_ms as f64 / 1000.0,
         row.index,
         row.allocations,
         row.frees,
         bytes(row.bytes_allocated as i64),
-        row.live_blocks,
-        bytes(row.live_bytes),
     );
+    if !profile.calls {
+        let _ = write!(
+            s,
+            ", live {e}{} blocks / {e}{}",
+            row.live_blocks,
+            bytes(row.live_bytes)
+        );
+    }
     if row.reserved_bytes > 0 {
         let _ = write!(s, ", reserved {}", bytes(row.reserved_bytes as i64));
     }
@@ -141,6 +148,9 @@ pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) ->
     };
     let hidden: Vec<Func> = aliased.iter().map(|(a, _)| *a).collect();
     let mut s = sampling_line(profile.sample_bytes);
+    if profile.calls {
+        s.push_str(CALLS_LINE);
+    }
     let e = est(profile.sample_bytes);
     let _ = writeln!(
         s,
@@ -155,7 +165,9 @@ pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) ->
                 let _ = write!(name, "/{}", a.name());
             }
         }
-        if f == Func::Free && profile.sample_bytes > 0 {
+        if f == Func::Free && profile.calls {
+            let _ = writeln!(s, "{:<24} {:>12} {:>16} {:>8}", name, t.calls, "-", "-");
+        } else if f == Func::Free && profile.sample_bytes > 0 {
             // Frees of blocks that were not sampled miss the live map, like untracked ones,
             // and their sizes are not known: the two cannot be told apart.
             let _ = writeln!(
@@ -182,16 +194,24 @@ pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) ->
         "realloc: {} moved, {} in place, {} realloc(p, 0) frees",
         totals.realloc_moves, totals.realloc_in_place, totals.realloc_frees
     );
-    let _ = writeln!(
+    let _ = write!(
         s,
-        "total: {} allocations, {} frees, {} allocated; live {e}{} blocks / {e}{}",
+        "total: {} allocations, {} frees, {} allocated",
         totals.allocations(),
         totals.frees(),
         bytes(totals.bytes_allocated() as i64),
-        totals.live_blocks,
-        bytes(totals.live_bytes)
     );
-    if let Some(l) = profile.leak_totals(pid) {
+    if profile.calls {
+        s.push('\n');
+    } else {
+        let _ = writeln!(
+            s,
+            "; live {e}{} blocks / {e}{}",
+            totals.live_blocks,
+            bytes(totals.live_bytes)
+        );
+    }
+    if let Some(l) = profile.leak_totals(pid).filter(|_| !profile.calls) {
         let _ = writeln!(
             s,
             "not freed at the end: {e}{} blocks, {e}{} ({e}{} bytes)",
@@ -217,6 +237,10 @@ pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) ->
     s
 }
 
+/// The first line of a calls-mode summary: what it did not track.
+pub const CALLS_LINE: &str = "calls mode: malloc counted at its entry, no live map: live blocks, \
+     leaks and bytes freed are not tracked; malloc's failures are only requests above PTRDIFF_MAX\n";
+
 /// The per-process breakdown of a system-wide trace, busiest first.
 pub fn processes(profile: &Profile, top: usize) -> String {
     let mut rows: Vec<_> = profile.procs.iter().collect();
@@ -228,7 +252,11 @@ pub fn processes(profile: &Profile, top: usize) -> String {
         "allocs",
         "frees",
         "allocated",
-        format!("{}live", est(profile.sample_bytes))
+        if profile.calls {
+            "live".to_string()
+        } else {
+            format!("{}live", est(profile.sample_bytes))
+        }
     );
     for (pid, p) in rows.iter().take(top) {
         let _ = writeln!(
@@ -239,7 +267,11 @@ pub fn processes(profile: &Profile, top: usize) -> String {
             p.totals.allocations(),
             p.totals.frees(),
             bytes(p.totals.bytes_allocated() as i64),
-            bytes(p.totals.live_bytes)
+            if profile.calls {
+                "-".to_string()
+            } else {
+                bytes(p.totals.live_bytes)
+            }
         );
     }
     if rows.len() > top {
@@ -278,5 +310,35 @@ mod tests {
         assert!(s.contains("aligned_alloc/memalign"), "{s}");
         assert!(!s.lines().any(|l| l.starts_with("memalign")), "{s}");
         assert!(s.contains("lost: live_map 5"), "{s}");
+    }
+
+    /// Calls mode keeps no live map: the summary and round lines say what is not tracked and
+    /// show no live figures, rather than zeros.
+    #[test]
+    fn calls_mode_shows_no_live_figures() {
+        let mut p = Profile::of_mode("calls", 0);
+        assert!(p.calls);
+        let mut t = crate::model::Totals::default();
+        t.funcs[Func::Malloc as usize].calls = 7;
+        t.funcs[Func::Free as usize].calls = 5;
+        p.procs.insert(
+            1,
+            crate::aggregate::ProcProfile {
+                totals: t,
+                ..Default::default()
+            },
+        );
+        let s = summary(&p, None, &[]);
+        assert!(s.starts_with(CALLS_LINE), "{s}");
+        assert!(s.contains("total: 7 allocations, 5 frees"), "{s}");
+        assert!(!s.contains("live 0") && !s.contains("not freed"), "{s}");
+        let free = s.lines().find(|l| l.starts_with("free")).unwrap();
+        assert_eq!(
+            free.split_whitespace().collect::<Vec<_>>(),
+            ["free", "5", "-", "-"]
+        );
+        let row = TimelineRow::default();
+        assert!(!round_line(&row, &p).contains("live"));
+        assert!(round_line(&row, &Profile::of_mode("counts", 0)).contains("live 0 blocks"));
     }
 }

@@ -91,6 +91,11 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             .site_map_size
             .unwrap_or_else(probe::default_site_map_size),
         sample_bytes: cli.sample_bytes,
+        calls: matches!(
+            cli.mode,
+            crate::cli::Mode::Calls | crate::cli::Mode::BareEntry
+        ),
+        bare_stack: cli.mode == crate::cli::Mode::Bare,
         ..LoadOptions::default()
     };
 
@@ -135,7 +140,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     };
 
     let attached = probe::load(&opts).and_then(|ebpf| {
-        let mut probes = Probes::new(ebpf, !cli.perf_uprobes)?;
+        let mut probes = Probes::new(ebpf, !cli.perf_uprobes, opts.calls)?;
         probes.attach(&provider, scope, cli.probe_at_entry)?;
         Ok(probes)
     });
@@ -170,8 +175,10 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         }
         Scope::Process(_) => None,
     };
-    // The memory behind malloc; not part of the bare benchmark floor.
-    let memring = if opts.mode == heaptrace_common::mode::BARE || cli.no_reservations {
+    // The memory behind malloc; not part of the bare benchmark floor. Calls mode does not see
+    // malloc's calls end, so it could not tell which call made a mapping.
+    let memring = if opts.mode == heaptrace_common::mode::BARE || opts.calls || cli.no_reservations
+    {
         None
     } else {
         match MemRing::start(&mut probes) {
@@ -282,7 +289,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     let mut daemon = Daemon {
         maps,
         prev: Snapshot::default(),
-        profile: Profile::sampled(cli.sample_bytes),
+        profile: Profile::of_mode(cli.mode.name(), cli.sample_bytes),
         start: Instant::now(),
         pid,
         quiet: cli.quiet,
@@ -892,10 +899,7 @@ impl Daemon {
             && self.live.is_none()
             && let Some(row) = self.profile.rounds.last()
         {
-            eprintln!(
-                "heaptrace: {}",
-                report::round_line(row, self.profile.sample_bytes)
-            );
+            eprintln!("heaptrace: {}", report::round_line(row, &self.profile));
         }
         self.prev = snap;
         self.publish(None, None);

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Added time per malloc+free pair in each --mode (counts, sizes, stacks), entry probes placed,
-# for `bare`: the same probes with programs that only walk the stack and count (the floor), and
+# Added time per malloc+free pair in each --mode (calls, counts, sizes, stacks), entry probes placed,
+# and the floors, hidden modes whose programs only count: `bare-entry` (calls mode's probes: malloc
+# entry and free+9), `bare-traps` (counts and sizes modes' probes: + malloc's return), `bare`
+# (stacks mode's: + a stack walk at the return). And
 # for `stacks-s64k`: stacks mode with --sample-bytes 65536 (a 64-byte block is sampled with
 # probability 1 - exp(-64/65536), about 1 in 1000).
 # Runs `pairs N` natively and under `heaptrace -q --mode M -- pairs N`, REPS interleaved rounds,
@@ -21,7 +23,7 @@ flock 9
 out=$(mktemp)
 for _ in $(seq "$REPS"); do
     echo "native $("$pairs" "$N")" >>"$out"
-    for m in bare counts sizes stacks; do
+    for m in bare-entry bare-traps bare calls counts sizes stacks; do
         echo "$m $("$ht" -q --mode "$m" -- "$pairs" "$N" 2>/dev/null)" >>"$out"
     done
     echo "stacks-s64k $("$ht" -q --mode stacks --sample-bytes 65536 -- "$pairs" "$N" 2>/dev/null)" >>"$out"
@@ -37,11 +39,11 @@ m = lambda k: statistics.median(t[k])
 print(f"N = {N} pairs, {len(t['native'])} interleaved runs each, medians of the loop time")
 print("| mode | loop time (s) | added per malloc+free pair |")
 print("|---|---|---|")
-for how in ("native", "bare", "counts", "sizes", "stacks", "stacks-s64k"):
+for how in ("native", "bare-entry", "bare-traps", "bare", "calls", "counts", "sizes", "stacks", "stacks-s64k"):
     d = (m(how) - m("native")) / N * 1e6
     print(f"| {how} | {m(how):.3f} | {d:.2f} us |")
 print("runs (s):")
-for how in ("native", "bare", "counts", "sizes", "stacks", "stacks-s64k"):
+for how in ("native", "bare-entry", "bare-traps", "bare", "calls", "counts", "sizes", "stacks", "stacks-s64k"):
     print(f"  {how}:", " ".join(f"{x:.3f}" for x in t[how]))
 PY
 rm -f "$out"

@@ -129,6 +129,73 @@ fn launch_four_threads_at_entry_counts_exactly() {
     }
 }
 
+/// Calls mode: malloc counted at its entry, with no return probe. Everything the fixture knows
+/// that needs no live map stays exact: calls, bytes and failures per function (malloc's
+/// failures here are requests above PTRDIFF_MAX, which calls mode counts at the entry), the
+/// size histogram, frees and realloc's outcomes, nested calls (realloc(NULL, n) and
+/// posix_memalign(16) run malloc's code) counted once and free(NULL) not at all. What needs
+/// the live map is null, not zero.
+fn calls_exact(threads: u64, flags: &[&str]) {
+    let _g = shared();
+    let fx = Fixture {
+        threads,
+        iterations: 3000,
+        leaks: 3,
+        memalign_apart: false,
+        no_pvalloc: false,
+    };
+    let mut all = vec!["--mode", "calls"];
+    all.extend_from_slice(flags);
+    let tag = format!("calls{threads}{}", flags.concat());
+    let doc = launch(&tag, &all, &allocs(), &args(&fx, &[]), &[]);
+    let want = Expected::of(&fx).with_glibc_threads(threads, DTV);
+    let f = &doc["functions"];
+    for (name, w) in &want.funcs {
+        let v = &f[*name];
+        let got = (
+            v["calls"].as_u64(),
+            v["bytes"].as_u64(),
+            v["failed"].as_u64(),
+        );
+        assert_eq!(
+            got,
+            (Some(w.calls), Some(w.bytes), Some(w.failed)),
+            "{name}: {v}"
+        );
+    }
+    assert_eq!(Expected::observed_sizes(&doc["sizes"]), want.sizes);
+    assert_eq!(f["free"]["calls"].as_u64(), Some(want.free_calls));
+    let r = &f["realloc"];
+    assert_eq!(r["freed"].as_u64(), Some(want.realloc_freed));
+    let moves = r["moved"].as_u64().unwrap() + r["in_place"].as_u64().unwrap();
+    assert_eq!(moves, want.realloc_moved_or_in_place);
+    for v in [
+        &doc["live"],
+        &doc["leaks"],
+        &f["free"]["bytes"],
+        &r["released_bytes"],
+    ] {
+        assert!(v.is_null(), "not null in calls mode: {v}");
+    }
+    let probes = doc["provider"]["probes"].as_array().unwrap();
+    let malloc = probes.iter().find(|p| p["func"] == "malloc").unwrap();
+    assert_eq!(malloc["uretprobe"], false, "{malloc}");
+}
+
+#[test]
+fn launch_calls_mode_counts_exactly() {
+    if bpf_or_skip("launch_calls_mode_counts_exactly") {
+        calls_exact(4, &[]);
+    }
+}
+
+#[test]
+fn launch_calls_mode_at_entry_counts_exactly() {
+    if bpf_or_skip("launch_calls_mode_at_entry_counts_exactly") {
+        calls_exact(0, AT_ENTRY);
+    }
+}
+
 /// 4 threads x 12,000 iterations x 21 counted calls = 1,008,000 calls.
 #[test]
 fn launch_a_million_calls_counts_exactly() {

@@ -160,16 +160,26 @@ impl Expected {
         o.realloc_moved_or_in_place =
             f["realloc"]["moved"].as_u64().unwrap() + f["realloc"]["in_place"].as_u64().unwrap();
         o.realloc_released_bytes = f["realloc"]["released_bytes"].as_u64().unwrap();
-        for s in sizes.as_array().unwrap() {
-            let key = (
-                s["function"].as_str().unwrap().to_string(),
-                s["size"].as_u64().unwrap(),
-            );
-            o.sizes.insert(key, s["count"].as_u64().unwrap());
-        }
+        o.sizes = Self::observed_sizes(sizes);
         o.live_blocks = doc["live"]["blocks"].as_u64().unwrap();
         o.live_bytes = doc["live"]["bytes"].as_u64().unwrap();
         o
+    }
+
+    /// A JSON size histogram (`sizes`) as (function, size) -> count.
+    pub fn observed_sizes(sizes: &Value) -> BTreeMap<(String, u64), u64> {
+        sizes
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let key = (
+                    s["function"].as_str().unwrap().to_string(),
+                    s["size"].as_u64().unwrap(),
+                );
+                (key, s["count"].as_u64().unwrap())
+            })
+            .collect()
     }
 
     /// `self - base`, for runs whose runtime adds start-up allocations of its own.

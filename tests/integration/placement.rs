@@ -44,6 +44,25 @@ fn probes_places_free_on_a_push_and_keeps_uretprobe_functions_at_the_entry() {
     assert_eq!(pid_probes["free"].entry, free.entry);
 }
 
+/// Needs no BPF. Calls mode: malloc has no return probe (it is counted at its entry), and
+/// every other allocating function keeps one: the window that tells calls nested inside it
+/// apart. Stacks mode keeps malloc's.
+#[test]
+fn calls_mode_plans_malloc_without_a_uretprobe() {
+    let (_, probes) = planned_probes_with(None, &["--mode", "calls"]);
+    assert!(!probes["malloc"].uretprobe, "{:?}", probes["malloc"]);
+    for (func, p) in &probes {
+        if func != "malloc" && func != "free" {
+            assert!(
+                p.uretprobe,
+                "{func} lost its uretprobe in calls mode: {p:?}"
+            );
+        }
+    }
+    let (_, stacks) = planned_probes(None);
+    assert!(stacks["malloc"].uretprobe);
+}
+
 fn pushfree(flags: &[&str]) -> Value {
     let bin = fixture("pushfree", "", &["-static", "-nostdlib"]);
     let doc = launch(

@@ -180,8 +180,16 @@ pub struct PlannedProbe {
 /// Runs `heaptrace probes [-p PID]`; returns the provider's path and a line per function
 /// (aliases joined with '=' in the name).
 pub fn planned_probes(pid: Option<u32>) -> (PathBuf, BTreeMap<String, PlannedProbe>) {
+    planned_probes_with(pid, &[])
+}
+
+/// `heaptrace probes` with extra flags (`--mode calls`).
+pub fn planned_probes_with(
+    pid: Option<u32>,
+    flags: &[&str],
+) -> (PathBuf, BTreeMap<String, PlannedProbe>) {
     let mut cmd = heaptrace();
-    cmd.arg("probes");
+    cmd.arg("probes").args(flags);
     if let Some(pid) = pid {
         cmd.args(["-p", &pid.to_string()]);
     }

@@ -50,6 +50,8 @@ const LOCK: &str = "/tmp/heaptrace-tests.lock";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Kind {
     Native,
+    /// `heaptrace -q --mode calls -- W P`
+    Calls,
     /// `heaptrace -q --mode counts -- W P`
     Counts,
     Sizes,
@@ -63,7 +65,8 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const TRACED: [Kind; 6] = [
+    pub const TRACED: [Kind; 7] = [
+        Kind::Calls,
         Kind::Counts,
         Kind::Sizes,
         Kind::Stacks,
@@ -75,6 +78,7 @@ impl Kind {
     pub fn name(self) -> &'static str {
         match self {
             Kind::Native => "native",
+            Kind::Calls => "calls",
             Kind::Counts => "counts",
             Kind::Sizes => "sizes",
             Kind::Stacks => "stacks",
@@ -90,7 +94,10 @@ impl Kind {
 
     /// The runs that count the calls (a JSON document of heaptrace's).
     fn counted(self) -> bool {
-        matches!(self, Kind::Counts | Kind::Sizes | Kind::Record)
+        matches!(
+            self,
+            Kind::Calls | Kind::Counts | Kind::Sizes | Kind::Record
+        )
     }
 }
 
@@ -109,7 +116,7 @@ pub struct Options {
 
 pub const USAGE: &str = "\
 usage: cargo xtask bench [--quick] [--workloads a,b] [--threads 1,2,4] [--reps N] [--scale F]
-                         [--only counts,sizes,stacks,attach,record,heaptrack]
+                         [--only calls,counts,sizes,stacks,attach,record,heaptrack]
        cargo xtask bench --sizes [--workloads a,b] [--threads 8] [--seconds 60] [--scale F]
   --quick    P = 1 only, scale 0.4 (a few minutes)
   --sizes    recording sizes: each workload once under heaptrace record and heaptrack, then
@@ -538,7 +545,7 @@ impl Bench {
         };
         let exe = self.workload(w);
         let args = self.args(p, seconds);
-        // The JSON document is asked for in counts and sizes modes only, where it is small.
+        // The JSON document is asked for in calls, counts and sizes modes only, where it is small.
         // In stacks mode it holds every stack with its frames (over 100 MB for binary-trees),
         // and writing it would count in the daemon's cost; the record run's figures come from
         // `heaptrace report` on the recording after the run instead.
@@ -556,7 +563,7 @@ impl Bench {
                     .stdout(file_out(&out)?)
                     .stderr(file_out(&err)?),
             )?)?,
-            Kind::Counts | Kind::Sizes | Kind::Stacks | Kind::Record => {
+            Kind::Calls | Kind::Counts | Kind::Sizes | Kind::Stacks | Kind::Record => {
                 let mut c = Command::new(&self.heaptrace);
                 if kind == Kind::Record {
                     let _ = fs::remove_file(&file);
@@ -634,7 +641,7 @@ impl Bench {
                 bail!("heaptrace report {} failed: {rep}", file.display());
             }
         }
-        if matches!(kind, Kind::Counts | Kind::Sizes | Kind::Record) {
+        if kind.counted() {
             let f =
                 File::open(&jpath).with_context(|| format!("cannot read {}", jpath.display()))?;
             let (calls, rounds, lost, lost_stack, stacks) = parse_heaptrace_json(f)

@@ -141,7 +141,7 @@ impl Recording {
 
     /// Replays the rounds through the same aggregation as a live trace.
     pub fn profile(&self) -> Profile {
-        let mut p = Profile::sampled(self.header.sample_bytes);
+        let mut p = Profile::of_mode(&self.header.mode, self.header.sample_bytes);
         for r in &self.rounds {
             p.apply(r);
         }

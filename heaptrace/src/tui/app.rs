@@ -682,7 +682,10 @@ impl App {
                     func: f,
                     name,
                     calls: c.calls,
-                    bytes: (f != Func::Free || self.view().sample_bytes == 0).then_some(c.bytes),
+                    // Without a complete live map, free's bytes are not known.
+                    bytes: (f != Func::Free
+                        || (self.view().sample_bytes == 0 && !self.view().calls))
+                        .then_some(c.bytes),
                     failed: (f != Func::Free).then_some(c.failed),
                     latency: percentiles(&self.view().latency[f as usize], 1),
                 }

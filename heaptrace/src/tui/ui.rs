@@ -145,17 +145,33 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
     let t = app.totals();
     let sample_bytes = app.view().sample_bytes;
     let e = crate::report::est(sample_bytes);
-    let l3 = format!(
-        "allocs {}  frees {}  allocated {}  live {e}{} blocks / {e}{}",
+    let mut l3 = format!(
+        "allocs {}  frees {}  allocated {}",
         t.allocations(),
         t.frees(),
         bytes(t.bytes_allocated() as i64),
-        t.live_blocks,
-        bytes(t.live_bytes)
     );
+    if app.view().calls {
+        l3.push_str("  live: not tracked in calls mode");
+    } else {
+        l3.push_str(&format!(
+            "  live {e}{} blocks / {e}{}",
+            t.live_blocks,
+            bytes(t.live_bytes)
+        ));
+    }
 
     let text = vec![Line::from(l1), Line::from(l2), Line::from(l3)];
     f.render_widget(Paragraph::new(text), area);
+}
+
+/// A live-bytes cell: "-" in calls mode, which keeps no live map.
+fn live(app: &App, n: i64) -> String {
+    if app.view().calls {
+        "-".into()
+    } else {
+        bytes(n)
+    }
 }
 
 fn draw_tabs(f: &mut Frame, app: &App, area: Rect) {
@@ -632,7 +648,9 @@ fn draw_functions(f: &mut Frame, app: &App, area: Rect) {
         .with_selected((!rows.is_empty()).then(|| app.selected(Screen::Functions)));
     f.render_stateful_widget(table, top, &mut state);
     let t = app.totals();
-    let free_note = if app.view().sample_bytes > 0 {
+    let free_note = if app.view().calls {
+        "free: bytes freed not known (calls mode keeps no live map)".to_string()
+    } else if app.view().sample_bytes > 0 {
         format!(
             "free: {} of blocks not sampled or not seen allocated (bytes freed: not known)",
             t.untracked_frees
@@ -681,7 +699,7 @@ fn draw_processes(f: &mut Frame, app: &App, area: Rect) {
         Cell::from(n(all.allocations())),
         Cell::from(n(all.frees())),
         Cell::from(format!("{:>10}", bytes(all.bytes_allocated() as i64))),
-        Cell::from(format!("{:>10}", bytes(all.live_bytes))),
+        Cell::from(format!("{:>10}", live(app, all.live_bytes))),
         Cell::from(""),
         Cell::from(""),
     ])];
@@ -693,7 +711,7 @@ fn draw_processes(f: &mut Frame, app: &App, area: Rect) {
             Cell::from(n(r.totals.allocations())),
             Cell::from(n(r.totals.frees())),
             Cell::from(format!("{:>10}", bytes(r.totals.bytes_allocated() as i64))),
-            Cell::from(format!("{:>10}", bytes(r.totals.live_bytes))),
+            Cell::from(format!("{:>10}", live(app, r.totals.live_bytes))),
             Cell::from(format!("{:>10}", r.rss_kb.map_or("-".into(), kib))),
             Cell::from(format!("{:>10}", r.virt_kb.map_or("-".into(), kib))),
             Cell::from(format!(

@@ -98,7 +98,7 @@ fn profile(rec: &Recording, args: &ReportArgs) -> Profile {
 fn profile_of(rec: &Recording, args: &ReportArgs) -> Profile {
     let from = args.from.map(|d| d.as_millis() as u64).unwrap_or(0);
     let to = args.to.map(|d| d.as_millis() as u64).unwrap_or(u64::MAX);
-    let mut p = Profile::sampled(rec.header.sample_bytes);
+    let mut p = Profile::of_mode(&rec.header.mode, rec.header.sample_bytes);
     for r in rec
         .rounds
         .iter()

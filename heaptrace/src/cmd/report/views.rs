@@ -210,8 +210,17 @@ fn timeline(p: &Profile) -> String {
             r.elapsed_ms as f64 / 1000.0,
             r.allocations,
             r.frees,
-            r.live_blocks,
-            bytes(r.live_bytes),
+            // Calls mode keeps no live map.
+            if p.calls {
+                "-".into()
+            } else {
+                r.live_blocks.to_string()
+            },
+            if p.calls {
+                "-".into()
+            } else {
+                bytes(r.live_bytes)
+            },
             if r.rss_kb > 0 {
                 bytes(r.rss_kb as i64 * 1024)
             } else {
