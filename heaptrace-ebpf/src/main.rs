@@ -108,13 +108,20 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
 }
 
 /// Calls mode, a function without a return probe (malloc): counted here. Nested calls are
-/// told apart as in `enter`, by the window of an outer call (which has a return probe). Only
-/// a request no allocator can satisfy is known to fail here.
+/// told apart as in `enter`, by the window of an outer call (which has a return probe), and a
+/// window below this call is stale (its return was never seen) and closed, as `enter` replaces
+/// it. Only a request no allocator can satisfy is known to fail here.
 #[inline(always)]
 fn count_at_entry(id: u64, func: Func, size: u64, sp: u64) {
-    // SAFETY: map value; only this thread reads or writes its own entry.
-    if unsafe { INFLIGHT.get(id) }.is_some_and(|f| f.sp != 0 && sp <= f.sp) {
-        return;
+    if let Some(f) = INFLIGHT.get_ptr_mut(id) {
+        // SAFETY: map value; only this thread reads or writes its own entry.
+        let f = unsafe { &mut *f };
+        if f.sp != 0 {
+            if sp <= f.sp {
+                return; // nested in the call in flight
+            }
+            f.sp = 0;
+        }
     }
     let tgid = (id >> 32) as u32;
     let Some(pc) = proc_counters(tgid) else {
