@@ -245,12 +245,25 @@ fn draw_timeline(f: &mut Frame, app: &App, area: Rect) {
     };
     let by = |n: u64| bytes(n as i64);
     let plain = |n: u64| n.to_string();
-    let series: [Series; 5] = [
+    // Calls mode keeps no live heap; the rate at which bytes are asked for takes its place.
+    let first: Series = if app.view().calls {
+        (
+            "allocated/s",
+            rows.iter()
+                .enumerate()
+                .map(|(i, r)| rate(r.bytes_allocated, i))
+                .collect(),
+            by,
+        )
+    } else {
         (
             "live heap",
             rows.iter().map(|r| r.live_bytes.max(0) as u64).collect(),
             by,
-        ),
+        )
+    };
+    let series: [Series; 5] = [
+        first,
         ("RSS", rows.iter().map(|r| r.rss_kb * 1024).collect(), by),
         ("VIRT", rows.iter().map(|r| r.virt_kb * 1024).collect(), by),
         (
@@ -669,8 +682,10 @@ fn draw_functions(f: &mut Frame, app: &App, area: Rect) {
         )),
         Line::from("times come from power-of-two buckets: good to a factor of 1.5".dim()),
     ];
-    if app.info.collect == "counts" {
-        notes.push(Line::from("no times in counts mode".dim()));
+    if app.info.collect == "counts" || app.info.collect == "calls" {
+        notes.push(Line::from(
+            format!("no times in {} mode", app.info.collect).dim(),
+        ));
     }
     if app.focus().is_some() {
         notes.push(Line::from(
@@ -908,6 +923,56 @@ mod tests {
         assert_eq!(window(100, 9, area), (0..10, Some(9)));
         assert_eq!(window(100, 10, area), (1..11, Some(9)));
         assert_eq!(window(100, 500, area), (90..100, Some(9)));
+    }
+
+    /// Calls mode keeps no live map: the header, the functions and processes screens and the
+    /// timeline say so or show a rate instead, never a live figure of zero.
+    #[test]
+    fn a_calls_mode_trace_shows_no_live_figures() {
+        let mut p = Profile::of_mode("calls", 0);
+        for index in 1..=3u64 {
+            let mut r = Round {
+                index,
+                elapsed_ms: 1000 * index,
+                ..Default::default()
+            };
+            let mut delta = crate::model::Totals::default();
+            delta.funcs[heaptrace_common::Func::Malloc as usize].calls = 1000 * index;
+            delta.funcs[heaptrace_common::Func::Malloc as usize].bytes = 64_000 * index;
+            delta.funcs[heaptrace_common::Func::Free as usize].calls = 900 * index;
+            r.procs.insert(
+                4242,
+                crate::model::ProcRound {
+                    comm: "allocs".into(),
+                    delta,
+                    cgroup: String::new(),
+                },
+            );
+            r.sizes
+                .insert((4242, 0, 64, heaptrace_common::NO_SITE), 1000 * index);
+            p.apply(&r);
+        }
+        let published = Arc::new(Published {
+            elapsed_ms: 3000,
+            cpu_percent: Some(0.4),
+            profile: p,
+            ended: None,
+            exit_code: None,
+        });
+        let mut app = App::new(
+            crate::tui::app::Info {
+                collect: "calls",
+                ..info("all")
+            },
+            published,
+        );
+        for s in [Screen::Functions, Screen::Processes, Screen::Timeline] {
+            screen(&mut app, s);
+            let text = render(&app, 100, 24);
+            let shown = format!("{text:?}");
+            assert!(!shown.contains("live heap"), "{shown}");
+            insta::assert_snapshot!(format!("calls_{}", s.title().to_lowercase()), text);
+        }
     }
 
     #[test]
