@@ -191,7 +191,9 @@ impl Options {
                         .iter()
                         .map(|k| Kind::parse(k))
                         .collect::<Option<Vec<_>>>()
-                        .context("--only takes counts,sizes,stacks,attach,record,heaptrack")?;
+                        .context(
+                            "--only takes calls,counts,sizes,stacks,attach,record,heaptrack",
+                        )?;
                     o.kinds.sort();
                     o.kinds.dedup();
                 }
@@ -1382,7 +1384,7 @@ mod tests {
     fn options() {
         let o = Options::parse(&[]).unwrap();
         assert_eq!(o.threads, [1, 2, 4]);
-        assert_eq!(o.kinds.len(), 6);
+        assert_eq!(o.kinds, Kind::TRACED);
         let a = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
         let q = Options::parse(&a("--quick --workloads queue,shbench --reps 2")).unwrap();
         assert_eq!((q.threads.as_slice(), q.scale, q.reps), (&[1][..], 0.4, 2));
@@ -1390,6 +1392,8 @@ mod tests {
         let s = Options::parse(&a("--sizes --seconds 5 --only stacks,counts")).unwrap();
         assert_eq!((s.threads.as_slice(), s.seconds), (&[8][..], 5.0));
         assert_eq!(s.kinds, [Kind::Counts, Kind::Stacks]);
+        let c = Options::parse(&a("--only counts,calls")).unwrap();
+        assert_eq!(c.kinds, [Kind::Calls, Kind::Counts]);
         assert!(Options::parse(&a("--workloads nope")).is_err());
         assert!(Options::parse(&a("--reps 0")).is_err());
     }
