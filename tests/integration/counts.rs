@@ -149,7 +149,15 @@ fn calls_exact(threads: u64, flags: &[&str]) {
     let tag = format!("calls{threads}{}", flags.concat());
     let doc = launch(&tag, &all, &allocs(), &args(&fx, &[]), &[]);
     let want = Expected::of(&fx).with_glibc_threads(threads, DTV);
-    let f = &doc["functions"];
+    check_calls(&doc, &doc["sizes"], &want);
+    check_calls_plan(&doc);
+}
+
+/// What calls mode shows of the fixture's work in `obj` (the document, or one of its
+/// processes) with `sizes` its size histogram: exact where it needs no live map, null where
+/// it would.
+fn check_calls(obj: &Value, sizes: &Value, want: &Expected) {
+    let f = &obj["functions"];
     for (name, w) in &want.funcs {
         let v = &f[*name];
         let got = (
@@ -163,20 +171,24 @@ fn calls_exact(threads: u64, flags: &[&str]) {
             "{name}: {v}"
         );
     }
-    assert_eq!(Expected::observed_sizes(&doc["sizes"]), want.sizes);
+    assert_eq!(Expected::observed_sizes(sizes), want.sizes);
     assert_eq!(f["free"]["calls"].as_u64(), Some(want.free_calls));
     let r = &f["realloc"];
     assert_eq!(r["freed"].as_u64(), Some(want.realloc_freed));
     let moves = r["moved"].as_u64().unwrap() + r["in_place"].as_u64().unwrap();
     assert_eq!(moves, want.realloc_moved_or_in_place);
     for v in [
-        &doc["live"],
-        &doc["leaks"],
+        &obj["live"],
+        &obj["leaks"],
         &f["free"]["bytes"],
         &r["released_bytes"],
     ] {
         assert!(v.is_null(), "not null in calls mode: {v}");
     }
+}
+
+/// Calls mode's plan: malloc without a return probe.
+fn check_calls_plan(doc: &Value) {
     let probes = doc["provider"]["probes"].as_array().unwrap();
     let malloc = probes.iter().find(|p| p["func"] == "malloc").unwrap();
     assert_eq!(malloc["uretprobe"], false, "{malloc}");
@@ -269,22 +281,17 @@ fn pid_four_threads_at_entry_counts_exactly() {
 }
 
 /// `--all` sees a fixture started after it, exactly, under the fixture's own pid.
-fn all_exact(threads: u64) {
-    let _g = exclusive();
-    let fx = Fixture {
-        threads,
-        iterations: 1500,
-        leaks: 2,
-        memalign_apart: false,
-        no_pvalloc: false,
-    };
-    let json = json_path(&format!("all{threads}"));
+/// Traces every process while `allocs` runs `fx`'s work; returns the JSON document and the
+/// fixture's pid.
+fn trace_all(tag: &str, fx: &Fixture, flags: &[&str]) -> (Value, u64) {
+    let json = json_path(tag);
     let mut cmd = heaptrace();
     cmd.args(["--all", "--no-tui", "-q", "--interval", "200ms", "--json"])
-        .arg(&json);
+        .arg(&json)
+        .args(flags);
     let tracer = start_attached(&mut cmd);
     let tracer_pid = tracer.child.id() as u64;
-    let status = Command::new(allocs()).args(args(&fx, &[])).spawn().unwrap();
+    let status = Command::new(allocs()).args(args(fx, &[])).spawn().unwrap();
     let pid = status.id() as u64;
     let out = status.wait_with_output().unwrap();
     assert!(out.status.success());
@@ -298,24 +305,64 @@ fn all_exact(threads: u64) {
         procs.iter().all(|p| p["pid"].as_u64() != Some(0)),
         "pid 0 must not appear"
     );
-    let p = procs
-        .iter()
-        .find(|p| p["pid"].as_u64() == Some(pid))
-        .unwrap_or_else(|| panic!("pid {pid} missing from {procs:?}"));
-    assert_eq!(p["comm"], "allocs");
-    let want = Expected::of(&fx).with_glibc_threads(threads, DTV);
-    let got = Expected::observed(p, &per_process_sizes(&doc, pid), &want);
-    assert_eq!(got, want);
-    assert_eq!(p["leaks"]["blocks"].as_u64(), Some(want.live_blocks));
-    assert_eq!(p["leaks"]["bytes"].as_u64(), Some(want.live_bytes));
     // heaptrace never traces itself, though it allocates through the same libc.
     assert!(
         procs.iter().all(|p| p["pid"].as_u64() != Some(tracer_pid)),
         "heaptrace traced itself"
     );
+    (doc, pid)
 }
 
-/// The per-process size histogram, as the document gives it.
+/// The fixture's process in a system-wide document.
+fn process(doc: &Value, pid: u64) -> &Value {
+    let procs = doc["processes"].as_array().unwrap();
+    let p = procs
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .unwrap_or_else(|| panic!("pid {pid} missing from {procs:?}"));
+    assert_eq!(p["comm"], "allocs");
+    p
+}
+
+fn all_exact(threads: u64) {
+    let _g = exclusive();
+    let fx = Fixture {
+        threads,
+        iterations: 1500,
+        leaks: 2,
+        memalign_apart: false,
+        no_pvalloc: false,
+    };
+    let (doc, pid) = trace_all(&format!("all{threads}"), &fx, &[]);
+    let p = process(&doc, pid);
+    let want = Expected::of(&fx).with_glibc_threads(threads, DTV);
+    let got = Expected::observed(p, &per_process_sizes(&doc, pid), &want);
+    assert_eq!(got, want);
+    assert_eq!(p["leaks"]["blocks"].as_u64(), Some(want.live_blocks));
+    assert_eq!(p["leaks"]["bytes"].as_u64(), Some(want.live_bytes));
+}
+
+/// Calls mode system-wide: malloc's entry-only probe goes on the host's libc for every process,
+/// and the fixture's process is still counted exactly.
+#[test]
+fn all_calls_mode_counts_exactly() {
+    if !bpf_or_skip("all_calls_mode_counts_exactly") {
+        return;
+    }
+    let _g = exclusive();
+    let fx = Fixture {
+        threads: 2,
+        iterations: 1500,
+        leaks: 2,
+        memalign_apart: false,
+        no_pvalloc: false,
+    };
+    let (doc, pid) = trace_all("all-calls", &fx, &["--mode", "calls"]);
+    let want = Expected::of(&fx).with_glibc_threads(2, DTV);
+    check_calls(process(&doc, pid), &per_process_sizes(&doc, pid), &want);
+    check_calls_plan(&doc);
+}
+
 fn per_process_sizes(doc: &Value, pid: u64) -> Value {
     doc["processes"]
         .as_array()
