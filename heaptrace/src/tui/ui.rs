@@ -866,6 +866,17 @@ mod tests {
         app
     }
 
+    /// `profile` 3 s into a trace that is still running.
+    fn running(profile: Profile) -> Arc<Published> {
+        Arc::new(Published {
+            elapsed_ms: 3000,
+            cpu_percent: Some(0.4),
+            profile,
+            ended: None,
+            exit_code: None,
+        })
+    }
+
     #[test]
     fn every_screen_at_80x24() {
         let mut app = sites_app("command");
@@ -952,13 +963,7 @@ mod tests {
                 .insert((4242, 0, 64, heaptrace_common::NO_SITE), 1000 * index);
             p.apply(&r);
         }
-        let published = Arc::new(Published {
-            elapsed_ms: 3000,
-            cpu_percent: Some(0.4),
-            profile: p,
-            ended: None,
-            exit_code: None,
-        });
+        let published = running(p);
         let mut app = App::new(
             crate::tui::app::Info {
                 collect: "calls",
@@ -1018,13 +1023,7 @@ mod tests {
         );
         let mut p = Profile::sampled(65536);
         p.apply(&r);
-        let published = Arc::new(Published {
-            elapsed_ms: 3000,
-            cpu_percent: Some(0.4),
-            profile: p,
-            ended: None,
-            exit_code: None,
-        });
+        let published = running(p);
         let mut app = App::new(info("command"), published);
         for s in [Screen::Sites, Screen::Functions] {
             screen(&mut app, s);
