@@ -274,6 +274,16 @@ pub struct ProcRow {
     pub peak_rss_kb: u64,
     /// Bytes its allocator holds from the kernel (heap, arenas, mmapped blocks).
     pub reserved: Option<u64>,
+    /// Its allocations per second in the last round seen.
+    pub rate: u64,
+}
+
+/// `n` events of round `last` per second: the round ran from `prev`'s end (or one interval).
+pub fn per_second(n: u64, last: &TimelineRow, prev: Option<&TimelineRow>, interval_ms: u64) -> u64 {
+    let since = prev.map_or(last.elapsed_ms.saturating_sub(interval_ms), |p| {
+        p.elapsed_ms
+    });
+    n * 1000 / last.elapsed_ms.saturating_sub(since).max(1)
 }
 
 /// One exact request size.
@@ -590,6 +600,25 @@ impl App {
         self.all().totals()
     }
 
+    /// The processes screen's sort, as its title says it: calls mode sorts by rate where the
+    /// others sort by live bytes.
+    pub fn proc_sort_name(&self) -> &'static str {
+        if self.view().calls && self.proc_sort == ProcSort::Live {
+            "allocs/s"
+        } else {
+            self.proc_sort.name()
+        }
+    }
+
+    /// Allocations per second of all processes in the last round.
+    pub fn all_rate(&self) -> u64 {
+        let rounds = &self.all().rounds;
+        let prev = rounds.len().checked_sub(2).and_then(|i| rounds.get(i));
+        rounds.last().map_or(0, |last| {
+            per_second(last.allocations, last, prev, self.info.interval_ms)
+        })
+    }
+
     /// Memory of the processes on screen, in KiB: (RSS, VIRT) summed over the live ones.
     pub fn memory(&self) -> Option<(u64, u64)> {
         let mems: Vec<_> = self.view().procs.values().filter_map(|p| p.mem).collect();
@@ -720,6 +749,12 @@ impl App {
                 virt_kb: p.mem.map(|m| m.virt_kb),
                 peak_rss_kb: p.peak_rss_kb,
                 reserved: p.reserved.map(|r| r.total()),
+                rate: self.history.get(pid).map_or(0, |h| {
+                    let prev = h.len().checked_sub(2).and_then(|i| h.get(i));
+                    h.back().map_or(0, |last| {
+                        per_second(last.allocations, last, prev, self.info.interval_ms)
+                    })
+                }),
             })
             .collect();
         match self.proc_sort {
@@ -731,6 +766,10 @@ impl App {
             }),
             ProcSort::Allocated => {
                 rows.sort_by_key(|r| (std::cmp::Reverse(r.totals.bytes_allocated()), r.pid))
+            }
+            // Calls mode keeps no live map: its rate stands in that column.
+            ProcSort::Live if self.view().calls => {
+                rows.sort_by_key(|r| (std::cmp::Reverse(r.rate), r.pid))
             }
             ProcSort::Live => rows.sort_by_key(|r| (std::cmp::Reverse(r.totals.live_bytes), r.pid)),
             ProcSort::Rss => rows.sort_by_key(|r| (std::cmp::Reverse(r.rss_kb), r.pid)),

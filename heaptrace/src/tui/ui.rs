@@ -165,12 +165,13 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
     f.render_widget(Paragraph::new(text), area);
 }
 
-/// A live-bytes cell: "-" in calls mode, which keeps no live map.
-fn live(app: &App, n: i64) -> String {
+/// The processes screen's live column: live bytes, or in calls mode, which keeps no live map,
+/// the allocations per second of the last round.
+fn live_or_rate(app: &App, live: i64, rate: u64) -> String {
     if app.view().calls {
-        "-".into()
+        rate.to_string()
     } else {
-        bytes(n)
+        bytes(live)
     }
 }
 
@@ -235,13 +236,8 @@ fn draw_timeline(f: &mut Frame, app: &App, area: Rect) {
         return;
     }
     let rate = |n: u64, i: usize| -> u64 {
-        let prev = if i == 0 {
-            rows[0].elapsed_ms.saturating_sub(app.info.interval_ms)
-        } else {
-            rows[i - 1].elapsed_ms
-        };
-        let dt = rows[i].elapsed_ms.saturating_sub(prev).max(1);
-        n * 1000 / dt
+        let prev = i.checked_sub(1).map(|p| &rows[p]);
+        crate::tui::app::per_second(n, &rows[i], prev, app.info.interval_ms)
     };
     let by = |n: u64| bytes(n as i64);
     let plain = |n: u64| n.to_string();
@@ -714,7 +710,10 @@ fn draw_processes(f: &mut Frame, app: &App, area: Rect) {
         Cell::from(n(all.allocations())),
         Cell::from(n(all.frees())),
         Cell::from(format!("{:>10}", bytes(all.bytes_allocated() as i64))),
-        Cell::from(format!("{:>10}", live(app, all.live_bytes))),
+        Cell::from(format!(
+            "{:>10}",
+            live_or_rate(app, all.live_bytes, app.all_rate())
+        )),
         Cell::from(""),
         Cell::from(""),
     ])];
@@ -726,7 +725,10 @@ fn draw_processes(f: &mut Frame, app: &App, area: Rect) {
             Cell::from(n(r.totals.allocations())),
             Cell::from(n(r.totals.frees())),
             Cell::from(format!("{:>10}", bytes(r.totals.bytes_allocated() as i64))),
-            Cell::from(format!("{:>10}", live(app, r.totals.live_bytes))),
+            Cell::from(format!(
+                "{:>10}",
+                live_or_rate(app, r.totals.live_bytes, r.rate)
+            )),
             Cell::from(format!("{:>10}", r.rss_kb.map_or("-".into(), kib))),
             Cell::from(format!("{:>10}", r.virt_kb.map_or("-".into(), kib))),
             Cell::from(format!(
@@ -757,7 +759,7 @@ fn draw_processes(f: &mut Frame, app: &App, area: Rect) {
         format!("{:>w$}", "allocs", w = num as usize),
         format!("{:>w$}", "frees", w = num as usize),
         format!("{:>10}", "allocated"),
-        format!("{:>10}", "live"),
+        format!("{:>10}", if app.view().calls { "allocs/s" } else { "live" }),
         format!("{:>10}", "RSS"),
     ];
     if wide {
@@ -773,7 +775,7 @@ fn draw_processes(f: &mut Frame, app: &App, area: Rect) {
         .block(Block::bordered().title(format!(
             "Processes: {} (sorted by {}; Enter: show only this one)",
             rows.len(),
-            app.proc_sort.name()
+            app.proc_sort_name()
         )))
         .row_highlight_style(Style::new().reversed())
         .highlight_symbol(SELECTED);
@@ -940,6 +942,13 @@ mod tests {
     /// timeline say so or show a rate instead, never a live figure of zero.
     #[test]
     fn a_calls_mode_trace_shows_no_live_figures() {
+        let info = crate::tui::app::Info {
+            collect: "calls",
+            ..info("all")
+        };
+        let mut app = App::new(info, running(Profile::of_mode("calls", 0)));
+        // Each round is published as it ends, as a trace does: the processes screen's rate is
+        // of the last one (3000 allocations in 1 s).
         let mut p = Profile::of_mode("calls", 0);
         for index in 1..=3u64 {
             let mut r = Round {
@@ -962,15 +971,10 @@ mod tests {
             r.sizes
                 .insert((4242, 0, 64, heaptrace_common::NO_SITE), 1000 * index);
             p.apply(&r);
+            app.update(running(p.clone()));
         }
-        let published = running(p);
-        let mut app = App::new(
-            crate::tui::app::Info {
-                collect: "calls",
-                ..info("all")
-            },
-            published,
-        );
+        assert_eq!(app.proc_rows()[0].rate, 3000);
+        assert_eq!(app.all_rate(), 3000);
         for s in [Screen::Functions, Screen::Processes, Screen::Timeline] {
             screen(&mut app, s);
             let text = render(&app, 100, 24);
