@@ -166,6 +166,43 @@ impl Expected {
         o
     }
 
+    /// What calls mode shows, in the same shape: what needs the live map (free's bytes,
+    /// realloc's released bytes, live blocks and bytes) stays 0, as in [`Expected::calls_only`].
+    pub fn observed_calls(doc: &Value, sizes: &Value, shape: &Expected) -> Expected {
+        let f = &doc["functions"];
+        let mut o = Expected::default();
+        for name in shape.funcs.keys() {
+            let v = &f[*name];
+            let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{name}.{k}: {v}"));
+            o.funcs.insert(
+                name,
+                Fn {
+                    calls: n("calls"),
+                    bytes: n("bytes"),
+                    failed: n("failed"),
+                },
+            );
+        }
+        let r = &f["realloc"];
+        o.free_calls = f["free"]["calls"].as_u64().unwrap();
+        o.realloc_freed = r["freed"].as_u64().unwrap();
+        o.realloc_moved_or_in_place =
+            r["moved"].as_u64().unwrap() + r["in_place"].as_u64().unwrap();
+        o.sizes = Self::observed_sizes(sizes);
+        o
+    }
+
+    /// `self` without what calls mode cannot know (it keeps no live map).
+    pub fn calls_only(&self) -> Expected {
+        Expected {
+            free_bytes: 0,
+            realloc_released_bytes: 0,
+            live_blocks: 0,
+            live_bytes: 0,
+            ..self.clone()
+        }
+    }
+
     /// A JSON size histogram (`sizes`) as (function, size) -> count.
     pub fn observed_sizes(sizes: &Value) -> BTreeMap<(String, u64), u64> {
         sizes
