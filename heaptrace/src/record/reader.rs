@@ -330,6 +330,21 @@ mod tests {
         let rec = Recording::open(&path).unwrap();
         assert_eq!(rec.header.sample_bytes, 4096);
         assert_eq!(rec.profile().sample_bytes, 4096);
+        assert!(!rec.profile().calls);
+    }
+
+    /// A calls-mode recording replays as calls mode: the views then show no live figures.
+    #[test]
+    fn a_calls_mode_recording_replays_as_calls_mode() {
+        let dir = tempdir("calls");
+        let path = dir.join("c.bin");
+        let header = Header {
+            mode: "calls".into(),
+            ..Default::default()
+        };
+        Recorder::create(&path, &header).unwrap();
+        let rec = Recording::open(&path).unwrap();
+        assert!(rec.profile().calls);
     }
 
     #[test]
