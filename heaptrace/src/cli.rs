@@ -39,6 +39,12 @@ impl Mode {
         }
     }
 
+    /// Whether malloc is counted at its entry, with no return probe (calls mode, and its
+    /// benchmark floor).
+    pub fn at_entry(self) -> bool {
+        matches!(self, Mode::Calls | Mode::BareEntry)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Mode::Calls => "calls",

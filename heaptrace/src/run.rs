@@ -91,10 +91,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             .site_map_size
             .unwrap_or_else(probe::default_site_map_size),
         sample_bytes: cli.sample_bytes,
-        calls: matches!(
-            cli.mode,
-            crate::cli::Mode::Calls | crate::cli::Mode::BareEntry
-        ),
+        calls: cli.mode.at_entry(),
         bare_stack: cli.mode == crate::cli::Mode::Bare,
         ..LoadOptions::default()
     };

@@ -19,7 +19,7 @@ pub fn run(args: &ProbesArgs) -> Result<i32> {
             (provider, "the host's libc".to_string())
         }
     };
-    let plan = probe::plan(&provider, false, args.mode == crate::cli::Mode::Calls)?;
+    let plan = probe::plan(&provider, false, args.mode.at_entry())?;
     print!("{}", table(&provider, &whose, &plan));
     Ok(0)
 }
