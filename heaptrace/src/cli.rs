@@ -176,6 +176,12 @@ pub struct TraceArgs {
     #[arg(long)]
     pub no_reservations: bool,
 
+    /// At the end, show each of heaptrace's kernel programs' runs and mean run time (the
+    /// kernel's BPF statistics, as bpftop shows them): what the probes' own work costs, traps
+    /// aside. Counting adds two clock reads to every run of every BPF program on the host.
+    #[arg(long)]
+    pub probe_stats: bool,
+
     /// Probe a custom allocator instead of the malloc family: `prefix:PFX` (PFXmalloc,
     /// PFXfree, ...), `rust` (__rust_alloc, __rust_dealloc, __rust_realloc,
     /// __rust_alloc_zeroed) or `FUNC=SYMBOL,...` (e.g. malloc=my_alloc,free=my_free). With -p

@@ -24,6 +24,7 @@ pub mod multi;
 pub mod placement;
 pub mod probe;
 pub mod procfs;
+pub mod progstats;
 pub mod record;
 pub mod report;
 pub mod reserve;

@@ -114,6 +114,11 @@ impl MultiPrograms {
         Ok(MultiPrograms { progs })
     }
 
+    /// The loaded programs, by name.
+    pub fn programs(&self) -> impl Iterator<Item = (&str, std::os::fd::BorrowedFd<'_>)> {
+        self.progs.iter().map(|(n, fd)| (n.as_str(), fd.as_fd()))
+    }
+
     /// Puts program `name` on every `offsets` of `path` (at their returns with `ret`), each
     /// with the cookie of the same index. `pid` 0 means every process; otherwise the probes
     /// fire in that process's threads only. Closing the returned fd detaches them all.

@@ -502,6 +502,17 @@ impl Probes {
         Ok(())
     }
 
+    /// Every loaded program's kernel run-time statistics (see [`crate::progstats`]).
+    pub fn program_stats(&self) -> Vec<crate::progstats::ProgStats> {
+        use std::os::fd::AsFd as _;
+        let aya_progs = self
+            .ebpf
+            .programs()
+            .filter_map(|(name, p)| p.fd().ok().map(|fd| (name, fd.as_fd())));
+        let multi = self.multi.iter().flat_map(|m| m.programs());
+        crate::progstats::collect(aya_progs.chain(multi))
+    }
+
     pub fn probe_count(&self) -> usize {
         self.attached
             .iter()

@@ -23,7 +23,7 @@ use crate::{
     model::{SiteId, Snapshot},
     modules::Modules,
     probe::{self, LoadOptions, Probes, Scope},
-    procfs,
+    procfs, progstats,
     record::{Header, Recorder, format::EndRec},
     report,
     reserve::{Tracker, ring::MemRing},
@@ -136,6 +136,16 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         }
     };
 
+    // Before any probe fires, so that every run is counted.
+    let stats_fd = match cli.probe_stats.then(progstats::enable).transpose() {
+        Ok(fd) => fd,
+        Err(e) => {
+            if let Some(child) = stopped {
+                child.abort();
+            }
+            return Err(Error::Load(format!("BPF run-time statistics: {e}")));
+        }
+    };
     let attached = probe::load(&opts).and_then(|ebpf| {
         let mut probes = Probes::new(ebpf, !cli.perf_uprobes, opts.calls)?;
         probes.attach(&provider, scope, cli.probe_at_entry)?;
@@ -319,6 +329,11 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     // Detach first so the final read is of a state nothing changes any more.
     let probes = daemon.probes.take().expect("probes");
     let attached_list = probes.attached.clone();
+    let prog_stats = stats_fd.map(|fd| {
+        let stats = probes.program_stats();
+        drop(fd);
+        stats
+    });
     drop(probes);
     daemon.round()?;
     let pids: Option<HashSet<u32>> = pid.map(|p| HashSet::from([p]));
@@ -366,6 +381,9 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         eprint!("{}", crate::views::sites(profile, cli.top, temporary_ms));
     }
     eprint!("{}", crate::views::latency(profile));
+    if let Some(stats) = &prog_stats {
+        eprint!("{}", progstats::text(stats));
+    }
     // What tracing cost in memory, read once everything is gathered: the kernel maps are
     // bounded by their sizes, this is the daemon's side (profile, stacks, symbols).
     let own = procfs::own_rss_kb();
@@ -398,6 +416,10 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         if let Some((rss, peak)) = own {
             doc["heaptrace"]["rss_kb"] = rss.into();
             doc["heaptrace"]["peak_rss_kb"] = peak.into();
+        }
+        if let Some(stats) = &prog_stats {
+            doc["heaptrace"]["programs"] =
+                serde_json::to_value(stats).map_err(|e| Error::Io(std::io::Error::other(e)))?;
         }
         let doc =
             serde_json::to_string_pretty(&doc).map_err(|e| Error::Io(std::io::Error::other(e)))?;

@@ -482,3 +482,48 @@ fn jemalloc_exact(tag: &str, flags: &[&str]) -> Value {
     assert!(doc["functions"].get("memalign").is_some());
     doc
 }
+
+/// `--probe-stats`: the kernel's own run counts of heaptrace's programs agree with the counts
+/// heaptrace shows. `pairs` makes no nested allocator call and frees no NULL, so each malloc
+/// runs the malloc entry and the return program once and each free the free program once.
+#[test]
+fn probe_stats_runs_agree_with_the_counts() {
+    if !bpf_or_skip("probe_stats_runs_agree_with_the_counts") {
+        return;
+    }
+    let _g = shared();
+    const N: u64 = 20_000;
+    let bin = fixture("pairs", "", &[]);
+    let doc = launch(
+        "probestats",
+        &["--mode", "counts", "--probe-stats"],
+        &bin,
+        &[N.to_string()],
+        &[],
+    );
+    let progs = doc["heaptrace"]["programs"].as_array().expect("programs");
+    let prog = |name: &str| {
+        progs
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {progs:?}"))
+    };
+    let runs = |name: &str| prog(name)["runs"].as_u64().unwrap();
+    let f = &doc["functions"];
+    let calls = |func: &str| f[func]["calls"].as_u64().unwrap();
+    assert!(calls("malloc") >= N, "{f}");
+    assert_eq!(runs("malloc_entry"), calls("malloc"), "{progs:?}");
+    assert_eq!(runs("free_entry"), calls("free"), "{progs:?}");
+    let allocating: u64 = f
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(name, _)| name.as_str() != "free")
+        .map(|(_, v)| v["calls"].as_u64().unwrap())
+        .sum();
+    assert_eq!(runs("alloc_return"), allocating, "{progs:?}");
+    for name in ["malloc_entry", "free_entry", "alloc_return"] {
+        assert!(prog(name)["run_ns"].as_u64().unwrap() > 0, "{progs:?}");
+        assert_eq!(prog(name)["recursion_misses"], 0, "{progs:?}");
+    }
+}
