@@ -527,3 +527,60 @@ fn probe_stats_runs_agree_with_the_counts() {
         assert_eq!(prog(name)["recursion_misses"], 0, "{progs:?}");
     }
 }
+
+/// A live map too small for the program: the blocks it could not take are counted as lost and
+/// left out of the live figures, which still equal the map's contents at the end, and the
+/// per-function counts stay exact. (With byte sampling the live figures are the sites'
+/// estimates, which a full map leaves too high: its loss is shown.)
+#[test]
+fn a_full_live_map_leaves_the_live_figures_equal_to_its_contents() {
+    if !bpf_or_skip("a_full_live_map_leaves_the_live_figures_equal_to_its_contents") {
+        return;
+    }
+    let _g = shared();
+    let fx = Fixture {
+        threads: 2,
+        iterations: 2000,
+        leaks: 100,
+        memalign_apart: false,
+        no_pvalloc: false,
+    };
+    let want = Expected::of(&fx).with_glibc_threads(fx.threads, DTV);
+    for flags in [&["--mode", "counts"][..], &["--mode", "stacks"]] {
+        let json = json_path(&format!("fullmap{}", flags.concat()));
+        let mut cmd = heaptrace();
+        cmd.args(["--no-tui", "-q", "--live-map-size", "64", "--json"])
+            .arg(&json)
+            .args(flags)
+            .arg("--")
+            .arg(allocs())
+            .args(args(&fx, &[]));
+        run_ok(&mut cmd);
+        let doc = read_json(&json);
+        assert!(
+            doc["lost"]["live_map"].as_u64().unwrap() > 0,
+            "{flags:?}: {}",
+            doc["lost"]
+        );
+        let (live, leaks) = (&doc["live"], &doc["leaks"]);
+        assert!(
+            leaks["blocks"].as_u64().unwrap() <= 64,
+            "{flags:?}: {leaks}"
+        );
+        assert_eq!(live["blocks"], leaks["blocks"], "{flags:?}");
+        assert_eq!(live["bytes"], leaks["bytes"], "{flags:?}");
+        let f = &doc["functions"];
+        for (name, w) in &want.funcs {
+            assert_eq!(
+                f[*name]["calls"].as_u64(),
+                Some(w.calls),
+                "{flags:?} {name}"
+            );
+        }
+        assert_eq!(
+            f["free"]["calls"].as_u64(),
+            Some(want.free_calls),
+            "{flags:?}"
+        );
+    }
+}
