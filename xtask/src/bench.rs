@@ -56,7 +56,13 @@ pub enum Kind {
     Counts,
     Sizes,
     Stacks,
-    /// `heaptrace -q --mode stacks -p PID` on the workload, stopped until attached.
+    /// `heaptrace -q --mode calls -p PID` on the workload, stopped until attached.
+    AttachCalls,
+    /// The same in counts mode.
+    AttachCounts,
+    /// The same in sizes mode.
+    AttachSizes,
+    /// The same in stacks mode (named `attach`, as before the other modes were attached too).
     Attach,
     /// `heaptrace record -o FILE -q --mode stacks -- W P`
     Record,
@@ -65,11 +71,14 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const TRACED: [Kind; 7] = [
+    pub const TRACED: [Kind; 10] = [
         Kind::Calls,
         Kind::Counts,
         Kind::Sizes,
         Kind::Stacks,
+        Kind::AttachCalls,
+        Kind::AttachCounts,
+        Kind::AttachSizes,
         Kind::Attach,
         Kind::Record,
         Kind::Heaptrack,
@@ -82,6 +91,9 @@ impl Kind {
             Kind::Counts => "counts",
             Kind::Sizes => "sizes",
             Kind::Stacks => "stacks",
+            Kind::AttachCalls => "attach-calls",
+            Kind::AttachCounts => "attach-counts",
+            Kind::AttachSizes => "attach-sizes",
             Kind::Attach => "attach",
             Kind::Record => "record",
             Kind::Heaptrack => "heaptrack",
@@ -92,7 +104,19 @@ impl Kind {
         Kind::TRACED.into_iter().find(|k| k.name() == s)
     }
 
-    /// The runs that count the calls (a JSON document of heaptrace's).
+    /// The `--mode` of an attached run.
+    fn attach_mode(self) -> Option<&'static str> {
+        match self {
+            Kind::AttachCalls => Some("calls"),
+            Kind::AttachCounts => Some("counts"),
+            Kind::AttachSizes => Some("sizes"),
+            Kind::Attach => Some("stacks"),
+            _ => None,
+        }
+    }
+
+    /// The runs that count the calls (a JSON document of heaptrace's). Not the attached ones:
+    /// the calls a workload makes before it stops itself are not seen there.
     fn counted(self) -> bool {
         matches!(
             self,
@@ -116,7 +140,8 @@ pub struct Options {
 
 pub const USAGE: &str = "\
 usage: cargo xtask bench [--quick] [--workloads a,b] [--threads 1,2,4] [--reps N] [--scale F]
-                         [--only calls,counts,sizes,stacks,attach,record,heaptrack]
+                         [--only calls,counts,sizes,stacks,attach-calls,attach-counts,
+                                 attach-sizes,attach,record,heaptrack]
        cargo xtask bench --sizes [--workloads a,b] [--threads 8] [--seconds 60] [--scale F]
   --quick    P = 1 only, scale 0.4 (a few minutes)
   --sizes    recording sizes: each workload once under heaptrace record and heaptrack, then
@@ -192,7 +217,8 @@ impl Options {
                         .map(|k| Kind::parse(k))
                         .collect::<Option<Vec<_>>>()
                         .context(
-                            "--only takes calls,counts,sizes,stacks,attach,record,heaptrack",
+                            "--only takes calls,counts,sizes,stacks,attach-calls,attach-counts,attach-sizes,\
+                             attach,record,heaptrack",
                         )?;
                     o.kinds.sort();
                     o.kinds.dedup();
@@ -582,8 +608,9 @@ impl Bench {
                 run.daemon_rss_kb = Some(e.hwm_kb);
                 e
             }
-            Kind::Attach => {
-                let (e, wl) = self.attach(&exe, &args, &out, &err, ht_flags("stacks"))?;
+            Kind::AttachCalls | Kind::AttachCounts | Kind::AttachSizes | Kind::Attach => {
+                let mode = kind.attach_mode().expect("an attached kind");
+                let (e, wl) = self.attach(&exe, &args, &out, &err, ht_flags(mode))?;
                 if wl != 0 {
                     bail!("{w} exited with {wl} under attach (see {})", out.display());
                 }
