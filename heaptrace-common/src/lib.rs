@@ -255,13 +255,18 @@ pub struct SiteCounters {
     pub calls: u64,
     pub bytes: u64,
     /// Blocks of this site released (free, realloc move or realloc(p, 0)) and their bytes.
-    /// Live blocks and bytes are calls - frees and bytes - freed_bytes: derived in user space
-    /// rather than kept, two atomic adds fewer on every allocation and free.
+    /// Live blocks and bytes are calls - frees - untracked and bytes - freed_bytes -
+    /// untracked_bytes: derived in user space rather than kept, two atomic adds fewer on every
+    /// allocation and free.
     pub frees: u64,
     pub freed_bytes: u64,
     /// Blocks released within the temporary threshold of their allocation.
     pub temp_blocks: u64,
     pub temp_bytes: u64,
+    /// Blocks counted here that the live map refused (full), and their bytes: their frees
+    /// cannot be told to be this site's, so they leave the live figures at once.
+    pub untracked: u64,
+    pub untracked_bytes: u64,
     /// Requested sizes, power-of-two buckets.
     pub sizes: [u64; LOG2_BUCKETS],
     /// Lifetimes of released blocks in units of 1024 ns (~us), power-of-two buckets.
@@ -276,6 +281,8 @@ impl SiteCounters {
         freed_bytes: 0,
         temp_blocks: 0,
         temp_bytes: 0,
+        untracked: 0,
+        untracked_bytes: 0,
         sizes: [0; LOG2_BUCKETS],
         lifetimes: [0; LOG2_BUCKETS],
     };
@@ -479,7 +486,7 @@ const _: () = assert!(core::mem::size_of::<LiveKey>() == 16);
 const _: () = assert!(core::mem::size_of::<LiveBlock>() == 32);
 const _: () = assert!(core::mem::size_of::<InFlight>() == 40);
 const _: () = assert!(core::mem::size_of::<SiteKey>() == 16);
-const _: () = assert!(core::mem::size_of::<SiteCounters>() == 6 * 8 + 2 * 8 * LOG2_BUCKETS);
+const _: () = assert!(core::mem::size_of::<SiteCounters>() == 8 * 8 + 2 * 8 * LOG2_BUCKETS);
 const _: () = assert!(core::mem::size_of::<LatencyHist>() == 8 * LOG2_BUCKETS);
 const _: () = assert!(core::mem::size_of::<ProcEvent>() == 32);
 const _: () = assert!(core::mem::size_of::<MemEvent>() == 56);

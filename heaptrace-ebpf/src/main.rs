@@ -380,6 +380,9 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64) {
     };
     if LIVE.insert(key, block, BPF_ANY).is_err() {
         lose(Loss::LiveMap);
+        if mode() >= mode::STACKS {
+            sites::untracked(call.tgid, call.epoch, call.func, stack_id, size);
+        }
         return;
     }
     add(&mut call.pc.live_blocks, 1);

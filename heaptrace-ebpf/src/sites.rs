@@ -40,6 +40,24 @@ pub fn allocated(ctx: &RetProbeContext, tgid: u32, epoch: u32, func: Func, size:
     stack_id
 }
 
+/// A block counted at its site that the live map refused: its free will not find it, so the
+/// site's live figures must not wait for it.
+#[inline(always)]
+pub fn untracked(tgid: u32, epoch: u32, func: Func, stack_id: i32, size: u64) {
+    let key = SiteKey {
+        tgid,
+        stack_id,
+        func: func as u32,
+        epoch,
+    };
+    if let Some(p) = SITES.get_ptr_mut(key) {
+        // SAFETY: map value pointer.
+        let site = unsafe { &mut *p };
+        add(&mut site.untracked, 1);
+        add(&mut site.untracked_bytes, size);
+    }
+}
+
 /// The id of the user stack at this return probe, stored in one of the two stack maps.
 #[inline(always)]
 pub fn store_stack(ctx: &RetProbeContext) -> Result<i64, i32> {

@@ -171,7 +171,10 @@ fn log2_sub(a: &mut Log2, b: &Log2) {
 impl SiteTotals {
     pub fn from_per_cpu<'a>(cpus: impl IntoIterator<Item = &'a SiteCounters>) -> SiteTotals {
         let mut t = SiteTotals::default();
+        let (mut untracked, mut untracked_bytes) = (0u64, 0u64);
         for c in cpus {
+            untracked = untracked.wrapping_add(c.untracked);
+            untracked_bytes = untracked_bytes.wrapping_add(c.untracked_bytes);
             t.calls = t.calls.wrapping_add(c.calls);
             t.bytes = t.bytes.wrapping_add(c.bytes);
             t.frees = t.frees.wrapping_add(c.frees);
@@ -181,9 +184,13 @@ impl SiteTotals {
             log2_add(&mut t.sizes, &c.sizes);
             log2_add(&mut t.lifetimes, &c.lifetimes);
         }
-        // The kernel keeps no live counters per site: what was allocated minus what was freed.
-        t.live_blocks = t.calls.wrapping_sub(t.frees) as i64;
-        t.live_bytes = t.bytes.wrapping_sub(t.freed_bytes) as i64;
+        // The kernel keeps no live counters per site: what was allocated minus what was freed,
+        // minus what the live map refused (its frees are not seen as this site's).
+        t.live_blocks = t.calls.wrapping_sub(t.frees).wrapping_sub(untracked) as i64;
+        t.live_bytes = t
+            .bytes
+            .wrapping_sub(t.freed_bytes)
+            .wrapping_sub(untracked_bytes) as i64;
         t
     }
 
@@ -340,6 +347,19 @@ mod tests {
         let cpu1 = counters(0, 0, -1, -100);
         let t = Totals::from_per_cpu([&cpu0, &cpu1]);
         assert_eq!(t.func(Func::Malloc).calls, 2);
+        assert_eq!((t.live_blocks, t.live_bytes), (1, 100));
+    }
+
+    #[test]
+    fn a_sites_live_figures_leave_out_the_blocks_the_live_map_refused() {
+        // Three blocks of 100 on CPU 0, one refused by the live map; one freed on CPU 1.
+        let mut cpu0 = SiteCounters::ZERO;
+        (cpu0.calls, cpu0.bytes) = (3, 300);
+        (cpu0.untracked, cpu0.untracked_bytes) = (1, 100);
+        let mut cpu1 = SiteCounters::ZERO;
+        (cpu1.frees, cpu1.freed_bytes) = (1, 100);
+        let t = SiteTotals::from_per_cpu([&cpu0, &cpu1]);
+        assert_eq!((t.calls, t.frees), (3, 1));
         assert_eq!((t.live_blocks, t.live_bytes), (1, 100));
     }
 

@@ -159,8 +159,14 @@ pub fn estimate(raw: &SiteTotals, w: &Weighted, sample_bytes: u64) -> (SiteTotal
     for (e, l) in t.lifetimes.iter_mut().zip(raw.lifetimes) {
         *e = by(l, scale.blocks);
     }
-    t.live_blocks = t.calls as i64 - t.frees as i64;
-    t.live_bytes = t.bytes as i64 - t.freed_bytes as i64;
+    // Blocks the live map refused left the raw live figures at once (see SiteTotals); scaled
+    // like the frees, they leave the estimates too.
+    let refused = raw.calls as i64 - raw.frees as i64 - raw.live_blocks;
+    let refused_bytes = raw.bytes as i64 - raw.freed_bytes as i64 - raw.live_bytes;
+    t.live_blocks =
+        t.calls as i64 - t.frees as i64 - (refused as f64 * scale.blocks).round() as i64;
+    t.live_bytes =
+        t.bytes as i64 - t.freed_bytes as i64 - (refused_bytes as f64 * scale.bytes).round() as i64;
     (t, scale)
 }
 
@@ -267,6 +273,8 @@ mod tests {
             bytes: 10 * 1024 + (2 << 20),
             frees: 10,
             freed_bytes: 10 * 1024,
+            live_blocks: 2,
+            live_bytes: 2 << 20,
             ..Default::default()
         };
         let (est, scale) = estimate(&raw, &weights[&(1, 5, 0)], n);
@@ -287,6 +295,8 @@ mod tests {
         let mut more = raw;
         more.calls += 1;
         more.bytes += 2048;
+        more.live_blocks += 1;
+        more.live_bytes += 2048;
         let (est2, _) = estimate(&more, &weights[&(1, 5, 0)], n);
         assert_eq!(
             est2.calls,
@@ -300,5 +310,18 @@ mod tests {
             scale,
         );
         assert!(leak.blocks > 2 && leak.bytes > 2 << 20, "{leak:?}");
+        // One of the 1 KiB blocks was refused by a full live map: it leaves the live
+        // estimates scaled like a free.
+        let refused = SiteTotals {
+            live_blocks: 1,
+            live_bytes: (2 << 20) - 1024,
+            ..raw
+        };
+        let (est3, s3) = estimate(&refused, &weights[&(1, 5, 0)], n);
+        assert_eq!(est3.live_blocks, est.live_blocks - s3.blocks.round() as i64);
+        assert_eq!(
+            est3.live_bytes,
+            est.live_bytes - (1024.0 * s3.bytes).round() as i64
+        );
     }
 }

@@ -1014,6 +1014,8 @@ mod tests {
             bytes: 1564 * 1024,
             frees: 1549,
             freed_bytes: 1549 * 1024,
+            live_blocks: 15,
+            live_bytes: 15 * 1024,
             ..Default::default()
         };
         site.sizes[heaptrace_common::log2_bucket(1024)] = 1564;
