@@ -14,14 +14,7 @@
 set -euo pipefail
 N=${1:-1000000}
 REPS=${2:-5}
-cargo build --release -q -p heaptrace
-mkdir -p target/fixtures
-gcc -O1 -g -fno-builtin -fno-omit-frame-pointer -o target/fixtures/pairs tests/fixtures/pairs.c
-ht=target/release/heaptrace
-pairs=target/fixtures/pairs
-# The integration tests' system-wide lock: no probing test runs in between.
-exec 9>/tmp/heaptrace-tests.lock
-flock 9
+. tests/bench/pairs-setup.sh
 out=$(mktemp)
 for _ in $(seq "$REPS"); do
     echo "native $("$pairs" "$N")" >>"$out"

@@ -9,15 +9,7 @@
 set -euo pipefail
 N=${1:-1000000}
 REPS=${2:-5}
-cargo build --release -q -p heaptrace
-mkdir -p target/fixtures
-gcc -O1 -g -fno-builtin -o target/fixtures/pairs tests/fixtures/pairs.c
-ht=target/release/heaptrace
-pairs=target/fixtures/pairs
-# The integration tests' system-wide lock, held exclusively: no probing test (an --all one would
-# trace the native runs too) runs in between.
-exec 9>/tmp/heaptrace-tests.lock
-flock 9
+. tests/bench/pairs-setup.sh
 out=$(mktemp)
 wall=$(mktemp)
 run() { # NAME CMD...

@@ -13,13 +13,7 @@
 set -euo pipefail
 N=${1:-1000000}
 REPS=${2:-3}
-cargo build --release -q -p heaptrace
-mkdir -p target/fixtures
-gcc -O1 -g -fno-builtin -fno-omit-frame-pointer -o target/fixtures/pairs tests/fixtures/pairs.c
-ht=target/release/heaptrace
-pairs=target/fixtures/pairs
-exec 9>/tmp/heaptrace-tests.lock
-flock 9
+. tests/bench/pairs-setup.sh
 dir=$(mktemp -d)
 for r in $(seq "$REPS"); do
     for m in bare-entry bare-traps bare calls counts sizes stacks; do
