@@ -36,7 +36,7 @@ pub fn enable() -> std::io::Result<OwnedFd> {
 }
 
 /// The statistics of one loaded program.
-pub fn read(fd: BorrowedFd<'_>) -> std::io::Result<(u64, u64, u64)> {
+fn read(fd: BorrowedFd<'_>) -> std::io::Result<(u64, u64, u64)> {
     // SAFETY: bpf_prog_info is plain data; zeroes are its unset values.
     let mut info: bpf_prog_info = unsafe { std::mem::zeroed() };
     // SAFETY: bpf_attr is plain data as well.
