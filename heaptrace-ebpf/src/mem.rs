@@ -1,5 +1,11 @@
-//! The memory behind malloc: mmap, munmap, mremap and brk of traced processes, from the raw
-//! syscall tracepoints (no tracefs, no kprobes needed).
+//! The memory behind malloc: mmap, munmap, mremap and brk of traced processes.
+//!
+//! Where the allocator's file has the syscall wrappers (glibc, a static binary), a uprobe sits
+//! on the instruction after each wrapper's `syscall`: there the kernel's result is in rax and
+//! the arguments are still in their registers, so one probe sees the whole syscall, and only
+//! traced processes' memory syscalls pay for it. Otherwise the syscall tracepoints (no tracefs,
+//! no kprobes needed) run on every syscall of the host, including the one each uretprobe makes
+//! to return, and keep what a traced process does.
 //!
 //! The syscall happens deep inside the allocator, where the frame-pointer walk is useless
 //! (Debian's libc has no frame pointers). So the syscall only marks the thread's in-flight
@@ -7,10 +13,11 @@
 //! user space pairs the two by thread. Syscalls outside any allocator call (free's munmap of an
 //! mmapped chunk, the program's own mappings) are reported without a site.
 use aya_ebpf::{
+    EbpfContext as _,
     bindings::pt_regs,
-    helpers::bpf_get_current_pid_tgid,
-    macros::btf_tracepoint,
-    programs::{BtfTracePointContext, RetProbeContext},
+    helpers::{bpf_get_attach_cookie, bpf_get_current_pid_tgid},
+    macros::{btf_tracepoint, uprobe},
+    programs::{BtfTracePointContext, ProbeContext, RetProbeContext},
 };
 use heaptrace_common::{Func, INFLIGHT_RESERVED, Loss, MemCall, MemEvent, NO_SITE, mem, mode};
 
@@ -43,21 +50,57 @@ pub fn mem_sys_enter(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-#[inline(always)]
-fn enter(ctx: &BtfTracePointContext, nr: u32) {
+/// A memory syscall's wrapper, just after its `syscall` instruction; the cookie is the
+/// syscall's number.
+#[uprobe]
+pub fn mem_syscall(ctx: ProbeContext) -> u32 {
+    // SAFETY: the helper only reads the cookie of the link that runs this program.
+    let nr = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     let id = bpf_get_current_pid_tgid();
+    let Some(func) = traced_call(id) else {
+        return 0;
+    };
+    // SAFETY: the context's register file, valid for the program's run.
+    let (args, ret) = unsafe {
+        let r = &*ctx.regs;
+        ([r.rdi, r.rsi, r.rdx, r.r10], r.rax)
+    };
+    done(
+        id,
+        MemCall {
+            nr: nr as u32,
+            func,
+            args,
+        },
+        ret,
+    );
+    0
+}
+
+/// The allocator call a memory syscall of this thread is part of (`mem::NO_FUNC`: none), or
+/// None when the syscall is not traced.
+#[inline(always)]
+fn traced_call(id: u64) -> Option<u32> {
     let tgid = (id >> 32) as u32;
     if tgid == self_tgid() {
-        return;
+        return None;
     }
     // In an allocator call: traced. Otherwise traced only if the process allocated before
     // (it has counters); the rest of the host is not our business.
     // SAFETY: map value copied out; only this thread writes its own entry.
-    let func = match unsafe { INFLIGHT.get(id) } {
-        Some(f) if f.sp != 0 => f.func,
+    match unsafe { INFLIGHT.get(id) } {
+        Some(f) if f.sp != 0 => Some(f.func),
         // SAFETY: as above.
-        _ if unsafe { PROCS.get(tgid) }.is_some() => mem::NO_FUNC,
-        _ => return,
+        _ if unsafe { PROCS.get(tgid) }.is_some() => Some(mem::NO_FUNC),
+        _ => None,
+    }
+}
+
+#[inline(always)]
+fn enter(ctx: &BtfTracePointContext, nr: u32) {
+    let id = bpf_get_current_pid_tgid();
+    let Some(func) = traced_call(id) else {
+        return;
     };
     let regs: *const pt_regs = ctx.arg(0);
     // SAFETY: a BTF-typed pointer to the syscall's register file: the verifier checks loads.
@@ -89,6 +132,12 @@ fn exit(ret: u64) {
         return;
     };
     let _ = MEMCALLS.remove(tid);
+    done(id, call, ret);
+}
+
+/// A memory syscall of a traced process has returned `ret`.
+#[inline(always)]
+fn done(id: u64, call: MemCall, ret: u64) {
     if ret > u64::MAX - MAX_ERRNO {
         return; // failed: nothing changed
     }
@@ -101,7 +150,7 @@ fn exit(ret: u64) {
     report(MemEvent {
         kind: call.nr,
         tgid: (id >> 32) as u32,
-        tid,
+        tid: id as u32,
         func: call.func,
         args: call.args,
         ret,

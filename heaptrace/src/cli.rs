@@ -171,10 +171,17 @@ pub struct TraceArgs {
     #[arg(long)]
     pub probe_at_entry: bool,
 
-    /// Do not trace the memory behind malloc (mmap, munmap, mremap, brk). Its two syscall
-    /// tracepoints add about 0.15 us to every syscall of every process on the host.
+    /// Do not trace the memory behind malloc (mmap, munmap, mremap, brk). It is traced with a
+    /// probe in each syscall's libc wrapper, or, where the allocator's file has no such
+    /// wrappers, with two syscall tracepoints, which add about 0.15 us to every syscall of
+    /// every process on the host.
     #[arg(long)]
     pub no_reservations: bool,
+
+    /// Trace the memory behind malloc with the syscall tracepoints even where the wrappers
+    /// could be probed (to compare the two).
+    #[arg(long, hide = true)]
+    pub syscall_tracepoints: bool,
 
     /// At the end, show each of heaptrace's kernel programs' runs and mean run time (the
     /// kernel's BPF statistics, as bpftop shows them): what the probes' own work costs, traps

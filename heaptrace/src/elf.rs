@@ -34,11 +34,7 @@ pub fn alloc_sites(path: &Path) -> Result<Vec<FuncSite>> {
 /// The functions of `names` ((counted as, symbol)) that `path` defines, one site per
 /// distinct address.
 pub fn named_sites(path: &Path, names: &[(Func, String)]) -> Result<Vec<FuncSite>> {
-    // Read lazily: only the headers and symbol tables, not a whole (maybe huge debug) binary.
-    let data = fs::File::open(path).map_err(|source| Error::Read {
-        path: path.into(),
-        source,
-    })?;
+    let data = open(path)?;
     let cache = object::ReadCache::new(data);
     let elf_err = |reason: String| Error::Elf {
         path: path.into(),
@@ -46,22 +42,15 @@ pub fn named_sites(path: &Path, names: &[(Func, String)]) -> Result<Vec<FuncSite
     };
     let file = object::File::parse(&cache).map_err(|e| elf_err(e.to_string()))?;
 
-    // Dynamic symbols are what the dynamic linker binds; a static binary only has .symtab.
     let mut by_func: BTreeMap<Func, (u64, u64)> = BTreeMap::new();
-    for sym in file.dynamic_symbols().chain(file.symbols()) {
-        if sym.is_undefined() || sym.kind() != SymbolKind::Text || sym.address() == 0 {
-            continue;
-        }
-        let Ok(name) = sym.name() else { continue };
-        // Versioned names ("malloc@@GLIBC_2.2.5") only appear in .symtab.
-        let name = name.split('@').next().unwrap_or(name);
+    for_each_function(&file, |name, addr, size| {
         if let Some((func, _)) = names
             .iter()
             .find(|(_, want)| crate::symbols::matches(name, want))
         {
-            by_func.entry(*func).or_insert((sym.address(), sym.size()));
+            by_func.entry(*func).or_insert((addr, size));
         }
-    }
+    });
 
     let mut by_addr: BTreeMap<u64, (u64, Vec<Func>)> = BTreeMap::new();
     for (func, (addr, size)) in by_func {
@@ -92,6 +81,86 @@ pub fn named_sites(path: &Path, names: &[(Func, String)]) -> Result<Vec<FuncSite
     Ok(sites)
 }
 
+/// Read lazily: only the headers and symbol tables, not a whole (maybe huge debug) binary.
+fn open(path: &Path) -> Result<fs::File> {
+    fs::File::open(path).map_err(|source| Error::Read {
+        path: path.into(),
+        source,
+    })
+}
+
+/// Every function symbol `file` defines, as (name without version, address, size). Dynamic
+/// symbols are what the dynamic linker binds; a static binary only has .symtab.
+fn for_each_function<'a, R: object::ReadRef<'a>>(
+    file: &object::File<'a, R>,
+    mut f: impl FnMut(&str, u64, u64),
+) {
+    for sym in file.dynamic_symbols().chain(file.symbols()) {
+        if sym.is_undefined() || sym.kind() != SymbolKind::Text || sym.address() == 0 {
+            continue;
+        }
+        let Ok(name) = sym.name() else { continue };
+        // Versioned names ("malloc@@GLIBC_2.2.5") only appear in .symtab.
+        f(
+            name.split('@').next().unwrap_or(name),
+            sym.address(),
+            sym.size(),
+        );
+    }
+}
+
+/// Where the memory syscalls' wrappers of `path` are probed (see `placement::after_syscall`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyscallSite {
+    pub name: &'static str,
+    pub nr: u32,
+    /// File offset of the probe: just after the wrapper's `syscall`.
+    pub file_offset: u64,
+}
+
+/// The wrappers of the memory syscalls heaptrace follows, all of them, or None when `path` does
+/// not define one of them or one is not shaped as `placement::after_syscall` requires.
+pub fn syscall_sites(path: &Path) -> Result<Option<Vec<SyscallSite>>> {
+    use heaptrace_common::mem;
+    const WRAPPERS: [(&str, u32); 4] = [
+        ("mmap", mem::MMAP),
+        ("munmap", mem::MUNMAP),
+        ("mremap", mem::MREMAP),
+        ("brk", mem::BRK),
+    ];
+    let cache = object::ReadCache::new(open(path)?);
+    let file = object::File::parse(&cache).map_err(|e| Error::Elf {
+        path: path.into(),
+        reason: e.to_string(),
+    })?;
+    let mut found: [Option<(u64, u64)>; 4] = [None; 4];
+    for_each_function(&file, |name, addr, size| {
+        if let Some(i) = WRAPPERS.iter().position(|(n, _)| *n == name) {
+            found[i].get_or_insert((addr, size));
+        }
+    });
+    let mut out = Vec::new();
+    for ((name, nr), sym) in WRAPPERS.iter().zip(found) {
+        let Some((vaddr, size)) = sym else {
+            return Ok(None);
+        };
+        let Some(start) = file_offset(&file, vaddr) else {
+            return Ok(None);
+        };
+        // A wrapper is short: its syscall comes within its first few instructions.
+        let code = code_at(path, start, size, 256)?;
+        let Some(after) = crate::placement::after_syscall(&code, *nr) else {
+            return Ok(None);
+        };
+        out.push(SyscallSite {
+            name,
+            nr: *nr,
+            file_offset: start + after,
+        });
+    }
+    Ok(Some(out))
+}
+
 fn file_offset<'a, R: object::ReadRef<'a>>(file: &object::File<'a, R>, vaddr: u64) -> Option<u64> {
     file.segments().find_map(|seg| {
         let (off, size) = seg.file_range();
@@ -103,18 +172,22 @@ fn file_offset<'a, R: object::ReadRef<'a>>(file: &object::File<'a, R>, vaddr: u6
 /// The first bytes of a function's code as the file has them: `max` at most, and no more than
 /// the symbol's size when it gives one (the bytes after a function belong to another).
 pub fn code(path: &Path, site: &FuncSite, max: usize) -> Result<Vec<u8>> {
+    code_at(path, site.file_offset, site.size, max)
+}
+
+/// As [`code`], for the function at `file_offset` whose symbol gives `size` (or 0).
+fn code_at(path: &Path, file_offset: u64, size: u64, max: usize) -> Result<Vec<u8>> {
     use std::io::{Read as _, Seek as _, SeekFrom};
     let read_err = |source| Error::Read {
         path: path.into(),
         source,
     };
-    let want = match site.size {
+    let want = match size {
         0 => max,
         n => max.min(n as usize),
     };
     let mut f = fs::File::open(path).map_err(read_err)?;
-    f.seek(SeekFrom::Start(site.file_offset))
-        .map_err(read_err)?;
+    f.seek(SeekFrom::Start(file_offset)).map_err(read_err)?;
     let mut buf = Vec::with_capacity(want);
     f.take(want as u64)
         .read_to_end(&mut buf)
@@ -134,6 +207,18 @@ mod tests {
 
     fn host_libc() -> std::path::PathBuf {
         crate::allocator::host_libc_path().expect("host libc")
+    }
+
+    #[test]
+    fn host_libc_has_its_memory_syscalls_probed_after_the_syscall() {
+        let libc = host_libc();
+        let sites = syscall_sites(&libc).unwrap().expect("glibc's wrappers");
+        assert_eq!(sites.len(), 4);
+        for s in &sites {
+            // The two bytes before the probe are the syscall instruction.
+            let before = code_at(&libc, s.file_offset - 2, 2, 2).unwrap();
+            assert_eq!(before, [0x0f, 0x05], "{s:?}");
+        }
     }
 
     #[test]

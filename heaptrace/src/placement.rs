@@ -235,6 +235,37 @@ fn writes(a: OpAccess) -> bool {
     )
 }
 
+/// Where a memory syscall's wrapper (libc's mmap, munmap, mremap, brk) is probed: the offset of
+/// the instruction after its `syscall`, where the kernel's result is in rax and the arguments
+/// are still in their registers (a syscall preserves them). Only for a wrapper as glibc writes
+/// it: exactly one `syscall`, right after a `mov $nr, %eax` of the expected number, with every
+/// instruction from the start up to the one after it decoded. None otherwise: the caller then
+/// traces the syscall another way.
+pub fn after_syscall(code: &[u8], nr: u32) -> Option<u64> {
+    let insns = decode_all(code);
+    let mut found = None;
+    for (i, insn) in insns.iter().enumerate() {
+        if insn.is_invalid() {
+            return None;
+        }
+        if insn.code() != iced_x86::Code::Syscall {
+            continue;
+        }
+        let sets_nr = i > 0 && {
+            let mov = &insns[i - 1];
+            mov.code() == iced_x86::Code::Mov_r32_imm32
+                && mov.op0_register() == Register::EAX
+                && mov.immediate32() == nr
+        };
+        let next = insns.get(i + 1).filter(|n| !n.is_invalid());
+        match (found, sets_nr, next) {
+            (None, true, Some(next)) => found = Some(next.ip()),
+            _ => return None,
+        }
+    }
+    found
+}
+
 /// Decodes `code` up to its end; a final instruction cut off by the end is dropped, an
 /// undecodable one is kept (invalid) so the walk stops there.
 fn decode_all(code: &[u8]) -> Vec<Instruction> {
@@ -284,6 +315,45 @@ mod tests {
         0x48, 0x85, 0xff, 0x0f, 0x84, 0xbf, 0x00, 0x00, 0x00, 0x55, 0x48, 0x8d, 0x77, 0xf0, 0x53,
         0x48, 0x83, 0xec, 0x18,
     ];
+
+    /// glibc 2.36-9+deb12u14's mmap (the first 28 bytes): mov %ecx,%r10d; test $0xfff,%r9d;
+    /// jne; mov $9,%eax; syscall; cmp $-4096,%rax; ja; ret.
+    const GLIBC_MMAP: &[u8] = &[
+        0x41, 0x89, 0xca, 0x41, 0xf7, 0xc1, 0xff, 0x0f, 0x00, 0x00, 0x75, 0x14, 0xb8, 0x09, 0x00,
+        0x00, 0x00, 0x0f, 0x05, 0x48, 0x3d, 0x00, 0xf0, 0xff, 0xff, 0x77, 0x25, 0xc3,
+    ];
+
+    /// Its munmap: mov $11,%eax; syscall; cmp $-4095,%rax; jae; ret.
+    const GLIBC_MUNMAP: &[u8] = &[
+        0xb8, 0x0b, 0x00, 0x00, 0x00, 0x0f, 0x05, 0x48, 0x3d, 0x01, 0xf0, 0xff, 0xff, 0x73, 0x01,
+        0xc3,
+    ];
+
+    #[test]
+    fn syscall_wrappers_are_probed_after_their_syscall() {
+        assert_eq!(after_syscall(GLIBC_MMAP, 9), Some(19));
+        assert_eq!(after_syscall(GLIBC_MUNMAP, 11), Some(7));
+    }
+
+    #[test]
+    fn a_wrapper_not_like_glibcs_is_not_probed() {
+        // Another syscall number than the one expected.
+        assert_eq!(after_syscall(GLIBC_MUNMAP, 9), None);
+        // Two syscalls.
+        assert_eq!(
+            after_syscall(&[GLIBC_MUNMAP, GLIBC_MUNMAP].concat(), 11),
+            None
+        );
+        // Cut right after the syscall: no instruction to put the probe on.
+        assert_eq!(after_syscall(&GLIBC_MUNMAP[..7], 11), None);
+        // The number set elsewhere than just before the syscall.
+        assert_eq!(after_syscall(&[0x0f, 0x05, 0xc3], 11), None);
+        // An undecodable byte before the syscall: the walk may be out of step.
+        assert_eq!(
+            after_syscall(&[&[0x06][..], GLIBC_MUNMAP].concat(), 11),
+            None
+        );
+    }
 
     #[test]
     fn glibc_free_is_probed_at_its_push_past_the_null_check() {

@@ -174,6 +174,10 @@ pub struct Probes {
     multi: Option<MultiPrograms>,
     /// Calls mode: see [`plan`].
     calls: bool,
+    /// Probe the memory syscalls' wrappers of each allocator file that has them.
+    reservations: bool,
+    /// Wrappers probed so far (see `elf::syscall_sites`).
+    syscall_probes: usize,
 }
 
 impl Drop for Probes {
@@ -303,6 +307,8 @@ fn entry_program(func: Func, abi: Abi) -> &'static str {
 }
 
 const RETURN_PROGRAM: &str = "alloc_return";
+/// On the memory syscalls' wrappers (heaptrace-ebpf's mem.rs).
+const SYSCALL_PROGRAM: &str = "mem_syscall";
 
 /// The first line of a load error and the verifier's last words, not its whole log.
 fn short(e: &dyn std::fmt::Display) -> String {
@@ -357,6 +363,15 @@ fn thread_exits(ebpf: &mut Ebpf) {
     }
 }
 
+fn uprobe_scope(scope: Scope) -> Result<UProbeScope> {
+    Ok(match scope {
+        Scope::All => UProbeScope::AllProcesses,
+        Scope::Process(pid) => {
+            UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(Error::NoSuchProcess(0))?)
+        }
+    })
+}
+
 /// Takes a just-attached link from its program. Fails only if the id is unknown, which would be
 /// a bug; the program still holds (and detaches) the link then.
 fn own(prog: &mut UProbe, id: aya::programs::uprobe::UProbeLinkId) -> Result<UProbeLink> {
@@ -368,8 +383,10 @@ impl Probes {
     /// Loads every program once; `attach` then puts them on as many allocator files as needed.
     /// `multi` asks for uprobe_multi links where the kernel has them. Call before any map is
     /// taken out of `ebpf`: the uprobe_multi copies of the programs are pointed at its maps.
-    pub fn new(mut ebpf: Ebpf, multi: bool, calls: bool) -> Result<Probes> {
-        let names: Vec<&str> = std::iter::once(RETURN_PROGRAM)
+    /// `reservations`: also probe the memory syscalls' wrappers where the file has them.
+    pub fn new(mut ebpf: Ebpf, multi: bool, calls: bool, reservations: bool) -> Result<Probes> {
+        let names: Vec<&str> = [RETURN_PROGRAM, SYSCALL_PROGRAM]
+            .into_iter()
             .chain(Func::ALL.map(|f| entry_program(f, Abi::C)))
             .chain([
                 entry_program(Func::Calloc, Abi::Rust),
@@ -395,7 +412,56 @@ impl Probes {
             links: Vec::new(),
             multi,
             calls,
+            reservations,
+            syscall_probes: 0,
         })
+    }
+
+    /// Whether memory syscalls are seen at their wrappers; otherwise the syscall tracepoints
+    /// must see them (`reserve::ring`).
+    pub fn syscalls_probed(&self) -> bool {
+        self.syscall_probes > 0
+    }
+
+    /// Probes the memory syscalls' wrappers in `provider`'s file, when it has them all.
+    fn attach_syscalls(&mut self, provider: &Provider, scope: Scope) -> Result<()> {
+        if !self.reservations {
+            return Ok(());
+        }
+        let Some(sites) = elf::syscall_sites(&provider.attach_path)? else {
+            return Ok(());
+        };
+        let path = &provider.attach_path;
+        let offsets: Vec<u64> = sites.iter().map(|s| s.file_offset).collect();
+        let cookies: Vec<u64> = sites.iter().map(|s| u64::from(s.nr)).collect();
+        if let Some(multi) = &self.multi {
+            let pid = match scope {
+                Scope::All => 0,
+                Scope::Process(pid) => pid,
+            };
+            match multi.attach(SYSCALL_PROGRAM, path, &offsets, &cookies, false, pid) {
+                Ok(fd) => {
+                    self.links.push(Link::Multi(fd));
+                    self.syscall_probes += sites.len();
+                    return Ok(());
+                }
+                Err(e) => log::debug!("uprobe_multi on the syscall wrappers: {e}"),
+            }
+        }
+        let scope = uprobe_scope(scope)?;
+        for (offset, cookie) in offsets.into_iter().zip(cookies) {
+            let point = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(offset),
+                cookie: Some(cookie),
+            };
+            let prog = uprobe(&mut self.ebpf, SYSCALL_PROGRAM)?;
+            let id = prog.attach(point, path, scope).map_err(|e| {
+                Error::Load(format!("{SYSCALL_PROGRAM} in {}: {e}", path.display()))
+            })?;
+            self.links.push(Link::Perf(own(prog, id)?));
+            self.syscall_probes += 1;
+        }
+        Ok(())
     }
 
     /// One uprobe_multi link for every return probe, then one per entry program. All or
@@ -456,7 +522,7 @@ impl Probes {
                 Ok(mut links) => {
                     self.links.append(&mut links);
                     self.record(provider, &plan);
-                    return Ok(());
+                    return self.attach_syscalls(provider, scope);
                 }
                 Err(e) => log::debug!(
                     "uprobe_multi on {}: {e}; perf-event uprobes instead",
@@ -464,12 +530,8 @@ impl Probes {
                 ),
             }
         }
-        let scope = match scope {
-            Scope::All => UProbeScope::AllProcesses,
-            Scope::Process(pid) => {
-                UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(Error::NoSuchProcess(0))?)
-            }
-        };
+        let family_scope = scope;
+        let scope = uprobe_scope(scope)?;
         let path = &provider.attach_path;
         let attach_err = |func: Func, e: &dyn std::fmt::Display| Error::Attach {
             func: func.name(),
@@ -499,7 +561,7 @@ impl Probes {
             self.links.push(Link::Perf(own(prog, id)?));
         }
         self.record(provider, &plan);
-        Ok(())
+        self.attach_syscalls(provider, family_scope)
     }
 
     /// Every loaded program's kernel run-time statistics (see [`crate::progstats`]).
@@ -517,6 +579,7 @@ impl Probes {
         self.attached
             .iter()
             .map(|a| 1 + usize::from(a.uretprobe))
-            .sum()
+            .sum::<usize>()
+            + self.syscall_probes
     }
 }

@@ -146,8 +146,17 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             return Err(Error::Load(format!("BPF run-time statistics: {e}")));
         }
     };
+    // The memory behind malloc; not part of the bare benchmark floor. Calls mode does not see
+    // malloc's calls end, so it could not tell which call made a mapping.
+    let reservations =
+        opts.mode != heaptrace_common::mode::BARE && !opts.calls && !cli.no_reservations;
     let attached = probe::load(&opts).and_then(|ebpf| {
-        let mut probes = Probes::new(ebpf, !cli.perf_uprobes, opts.calls)?;
+        let mut probes = Probes::new(
+            ebpf,
+            !cli.perf_uprobes,
+            opts.calls,
+            reservations && !cli.syscall_tracepoints,
+        )?;
         probes.attach(&provider, scope, cli.probe_at_entry)?;
         Ok(probes)
     });
@@ -182,10 +191,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         }
         Scope::Process(_) => None,
     };
-    // The memory behind malloc; not part of the bare benchmark floor. Calls mode does not see
-    // malloc's calls end, so it could not tell which call made a mapping.
-    let memring = if opts.mode == heaptrace_common::mode::BARE || opts.calls || cli.no_reservations
-    {
+    let memring = if !reservations {
         None
     } else {
         match MemRing::start(&mut probes) {

@@ -5,8 +5,9 @@
 # (stacks mode's: + a stack walk at the return). And
 # for `stacks-s64k`: stacks mode with --sample-bytes 65536 (a 64-byte block is sampled with
 # probability 1 - exp(-64/65536), about 1 in 1000). And `counts-nores`, `stacks-nores`: with
-# --no-reservations, without the syscall tracepoints, which also run for the sys_uretprobe
-# syscall of every malloc return.
+# --no-reservations (no probes on the memory syscalls' wrappers); `counts-tp`, `stacks-tp`: with
+# the memory syscalls traced by the syscall tracepoints instead, which also run for the
+# sys_uretprobe syscall of every malloc return.
 # Runs `pairs N` natively and under `heaptrace -q --mode M -- pairs N`, REPS interleaved rounds,
 # and reports medians of the loop's own time (pairs prints it; attach/detach left out). Root.
 #
@@ -24,6 +25,7 @@ for _ in $(seq "$REPS"); do
     echo "stacks-s64k $("$ht" -q --mode stacks --sample-bytes 65536 -- "$pairs" "$N" 2>/dev/null)" >>"$out"
     for m in counts stacks; do
         echo "$m-nores $("$ht" -q --mode "$m" --no-reservations -- "$pairs" "$N" 2>/dev/null)" >>"$out"
+        echo "$m-tp $("$ht" -q --mode "$m" --syscall-tracepoints -- "$pairs" "$N" 2>/dev/null)" >>"$out"
     done
 done
 python3 - "$out" "$N" <<'PY'
@@ -37,11 +39,11 @@ m = lambda k: statistics.median(t[k])
 print(f"N = {N} pairs, {len(t['native'])} interleaved runs each, medians of the loop time")
 print("| mode | loop time (s) | added per malloc+free pair |")
 print("|---|---|---|")
-for how in ("native", "bare-entry", "bare-traps", "bare", "calls", "counts", "sizes", "stacks", "stacks-s64k", "counts-nores", "stacks-nores"):
+for how in ("native", "bare-entry", "bare-traps", "bare", "calls", "counts", "sizes", "stacks", "stacks-s64k", "counts-nores", "stacks-nores", "counts-tp", "stacks-tp"):
     d = (m(how) - m("native")) / N * 1e6
     print(f"| {how} | {m(how):.3f} | {d:.2f} us |")
 print("runs (s):")
-for how in ("native", "bare-entry", "bare-traps", "bare", "calls", "counts", "sizes", "stacks", "stacks-s64k", "counts-nores", "stacks-nores"):
+for how in ("native", "bare-entry", "bare-traps", "bare", "calls", "counts", "sizes", "stacks", "stacks-s64k", "counts-nores", "stacks-nores", "counts-tp", "stacks-tp"):
     print(f"  {how}:", " ".join(f"{x:.3f}" for x in t[how]))
 PY
 rm -f "$out"

@@ -6,8 +6,9 @@
 # clock reads per run, which the difference to a floor cancels.
 #
 # Per pair: malloc_entry + alloc_return + free_entry, against the floor's same programs. Apart:
-# mem_sys_enter/exit, which run on every syscall of the host where reservations are traced,
-# including the sys_uretprobe syscall each malloc return makes (so about N runs each here).
+# mem_sys_enter/exit, the syscall tracepoints, which run on every syscall of the host where
+# reservations are traced with them (not here: pairs' libc wrappers are probed instead), the
+# sys_uretprobe syscall each malloc return makes included (about N runs each then).
 #
 #   tests/bench/progtime.sh [N] [REPS]        (from the repository root, as root)
 set -euo pipefail

@@ -236,3 +236,76 @@ fn no_reservations_turns_the_syscall_tracing_off() {
     assert_eq!(p["memory"]["reserved"], Value::Null);
     assert_eq!(p["functions"]["malloc"]["calls"].as_u64(), Some(8));
 }
+
+/// What each reservation says, without what changes from run to run (stack ids, addresses).
+fn reservations_seen(doc: &Value) -> Vec<String> {
+    let mut v: Vec<String> = doc["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let lines: Vec<&Value> = r["frames"]
+                .as_array()
+                .map(|f| f.iter().map(|fr| &fr["line"]).collect())
+                .unwrap_or_default();
+            format!(
+                "{} of {} by {} at {:?}: {} calls, {} bytes",
+                r["kind"], r["of"], r["function"], lines, r["calls"], r["bytes"]
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// The runs of a program in the `--probe-stats` part of the document (0 if it never ran).
+fn runs(doc: &Value, program: &str) -> u64 {
+    doc["heaptrace"]["programs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["name"] == program)
+        .map(|p| p["runs"].as_u64().unwrap())
+        .sum()
+}
+
+/// glibc's memory syscalls are seen by a probe just after the `syscall` of each wrapper,
+/// which costs the rest of the host nothing; the syscall tracepoints (kept for allocator files
+/// without such wrappers) see the same reservations, run for run.
+#[test]
+fn the_wrappers_probes_see_what_the_syscall_tracepoints_see() {
+    if !bpf_or_skip("the_wrappers_probes_see_what_the_syscall_tracepoints_see") {
+        return;
+    }
+    let _g = shared();
+    for (fixture_name, args) in [("bigblocks", &[][..]), ("arenas", &["0.3"][..])] {
+        let bin = fixture(fixture_name, "", &[]);
+        let mut docs = Vec::new();
+        for how in [&[][..], &["--syscall-tracepoints"][..]] {
+            let json = json_path(&format!("wrappers-{fixture_name}{}", how.len()));
+            run_ok(
+                heaptrace()
+                    .args(["--no-tui", "-q", "--mode", "stacks", "--probe-stats"])
+                    .args(how)
+                    .arg("--json")
+                    .arg(&json)
+                    .arg("--")
+                    .arg(&bin)
+                    .args(args),
+            );
+            let doc = read_json(&json);
+            assert_eq!(doc["lost"]["mem_events"], 0);
+            docs.push(doc);
+        }
+        let (wrappers, tracepoints) = (&docs[0], &docs[1]);
+        assert!(runs(wrappers, "mem_syscall") > 0, "{fixture_name}");
+        assert_eq!(runs(wrappers, "mem_sys_enter"), 0, "{fixture_name}");
+        assert_eq!(runs(tracepoints, "mem_syscall"), 0, "{fixture_name}");
+        assert!(runs(tracepoints, "mem_sys_enter") > 0, "{fixture_name}");
+        let seen = reservations_seen(wrappers);
+        assert!(!seen.is_empty(), "{fixture_name}");
+        assert_eq!(seen, reservations_seen(tracepoints), "{fixture_name}");
+        let reserved = |d: &Value| d["processes"][0]["memory"]["reserved"].clone();
+        assert_eq!(reserved(wrappers), reserved(tracepoints), "{fixture_name}");
+    }
+}

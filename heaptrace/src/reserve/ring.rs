@@ -1,4 +1,5 @@
-//! The kernel side of reservation tracing: the two syscall tracepoints and their event ring.
+//! The kernel side of reservation tracing: the event ring, and the syscall tracepoints where
+//! the memory syscalls' wrappers are not probed.
 use aya::{
     Btf,
     maps::{MapData, RingBuf},
@@ -17,21 +18,13 @@ pub struct MemRing {
 }
 
 impl MemRing {
-    /// Attaches the syscall tracepoints. They run on every syscall of the host but return at
-    /// once unless it is a memory syscall of a traced process; they detach with `probes`.
+    /// Opens the event ring. Unless `probes` has probed the wrappers of the memory syscalls,
+    /// attaches the syscall tracepoints: they run on every syscall of the host (the one each
+    /// uretprobe makes to return included) but return at once unless it is a memory syscall of
+    /// a traced process; they detach with `probes`.
     pub fn start(probes: &mut Probes) -> Result<MemRing> {
-        let btf = Btf::from_sys_fs().map_err(|e| Error::Load(format!("kernel BTF: {e}")))?;
-        for (prog, tp) in [("mem_sys_enter", "sys_enter"), ("mem_sys_exit", "sys_exit")] {
-            let p: &mut BtfTracePoint = probes
-                .ebpf
-                .program_mut(prog)
-                .ok_or_else(|| Error::Load(format!("program {prog} missing from the object")))?
-                .try_into()
-                .map_err(|e| Error::Load(format!("{prog}: {e}")))?;
-            p.load(tp, &btf)
-                .map_err(|e| Error::Load(format!("{prog}: {e}")))?;
-            p.attach()
-                .map_err(|e| Error::Load(format!("{prog} on {tp}: {e}")))?;
+        if !probes.syscalls_probed() {
+            tracepoints(probes)?;
         }
         let map = probes
             .ebpf
@@ -59,4 +52,22 @@ impl MemRing {
         }
         out
     }
+}
+
+/// The two syscall tracepoints: every memory syscall of a traced process, whatever code made it.
+fn tracepoints(probes: &mut Probes) -> Result<()> {
+    let btf = Btf::from_sys_fs().map_err(|e| Error::Load(format!("kernel BTF: {e}")))?;
+    for (prog, tp) in [("mem_sys_enter", "sys_enter"), ("mem_sys_exit", "sys_exit")] {
+        let p: &mut BtfTracePoint = probes
+            .ebpf
+            .program_mut(prog)
+            .ok_or_else(|| Error::Load(format!("program {prog} missing from the object")))?
+            .try_into()
+            .map_err(|e| Error::Load(format!("{prog}: {e}")))?;
+        p.load(tp, &btf)
+            .map_err(|e| Error::Load(format!("{prog}: {e}")))?;
+        p.attach()
+            .map_err(|e| Error::Load(format!("{prog} on {tp}: {e}")))?;
+    }
+    Ok(())
 }
