@@ -45,6 +45,12 @@ impl Mode {
         matches!(self, Mode::Calls | Mode::BareEntry)
     }
 
+    /// Whether the memory behind malloc is traced (it needs each call's return, and is no part
+    /// of the benchmark floors).
+    pub fn traces_reservations(self) -> bool {
+        matches!(self, Mode::Counts | Mode::Sizes | Mode::Stacks)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Mode::Calls => "calls",

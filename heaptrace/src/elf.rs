@@ -114,8 +114,17 @@ fn for_each_function<'a, R: object::ReadRef<'a>>(
 pub struct SyscallSite {
     pub name: &'static str,
     pub nr: u32,
-    /// File offset of the probe: just after the wrapper's `syscall`.
+    /// The wrapper's offset in the file.
     pub file_offset: u64,
+    /// The probe's place in the wrapper: just after its `syscall`.
+    pub placement: crate::placement::Placement,
+}
+
+impl SyscallSite {
+    /// The probe's offset in the file.
+    pub fn probe_offset(&self) -> u64 {
+        self.file_offset + self.placement.offset
+    }
 }
 
 /// The wrappers of the memory syscalls heaptrace follows, all of them, or None when `path` does
@@ -149,13 +158,14 @@ pub fn syscall_sites(path: &Path) -> Result<Option<Vec<SyscallSite>>> {
         };
         // A wrapper is short: its syscall comes within its first few instructions.
         let code = code_at(path, start, size, 256)?;
-        let Some(after) = crate::placement::after_syscall(&code, *nr) else {
+        let Some(placement) = crate::placement::after_syscall(&code, *nr) else {
             return Ok(None);
         };
         out.push(SyscallSite {
             name,
             nr: *nr,
-            file_offset: start + after,
+            file_offset: start,
+            placement,
         });
     }
     Ok(Some(out))
@@ -216,7 +226,7 @@ mod tests {
         assert_eq!(sites.len(), 4);
         for s in &sites {
             // The two bytes before the probe are the syscall instruction.
-            let before = code_at(&libc, s.file_offset - 2, 2, 2).unwrap();
+            let before = code_at(&libc, s.probe_offset() - 2, 2, 2).unwrap();
             assert_eq!(before, [0x0f, 0x05], "{s:?}");
         }
     }

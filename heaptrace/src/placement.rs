@@ -241,7 +241,7 @@ fn writes(a: OpAccess) -> bool {
 /// it: exactly one `syscall`, right after a `mov $nr, %eax` of the expected number, with every
 /// instruction from the start up to the one after it decoded. None otherwise: the caller then
 /// traces the syscall another way.
-pub fn after_syscall(code: &[u8], nr: u32) -> Option<u64> {
+pub fn after_syscall(code: &[u8], nr: u32) -> Option<Placement> {
     let insns = decode_all(code);
     let mut found = None;
     for (i, insn) in insns.iter().enumerate() {
@@ -258,8 +258,19 @@ pub fn after_syscall(code: &[u8], nr: u32) -> Option<u64> {
                 && mov.immediate32() == nr
         };
         let next = insns.get(i + 1).filter(|n| !n.is_invalid());
-        match (found, sets_nr, next) {
-            (None, true, Some(next)) => found = Some(next.ip()),
+        match (&found, sets_nr, next) {
+            (None, true, Some(next)) => {
+                found = Some(Placement {
+                    offset: next.ip(),
+                    pushes: 0,
+                    instruction: gas(next),
+                    why: format!(
+                        "after its syscall (`{}; syscall`): the result is in %rax, the \
+                         arguments still in their registers",
+                        gas(&insns[i - 1])
+                    ),
+                })
+            }
             _ => return None,
         }
     }
@@ -331,8 +342,17 @@ mod tests {
 
     #[test]
     fn syscall_wrappers_are_probed_after_their_syscall() {
-        assert_eq!(after_syscall(GLIBC_MMAP, 9), Some(19));
-        assert_eq!(after_syscall(GLIBC_MUNMAP, 11), Some(7));
+        let at = |code, nr| after_syscall(code, nr).map(|p| (p.offset, p.instruction));
+        assert_eq!(
+            at(GLIBC_MMAP, 9),
+            Some((19, "cmp $0xfffffffffffff000,%rax".to_string()))
+        );
+        assert_eq!(
+            at(GLIBC_MUNMAP, 11),
+            Some((7, "cmp $0xfffffffffffff001,%rax".to_string()))
+        );
+        let why = after_syscall(GLIBC_MUNMAP, 11).unwrap().why;
+        assert!(why.contains("`mov $0xb,%eax; syscall`"), "{why}");
     }
 
     #[test]

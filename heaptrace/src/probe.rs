@@ -178,6 +178,8 @@ pub struct Probes {
     reservations: bool,
     /// Wrappers probed so far (see `elf::syscall_sites`).
     syscall_probes: usize,
+    /// The wrappers probed, by file, for `--verbose`.
+    pub syscall_sites: Vec<(PathBuf, Vec<elf::SyscallSite>)>,
 }
 
 impl Drop for Probes {
@@ -414,6 +416,7 @@ impl Probes {
             calls,
             reservations,
             syscall_probes: 0,
+            syscall_sites: Vec::new(),
         })
     }
 
@@ -432,7 +435,7 @@ impl Probes {
             return Ok(());
         };
         let path = &provider.attach_path;
-        let offsets: Vec<u64> = sites.iter().map(|s| s.file_offset).collect();
+        let offsets: Vec<u64> = sites.iter().map(|s| s.probe_offset()).collect();
         let cookies: Vec<u64> = sites.iter().map(|s| u64::from(s.nr)).collect();
         if let Some(multi) = &self.multi {
             let pid = match scope {
@@ -443,6 +446,7 @@ impl Probes {
                 Ok(fd) => {
                     self.links.push(Link::Multi(fd));
                     self.syscall_probes += sites.len();
+                    self.syscall_sites.push((provider.path.clone(), sites));
                     return Ok(());
                 }
                 Err(e) => log::debug!("uprobe_multi on the syscall wrappers: {e}"),
@@ -461,6 +465,7 @@ impl Probes {
             self.links.push(Link::Perf(own(prog, id)?));
             self.syscall_probes += 1;
         }
+        self.syscall_sites.push((provider.path.clone(), sites));
         Ok(())
     }
 

@@ -148,8 +148,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     };
     // The memory behind malloc; not part of the bare benchmark floor. Calls mode does not see
     // malloc's calls end, so it could not tell which call made a mapping.
-    let reservations =
-        opts.mode != heaptrace_common::mode::BARE && !opts.calls && !cli.no_reservations;
+    let reservations = cli.mode.traces_reservations() && !cli.no_reservations;
     let attached = probe::load(&opts).and_then(|ebpf| {
         let mut probes = Probes::new(
             ebpf,
@@ -230,6 +229,20 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
                 if a.uretprobe { " + return" } else { "" },
                 p.why
             );
+        }
+        for (path, sites) in &probes.syscall_sites {
+            for s in sites {
+                let p = &s.placement;
+                eprintln!(
+                    "heaptrace:   {} in {} at {:#x}+{} `{}`: {}",
+                    s.name,
+                    path.display(),
+                    s.file_offset,
+                    p.offset,
+                    p.instruction,
+                    p.why
+                );
+            }
         }
     }
 

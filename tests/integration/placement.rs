@@ -27,6 +27,12 @@ fn probes_places_free_on_a_push_and_keeps_uretprobe_functions_at_the_entry() {
     );
     assert!(free.instruction.starts_with("push"), "{free:?}");
     assert_eq!(probes["malloc"].entry, 0);
+    // The memory syscalls' wrappers: probed on the instruction after their syscall.
+    for wrapper in ["mmap", "munmap", "mremap", "brk"] {
+        let p = &probes[wrapper];
+        let at = (p.file_offset + p.entry) as usize;
+        assert_eq!(file[at - 2..at], [0x0f, 0x05], "{wrapper}: {p:?}");
+    }
     for (func, p) in &probes {
         if p.uretprobe {
             assert_eq!(
@@ -59,6 +65,8 @@ fn calls_mode_plans_malloc_without_a_uretprobe() {
             );
         }
     }
+    // No reservations in calls mode: no wrapper probes.
+    assert!(!probes.contains_key("mmap"), "{probes:?}");
     let (_, stacks) = planned_probes(None);
     assert!(stacks["malloc"].uretprobe);
 }

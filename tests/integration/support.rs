@@ -201,6 +201,10 @@ pub fn planned_probes_with(
     assert!(lines.next().unwrap().starts_with("function"), "{text}");
     let mut probes = BTreeMap::new();
     for line in lines {
+        // The memory syscalls' wrappers follow, in the same columns.
+        if line.starts_with("memory syscalls") {
+            continue;
+        }
         let cols: Vec<&str> = line.split_whitespace().collect();
         let hex = cols[1].strip_prefix("0x").expect("hex file offset");
         let probe = PlannedProbe {

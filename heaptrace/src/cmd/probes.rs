@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 use crate::{
     allocator::{self, Provider},
     cli::ProbesArgs,
+    elf,
     error::Result,
     probe::{self, Planned},
 };
@@ -21,7 +22,37 @@ pub fn run(args: &ProbesArgs) -> Result<i32> {
     };
     let plan = probe::plan(&provider, false, args.mode.at_entry())?;
     print!("{}", table(&provider, &whose, &plan));
+    if args.mode.traces_reservations() {
+        print!(
+            "{}",
+            syscalls(elf::syscall_sites(&provider.attach_path)?.as_deref())
+        );
+    }
     Ok(0)
+}
+
+/// Where the memory syscalls are seen (the memory behind malloc; not in calls mode).
+fn syscalls(sites: Option<&[elf::SyscallSite]>) -> String {
+    let Some(sites) = sites else {
+        return "memory syscalls: this file has no wrappers to probe; the syscall tracepoints \
+                trace them (they run on every syscall of the host)\n"
+            .into();
+    };
+    let mut out = String::from("memory syscalls (the memory behind malloc):\n");
+    for s in sites {
+        let p = &s.placement;
+        let _ = writeln!(
+            out,
+            "{:<24} {:>11} {:>11} {:<9} {:<26} {}",
+            s.name,
+            format!("{:#x}", s.file_offset),
+            format!("+{}", p.offset),
+            "no",
+            p.instruction,
+            p.why
+        );
+    }
+    out
 }
 
 /// One line per function; the first four columns have no spaces, for scripts.
