@@ -231,6 +231,16 @@ pub fn for_pid_known(pid: u32, known: &mut Known) -> Result<Option<Provider>> {
     })
 }
 
+/// The libc a process maps, as (its path, the path to attach to), if it maps one. A process
+/// whose allocator is another file still makes its memory syscalls through libc's wrappers.
+pub fn libc_of(pid: u32) -> Result<Option<(PathBuf, PathBuf)>> {
+    let (ordered, root) = candidates(pid)?;
+    Ok(ordered.into_iter().find(|p| is_libc(p)).map(|p| {
+        let attach = root.join(p.strip_prefix("/").unwrap_or(&p));
+        (p, attach)
+    }))
+}
+
 /// A process's mapped files in symbol lookup order (the executable, then libraries in load
 /// order, libc and the dynamic loader's neighbours last), and its root directory.
 fn candidates(pid: u32) -> Result<(Vec<PathBuf>, PathBuf)> {

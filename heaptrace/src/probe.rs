@@ -8,7 +8,10 @@
 //! uprobe_multi links (`multi`) where the kernel has them: one per program, each unregistered
 //! behind one grace period. `Probes` owns its links and closes them from one thread each, so
 //! those waits overlap too. Perf-event uprobes remain the fallback.
-use std::{num::NonZeroU32, path::PathBuf};
+use std::{
+    num::NonZeroU32,
+    path::{Path, PathBuf},
+};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -428,13 +431,18 @@ impl Probes {
 
     /// Probes the memory syscalls' wrappers in `provider`'s file, when it has them all.
     fn attach_syscalls(&mut self, provider: &Provider, scope: Scope) -> Result<()> {
+        self.attach_syscalls_in(&provider.path, &provider.attach_path, scope)
+    }
+
+    /// Probes the memory syscalls' wrappers in the file at `path` (`attach_path` from here),
+    /// when it has them all and reservations are traced.
+    pub fn attach_syscalls_in(&mut self, shown: &Path, path: &Path, scope: Scope) -> Result<()> {
         if !self.reservations {
             return Ok(());
         }
-        let Some(sites) = elf::syscall_sites(&provider.attach_path)? else {
+        let Some(sites) = elf::syscall_sites(path)? else {
             return Ok(());
         };
-        let path = &provider.attach_path;
         let offsets: Vec<u64> = sites.iter().map(|s| s.probe_offset()).collect();
         let cookies: Vec<u64> = sites.iter().map(|s| u64::from(s.nr)).collect();
         if let Some(multi) = &self.multi {
@@ -446,7 +454,7 @@ impl Probes {
                 Ok(fd) => {
                     self.links.push(Link::Multi(fd));
                     self.syscall_probes += sites.len();
-                    self.syscall_sites.push((provider.path.clone(), sites));
+                    self.syscall_sites.push((shown.to_path_buf(), sites));
                     return Ok(());
                 }
                 Err(e) => log::debug!("uprobe_multi on the syscall wrappers: {e}"),
@@ -465,7 +473,7 @@ impl Probes {
             self.links.push(Link::Perf(own(prog, id)?));
             self.syscall_probes += 1;
         }
-        self.syscall_sites.push((provider.path.clone(), sites));
+        self.syscall_sites.push((shown.to_path_buf(), sites));
         Ok(())
     }
 

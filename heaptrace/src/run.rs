@@ -157,6 +157,16 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             reservations && !cli.syscall_tracepoints,
         )?;
         probes.attach(&provider, scope, cli.probe_at_entry)?;
+        if let Scope::Process(pid) = scope
+            && !probes.syscalls_probed()
+        {
+            // The allocator is another file; the memory syscalls still go through libc's
+            // wrappers. A command not started yet maps heaptrace's own libc, the one it will
+            // run on (as `allocator::for_command` assumes).
+            if let Some((shown, path)) = allocator::libc_of(pid)? {
+                probes.attach_syscalls_in(&shown, &path, scope)?;
+            }
+        }
         Ok(probes)
     });
     let mut probes = match attached {

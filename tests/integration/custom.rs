@@ -192,6 +192,7 @@ fn planned(pid: u32, spec: &str) -> (String, BTreeMap<String, u64>) {
     let head = lines.next().unwrap().to_string();
     lines.next();
     let rows = lines
+        .take_while(|l| !l.starts_with("memory syscalls"))
         .map(|l| {
             let cols: Vec<&str> = l.split_whitespace().collect();
             let off = u64::from_str_radix(cols[1].trim_start_matches("0x"), 16).unwrap();
@@ -352,5 +353,57 @@ fn bad_allocator_symbols_are_one_line_errors() {
     assert!(
         error_line(&out).contains("zz_malloc (malloc) not found in"),
         "{out:?}"
+    );
+}
+
+/// A custom allocator in the program still reserves memory through libc's wrappers, which are
+/// probed in the libc the program maps (not the host-wide syscall tracepoints): the brk heap
+/// the wrapped malloc grows shows as a reservation of the custom malloc's site.
+#[test]
+fn a_custom_allocators_reservations_are_seen_at_libcs_wrappers() {
+    if !bpf_or_skip("a_custom_allocators_reservations_are_seen_at_libcs_wrappers") {
+        return;
+    }
+    let _g = shared();
+    let bin = fixture("customalloc", "", &[]);
+    let args = [N.to_string(), LEAKS.to_string()];
+    let doc = launch(
+        "custom-reservations",
+        &[
+            "--mode",
+            "stacks",
+            "--probe-stats",
+            "--allocator-symbols",
+            "prefix:xx_",
+        ],
+        &bin,
+        &args,
+        &[],
+    );
+    let runs = |name: &str| -> u64 {
+        doc["heaptrace"]["programs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["name"] == name)
+            .map(|p| p["runs"].as_u64().unwrap())
+            .sum()
+    };
+    assert!(
+        runs("mem_syscall") > 0,
+        "{:#}",
+        doc["heaptrace"]["programs"]
+    );
+    assert_eq!(runs("mem_sys_enter"), 0);
+    let brk: Vec<&Value> = doc["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == "brk")
+        .collect();
+    assert!(
+        brk.iter().any(|r| r["function"] == "malloc"),
+        "{:#}",
+        doc["reservations"]
     );
 }

@@ -23,23 +23,39 @@ pub fn run(args: &ProbesArgs) -> Result<i32> {
     let plan = probe::plan(&provider, false, args.mode.at_entry())?;
     print!("{}", table(&provider, &whose, &plan));
     if args.mode.traces_reservations() {
-        print!(
-            "{}",
-            syscalls(elf::syscall_sites(&provider.attach_path)?.as_deref())
-        );
+        print!("{}", syscalls(wrappers(&provider, args.pid)?));
     }
     Ok(0)
 }
 
+/// The memory syscalls' wrappers that would be probed, and their file: the allocator's file's,
+/// else the libc of the process (heaptrace's own for a command, as `run` does).
+fn wrappers(
+    provider: &Provider,
+    pid: Option<u32>,
+) -> Result<Option<(std::path::PathBuf, Vec<elf::SyscallSite>)>> {
+    if let Some(sites) = elf::syscall_sites(&provider.attach_path)? {
+        return Ok(Some((provider.path.clone(), sites)));
+    }
+    let libc = allocator::libc_of(pid.unwrap_or_else(std::process::id))?;
+    let Some((shown, path)) = libc else {
+        return Ok(None);
+    };
+    Ok(elf::syscall_sites(&path)?.map(|sites| (shown, sites)))
+}
+
 /// Where the memory syscalls are seen (the memory behind malloc; not in calls mode).
-fn syscalls(sites: Option<&[elf::SyscallSite]>) -> String {
-    let Some(sites) = sites else {
-        return "memory syscalls: this file has no wrappers to probe; the syscall tracepoints \
-                trace them (they run on every syscall of the host)\n"
+fn syscalls(wrappers: Option<(std::path::PathBuf, Vec<elf::SyscallSite>)>) -> String {
+    let Some((path, sites)) = wrappers else {
+        return "memory syscalls: no libc wrappers to probe; the syscall tracepoints trace \
+                them (they run on every syscall of the host)\n"
             .into();
     };
-    let mut out = String::from("memory syscalls (the memory behind malloc):\n");
-    for s in sites {
+    let mut out = format!(
+        "memory syscalls (the memory behind malloc), in {}:\n",
+        path.display()
+    );
+    for s in &sites {
         let p = &s.placement;
         let _ = writeln!(
             out,
