@@ -397,10 +397,19 @@ pub mod mem {
     pub const CALL_END: u32 = 0x100;
     /// `MemEvent::func` of a syscall made outside any allocator call.
     pub const NO_FUNC: u32 = u32::MAX;
+    /// Or'ed into munmap's and mremap's number: the syscall is about to run (`ret` 0). Their
+    /// release of the old range is applied here, before the kernel frees it for another
+    /// thread's mmap, whose event could otherwise come first.
+    pub const BEGIN: u32 = 0x1000;
+    /// Or'ed into munmap's and mremap's number: the syscall failed; the range is mapped still.
+    pub const FAILED: u32 = 0x2000;
+    /// Attach cookie flag of a wrapper's entry probe (the cookie's low bits: the number).
+    pub const COOKIE_BEGIN: u64 = 1 << 32;
 }
 
 /// A memory syscall of a traced process, reported at its (successful) return, or the end of
-/// the allocator call that made it.
+/// the allocator call that made it; munmap and mremap are also reported as they begin, and when
+/// they fail (see [`mem::BEGIN`]).
 ///
 /// `args`: mmap (addr, len, prot, flags); munmap (addr, len); mremap (old addr, old len, new
 /// len, flags); brk (requested break). `ret`: mmap/mremap the address, brk the new break.

@@ -51,11 +51,13 @@ pub fn mem_sys_enter(ctx: BtfTracePointContext) -> i32 {
 }
 
 /// A memory syscall's wrapper, just after its `syscall` instruction; the cookie is the
-/// syscall's number.
+/// syscall's number. munmap's and mremap's wrappers also have one at their entry (the cookie
+/// has `mem::COOKIE_BEGIN`), where their first two arguments are the range they release.
 #[uprobe]
 pub fn mem_syscall(ctx: ProbeContext) -> u32 {
     // SAFETY: the helper only reads the cookie of the link that runs this program.
-    let nr = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let nr = cookie as u32;
     let id = bpf_get_current_pid_tgid();
     let Some(func) = traced_call(id) else {
         return 0;
@@ -65,6 +67,10 @@ pub fn mem_syscall(ctx: ProbeContext) -> u32 {
         let r = &*ctx.regs;
         ([r.rdi, r.rsi, r.rdx, r.r10], r.rax)
     };
+    if cookie & mem::COOKIE_BEGIN != 0 {
+        begin(id, nr, func, args);
+        return 0;
+    }
     done(
         id,
         MemCall {
@@ -105,6 +111,9 @@ fn enter(ctx: &BtfTracePointContext, nr: u32) {
     let regs: *const pt_regs = ctx.arg(0);
     // SAFETY: a BTF-typed pointer to the syscall's register file: the verifier checks loads.
     let args = unsafe { [(*regs).rdi, (*regs).rsi, (*regs).rdx, (*regs).r10] };
+    if nr == mem::MUNMAP || nr == mem::MREMAP {
+        begin(id, nr, func, args);
+    }
     let call = MemCall { nr, func, args };
     if MEMCALLS.insert(id as u32, call, 0).is_err() {
         lose(Loss::MemEvents);
@@ -135,11 +144,35 @@ fn exit(ret: u64) {
     done(id, call, ret);
 }
 
+/// munmap or mremap of a traced process is about to run (see `mem::BEGIN`).
+#[inline(always)]
+fn begin(id: u64, nr: u32, func: u32, args: [u64; 4]) {
+    report(MemEvent {
+        kind: nr | mem::BEGIN,
+        tgid: (id >> 32) as u32,
+        tid: id as u32,
+        func,
+        args,
+        ret: 0,
+    });
+}
+
 /// A memory syscall of a traced process has returned `ret`.
 #[inline(always)]
 fn done(id: u64, call: MemCall, ret: u64) {
     if ret > u64::MAX - MAX_ERRNO {
-        return; // failed: nothing changed
+        // Failed: nothing changed. What a begun munmap or mremap released is mapped still.
+        if call.nr == mem::MUNMAP || call.nr == mem::MREMAP {
+            report(MemEvent {
+                kind: call.nr | mem::FAILED,
+                tgid: (id >> 32) as u32,
+                tid: id as u32,
+                func: call.func,
+                args: call.args,
+                ret,
+            });
+        }
+        return;
     }
     if call.func != mem::NO_FUNC
         && let Some(f) = INFLIGHT.get_ptr_mut(id)

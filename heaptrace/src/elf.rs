@@ -125,6 +125,14 @@ impl SyscallSite {
     pub fn probe_offset(&self) -> u64 {
         self.file_offset + self.placement.offset
     }
+
+    /// Whether the syscall gives a range back (munmap, mremap): its wrapper is also probed at
+    /// its entry, so that the release is known before the kernel can hand the range to
+    /// another thread (see `heaptrace_common::mem::BEGIN`).
+    pub fn releases(&self) -> bool {
+        use heaptrace_common::mem;
+        self.nr == mem::MUNMAP || self.nr == mem::MREMAP
+    }
 }
 
 /// The wrappers of the memory syscalls heaptrace follows, all of them, or None when `path` does

@@ -443,8 +443,14 @@ impl Probes {
         let Some(sites) = elf::syscall_sites(path)? else {
             return Ok(());
         };
-        let offsets: Vec<u64> = sites.iter().map(|s| s.probe_offset()).collect();
-        let cookies: Vec<u64> = sites.iter().map(|s| u64::from(s.nr)).collect();
+        // After each syscall; and at the entry of those that release a range (see mem::BEGIN).
+        let mut offsets: Vec<u64> = sites.iter().map(|s| s.probe_offset()).collect();
+        let mut cookies: Vec<u64> = sites.iter().map(|s| u64::from(s.nr)).collect();
+        for s in sites.iter().filter(|s| s.releases()) {
+            offsets.push(s.file_offset);
+            cookies.push(u64::from(s.nr) | heaptrace_common::mem::COOKIE_BEGIN);
+        }
+        let probes = offsets.len();
         if let Some(multi) = &self.multi {
             let pid = match scope {
                 Scope::All => 0,
@@ -453,7 +459,7 @@ impl Probes {
             match multi.attach(SYSCALL_PROGRAM, path, &offsets, &cookies, false, pid) {
                 Ok(fd) => {
                     self.links.push(Link::Multi(fd));
-                    self.syscall_probes += sites.len();
+                    self.syscall_probes += probes;
                     self.syscall_sites.push((shown.to_path_buf(), sites));
                     return Ok(());
                 }

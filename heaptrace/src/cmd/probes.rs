@@ -65,7 +65,11 @@ fn syscalls(wrappers: Option<(std::path::PathBuf, Vec<elf::SyscallSite>)>) -> St
             format!("+{}", p.offset),
             "no",
             p.instruction,
-            p.why
+            if s.releases() {
+                format!("{}; and at +0, before the range it releases is free", p.why)
+            } else {
+                p.why.clone()
+            }
         );
     }
     out

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap, hash_map::Entry};
 use heaptrace_common::{MemEvent, NO_SITE, mem};
 use serde::{Deserialize, Serialize};
 
-use regions::{Region, Regions};
+use regions::{Region, Regions, given_back};
 
 /// What a reservation entry records. A release ("munmap") is attributed to the site that made
 /// the memory it returns, so that per site, reserved minus released is what it still holds.
@@ -116,6 +116,20 @@ struct ProcState {
     brk: Option<u64>,
     /// The allocator call in flight on each thread that made memory syscalls.
     pending: HashMap<u32, Call>,
+    /// What the munmap or mremap running on each thread took out of the regions when it
+    /// began (`mem::BEGIN`): given back if it succeeds, put back if it fails.
+    unmapping: HashMap<u32, Vec<(u64, Region)>>,
+}
+
+impl ProcState {
+    /// What the thread's munmap or mremap of [start, start + len) took, when it began; taken
+    /// now if its beginning was not seen.
+    fn taken(&mut self, tid: u32, start: u64, len: u64) -> Vec<(u64, Region)> {
+        match self.unmapping.remove(&tid) {
+            Some(t) => t,
+            None => self.regions.take(start, start.saturating_add(len)),
+        }
+    }
 }
 
 /// What one allocator call did to the mappings, until its end names its site.
@@ -146,6 +160,27 @@ pub struct Tracker {
 impl Tracker {
     pub fn event(&mut self, ev: &MemEvent) {
         let pid = ev.tgid;
+        if ev.kind & mem::BEGIN != 0 {
+            // munmap or mremap is about to free [addr, addr + len): out of the regions now,
+            // before another thread's mmap of the same addresses can be reported.
+            let [addr, len, ..] = ev.args;
+            let st = self.procs.entry(pid).or_default();
+            let taken = st.regions.take(addr, addr.saturating_add(len));
+            st.unmapping.insert(ev.tid, taken);
+            return;
+        }
+        if ev.kind & mem::FAILED != 0 {
+            if let Some(st) = self.procs.get_mut(&pid)
+                && let Some(taken) = st.unmapping.remove(&ev.tid)
+            {
+                for (start, r) in taken {
+                    if !st.regions.insert(start, r) {
+                        self.lost += 1;
+                    }
+                }
+            }
+            return;
+        }
         if ev.kind == mem::CALL_END {
             self.finish(pid, ev.tid, ev.args[0] as i64 as i32);
             return;
@@ -200,14 +235,17 @@ impl Tracker {
             }
             mem::MUNMAP => {
                 let [addr, len, ..] = ev.args;
-                call.released
-                    .extend(st.regions.unmap(addr, addr.saturating_add(len), serial));
+                let taken = st.taken(ev.tid, addr, len);
+                // `call` again: `st.taken` needed all of `st`.
+                let call = st.pending.get_mut(&ev.tid).expect("just inserted");
+                call.released.extend(given_back(&taken, serial));
             }
             mem::MREMAP => {
                 let [old, old_len, new_len, _] = ev.args;
-                let kind = st.regions.kind_at(old).unwrap_or(Area::Mmap);
-                call.released
-                    .extend(st.regions.unmap(old, old.saturating_add(old_len), serial));
+                let taken = st.taken(ev.tid, old, old_len);
+                let kind = first(&taken).map_or(Area::Mmap, |r| r.kind);
+                let call = st.pending.get_mut(&ev.tid).expect("just inserted");
+                call.released.extend(given_back(&taken, serial));
                 let end = ev.ret.saturating_add(new_len);
                 call.span = (call.span.0.min(ev.ret), call.span.1.max(end));
                 inserted = st
@@ -281,13 +319,12 @@ impl Tracker {
             }
             mem::MUNMAP => {
                 let [addr, len, ..] = ev.args;
-                released.extend(st.regions.unmap(addr, addr.saturating_add(len), 0));
+                released.extend(given_back(&st.taken(ev.tid, addr, len), 0));
             }
             mem::MREMAP => {
                 // The program moved a block the allocator made: same owner, new place.
                 let [old, old_len, new_len, _] = ev.args;
-                if let Some(r) = st.regions.get_at(old) {
-                    st.regions.unmap(old, old.saturating_add(old_len), u64::MAX);
+                if let Some(r) = first(&st.taken(ev.tid, old, old_len)) {
                     let moved = Region {
                         end: ev.ret.saturating_add(new_len),
                         ..r
@@ -361,6 +398,11 @@ impl Tracker {
     pub fn forget(&mut self, pid: u32) {
         self.procs.remove(&pid);
     }
+}
+
+/// The region a taken range began in (its lowest piece).
+fn first(taken: &[(u64, Region)]) -> Option<Region> {
+    taken.iter().min_by_key(|(s, _)| *s).map(|(_, r)| *r)
 }
 
 /// The brk heap shrinking: no site made "that" part of it, so it is released unnamed.

@@ -52,6 +52,12 @@ impl Regions {
     /// regions made by another call than `serial`, with their sizes: memory given back. (What
     /// a call unmaps of its own new regions only trims what it reserves.)
     pub fn unmap(&mut self, start: u64, end: u64, serial: u64) -> Vec<(Region, u64)> {
+        given_back(&self.take(start, end), serial)
+    }
+
+    /// Removes [start, end) from every region it overlaps; returns the pieces removed, each
+    /// with its start, to be given back (`given_back`) or put back (`insert`).
+    pub fn take(&mut self, start: u64, end: u64) -> Vec<(u64, Region)> {
         let hit: Vec<(u64, Region)> = self
             .0
             .range(..end)
@@ -68,10 +74,13 @@ impl Regions {
             if r.end > end {
                 self.0.insert(end, r);
             }
-            let bytes = r.end.min(end) - s.max(start);
-            if r.serial != serial {
-                out.push((r, bytes));
-            }
+            out.push((
+                s.max(start),
+                Region {
+                    end: r.end.min(end),
+                    ..r
+                },
+            ));
         }
         out
     }
@@ -97,10 +106,6 @@ impl Regions {
             .map(|(_, r)| *r)
     }
 
-    pub fn kind_at(&self, addr: u64) -> Option<Area> {
-        self.get_at(addr).map(|r| r.kind)
-    }
-
     /// The regions call `serial` made, all within [lo, hi).
     pub fn of_serial_mut(
         &mut self,
@@ -117,4 +122,13 @@ impl Regions {
     pub fn iter(&self) -> impl Iterator<Item = (u64, &Region)> {
         self.0.iter().map(|(s, r)| (*s, r))
     }
+}
+
+/// The pieces of `taken` that regions of another call than `serial` lose, with their sizes.
+pub fn given_back(taken: &[(u64, Region)], serial: u64) -> Vec<(Region, u64)> {
+    taken
+        .iter()
+        .filter(|(_, r)| r.serial != serial)
+        .map(|(s, r)| (*r, r.end - s))
+        .collect()
 }

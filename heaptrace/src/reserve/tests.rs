@@ -267,3 +267,74 @@ fn calls_of_two_threads_keep_their_regions_whichever_ends_first() {
 }
 
 const ARENA_SIZE: u64 = 64 * MIB;
+
+/// The begin event of a munmap (`mem::BEGIN`) that trims what `arena_events` trims.
+fn begun(ev: &MemEvent) -> MemEvent {
+    MemEvent {
+        kind: ev.kind | mem::BEGIN,
+        ret: 0,
+        ..*ev
+    }
+}
+
+#[test]
+fn a_range_one_thread_unmaps_and_another_maps_before_the_first_is_reported_stays_the_seconds() {
+    // A (tid 11) maps 128 MiB at an unaligned base and trims the head. B's new arena gets the
+    // head's addresses: the kernel freed them before A's munmap returned, so B's mmap can be
+    // reported before A's munmap is. A's munmap began before B's mmap could get the range.
+    let mut t = Tracker::default();
+    // A keeps [0x7f00_0400_0000, +64 MiB) and trims the 48 MiB below it. B's 128 MiB ends
+    // where A's arena begins: B keeps [0x7f00_0000_0000, +64 MiB), inside A's head.
+    let a = arena_events(11, 0x7f00_0100_0000);
+    let b = arena_events(12, 0x7eff_fc00_0000);
+    t.event(&a[0]); // A's mmap
+    t.event(&begun(&a[1])); // A's head munmap begins
+    t.event(&b[0]); // B's mmap, over A's head
+    t.event(&a[1]); // A's head munmap returns
+    t.event(&begun(&a[2]));
+    t.event(&a[2]);
+    for e in &b[1..] {
+        t.event(&begun(e));
+        t.event(e);
+    }
+    t.event(&end(11, 0, 5));
+    t.event(&end(12, 0, 6));
+    let fresh = t.take();
+    assert_eq!(
+        fresh[&(PID, Kind::Arena, 5, 0)].bytes,
+        ARENA_SIZE,
+        "{fresh:?}"
+    );
+    assert_eq!(
+        fresh[&(PID, Kind::Arena, 6, 0)].bytes,
+        ARENA_SIZE,
+        "{fresh:?}"
+    );
+    assert!(
+        !fresh.keys().any(|k| matches!(k.1, Kind::Munmap { .. })),
+        "nothing was given back: {fresh:?}"
+    );
+    assert_eq!(t.reserved(PID).arenas, 2 * ARENA_SIZE);
+}
+
+#[test]
+fn a_munmap_that_fails_gives_nothing_back() {
+    let mut t = Tracker::default();
+    let addr = 0x7f00_0000_0000;
+    t.event(&sys(mem::MMAP, 11, 0, [0, 2 * MIB, RW, PRIVATE_ANON], addr));
+    t.event(&end(11, 0, 5));
+    let unmap = sys(mem::MUNMAP, 11, mem::NO_FUNC, [addr, 2 * MIB, 0, 0], 0);
+    t.event(&begun(&unmap));
+    assert_eq!(t.reserved(PID).mmapped, 0, "taken out as it began");
+    t.event(&MemEvent {
+        kind: mem::MUNMAP | mem::FAILED,
+        ret: -22i64 as u64,
+        ..unmap
+    });
+    assert_eq!(t.reserved(PID).mmapped, 2 * MIB, "put back");
+    let fresh = t.take();
+    assert!(
+        !fresh.keys().any(|k| matches!(k.1, Kind::Munmap { .. })),
+        "{fresh:?}"
+    );
+}
