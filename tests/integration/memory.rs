@@ -309,3 +309,41 @@ fn the_wrappers_probes_see_what_the_syscall_tracepoints_see() {
         assert_eq!(reserved(wrappers), reserved(tracepoints), "{fixture_name}");
     }
 }
+
+/// System-wide, the host libc's wrappers are probed for every process: a process started after
+/// heaptrace has its large blocks' mappings and releases attributed to its malloc, as with -p.
+/// (By function, not line: a process this short has exited before its stacks are symbolized.)
+#[test]
+fn all_sees_the_reservations_of_a_process_started_later() {
+    if !bpf_or_skip("all_sees_the_reservations_of_a_process_started_later") {
+        return;
+    }
+    let _g = exclusive();
+    let bin = fixture("bigblocks", "", &[]);
+    let (tracer, json) = crate::system::start_all(
+        "mem-all",
+        &["--mode", "stacks", "--probe-stats", "--comm", "bigblocks"],
+    );
+    let mut child = std::process::Command::new(&bin).spawn().unwrap();
+    let pid = child.id();
+    assert!(child.wait().unwrap().success());
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let (_, doc) = crate::system::stop(tracer, &json);
+    assert!(runs(&doc, "mem_syscall") > 0);
+    assert_eq!(runs(&doc, "mem_sys_enter"), 0);
+    let of = |kind: &str, func: &str| -> (u64, u64) {
+        let v: Vec<&Value> = of_kind(&doc, kind)
+            .into_iter()
+            .filter(|r| r["pid"] == pid && r["function"] == func)
+            .collect();
+        (sum(&v, "calls"), sum(&v, "bytes"))
+    };
+    assert_eq!(
+        of("mmap", "malloc"),
+        (8, 8 * BIG),
+        "{:#}",
+        doc["reservations"]
+    );
+    assert_eq!(of("munmap", "malloc"), (5, 5 * BIG));
+    assert_eq!(of("mmap", "realloc"), (1, 2 * MIB + 4096));
+}
