@@ -341,12 +341,18 @@ fn short(e: &dyn std::fmt::Display) -> String {
 }
 
 fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe> {
-    let prog: &mut UProbe = ebpf
-        .program_mut(name)
+    program(ebpf, name)
+}
+
+/// A program of the object, as its kind (uprobe, tracepoint...).
+pub fn program<'a, P>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut P>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    ebpf.program_mut(name)
         .ok_or_else(|| Error::Load(format!("program {name} missing from the object")))?
         .try_into()
-        .map_err(|e| Error::Load(format!("{name}: {e}")))?;
-    Ok(prog)
+        .map_err(|e| Error::Load(format!("{name}: {e}")))
 }
 
 /// Attaches the thread-exit cleanup of in-flight records (heaptrace-ebpf's threads.rs) before
@@ -354,15 +360,12 @@ fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe> {
 /// still bounds the map, a round later: a warning, not an error.
 fn thread_exits(ebpf: &mut Ebpf) {
     let (prog, tp) = ("on_thread_exit", "sched_process_exit");
-    let attached = ebpf
-        .program_mut(prog)
-        .ok_or_else(|| format!("program {prog} missing from the object"))
-        .and_then(|p| {
-            let p: &mut aya::programs::RawTracePoint =
-                p.try_into().map_err(|e| format!("{prog}: {e}"))?;
+    let attached = program(ebpf, prog).map_err(|e| e.to_string()).and_then(
+        |p: &mut aya::programs::RawTracePoint| {
             p.load().map_err(|e| format!("{prog}: {e}"))?;
             p.attach(tp).map_err(|e| format!("{prog} on {tp}: {e}"))
-        });
+        },
+    );
     if let Err(e) = attached {
         eprintln!("heaptrace: warning: no in-flight cleanup at thread exit ({e})");
     }

@@ -42,12 +42,7 @@ impl ProcWatch {
     pub fn start(probes: &mut Probes, first: &Provider, at_entry: bool) -> Result<ProcWatch> {
         let (prog, tp) = ("on_exec", "sched_process_exec");
         {
-            let p: &mut RawTracePoint = probes
-                .ebpf
-                .program_mut(prog)
-                .ok_or_else(|| Error::Load(format!("program {prog} missing from the object")))?
-                .try_into()
-                .map_err(|e| Error::Load(format!("{prog}: {e}")))?;
+            let p: &mut RawTracePoint = crate::probe::program(&mut probes.ebpf, prog)?;
             p.load().map_err(|e| Error::Load(format!("{prog}: {e}")))?;
             p.attach(tp)
                 .map_err(|e| Error::Load(format!("{prog} on {tp}: {e}")))?;

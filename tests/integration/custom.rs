@@ -380,21 +380,12 @@ fn a_custom_allocators_reservations_are_seen_at_libcs_wrappers() {
         &args,
         &[],
     );
-    let runs = |name: &str| -> u64 {
-        doc["heaptrace"]["programs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|p| p["name"] == name)
-            .map(|p| p["runs"].as_u64().unwrap())
-            .sum()
-    };
     assert!(
-        runs("mem_syscall") > 0,
+        program_runs(&doc, "mem_syscall") > 0,
         "{:#}",
         doc["heaptrace"]["programs"]
     );
-    assert_eq!(runs("mem_sys_enter"), 0);
+    assert_eq!(program_runs(&doc, "mem_sys_enter"), 0);
     let brk: Vec<&Value> = doc["reservations"]
         .as_array()
         .unwrap()

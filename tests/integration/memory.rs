@@ -258,17 +258,6 @@ fn reservations_seen(doc: &Value) -> Vec<String> {
     v
 }
 
-/// The runs of a program in the `--probe-stats` part of the document (0 if it never ran).
-fn runs(doc: &Value, program: &str) -> u64 {
-    doc["heaptrace"]["programs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["name"] == program)
-        .map(|p| p["runs"].as_u64().unwrap())
-        .sum()
-}
-
 /// glibc's memory syscalls are seen by a probe just after the `syscall` of each wrapper,
 /// which costs the rest of the host nothing; the syscall tracepoints (kept for allocator files
 /// without such wrappers) see the same reservations, run for run.
@@ -298,10 +287,17 @@ fn the_wrappers_probes_see_what_the_syscall_tracepoints_see() {
             docs.push(doc);
         }
         let (wrappers, tracepoints) = (&docs[0], &docs[1]);
-        assert!(runs(wrappers, "mem_syscall") > 0, "{fixture_name}");
-        assert_eq!(runs(wrappers, "mem_sys_enter"), 0, "{fixture_name}");
-        assert_eq!(runs(tracepoints, "mem_syscall"), 0, "{fixture_name}");
-        assert!(runs(tracepoints, "mem_sys_enter") > 0, "{fixture_name}");
+        assert!(program_runs(wrappers, "mem_syscall") > 0, "{fixture_name}");
+        assert_eq!(program_runs(wrappers, "mem_sys_enter"), 0, "{fixture_name}");
+        assert_eq!(
+            program_runs(tracepoints, "mem_syscall"),
+            0,
+            "{fixture_name}"
+        );
+        assert!(
+            program_runs(tracepoints, "mem_sys_enter") > 0,
+            "{fixture_name}"
+        );
         let seen = reservations_seen(wrappers);
         assert!(!seen.is_empty(), "{fixture_name}");
         assert_eq!(seen, reservations_seen(tracepoints), "{fixture_name}");
@@ -329,8 +325,8 @@ fn all_sees_the_reservations_of_a_process_started_later() {
     assert!(child.wait().unwrap().success());
     std::thread::sleep(std::time::Duration::from_millis(500));
     let (_, doc) = crate::system::stop(tracer, &json);
-    assert!(runs(&doc, "mem_syscall") > 0);
-    assert_eq!(runs(&doc, "mem_sys_enter"), 0);
+    assert!(program_runs(&doc, "mem_syscall") > 0);
+    assert_eq!(program_runs(&doc, "mem_sys_enter"), 0);
     let of = |kind: &str, func: &str| -> (u64, u64) {
         let v: Vec<&Value> = of_kind(&doc, kind)
             .into_iter()

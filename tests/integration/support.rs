@@ -326,3 +326,14 @@ pub fn spawn_with_libc(cmd: &mut Command) -> std::process::Child {
     }
     child
 }
+
+/// The runs of a program in the `--probe-stats` part of a JSON document (0 if it never ran).
+pub fn program_runs(doc: &Value, program: &str) -> u64 {
+    doc["heaptrace"]["programs"]
+        .as_array()
+        .expect("--probe-stats")
+        .iter()
+        .filter(|p| p["name"] == program)
+        .map(|p| p["runs"].as_u64().unwrap())
+        .sum()
+}

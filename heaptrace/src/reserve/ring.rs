@@ -58,12 +58,7 @@ impl MemRing {
 fn tracepoints(probes: &mut Probes) -> Result<()> {
     let btf = Btf::from_sys_fs().map_err(|e| Error::Load(format!("kernel BTF: {e}")))?;
     for (prog, tp) in [("mem_sys_enter", "sys_enter"), ("mem_sys_exit", "sys_exit")] {
-        let p: &mut BtfTracePoint = probes
-            .ebpf
-            .program_mut(prog)
-            .ok_or_else(|| Error::Load(format!("program {prog} missing from the object")))?
-            .try_into()
-            .map_err(|e| Error::Load(format!("{prog}: {e}")))?;
+        let p: &mut BtfTracePoint = crate::probe::program(&mut probes.ebpf, prog)?;
         p.load(tp, &btf)
             .map_err(|e| Error::Load(format!("{prog}: {e}")))?;
         p.attach()
