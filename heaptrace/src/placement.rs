@@ -239,10 +239,24 @@ fn writes(a: OpAccess) -> bool {
 /// the instruction after its `syscall`, where the kernel's result is in rax and the arguments
 /// are still in their registers (a syscall preserves them). Only for a wrapper as glibc writes
 /// it: exactly one `syscall`, right after a `mov $nr, %eax` of the expected number, with every
-/// instruction from the start up to the one after it decoded. None otherwise: the caller then
-/// traces the syscall another way.
+/// instruction from the start up to the one after it decoded, and no branch in the function to
+/// the syscall or past it (a path that does not set the number, or makes no syscall, would
+/// reach the probe). None otherwise: the caller then traces the syscall another way.
 pub fn after_syscall(code: &[u8], nr: u32) -> Option<Placement> {
     let insns = decode_all(code);
+    let found = the_syscall(&insns, nr)?;
+    let (syscall, probe) = (found.offset - 2, found.offset);
+    let jumps_in = insns.iter().any(|i| {
+        matches!(
+            i.flow_control(),
+            FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch | FlowControl::Call
+        ) && (i.near_branch_target() == syscall || i.near_branch_target() == probe)
+    });
+    (!jumps_in).then_some(found)
+}
+
+/// The one `syscall` of a wrapper, right after `mov $nr, %eax`: the probe after it.
+fn the_syscall(insns: &[Instruction], nr: u32) -> Option<Placement> {
     let mut found = None;
     for (i, insn) in insns.iter().enumerate() {
         if insn.is_invalid() {
@@ -368,6 +382,20 @@ mod tests {
         assert_eq!(after_syscall(&GLIBC_MUNMAP[..7], 11), None);
         // The number set elsewhere than just before the syscall.
         assert_eq!(after_syscall(&[0x0f, 0x05, 0xc3], 11), None);
+        // munmap followed by `jmp target` (rel8, from the end of the 16 bytes).
+        let jumping_to = |target: i64| {
+            let mut code = GLIBC_MUNMAP.to_vec();
+            let rel = target - (code.len() as i64 + 2);
+            code.extend([0xeb, rel as i8 as u8]);
+            code
+        };
+        // A branch to the probe point: that path made no syscall.
+        assert_eq!(after_syscall(&jumping_to(7), 11), None);
+        // A branch to the syscall, past the number's mov.
+        assert_eq!(after_syscall(&jumping_to(5), 11), None);
+        // A branch elsewhere is fine.
+        let elsewhere = after_syscall(&jumping_to(0), 11);
+        assert_eq!(elsewhere.map(|p| p.offset), Some(7));
         // An undecodable byte before the syscall: the walk may be out of step.
         assert_eq!(
             after_syscall(&[&[0x06][..], GLIBC_MUNMAP].concat(), 11),
