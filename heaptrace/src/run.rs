@@ -358,6 +358,21 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     // Detach first so the final read is of a state nothing changes any more.
     let probes = daemon.probes.take().expect("probes");
     let attached_list = probes.attached.clone();
+    let syscall_probes: Vec<serde_json::Value> = probes
+        .syscall_sites
+        .iter()
+        .flat_map(|(path, sites)| {
+            sites.iter().map(move |s| {
+                serde_json::json!({
+                    "name": s.name,
+                    "path": path,
+                    "offset": s.file_offset,
+                    "begin_probe": s.releases(),
+                    "placement": s.placement,
+                })
+            })
+        })
+        .collect();
     let prog_stats = stats_fd.map(|fd| {
         let stats = probes.program_stats();
         drop(fd);
@@ -446,6 +461,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             doc["heaptrace"]["rss_kb"] = rss.into();
             doc["heaptrace"]["peak_rss_kb"] = peak.into();
         }
+        doc["provider"]["syscall_probes"] = syscall_probes.into();
         if let Some(stats) = &prog_stats {
             doc["heaptrace"]["programs"] =
                 serde_json::to_value(stats).map_err(|e| Error::Io(std::io::Error::other(e)))?;

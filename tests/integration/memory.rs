@@ -298,6 +298,16 @@ fn the_wrappers_probes_see_what_the_syscall_tracepoints_see() {
             program_runs(tracepoints, "mem_sys_enter") > 0,
             "{fixture_name}"
         );
+        let probed = |d: &Value| -> Vec<String> {
+            d["provider"]["syscall_probes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(probed(wrappers), ["mmap", "munmap", "mremap", "brk"]);
+        assert!(probed(tracepoints).is_empty());
         let seen = reservations_seen(wrappers);
         assert!(!seen.is_empty(), "{fixture_name}");
         assert_eq!(seen, reservations_seen(tracepoints), "{fixture_name}");
