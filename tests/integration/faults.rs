@@ -94,23 +94,44 @@ pub(crate) fn code_byte(pid: u32, func: &str, at: u64) -> (u64, u8) {
         .iter()
         .find(|s| s.func.name() == func)
         .unwrap();
+    file_byte(pid, &provider.path, site.file_offset + at)
+}
+
+/// Where the byte at `file_offset` of `path` is in process `pid`, and what the file has there.
+fn file_byte(pid: u32, path: &std::path::Path, file_offset: u64) -> (u64, u8) {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let path = provider.path.display().to_string();
+    let shown = path.display().to_string();
     let addr = maps
         .lines()
-        .filter(|l| l.ends_with(&path))
+        .filter(|l| l.ends_with(&shown))
         .find_map(|l| {
             let cols: Vec<&str> = l.split_whitespace().collect();
             let (lo, hi) = cols[0].split_once('-')?;
             let lo = u64::from_str_radix(lo, 16).ok()?;
             let hi = u64::from_str_radix(hi, 16).ok()?;
             let off = u64::from_str_radix(cols[2], 16).ok()?;
-            (site.file_offset >= off && site.file_offset < off + (hi - lo))
-                .then(|| lo + site.file_offset - off)
+            (file_offset >= off && file_offset < off + (hi - lo)).then(|| lo + file_offset - off)
         })
-        .expect("mapping of the probed function");
-    let file = std::fs::read(&provider.path).unwrap();
-    (addr + at, file[(site.file_offset + at) as usize])
+        .expect("mapping of the probed code");
+    let file = std::fs::read(path).unwrap();
+    (addr, file[file_offset as usize])
+}
+
+/// The memory syscalls' probe points in the process's libc: after each syscall, and munmap's
+/// and mremap's entries.
+fn syscall_bytes(pid: u32) -> Vec<(u64, u8)> {
+    let provider = heaptrace::allocator::for_pid(pid).unwrap();
+    let sites = heaptrace::elf::syscall_sites(&provider.path)
+        .unwrap()
+        .expect("glibc's wrappers");
+    let mut out = Vec::new();
+    for s in &sites {
+        out.push(file_byte(pid, &provider.path, s.probe_offset()));
+        if s.releases() {
+            out.push(file_byte(pid, &provider.path, s.file_offset));
+        }
+    }
+    out
 }
 
 pub(crate) fn read_byte(pid: u32, addr: u64) -> u8 {
@@ -180,6 +201,15 @@ fn sigterm_detaches(flags: &[&str]) {
             "free's entry probed though its probe is at +{placed}"
         );
     }
+    let syscalls = syscall_bytes(pid);
+    assert_eq!(syscalls.len(), 6);
+    for (at, _) in &syscalls {
+        assert_eq!(
+            read_byte(pid, *at),
+            INT3,
+            "no uprobe at {at:#x} (memory syscalls)"
+        );
+    }
     std::thread::sleep(std::time::Duration::from_millis(300));
     tracer.signal(libc::SIGTERM);
     let (code, stderr) = tracer.wait();
@@ -194,6 +224,13 @@ fn sigterm_detaches(flags: &[&str]) {
     );
     assert_eq!(read_byte(pid, free_at), free_byte, "free still probed");
     assert_eq!(read_byte(pid, free_entry_at), free_entry_byte);
+    for (at, byte) in &syscalls {
+        assert_eq!(
+            read_byte(pid, *at),
+            *byte,
+            "{at:#x} still probed (memory syscalls)"
+        );
+    }
     // The target is unharmed and still running.
     assert!(spin.try_wait().unwrap().is_none());
     spin.kill().unwrap();
