@@ -371,6 +371,14 @@ fn thread_exits(ebpf: &mut Ebpf) {
     }
 }
 
+/// The memory syscalls' wrappers of one file, probed.
+struct WrapperLinks {
+    links: Vec<Link>,
+    /// Probes the links hold (one uprobe_multi link holds them all).
+    probes: usize,
+    sites: Vec<elf::SyscallSite>,
+}
+
 fn uprobe_scope(scope: Scope) -> Result<UProbeScope> {
     Ok(match scope {
         Scope::All => UProbeScope::AllProcesses,
@@ -433,18 +441,37 @@ impl Probes {
     }
 
     /// Probes the memory syscalls' wrappers in `provider`'s file, when it has them all.
-    fn attach_syscalls(&mut self, provider: &Provider, scope: Scope) -> Result<()> {
+    fn attach_syscalls(&mut self, provider: &Provider, scope: Scope) {
         self.attach_syscalls_in(&provider.path, &provider.attach_path, scope)
     }
 
-    /// Probes the memory syscalls' wrappers in the file at `path` (`attach_path` from here),
-    /// when it has them all and reservations are traced.
-    pub fn attach_syscalls_in(&mut self, shown: &Path, path: &Path, scope: Scope) -> Result<()> {
+    /// Probes the memory syscalls' wrappers in the file at `path` (`shown` as), when it has
+    /// them all and reservations are traced. All or nothing: what cannot be probed is a
+    /// warning, and the syscall tracepoints trace the memory syscalls unless other wrappers
+    /// were probed (`reserve::ring`).
+    pub fn attach_syscalls_in(&mut self, shown: &Path, path: &Path, scope: Scope) {
         if !self.reservations {
-            return Ok(());
+            return;
         }
+        match self.syscall_links(path, scope) {
+            Ok(Some(mut w)) => {
+                self.syscall_probes += w.probes;
+                self.links.append(&mut w.links);
+                self.syscall_sites.push((shown.to_path_buf(), w.sites));
+            }
+            Ok(None) => {}
+            Err(e) => eprintln!(
+                "heaptrace: warning: memory syscalls not probed in {} ({e})",
+                shown.display()
+            ),
+        }
+    }
+
+    /// The wrapper probes' links, attached, and how many probes they hold (None: no wrappers to
+    /// probe). On an error the links made so far are closed (detached) on return.
+    fn syscall_links(&mut self, path: &Path, scope: Scope) -> Result<Option<WrapperLinks>> {
         let Some(sites) = elf::syscall_sites(path)? else {
-            return Ok(());
+            return Ok(None);
         };
         // After each syscall; and at the entry of those that release a range (see mem::BEGIN).
         let mut offsets: Vec<u64> = sites.iter().map(|s| s.probe_offset()).collect();
@@ -453,7 +480,6 @@ impl Probes {
             offsets.push(s.file_offset);
             cookies.push(u64::from(s.nr) | heaptrace_common::mem::COOKIE_BEGIN);
         }
-        let probes = offsets.len();
         if let Some(multi) = &self.multi {
             let pid = match scope {
                 Scope::All => 0,
@@ -461,29 +487,33 @@ impl Probes {
             };
             match multi.attach(SYSCALL_PROGRAM, path, &offsets, &cookies, false, pid) {
                 Ok(fd) => {
-                    self.links.push(Link::Multi(fd));
-                    self.syscall_probes += probes;
-                    self.syscall_sites.push((shown.to_path_buf(), sites));
-                    return Ok(());
+                    return Ok(Some(WrapperLinks {
+                        links: vec![Link::Multi(fd)],
+                        probes: offsets.len(),
+                        sites,
+                    }));
                 }
                 Err(e) => log::debug!("uprobe_multi on the syscall wrappers: {e}"),
             }
         }
         let scope = uprobe_scope(scope)?;
+        let mut links = Vec::new();
         for (offset, cookie) in offsets.into_iter().zip(cookies) {
             let point = UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(offset),
                 cookie: Some(cookie),
             };
             let prog = uprobe(&mut self.ebpf, SYSCALL_PROGRAM)?;
-            let id = prog.attach(point, path, scope).map_err(|e| {
-                Error::Load(format!("{SYSCALL_PROGRAM} in {}: {e}", path.display()))
-            })?;
-            self.links.push(Link::Perf(own(prog, id)?));
-            self.syscall_probes += 1;
+            let id = prog
+                .attach(point, path, scope)
+                .map_err(|e| Error::Load(format!("{SYSCALL_PROGRAM}: {e}")))?;
+            links.push(Link::Perf(own(prog, id)?));
         }
-        self.syscall_sites.push((shown.to_path_buf(), sites));
-        Ok(())
+        Ok(Some(WrapperLinks {
+            probes: links.len(),
+            links,
+            sites,
+        }))
     }
 
     /// One uprobe_multi link for every return probe, then one per entry program. All or
@@ -544,7 +574,8 @@ impl Probes {
                 Ok(mut links) => {
                     self.links.append(&mut links);
                     self.record(provider, &plan);
-                    return self.attach_syscalls(provider, scope);
+                    self.attach_syscalls(provider, scope);
+                    return Ok(());
                 }
                 Err(e) => log::debug!(
                     "uprobe_multi on {}: {e}; perf-event uprobes instead",
@@ -583,7 +614,8 @@ impl Probes {
             self.links.push(Link::Perf(own(prog, id)?));
         }
         self.record(provider, &plan);
-        self.attach_syscalls(provider, family_scope)
+        self.attach_syscalls(provider, family_scope);
+        Ok(())
     }
 
     /// Every loaded program's kernel run-time statistics (see [`crate::progstats`]).

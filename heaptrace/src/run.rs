@@ -164,7 +164,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             // wrappers. A command not started yet maps heaptrace's own libc, the one it will
             // run on (as `allocator::for_command` assumes).
             if let Some((shown, path)) = allocator::libc_of(pid)? {
-                probes.attach_syscalls_in(&shown, &path, scope)?;
+                probes.attach_syscalls_in(&shown, &path, scope);
             }
         }
         Ok(probes)
