@@ -1,7 +1,7 @@
 //! The memory behind malloc: mmap, munmap, mremap and brk of traced processes.
 //!
-//! Where the allocator's file has the syscall wrappers (glibc, a static binary), a uprobe sits
-//! on the instruction after each wrapper's `syscall`: there the kernel's result is in rax and
+//! Where the process's libc (or a static binary) has the syscall wrappers, a uprobe sits on the
+//! instruction after each wrapper's `syscall`: there the kernel's result is in rax and
 //! the arguments are still in their registers, so one probe sees the whole syscall, and only
 //! traced processes' memory syscalls pay for it. Otherwise the syscall tracepoints (no tracefs,
 //! no kprobes needed) run on every syscall of the host, including the one each uretprobe makes
@@ -73,11 +73,7 @@ pub fn mem_syscall(ctx: ProbeContext) -> u32 {
     }
     done(
         id,
-        MemCall {
-            nr: nr as u32,
-            func,
-            args,
-        },
+        MemCall { nr, func, args },
         ret,
     );
     0
