@@ -71,11 +71,7 @@ pub fn mem_syscall(ctx: ProbeContext) -> u32 {
         begin(id, nr, func, args);
         return 0;
     }
-    done(
-        id,
-        MemCall { nr, func, args },
-        ret,
-    );
+    done(id, MemCall { nr, func, args }, ret);
     0
 }
 
