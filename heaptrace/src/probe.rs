@@ -179,9 +179,7 @@ pub struct Probes {
     calls: bool,
     /// Probe the memory syscalls' wrappers of each allocator file that has them.
     reservations: bool,
-    /// Wrappers probed so far (see `elf::syscall_sites`).
-    syscall_probes: usize,
-    /// The wrappers probed, by file, for `--verbose`.
+    /// The memory syscalls' wrappers probed, by file (see `elf::syscall_sites`).
     pub syscall_sites: Vec<(PathBuf, Vec<elf::SyscallSite>)>,
 }
 
@@ -374,8 +372,6 @@ fn thread_exits(ebpf: &mut Ebpf) {
 /// The memory syscalls' wrappers of one file, probed.
 struct WrapperLinks {
     links: Vec<Link>,
-    /// Probes the links hold (one uprobe_multi link holds them all).
-    probes: usize,
     sites: Vec<elf::SyscallSite>,
 }
 
@@ -429,7 +425,6 @@ impl Probes {
             multi,
             calls,
             reservations,
-            syscall_probes: 0,
             syscall_sites: Vec::new(),
         })
     }
@@ -437,7 +432,7 @@ impl Probes {
     /// Whether memory syscalls are seen at their wrappers; otherwise the syscall tracepoints
     /// must see them (`reserve::ring`).
     pub fn syscalls_probed(&self) -> bool {
-        self.syscall_probes > 0
+        !self.syscall_sites.is_empty()
     }
 
     /// Probes the memory syscalls' wrappers in `provider`'s file, when it has them all.
@@ -455,7 +450,6 @@ impl Probes {
         }
         match self.syscall_links(path, scope) {
             Ok(Some(mut w)) => {
-                self.syscall_probes += w.probes;
                 self.links.append(&mut w.links);
                 self.syscall_sites.push((shown.to_path_buf(), w.sites));
             }
@@ -489,7 +483,6 @@ impl Probes {
                 Ok(fd) => {
                     return Ok(Some(WrapperLinks {
                         links: vec![Link::Multi(fd)],
-                        probes: offsets.len(),
                         sites,
                     }));
                 }
@@ -509,11 +502,7 @@ impl Probes {
                 .map_err(|e| Error::Load(format!("{SYSCALL_PROGRAM}: {e}")))?;
             links.push(Link::Perf(own(prog, id)?));
         }
-        Ok(Some(WrapperLinks {
-            probes: links.len(),
-            links,
-            sites,
-        }))
+        Ok(Some(WrapperLinks { links, sites }))
     }
 
     /// One uprobe_multi link for every return probe, then one per entry program. All or
@@ -634,6 +623,11 @@ impl Probes {
             .iter()
             .map(|a| 1 + usize::from(a.uretprobe))
             .sum::<usize>()
-            + self.syscall_probes
+            + self
+                .syscall_sites
+                .iter()
+                .flat_map(|(_, sites)| sites)
+                .map(|s| 1 + usize::from(s.releases()))
+                .sum::<usize>()
     }
 }
