@@ -405,6 +405,12 @@ pub mod mem {
     pub const FAILED: u32 = 0x2000;
     /// Attach cookie flag of a wrapper's entry probe (the cookie's low bits: the number).
     pub const COOKIE_BEGIN: u64 = 1 << 32;
+
+    /// Whether syscall `nr` gives a range back (munmap, mremap): reported as it begins too.
+    #[inline(always)]
+    pub fn releases(nr: u32) -> bool {
+        nr == MUNMAP || nr == MREMAP
+    }
 }
 
 /// A memory syscall of a traced process, reported at its (successful) return, or the end of

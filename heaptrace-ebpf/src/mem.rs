@@ -103,7 +103,7 @@ fn enter(ctx: &BtfTracePointContext, nr: u32) {
     let regs: *const pt_regs = ctx.arg(0);
     // SAFETY: a BTF-typed pointer to the syscall's register file: the verifier checks loads.
     let args = unsafe { [(*regs).rdi, (*regs).rsi, (*regs).rdx, (*regs).r10] };
-    if nr == mem::MUNMAP || nr == mem::MREMAP {
+    if mem::releases(nr) {
         begin(id, nr, func, args);
     }
     let call = MemCall { nr, func, args };
@@ -154,7 +154,7 @@ fn begin(id: u64, nr: u32, func: u32, args: [u64; 4]) {
 fn done(id: u64, call: MemCall, ret: u64) {
     if ret > u64::MAX - MAX_ERRNO {
         // Failed: nothing changed. What a begun munmap or mremap released is mapped still.
-        if call.nr == mem::MUNMAP || call.nr == mem::MREMAP {
+        if mem::releases(call.nr) {
             report(MemEvent {
                 kind: call.nr | mem::FAILED,
                 tgid: (id >> 32) as u32,

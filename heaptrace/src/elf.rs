@@ -130,8 +130,7 @@ impl SyscallSite {
     /// its entry, so that the release is known before the kernel can hand the range to
     /// another thread (see `heaptrace_common::mem::BEGIN`).
     pub fn releases(&self) -> bool {
-        use heaptrace_common::mem;
-        self.nr == mem::MUNMAP || self.nr == mem::MREMAP
+        heaptrace_common::mem::releases(self.nr)
     }
 }
 
