@@ -171,7 +171,7 @@ impl Profile {
             self.apply_samples(round);
         }
         for (key, s) in &round.stacks {
-            self.stacks.insert(*key, s.frames.clone().into());
+            self.stacks.insert(*key, s.frames.clone());
         }
         for (acc, d) in self.latency.iter_mut().zip(round.latency.iter()) {
             for (a, b) in acc.iter_mut().zip(d) {
@@ -753,8 +753,8 @@ mod tests {
     fn lost_stacks_get_a_frame_that_says_so() {
         let p = Profile::default();
         let f = p.frames(&(1, -17, 0));
-        assert_eq!(f[0].function, "[stack lost: errno 17]");
+        assert_eq!(&*f[0].function, "[stack lost: errno 17]");
         let f = p.frames(&(1, heaptrace_common::NO_SITE, 0));
-        assert_eq!(f[0].function, "[no stack: not collected in this mode]");
+        assert_eq!(&*f[0].function, "[no stack: not collected in this mode]");
     }
 }

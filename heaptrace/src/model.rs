@@ -240,7 +240,7 @@ pub struct Snapshot {
 pub struct NewStack {
     pub ips: Vec<u64>,
     pub locations: Vec<Option<crate::modules::Location>>,
-    pub frames: Vec<crate::symbolize::Frame>,
+    pub frames: std::sync::Arc<[crate::symbolize::Frame]>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

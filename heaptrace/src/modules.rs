@@ -1,6 +1,6 @@
 //! Where code was: each traced process's executable mappings, remembered while it lives, so
 //! that its stacks can be turned into (module, file offset) and symbolized after it exits.
-use std::{collections::HashMap, fs, path::PathBuf};
+use std::{collections::HashMap, fs, path::Path, sync::Arc};
 
 /// One executable file mapping of a process.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -9,13 +9,14 @@ pub struct Mapping {
     pub end: u64,
     /// File offset of `start`.
     pub offset: u64,
-    pub path: PathBuf,
+    pub path: Arc<Path>,
 }
 
-/// A code address resolved to the file it belongs to.
+/// A code address resolved to the file it belongs to. The path is shared with the mapping it
+/// came from: a stack holds one location per frame, and a profile thousands of stacks.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub struct Location {
-    pub path: PathBuf,
+    pub path: Arc<Path>,
     pub offset: u64,
 }
 
@@ -93,7 +94,7 @@ fn parse_maps(maps: &str) -> Vec<Mapping> {
                 start: u64::from_str_radix(lo, 16).ok()?,
                 end: u64::from_str_radix(hi, 16).ok()?,
                 offset: u64::from_str_radix(offset, 16).ok()?,
-                path: PathBuf::from(path.join(" ").trim_end_matches(" (deleted)")),
+                path: Path::new(path.join(" ").trim_end_matches(" (deleted)")).into(),
             })
         })
         .collect()
@@ -117,7 +118,7 @@ mod tests {
         assert_eq!(
             m.resolve(1, 0x55d0c0001010),
             Some(Location {
-                path: "/bin/prog".into(),
+                path: Path::new("/bin/prog").into(),
                 offset: 0x1010
             })
         );
@@ -134,6 +135,6 @@ mod tests {
         assert!(m.knows(me));
         let f = reads_own_mappings as *const () as u64;
         let loc = m.resolve(me, f).expect("own code is mapped");
-        assert_eq!(loc.path, std::env::current_exe().unwrap());
+        assert_eq!(*loc.path, *std::env::current_exe().unwrap());
     }
 }

@@ -1027,7 +1027,7 @@ impl Daemon {
             let mut ips = self.maps.stack(id).unwrap_or_default();
             ips.truncate(self.stack_depth);
             let locations = Symbolizer::locations(&self.modules, pid, &ips);
-            let frames = self.symbolizer.frames(&ips, &locations);
+            let frames = self.symbolizer.frames(&ips, &locations).into();
             round.stacks.insert(
                 (pid, id),
                 crate::model::NewStack {

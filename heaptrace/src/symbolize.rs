@@ -1,6 +1,14 @@
 //! Turning stacks of return addresses into named frames with blazesym, outside the hot path:
 //! new stacks only, in batches per module, cached per (module, file offset).
-use std::{collections::HashMap, path::PathBuf};
+//!
+//! A profile holds thousands of stacks of up to 32 frames, most of them the same few hundred
+//! frames: a frame's strings are shared (`Arc<str>`, interned here), so a copy of a frame is
+//! three reference counts and no allocation.
+use std::{
+    collections::{HashMap, HashSet},
+    path::Path,
+    sync::Arc,
+};
 
 use blazesym::symbolize::{
     Input, Symbolized, Symbolizer as Blaze,
@@ -14,10 +22,10 @@ use crate::modules::{Location, Modules};
 /// shows its module and offset.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Frame {
-    pub function: String,
-    pub file: Option<String>,
+    pub function: Arc<str>,
+    pub file: Option<Arc<str>>,
     pub line: Option<u32>,
-    pub module: String,
+    pub module: Arc<str>,
     pub offset: u64,
     /// A function inlined into the next frame (same address).
     pub inlined: bool,
@@ -26,46 +34,34 @@ pub struct Frame {
 impl Frame {
     /// A frame standing for blocks allocated while stacks were not collected.
     pub fn not_collected() -> Frame {
-        Frame {
-            function: "[no stack: not collected in this mode]".into(),
-            file: None,
-            line: None,
-            module: "[none]".into(),
-            offset: 0,
-            inlined: false,
-        }
+        Frame::placeholder("[no stack: not collected in this mode]", "[none]", 0)
     }
 
     fn unknown(addr: u64) -> Frame {
-        Frame {
-            function: format!("[unknown] {addr:#x}"),
-            file: None,
-            line: None,
-            module: "[unknown]".into(),
-            offset: addr,
-            inlined: false,
-        }
+        Frame::placeholder(&format!("[unknown] {addr:#x}"), "[unknown]", addr)
+    }
+
+    /// A frame standing for an allocation left out by byte sampling.
+    pub fn not_sampled() -> Frame {
+        Frame::placeholder("[no stack: not sampled]", "[none]", 0)
     }
 
     /// A frame standing for an allocation whose stack was lost (the errno says why).
-    pub fn not_sampled() -> Frame {
-        Frame {
-            function: "[no stack: not sampled]".into(),
-            file: None,
-            line: None,
-            module: "[none]".into(),
-            offset: 0,
-            inlined: false,
-        }
+    pub fn lost(errno: i32) -> Frame {
+        Frame::placeholder(
+            &format!("[stack lost: errno {}]", errno.unsigned_abs()),
+            "[lost]",
+            0,
+        )
     }
 
-    pub fn lost(errno: i32) -> Frame {
+    fn placeholder(function: &str, module: &str, offset: u64) -> Frame {
         Frame {
-            function: format!("[stack lost: errno {}]", errno.unsigned_abs()),
+            function: function.into(),
             file: None,
             line: None,
-            module: "[lost]".into(),
-            offset: 0,
+            module: module.into(),
+            offset,
             inlined: false,
         }
     }
@@ -74,6 +70,7 @@ impl Frame {
 pub struct Symbolizer {
     blaze: Blaze,
     cache: HashMap<Location, Vec<Frame>>,
+    strings: HashSet<Arc<str>>,
 }
 
 impl Default for Symbolizer {
@@ -85,14 +82,25 @@ impl Default for Symbolizer {
                 .enable_demangling(true)
                 .build(),
             cache: HashMap::new(),
+            strings: HashSet::new(),
         }
     }
 }
 
-fn module_name(path: &std::path::Path) -> String {
+fn module_name(path: &Path) -> String {
     path.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.display().to_string())
+}
+
+/// The one shared copy of `s`.
+fn intern(strings: &mut HashSet<Arc<str>>, s: &str) -> Arc<str> {
+    if let Some(a) = strings.get(s) {
+        return a.clone();
+    }
+    let a: Arc<str> = s.into();
+    strings.insert(a.clone());
+    a
 }
 
 impl Symbolizer {
@@ -113,7 +121,7 @@ impl Symbolizer {
     /// Symbolizes resolved locations (live, or read back from a recording).
     pub fn frames(&mut self, ips: &[u64], locs: &[Option<Location>]) -> Vec<Frame> {
         self.fill(locs.iter().flatten());
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(ips.len());
         for (ip, loc) in ips.iter().zip(locs) {
             match loc.as_ref().and_then(|l| self.cache.get(l)) {
                 Some(frames) => out.extend(frames.iter().cloned()),
@@ -125,7 +133,7 @@ impl Symbolizer {
 
     /// Symbolizes the locations not cached yet, one blazesym call per module.
     fn fill<'a>(&mut self, locs: impl Iterator<Item = &'a Location>) {
-        let mut by_module: HashMap<PathBuf, Vec<u64>> = HashMap::new();
+        let mut by_module: HashMap<Arc<Path>, Vec<u64>> = HashMap::new();
         for l in locs {
             if !self.cache.contains_key(l) {
                 by_module.entry(l.path.clone()).or_default().push(l.offset);
@@ -134,52 +142,35 @@ impl Symbolizer {
         for (path, mut offsets) in by_module {
             offsets.sort_unstable();
             offsets.dedup();
-            let module = module_name(&path);
-            let src = Source::Elf(Elf::new(&path));
+            let module = intern(&mut self.strings, &module_name(&path));
+            let src = Source::Elf(Elf::new(&*path));
             let results = self
                 .blaze
                 .symbolize(&src, Input::FileOffset(&offsets))
                 .unwrap_or_default();
             for (i, off) in offsets.iter().enumerate() {
+                let strings = &mut self.strings;
+                let mut frame =
+                    |name: &str, code: Option<&blazesym::symbolize::CodeInfo>, inlined| Frame {
+                        function: intern(strings, name),
+                        file: code.map(|c| intern(strings, &c.file.to_string_lossy())),
+                        line: code.and_then(|c| c.line),
+                        module: module.clone(),
+                        offset: *off,
+                        inlined,
+                    };
                 let frames = match results.get(i) {
                     Some(Symbolized::Sym(sym)) => {
                         let mut frames: Vec<Frame> = sym
                             .inlined
                             .iter()
                             .rev()
-                            .map(|f| Frame {
-                                function: f.name.to_string(),
-                                file: f
-                                    .code_info
-                                    .as_ref()
-                                    .map(|c| c.file.to_string_lossy().into()),
-                                line: f.code_info.as_ref().and_then(|c| c.line),
-                                module: module.clone(),
-                                offset: *off,
-                                inlined: true,
-                            })
+                            .map(|f| frame(&f.name, f.code_info.as_ref(), true))
                             .collect();
-                        frames.push(Frame {
-                            function: sym.name.to_string(),
-                            file: sym
-                                .code_info
-                                .as_ref()
-                                .map(|c| c.file.to_string_lossy().into()),
-                            line: sym.code_info.as_ref().and_then(|c| c.line),
-                            module: module.clone(),
-                            offset: *off,
-                            inlined: false,
-                        });
+                        frames.push(frame(&sym.name, sym.code_info.as_deref(), false));
                         frames
                     }
-                    _ => vec![Frame {
-                        function: format!("{module}+{off:#x}"),
-                        file: None,
-                        line: None,
-                        module: module.clone(),
-                        offset: *off,
-                        inlined: false,
-                    }],
+                    _ => vec![frame(&format!("{module}+{off:#x}"), None, false)],
                 };
                 self.cache.insert(
                     Location {
@@ -227,7 +218,7 @@ mod tests {
     fn unknown_addresses_are_never_blank() {
         let mut s = Symbolizer::default();
         let frames = s.stack(&Modules::default(), 1, &[0xdead]);
-        assert_eq!(frames[0].function, "[unknown] 0xdead");
-        assert_eq!(frames[0].module, "[unknown]");
+        assert_eq!(&*frames[0].function, "[unknown] 0xdead");
+        assert_eq!(&*frames[0].module, "[unknown]");
     }
 }

@@ -19,7 +19,7 @@ pub struct Names {
 impl Names {
     /// The function's name, shortened as asked.
     pub fn function(&self, f: &Frame) -> String {
-        let mut name = f.function.clone();
+        let mut name = f.function.to_string();
         if self.just_function_name {
             name = strip_parameters(&name);
         }

@@ -19,8 +19,11 @@ use crate::{
 #[derive(Debug, Default)]
 pub struct Recording {
     pub header: Header,
-    pub strings: Vec<String>,
+    /// Shared: every frame that names a string holds the one copy.
+    pub strings: Vec<std::sync::Arc<str>>,
     pub modules: Vec<ModuleRec>,
+    /// The file name of each module, as frames show it.
+    module_names: Vec<std::sync::Arc<str>>,
     pub stacks: HashMap<(u32, i32), StackRec>,
     pub rounds: Vec<Round>,
     pub leaks: Option<Vec<(SiteId, Leak)>>,
@@ -72,13 +75,14 @@ impl Recording {
                     if id as usize != rec.strings.len() {
                         return Err(corrupt(format!("string id {id} out of sequence")));
                     }
-                    rec.strings.push(s);
+                    rec.strings.push(s.into());
                 }
                 Kind::Module => {
                     let m: ModuleRec = decode(&frame)?;
                     if m.id as usize != rec.modules.len() {
                         return Err(corrupt(format!("module id {} out of sequence", m.id)));
                     }
+                    rec.module_names.push(module_name(&m.path).into());
                     rec.modules.push(m);
                 }
                 Kind::Stack => {
@@ -131,7 +135,7 @@ impl Recording {
                 line: f.line,
                 module: f
                     .module
-                    .map(|m| module_name(&self.modules[m as usize].path))
+                    .map(|m| self.module_names[m as usize].clone())
                     .unwrap_or_else(|| "[unknown]".into()),
                 offset: f.offset,
                 inlined: f.inlined,
@@ -204,7 +208,7 @@ mod tests {
                     ips: vec![0x1000, 0x2000],
                     locations: vec![
                         Some(Location {
-                            path: exe.clone(),
+                            path: exe.clone().into(),
                             offset: 0x10,
                         }),
                         None,
@@ -226,7 +230,8 @@ mod tests {
                             offset: 0x2000,
                             inlined: false,
                         },
-                    ],
+                    ]
+                    .into(),
                 },
             );
         }

@@ -92,7 +92,7 @@ impl Recorder {
         let mut recs = Vec::with_capacity(frames.len());
         for f in frames {
             let module = match locations.iter().flatten().find(|l| {
-                l.path.file_name().map(|n| n.to_string_lossy()) == Some(f.module.as_str().into())
+                l.path.file_name().map(|n| n.to_string_lossy()) == Some((*f.module).into())
             }) {
                 Some(l) => Some(self.module(&l.path)?),
                 None => None,

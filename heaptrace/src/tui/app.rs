@@ -366,7 +366,7 @@ fn is_wrapper(f: &Frame) -> bool {
 pub fn meaningful_frame(frames: &[Frame], allocator_module: &str) -> usize {
     frames
         .iter()
-        .position(|f| f.module != allocator_module && !is_wrapper(f))
+        .position(|f| *f.module != *allocator_module && !is_wrapper(f))
         .unwrap_or(0)
 }
 
@@ -1247,7 +1247,7 @@ pub(crate) mod tests {
             let mk = |fs: Vec<Frame>| crate::model::NewStack {
                 locations: Vec::new(),
                 ips: vec![],
-                frames: fs,
+                frames: fs.into(),
             };
             r.stacks.insert(
                 (4242, 1),
@@ -1301,7 +1301,7 @@ pub(crate) mod tests {
                     crate::model::NewStack {
                         locations: Vec::new(),
                         ips: vec![],
-                        frames: vec![frame("other_alloc", "/src/other.c", 5, "other")],
+                        frames: vec![frame("other_alloc", "/src/other.c", 5, "other")].into(),
                     },
                 );
             }
@@ -1334,7 +1334,7 @@ pub(crate) mod tests {
     fn names(app: &App) -> Vec<String> {
         app.site_rows()
             .iter()
-            .map(|r| r.frame().function.clone())
+            .map(|r| r.frame().function.to_string())
             .collect()
     }
 
@@ -1428,9 +1428,9 @@ pub(crate) mod tests {
         app.on_key(key('j'));
         app.on_key(key('j'));
         assert_eq!(app.selected(Screen::Sites), 2);
-        assert_eq!(app.current_site().unwrap().frame().function, "alloc_b");
+        assert_eq!(&*app.current_site().unwrap().frame().function, "alloc_b");
         app.on_key(key('k'));
-        assert_eq!(app.current_site().unwrap().frame().function, "alloc_a");
+        assert_eq!(&*app.current_site().unwrap().frame().function, "alloc_a");
         // Enter opens the stack; Esc closes it without quitting.
         app.on_key(code(KeyCode::Enter));
         assert_eq!(app.detail, Some((4242, 1, 0)));
@@ -1448,7 +1448,7 @@ pub(crate) mod tests {
         }));
         assert_eq!(names(&app)[0], "alloc_a");
         assert_eq!(app.selected(Screen::Sites), 0);
-        assert_eq!(app.current_site().unwrap().frame().function, "alloc_a");
+        assert_eq!(&*app.current_site().unwrap().frame().function, "alloc_a");
     }
 
     #[test]
@@ -1618,7 +1618,7 @@ pub(crate) mod tests {
         let mut app = App::new(info("command"), Arc::new(end));
         app.site_sort = SiteSort::Leaks;
         let rows = app.site_rows();
-        assert_eq!(rows[0].frame().function, "alloc_b");
+        assert_eq!(&*rows[0].frame().function, "alloc_b");
         assert_eq!(rows[0].leak.unwrap().bytes, 100_000);
         assert_eq!(rows[1].leak, Some(Leak::default()));
         let _ = ProcProfile::default();

@@ -477,17 +477,17 @@ fn draw_stack(f: &mut Frame, app: &App, area: Rect) {
         let mark = if i == named { "> " } else { "  " };
         let loc = match (&fr.file, fr.line) {
             (Some(file), Some(line)) => format!("{file}:{line}"),
-            (Some(file), None) => file.clone(),
+            (Some(file), None) => file.to_string(),
             _ => String::new(),
         };
-        let style = if fr.module == app.info.allocator_module() {
+        let style = if *fr.module == *app.info.allocator_module() {
             Style::new().dim()
         } else {
             Style::new()
         };
         let mut spans = vec![
             Span::raw(format!("{mark}#{i:<3} ")),
-            Span::styled(fr.function.clone(), style.bold()),
+            Span::styled(fr.function.to_string(), style.bold()),
         ];
         if fr.inlined {
             spans.push(Span::styled(" [inlined]", Style::new().italic()));
@@ -495,7 +495,7 @@ fn draw_stack(f: &mut Frame, app: &App, area: Rect) {
         lines.push(Line::from(spans).style(style));
         // A frame without a name already reads module+offset.
         let place = format!("{}+{:#x}", fr.module, fr.offset);
-        let second = match (loc.is_empty(), fr.function == place) {
+        let second = match (loc.is_empty(), *fr.function == *place) {
             (true, true) => None,
             (true, false) => Some(place),
             (false, _) => Some(format!("{loc}  {place}")),
@@ -1023,7 +1023,7 @@ mod tests {
         r.stacks.insert(
             (4242, 7),
             NewStack {
-                frames: vec![frame("alloc_a", "sites.c", 19, "sites")],
+                frames: vec![frame("alloc_a", "sites.c", 19, "sites")].into(),
                 ..Default::default()
             },
         );
@@ -1121,7 +1121,8 @@ mod tests {
                     ),
                     frame(long, "/usr/include/c++/12/bits/vector.tcc", 440, "cxx"),
                     frame("main", "/src/templates.cpp", 21, "cxx"),
-                ],
+                ]
+                .into(),
             },
         );
         let mut p = Profile::default();

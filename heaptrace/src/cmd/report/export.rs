@@ -285,7 +285,7 @@ pub fn pprof(rec: &Recording, p: &Profile, names: &Names) -> PProfile {
             let mut lines = Vec::new();
             for f in group {
                 let name = names.function(f);
-                let file = f.file.clone().unwrap_or_default();
+                let file = f.file.as_deref().unwrap_or_default().to_string();
                 let next = functions.len() as u64 + 1;
                 let fid = *functions
                     .entry((name.clone(), file.clone()))
@@ -305,7 +305,7 @@ pub fn pprof(rec: &Recording, p: &Profile, names: &Names) -> PProfile {
             }
             let mapping = group
                 .last()
-                .and_then(|f| module_ids.get(&f.module))
+                .and_then(|f| module_ids.get(&*f.module))
                 .copied()
                 .unwrap_or(0);
             let address = group.last().map(|f| f.offset).unwrap_or(0);
@@ -476,7 +476,7 @@ mod tests {
         let groups = per_address(&frames);
         assert_eq!(groups.len(), 2);
         assert_eq!(groups[0].len(), 2);
-        assert_eq!(groups[1][0].function, "main");
+        assert_eq!(&*groups[1][0].function, "main");
     }
 
     #[test]

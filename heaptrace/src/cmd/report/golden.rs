@@ -16,7 +16,7 @@ use crate::{
 fn frame(function: &str, file: &str, line: u32, inlined: bool) -> Frame {
     Frame {
         function: function.into(),
-        file: Some(format!("/src/{file}")),
+        file: Some(format!("/src/{file}").into()),
         line: Some(line),
         module: "app".into(),
         offset: 0x1000 + u64::from(line),
@@ -106,7 +106,7 @@ fn round(index: u64, a: u64, b: u64, with_stacks: bool) -> Round {
         let stack = |frames: Vec<Frame>| NewStack {
             ips: vec![0; frames.iter().filter(|f| !f.inlined).count()],
             locations: vec![None; frames.iter().filter(|f| !f.inlined).count()],
-            frames,
+            frames: frames.into(),
         };
         r.stacks.insert(
             (7, 1),

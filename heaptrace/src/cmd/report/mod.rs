@@ -185,6 +185,11 @@ fn resymbolize(rec: &Recording, p: &mut Profile) {
             "heaptrace: warning: {path} is missing or its build id changed; its frames are kept as recorded"
         );
     }
+    let paths: Vec<std::sync::Arc<Path>> = rec
+        .modules
+        .iter()
+        .map(|m| Path::new(&m.path).into())
+        .collect();
     for (key, s) in &rec.stacks {
         if !p.stacks.contains_key(key) {
             continue;
@@ -201,7 +206,7 @@ fn resymbolize(rec: &Recording, p: &mut Profile) {
             .iter()
             .map(|l| {
                 l.map(|(m, offset)| Location {
-                    path: rec.modules[m as usize].path.clone().into(),
+                    path: paths[m as usize].clone(),
                     offset,
                 })
             })
