@@ -129,37 +129,39 @@ impl KernelMaps {
                 reason: e.to_string(),
             }
         };
-        let procs = batch::per_cpu_hash::<u32, ProcCounters>(self.procs_fd.as_fd(), self.cpus)
-            .map_err(read_err(maps::PROCS))?;
         // Each process's current image: only its entries count (an earlier image's wait to be
         // dropped, see `restarted`). A process without counters has no current entries yet.
         let mut epochs: StdHashMap<u32, u32> = StdHashMap::new();
-        for (&tgid, per_cpu) in procs.iter() {
-            let epoch = per_cpu.iter().map(|c| c.epoch).max().unwrap_or(0);
-            epochs.insert(tgid, epoch as u32);
-            let comm = per_cpu
-                .iter()
-                .map(|c| comm_str(&c.comm))
-                .find(|c| !c.is_empty())
-                .unwrap_or_default();
-            snap.procs.insert(
-                tgid,
-                ProcSnapshot {
-                    comm,
-                    totals: Totals::from_per_cpu(per_cpu.iter()),
-                },
-            );
-        }
-        let sizes = batch::per_cpu_hash::<SizeKey, u64>(self.sizes_fd.as_fd(), self.cpus)
-            .map_err(read_err(maps::SIZES))?;
-        for (key, per_cpu) in sizes.iter() {
+        batch::per_cpu_hash::<u32, ProcCounters>(
+            self.procs_fd.as_fd(),
+            self.cpus,
+            |&tgid, per_cpu| {
+                let epoch = per_cpu.iter().map(|c| c.epoch).max().unwrap_or(0);
+                epochs.insert(tgid, epoch as u32);
+                let comm = per_cpu
+                    .iter()
+                    .map(|c| comm_str(&c.comm))
+                    .find(|c| !c.is_empty())
+                    .unwrap_or_default();
+                snap.procs.insert(
+                    tgid,
+                    ProcSnapshot {
+                        comm,
+                        totals: Totals::from_per_cpu(per_cpu.iter()),
+                    },
+                );
+            },
+        )
+        .map_err(read_err(maps::PROCS))?;
+        batch::per_cpu_hash::<SizeKey, u64>(self.sizes_fd.as_fd(), self.cpus, |key, per_cpu| {
             if epochs.get(&key.tgid) != Some(&key.epoch) {
-                continue;
+                return;
             }
             let n = per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b));
             snap.sizes
                 .insert((key.tgid, key.func, key.size, key.stack_id), n);
-        }
+        })
+        .map_err(read_err(maps::SIZES))?;
         for kind in Loss::ALL {
             let per_cpu = self
                 .losses
@@ -167,17 +169,20 @@ impl KernelMaps {
                 .map_err(map_err(maps::LOSSES))?;
             snap.losses[kind as usize] = per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b));
         }
-        let sites = batch::per_cpu_hash::<SiteKey, SiteCounters>(self.sites_fd.as_fd(), self.cpus)
-            .map_err(read_err(maps::SITES))?;
-        for (key, per_cpu) in sites.iter() {
-            if epochs.get(&key.tgid) != Some(&key.epoch) {
-                continue;
-            }
-            snap.sites.insert(
-                (key.tgid, key.stack_id, key.func),
-                SiteTotals::from_per_cpu(per_cpu.iter()),
-            );
-        }
+        batch::per_cpu_hash::<SiteKey, SiteCounters>(
+            self.sites_fd.as_fd(),
+            self.cpus,
+            |key, per_cpu| {
+                if epochs.get(&key.tgid) != Some(&key.epoch) {
+                    return;
+                }
+                snap.sites.insert(
+                    (key.tgid, key.stack_id, key.func),
+                    SiteTotals::from_per_cpu(per_cpu.iter()),
+                );
+            },
+        )
+        .map_err(read_err(maps::SITES))?;
         for f in 0..FUNC_COUNT {
             let per_cpu = self
                 .latency
