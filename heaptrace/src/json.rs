@@ -436,14 +436,17 @@ mod tests {
         let mut p = Profile::default();
         p.stacks.insert(
             (7, 3),
-            vec![crate::symbolize::Frame {
-                function: "alloc_a".into(),
-                file: Some("fx.c".into()),
-                line: Some(9),
-                module: "fx".into(),
-                offset: 0x1139,
-                inlined: false,
-            }]
+            vec![
+                crate::symbolize::FrameInfo {
+                    function: "alloc_a".into(),
+                    file: Some("fx.c".into()),
+                    line: Some(9),
+                    module: "fx".into(),
+                    offset: 0x1139,
+                    inlined: false,
+                }
+                .into(),
+            ]
             .into(),
         );
         let mut t = crate::model::SiteTotals {

@@ -18,10 +18,36 @@ use serde::Serialize;
 
 use crate::modules::{Location, Modules};
 
-/// One frame of a symbolized stack, innermost first. Never blank: a frame that cannot be named
-/// shows its module and offset.
+/// One frame of a symbolized stack, innermost first: a shared handle to its [`FrameInfo`], read
+/// through `Deref`. A profile's stacks repeat the same frames many times over; each repeat costs
+/// a pointer.
+#[derive(Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Frame(Arc<FrameInfo>);
+
+impl std::ops::Deref for Frame {
+    type Target = FrameInfo;
+
+    fn deref(&self) -> &FrameInfo {
+        &self.0
+    }
+}
+
+impl From<FrameInfo> for Frame {
+    fn from(f: FrameInfo) -> Frame {
+        Frame(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What a frame says. Never blank: a frame that cannot be named shows its module and offset.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Frame {
+pub struct FrameInfo {
     pub function: Arc<str>,
     pub file: Option<Arc<str>>,
     pub line: Option<u32>,
@@ -56,7 +82,7 @@ impl Frame {
     }
 
     fn placeholder(function: &str, module: &str, offset: u64) -> Frame {
-        Frame {
+        FrameInfo {
             function: function.into(),
             file: None,
             line: None,
@@ -64,6 +90,7 @@ impl Frame {
             offset,
             inlined: false,
         }
+        .into()
     }
 }
 
@@ -151,13 +178,16 @@ impl Symbolizer {
             for (i, off) in offsets.iter().enumerate() {
                 let strings = &mut self.strings;
                 let mut frame =
-                    |name: &str, code: Option<&blazesym::symbolize::CodeInfo>, inlined| Frame {
-                        function: intern(strings, name),
-                        file: code.map(|c| intern(strings, &c.file.to_string_lossy())),
-                        line: code.and_then(|c| c.line),
-                        module: module.clone(),
-                        offset: *off,
-                        inlined,
+                    |name: &str, code: Option<&blazesym::symbolize::CodeInfo>, inlined| {
+                        FrameInfo {
+                            function: intern(strings, name),
+                            file: code.map(|c| intern(strings, &c.file.to_string_lossy())),
+                            line: code.and_then(|c| c.line),
+                            module: module.clone(),
+                            offset: *off,
+                            inlined,
+                        }
+                        .into()
                     };
                 let frames = match results.get(i) {
                     Some(Symbolized::Sym(sym)) => {

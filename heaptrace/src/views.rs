@@ -286,7 +286,7 @@ mod tests {
     use crate::model::SiteTotals;
 
     fn frame(function: &str, file: Option<&str>, line: Option<u32>) -> Frame {
-        Frame {
+        crate::symbolize::FrameInfo {
             function: function.into(),
             file: file.map(Into::into),
             line,
@@ -294,6 +294,7 @@ mod tests {
             offset: 0,
             inlined: false,
         }
+        .into()
     }
 
     #[test]

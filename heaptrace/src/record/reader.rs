@@ -129,16 +129,19 @@ impl Recording {
     pub fn frames(&self, s: &StackRec) -> Vec<Frame> {
         s.frames
             .iter()
-            .map(|f| Frame {
-                function: self.strings[f.function as usize].clone(),
-                file: f.file.map(|x| self.strings[x as usize].clone()),
-                line: f.line,
-                module: f
-                    .module
-                    .map(|m| self.module_names[m as usize].clone())
-                    .unwrap_or_else(|| "[unknown]".into()),
-                offset: f.offset,
-                inlined: f.inlined,
+            .map(|f| {
+                crate::symbolize::FrameInfo {
+                    function: self.strings[f.function as usize].clone(),
+                    file: f.file.map(|x| self.strings[x as usize].clone()),
+                    line: f.line,
+                    module: f
+                        .module
+                        .map(|m| self.module_names[m as usize].clone())
+                        .unwrap_or_else(|| "[unknown]".into()),
+                    offset: f.offset,
+                    inlined: f.inlined,
+                }
+                .into()
             })
             .collect()
     }
@@ -214,22 +217,24 @@ mod tests {
                         None,
                     ],
                     frames: vec![
-                        Frame {
+                        crate::symbolize::FrameInfo {
                             function: "alloc_a".into(),
                             file: Some("fx.c".into()),
                             line: Some(9),
                             module: exe.file_name().unwrap().to_string_lossy().into(),
                             offset: 0x10,
                             inlined: false,
-                        },
-                        Frame {
+                        }
+                        .into(),
+                        crate::symbolize::FrameInfo {
                             function: "[unknown] 0x2000".into(),
                             file: None,
                             line: None,
                             module: "[unknown]".into(),
                             offset: 0x2000,
                             inlined: false,
-                        },
+                        }
+                        .into(),
                     ]
                     .into(),
                 },

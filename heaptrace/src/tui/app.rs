@@ -1136,7 +1136,7 @@ pub(crate) mod tests {
     };
 
     pub fn frame(function: &str, file: &str, line: u32, module: &str) -> Frame {
-        Frame {
+        crate::symbolize::FrameInfo {
             function: function.into(),
             file: (!file.is_empty()).then(|| file.into()),
             line: (line > 0).then_some(line),
@@ -1144,6 +1144,7 @@ pub(crate) mod tests {
             offset: 0x1000 + line as u64,
             inlined: false,
         }
+        .into()
     }
 
     pub fn info(mode: &'static str) -> Info {
@@ -1268,10 +1269,11 @@ pub(crate) mod tests {
                 mk(vec![
                     frame("__libc_strdup", "", 0, "libc.so.6"),
                     frame("helper_c", "/src/sites.c", 31, "sites"),
-                    Frame {
+                    crate::symbolize::FrameInfo {
                         inlined: true,
-                        ..frame("inlined_c", "/src/sites.h", 3, "sites")
-                    },
+                        ..(*frame("inlined_c", "/src/sites.h", 3, "sites")).clone()
+                    }
+                    .into(),
                     frame("alloc_c", "/src/sites.c", 36, "sites"),
                     frame("main", "/src/sites.c", 50, "sites"),
                 ]),

@@ -460,7 +460,7 @@ mod tests {
     use super::*;
 
     fn fr(name: &str, inlined: bool) -> Frame {
-        Frame {
+        crate::symbolize::FrameInfo {
             function: name.into(),
             file: None,
             line: None,
@@ -468,6 +468,7 @@ mod tests {
             offset: 0,
             inlined,
         }
+        .into()
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::{
 };
 
 fn frame(function: &str, file: &str, line: u32, inlined: bool) -> Frame {
-    Frame {
+    crate::symbolize::FrameInfo {
         function: function.into(),
         file: Some(format!("/src/{file}").into()),
         line: Some(line),
@@ -22,6 +22,7 @@ fn frame(function: &str, file: &str, line: u32, inlined: bool) -> Frame {
         offset: 0x1000 + u64::from(line),
         inlined,
     }
+    .into()
 }
 
 fn round(index: u64, a: u64, b: u64, with_stacks: bool) -> Round {

@@ -96,7 +96,7 @@ mod tests {
     use crate::{model::SiteTotals, symbolize::Frame};
 
     fn f(name: &str) -> Frame {
-        Frame {
+        crate::symbolize::FrameInfo {
             function: name.into(),
             file: None,
             line: None,
@@ -104,6 +104,7 @@ mod tests {
             offset: 0,
             inlined: false,
         }
+        .into()
     }
 
     #[test]
