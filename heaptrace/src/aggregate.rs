@@ -18,9 +18,18 @@ use crate::{
 /// How many sites the peak remembers.
 const PEAK_SITES: usize = 20;
 
+/// The most rows the timeline keeps. Past it, neighbouring rows merge two by two and each row
+/// covers twice as many rounds: a trace of days keeps its whole span, at a coarser step, in
+/// bounded memory (and the live view's copy of the Profile stays small).
+pub const TIMELINE_ROWS: usize = 4096;
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Profile {
+    /// The timeline, oldest first: a row per round, or per `timeline_step` rounds once more
+    /// than [`TIMELINE_ROWS`] rounds were seen.
     pub rounds: Vec<TimelineRow>,
+    /// Rounds per row of the timeline (0 or 1: every round has its row).
+    pub timeline_step: u64,
     pub procs: BTreeMap<u32, ProcProfile>,
     /// (process, function index, size, stack id) -> count.
     pub sizes: BTreeMap<crate::model::SizeKey, u64>,
@@ -84,10 +93,13 @@ pub struct Peak {
     pub sites: Vec<(SiteId, i64, i64)>,
 }
 
-/// One line of the timeline: the round's own activity and the state at its end.
+/// One line of the timeline: the activity of its rounds and the state at the end of the last.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct TimelineRow {
+    /// The index of its last round.
     pub index: u64,
+    /// How many rounds it covers: 1, until the timeline is coarsened.
+    pub rounds: u64,
     pub elapsed_ms: u64,
     pub allocations: u64,
     pub frees: u64,
@@ -98,6 +110,24 @@ pub struct TimelineRow {
     pub virt_kb: u64,
     /// Bytes the allocators hold from the kernel (heap, arenas, mmapped blocks).
     pub reserved_bytes: u64,
+}
+
+impl TimelineRow {
+    /// Folds the next row in: activity adds up, the state is the later one's.
+    fn absorb(&mut self, later: &TimelineRow) {
+        *self = TimelineRow {
+            rounds: self.rounds + later.rounds,
+            allocations: self.allocations + later.allocations,
+            frees: self.frees + later.frees,
+            bytes_allocated: self.bytes_allocated + later.bytes_allocated,
+            ..later.clone()
+        };
+    }
+
+    /// Whether round `index` is one of this row's.
+    pub fn covers(&self, index: u64) -> bool {
+        index <= self.index && index + self.rounds.max(1) > self.index
+    }
 }
 
 impl Profile {
@@ -179,8 +209,9 @@ impl Profile {
             }
         }
         let total = self.totals();
-        self.rounds.push(TimelineRow {
+        self.push_row(TimelineRow {
             index: round.index,
+            rounds: 1,
             elapsed_ms: round.elapsed_ms,
             allocations: delta.allocations(),
             frees: delta.frees(),
@@ -198,6 +229,33 @@ impl Profile {
         {
             self.peak = Some(self.peak_now(round, &total));
         }
+    }
+
+    /// Adds a round's row to the timeline, into the last row while it covers fewer rounds
+    /// than the step; halves the rows when they are too many.
+    fn push_row(&mut self, row: TimelineRow) {
+        let step = self.timeline_step.max(1);
+        match self.rounds.last_mut() {
+            Some(last) if last.rounds < step => last.absorb(&row),
+            _ => self.rounds.push(row),
+        }
+        if self.rounds.len() > TIMELINE_ROWS {
+            self.rounds = self
+                .rounds
+                .chunks(2)
+                .map(|pair| {
+                    let mut merged = pair[0].clone();
+                    pair[1..].iter().for_each(|r| merged.absorb(r));
+                    merged
+                })
+                .collect();
+            self.timeline_step = step * 2;
+        }
+    }
+
+    /// How many rounds the timeline covers.
+    pub fn round_count(&self) -> u64 {
+        self.rounds.iter().map(|r| r.rounds.max(1)).sum()
     }
 
     /// Sampled sites: their sampled counters add up, their estimates are derived again, and
@@ -344,6 +402,7 @@ impl Profile {
                 .filter(|r| r.index > last)
                 .cloned()
                 .collect(),
+            timeline_step: self.timeline_step,
             stacks: self.stacks.clone(),
             leaks: self.leaks.clone(),
             peak: self.peak.clone().filter(|p| p.round > last),
@@ -411,6 +470,7 @@ impl Profile {
     pub fn only(&self, pid: u32) -> Profile {
         Profile {
             rounds: self.rounds.clone(),
+            timeline_step: self.timeline_step,
             procs: self
                 .procs
                 .iter()
@@ -582,6 +642,43 @@ mod tests {
         assert_eq!(p.sizes_by_func(Some(11)).len(), 1);
         assert_eq!(p.sites[&(10, 1, 0)].calls, 6);
         assert_eq!(p.sites[&(10, 1, 0)].live_bytes, 200);
+    }
+
+    #[test]
+    fn a_long_timeline_is_coarsened_and_keeps_every_rounds_activity() {
+        let mut p = Profile::default();
+        // Round i allocates i bytes in i mallocs and frees one block; live bytes grow by i.
+        let n = 2 * TIMELINE_ROWS as u64 + 3;
+        let mut live = 0;
+        for i in 1..=n {
+            live += i as i64;
+            p.apply(&round(i, 10, i, i, 1, i as i64));
+            assert!(p.rounds.len() <= TIMELINE_ROWS, "round {i}");
+        }
+        assert_eq!(p.timeline_step, 4);
+        assert_eq!(p.round_count(), n);
+        assert_eq!(p.rounds.len(), (n as usize).div_ceil(4));
+        let sum = |f: fn(&TimelineRow) -> u64| p.rounds.iter().map(f).sum::<u64>();
+        assert_eq!(sum(|r| r.allocations), n * (n + 1) / 2);
+        assert_eq!(sum(|r| r.frees), n);
+        assert_eq!(sum(|r| r.bytes_allocated), n * (n + 1) / 2);
+        // Every row but the last covers the step; each ends where its last round ended.
+        for (k, r) in p.rounds.iter().enumerate() {
+            let last = (k as u64 + 1) * 4;
+            if k + 1 < p.rounds.len() {
+                assert_eq!((r.rounds, r.index, r.elapsed_ms), (4, last, last * 1000));
+            }
+        }
+        let end = p.rounds.last().unwrap();
+        assert_eq!((end.index, end.rounds), (n, n % 4));
+        assert_eq!(end.live_bytes, live);
+        assert!(end.covers(n) && end.covers(n - n % 4 + 1) && !end.covers(n - n % 4));
+        // The peak (the last round: live bytes only grow) lies in the last row.
+        assert_eq!(p.peak.as_ref().map(|pk| pk.round), Some(n));
+        // The next round goes on in the open row.
+        p.apply(&round(n + 1, 10, 1, 1, 0, 1));
+        assert_eq!(p.rounds.last().unwrap().rounds, n % 4 + 1);
+        assert_eq!(p.round_count(), n + 1);
     }
 
     #[test]

@@ -288,7 +288,7 @@ pub fn document(profile: &Profile, info: &RunInfo<'_>) -> Value {
         "interval_ms": info.interval_ms,
         "mode": info.collect,
         "sample_bytes": profile.sample_bytes,
-        "rounds": profile.rounds.len(),
+        "rounds": profile.round_count(),
         "provider": { "path": info.provider, "probes": info.probes },
         "aliases": aliases,
         "functions": functions(&totals, info.aliases, profile),

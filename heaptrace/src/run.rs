@@ -402,7 +402,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         match r.finish(daemon.profile.leaks.as_ref(), &end) {
             Ok(bytes) => eprintln!(
                 "heaptrace: recorded {} rounds, {}",
-                daemon.profile.rounds.len(),
+                daemon.profile.round_count(),
                 report::bytes(bytes as i64)
             ),
             Err(e) => eprintln!("heaptrace: warning: finishing the recording: {e}"),
@@ -896,7 +896,7 @@ impl Daemon {
         let snap = self.maps.snapshot()?;
         let mut round = snap.since(&self.prev);
         round.reservations = self.reserves.take();
-        round.index = self.profile.rounds.len() as u64 + 1;
+        round.index = self.profile.rounds.last().map_or(0, |r| r.index) + 1;
         round.elapsed_ms = self.start.elapsed().as_millis() as u64;
         let pids: Vec<u32> = match self.pid {
             Some(p) => vec![p],

@@ -506,8 +506,11 @@ impl App {
             }
             let d = pp.totals.minus(&prev);
             let h = self.history.entry(*pid).or_default();
+            // The view may have missed a publication: the row covers every round since.
+            let rounds = h.back().map_or(1, |b| row.index - b.index);
             h.push_back(TimelineRow {
                 index: row.index,
+                rounds,
                 elapsed_ms: row.elapsed_ms,
                 allocations: d.allocations(),
                 frees: d.frees(),

@@ -279,6 +279,8 @@ fn draw_timeline(f: &mut Frame, app: &App, area: Rect) {
             plain,
         ),
     ];
+    // A coarsened timeline's rows cover several rounds each.
+    let covered: u64 = rows.iter().map(|r| r.rounds.max(1)).sum();
     let areas = Layout::vertical([Constraint::Ratio(1, 5); 5]).split(area);
     for ((title, values, show), area) in series.into_iter().zip(areas.iter()) {
         let [head, chart] =
@@ -290,11 +292,10 @@ fn draw_timeline(f: &mut Frame, app: &App, area: Rect) {
             Paragraph::new(Line::from(vec![
                 Span::styled(format!("{title:<14}"), Style::new().bold()),
                 Span::raw(format!(
-                    "now {}  min {}  max {}  ({} rounds)",
+                    "now {}  min {}  max {}  ({covered} rounds)",
                     show(now),
                     show(min),
                     show(max),
-                    values.len()
                 )),
             ])),
             head,

@@ -368,7 +368,6 @@ pub fn massif(rec: &Recording, p: &Profile, names: &Names) -> String {
         rec.header.command.join(" ")
     };
     s += &format!("cmd: {cmd}\ntime_unit: ms\n");
-    let peak_round = p.peak.as_ref().map(|pk| pk.round);
     let last = p.rounds.len().saturating_sub(1);
     let mut snap = 0;
     let mut emit = |s: &mut String, time: u64, heap: i64, tree: &str| {
@@ -380,22 +379,19 @@ pub fn massif(rec: &Recording, p: &Profile, names: &Names) -> String {
     };
     emit(&mut s, 0, 0, "heap_tree=empty\n");
     for (i, r) in p.rounds.iter().enumerate() {
-        let tree = if Some(r.index) == peak_round {
-            let sites: Vec<(SiteId, u64)> = p
-                .peak
-                .as_ref()
-                .map(|pk| {
-                    pk.sites
-                        .iter()
-                        .map(|(id, _, b)| (*id, (*b).max(0) as u64))
-                        .collect()
-                })
-                .unwrap_or_default();
-            format!(
-                "heap_tree=peak\n{}",
-                heap_tree(p, names, &sites, r.live_bytes.max(0) as u64)
-            )
-        } else if i == last {
+        // A row of a coarsened timeline covers several rounds: the peak's is shown as it was.
+        if let Some(pk) = p.peak.as_ref().filter(|pk| r.covers(pk.round)) {
+            let sites: Vec<(SiteId, u64)> = pk
+                .sites
+                .iter()
+                .map(|(id, _, b)| (*id, (*b).max(0) as u64))
+                .collect();
+            let heap = pk.live_bytes.max(0) as u64;
+            let tree = format!("heap_tree=peak\n{}", heap_tree(p, names, &sites, heap));
+            emit(&mut s, pk.elapsed_ms, pk.live_bytes, &tree);
+            continue;
+        }
+        let tree = if i == last {
             let sites: Vec<(SiteId, u64)> = p
                 .leaks
                 .iter()
