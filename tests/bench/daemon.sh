@@ -5,8 +5,10 @@
 # (utime+stime of /proc/PID/stat, children excluded) as a percentage of one core over the steady
 # state (from WARM seconds after attaching to 2 s before the workload's end), and its peak RSS
 # (VmHWM) over the same span. REPS runs, medians. Holds the tests' system-wide lock. Root needed.
+# With TUI=KEY set, heaptrace runs with its live view on a 200x50 pseudo-terminal instead of
+# --no-tui, KEY pressed first (1 timeline, 2 sites, ...), and is quit with q at the end.
 #
-#   tests/bench/daemon.sh [REPS] [STACKS] [SECONDS] [RATE] [HEAPTRACE ARGS...]
+#   [TUI=2] tests/bench/daemon.sh [REPS] [STACKS] [SECONDS] [RATE] [HEAPTRACE ARGS...]
 set -euo pipefail
 REPS=${1:-5}
 STACKS=${2:-10000}
@@ -19,11 +21,12 @@ gcc -O2 -g -fno-omit-frame-pointer -fno-builtin -o target/fixtures/livestacks te
 exec 9>/tmp/heaptrace-tests.lock
 flock 9
 python3 - "$REPS" "$STACKS" "$SECONDS_" "$RATE" "${HEAPTRACE:-target/release/heaptrace}" target/fixtures/livestacks "$@" <<'PY'
-import json, os, statistics, subprocess, sys, tempfile, threading, time
+import fcntl, json, os, pty, statistics, struct, subprocess, sys, tempfile, termios, threading, time
 reps, stacks, seconds, rate = map(int, sys.argv[1:5])
 ht, work, extra = sys.argv[5], sys.argv[6], sys.argv[7:]
 WARM = 6
 tick = os.sysconf("SC_CLK_TCK")
+tui = os.environ.get("TUI")
 
 def cpu(pid):
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
@@ -37,31 +40,55 @@ def hwm(pid):
 pcts, rss, seen = [], [], []
 for _ in range(reps):
     out = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
-    p = subprocess.Popen([ht, "-q", "--no-tui", "--mode", "stacks", "--json", out, *extra,
-                          "--", work, str(stacks), str(seconds), str(rate)],
-                         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    err = []
-    for line in p.stderr:
-        err.append(line)
-        if "attached" in line:
-            break
-    t_att = time.monotonic()
-    drain = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)
-    drain.start()
-    time.sleep(WARM)
-    c0, w0 = cpu(p.pid), time.monotonic()
+    args = [ht, "-q", "--mode", "stacks", "--json", out, *extra,
+            "--", work, str(stacks), str(seconds), str(rate)]
+    if tui:
+        pid, fd = pty.fork()
+        if pid == 0:
+            os.execv(ht, args)
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+        def read_all():
+            try:
+                while os.read(fd, 65536):
+                    pass
+            except OSError:
+                pass
+        drain = threading.Thread(target=read_all, daemon=True)
+        drain.start()
+        time.sleep(3)  # no "attached" line on a live view: loading and attaching take < 1 s
+        os.write(fd, tui.encode())
+        time.sleep(WARM - 3)
+    else:
+        p = subprocess.Popen(args[:2] + ["--no-tui"] + args[2:],
+                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        pid = p.pid
+        err = []
+        for line in p.stderr:
+            err.append(line)
+            if "attached" in line:
+                break
+        drain = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)
+        drain.start()
+        time.sleep(WARM)
+    c0, w0 = cpu(pid), time.monotonic()
     time.sleep(max(1, seconds - WARM - 2))
-    c1, w1 = cpu(p.pid), time.monotonic()
-    peak = hwm(p.pid)
-    p.wait()
-    drain.join()
+    c1, w1 = cpu(pid), time.monotonic()
+    peak = hwm(pid)
+    if tui:
+        time.sleep(3)  # the workload ends; the view stays up until quit
+        os.write(fd, b"q")
+        os.waitpid(pid, 0)
+    else:
+        p.wait()
+        drain.join()
     doc = json.load(open(out))
     os.unlink(out)
     pcts.append(100 * (c1 - c0) / (w1 - w0))
     rss.append(peak)
     seen.append((len(doc.get("stacks", [])), doc["lost"]))
 med = statistics.median
-print(f"{stacks} live stacks, {rate} frees+mallocs/s, {seconds} s, {reps} runs (medians):")
+view = f"live view, screen {tui}" if tui else "--no-tui"
+print(f"{stacks} live stacks, {rate} frees+mallocs/s, {seconds} s, {view}, {reps} runs (medians):")
 print(f"daemon CPU {med(pcts):.2f}% of one core over the steady state; peak RSS {med(rss):.1f} MiB")
 print("CPU %:", " ".join(f"{x:.2f}" for x in pcts))
 print("peak RSS MiB:", " ".join(f"{x:.1f}" for x in rss))

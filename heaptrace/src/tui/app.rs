@@ -541,8 +541,10 @@ impl App {
 
     /// Keeps the selected site and process selected when new figures reorder the rows.
     fn reselect(&mut self) {
+        // The sites are listed once here: thousands of them, each named and sorted.
+        let sites = self.site_rows();
         if let Some(id) = self.selected_site
-            && let Some(i) = self.site_rows().iter().position(|r| r.id == id)
+            && let Some(i) = sites.iter().position(|r| r.id == id)
         {
             self.selected[Screen::Sites.index()] = i;
         }
@@ -552,7 +554,10 @@ impl App {
             self.selected[Screen::Processes.index()] = i + 1;
         }
         for s in Screen::ALL {
-            let n = self.row_count(s);
+            let n = match s {
+                Screen::Sites => sites.len(),
+                _ => self.row_count(s),
+            };
             let sel = &mut self.selected[s.index()];
             *sel = (*sel).min(n.saturating_sub(1));
         }
@@ -687,7 +692,8 @@ impl App {
                 SiteSort::Leaks => r.leak.map_or(0, |l| l.bytes as i64),
             }
         };
-        rows.sort_by_key(|r| {
+        // A row is some 600 bytes: the keys are sorted, and each row moved once.
+        rows.sort_by_cached_key(|r| {
             (
                 std::cmp::Reverse(key(r)),
                 std::cmp::Reverse(r.totals.bytes),
