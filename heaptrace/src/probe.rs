@@ -338,8 +338,15 @@ fn short(e: &dyn std::fmt::Display) -> String {
     )
 }
 
+/// aya's copy of uprobe program `name`, loaded (and verified) on first use: where uprobe_multi
+/// links work, aya's copies serve only as the fallback, and are never loaded.
 fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe> {
-    program(ebpf, name)
+    let prog: &mut UProbe = program(ebpf, name)?;
+    if prog.fd().is_err() {
+        prog.load()
+            .map_err(|e| Error::Load(format!("{name}: {}", short(&e))))?;
+    }
+    Ok(prog)
 }
 
 /// A program of the object, as its kind (uprobe, tracepoint...).
@@ -392,7 +399,8 @@ fn own(prog: &mut UProbe, id: aya::programs::uprobe::UProbeLinkId) -> Result<UPr
 }
 
 impl Probes {
-    /// Loads every program once; `attach` then puts them on as many allocator files as needed.
+    /// Loads every program once (the uprobe_multi copies where the kernel has them, aya's
+    /// otherwise); `attach` then puts them on as many allocator files as needed.
     /// `multi` asks for uprobe_multi links where the kernel has them. Call before any map is
     /// taken out of `ebpf`: the uprobe_multi copies of the programs are pointed at its maps.
     /// `reservations`: also probe the memory syscalls' wrappers where the file has them.
@@ -405,11 +413,6 @@ impl Probes {
                 entry_program(Func::Realloc, Abi::Rust),
             ])
             .collect();
-        for name in &names {
-            uprobe(&mut ebpf, name)?
-                .load()
-                .map_err(|e| Error::Load(format!("{name}: {}", short(&e))))?;
-        }
         thread_exits(&mut ebpf);
         let multi = if multi {
             MultiPrograms::load(EBPF_OBJECT, &ebpf, &names)
@@ -418,6 +421,13 @@ impl Probes {
         } else {
             None
         };
+        // Verifying a program takes up to 0.1 s here: aya's copies are loaded now only when
+        // they are what will be attached; as a fallback, `uprobe` loads one when first needed.
+        if multi.is_none() {
+            for name in &names {
+                uprobe(&mut ebpf, name)?;
+            }
+        }
         Ok(Probes {
             ebpf,
             attached: Vec::new(),
