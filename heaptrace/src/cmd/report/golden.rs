@@ -235,3 +235,41 @@ fn golden_views() {
     let massif = export::massif(&rec, &p, &names);
     insta::assert_snapshot!("massif", massif);
 }
+
+/// A timeline past `TIMELINE_ROWS` rounds is coarsened: the peak's round may end up inside a
+/// row. massif still gets one peak snapshot, with the peak's own bytes and time.
+#[test]
+fn massif_keeps_the_peak_inside_a_coarsened_row() {
+    let (rec, _) = recording();
+    let mut p = Profile::of_mode("stacks", 0);
+    let n = crate::aggregate::TIMELINE_ROWS as u64 + 10;
+    // Odd: once rows hold two rounds, the peak is the first round of its row, not its last.
+    let top = 2 * (n / 3) + 1;
+    for i in 1..=n {
+        let mut r = round(i, 1, 1, i == 1);
+        if i > top {
+            let d = &mut r.procs.get_mut(&7).unwrap().delta;
+            d.live_bytes = -1000;
+        }
+        p.apply(&r);
+    }
+    assert_eq!(p.timeline_step, 2);
+    let peak = p.peak.clone().unwrap();
+    assert_eq!((peak.round, peak.live_bytes), (top, 2000 * top as i64));
+    assert!(p.rounds.iter().all(|r| r.index != top));
+    let m = export::massif(&rec, &p, &Names::default());
+    assert_eq!(m.matches("heap_tree=peak").count(), 1);
+    assert_eq!(m.matches("snapshot=").count(), p.rounds.len() + 1);
+    let at_peak = m
+        .split("#-----------\nsnapshot=")
+        .find(|s| s.contains("heap_tree=peak"));
+    let at_peak = at_peak.unwrap();
+    assert!(
+        at_peak.contains(&format!("time={}\n", 1000 * top)),
+        "{at_peak}"
+    );
+    assert!(
+        at_peak.contains(&format!("mem_heap_B={}\n", 2000 * top)),
+        "{at_peak}"
+    );
+}
