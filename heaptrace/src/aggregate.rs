@@ -391,8 +391,9 @@ impl Profile {
     }
 
     /// What happened after `base`, an earlier state of this same Profile: counters are the
-    /// differences (live figures too, so they can be negative), the timeline keeps the rounds
-    /// after `base`'s last one. Memory figures, leaks and stacks are the current ones.
+    /// differences (live figures too, so they can be negative), the timeline keeps the rows
+    /// that end after `base`'s last round (a row of a coarsened timeline that began before it
+    /// is kept whole). Memory figures, leaks and stacks are the current ones.
     pub fn since(&self, base: &Profile) -> Profile {
         let last = base.rounds.last().map_or(0, |r| r.index);
         let mut out = Profile {
