@@ -18,9 +18,9 @@ fn zeroed<T: Pod>() -> T {
 }
 
 /// Reads every entry of the per-CPU hash map `fd` (keys `K`, values `V`) on `cpus` possible
-/// CPUs, handing each key and its per-CPU values to `visit`; returns how many there were. The
-/// kernel copies each bucket whole, so an entry is seen once even while the probes add and
-/// remove others; an entry added during the read may be missed, and is read next time.
+/// CPUs, handing each key and its per-CPU values to `visit`. The kernel copies each bucket
+/// whole, so an entry is seen once even while the probes add and remove others; an entry added
+/// during the read may be missed, and is read next time.
 ///
 /// Entries are read a chunk at a time into one reused buffer: a map of 10,000 sites holds
 /// 11 MB of per-CPU values on 2 CPUs, which a read of the whole map would copy at once.
@@ -28,7 +28,7 @@ pub fn per_cpu_hash<K: Pod, V: Pod>(
     fd: BorrowedFd<'_>,
     cpus: usize,
     mut visit: impl FnMut(&K, &[V]),
-) -> std::io::Result<usize> {
+) -> std::io::Result<()> {
     // The kernel lays a key's per-CPU values out 8-byte aligned; every value type heaptrace
     // shares with the kernel is a multiple of 8 bytes, so a [V] slice matches that layout.
     assert!(
@@ -43,7 +43,6 @@ pub fn per_cpu_hash<K: Pod, V: Pod>(
     let mut token_out = [0u64; 1];
     let mut first = true;
     let mut chunk = CHUNK;
-    let mut seen = 0;
     loop {
         keys.resize_with(chunk, zeroed);
         values.resize_with(chunk * cpus, zeroed);
@@ -66,7 +65,6 @@ pub fn per_cpu_hash<K: Pod, V: Pod>(
         for (k, v) in keys[..got].iter().zip(values.chunks_exact(cpus)) {
             visit(k, v);
         }
-        seen += got;
         match result {
             Ok(_) => {
                 token_in = token_out;
@@ -79,5 +77,5 @@ pub fn per_cpu_hash<K: Pod, V: Pod>(
             Err(e) => return Err(e),
         }
     }
-    Ok(seen)
+    Ok(())
 }
