@@ -1,0 +1,573 @@
+//! The daemon's loop: a round every interval (read the kernel's maps, subtract the previous
+//! read, fold the difference into the Profile, record it, hand it to the live view), the
+//! events in between (process starts, exits and execs, memory syscalls, the launched child),
+//! until the target exits or heaptrace is told to stop.
+use std::{
+    collections::{BTreeMap, HashSet},
+    os::fd::OwnedFd,
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    io::unix::AsyncFd,
+    signal::unix::{SignalKind, signal},
+};
+
+use crate::{
+    aggregate::{Leak, Profile},
+    cli::TraceArgs,
+    drain::KernelMaps,
+    error::Result,
+    launch,
+    model::{SiteId, Snapshot},
+    modules::Modules,
+    probe::Probes,
+    procfs,
+    record::Recorder,
+    report,
+    reserve::{Tracker, ring::MemRing},
+    symbolize::Symbolizer,
+    tui,
+    watch::ProcWatch,
+};
+
+/// Why the main loop ended.
+pub(super) enum End {
+    TargetExited,
+    Interrupted,
+    Terminated,
+    /// The live view was quit.
+    Quit,
+}
+
+/// Everything a trace holds between rounds. `run` builds it once the probes are attached, and
+/// takes it apart at the end.
+pub(super) struct Daemon {
+    pub(super) maps: KernelMaps,
+    pub(super) prev: Snapshot,
+    pub(super) profile: Profile,
+    pub(super) start: Instant,
+    /// The one traced process, or None for all.
+    pub(super) pid: Option<u32>,
+    pub(super) quiet: bool,
+    pub(super) modules: Modules,
+    pub(super) stack_depth: usize,
+    pub(super) symbolizer: Symbolizer,
+    pub(super) recorder: Option<Recorder>,
+    /// A launched command, held at its exit by its tracer thread.
+    pub(super) child: Option<launch::Child>,
+    pub(super) exit_code: Option<i32>,
+    /// Detached (dropped) before the final round.
+    pub(super) probes: Option<Probes>,
+    /// System-wide mode: process starts and exits.
+    pub(super) procwatch: Option<ProcWatch>,
+    /// Blocks that processes ended without freeing, taken out of the live map when they ended.
+    pub(super) exited_leaks: BTreeMap<SiteId, Leak>,
+    /// Processes that exec'ed since the last round: what their earlier images left in the
+    /// kernel maps is dropped once a round (a walk of the live map each time would be too
+    /// much for a host that runs many commands); until then their epoch keeps it out.
+    pub(super) stale: HashSet<u32>,
+    /// --comm/--cgroup, and each process's verdict, taken while it lived.
+    pub(super) filter: Option<Filter>,
+    pub(super) matched: std::collections::HashMap<u32, bool>,
+    /// The live view's channels, when it is up.
+    pub(super) live: Option<tui::Link>,
+    pub(super) cpu: CpuMeter,
+    /// Memory syscalls of traced processes, and what they tell about reserved memory.
+    pub(super) memring: Option<MemRing>,
+    pub(super) reserves: Tracker,
+    /// `reserves.lost` already reported in a round.
+    pub(super) reserves_lost: u64,
+}
+
+/// heaptrace's own CPU use between two reads, from /proc/self/stat.
+#[derive(Default)]
+pub(super) struct CpuMeter {
+    last: Option<(Instant, f64)>,
+}
+
+impl CpuMeter {
+    /// Percent of one CPU since the previous call.
+    fn sample(&mut self) -> Option<f64> {
+        let now = (Instant::now(), procfs::self_cpu_seconds()?);
+        let pct = self.last.map(|(t, cpu)| {
+            let wall = now.0.duration_since(t).as_secs_f64().max(1e-6);
+            100.0 * (now.1 - cpu) / wall
+        });
+        self.last = Some(now);
+        pct
+    }
+}
+
+/// Waits for the live view to quit (or to be gone); forever without one.
+async fn view_quit(live: Option<&mut tui::Link>) {
+    match live {
+        Some(l) => {
+            let _ = l.quit.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// `--comm` / `--cgroup`: which processes a system-wide trace reports. The probes see them all;
+/// the rounds keep only the matching ones, so every view agrees.
+pub(super) struct Filter {
+    comm: Option<String>,
+    cgroup: Option<String>,
+}
+
+impl Filter {
+    pub(super) fn from_cli(cli: &TraceArgs) -> Option<Filter> {
+        (cli.comm.is_some() || cli.cgroup.is_some()).then(|| Filter {
+            comm: cli.comm.clone(),
+            cgroup: cli.cgroup.clone(),
+        })
+    }
+
+    fn matches(&self, comm: &str, cgroup: &str) -> bool {
+        self.comm.as_ref().is_none_or(|c| comm.contains(c.as_str()))
+            && self
+                .cgroup
+                .as_ref()
+                .is_none_or(|c| cgroup.contains(c.as_str()))
+    }
+
+    /// Drops the processes that do not match. A process is judged once, when first seen: by
+    /// its name and cgroup while it lives; once gone, by the name the kernel recorded (its
+    /// cgroup can no longer be read, so a --cgroup filter leaves it out).
+    fn apply(
+        &self,
+        round: &mut crate::model::Round,
+        matched: &mut std::collections::HashMap<u32, bool>,
+    ) {
+        for (pid, pr) in &round.procs {
+            matched
+                .entry(*pid)
+                .or_insert_with(|| self.matches(&pr.comm, &pr.cgroup));
+        }
+        let keep = |pid: &u32| matched.get(pid).copied().unwrap_or(false);
+        round.procs.retain(|p, _| keep(p));
+        round.sizes.retain(|k, _| keep(&k.0));
+        round.sites.retain(|k, _| keep(&k.0));
+        round.mem.retain(|p, _| keep(p));
+        round.stacks.retain(|k, _| keep(&k.0));
+        round.reservations.retain(|k, _| keep(&k.0));
+        round.reserved.retain(|p, _| keep(p));
+    }
+}
+
+/// How long after the start the target's mappings are read often: a short-lived command may
+/// exit before the first round, and its stacks can only be resolved with mappings read while
+/// it was alive.
+const EARLY_MAPS: Duration = Duration::from_secs(2);
+const EARLY_MAPS_EVERY: Duration = Duration::from_millis(20);
+
+impl Daemon {
+    pub(super) async fn watch(&mut self, interval: Duration) -> Result<End> {
+        // A launched command reports its end through its tracer; any other process, through a
+        // pidfd (readable once it exits).
+        let exited = match self.pid {
+            Some(pid) if self.child.is_none() => {
+                let fd = match procfs::pidfd_open(pid) {
+                    Ok(fd) => fd,
+                    // Gone already (it can end right after the attach): its calls are in the
+                    // maps, and the final round reads them.
+                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                        return Ok(End::TargetExited);
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                // SAFETY: we own the pidfd and keep it open while it is registered.
+                Some(unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)?)
+            }
+            _ => None,
+        };
+        let mut sigint = signal(SignalKind::interrupt())?;
+        let mut sigterm = signal(SignalKind::terminate())?;
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await; // the first tick is immediate
+        let mut early = tokio::time::interval(EARLY_MAPS_EVERY);
+        let mut retry = tokio::time::interval(crate::watch::RETRY_EVERY);
+        loop {
+            let pending = self.procwatch.as_ref().is_some_and(ProcWatch::has_pending);
+            let early_maps = self.pid.is_some() && self.start.elapsed() < EARLY_MAPS;
+            tokio::select! {
+                _ = early.tick(), if early_maps => {
+                    if let Some(pid) = self.pid {
+                        self.modules.refresh(pid);
+                    }
+                }
+                _ = ticks.tick() => {
+                    self.round()?;
+                    self.maps.purge_inflight(procfs::thread_alive)?;
+                }
+                _ = target_exit(exited.as_ref()) => return Ok(End::TargetExited),
+                ev = child_event(self.child.as_mut()) => {
+                    if self.child_event(ev)? {
+                        return Ok(End::TargetExited);
+                    }
+                }
+                _ = retry.tick(), if pending => {
+                    if let (Some(w), Some(p)) = (self.procwatch.as_mut(), self.probes.as_mut()) {
+                        w.retry(p);
+                    }
+                }
+                _ = logs_readable(self.procwatch.as_ref()) => {
+                    if let Some(w) = self.procwatch.as_mut() {
+                        w.flush_logs();
+                    }
+                }
+                _ = mem_readable(self.memring.as_ref()) => self.drain_mem(),
+                _ = ring_readable(self.procwatch.as_ref()) => self.process_events(),
+                _ = view_quit(self.live.as_mut()) => return Ok(End::Quit),
+                _ = sigint.recv() => return Ok(End::Interrupted),
+                _ = sigterm.recv() => return Ok(End::Terminated),
+            }
+        }
+    }
+
+    /// Processes that ended before the round just applied, so their final counts are in it:
+    /// keep their leaks and free their map space.
+    fn forget_exited(&mut self, mut gone: HashSet<u32>) -> Result<()> {
+        gone.retain(|p| self.profile.procs.get(p).is_none_or(|pp| !pp.exited));
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let mut leaks = self.maps.forget(&gone)?;
+        if let Some(w) = self.procwatch.as_mut() {
+            w.seen.retain(|p, _| !gone.contains(p));
+        }
+        self.exited_leaks.append(&mut leaks);
+        for p in &gone {
+            self.reserves.forget(*p);
+            if let Some(pp) = self.profile.procs.get_mut(p) {
+                pp.exited = true;
+                pp.leaks_at_exit = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Handles an event of a launched command; true once it is gone. At its exit, while it is
+    /// held with its mappings intact, a round is drained so its new stacks get names.
+    fn child_event(&mut self, ev: Option<launch::Event>) -> Result<bool> {
+        match ev {
+            Some(launch::Event::Exiting) => {
+                if let Some(pid) = self.pid {
+                    self.modules.refresh(pid);
+                }
+                self.round()?;
+                if let Some(c) = &self.child {
+                    let _ = c.ack.send(());
+                }
+                Ok(false)
+            }
+            Some(launch::Event::Exited(code)) => {
+                self.exit_code = Some(code);
+                Ok(true)
+            }
+            None => Ok(true),
+        }
+    }
+
+    /// A launched command's exit status. After a signal it may still be finishing (a
+    /// terminal's Ctrl-C reaches it too; SIGTERM is passed on): wait a short while at most.
+    pub(super) async fn child_exit(&mut self, end: &End) -> Result<i32> {
+        if let Some(code) = self.exit_code {
+            return Ok(code);
+        }
+        // Quitting the live view interrupts the command as Ctrl-C would without it, and kills
+        // it if it is still there after that while.
+        let sig = match end {
+            End::Terminated => Some(libc::SIGTERM),
+            End::Quit => Some(libc::SIGINT),
+            _ => None,
+        };
+        if let (Some(sig), Some(pid)) = (sig, self.pid) {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(pid as i32, sig) };
+        }
+        let mut killed = false;
+        loop {
+            let deadline = tokio::time::sleep(Duration::from_secs(2));
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    ev = child_event(self.child.as_mut()) => {
+                        if self.child_event(ev)? {
+                            return Ok(self.exit_code.unwrap_or(1));
+                        }
+                    }
+                    _ = &mut deadline => break,
+                }
+            }
+            match (end, self.pid, killed) {
+                (End::Quit, Some(pid), false) => {
+                    // SAFETY: killing our own child; its tracer reaps it.
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                    killed = true;
+                }
+                (End::Terminated, _, _) => return Ok(128 + libc::SIGTERM),
+                (End::Quit, _, _) => return Ok(128 + libc::SIGKILL),
+                _ => return Ok(128 + libc::SIGINT),
+            }
+        }
+    }
+
+    /// Reads the process events: attaches the allocators of new processes, and starts the
+    /// processes that exec'ed over as their new command.
+    fn process_events(&mut self) {
+        if let Some(w) = self.procwatch.as_mut() {
+            let execs = w.drain(self.probes.as_mut());
+            self.restart(execs);
+        }
+    }
+
+    /// Processes that exec'ed: the kernel reset their counters at the exec, so their figures
+    /// are now those of the new command alone. What the image before the exec did (a shell's
+    /// fork between fork and exec) is dropped from every figure: it belonged to neither the
+    /// parent nor the new command.
+    fn restart(&mut self, execs: Vec<u32>) {
+        // The kernel moves a process's epoch on only when it had counters: only those have
+        // anything to drop.
+        let pids: HashSet<u32> = execs
+            .into_iter()
+            .filter(|p| {
+                self.prev.procs.contains_key(p)
+                    || self.profile.procs.get(p).is_some_and(|pp| !pp.exited)
+                    || self.maps.has_restarted(*p)
+            })
+            .collect();
+        if pids.is_empty() {
+            return;
+        }
+        for p in &pids {
+            self.prev.procs.remove(p);
+            self.profile.restart(*p);
+            // exec replaced its mappings: the new image's allocator starts from nothing.
+            self.reserves.forget(*p);
+            // Judged again under its new name.
+            self.matched.remove(p);
+        }
+        self.prev.sizes.retain(|k, _| !pids.contains(&k.0));
+        self.prev.sites.retain(|k, _| !pids.contains(&k.0));
+        self.stale.extend(pids);
+    }
+
+    pub(super) fn round(&mut self) -> Result<()> {
+        // Execs reported so far are applied before the read, so that it starts their new
+        // counts from zero.
+        self.process_events();
+        if !self.stale.is_empty() {
+            let stale = std::mem::take(&mut self.stale);
+            self.maps.restarted(&stale)?;
+        }
+        // Who is gone is decided before the snapshot, so that it holds their final counts (a
+        // process found gone after it could still have counted something in between).
+        let gone: HashSet<u32> = if self.procwatch.is_some() {
+            self.prev
+                .procs
+                .keys()
+                .copied()
+                .filter(|p| !procfs::alive(*p))
+                .collect()
+        } else {
+            HashSet::new()
+        };
+        self.drain_mem();
+        let snap = self.maps.snapshot()?;
+        let mut round = snap.since(&self.prev);
+        round.reservations = self.reserves.take();
+        round.index = self.profile.rounds.last().map_or(0, |r| r.index) + 1;
+        round.elapsed_ms = self.start.elapsed().as_millis() as u64;
+        let pids: Vec<u32> = match self.pid {
+            Some(p) => vec![p],
+            None => snap.procs.keys().copied().collect(),
+        };
+        // Processes gone already: named as they were seen starting.
+        if let Some(w) = &self.procwatch {
+            for (p, pr) in round.procs.iter_mut() {
+                if let Some((comm, cgroup)) = w.seen.get(p) {
+                    pr.comm.clone_from(comm);
+                    pr.cgroup.clone_from(cgroup);
+                }
+            }
+        }
+        for p in pids {
+            if procfs::alive(p)
+                && let Some(m) = procfs::mem(p)
+            {
+                round.mem.insert(p, m);
+                if self.memring.is_some()
+                    && let Some((start, brk)) = procfs::heap(p)
+                {
+                    if !self.reserves.knows(p) {
+                        self.reserves.seed_brk(p, brk);
+                    }
+                    let mut r = self.reserves.reserved(p);
+                    r.heap = brk - start;
+                    round.reserved.insert(p, r);
+                }
+                // The kernel names a process at its first allocation, which may be before
+                // its exec (a shell's fork): the current name wins while it lives.
+                if let Some(pr) = round.procs.get_mut(&p) {
+                    if let Some(comm) = procfs::comm(p) {
+                        pr.comm = comm;
+                    }
+                    // A process ending right now keeps the cgroup it was seen starting in.
+                    if let Some(cgroup) = procfs::cgroup(p) {
+                        pr.cgroup = cgroup;
+                    }
+                }
+            }
+        }
+        let lost = self.reserves.lost - self.reserves_lost;
+        round.losses[heaptrace_common::Loss::MemEvents as usize] += lost;
+        self.reserves_lost = self.reserves.lost;
+        if let Some(filter) = &self.filter {
+            filter.apply(&mut round, &mut self.matched);
+        }
+        // After the filter: the stacks of processes left out are never symbolized (in --all,
+        // those of every other program on the host, and their debug info would stay loaded).
+        self.new_stacks(&mut round);
+        self.profile.apply(&round);
+        if !gone.is_empty() {
+            self.forget_exited(gone)?;
+        }
+        if let Some(r) = &mut self.recorder
+            && let Err(e) = r.round(&round)
+        {
+            // A full disk ends the recording, not the trace; what was written stays readable.
+            eprintln!("heaptrace: warning: recording stopped: {e}");
+            self.recorder = None;
+        }
+        if !self.quiet
+            && self.live.is_none()
+            && let Some(row) = self.profile.rounds.last()
+        {
+            eprintln!("heaptrace: {}", report::round_line(row, &self.profile));
+        }
+        self.prev = snap;
+        self.publish(None, None);
+        Ok(())
+    }
+
+    /// Hands the live view a copy of the Profile; it never waits for the view.
+    pub(super) fn publish(&mut self, ended: Option<String>, exit_code: Option<i32>) {
+        if let Some(live) = &self.live {
+            let cpu_percent = self.cpu.sample();
+            live.publish(tui::Published {
+                profile: self.profile.clone(),
+                elapsed_ms: self.start.elapsed().as_millis() as u64,
+                cpu_percent,
+                ended,
+                exit_code,
+            });
+        }
+    }
+
+    /// After the target exited: waits until the live view is quit, or a signal.
+    pub(super) async fn until_quit(&mut self) -> Result<()> {
+        let mut sigint = signal(SignalKind::interrupt())?;
+        let mut sigterm = signal(SignalKind::terminate())?;
+        tokio::select! {
+            _ = view_quit(self.live.as_mut()) => {}
+            _ = sigint.recv() => {}
+            _ = sigterm.recv() => {}
+        }
+        Ok(())
+    }
+}
+
+impl Daemon {
+    /// Folds the memory syscalls reported so far into the reservation tracker.
+    fn drain_mem(&mut self) {
+        if let Some(r) = self.memring.as_mut() {
+            for ev in r.drain() {
+                self.reserves.event(&ev);
+            }
+        }
+    }
+
+    /// Symbolizes the stacks first seen this round, while their processes are (maybe) alive.
+    fn new_stacks(&mut self, round: &mut crate::model::Round) {
+        let new: Vec<(u32, i32)> = round
+            .sites
+            .keys()
+            .map(|(pid, id, _)| (*pid, *id))
+            .chain(round.reservations.keys().map(|(pid, _, id, _)| (*pid, *id)))
+            .filter(|(_, id)| *id >= 0)
+            .filter(|k| !self.profile.stacks.contains_key(k))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut refreshed = HashSet::new();
+        for (pid, id) in new {
+            if refreshed.insert(pid) && procfs::alive(pid) {
+                self.modules.refresh(pid);
+            }
+            let mut ips = self.maps.stack(id).unwrap_or_default();
+            ips.truncate(self.stack_depth);
+            let locations = Symbolizer::locations(&self.modules, pid, &ips);
+            let frames = self.symbolizer.frames(&ips, &locations).into();
+            round.stacks.insert(
+                (pid, id),
+                crate::model::NewStack {
+                    ips,
+                    locations,
+                    frames,
+                },
+            );
+        }
+    }
+}
+
+async fn logs_readable(w: Option<&ProcWatch>) {
+    match w.and_then(|w| w.logs.as_ref()) {
+        Some(l) => {
+            if let Ok(mut guard) = l.readable().await {
+                guard.clear_ready();
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn mem_readable(r: Option<&MemRing>) {
+    match r {
+        Some(r) => {
+            if let Ok(mut guard) = r.ring.readable().await {
+                guard.clear_ready();
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn ring_readable(w: Option<&ProcWatch>) {
+    match w {
+        Some(w) => {
+            if let Ok(mut guard) = w.ring.readable().await {
+                guard.clear_ready();
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn child_event(child: Option<&mut launch::Child>) -> Option<launch::Event> {
+    match child {
+        Some(c) => c.events.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn target_exit(fd: Option<&AsyncFd<OwnedFd>>) {
+    match fd {
+        Some(fd) => {
+            let _ = fd.readable().await;
+        }
+        None => std::future::pending().await,
+    }
+}
