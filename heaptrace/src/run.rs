@@ -88,44 +88,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     };
 
     // Find the target and its allocator; a launched command waits, stopped, until attached.
-    let mut stopped = None;
-    let (provider, scope) = match &target {
-        Target::Pid(pid) => {
-            if *pid == std::process::id() {
-                return Err(Error::SelfTarget(*pid));
-            }
-            if !procfs::alive(*pid) {
-                return Err(Error::NoSuchProcess(*pid));
-            }
-            let provider = match &cli.allocator_symbols {
-                Some(c) => allocator::custom_for_pid(*pid, c)?,
-                None => allocator::for_pid(*pid)?,
-            };
-            (provider, Scope::Process(*pid))
-        }
-        Target::All => (allocator::host_libc()?, Scope::All),
-        Target::Command(argv) => {
-            let exe = allocator::resolve_command(&argv[0]).ok_or_else(|| Error::Exec {
-                cmd: argv[0].clone(),
-                reason: "command not found".into(),
-            })?;
-            let preload = std::env::var("LD_PRELOAD").ok();
-            let provider = match &cli.allocator_symbols {
-                Some(c) => allocator::custom_for_command(&exe, preload.as_deref(), c)?,
-                None => allocator::for_command(&exe, preload.as_deref())?,
-            };
-            // With the live view on the terminal, the command's output would scribble over it.
-            let redirect = match (&cli.command_output, live_view) {
-                (Some(path), _) => Some(launch::Redirect::to(path)?),
-                (None, true) => Some(launch::Redirect::to(std::path::Path::new("/dev/null"))?),
-                (None, false) => None,
-            };
-            let child = launch::spawn_stopped(&exe, argv, redirect.as_ref())?;
-            let scope = Scope::Process(child.pid);
-            stopped = Some(child);
-            (provider, scope)
-        }
-    };
+    let (provider, scope, stopped) = find_target(cli, &target, live_view)?;
 
     // Before any probe fires, so that every run is counted.
     let stats_fd = match cli.probe_stats.then(progstats::enable).transpose() {
@@ -210,41 +173,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         provider.path.display()
     );
     if cli.verbose {
-        for a in &probes.attached {
-            let p = &a.placement;
-            eprintln!(
-                "heaptrace:   {}{} at {:#x}+{} `{}`{}: {}",
-                if a.symbol == a.func {
-                    a.func.to_string()
-                } else {
-                    format!("{} ({})", a.symbol, a.func)
-                },
-                if a.aliases.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (= {})", a.aliases.join(", "))
-                },
-                a.offset,
-                p.offset,
-                p.instruction,
-                if a.uretprobe { " + return" } else { "" },
-                p.why
-            );
-        }
-        for (path, sites) in &probes.syscall_sites {
-            for s in sites {
-                let p = &s.placement;
-                eprintln!(
-                    "heaptrace:   {} in {} at {:#x}+{} `{}`: {}",
-                    s.name,
-                    path.display(),
-                    s.file_offset,
-                    p.offset,
-                    p.instruction,
-                    p.why
-                );
-            }
-        }
+        print_probes(&probes);
     }
 
     let (pid, child) = match (stopped, scope) {
@@ -276,33 +205,15 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     let aliases = aliases(&provider);
     let temporary_ms = opts.temporary_ns / 1_000_000;
     let (view, link) = if live_view {
-        let info = tui::Info {
-            target: match &target {
-                Target::Pid(p) => format!(
-                    "pid {p} ({})",
-                    procfs::comm(*p).unwrap_or_else(|| "?".into())
-                ),
-                Target::All => "all processes".into(),
-                Target::Command(argv) => format!("{} (pid {})", argv.join(" "), pid.unwrap_or(0)),
-            },
-            mode: target.mode(),
-            collect: cli.mode.name(),
-            interval_ms: cli.interval.as_millis() as u64,
-            provider: provider.path.display().to_string(),
-            pids: pid.into_iter().collect(),
-            command: match &target {
-                Target::Command(argv) => argv.clone(),
-                _ => Vec::new(),
-            },
-            attached: probes.attached.clone(),
-            aliases: aliases.clone(),
+        let info = view_info(
+            cli,
+            &target,
+            pid,
+            &provider,
+            &probes,
+            &aliases,
             temporary_ms,
-            output: match (&target, &cli.command_output) {
-                (Target::Command(_), Some(p)) => Some(p.display().to_string()),
-                (Target::Command(_), None) => Some("/dev/null".into()),
-                _ => None,
-            },
-        };
+        );
         match tui::Tui::start(info, tui::Published::default()) {
             Ok((view, link)) => (Some(view), Some(link)),
             Err(e) => {
@@ -349,21 +260,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     // Detach first so the final read is of a state nothing changes any more.
     let probes = daemon.probes.take().expect("probes");
     let attached_list = probes.attached.clone();
-    let syscall_probes: Vec<serde_json::Value> = probes
-        .syscall_sites
-        .iter()
-        .flat_map(|(path, sites)| {
-            sites.iter().map(move |s| {
-                serde_json::json!({
-                    "name": s.name,
-                    "path": path,
-                    "offset": s.file_offset,
-                    "begin_probe": s.releases(),
-                    "placement": s.placement,
-                })
-            })
-        })
-        .collect();
+    let syscall_probes = syscall_probes_json(&probes);
     let prog_stats = stats_fd.map(|fd| {
         let stats = probes.program_stats();
         drop(fd);
@@ -470,6 +367,147 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         return Err(Error::Io(std::io::Error::other(e)));
     }
     Ok(exit_code.unwrap_or(0))
+}
+
+/// The target's allocator file and the probes' scope. A command is started here, stopped
+/// before its first instruction until the probes are attached.
+fn find_target(
+    cli: &TraceArgs,
+    target: &Target,
+    live_view: bool,
+) -> Result<(Provider, Scope, Option<launch::Stopped>)> {
+    Ok(match target {
+        Target::Pid(pid) => {
+            if *pid == std::process::id() {
+                return Err(Error::SelfTarget(*pid));
+            }
+            if !procfs::alive(*pid) {
+                return Err(Error::NoSuchProcess(*pid));
+            }
+            let provider = match &cli.allocator_symbols {
+                Some(c) => allocator::custom_for_pid(*pid, c)?,
+                None => allocator::for_pid(*pid)?,
+            };
+            (provider, Scope::Process(*pid), None)
+        }
+        Target::All => (allocator::host_libc()?, Scope::All, None),
+        Target::Command(argv) => {
+            let exe = allocator::resolve_command(&argv[0]).ok_or_else(|| Error::Exec {
+                cmd: argv[0].clone(),
+                reason: "command not found".into(),
+            })?;
+            let preload = std::env::var("LD_PRELOAD").ok();
+            let provider = match &cli.allocator_symbols {
+                Some(c) => allocator::custom_for_command(&exe, preload.as_deref(), c)?,
+                None => allocator::for_command(&exe, preload.as_deref())?,
+            };
+            // With the live view on the terminal, the command's output would scribble over it.
+            let redirect = match (&cli.command_output, live_view) {
+                (Some(path), _) => Some(launch::Redirect::to(path)?),
+                (None, true) => Some(launch::Redirect::to(std::path::Path::new("/dev/null"))?),
+                (None, false) => None,
+            };
+            let child = launch::spawn_stopped(&exe, argv, redirect.as_ref())?;
+            (provider, Scope::Process(child.pid), Some(child))
+        }
+    })
+}
+
+/// `--verbose`: every probe, where it went and why.
+fn print_probes(probes: &Probes) {
+    for a in &probes.attached {
+        let p = &a.placement;
+        eprintln!(
+            "heaptrace:   {}{} at {:#x}+{} `{}`{}: {}",
+            if a.symbol == a.func {
+                a.func.to_string()
+            } else {
+                format!("{} ({})", a.symbol, a.func)
+            },
+            if a.aliases.is_empty() {
+                String::new()
+            } else {
+                format!(" (= {})", a.aliases.join(", "))
+            },
+            a.offset,
+            p.offset,
+            p.instruction,
+            if a.uretprobe { " + return" } else { "" },
+            p.why
+        );
+    }
+    for (path, sites) in &probes.syscall_sites {
+        for s in sites {
+            let p = &s.placement;
+            eprintln!(
+                "heaptrace:   {} in {} at {:#x}+{} `{}`: {}",
+                s.name,
+                path.display(),
+                s.file_offset,
+                p.offset,
+                p.instruction,
+                p.why
+            );
+        }
+    }
+}
+
+/// What the live view's header and export say about the trace.
+fn view_info(
+    cli: &TraceArgs,
+    target: &Target,
+    pid: Option<u32>,
+    provider: &Provider,
+    probes: &Probes,
+    aliases: &[(Func, Func)],
+    temporary_ms: u64,
+) -> tui::Info {
+    tui::Info {
+        target: match target {
+            Target::Pid(p) => format!(
+                "pid {p} ({})",
+                procfs::comm(*p).unwrap_or_else(|| "?".into())
+            ),
+            Target::All => "all processes".into(),
+            Target::Command(argv) => format!("{} (pid {})", argv.join(" "), pid.unwrap_or(0)),
+        },
+        mode: target.mode(),
+        collect: cli.mode.name(),
+        interval_ms: cli.interval.as_millis() as u64,
+        provider: provider.path.display().to_string(),
+        pids: pid.into_iter().collect(),
+        command: match target {
+            Target::Command(argv) => argv.clone(),
+            _ => Vec::new(),
+        },
+        attached: probes.attached.clone(),
+        aliases: aliases.to_vec(),
+        temporary_ms,
+        output: match (target, &cli.command_output) {
+            (Target::Command(_), Some(p)) => Some(p.display().to_string()),
+            (Target::Command(_), None) => Some("/dev/null".into()),
+            _ => None,
+        },
+    }
+}
+
+/// The JSON document's `provider.syscall_probes`: each memory syscall wrapper probed.
+fn syscall_probes_json(probes: &Probes) -> Vec<serde_json::Value> {
+    probes
+        .syscall_sites
+        .iter()
+        .flat_map(|(path, sites)| {
+            sites.iter().map(move |s| {
+                serde_json::json!({
+                    "name": s.name,
+                    "path": path,
+                    "offset": s.file_offset,
+                    "begin_probe": s.releases(),
+                    "placement": s.placement,
+                })
+            })
+        })
+        .collect()
 }
 
 fn first_line(path: &str) -> String {
