@@ -267,8 +267,9 @@ pub struct SiteCounters {
     /// cannot be told to be this site's, so they leave the live figures at once.
     pub untracked: u64,
     pub untracked_bytes: u64,
-    /// Requested sizes, power-of-two buckets.
-    pub sizes: [u64; LOG2_BUCKETS],
+    // No size histogram: the exact one (SIZES) is keyed by stack too, and user space folds a
+    // site's from it. One atomic add less per allocation, and a site is 40 % smaller on every
+    // CPU (the map is per CPU and preallocated).
     /// Lifetimes of released blocks in units of 1024 ns (~us), power-of-two buckets.
     pub lifetimes: [u64; LOG2_BUCKETS],
 }
@@ -283,7 +284,6 @@ impl SiteCounters {
         temp_bytes: 0,
         untracked: 0,
         untracked_bytes: 0,
-        sizes: [0; LOG2_BUCKETS],
         lifetimes: [0; LOG2_BUCKETS],
     };
 }
@@ -501,7 +501,7 @@ const _: () = assert!(core::mem::size_of::<LiveKey>() == 16);
 const _: () = assert!(core::mem::size_of::<LiveBlock>() == 32);
 const _: () = assert!(core::mem::size_of::<InFlight>() == 40);
 const _: () = assert!(core::mem::size_of::<SiteKey>() == 16);
-const _: () = assert!(core::mem::size_of::<SiteCounters>() == 8 * 8 + 2 * 8 * LOG2_BUCKETS);
+const _: () = assert!(core::mem::size_of::<SiteCounters>() == 8 * 8 + 8 * LOG2_BUCKETS);
 const _: () = assert!(core::mem::size_of::<LatencyHist>() == 8 * LOG2_BUCKETS);
 const _: () = assert!(core::mem::size_of::<ProcEvent>() == 32);
 const _: () = assert!(core::mem::size_of::<MemEvent>() == 56);

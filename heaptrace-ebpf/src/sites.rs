@@ -36,7 +36,6 @@ pub fn allocated(ctx: &RetProbeContext, tgid: u32, epoch: u32, func: Func, size:
     };
     add(&mut site.calls, 1);
     add(&mut site.bytes, size);
-    add(&mut site.sizes[log2_bucket(size)], 1);
     stack_id
 }
 

@@ -183,6 +183,7 @@ impl KernelMaps {
             },
         )
         .map_err(read_err(maps::SITES))?;
+        snap.fold_site_sizes();
         for f in 0..FUNC_COUNT {
             let per_cpu = self
                 .latency

@@ -181,7 +181,6 @@ impl SiteTotals {
             t.freed_bytes = t.freed_bytes.wrapping_add(c.freed_bytes);
             t.temp_blocks = t.temp_blocks.wrapping_add(c.temp_blocks);
             t.temp_bytes = t.temp_bytes.wrapping_add(c.temp_bytes);
-            log2_add(&mut t.sizes, &c.sizes);
             log2_add(&mut t.lifetimes, &c.lifetimes);
         }
         // The kernel keeps no live counters per site: what was allocated minus what was freed,
@@ -280,6 +279,19 @@ pub struct ProcRound {
 }
 
 impl Snapshot {
+    /// Gives each site its size histogram, folded from the exact one, which is keyed by stack
+    /// too: the kernel keeps no second histogram per site. Both are cumulative, as the rounds
+    /// need. Sizes the exact histogram could not hold (`lost.size_histogram`) are missing from
+    /// the sites' too; allocations left out by sampling belong to no site.
+    pub fn fold_site_sizes(&mut self) {
+        for (&(tgid, func, size, stack_id), &n) in &self.sizes {
+            if let Some(site) = self.sites.get_mut(&(tgid, stack_id, func)) {
+                let b = &mut site.sizes[heaptrace_common::log2_bucket(size)];
+                *b = b.wrapping_add(n);
+            }
+        }
+    }
+
     /// The differences from `prev` to `self`. Cumulative kernel counters read twice give exact
     /// deltas whatever the kernel did in between: a call counted after this read shows up in the
     /// next round, never in two and never in none.
@@ -397,11 +409,32 @@ mod tests {
     }
 
     #[test]
+    fn sites_get_their_sizes_from_the_exact_histogram() {
+        let mut s = Snapshot::default();
+        let (site, other): (SiteId, SiteId) = ((9, 4, 0), (9, 5, 2));
+        s.sites.insert(site, SiteTotals::default());
+        s.sites.insert(other, SiteTotals::default());
+        s.sizes.insert((9, 0, 100, 4), 3); // site: 64-127 B
+        s.sizes.insert((9, 0, 120, 4), 2); // site: the same bucket
+        s.sizes.insert((9, 0, 5000, 4), 1); // site: 4-8 KiB
+        s.sizes.insert((9, 2, 100, 4), 7); // realloc at that stack: another site, not there
+        s.sizes.insert((9, 2, 64, 5), 4); // other
+        s.sizes.insert((9, 0, 64, heaptrace_common::NOT_SAMPLED), 9); // sampled out: no site
+        s.fold_site_sizes();
+        let b = heaptrace_common::log2_bucket;
+        let sizes = s.sites[&site].sizes;
+        assert_eq!((sizes[b(100)], sizes[b(5000)]), (5, 1));
+        assert_eq!(sizes.iter().sum::<u64>(), 6);
+        assert_eq!(s.sites[&other].sizes[b(64)], 4);
+        assert_eq!(s.sites[&other].sizes.iter().sum::<u64>(), 4);
+        assert_eq!(s.sites.len(), 2);
+    }
+
+    #[test]
     fn site_deltas_follow_the_same_arithmetic() {
         let mut c = SiteCounters::ZERO;
         c.calls = 5;
         c.bytes = 500;
-        c.sizes[7] = 5;
         let mut freed = SiteCounters::ZERO;
         freed.frees = 2;
         freed.freed_bytes = 200;

@@ -38,6 +38,17 @@ fn sum(sites: &[&Value], field: &str) -> u64 {
 }
 
 /// The line of the SITE_x marker in tests/fixtures/sites.c.
+/// A site's requested sizes, power-of-two class (its lower bound) -> count, over `sites`.
+fn size_classes(sites: &[&Value]) -> Vec<(u64, u64)> {
+    let mut out = std::collections::BTreeMap::new();
+    for s in sites {
+        for c in s["sizes"].as_array().unwrap() {
+            *out.entry(c["from"].as_u64().unwrap()).or_insert(0) += c["count"].as_u64().unwrap();
+        }
+    }
+    out.into_iter().filter(|(_, n)| *n > 0).collect()
+}
+
 fn marker_line(marker: &str) -> u64 {
     let src = std::fs::read_to_string(workspace().join("tests/fixtures/sites.c")).unwrap();
     src.lines()
@@ -77,6 +88,8 @@ fn c_sites_are_named_with_exact_counts_and_lines() {
         Some(marker_line("SITE_A"))
     );
     assert_eq!(fname(&a[0]["frames"][1]), "main");
+    // Each site's size histogram, folded from the exact one: every call in its class.
+    assert_eq!(size_classes(&a), [(64, N)]);
     assert_eq!(
         (sum(&a, "frees"), a[0]["live_blocks"].as_i64()),
         (N, Some(0))
@@ -89,6 +102,7 @@ fn c_sites_are_named_with_exact_counts_and_lines() {
     assert_eq!(b.len(), 1);
     assert_eq!(b[0]["function"], "calloc");
     assert_eq!((sum(&b, "calls"), sum(&b, "bytes")), (N, 100 * N));
+    assert_eq!(size_classes(&b), [(64, N)]);
     assert_eq!(
         b[0]["frames"][0]["line"].as_u64(),
         Some(marker_line("SITE_B"))
@@ -105,6 +119,7 @@ fn c_sites_are_named_with_exact_counts_and_lines() {
         .collect();
     assert_eq!(&frames[..3], ["helper_c", "alloc_c", "main"]);
     assert_eq!((sum(&c, "calls"), sum(&c, "bytes")), (N, 333 * N));
+    assert_eq!(size_classes(&c), [(256, N)]);
     assert_eq!(
         c[0]["frames"][0]["line"].as_u64(),
         Some(marker_line("SITE_C"))
@@ -117,6 +132,7 @@ fn c_sites_are_named_with_exact_counts_and_lines() {
     let d = sites_at(&doc, "stacks", "leak_d");
     assert!(d.iter().all(|s| s["function"] == "realloc"), "{d:?}");
     assert_eq!((sum(&d, "calls"), sum(&d, "bytes")), (3, 3 * 444));
+    assert_eq!(size_classes(&d), [(256, 3)]);
     assert_eq!(
         d[0]["frames"][0]["line"].as_u64(),
         Some(marker_line("SITE_D"))
