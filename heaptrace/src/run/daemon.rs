@@ -213,13 +213,13 @@ impl Daemon {
                         w.retry(p);
                     }
                 }
-                _ = logs_readable(self.procwatch.as_ref()) => {
+                _ = readable(self.procwatch.as_ref().and_then(|w| w.logs.as_ref())) => {
                     if let Some(w) = self.procwatch.as_mut() {
                         w.flush_logs();
                     }
                 }
-                _ = mem_readable(self.memring.as_ref()) => self.drain_mem(),
-                _ = ring_readable(self.procwatch.as_ref()) => self.process_events(),
+                _ = readable(self.memring.as_ref().map(|r| &r.ring)) => self.drain_mem(),
+                _ = readable(self.procwatch.as_ref().map(|w| &w.ring)) => self.process_events(),
                 _ = view_quit(self.live.as_mut()) => return Ok(End::Quit),
                 _ = sigint.recv() => return Ok(End::Interrupted),
                 _ = sigterm.recv() => return Ok(End::Terminated),
@@ -523,32 +523,12 @@ impl Daemon {
     }
 }
 
-async fn logs_readable(w: Option<&ProcWatch>) {
-    match w.and_then(|w| w.logs.as_ref()) {
-        Some(l) => {
-            if let Ok(mut guard) = l.readable().await {
-                guard.clear_ready();
-            }
-        }
-        None => std::future::pending().await,
-    }
-}
-
-async fn mem_readable(r: Option<&MemRing>) {
-    match r {
-        Some(r) => {
-            if let Ok(mut guard) = r.ring.readable().await {
-                guard.clear_ready();
-            }
-        }
-        None => std::future::pending().await,
-    }
-}
-
-async fn ring_readable(w: Option<&ProcWatch>) {
-    match w {
-        Some(w) => {
-            if let Ok(mut guard) = w.ring.readable().await {
+/// Waits until `fd` has something to read (a ring buffer, the programs' log), and clears that
+/// readiness for the next wait; forever without one.
+async fn readable<T: std::os::fd::AsRawFd>(fd: Option<&AsyncFd<T>>) {
+    match fd {
+        Some(fd) => {
+            if let Ok(mut guard) = fd.readable().await {
                 guard.clear_ready();
             }
         }
