@@ -2,8 +2,8 @@
 //! new stacks only, in batches per module, cached per (module, file offset).
 //!
 //! A profile holds thousands of stacks of up to 32 frames, most of them the same few hundred
-//! frames: a frame's strings are shared (`Arc<str>`, interned here), so a copy of a frame is
-//! three reference counts and no allocation.
+//! frames: a frame is a shared handle (one reference count to copy, a pointer to hold) and
+//! the strings of distinct frames are interned here.
 use std::{
     collections::{HashMap, HashSet},
     path::Path,
