@@ -4,7 +4,8 @@
 # RATE blocks a second through the same paths for SECONDS. Reports heaptrace's CPU time
 # (utime+stime of /proc/PID/stat, children excluded) as a percentage of one core over the steady
 # state (from WARM seconds after attaching to 2 s before the workload's end), and its peak RSS
-# (VmHWM) over the same span. REPS runs, medians. Holds the tests' system-wide lock. Root needed.
+# (VmHWM) over the same span, and the kernel memory of its BPF maps (fdinfo's memlock, each map
+# once). REPS runs, medians. Holds the tests' system-wide lock. Root needed.
 # With TUI=KEY set, heaptrace runs with its live view on a 200x50 pseudo-terminal instead of
 # --no-tui, KEY pressed first (1 timeline, 2 sites, ...), and is quit with q at the end.
 #
@@ -32,12 +33,24 @@ def cpu(pid):
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / tick  # utime, stime
 
+def map_memory(pid):
+    """The kernel memory of heaptrace's BPF maps (memlock of each map once, from fdinfo), MiB."""
+    seen = {}
+    for fd in os.listdir(f"/proc/{pid}/fdinfo"):
+        try:
+            info = dict(l.split(":", 1) for l in open(f"/proc/{pid}/fdinfo/{fd}") if ":" in l)
+        except OSError:
+            continue
+        if "map_id" in info and "memlock" in info:
+            seen[info["map_id"].strip()] = int(info["memlock"])
+    return sum(seen.values()) / (1 << 20)
+
 def hwm(pid):
     for line in open(f"/proc/{pid}/status"):
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
 
-pcts, rss, seen = [], [], []
+pcts, rss, kmem, seen = [], [], [], []
 for _ in range(reps):
     out = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
     args = [ht, "-q", "--mode", "stacks", "--json", out, *extra,
@@ -74,6 +87,7 @@ for _ in range(reps):
     time.sleep(max(1, seconds - WARM - 2))
     c1, w1 = cpu(pid), time.monotonic()
     peak = hwm(pid)
+    kmem.append(map_memory(pid))
     if tui:
         time.sleep(3)  # the workload ends; the view stays up until quit
         os.write(fd, b"q")
@@ -92,5 +106,6 @@ print(f"{stacks} live stacks, {rate} frees+mallocs/s, {seconds} s, {view}, {reps
 print(f"daemon CPU {med(pcts):.2f}% of one core over the steady state; peak RSS {med(rss):.1f} MiB")
 print("CPU %:", " ".join(f"{x:.2f}" for x in pcts))
 print("peak RSS MiB:", " ".join(f"{x:.1f}" for x in rss))
+print(f"kernel memory of its maps (memlock): {med(kmem):.1f} MiB")
 print("stacks in the JSON, losses:", seen[-1][0], {k: v for k, v in seen[-1][1].items() if v})
 PY
