@@ -18,6 +18,9 @@ use crate::{
 /// How many sites the peak remembers.
 const PEAK_SITES: usize = 20;
 
+/// Symbolized stacks by (process, stack id), each shared.
+pub type Stacks = HashMap<(u32, i32), Arc<[Frame]>>;
+
 /// The most rows the timeline keeps. Past it, neighbouring rows merge two by two and each row
 /// covers twice as many rounds: a trace of days keeps its whole span, at a coarser step, in
 /// bounded memory (and the live view's copy of the Profile stays small).
@@ -38,7 +41,7 @@ pub struct Profile {
     /// Symbolized stacks by (process, stack id). Shared, so that a copy of the Profile (the
     /// live view's snapshot) does not copy every frame.
     #[serde(skip)]
-    pub stacks: HashMap<(u32, i32), Arc<[Frame]>>,
+    pub stacks: Stacks,
     pub latency: [Log2; FUNC_COUNT],
     pub peak: Option<Peak>,
     /// Blocks still in the live map when tracing ended, by site (estimates with sampling:

@@ -145,7 +145,7 @@ pub struct ModuleRec {
 }
 
 /// A frame with its strings replaced by string-table ids.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct FrameRec {
     pub function: u32,
     pub file: Option<u32>,

@@ -7,8 +7,8 @@ use std::{
 };
 
 use super::format::{
-    EndRec, FRAME_HEAD, FormatError, Header, HeaderV2, Kind, ModuleRec, Next, StackRec, decode,
-    read_frame, read_preamble,
+    EndRec, FRAME_HEAD, FormatError, FrameRec, Header, HeaderV2, Kind, ModuleRec, Next, StackRec,
+    decode, read_frame, read_preamble,
 };
 use crate::{
     aggregate::{Leak, Profile},
@@ -126,24 +126,37 @@ impl Recording {
         Ok(())
     }
 
-    pub fn frames(&self, s: &StackRec) -> Vec<Frame> {
-        s.frames
+    /// The stacks for which `want` holds, with their frames. A frame is made once and shared
+    /// by every stack that holds it, as in a live trace (see `symbolize`).
+    pub fn stacks_frames(&self, want: impl Fn(&(u32, i32)) -> bool) -> crate::aggregate::Stacks {
+        let mut made: HashMap<&FrameRec, Frame> = HashMap::new();
+        self.stacks
             .iter()
-            .map(|f| {
-                crate::symbolize::FrameInfo {
-                    function: self.strings[f.function as usize].clone(),
-                    file: f.file.map(|x| self.strings[x as usize].clone()),
-                    line: f.line,
-                    module: f
-                        .module
-                        .map(|m| self.module_names[m as usize].clone())
-                        .unwrap_or_else(|| "[unknown]".into()),
-                    offset: f.offset,
-                    inlined: f.inlined,
-                }
-                .into()
+            .filter(|(key, _)| want(key))
+            .map(|(key, s)| {
+                let frames = s
+                    .frames
+                    .iter()
+                    .map(|f| made.entry(f).or_insert_with(|| self.frame(f)).clone())
+                    .collect();
+                (*key, frames)
             })
             .collect()
+    }
+
+    fn frame(&self, f: &FrameRec) -> Frame {
+        crate::symbolize::FrameInfo {
+            function: self.strings[f.function as usize].clone(),
+            file: f.file.map(|x| self.strings[x as usize].clone()),
+            line: f.line,
+            module: f
+                .module
+                .map(|m| self.module_names[m as usize].clone())
+                .unwrap_or_else(|| "[unknown]".into()),
+            offset: f.offset,
+            inlined: f.inlined,
+        }
+        .into()
     }
 
     /// Replays the rounds through the same aggregation as a live trace.
@@ -152,9 +165,7 @@ impl Recording {
         for r in &self.rounds {
             p.apply(r);
         }
-        for (key, s) in &self.stacks {
-            p.stacks.insert(*key, self.frames(s).into());
-        }
+        p.stacks.extend(self.stacks_frames(|_| true));
         if let Some(l) = &self.leaks {
             p.set_leaks(l.iter().copied().collect::<BTreeMap<_, _>>());
         }

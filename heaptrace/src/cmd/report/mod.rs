@@ -109,11 +109,8 @@ fn profile_of(rec: &Recording, args: &ReportArgs) -> Profile {
             None => p.apply(r),
         }
     }
-    for (key, s) in &rec.stacks {
-        if args.pid.is_none_or(|pid| pid == key.0) {
-            p.stacks.insert(*key, rec.frames(s).into());
-        }
-    }
+    p.stacks
+        .extend(rec.stacks_frames(|key| args.pid.is_none_or(|pid| pid == key.0)));
     // Leaks are the state at the end: shown when the window reaches the end.
     let reaches_end = args.to.is_none() || rec.rounds.last().is_some_and(|r| r.elapsed_ms <= to);
     if reaches_end && let Some(leaks) = &rec.leaks {
