@@ -282,7 +282,9 @@ impl Snapshot {
     /// Gives each site its size histogram, folded from the exact one, which is keyed by stack
     /// too: the kernel keeps no second histogram per site. Both are cumulative, as the rounds
     /// need. Sizes the exact histogram could not hold (`lost.size_histogram`) are missing from
-    /// the sites' too; allocations left out by sampling belong to no site.
+    /// the sites' too; allocations left out by sampling belong to no site. The kernel counts a
+    /// call's size after its site, and the size map is read first: a site's classes never hold
+    /// more than its calls, and a call counted between the two reads gets its class next round.
     pub fn fold_site_sizes(&mut self) {
         for (&(tgid, func, size, stack_id), &n) in &self.sizes {
             if let Some(site) = self.sites.get_mut(&(tgid, stack_id, func)) {
