@@ -395,6 +395,10 @@ pub mod mem {
     /// Not a syscall: an allocator call that made memory syscalls returned; `args[0]` is its
     /// site's stack id (as i64; `NO_SITE` outside stacks mode).
     pub const CALL_END: u32 = 0x100;
+    /// Not a syscall: the process exec'ed, after the events of its earlier image and before
+    /// any of its new one's. What the earlier image mapped is gone; its break is no longer the
+    /// process's.
+    pub const EXEC: u32 = 0x101;
     /// `MemEvent::func` of a syscall made outside any allocator call.
     pub const NO_FUNC: u32 = u32::MAX;
     /// Or'ed into munmap's and mremap's number: the syscall is about to run (`ret` 0). Their
@@ -480,6 +484,11 @@ pub mod globals {
     pub const CALLS_MODE: &str = "CALLS_MODE";
     /// Bare mode (a benchmark floor): 1 walks the user stack at the return, 0 only counts.
     pub const BARE_STACK: &str = "BARE_STACK";
+    /// The one process traced (`-p`, a launched command), whose execs alone are reported; 0
+    /// reports every exec (`--all`).
+    pub const WATCH_TGID: &str = "WATCH_TGID";
+    /// 1 when the memory syscalls are traced (the memory-event ring is read).
+    pub const RESERVATIONS: &str = "RESERVATIONS";
 }
 
 /// An entry probe's attach cookie: the pushes executed before the probe point (see

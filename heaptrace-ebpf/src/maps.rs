@@ -40,6 +40,26 @@ static mut SAMPLE_SCALE: u64 = 0;
 #[unsafe(no_mangle)]
 static TEMPORARY_NS: u64 = 1_000_000_000;
 
+/// See `heaptrace_common::globals::RESERVATIONS`.
+#[unsafe(no_mangle)]
+static RESERVATIONS: u32 = 0;
+
+#[inline(always)]
+pub fn reservations() -> bool {
+    // SAFETY: a plain read of a global the loader wrote before load.
+    unsafe { core::ptr::read_volatile(&RESERVATIONS) != 0 }
+}
+
+/// See `heaptrace_common::globals::WATCH_TGID`.
+#[unsafe(no_mangle)]
+static WATCH_TGID: u32 = 0;
+
+#[inline(always)]
+pub fn watch_tgid() -> u32 {
+    // SAFETY: a plain read of a global the loader wrote before load.
+    unsafe { core::ptr::read_volatile(&WATCH_TGID) }
+}
+
 /// Bare mode: see `heaptrace_common::globals::BARE_STACK`.
 #[unsafe(no_mangle)]
 static BARE_STACK: u32 = 1;

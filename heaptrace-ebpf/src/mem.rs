@@ -201,6 +201,19 @@ pub fn call_end(ctx: &RetProbeContext, tgid: u32, tid: u32, func: Func) {
     });
 }
 
+/// The process exec'ed (see `mem::EXEC`).
+#[inline(always)]
+pub fn exec(tgid: u32) {
+    report(MemEvent {
+        kind: mem::EXEC,
+        tgid,
+        tid: tgid,
+        func: mem::NO_FUNC,
+        args: [0; 4],
+        ret: 0,
+    });
+}
+
 #[inline(always)]
 fn report(ev: MemEvent) {
     if MEMEVENTS.output(ev, 0).is_err() {

@@ -1,5 +1,6 @@
-//! Process starts (system-wide mode): a raw tracepoint, which needs no tracefs. Exits need no
-//! event: each round already finds which traced processes are gone.
+//! Execs: a raw tracepoint, which needs no tracefs. System-wide, every exec is a process to
+//! look at; with one process traced, its own execs start it over as its new command (a wrapper
+//! script's `exec`). Exits need no event: each round already finds which processes are gone.
 use aya_ebpf::{
     helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::raw_tracepoint,
@@ -8,7 +9,7 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use heaptrace_common::{Loss, PROC_EXEC, ProcEvent};
 
-use crate::maps::{EVENTS, EXECS, PROCS, lose, self_tgid};
+use crate::maps::{EVENTS, EXECS, PROCS, lose, reservations, self_tgid, watch_tgid};
 
 #[inline(always)]
 fn report(ctx: &RawTracePointContext, kind: u32) {
@@ -53,11 +54,20 @@ fn restart(tgid: u32) {
         lose(Loss::ProcessMap);
     }
     let _ = PROCS.remove(tgid);
+    if reservations() {
+        // In the memory events' own order: user space drops the earlier image's mappings and
+        // break exactly between its events and the new image's.
+        crate::mem::exec(tgid);
+    }
 }
 
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
 pub fn on_exec(ctx: RawTracePointContext) -> i32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let watched = watch_tgid();
+    if watched != 0 && tgid != watched {
+        return 0; // one process traced: the host's other execs are not its business
+    }
     if tgid != self_tgid() {
         restart(tgid);
     }

@@ -60,6 +60,10 @@ pub struct LoadOptions {
     pub calls: bool,
     /// Bare mode: walk the stack at the return (the floor of stacks mode) or only count.
     pub bare_stack: bool,
+    /// The one process traced, whose execs alone the kernel reports (0: every process's).
+    pub watch_tgid: u32,
+    /// The memory syscalls are traced: the kernel marks execs among their events.
+    pub reservations: bool,
 }
 
 impl Default for LoadOptions {
@@ -76,6 +80,8 @@ impl Default for LoadOptions {
             sample_bytes: 0,
             calls: false,
             bare_stack: true,
+            watch_tgid: 0,
+            reservations: false,
         }
     }
 }
@@ -254,6 +260,8 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .override_global(globals::TEMPORARY_NS, &opts.temporary_ns, true)
         .override_global(globals::CALLS_MODE, &u32::from(opts.calls), true)
         .override_global(globals::BARE_STACK, &u32::from(opts.bare_stack), true)
+        .override_global(globals::WATCH_TGID, &opts.watch_tgid, true)
+        .override_global(globals::RESERVATIONS, &u32::from(opts.reservations), true)
         .override_global(globals::STACK_ID_OFFSET, &offset, true)
         .map_max_entries(maps::LIVE, opts.live_map_size)
         .map_max_entries(maps::SIZES, if sizes { opts.size_map_size } else { 1 })

@@ -71,7 +71,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     }
     probe::preflight()?;
     let live_view = !cli.no_tui && tui::wanted();
-    let opts = LoadOptions {
+    let mut opts = LoadOptions {
         mode: cli.mode.kernel(),
         temporary_ns: cli.temporary.unwrap_or(cli.interval).as_nanos() as u64,
         live_map_size: cli.live_map_size,
@@ -89,6 +89,9 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
 
     // Find the target and its allocator; a launched command waits, stopped, until attached.
     let (provider, scope, stopped) = find_target(cli, &target, live_view)?;
+    if let Scope::Process(pid) = scope {
+        opts.watch_tgid = pid;
+    }
 
     // Before any probe fires, so that every run is counted.
     let stats_fd = match cli.probe_stats.then(progstats::enable).transpose() {
@@ -103,6 +106,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     // The memory behind malloc; not part of the bare benchmark floor. Calls mode does not see
     // malloc's calls end, so it could not tell which call made a mapping.
     let reservations = cli.mode.traces_reservations() && !cli.no_reservations;
+    opts.reservations = reservations;
     let attached = probe::load(&opts).and_then(|ebpf| {
         let mut probes = Probes::new(
             ebpf,
@@ -144,15 +148,25 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         .build()?;
     // The process watch registers its ring buffer with this runtime's reactor.
     let _in_runtime = rt.enter();
-    // System-wide: follow processes that start later (their allocator may be another file) and
-    // those that end; look at the ones already running the same way.
-    let procwatch = match scope {
-        Scope::All => {
-            let mut w = ProcWatch::start(&mut probes, &provider, cli.probe_at_entry)?;
+    // Execs: system-wide, processes that start later (their allocator may be another file),
+    // looked at as the ones already running are; one process traced starts over at its exec.
+    let procwatch = match (
+        ProcWatch::start(&mut probes, &provider, cli.probe_at_entry, scope),
+        scope,
+    ) {
+        (Ok(mut w), Scope::All) => {
             w.scan(&mut probes);
             Some(w)
         }
-        Scope::Process(_) => None,
+        (Ok(w), Scope::Process(_)) => Some(w),
+        (Err(e), Scope::All) => return Err(e),
+        (Err(e), Scope::Process(pid)) => {
+            eprintln!(
+                "heaptrace: warning: execs not followed ({e}): if pid {pid} execs, its new \
+                 command's counts add to the old one's"
+            );
+            None
+        }
     };
     let memring = if !reservations {
         None
@@ -269,11 +283,10 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     drop(probes);
     daemon.round()?;
     let pids: Option<HashSet<u32>> = pid.map(|p| HashSet::from([p]));
-    if daemon.procwatch.is_some() {
-        for (p, pp) in daemon.profile.procs.iter_mut() {
-            if !procfs::alive(*p) {
-                pp.exited = true;
-            }
+    // `-p` and a launched command too: its end is in `target`, and in its process's record.
+    for (p, pp) in daemon.profile.procs.iter_mut() {
+        if !procfs::alive(*p) {
+            pp.exited = true;
         }
     }
     let mut leaks = daemon.maps.live_blocks(pids.as_ref())?;

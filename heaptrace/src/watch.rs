@@ -1,5 +1,7 @@
-//! System-wide mode: processes that start after heaptrace, whose allocator may be a file not
-//! probed yet (a container's libc, a static executable, jemalloc).
+//! Execs. System-wide: processes that start after heaptrace, whose allocator may be a file not
+//! probed yet (a container's libc, a static executable, jemalloc). One process traced: its
+//! execs (a wrapper script's `exec`, pyenv's shims), after which it is its new command, maybe
+//! on another allocator.
 use std::fs;
 
 use aya::{
@@ -22,6 +24,8 @@ pub struct ProcWatch {
     /// Allocator files attached, and files that are no allocators, by (device, inode).
     known: allocator::Known,
     at_entry: bool,
+    /// Where a new allocator file's probes fire: every process, or the one traced.
+    scope: Scope,
     /// Name and cgroup of processes seen starting, read while they surely lived: a process
     /// that ends within a round is still named and placed. Entries go when the process is
     /// forgotten.
@@ -38,8 +42,14 @@ const PENDING_FOR: std::time::Duration = std::time::Duration::from_millis(500);
 pub const RETRY_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
 impl ProcWatch {
-    /// Attaches the exec tracepoint; `first` is the file already probed.
-    pub fn start(probes: &mut Probes, first: &Provider, at_entry: bool) -> Result<ProcWatch> {
+    /// Attaches the exec tracepoint; `first` is the file already probed. With one process in
+    /// `scope`, the kernel reports that process's execs only (`LoadOptions::watch_tgid`).
+    pub fn start(
+        probes: &mut Probes,
+        first: &Provider,
+        at_entry: bool,
+        scope: Scope,
+    ) -> Result<ProcWatch> {
         let (prog, tp) = ("on_exec", "sched_process_exec");
         {
             let p: &mut RawTracePoint = crate::probe::program(&mut probes.ebpf, prog)?;
@@ -75,6 +85,7 @@ impl ProcWatch {
             logs,
             known,
             at_entry,
+            scope,
             seen: std::collections::HashMap::new(),
             cgroups: crate::cgroups::CgroupNames::default(),
             pending: Vec::new(),
@@ -179,7 +190,7 @@ impl ProcWatch {
         if !self.known.attached.insert(id) {
             return true;
         }
-        match probes.attach(&provider, Scope::All, self.at_entry) {
+        match probes.attach(&provider, self.scope, self.at_entry) {
             Ok(()) => eprintln!(
                 "heaptrace: also tracing {} (first seen in pid {pid})",
                 provider.path.display()

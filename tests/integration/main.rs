@@ -2,6 +2,7 @@
 //! They need root, BTF and uprobes; in CI (`CI` set) a missing capability fails the test.
 mod counts;
 mod custom;
+mod exec;
 mod expect;
 mod faults;
 mod memory;

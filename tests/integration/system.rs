@@ -329,6 +329,7 @@ fn all_restarts_a_process_at_exec() {
         .sum();
     let alloc_bytes: u64 = want.funcs.values().map(|f| f.bytes).sum();
     assert_eq!(site_bytes, alloc_bytes);
+    crate::exec::check_brk(&doc, p);
     assert_eq!(
         doc["processes"].as_array().unwrap().len(),
         1,

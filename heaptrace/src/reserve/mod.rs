@@ -185,6 +185,13 @@ impl Tracker {
             self.finish(pid, ev.tid, ev.args[0] as i64 as i32);
             return;
         }
+        if ev.kind == mem::EXEC {
+            // The earlier image's mappings went with it, and what it reserved is not the new
+            // command's (the daemon drops its figures too).
+            self.procs.remove(&pid);
+            self.fresh.retain(|k, _| k.0 != pid);
+            return;
+        }
         if ev.func != mem::NO_FUNC {
             self.inside(pid, ev);
             return;

@@ -148,6 +148,44 @@ fn a_seeded_break_measures_the_first_growth() {
     assert_eq!(t.take()[&(PID, Kind::Brk, 4, 0)].bytes, 0x2_1000);
 }
 
+/// After an exec the break is the new image's, far from the old one's (each image's heap is
+/// placed at random): the first growth is measured from the new image's first break, and what
+/// the earlier image reserved and mapped is gone.
+#[test]
+fn an_exec_starts_the_break_and_the_mappings_over() {
+    let mut t = Tracker::default();
+    t.seed_brk(PID, 0x5555_0000_0000);
+    t.event(&sys(mem::BRK, 3, 0, [0, 0, 0, 0], 0x5555_0002_1000));
+    t.event(&sys(
+        mem::MMAP,
+        3,
+        0,
+        [0, 4 * MIB, RW, PRIVATE_ANON],
+        0x7f00_0000_0000,
+    ));
+    t.event(&end(3, 0, 4));
+    t.event(&sys(mem::EXEC, PID, mem::NO_FUNC, [0; 4], 0));
+    assert!(!t.knows(PID));
+    assert_eq!(t.reserved(PID).mmapped, 0);
+    // The new image's first brk (ld.so's brk(NULL), outside any allocator call), then malloc's.
+    t.event(&sys(
+        mem::BRK,
+        PID,
+        mem::NO_FUNC,
+        [0, 0, 0, 0],
+        0x5611_0000_0000,
+    ));
+    t.event(&sys(mem::BRK, 3, 0, [0, 0, 0, 0], 0x5611_0002_1000));
+    t.event(&end(3, 0, 7));
+    let fresh = t.take();
+    assert_eq!(
+        fresh.len(),
+        1,
+        "the earlier image's reservations: {fresh:?}"
+    );
+    assert_eq!(fresh[&(PID, Kind::Brk, 7, 0)].bytes, 0x2_1000);
+}
+
 #[test]
 fn a_call_whose_end_was_not_seen_is_applied_unnamed_at_the_threads_next_syscall() {
     let mut t = Tracker::default();

@@ -326,8 +326,9 @@ impl Daemon {
 
     /// Processes that exec'ed: the kernel reset their counters at the exec, so their figures
     /// are now those of the new command alone. What the image before the exec did (a shell's
-    /// fork between fork and exec) is dropped from every figure: it belonged to neither the
-    /// parent nor the new command.
+    /// fork between fork and exec; with one process traced, the wrapper script that exec'ed
+    /// the program) is dropped from every figure: it belonged to neither the parent nor the
+    /// new command.
     fn restart(&mut self, execs: Vec<u32>) {
         // The kernel moves a process's epoch on only when it had counters: only those have
         // anything to drop.
@@ -342,11 +343,18 @@ impl Daemon {
         if pids.is_empty() {
             return;
         }
+        if self.pid.is_some() && !self.quiet && self.live.is_none() {
+            for p in &pids {
+                let comm = procfs::comm(*p).unwrap_or_default();
+                eprintln!("heaptrace: pid {p} exec'ed {comm}: its counts start over");
+            }
+        }
         for p in &pids {
             self.prev.procs.remove(p);
             self.profile.restart(*p);
-            // exec replaced its mappings: the new image's allocator starts from nothing.
-            self.reserves.forget(*p);
+            // Its memory tracker state is not dropped here: this event and the memory events
+            // come on two rings, and the new image's may be read already. The kernel marks
+            // the exec among the memory events (`mem::EXEC`).
             // Judged again under its new name.
             self.matched.remove(p);
         }
@@ -365,7 +373,7 @@ impl Daemon {
         }
         // Who is gone is decided before the snapshot, so that it holds their final counts (a
         // process found gone after it could still have counted something in between).
-        let gone: HashSet<u32> = if self.procwatch.is_some() {
+        let gone: HashSet<u32> = if self.pid.is_none() {
             self.prev
                 .procs
                 .keys()

@@ -1,0 +1,130 @@
+//! One process traced (`-p`, a launched command) that execs, as a wrapper script's `exec` or
+//! pyenv's shims do: from the exec on it is its new command, counted as that alone, and the
+//! memory behind malloc is measured from the new image's break, not the old one's.
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Command, Stdio},
+};
+
+use serde_json::Value;
+
+use crate::{
+    expect::{Expected, Fixture},
+    support::*,
+};
+
+/// `execfork -n 40 allocs 0 300 3`: 40 + 40 blocks of 4242 bytes and a 100000-byte one (the
+/// brk heap grows) before the exec, none of which may show.
+fn command() -> Vec<String> {
+    let allocs = fixture("allocs", "", &[]);
+    ["-n", "40", allocs.to_str().unwrap(), "0", "300", "3"]
+        .map(String::from)
+        .to_vec()
+}
+
+fn fx() -> Fixture {
+    Fixture::main_thread(300, 3)
+}
+
+/// The document is `allocs`'s alone: functions, sizes, leaks, and brk growth within its heap.
+fn check(doc: &Value, stderr: &str) {
+    let want = Expected::of(&fx());
+    let got = Expected::observed(doc, &doc["sizes"], &want);
+    assert_eq!(got, want);
+    assert_eq!(doc["leaks"]["blocks"].as_u64(), Some(want.live_blocks));
+    assert_eq!(doc["leaks"]["bytes"].as_u64(), Some(want.live_bytes));
+    assert_eq!(doc["functions"]["free"]["untracked"], 0);
+    let procs = doc["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 1, "{procs:?}");
+    assert_eq!(procs[0]["comm"], "allocs");
+    assert!(
+        stderr.contains("exec'ed allocs: its counts start over"),
+        "{stderr}"
+    );
+    assert_eq!(procs[0]["exited"], true);
+    check_brk(doc, &procs[0]);
+}
+
+/// The brk heap of process `p` (a record of `doc["processes"]`), which exec'ed, is measured
+/// from its new image's break.
+pub fn check_brk(doc: &Value, p: &Value) {
+    // Before the exec was marked among the memory events, the new image's first brk call
+    // was measured from the old image's break: hundreds of GiB grown or given back (each
+    // image's heap is placed at random). The heap moves by at most what the program allocated
+    // (glibc grows it 132 KiB at a time), and grows to at most its size when that was read at
+    // the end (a launched command is held at exit; an attached one is gone by then).
+    let heap = p["memory"]["reserved"]["heap"].as_u64();
+    let allocated = p["totals"]["bytes_allocated"].as_u64().unwrap();
+    let brk = |kind: &str, of: &str| -> u64 {
+        doc["reservations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["pid"] == p["pid"])
+            .filter(|r| r["kind"] == kind && r["of"].as_str().unwrap_or("") == of)
+            .map(|r| r["bytes"].as_u64().unwrap())
+            .sum()
+    };
+    let (grown, given_back) = (brk("brk", ""), brk("munmap", "brk"));
+    assert!(grown > 0, "{:#}", doc["reservations"]);
+    assert!(
+        grown + given_back <= allocated,
+        "brk heap grew {grown} and gave back {given_back}; {allocated} bytes allocated"
+    );
+    if let Some(heap) = heap {
+        assert!(grown <= heap, "brk heap grew {grown}, holds {heap}");
+    }
+}
+
+#[test]
+fn a_launched_command_that_execs_is_counted_as_its_new_command() {
+    if !bpf_or_skip("a_launched_command_that_execs_is_counted_as_its_new_command") {
+        return;
+    }
+    let _g = shared();
+    let json = json_path("exec-launch");
+    let out = run_ok(
+        heaptrace()
+            .args(["--no-tui", "--interval", "200ms", "--json"])
+            .arg(&json)
+            .arg("--")
+            .arg(fixture("execfork", "", &[]))
+            .args(command()),
+    );
+    let doc = read_json(&json);
+    assert_eq!(doc["target"]["exit_code"], 0);
+    check(&doc, &String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn an_attached_process_that_execs_is_counted_as_its_new_command() {
+    if !bpf_or_skip("an_attached_process_that_execs_is_counted_as_its_new_command") {
+        return;
+    }
+    let _g = shared();
+    let mut target = Command::new(fixture("execfork", "", &[]))
+        .args(command())
+        .env("EXECFORK_WAIT", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(target.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready, "ready\n");
+    let json = json_path("exec-pid");
+    let mut cmd = heaptrace();
+    cmd.args(["--no-tui", "--interval", "200ms", "--json"])
+        .arg(&json)
+        .args(["-p", &target.id().to_string()]);
+    let tracer = start_attached(&mut cmd);
+    // A round passes with the 40 blocks before the exec counted, then the exec.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    target.stdin.take().unwrap().write_all(b"g").unwrap();
+    assert!(target.wait().unwrap().success());
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    check(&read_json(&json), &stderr);
+}
