@@ -234,15 +234,26 @@ fn has_bpf_caps() -> bool {
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/heaptrace"));
 
 /// Two stack maps of half the capacity each; ids of the second are offset by the first's bucket
-/// count (the kernel rounds a stack map's size up to a power of two). Returns (each map's
-/// capacity, the offset).
+/// count. Returns (each map's capacity, the offset).
+///
+/// A stack map holds as many stacks as its capacity (preallocated, about 1 KiB each), in
+/// buckets numbered by the stack's hash: the capacity rounded up to a power of two. A stack
+/// whose bucket is taken in both maps is lost. A power-of-two capacity is asked for one more,
+/// which gives twice the buckets for one more stack's memory. Of 5,000 distinct stacks in the
+/// default 16,384 (`tests/bench/livestacks.c`), 224 were lost with 8,192 buckets a map, 78
+/// with 16,384; of 10,000, 1,418 and 481.
 pub fn stack_maps(opts: &LoadOptions) -> (u32, u32) {
     let half = if opts.mode >= heaptrace_common::mode::STACKS {
         (opts.stack_map_size / 2).max(1)
     } else {
-        1
+        return (1, 1);
     };
-    (half, half.next_power_of_two())
+    let entries = if half.is_power_of_two() && half > 1 {
+        half + 1
+    } else {
+        half
+    };
+    (entries, entries.next_power_of_two())
 }
 
 pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
@@ -647,5 +658,29 @@ impl Probes {
                 .flat_map(|(_, sites)| sites)
                 .map(|s| 1 + usize::from(s.releases()))
                 .sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn maps(mode: u32, stack_map_size: u32) -> (u32, u32) {
+        stack_maps(&LoadOptions {
+            mode,
+            stack_map_size,
+            ..LoadOptions::default()
+        })
+    }
+
+    /// (each map's capacity, the second map's id offset = the first's bucket count).
+    #[test]
+    fn a_power_of_two_half_gets_one_more_stack_and_twice_the_buckets() {
+        use heaptrace_common::mode::{COUNTS, STACKS};
+        assert_eq!(maps(STACKS, 16384), (8193, 16384));
+        assert_eq!(maps(STACKS, 65536), (32769, 65536));
+        assert_eq!(maps(STACKS, 20000), (10000, 16384));
+        assert_eq!(maps(STACKS, 2), (1, 1));
+        assert_eq!(maps(COUNTS, 16384), (1, 1));
     }
 }

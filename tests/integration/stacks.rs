@@ -308,7 +308,8 @@ fn unique_stack_recursion_stays_bounded_and_reports_losses() {
         .iter()
         .filter(|s| s["stack_id"].as_i64() >= Some(0))
         .count();
-    assert!(stored <= 1024, "{stored} stacks from a map of 1024");
+    // Two maps of 512 + 1 (a power of two gets one more, for twice the buckets).
+    assert!(stored <= 1026, "{stored} stacks from a map of 1024");
     let lost: u64 = stacks
         .iter()
         .filter(|s| s["stack_id"].as_i64() < Some(0))
