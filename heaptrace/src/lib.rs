@@ -18,6 +18,7 @@ pub mod hist;
 pub mod json;
 pub mod launch;
 pub mod links;
+pub mod merge;
 pub mod model;
 pub mod modules;
 pub mod multi;

@@ -254,6 +254,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         probes: Some(probes),
         procwatch,
         exited_leaks: BTreeMap::new(),
+        same: Default::default(),
         stale: HashSet::new(),
         filter: Filter::from_cli(cli),
         matched: std::collections::HashMap::new(),
@@ -289,7 +290,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             pp.exited = true;
         }
     }
-    let mut leaks = daemon.maps.live_blocks(pids.as_ref())?;
+    let mut leaks = daemon.same.leaks(daemon.maps.live_blocks(pids.as_ref())?);
     leaks.append(&mut daemon.exited_leaks);
     daemon.profile.set_leaks(leaks);
 

@@ -21,7 +21,7 @@ use crate::modules::{Location, Modules};
 /// One frame of a symbolized stack, innermost first: a shared handle to its [`FrameInfo`], read
 /// through `Deref`. A profile's stacks repeat the same frames many times over; each repeat costs
 /// a pointer.
-#[derive(Clone, PartialEq, Eq, Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, Serialize)]
 #[serde(transparent)]
 pub struct Frame(Arc<FrameInfo>);
 
@@ -46,7 +46,7 @@ impl std::fmt::Debug for Frame {
 }
 
 /// What a frame says. Never blank: a frame that cannot be named shows its module and offset.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct FrameInfo {
     pub function: Arc<str>,
     pub file: Option<Arc<str>>,

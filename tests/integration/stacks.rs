@@ -215,6 +215,49 @@ fn stack_depth_limits_the_frames_kept() {
     assert_eq!(frames, ["helper_c", "alloc_c"]);
 }
 
+/// Stacks that differ only past the frames kept are one site: `recurse 6` allocates once in
+/// each of its 127 calls of `node`, each with a stack of its own; two frames keep three: the
+/// root's call from main, and the left and right calls' 63 each.
+#[test]
+fn stacks_the_same_within_the_depth_kept_are_one_site() {
+    if !bpf_or_skip("stacks_the_same_within_the_depth_kept_are_one_site") {
+        return;
+    }
+    let _g = shared();
+    let doc = trace(
+        "depth-merge",
+        &fixture("recurse", "", &[]),
+        &["6"],
+        &["--stack-depth", "2"],
+    );
+    assert_eq!(doc["functions"]["malloc"]["calls"].as_u64(), Some(127));
+    let sites = sites_at(&doc, "stacks", "node");
+    let mut by_caller: Vec<(String, u64)> = sites
+        .iter()
+        .map(|s| {
+            let f = &s["frames"][1];
+            (
+                format!("{}:{}", fname(f), f["line"]),
+                s["calls"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    by_caller.sort();
+    // The kernel may lose a stack in a hash collision (counted, and shown as a site of its own).
+    let lost = doc["lost"]["stack"].as_u64().unwrap();
+    let calls: Vec<u64> = by_caller.iter().map(|c| c.1).collect();
+    assert_eq!(calls.iter().sum::<u64>() + lost, 127, "{by_caller:?}");
+    assert_eq!(by_caller.len(), 3, "one site per caller: {by_caller:?}");
+    assert_eq!(
+        by_caller[0].0.split(':').next(),
+        Some("main"),
+        "{by_caller:?}"
+    );
+    if lost == 0 {
+        assert_eq!(calls, [1, 63, 63], "{by_caller:?}");
+    }
+}
+
 #[test]
 fn cpp_template_sites_are_demangled() {
     if !bpf_or_skip("cpp_template_sites_are_demangled") {

@@ -63,6 +63,8 @@ pub(super) struct Daemon {
     pub(super) procwatch: Option<ProcWatch>,
     /// Blocks that processes ended without freeing, taken out of the live map when they ended.
     pub(super) exited_leaks: BTreeMap<SiteId, Leak>,
+    /// Kernel stacks shown the same, counted as one site.
+    pub(super) same: crate::merge::SameStacks,
     /// Processes that exec'ed since the last round: what their earlier images left in the
     /// kernel maps is dropped once a round (a walk of the live map each time would be too
     /// much for a host that runs many commands); until then their epoch keeps it out.
@@ -234,13 +236,14 @@ impl Daemon {
         if gone.is_empty() {
             return Ok(());
         }
-        let mut leaks = self.maps.forget(&gone)?;
+        let mut leaks = self.same.leaks(self.maps.forget(&gone)?);
         if let Some(w) = self.procwatch.as_mut() {
             w.seen.retain(|p, _| !gone.contains(p));
         }
         self.exited_leaks.append(&mut leaks);
         for p in &gone {
             self.reserves.forget(*p);
+            self.same.forget(*p);
             if let Some(pp) = self.profile.procs.get_mut(p) {
                 pp.exited = true;
                 pp.leaks_at_exit = true;
@@ -352,6 +355,8 @@ impl Daemon {
         for p in &pids {
             self.prev.procs.remove(p);
             self.profile.restart(*p);
+            // Its new image's stacks are named by its new mappings, even at the same addresses.
+            self.same.forget(*p);
             // Its memory tracker state is not dropped here: this event and the memory events
             // come on two rings, and the new image's may be read already. The kernel marks
             // the exec among the memory events (`mem::EXEC`).
@@ -439,6 +444,7 @@ impl Daemon {
         // After the filter: the stacks of processes left out are never symbolized (in --all,
         // those of every other program on the host, and their debug info would stay loaded).
         self.new_stacks(&mut round);
+        self.same.round(&mut round);
         self.profile.apply(&round);
         if !gone.is_empty() {
             self.forget_exited(gone)?;
@@ -505,8 +511,7 @@ impl Daemon {
             .keys()
             .map(|(pid, id, _)| (*pid, *id))
             .chain(round.reservations.keys().map(|(pid, _, id, _)| (*pid, *id)))
-            .filter(|(_, id)| *id >= 0)
-            .filter(|k| !self.profile.stacks.contains_key(k))
+            .filter(|(pid, id)| *id >= 0 && !self.same.knows(*pid, *id))
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
@@ -519,6 +524,9 @@ impl Daemon {
             ips.truncate(self.stack_depth);
             let locations = Symbolizer::locations(&self.modules, pid, &ips);
             let frames = self.symbolizer.frames(&ips, &locations).into();
+            if self.same.add(pid, id, &frames) != id {
+                continue; // shown as a stack seen before: its counts go there
+            }
             round.stacks.insert(
                 (pid, id),
                 crate::model::NewStack {
