@@ -24,16 +24,29 @@ pub struct Location {
 #[derive(Default)]
 pub struct Modules {
     procs: HashMap<u32, Vec<Mapping>>,
+    /// The ranges of the process's mappings that hold no code (heap, stacks, data), sorted:
+    /// no return address points there.
+    data: HashMap<u32, Vec<(u64, u64)>>,
 }
+
+/// The lowest address a mapping can have (the kernel's default `vm.mmap_min_addr`), and the
+/// highest user address on x86-64 (47 bits).
+const LOWEST: u64 = 0x1_0000;
+const HIGHEST: u64 = 0x7fff_ffff_ffff;
 
 impl Modules {
     /// Reads the process's mappings again (if it is still alive); keeps the last good read.
     pub fn refresh(&mut self, pid: u32) {
         if let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) {
-            let parsed = parse_maps(&maps);
-            if !parsed.is_empty() {
-                self.procs.insert(pid, parsed);
-            }
+            self.keep(pid, &maps);
+        }
+    }
+
+    fn keep(&mut self, pid: u32, maps: &str) {
+        let parsed = parse_maps(maps);
+        if !parsed.is_empty() {
+            self.procs.insert(pid, parsed);
+            self.data.insert(pid, data_ranges(maps));
         }
     }
 
@@ -50,10 +63,7 @@ impl Modules {
             if maps.contains(&*lib.to_string_lossy()) && last.as_deref() == Some(&maps) {
                 break;
             }
-            let parsed = parse_maps(&maps);
-            if !parsed.is_empty() {
-                self.procs.insert(pid, parsed);
-            }
+            self.keep(pid, &maps);
             last = Some(maps);
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
@@ -73,9 +83,46 @@ impl Modules {
             })
     }
 
+    /// Whether `addr`, read as a return address in a stack of `pid`, cannot be one: a
+    /// frame-pointer walk that went through code built without frame pointers reads on through
+    /// whatever the frame pointer register held (a heap object, text), and every frame from
+    /// there on is noise. Not code: outside the user address range, or in a mapping without
+    /// code when the mappings were last read. An address in no mapping known may be code that
+    /// was unmapped since, and is kept.
+    pub fn not_code(&self, pid: u32, addr: u64) -> bool {
+        if !(LOWEST..=HIGHEST).contains(&addr) {
+            return true;
+        }
+        let Some(data) = self.data.get(&pid) else {
+            return false;
+        };
+        let i = data.partition_point(|(start, _)| *start <= addr);
+        i > 0 && addr < data[i - 1].1
+    }
+
     pub fn forget(&mut self, pid: u32) {
         self.procs.remove(&pid);
+        self.data.remove(&pid);
     }
+}
+
+/// The ranges of the mappings without execute permission, in address order (as the kernel
+/// lists them).
+fn data_ranges(maps: &str) -> Vec<(u64, u64)> {
+    maps.lines()
+        .filter_map(|line| {
+            let mut cols = line.split_whitespace();
+            let (range, perms) = (cols.next()?, cols.next()?);
+            if perms.contains('x') {
+                return None;
+            }
+            let (lo, hi) = range.split_once('-')?;
+            Some((
+                u64::from_str_radix(lo, 16).ok()?,
+                u64::from_str_radix(hi, 16).ok()?,
+            ))
+        })
+        .collect()
 }
 
 fn parse_maps(maps: &str) -> Vec<Mapping> {
@@ -125,6 +172,34 @@ mod tests {
         assert_eq!(m.resolve(1, 0x7f0000000100).unwrap().offset, 0x28100);
         assert_eq!(m.resolve(1, 0x55d0c0000010), None, "not executable");
         assert_eq!(m.resolve(2, 0x55d0c0001010), None, "unknown process");
+    }
+
+    #[test]
+    fn return_addresses_in_data_or_outside_user_space_are_not_code() {
+        let mut m = Modules::default();
+        m.keep(
+            1,
+            "55d0c0000000-55d0c0001000 r--p 00000000 fe:01 1 /bin/prog\n\
+             55d0c0001000-55d0c0003000 r-xp 00001000 fe:01 1 /bin/prog\n\
+             55d0c1000000-55d0c1021000 rw-p 00000000 00:00 0 [heap]\n\
+             7f0000000000-7f0000001000 r-xp 00000000 00:00 0 \n\
+             7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]\n",
+        );
+        assert!(!m.not_code(1, 0x55d0c0001010), "the executable's code");
+        assert!(!m.not_code(1, 0x7f0000000100), "anonymous code (a JIT's)");
+        assert!(
+            !m.not_code(1, 0x7e0000000000),
+            "in no mapping: maybe unmapped code"
+        );
+        assert!(m.not_code(1, 0x55d0c1000800), "the heap");
+        assert!(m.not_code(1, 0x55d0c0000010), "read-only data");
+        assert!(m.not_code(1, 0x7ffd00000100), "the stack");
+        assert!(m.not_code(1, 0x7265762f766e6579), "text, not an address");
+        assert!(m.not_code(1, 0x10), "below any mapping");
+        assert!(
+            m.not_code(2, 0x10) && !m.not_code(2, 0x55d0c1000800),
+            "maps not read"
+        );
     }
 
     #[test]

@@ -258,6 +258,28 @@ fn stacks_the_same_within_the_depth_kept_are_one_site() {
     }
 }
 
+/// A frame-pointer walk that went on through data (code without frame pointers) ends where it
+/// left the code: `strayframe`'s two mallocs come through the same two functions, then the
+/// walk reads a data address and a string as return addresses. One site, two frames.
+#[test]
+fn a_walk_that_leaves_the_code_is_cut_there() {
+    if !bpf_or_skip("a_walk_that_leaves_the_code_is_cut_there") {
+        return;
+    }
+    let _g = shared();
+    let doc = trace("stray", &fixture("strayframe", "", &[]), &[], &[]);
+    let sites = sites_at(&doc, "stacks", "alloc_fp");
+    let shown: Vec<(Vec<&str>, u64)> = sites
+        .iter()
+        .map(|s| {
+            let frames = s["frames"].as_array().unwrap().iter().map(fname).collect();
+            (frames, s["calls"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(shown, [(vec!["alloc_fp", "through_data"], 2)]);
+    assert_eq!(doc["leaks"]["blocks"], 2);
+}
+
 #[test]
 fn cpp_template_sites_are_demangled() {
     if !bpf_or_skip("cpp_template_sites_are_demangled") {

@@ -522,6 +522,15 @@ impl Daemon {
             }
             let mut ips = self.maps.stack(id).unwrap_or_default();
             ips.truncate(self.stack_depth);
+            // The first frame is the return address the probe saw; past a function built
+            // without frame pointers, the walk read on through data.
+            if let Some(i) = ips
+                .iter()
+                .skip(1)
+                .position(|ip| self.modules.not_code(pid, *ip))
+            {
+                ips.truncate(i + 1);
+            }
             let locations = Symbolizer::locations(&self.modules, pid, &ips);
             let frames = self.symbolizer.frames(&ips, &locations).into();
             if self.same.add(pid, id, &frames) != id {
