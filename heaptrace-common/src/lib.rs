@@ -330,7 +330,9 @@ pub enum Loss {
     /// A process did not fit in the process map: its calls were not counted.
     ProcessMap = 3,
     /// An allocation's stack could not be stored (stack map full or a hash collision): it is
-    /// counted under a "stack lost" site of its process and function.
+    /// counted under its caller alone (a site whose last frame says more frames were lost),
+    /// or, when even that could not be stored, under a "stack lost" site of its process and
+    /// function.
     Stack = 4,
     /// A site did not fit in the site map: its allocations are missing from the per-site views.
     SiteMap = 5,
@@ -454,6 +456,7 @@ pub mod maps {
     pub const LOSSES: &str = "LOSSES";
     pub const STACKS: &str = "STACKS";
     pub const STACKS2: &str = "STACKS2";
+    pub const CALLERS: &str = "CALLERS";
     pub const SITES: &str = "SITES";
     pub const LATENCY: &str = "LATENCY";
     pub const EVENTS: &str = "EVENTS";
@@ -474,6 +477,9 @@ pub mod globals {
     pub const TEMPORARY_NS: &str = "TEMPORARY_NS";
     /// Ids of stacks stored in the second stack map are offset by this (its bucket count).
     pub const STACK_ID_OFFSET: &str = "STACK_ID_OFFSET";
+    /// Ids of one-frame stacks (the caller alone, where neither stack map took the whole
+    /// stack) are offset by this (both stack maps' bucket counts).
+    pub const CALLER_ID_OFFSET: &str = "CALLER_ID_OFFSET";
     /// `--sample-bytes`: the mean number of bytes between two sampled allocations; 0 samples
     /// every allocation.
     pub const SAMPLE_BYTES: &str = "SAMPLE_BYTES";

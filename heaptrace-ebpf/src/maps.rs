@@ -104,6 +104,49 @@ pub static STACKS2: StackTrace = StackTrace::with_max_entries(8192, 0);
 #[unsafe(no_mangle)]
 static STACK_ID_OFFSET: u32 = 8192;
 
+/// Stacks of one frame, the caller (the kernel walks no deeper than a map's value holds): where
+/// neither stack map takes a whole stack (full, or both buckets taken), the allocation keeps
+/// its caller. Few distinct callers exist; their stacks, not.
+#[map(name = "CALLERS")]
+pub static CALLERS: CallerStacks = CallerStacks::with_max_entries(8192);
+
+/// Ids from CALLERS are reported offset by this, set by the loader.
+#[unsafe(no_mangle)]
+static CALLER_ID_OFFSET: u32 = 16384;
+
+/// A stack trace map of one-frame stacks: aya-ebpf's `StackTrace` holds 127 frames.
+#[repr(transparent)]
+pub struct CallerStacks(core::cell::UnsafeCell<aya_ebpf::bindings::bpf_map_def>);
+
+// SAFETY: the definition is read by the loader and the kernel, never written by the program.
+unsafe impl Sync for CallerStacks {}
+
+impl CallerStacks {
+    const fn with_max_entries(max_entries: u32) -> CallerStacks {
+        CallerStacks(core::cell::UnsafeCell::new(
+            aya_ebpf::bindings::bpf_map_def {
+                type_: aya_ebpf::bindings::bpf_map_type::BPF_MAP_TYPE_STACK_TRACE,
+                key_size: 4,
+                value_size: 8,
+                max_entries,
+                map_flags: 0,
+                id: 0,
+                pinning: 0,
+            },
+        ))
+    }
+
+    pub fn as_ptr(&self) -> *mut core::ffi::c_void {
+        self.0.get().cast()
+    }
+}
+
+#[inline(always)]
+pub fn caller_id_offset() -> u32 {
+    // SAFETY: a plain read of a global the loader wrote before load.
+    unsafe { core::ptr::read_volatile(&CALLER_ID_OFFSET) }
+}
+
 // Preallocated: without preallocation, fresh per-CPU elements were seen to vanish under bursts
 // of inserts (kernel 6.18), and a count that drops silently is worse than a bounded one.
 #[map(name = "SITES")]

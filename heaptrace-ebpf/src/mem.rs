@@ -187,7 +187,7 @@ fn done(id: u64, call: MemCall, ret: u64) {
 #[inline(always)]
 pub fn call_end(ctx: &RetProbeContext, tgid: u32, tid: u32, func: Func) {
     let stack_id = if crate::maps::mode() >= mode::STACKS {
-        sites::store_stack(ctx).unwrap_or_else(i64::from)
+        sites::store_stack(ctx).map_or_else(i64::from, |(id, _)| id)
     } else {
         i64::from(NO_SITE)
     };

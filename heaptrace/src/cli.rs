@@ -155,8 +155,10 @@ pub struct TraceArgs {
     #[arg(long, default_value_t = 16384, value_name = "STACKS")]
     pub stack_map_size: u32,
 
-    /// Capacity of the kernel's site map ((process, stack, function) entries). Default: 16384,
-    /// or less on hosts with many CPUs (the map is per CPU and preallocated; 64 MiB budget).
+    /// Capacity of the kernel's site map ((process, stack, function) entries). Default: 1.5
+    /// times --stack-map-size (each stack it holds, and the callers of allocations whose whole
+    /// stack it could not take), or less on hosts with many CPUs (the map is per CPU and
+    /// preallocated; 64 MiB budget).
     #[arg(long, value_name = "SITES")]
     pub site_map_size: Option<u32>,
 

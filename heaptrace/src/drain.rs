@@ -35,7 +35,9 @@ pub struct KernelMaps {
     sites: PerCpuHashMap<MapData, SiteKey, SiteCounters>,
     stacks: StackTraceMap<MapData>,
     stacks2: StackTraceMap<MapData>,
-    /// Ids at or above this are in `stacks2`.
+    /// One-frame stacks: the callers of allocations whose whole stack neither map took.
+    callers: StackTraceMap<MapData>,
+    /// Ids at or above this are in `stacks2`, at or above twice this in `callers`.
     stack_id_offset: u32,
     latency: PerCpuArray<MapData, LatencyHist>,
     execs: HashMap<MapData, u32, u32>,
@@ -104,21 +106,26 @@ impl KernelMaps {
             sites: take(ebpf, maps::SITES)?,
             stacks: take(ebpf, maps::STACKS)?,
             stacks2: take(ebpf, maps::STACKS2)?,
+            callers: take(ebpf, maps::CALLERS)?,
             stack_id_offset,
             latency: take(ebpf, maps::LATENCY)?,
             execs: take(ebpf, maps::EXECS)?,
         })
     }
 
-    /// The return addresses of a stored stack, innermost first.
-    pub fn stack(&self, id: i32) -> Option<Vec<u64>> {
+    /// The return addresses of a stored stack, innermost first, and whether it is whole
+    /// (false: its caller alone, the rest lost).
+    pub fn stack(&self, id: i32) -> Option<(Vec<u64>, bool)> {
         let id = u32::try_from(id).ok()?;
-        let trace = if id >= self.stack_id_offset {
-            self.stacks2.get(&(id - self.stack_id_offset), 0).ok()?
+        let offset = self.stack_id_offset;
+        let (trace, whole) = if id >= 2 * offset {
+            (self.callers.get(&(id - 2 * offset), 0).ok()?, false)
+        } else if id >= offset {
+            (self.stacks2.get(&(id - offset), 0).ok()?, true)
         } else {
-            self.stacks.get(&id, 0).ok()?
+            (self.stacks.get(&id, 0).ok()?, true)
         };
-        Some(trace.frames().iter().map(|f| f.ip).collect())
+        Some((trace.frames().iter().map(|f| f.ip).collect(), whole))
     }
 
     pub fn snapshot(&self) -> Result<Snapshot> {

@@ -24,9 +24,9 @@ pub struct Location {
 #[derive(Default)]
 pub struct Modules {
     procs: HashMap<u32, Vec<Mapping>>,
-    /// The ranges of the process's mappings that hold no code (heap, stacks, data), sorted:
-    /// no return address points there.
-    data: HashMap<u32, Vec<(u64, u64)>>,
+    /// The ranges of the process's code mappings, file-backed or not (a JIT's), sorted: a
+    /// return address points into one of them.
+    code: HashMap<u32, Vec<(u64, u64)>>,
 }
 
 /// The lowest address a mapping can have (the kernel's default `vm.mmap_min_addr`), and the
@@ -46,7 +46,7 @@ impl Modules {
         let parsed = parse_maps(maps);
         if !parsed.is_empty() {
             self.procs.insert(pid, parsed);
-            self.data.insert(pid, data_ranges(maps));
+            self.code.insert(pid, code_ranges(maps));
         }
     }
 
@@ -86,34 +86,34 @@ impl Modules {
     /// Whether `addr`, read as a return address in a stack of `pid`, cannot be one: a
     /// frame-pointer walk that went through code built without frame pointers reads on through
     /// whatever the frame pointer register held (a heap object, text), and every frame from
-    /// there on is noise. Not code: outside the user address range, or in a mapping without
-    /// code when the mappings were last read. An address in no mapping known may be code that
-    /// was unmapped since, and is kept.
+    /// there on is noise. Not code: outside the user address range, or outside the code
+    /// mappings as last read. (Code unmapped since, a library dlclose'd, is taken for noise
+    /// too: it could not be named anyway.) With the mappings not read, only the range tells.
     pub fn not_code(&self, pid: u32, addr: u64) -> bool {
         if !(LOWEST..=HIGHEST).contains(&addr) {
             return true;
         }
-        let Some(data) = self.data.get(&pid) else {
+        let Some(code) = self.code.get(&pid) else {
             return false;
         };
-        let i = data.partition_point(|(start, _)| *start <= addr);
-        i > 0 && addr < data[i - 1].1
+        let i = code.partition_point(|(start, _)| *start <= addr);
+        i == 0 || addr >= code[i - 1].1
     }
 
     pub fn forget(&mut self, pid: u32) {
         self.procs.remove(&pid);
-        self.data.remove(&pid);
+        self.code.remove(&pid);
     }
 }
 
-/// The ranges of the mappings without execute permission, in address order (as the kernel
-/// lists them).
-fn data_ranges(maps: &str) -> Vec<(u64, u64)> {
+/// The ranges of the mappings with execute permission, in address order (as the kernel lists
+/// them).
+fn code_ranges(maps: &str) -> Vec<(u64, u64)> {
     maps.lines()
         .filter_map(|line| {
             let mut cols = line.split_whitespace();
             let (range, perms) = (cols.next()?, cols.next()?);
-            if perms.contains('x') {
+            if !perms.contains('x') {
                 return None;
             }
             let (lo, hi) = range.split_once('-')?;
@@ -175,7 +175,7 @@ mod tests {
     }
 
     #[test]
-    fn return_addresses_in_data_or_outside_user_space_are_not_code() {
+    fn return_addresses_outside_code_mappings_are_not_code() {
         let mut m = Modules::default();
         m.keep(
             1,
@@ -187,10 +187,7 @@ mod tests {
         );
         assert!(!m.not_code(1, 0x55d0c0001010), "the executable's code");
         assert!(!m.not_code(1, 0x7f0000000100), "anonymous code (a JIT's)");
-        assert!(
-            !m.not_code(1, 0x7e0000000000),
-            "in no mapping: maybe unmapped code"
-        );
+        assert!(m.not_code(1, 0x30203e206874), "in no mapping (text again)");
         assert!(m.not_code(1, 0x55d0c1000800), "the heap");
         assert!(m.not_code(1, 0x55d0c0000010), "read-only data");
         assert!(m.not_code(1, 0x7ffd00000100), "the stack");

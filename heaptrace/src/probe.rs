@@ -88,12 +88,14 @@ impl Default for LoadOptions {
 
 /// The site map is per CPU and preallocated (a non-preallocated per-CPU hash map was seen
 /// losing fresh elements under bursts of inserts, without an error to count): size it to a
-/// 64 MiB budget, at most 16384 and at least 1024 sites.
-pub fn default_site_map_size() -> u32 {
+/// 64 MiB budget, at least 1024 sites, and at most what the stack maps can name: each of
+/// their stacks, and a caller for as many more (`stack_maps`).
+pub fn default_site_map_size(stack_map_size: u32) -> u32 {
     const BUDGET: usize = 64 << 20;
     let cpus = aya::util::nr_cpus().unwrap_or(1).max(1);
     let per_site = std::mem::size_of::<heaptrace_common::SiteCounters>() * cpus;
-    (BUDGET / per_site).clamp(1024, 16384) as u32
+    let most = stack_map_size.saturating_add(stack_map_size / 2).max(1024);
+    (BUDGET / per_site).clamp(1024, most as usize) as u32
 }
 
 /// One attached probe, for `--verbose` and the JSON document.
@@ -241,7 +243,8 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 /// whose bucket is taken in both maps is lost. A power-of-two capacity is asked for one more,
 /// which gives twice the buckets for one more stack's memory. Of 5,000 distinct stacks in the
 /// default 16,384 (`tests/bench/livestacks.c`), 224 were lost with 8,192 buckets a map, 78
-/// with 16,384; of 10,000, 1,418 and 481.
+/// with 16,384; of 10,000, 1,418 and 481. The map of callers (one-frame stacks, for the
+/// allocations whose whole stack is lost) has the same capacity, its ids from twice the offset.
 pub fn stack_maps(opts: &LoadOptions) -> (u32, u32) {
     let half = if opts.mode >= heaptrace_common::mode::STACKS {
         (opts.stack_map_size / 2).max(1)
@@ -274,6 +277,7 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .override_global(globals::WATCH_TGID, &opts.watch_tgid, true)
         .override_global(globals::RESERVATIONS, &u32::from(opts.reservations), true)
         .override_global(globals::STACK_ID_OFFSET, &offset, true)
+        .override_global(globals::CALLER_ID_OFFSET, &(2 * offset), true)
         .map_max_entries(maps::LIVE, opts.live_map_size)
         .map_max_entries(maps::SIZES, if sizes { opts.size_map_size } else { 1 })
         .map_max_entries(maps::PROCS, opts.proc_map_size)
@@ -281,6 +285,7 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .map_max_entries(maps::INFLIGHT, opts.inflight_map_size)
         .map_max_entries(maps::STACKS, half)
         .map_max_entries(maps::STACKS2, half)
+        .map_max_entries(maps::CALLERS, half)
         .map_max_entries(maps::SITES, if stacks { opts.site_map_size } else { 1 })
         .load(EBPF_OBJECT)
         .map_err(|e| {

@@ -80,7 +80,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         stack_map_size: cli.stack_map_size,
         site_map_size: cli
             .site_map_size
-            .unwrap_or_else(probe::default_site_map_size),
+            .unwrap_or_else(|| probe::default_site_map_size(cli.stack_map_size)),
         sample_bytes: cli.sample_bytes,
         calls: cli.mode.at_entry(),
         bare_stack: cli.mode == crate::cli::Mode::Bare,

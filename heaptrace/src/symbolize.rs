@@ -72,6 +72,12 @@ impl Frame {
         Frame::placeholder("[no stack: not sampled]", "[none]", 0)
     }
 
+    /// The last frame of a stack whose frames past the caller were lost (the stack maps were
+    /// full, or both buckets taken): it stands for [`MORE_FRAMES_LOST`].
+    pub fn more_lost() -> Frame {
+        Frame::placeholder("[more frames lost: stack map full]", "[lost]", 0)
+    }
+
     /// A frame standing for an allocation whose stack was lost (the errno says why).
     pub fn lost(errno: i32) -> Frame {
         Frame::placeholder(
@@ -93,6 +99,10 @@ impl Frame {
         .into()
     }
 }
+
+/// Not an address: the end of a stack whose frames past the caller were lost. Kept among a
+/// stack's return addresses (and in recordings) so that it symbolizes as [`Frame::more_lost`].
+pub const MORE_FRAMES_LOST: u64 = u64::MAX;
 
 pub struct Symbolizer {
     blaze: Blaze,
@@ -152,6 +162,7 @@ impl Symbolizer {
         for (ip, loc) in ips.iter().zip(locs) {
             match loc.as_ref().and_then(|l| self.cache.get(l)) {
                 Some(frames) => out.extend(frames.iter().cloned()),
+                None if *ip == MORE_FRAMES_LOST => out.push(Frame::more_lost()),
                 None => out.push(Frame::unknown(*ip)),
             }
         }

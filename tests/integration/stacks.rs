@@ -351,7 +351,9 @@ fn rust_legacy_symbols_are_demangled() {
 }
 
 /// 2^15 - 1 allocations with as many distinct stacks, into a stack map of 1024: memory stays
-/// bounded by the maps, every call is still counted, and the lost stacks are reported.
+/// bounded by the maps, every call is still counted, and the lost stacks are reported. Each
+/// allocation whose whole stack was lost keeps its caller: `node`, then a frame saying more
+/// were lost.
 #[test]
 fn unique_stack_recursion_stays_bounded_and_reports_losses() {
     if !bpf_or_skip("unique_stack_recursion_stays_bounded_and_reports_losses") {
@@ -369,26 +371,66 @@ fn unique_stack_recursion_stays_bounded_and_reports_losses() {
     );
     assert_eq!(doc["functions"]["malloc"]["calls"].as_u64(), Some(calls));
     let stacks = doc["stacks"].as_array().unwrap();
-    let stored = stacks
+    let names = |s: &Value| -> Vec<String> {
+        s["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| fname(f).to_string())
+            .collect()
+    };
+    let partial = |s: &&Value| {
+        names(s)
+            .last()
+            .is_some_and(|f| f.starts_with("[more frames"))
+    };
+    let whole = stacks
         .iter()
-        .filter(|s| s["stack_id"].as_i64() >= Some(0))
+        .filter(|s| s["stack_id"].as_i64() >= Some(0) && !partial(s))
         .count();
     // Two maps of 512 + 1 (a power of two gets one more, for twice the buckets).
-    assert!(stored <= 1026, "{stored} stacks from a map of 1024");
+    assert!(whole <= 1026, "{whole} stacks from a map of 1024");
+    let callers: Vec<&Value> = stacks.iter().filter(partial).collect();
+    assert_eq!(callers.len(), 1, "one caller: {callers:?}");
+    assert_eq!(
+        names(callers[0]),
+        ["node", "[more frames lost: stack map full]"]
+    );
     let lost: u64 = stacks
         .iter()
-        .filter(|s| s["stack_id"].as_i64() < Some(0))
+        .filter(|s| s["stack_id"].as_i64() < Some(0) || partial(s))
         .map(|s| s["calls"].as_u64().unwrap())
         .sum();
-    assert!(lost > 0, "no lost stack reported");
+    assert!(lost > calls / 2, "{lost} of {calls} lost");
     assert_eq!(doc["lost"]["stack"].as_u64(), Some(lost));
     let all: u64 = stacks.iter().map(|s| s["calls"].as_u64().unwrap()).sum();
     assert_eq!(all, calls, "every call is in some site, stored or lost");
-    let lost_site = stacks
+}
+
+/// With no room left even for a caller (stack maps of one stack each), an allocation is counted
+/// under its process's "stack lost" site, which says why.
+#[test]
+fn with_no_room_for_a_caller_the_stack_is_lost_whole() {
+    if !bpf_or_skip("with_no_room_for_a_caller_the_stack_is_lost_whole") {
+        return;
+    }
+    let _g = shared();
+    // Four allocating lines: two whole stacks and one caller fit.
+    let doc = trace(
+        "sites-tiny",
+        &fixture("sites", "", &[]),
+        &["10"],
+        &["--stack-map-size", "2"],
+    );
+    let stacks = doc["stacks"].as_array().unwrap();
+    let lost: Vec<&Value> = stacks
         .iter()
-        .find(|s| s["stack_id"].as_i64() < Some(0))
-        .unwrap();
-    assert!(fname(&lost_site["frames"][0]).starts_with("[stack lost"));
+        .filter(|s| s["stack_id"].as_i64() < Some(0))
+        .collect();
+    assert!(!lost.is_empty(), "{stacks:?}");
+    assert!(fname(&lost[0]["frames"][0]).starts_with("[stack lost: errno"));
+    let all: u64 = stacks.iter().map(|s| s["calls"].as_u64().unwrap()).sum();
+    assert_eq!(all, 33, "every call is in some site, stored or lost");
 }
 
 #[test]

@@ -520,7 +520,7 @@ impl Daemon {
             if refreshed.insert(pid) && procfs::alive(pid) {
                 self.modules.refresh(pid);
             }
-            let mut ips = self.maps.stack(id).unwrap_or_default();
+            let (mut ips, whole) = self.maps.stack(id).unwrap_or_default();
             ips.truncate(self.stack_depth);
             // The first frame is the return address the probe saw; past a function built
             // without frame pointers, the walk read on through data.
@@ -530,6 +530,9 @@ impl Daemon {
                 .position(|ip| self.modules.not_code(pid, *ip))
             {
                 ips.truncate(i + 1);
+            }
+            if !whole && ips.len() < self.stack_depth {
+                ips.push(crate::symbolize::MORE_FRAMES_LOST);
             }
             let locations = Symbolizer::locations(&self.modules, pid, &ips);
             let frames = self.symbolizer.frames(&ips, &locations).into();
