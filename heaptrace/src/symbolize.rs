@@ -75,7 +75,7 @@ impl Frame {
     /// The last frame of a stack whose frames past the caller were lost (the stack maps were
     /// full, or both buckets taken): it stands for [`MORE_FRAMES_LOST`].
     pub fn more_lost() -> Frame {
-        Frame::placeholder("[more frames lost: stack map full]", "[lost]", 0)
+        Frame::placeholder("[more frames lost: no room in the stack maps]", "[lost]", 0)
     }
 
     /// A frame standing for an allocation whose stack was lost (the errno says why).

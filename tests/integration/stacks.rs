@@ -394,7 +394,7 @@ fn unique_stack_recursion_stays_bounded_and_reports_losses() {
     assert_eq!(callers.len(), 1, "one caller: {callers:?}");
     assert_eq!(
         names(callers[0]),
-        ["node", "[more frames lost: stack map full]"]
+        ["node", "[more frames lost: no room in the stack maps]"]
     );
     let lost: u64 = stacks
         .iter()
