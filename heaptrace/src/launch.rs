@@ -4,7 +4,10 @@
 //! std's `Command::pre_exec` cannot do this (spawn waits for the exec), hence the raw fork.
 //!
 //! The child is also held at its exit, with ptrace (`PTRACE_O_TRACEEXIT`): its mappings are
-//! still there, so the stacks of a command shorter than a round can be symbolized. One thread,
+//! still there, so the stacks of a command shorter than a round can be symbolized. And at each
+//! exec after the first (`PTRACE_O_TRACEEXEC`: a wrapper script's `exec`), before the new
+//! image's first instruction: an allocator in its executable (a static binary, jemalloc linked
+//! in) is probed before it runs. One thread,
 //! the tracer, forks, seizes and waits for the child; it passes every signal on and tells the
 //! daemon when the child is exiting and when it has exited. If heaptrace dies, the kernel
 //! releases the child, which goes on.
@@ -27,6 +30,9 @@ use crate::error::{Error, Result};
 pub enum Event {
     /// Stopped at its exit, mappings intact; it goes on when acknowledged (or after a timeout).
     Exiting,
+    /// Stopped just after an exec (not the command's own): the new executable and its loader
+    /// are mapped, none of its code has run; it goes on when acknowledged (or after a timeout).
+    Exec,
     /// Gone, with this exit code (128 + signal when killed).
     Exited(i32),
 }
@@ -75,6 +81,23 @@ pub struct Child {
 
 /// How long the child may be held at its exit, whatever the daemon is doing.
 const EXIT_HOLD: Duration = Duration::from_secs(5);
+/// How long an exec'ed image may wait for its allocator's probes (attaching takes a few
+/// hundred milliseconds at most).
+const EXEC_HOLD: Duration = Duration::from_secs(5);
+
+/// Tells the daemon about a stop and waits for its acknowledgement (or the timeout). An
+/// acknowledgement that came after an earlier stop's timeout is not taken for this one's.
+fn hold(
+    events: &tokio::sync::mpsc::UnboundedSender<Event>,
+    event: Event,
+    ack: &mpsc::Receiver<()>,
+    timeout: Duration,
+) {
+    while ack.try_recv().is_ok() {}
+    if events.send(event).is_ok() {
+        let _ = ack.recv_timeout(timeout);
+    }
+}
 
 struct Prepared {
     exe: CString,
@@ -217,7 +240,7 @@ fn tracer(
             libc::PTRACE_SEIZE,
             pid,
             0,
-            libc::PTRACE_O_TRACEEXIT as libc::c_ulong,
+            (libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC) as libc::c_ulong,
         )
     } == 0;
     if !seized {
@@ -254,6 +277,7 @@ fn tracer(
         return;
     }
     let mut started = Some(started);
+    let mut execs = 0u32;
     loop {
         // Until exec succeeded (the close-on-exec pipe hangs up) or failed (an errno on it).
         if let Some(tx) = started.take() {
@@ -305,8 +329,15 @@ fn tracer(
                 if let Some(tx) = started.take() {
                     let _ = tx.send(Ok(()));
                 }
-                let _ = events.send(Event::Exiting);
-                let _ = ack.recv_timeout(EXIT_HOLD);
+                hold(&events, Event::Exiting, &ack, EXIT_HOLD);
+                unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
+            }
+            libc::PTRACE_EVENT_EXEC => {
+                execs += 1;
+                // The first is the command's own, attached for already.
+                if execs > 1 {
+                    hold(&events, Event::Exec, &ack, EXEC_HOLD);
+                }
                 unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
             }
             // A group stop (SIGSTOP, SIGTSTP...): leave it stopped until SIGCONT.
@@ -384,6 +415,15 @@ mod tests {
                 assert!(maps.contains("libc.so.6"), "{maps}");
                 let _ = child.ack.send(());
             }
+            if e == Event::Exec {
+                // Held before its first instruction: the loader is mapped, libc not yet.
+                let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.pid)).unwrap();
+                assert!(
+                    maps.contains("ld-linux") && !maps.contains("libc.so.6"),
+                    "{maps}"
+                );
+                let _ = child.ack.send(());
+            }
             let done = matches!(e, Event::Exited(_));
             seen.push(e);
             if done {
@@ -397,6 +437,12 @@ mod tests {
     fn runs_a_command_held_at_exit_and_reports_its_exit_code() {
         let (events, _) = run(&["sh", "-c", "exit 7"]);
         assert_eq!(events, vec![Event::Exiting, Event::Exited(7)]);
+    }
+
+    #[test]
+    fn holds_a_command_at_each_exec_after_its_own() {
+        let (events, _) = run(&["sh", "-c", "exec sh -c 'exit 3'"]);
+        assert_eq!(events, vec![Event::Exec, Event::Exiting, Event::Exited(3)]);
     }
 
     #[test]
@@ -421,7 +467,7 @@ mod tests {
         let mut code = None;
         while let Some(e) = child.events.blocking_recv() {
             match e {
-                Event::Exiting => {
+                Event::Exiting | Event::Exec => {
                     let _ = child.ack.send(());
                 }
                 Event::Exited(c) => {

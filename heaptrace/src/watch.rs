@@ -145,10 +145,8 @@ impl ProcWatch {
             self.seen.insert(e.tgid, (comm, cgroup));
         }
         for e in events.iter().filter(|e| e.kind == PROC_EXEC) {
-            if let Some(p) = probes.as_deref_mut()
-                && !self.started(p, e.tgid)
-            {
-                self.pending.push((e.tgid, std::time::Instant::now()));
+            if let Some(p) = probes.as_deref_mut() {
+                self.look_at(p, e.tgid);
             }
         }
         execs
@@ -163,6 +161,14 @@ impl ProcWatch {
 
     pub fn has_pending(&self) -> bool {
         !self.pending.is_empty()
+    }
+
+    /// Looks at a process that just exec'ed (its allocator attached if not yet), or again
+    /// shortly if no allocator is mapped in it yet.
+    pub fn look_at(&mut self, probes: &mut Probes, pid: u32) {
+        if !self.started(probes, pid) {
+            self.pending.push((pid, std::time::Instant::now()));
+        }
     }
 
     /// Looks again at the processes whose allocator was not mapped yet.

@@ -128,3 +128,39 @@ fn an_attached_process_that_execs_is_counted_as_its_new_command() {
     assert_eq!(code, 0, "{stderr}");
     check(&read_json(&json), &stderr);
 }
+
+/// A launched command that execs a static binary (its own allocator, not probed yet): the
+/// launcher holds it at the exec until the executable is probed, so it counts exactly as the
+/// binary launched directly.
+#[test]
+fn a_launched_command_that_execs_a_static_binary_is_counted_whole() {
+    if !bpf_or_skip("a_launched_command_that_execs_a_static_binary_is_counted_whole") {
+        return;
+    }
+    let _g = shared();
+    let bin = fixture("allocs", "-static", &["-static"]);
+    let args = ["0", "300", "3"].map(String::from);
+    let direct = crate::counts::launch("exec-static-direct", &[], &bin, &args, &[]);
+    let mut wrapped_args = vec![
+        "-n".to_string(),
+        "40".to_string(),
+        bin.display().to_string(),
+    ];
+    wrapped_args.extend(args.iter().cloned());
+    let wrapped = crate::counts::launch(
+        "exec-static",
+        &[],
+        &fixture("execfork", "", &[]),
+        &wrapped_args,
+        &[],
+    );
+    assert_eq!(wrapped["functions"], direct["functions"]);
+    assert_eq!(wrapped["sizes"], direct["sizes"]);
+    for key in ["blocks", "bytes", "by_function"] {
+        assert_eq!(wrapped["leaks"][key], direct["leaks"][key], "leaks {key}");
+    }
+    assert_eq!(
+        wrapped["processes"][0]["comm"].as_str(),
+        Some("allocs-static")
+    );
+}

@@ -266,6 +266,18 @@ impl Daemon {
                 }
                 Ok(false)
             }
+            Some(launch::Event::Exec) => {
+                // Its executable may be its allocator: probed before it runs.
+                if let (Some(w), Some(p), Some(pid)) =
+                    (self.procwatch.as_mut(), self.probes.as_mut(), self.pid)
+                {
+                    w.look_at(p, pid);
+                }
+                if let Some(c) = &self.child {
+                    let _ = c.ack.send(());
+                }
+                Ok(false)
+            }
             Some(launch::Event::Exited(code)) => {
                 self.exit_code = Some(code);
                 Ok(true)
