@@ -166,6 +166,9 @@ impl Profile {
     }
 
     pub fn apply(&mut self, round: &Round) {
+        for pid in &round.restarted {
+            self.restart(*pid);
+        }
         let mut delta = Totals::default();
         for (pid, pr) in &round.procs {
             let p = self.procs.entry(*pid).or_default();

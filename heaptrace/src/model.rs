@@ -265,6 +265,10 @@ pub struct Round {
     pub reservations: BTreeMap<crate::reserve::ResKey, crate::reserve::ResTotals>,
     /// What each live traced process's allocator holds at the end of the round.
     pub reserved: BTreeMap<u32, crate::reserve::Reserved>,
+    /// Processes that exec'ed since the previous round: what their earlier images did is
+    /// dropped before this round is added (recording format 4; the last field written, so a
+    /// version 3 round reads with an empty list appended).
+    pub restarted: Vec<u32>,
     /// Stacks first seen this round, by (process, stack id).
     #[serde(skip)]
     pub stacks: BTreeMap<(u32, i32), NewStack>,

@@ -164,3 +164,42 @@ fn a_launched_command_that_execs_a_static_binary_is_counted_whole() {
         Some("allocs-static")
     );
 }
+
+/// A recording keeps the restart: its report counts the exec'ed command alone, as the live
+/// trace did.
+#[test]
+fn a_recording_of_a_command_that_execs_reports_its_new_command() {
+    if !bpf_or_skip("a_recording_of_a_command_that_execs_reports_its_new_command") {
+        return;
+    }
+    let _g = shared();
+    let live = json_path("exec-record");
+    let rec = live.with_extension("bin");
+    run_ok(
+        heaptrace()
+            .args(["record", "-o"])
+            .arg(&rec)
+            .args(["-q", "--interval", "200ms", "--json"])
+            .arg(&live)
+            .arg("--")
+            .arg(fixture("execfork", "", &[]))
+            .args(command()),
+    );
+    let out = heaptrace()
+        .arg("report")
+        .arg(&rec)
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let offline: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let live = read_json(&live);
+    let want = Expected::of(&fx());
+    assert_eq!(Expected::observed(&offline, &offline["sizes"], &want), want);
+    for key in ["functions", "sizes", "totals"] {
+        assert_eq!(offline[key], live[key], "{key}");
+    }
+    for key in ["blocks", "bytes", "by_function"] {
+        assert_eq!(offline["leaks"][key], live["leaks"][key], "leaks {key}");
+    }
+}

@@ -12,10 +12,12 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
-/// 3: the header's `sample_bytes` (`--sample-bytes`); version 2 files still read (their header
-/// without it, as unsampled). 2: rounds carry the allocators' reservations (the memory behind
-/// malloc) and one more loss counter. Version 1 files (written before any release) are not read.
-pub const VERSION: u16 = 3;
+/// 4: rounds end with the processes that exec'ed (their earlier figures dropped, as live);
+/// version 2 and 3 rounds read with none. 3: the header's `sample_bytes` (`--sample-bytes`);
+/// version 2 files still read (their header without it, as unsampled). 2: rounds carry the
+/// allocators' reservations (the memory behind malloc) and one more loss counter. Version 1
+/// files (written before any release) are not read.
+pub const VERSION: u16 = 4;
 /// The oldest version this reader reads.
 pub const OLDEST: u16 = 2;
 /// No frame is larger: a hostile length cannot make the reader allocate more.
@@ -319,6 +321,22 @@ pub fn read_frame(r: &mut impl Read, offset: u64) -> Result<Next, FormatError> {
     }))
 }
 
+/// A round of a file of `version`. Before version 4 rounds ended before `restarted`: postcard
+/// writes no field names, and an empty list is one zero byte.
+pub fn decode_round(frame: &RawFrame, version: u16) -> Result<crate::model::Round, FormatError> {
+    if version >= 4 {
+        return decode(frame);
+    }
+    let mut payload = frame.payload.clone();
+    payload.push(0);
+    decode(&RawFrame {
+        kind: frame.kind,
+        offset: frame.offset,
+        stored_len: frame.stored_len,
+        payload,
+    })
+}
+
 pub fn decode<T: DeserializeOwned>(frame: &RawFrame) -> Result<T, FormatError> {
     postcard::from_bytes(&frame.payload).map_err(|e| FormatError::Corrupt {
         offset: frame.offset,
@@ -356,6 +374,30 @@ mod tests {
                 frames: vec![],
             },
         );
+    }
+
+    /// A version 3 round is a version 4 round without its last field: it reads with no
+    /// restarts; a version 4 round keeps them.
+    #[test]
+    fn rounds_of_version_3_read_with_no_restarts() {
+        let mut round = crate::model::Round {
+            index: 7,
+            restarted: vec![42],
+            ..Default::default()
+        };
+        round.mem.insert(1, crate::procfs::Mem::default());
+        let v4 = postcard::to_allocvec(&round).unwrap();
+        let frame = |payload: Vec<u8>| RawFrame {
+            kind: Kind::Round,
+            offset: 0,
+            stored_len: 0,
+            payload,
+        };
+        assert_eq!(decode_round(&frame(v4.clone()), 4).unwrap(), round);
+        round.restarted.clear();
+        let mut v3 = postcard::to_allocvec(&round).unwrap();
+        assert_eq!(v3.pop(), Some(0), "an empty list is one zero byte, last");
+        assert_eq!(decode_round(&frame(v3), 3).unwrap(), round);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::{
 
 use super::format::{
     EndRec, FRAME_HEAD, FormatError, FrameRec, Header, HeaderV2, Kind, ModuleRec, Next, StackRec,
-    decode, read_frame, read_preamble,
+    decode, decode_round, read_frame, read_preamble,
 };
 use crate::{
     aggregate::{Leak, Profile},
@@ -90,7 +90,7 @@ impl Recording {
                     rec.check_stack(&s).map_err(corrupt)?;
                     rec.stacks.insert((s.pid, s.stack_id), s);
                 }
-                Kind::Round => rec.rounds.push(decode(&frame)?),
+                Kind::Round => rec.rounds.push(decode_round(&frame, version)?),
                 Kind::Leaks => rec.leaks = Some(decode(&frame)?),
                 Kind::End => rec.end = Some(decode(&frame)?),
             }

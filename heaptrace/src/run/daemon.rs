@@ -65,6 +65,8 @@ pub(super) struct Daemon {
     pub(super) exited_leaks: BTreeMap<SiteId, Leak>,
     /// Kernel stacks shown the same, counted as one site.
     pub(super) same: crate::merge::SameStacks,
+    /// Processes that exec'ed since the last round (`Round::restarted`).
+    pub(super) restarted: std::collections::BTreeSet<u32>,
     /// Processes that exec'ed since the last round: what their earlier images left in the
     /// kernel maps is dropped once a round (a walk of the live map each time would be too
     /// much for a host that runs many commands); until then their epoch keeps it out.
@@ -366,7 +368,8 @@ impl Daemon {
         }
         for p in &pids {
             self.prev.procs.remove(p);
-            self.profile.restart(*p);
+            // Dropped from the profile as the next round is added, and so from a recording's.
+            self.restarted.insert(*p);
             // Its new image's stacks are named by its new mappings, even at the same addresses.
             self.same.forget(*p);
             // Its memory tracker state is not dropped here: this event and the memory events
@@ -404,6 +407,7 @@ impl Daemon {
         let snap = self.maps.snapshot()?;
         let mut round = snap.since(&self.prev);
         round.reservations = self.reserves.take();
+        round.restarted = std::mem::take(&mut self.restarted).into_iter().collect();
         round.index = self.profile.rounds.last().map_or(0, |r| r.index) + 1;
         round.elapsed_ms = self.start.elapsed().as_millis() as u64;
         let pids: Vec<u32> = match self.pid {
