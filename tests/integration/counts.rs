@@ -1,8 +1,5 @@
 //! Exact counts per function and per size for every way of choosing a target.
-use std::{
-    io::{BufRead as _, BufReader, Write as _},
-    process::{Command, Stdio},
-};
+use std::{io::Write as _, process::Command};
 
 use serde_json::Value;
 
@@ -210,17 +207,9 @@ fn pid_exact(threads: u64, flags: &[&str]) {
         memalign_apart: false,
         no_pvalloc: false,
     };
-    let mut target = Command::new(allocs())
-        .args(args(&fx, &["wait"]))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut ready = String::new();
-    BufReader::new(target.stdout.take().unwrap())
-        .read_line(&mut ready)
-        .unwrap();
-    assert_eq!(ready, "ready\n");
+    let mut cmd = Command::new(allocs());
+    cmd.args(args(&fx, &["wait"]));
+    let mut target = ready(cmd);
     let json = json_path(&format!("pid{threads}{}", flags.concat()));
     let mut cmd = heaptrace();
     cmd.args(["--no-tui", "-q", "--interval", "200ms", "--json"])

@@ -175,7 +175,7 @@ fn explicit_custom_names_count_exactly() {
 fn ready(bin: &Path, args: &[&str]) -> Child {
     let mut cmd = Command::new(bin);
     cmd.args(args);
-    crate::system::ready(cmd)
+    crate::support::ready(cmd)
 }
 
 /// `heaptrace probes -p PID --allocator-symbols SPEC`: (name column, file offset) per line.

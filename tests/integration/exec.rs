@@ -1,10 +1,7 @@
 //! One process traced (`-p`, a launched command) that execs, as a wrapper script's `exec` or
 //! pyenv's shims do: from the exec on it is its new command, counted as that alone, and the
 //! memory behind malloc is measured from the new image's break, not the old one's.
-use std::{
-    io::{BufRead as _, BufReader, Write as _},
-    process::{Command, Stdio},
-};
+use std::{io::Write as _, process::Command};
 
 use serde_json::Value;
 
@@ -102,18 +99,9 @@ fn an_attached_process_that_execs_is_counted_as_its_new_command() {
         return;
     }
     let _g = shared();
-    let mut target = Command::new(fixture("execfork", "", &[]))
-        .args(command())
-        .env("EXECFORK_WAIT", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut ready = String::new();
-    BufReader::new(target.stdout.take().unwrap())
-        .read_line(&mut ready)
-        .unwrap();
-    assert_eq!(ready, "ready\n");
+    let mut cmd = Command::new(fixture("execfork", "", &[]));
+    cmd.args(command()).env("EXECFORK_WAIT", "1");
+    let mut target = ready(cmd);
     let json = json_path("exec-pid");
     let mut cmd = heaptrace();
     cmd.args(["--no-tui", "--interval", "200ms", "--json"])

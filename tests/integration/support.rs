@@ -337,3 +337,18 @@ pub fn program_runs(doc: &Value, program: &str) -> u64 {
         .map(|p| p["runs"].as_u64().unwrap())
         .sum()
 }
+
+/// Starts a fixture in "wait" mode and reads its "ready" line.
+pub fn ready(mut cmd: Command) -> Child {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "ready\n");
+    child
+}

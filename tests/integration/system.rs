@@ -2,8 +2,8 @@
 //! static executable, a private copy of libc in its own mount namespace), and the clean-up of
 //! processes that end.
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
-    process::{Child, Command, Stdio},
+    io::Write as _,
+    process::{Child, Command},
     time::{Duration, Instant},
 };
 
@@ -43,21 +43,6 @@ fn wait_for(tracer: &Running, needle: &str) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// Starts a fixture in "wait" mode and reads its "ready" line.
-pub fn ready(mut cmd: Command) -> Child {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line, "ready\n");
-    child
 }
 
 fn go(mut child: Child) {
