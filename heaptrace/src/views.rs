@@ -124,6 +124,39 @@ pub fn nanos(ns: u64) -> String {
 }
 
 const DEPTH: usize = 4;
+/// The most frames a list shows to tell two of its sites apart.
+const MAX_DEPTH: usize = 16;
+
+/// The labels of one list's sites, the process first where there are several: DEPTH frames
+/// each, more for sites that would read the same (stacks that part further down, up to
+/// MAX_DEPTH frames), so that no two lines of a list look alike.
+fn labels(profile: &Profile, ids: &[SiteId], names: &Names) -> Vec<String> {
+    let mut depth = vec![DEPTH; ids.len()];
+    loop {
+        let labels: Vec<String> = ids
+            .iter()
+            .zip(&depth)
+            .map(|(id, d)| {
+                let site = site_label_with(profile, id, *d, names);
+                format!("{}{site}", pid_prefix(profile, id))
+            })
+            .collect();
+        let mut alike: std::collections::HashMap<&str, Vec<usize>> = Default::default();
+        for (i, l) in labels.iter().enumerate() {
+            alike.entry(l).or_default().push(i);
+        }
+        let mut deeper = false;
+        for i in alike.values().filter(|g| g.len() > 1).flatten() {
+            if depth[*i] < MAX_DEPTH && profile.frames(&ids[*i]).len() > depth[*i] {
+                depth[*i] += 1;
+                deeper = true;
+            }
+        }
+        if !deeper {
+            return labels;
+        }
+    }
+}
 
 /// The note on a title whose figures sampling made estimates.
 pub fn estimated(profile: &Profile) -> String {
@@ -139,18 +172,18 @@ pub fn estimated(profile: &Profile) -> String {
 
 pub fn top_by_bytes(profile: &Profile, top: usize, names: &Names) -> String {
     let mut s = format!("top sites by bytes allocated{}:\n", estimated(profile));
-    for (id, t) in profile.top_sites(top, |t| t.bytes as i64) {
+    let rows = profile.top_sites(top, |t| t.bytes as i64);
+    let ids: Vec<SiteId> = rows.iter().map(|r| r.0).collect();
+    for ((_, t), label) in rows.iter().zip(labels(profile, &ids, names)) {
         let life = percentiles(&t.lifetimes, 1024)
             .map(|p| format!(", lifetime p50 {}", nanos(p.p50)))
             .unwrap_or_default();
         let _ = writeln!(
             s,
-            "  {:>10} {:>9} calls, live {:>10}{life}  {}{}",
+            "  {:>10} {:>9} calls, live {:>10}{life}  {label}",
             bytes(t.bytes as i64),
             t.calls,
             bytes(t.live_bytes),
-            pid_prefix(profile, &id),
-            site_label_with(profile, &id, DEPTH, names)
         );
     }
     s
@@ -158,14 +191,14 @@ pub fn top_by_bytes(profile: &Profile, top: usize, names: &Names) -> String {
 
 pub fn top_by_calls(profile: &Profile, top: usize, names: &Names) -> String {
     let mut s = format!("top sites by calls{}:\n", estimated(profile));
-    for (id, t) in profile.top_sites(top, |t| t.calls as i64) {
+    let rows = profile.top_sites(top, |t| t.calls as i64);
+    let ids: Vec<SiteId> = rows.iter().map(|r| r.0).collect();
+    for ((_, t), label) in rows.iter().zip(labels(profile, &ids, names)) {
         let _ = writeln!(
             s,
-            "  {:>9} calls {:>10}  {}{}",
+            "  {:>9} calls {:>10}  {label}",
             t.calls,
             bytes(t.bytes as i64),
-            pid_prefix(profile, &id),
-            site_label_with(profile, &id, DEPTH, names)
         );
     }
     s
@@ -177,14 +210,13 @@ pub fn leaks(profile: &Profile, top: usize, names: &Names) -> String {
         return String::new();
     }
     let mut s = format!("not freed at the end, by site{}:\n", estimated(profile));
-    for (id, l) in leaks {
+    let ids: Vec<SiteId> = leaks.iter().map(|r| r.0).collect();
+    for ((_, l), label) in leaks.iter().zip(labels(profile, &ids, names)) {
         let _ = writeln!(
             s,
-            "  {:>10} in {:>7} blocks  {}{}",
+            "  {:>10} in {:>7} blocks  {label}",
             bytes(l.bytes as i64),
             l.blocks,
-            pid_prefix(profile, &id),
-            site_label_with(profile, &id, DEPTH, names)
         );
     }
     s
@@ -199,15 +231,14 @@ pub fn temporary(profile: &Profile, top: usize, temporary_ms: u64, names: &Names
         "temporary (freed within {temporary_ms} ms), by site{}:\n",
         estimated(profile)
     );
-    for (id, t) in temp {
+    let ids: Vec<SiteId> = temp.iter().map(|r| r.0).collect();
+    for ((_, t), label) in temp.iter().zip(labels(profile, &ids, names)) {
         let _ = writeln!(
             s,
-            "  {:>9} of {:>9} blocks ({:>10})  {}{}",
+            "  {:>9} of {:>9} blocks ({:>10})  {label}",
             t.temp_blocks,
             t.calls,
             bytes(t.temp_bytes as i64),
-            pid_prefix(profile, &id),
-            site_label_with(profile, &id, DEPTH, names)
         );
     }
     s
@@ -225,15 +256,10 @@ pub fn peak(profile: &Profile, top: usize, names: &Names) -> String {
         peak.round,
         estimated(profile)
     );
-    for (id, blocks, b) in peak.sites.iter().take(top) {
-        let _ = writeln!(
-            s,
-            "  {:>10} in {:>7} blocks  {}{}",
-            bytes(*b),
-            blocks,
-            pid_prefix(profile, id),
-            site_label_with(profile, id, DEPTH, names)
-        );
+    let rows: Vec<_> = peak.sites.iter().take(top).collect();
+    let ids: Vec<SiteId> = rows.iter().map(|r| r.0).collect();
+    for ((_, blocks, b), label) in rows.iter().zip(labels(profile, &ids, names)) {
+        let _ = writeln!(s, "  {:>10} in {:>7} blocks  {label}", bytes(*b), blocks);
     }
     s
 }
@@ -315,6 +341,30 @@ mod tests {
         assert_eq!(
             site_label(&p, &(1, -17, 1), 4),
             "calloc <- [stack lost: errno 17]"
+        );
+    }
+
+    /// Two sites whose first four frames are the same show as many more as tell them apart.
+    #[test]
+    fn sites_that_would_read_the_same_show_more_frames() {
+        let mut p = Profile::default();
+        let stack = |last: &str| -> Vec<Frame> {
+            ["a", "b", "c", "d", last, "main"]
+                .iter()
+                .map(|f| frame(f, None, None))
+                .collect()
+        };
+        p.stacks.insert((1, 5), stack("x").into());
+        p.stacks.insert((1, 6), stack("y").into());
+        p.stacks.insert((1, 7), vec![frame("e", None, None)].into());
+        let ids = [(1, 5, 0), (1, 6, 0), (1, 7, 0)];
+        assert_eq!(
+            labels(&p, &ids, &Names::default()),
+            [
+                "malloc <- a <- b <- c <- d <- x",
+                "malloc <- a <- b <- c <- d <- y",
+                "malloc <- e"
+            ]
         );
     }
 
