@@ -130,7 +130,7 @@ const MAX_DEPTH: usize = 16;
 /// The labels of one list's sites, the process first where there are several: DEPTH frames
 /// each, more for sites that would read the same (stacks that part further down, up to
 /// MAX_DEPTH frames), so that no two lines of a list look alike.
-fn labels(profile: &Profile, ids: &[SiteId], names: &Names) -> Vec<String> {
+pub fn labels(profile: &Profile, ids: &[SiteId], names: &Names) -> Vec<String> {
     let mut depth = vec![DEPTH; ids.len()];
     loop {
         let labels: Vec<String> = ids

@@ -99,12 +99,10 @@ pub fn text(
                 if p.sample_bytes > 0 {
                     s += "  (counts of sampled allocations; [no stack: not sampled] has the others)\n";
                 }
-                for (id, n) in p.sites_with_size(size).into_iter().take(top) {
-                    let _ = writeln!(
-                        s,
-                        "  {n:>9} x  {}",
-                        views::site_label_with(p, &id, 4, names)
-                    );
+                let rows: Vec<_> = p.sites_with_size(size).into_iter().take(top).collect();
+                let ids: Vec<_> = rows.iter().map(|r| r.0).collect();
+                for ((_, n), label) in rows.iter().zip(views::labels(p, &ids, names)) {
+                    let _ = writeln!(s, "  {n:>9} x  {label}");
                 }
                 s
             }
