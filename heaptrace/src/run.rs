@@ -256,6 +256,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         exited_leaks: BTreeMap::new(),
         same: Default::default(),
         restarted: Default::default(),
+        notice: None,
         stale: HashSet::new(),
         filter: Filter::from_cli(cli),
         matched: std::collections::HashMap::new(),

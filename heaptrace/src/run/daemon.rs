@@ -67,6 +67,8 @@ pub(super) struct Daemon {
     pub(super) same: crate::merge::SameStacks,
     /// Processes that exec'ed since the last round (`Round::restarted`).
     pub(super) restarted: std::collections::BTreeSet<u32>,
+    /// What the live view says beside the figures (`tui::Published::notice`).
+    pub(super) notice: Option<String>,
     /// Processes that exec'ed since the last round: what their earlier images left in the
     /// kernel maps is dropped once a round (a walk of the live map each time would be too
     /// much for a host that runs many commands); until then their epoch keeps it out.
@@ -360,10 +362,14 @@ impl Daemon {
         if pids.is_empty() {
             return;
         }
-        if self.pid.is_some() && !self.quiet && self.live.is_none() {
+        if self.pid.is_some() {
             for p in &pids {
                 let comm = procfs::comm(*p).unwrap_or_default();
-                eprintln!("heaptrace: pid {p} exec'ed {comm}: its counts start over");
+                let says = format!("pid {p} exec'ed {comm}: its counts start over");
+                if !self.quiet && self.live.is_none() {
+                    eprintln!("heaptrace: {says}");
+                }
+                self.notice = Some(says);
             }
         }
         for p in &pids {
@@ -493,6 +499,7 @@ impl Daemon {
                 cpu_percent,
                 ended,
                 exit_code,
+                notice: self.notice.clone(),
             });
         }
     }

@@ -67,6 +67,8 @@ pub struct Published {
     /// Set once tracing is over (the target exited): why, and the leaks are final.
     pub ended: Option<String>,
     pub exit_code: Option<i32>,
+    /// The last thing worth saying that is no figure (the traced process exec'ed).
+    pub notice: Option<String>,
 }
 
 impl Published {

@@ -136,6 +136,9 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
             Style::new().magenta().bold(),
         ));
     }
+    if let Some(notice) = shown.notice.as_ref().filter(|_| shown.ended.is_none()) {
+        l2.push(Span::styled(format!("  {notice}"), Style::new().cyan()));
+    }
     if let Some(end) = &shown.ended {
         l2.push(Span::styled(
             format!("  {end}; q quits"),

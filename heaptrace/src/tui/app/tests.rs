@@ -194,6 +194,7 @@ pub fn published(rounds: u64, two: bool) -> Arc<Published> {
         profile: p,
         ended: None,
         exit_code: None,
+        notice: None,
     })
 }
 

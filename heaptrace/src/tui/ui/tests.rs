@@ -46,6 +46,7 @@ fn running(profile: Profile) -> Arc<Published> {
         profile,
         ended: None,
         exit_code: None,
+        notice: None,
     })
 }
 
@@ -308,4 +309,18 @@ fn very_long_cxx_symbols() {
     insta::assert_snapshot!("cxx_sites", render(&app, 80, 24));
     app.on_key(KeyEvent::from(KeyCode::Enter));
     insta::assert_snapshot!("cxx_stack", render(&app, 80, 24));
+}
+
+/// The traced process exec'ed: the status line says so while the trace runs.
+#[test]
+fn an_exec_is_said_in_the_status_line() {
+    let mut app = sites_app("command");
+    let mut p = (*published(4, false)).clone();
+    p.notice = Some("pid 4242 exec'ed python3: its counts start over".into());
+    app.update(Arc::new(p));
+    let text = format!("{}", render(&app, 160, 24));
+    assert!(
+        text.contains("pid 4242 exec'ed python3: its counts start over"),
+        "{text}"
+    );
 }
