@@ -543,7 +543,8 @@ impl Daemon {
             if refreshed.insert(pid) && procfs::alive(pid) {
                 self.modules.refresh(pid);
             }
-            let (mut ips, whole) = self.maps.stack(id).unwrap_or_default();
+            // A stack that cannot be read has no frames, and says nothing of lost ones.
+            let (mut ips, whole) = self.maps.stack(id).unwrap_or((Vec::new(), true));
             ips.truncate(self.stack_depth);
             // The first frame is the return address the probe saw; past a function built
             // without frame pointers, the walk read on through data.
