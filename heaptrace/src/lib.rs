@@ -1,9 +1,10 @@
 //! heaptrace: a system-wide heap tracer.
 //!
 //! Data flow: `probe` (attach) -> `drain` (read kernel maps into snapshots) -> `model` (round
-//! deltas) -> `aggregate` (one Profile) -> views (`report`, `json`). `run` is the daemon tying
-//! them together; `allocator`, `elf`, `launch` and `procfs` find and start targets; `placement`
-//! decides where in each function its entry probe goes.
+//! deltas) -> `merge` (kernel stacks shown the same are one site) -> `aggregate` (one Profile)
+//! -> views (`report`, `json`). `run` is the daemon tying them together; `allocator`, `elf`,
+//! `launch` and `procfs` find and start targets; `placement` decides where in each function its
+//! entry probe goes.
 pub mod aggregate;
 pub mod allocator;
 pub mod batch;
