@@ -258,6 +258,45 @@ fn all_counts_every_one_of_200_short_lived_processes() {
     assert_eq!(doc["processes"].as_array().unwrap().len(), pids.len());
 }
 
+/// Processes that live a few milliseconds, each ended before a round could read its mappings:
+/// their stacks are named all the same (the mappings are read at a process's first memory
+/// syscall, in its first allocations). Before, every frame read `[unknown] 0x...`.
+#[test]
+fn all_names_the_stacks_of_short_lived_processes() {
+    if !bpf_or_skip("all_names_the_stacks_of_short_lived_processes") {
+        return;
+    }
+    let _g = exclusive();
+    let bin = fixture("allocs", "", &[]);
+    let (tracer, json) = start_all("sys-named", &["--comm", "allocs"]);
+    let pids: Vec<u32> = (0..5)
+        .map(|_| {
+            let mut c = Command::new(&bin).args(["0", "20", "1"]).spawn().unwrap();
+            assert!(c.wait().unwrap().success());
+            c.id()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, doc) = stop(tracer, &json);
+    for pid in pids {
+        let sites: Vec<&Value> = doc["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["pid"].as_u64() == Some(u64::from(pid)))
+            .collect();
+        assert!(!sites.is_empty(), "pid {pid}");
+        for s in sites {
+            let f = &s["frames"][0];
+            assert_eq!(f["module"], "allocs", "pid {pid}: {s}");
+            assert!(
+                !f["function"].as_str().unwrap().starts_with("[unknown]"),
+                "pid {pid}: {s}"
+            );
+        }
+    }
+}
+
 /// A process whose fork allocated between fork and exec (as a shell's does) is counted, once it
 /// exec'ed, as the new command alone: functions, sizes, sites and leaks exactly the fixture's.
 /// The launcher's child allocates 2 x 40 blocks of 4242 bytes, a round or more before the exec

@@ -248,6 +248,8 @@ impl Daemon {
         for p in &gone {
             self.reserves.forget(*p);
             self.same.forget(*p);
+            // Its stacks were named in the round just applied; no more will come.
+            self.modules.forget(*p);
             if let Some(pp) = self.profile.procs.get_mut(p) {
                 pp.exited = true;
                 pp.leaks_at_exit = true;
@@ -520,9 +522,26 @@ impl Daemon {
 impl Daemon {
     /// Folds the memory syscalls reported so far into the reservation tracker.
     fn drain_mem(&mut self) {
-        if let Some(r) = self.memring.as_mut() {
-            for ev in r.drain() {
-                self.reserves.event(&ev);
+        let Some(r) = self.memring.as_mut() else {
+            return;
+        };
+        let mut first_seen = Vec::new();
+        for ev in r.drain() {
+            self.reserves.event(&ev);
+            // A process's first memory syscall is in its first allocations, its libraries
+            // mapped: read its mappings now, while it surely lives (a command of a few
+            // milliseconds may be gone at the next round, its stacks then unnamed). An exec
+            // makes them the new image's to read.
+            if ev.kind == heaptrace_common::mem::EXEC {
+                self.modules.forget(ev.tgid);
+            } else if !self.modules.knows(ev.tgid) {
+                first_seen.push(ev.tgid);
+            }
+        }
+        first_seen.dedup();
+        for pid in first_seen {
+            if !self.modules.knows(pid) {
+                self.modules.refresh(pid);
             }
         }
     }
