@@ -3,7 +3,6 @@
 //! the last round and the leaks, and print, write and record what was seen.
 use std::{
     collections::{BTreeMap, HashSet},
-    io::Write as _,
     time::{Duration, Instant},
 };
 
@@ -361,22 +360,23 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             temporary_ms,
         };
         let mut doc = json::document(profile, &info);
-        if let Some((rss, peak)) = own {
-            doc["heaptrace"]["rss_kb"] = rss.into();
-            doc["heaptrace"]["peak_rss_kb"] = peak.into();
+        if let Some(h) = doc.value_mut("heaptrace") {
+            if let Some((rss, peak)) = own {
+                h["rss_kb"] = rss.into();
+                h["peak_rss_kb"] = peak.into();
+            }
+            if let Some(stats) = &prog_stats {
+                h["programs"] =
+                    serde_json::to_value(stats).map_err(|e| Error::Io(std::io::Error::other(e)))?;
+            }
         }
-        doc["provider"]["syscall_probes"] = syscall_probes.into();
-        if let Some(stats) = &prog_stats {
-            doc["heaptrace"]["programs"] =
-                serde_json::to_value(stats).map_err(|e| Error::Io(std::io::Error::other(e)))?;
+        if let Some(p) = doc.value_mut("provider") {
+            p["syscall_probes"] = syscall_probes.into();
         }
-        let doc =
-            serde_json::to_string_pretty(&doc).map_err(|e| Error::Io(std::io::Error::other(e)))?;
         if path == "-" {
-            let mut out = std::io::stdout().lock();
-            writeln!(out, "{doc}")?;
+            doc.write_pretty(std::io::stdout().lock())?;
         } else {
-            std::fs::write(path, doc + "\n")?;
+            doc.write_pretty(std::fs::File::create(path)?)?;
         }
     }
     if let Some(e) = view_error {

@@ -1045,7 +1045,7 @@ impl App {
     /// What is on screen as JSON: the view's settings, the current screen's rows (all of them,
     /// filtered and sorted as shown), and the whole `--json` document of the figures on screen
     /// (since the reset, for the focused process).
-    pub fn export(&self) -> Value {
+    pub fn export(&self) -> doc::Node<'_> {
         let frames_json = |id: &SiteId| serde_json::to_value(self.view().frames(id)).ok();
         let rows: Vec<Value> = match (self.screen, self.detail) {
             (Screen::Sites, Some(id)) => vec![json!({
@@ -1117,21 +1117,22 @@ impl App {
             collect: info.collect,
             temporary_ms: info.temporary_ms,
         };
-        json!({
-            "view": {
-                "screen": self.screen.title().to_lowercase(),
-                "sort": self.sort_name(),
-                "filter": self.filter,
-                "focus_pid": self.focus,
-                "paused": self.paused,
-                "since_round": self.baseline_round(),
-                "round": self.shown.round(),
-                "elapsed_ms": self.shown.elapsed_ms,
-                "ended": self.shown.ended,
-            },
-            "rows": rows,
-            "document": doc::document(self.view(), &run),
-        })
+        let view = json!({
+            "screen": self.screen.title().to_lowercase(),
+            "sort": self.sort_name(),
+            "filter": self.filter,
+            "focus_pid": self.focus,
+            "paused": self.paused,
+            "since_round": self.baseline_round(),
+            "round": self.shown.round(),
+            "elapsed_ms": self.shown.elapsed_ms,
+            "ended": self.shown.ended,
+        });
+        doc::Node::object([
+            ("view", view.into()),
+            ("rows", Value::Array(rows).into()),
+            ("document", doc::document(self.view(), &run)),
+        ])
     }
 }
 

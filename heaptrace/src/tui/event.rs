@@ -116,7 +116,7 @@ fn read_keys(done: &AtomicBool, tx: &mpsc::UnboundedSender<io::Result<Event>>) {
 /// Writes `App::export` to `heaptrace-view-ROUND[-N].json` in the current directory (or in the
 /// temporary directory if that one is not writable) and returns its absolute path.
 fn write_export(app: &App) -> io::Result<PathBuf> {
-    let text = serde_json::to_string_pretty(&app.export()).map_err(io::Error::other)? + "\n";
+    let doc = app.export();
     let round = app.shown().round();
     let mut last_err = None;
     for dir in [std::env::current_dir()?, std::env::temp_dir()] {
@@ -132,9 +132,8 @@ fn write_export(app: &App) -> io::Result<PathBuf> {
                 .create_new(true)
                 .open(&path)
             {
-                Ok(mut f) => {
-                    use std::io::Write as _;
-                    f.write_all(text.as_bytes())?;
+                Ok(f) => {
+                    doc.write_pretty(f)?;
                     return Ok(path);
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,

@@ -69,15 +69,11 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
         eprintln!("heaptrace: wrote {}", out.display());
         return Ok(0);
     }
-    let text = match args.format {
-        Format::Text => views::text(args.view, &rec, &profile, &names, args)?,
-        Format::Json => {
-            let v = views::json(args.view, &rec, &profile, &names, args)?;
-            serde_json::to_string_pretty(&v).map_err(|e| Error::Io(std::io::Error::other(e)))?
-                + "\n"
-        }
-    };
-    print!("{text}");
+    match args.format {
+        Format::Text => print!("{}", views::text(args.view, &rec, &profile, &names, args)?),
+        Format::Json => views::json(args.view, &rec, &profile, &names, args)?
+            .write_pretty(std::io::stdout().lock())?,
+    }
     Ok(0)
 }
 

@@ -121,13 +121,14 @@ pub fn text(
         })
 }
 
-pub fn json(
+/// A view as a JSON document. The long per-stack lists are made as the document is written.
+pub fn json<'a>(
     view: View,
     rec: &Recording,
-    p: &Profile,
+    p: &'a Profile,
     names: &Names,
     args: &ReportArgs,
-) -> Result<Value> {
+) -> Result<doc::Node<'a>> {
     let h = &rec.header;
     Ok(match view {
         View::Overview => {
@@ -151,10 +152,10 @@ pub fn json(
                 },
                 temporary_ms: h.temporary_ms,
             };
-            doc::document(p, &info)
+            return Ok(doc::document(p, &info));
         }
         View::Timeline => serde_json::to_value(&p.rounds).unwrap_or(Value::Null),
-        View::Histogram => doc::sizes(p, args.pid),
+        View::Histogram => return Ok(doc::sizes(p, args.pid)),
         View::Filter => {
             let size = need_size(args)?;
             p.sites_with_size(size)
@@ -184,14 +185,17 @@ pub fn json(
                 Some(json!({ "stack": stack, "value": v.parse::<u64>().ok()? }))
             })
             .collect(),
-        View::Leaks => doc::leaks(p, args.pid),
-        View::Temporary => doc::temporary(p, h.temporary_ms),
-        View::Peak => doc::peak(p),
-        View::Memory => json!({
-            "processes": doc::memory_by_process(p),
-            "reservations": doc::reservations(p),
-        }),
-    })
+        View::Leaks => return Ok(doc::leaks(p, args.pid)),
+        View::Temporary => return Ok(doc::temporary(p, h.temporary_ms)),
+        View::Peak => return Ok(doc::peak(p)),
+        View::Memory => {
+            return Ok(doc::Node::object([
+                ("processes", doc::memory_by_process(p).into()),
+                ("reservations", doc::reservations(p)),
+            ]));
+        }
+    }
+    .into())
 }
 
 fn timeline(p: &Profile) -> String {

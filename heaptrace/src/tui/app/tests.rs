@@ -430,7 +430,7 @@ fn tab_cycles_screens_and_help_closes_on_any_key() {
 #[test]
 fn export_holds_the_rows_and_the_json_document_of_the_view() {
     let mut app = App::new(info("command"), published(2, false));
-    let v = app.export();
+    let v = app.export().to_value();
     assert_eq!(v["view"]["screen"], "sites");
     assert_eq!(v["rows"][0]["frame"]["function"], "helper_c");
     assert_eq!(v["rows"][0]["calls"], 2000);
@@ -438,7 +438,7 @@ fn export_holds_the_rows_and_the_json_document_of_the_view() {
     assert_eq!(v["document"]["stacks"][0]["calls"], 2000);
     app.on_key(key('r'));
     app.update(published(3, false));
-    let v = app.export();
+    let v = app.export().to_value();
     assert_eq!(v["view"]["since_round"], 2);
     assert_eq!(v["document"]["functions"]["malloc"]["calls"], 2000);
 }

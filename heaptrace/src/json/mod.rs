@@ -3,6 +3,9 @@
 use heaptrace_common::{Func, Loss};
 use serde_json::{Map, Value, json};
 
+mod node;
+pub use node::Node;
+
 use crate::{
     aggregate::Profile,
     hist::percentiles,
@@ -56,82 +59,84 @@ fn percentiles_json(p: Option<crate::hist::Percentiles>) -> Value {
     }
 }
 
-pub(crate) fn stacks(profile: &Profile) -> Value {
-    profile
-        .top_sites(usize::MAX, |t| t.bytes as i64)
-        .iter()
-        .map(|(id, t)| {
-            let sizes: Vec<Value> = t
-                .sizes
-                .iter()
-                .enumerate()
-                .filter(|(_, n)| **n > 0)
-                .map(|(b, n)| json!({ "from": heaptrace_common::log2_bucket_floor(b), "count": n }))
-                .collect();
-            with(
-                site(profile, id),
-                json!({
-                    "estimated": profile.sample_bytes > 0,
-                    "samples": profile.samples.get(id).map_or(t.calls, |s| s.calls),
-                    "calls": t.calls,
-                    "bytes": t.bytes,
-                    "frees": t.frees,
-                    "freed_bytes": t.freed_bytes,
-                    "live_blocks": t.live_blocks,
-                    "live_bytes": t.live_bytes,
-                    "temporary": { "blocks": t.temp_blocks, "bytes": t.temp_bytes },
-                    "sizes": sizes,
-                    "lifetime": percentiles_json(percentiles(&t.lifetimes, 1024)),
-                }),
-            )
-        })
-        .collect()
-}
-
-pub(crate) fn temporary(profile: &Profile, threshold_ms: u64) -> Value {
-    let sites = profile.top_sites(usize::MAX, |t| t.temp_blocks as i64);
-    let blocks: u64 = profile.sites.values().map(|t| t.temp_blocks).sum();
-    let bytes: u64 = profile.sites.values().map(|t| t.temp_bytes).sum();
-    let by: Vec<Value> = sites
-        .iter()
-        .map(|(id, t)| {
-            with(
-                site(profile, id),
-                json!({ "blocks": t.temp_blocks, "bytes": t.temp_bytes, "calls": t.calls }),
-            )
-        })
-        .collect();
-    json!({
-        "threshold_ms": threshold_ms,
-        "estimated": profile.sample_bytes > 0,
-        "blocks": blocks,
-        "bytes": bytes,
-        "by_stack": by,
+pub(crate) fn stacks(profile: &Profile) -> Node<'_> {
+    Node::list(move || {
+        profile
+            .top_sites(usize::MAX, |t| t.bytes as i64)
+            .into_iter()
+            .map(move |(id, t)| stack(profile, &id, &t))
     })
 }
 
-pub(crate) fn peak(profile: &Profile) -> Value {
-    let Some(p) = &profile.peak else {
-        return Value::Null;
-    };
-    let by: Vec<Value> = p
-        .sites
+fn stack(profile: &Profile, id: &SiteId, t: &crate::model::SiteTotals) -> Value {
+    let sizes: Vec<Value> = t
+        .sizes
         .iter()
-        .map(|(id, blocks, bytes)| {
+        .enumerate()
+        .filter(|(_, n)| **n > 0)
+        .map(|(b, n)| json!({ "from": heaptrace_common::log2_bucket_floor(b), "count": n }))
+        .collect();
+    with(
+        site(profile, id),
+        json!({
+            "estimated": profile.sample_bytes > 0,
+            "samples": profile.samples.get(id).map_or(t.calls, |s| s.calls),
+            "calls": t.calls,
+            "bytes": t.bytes,
+            "frees": t.frees,
+            "freed_bytes": t.freed_bytes,
+            "live_blocks": t.live_blocks,
+            "live_bytes": t.live_bytes,
+            "temporary": { "blocks": t.temp_blocks, "bytes": t.temp_bytes },
+            "sizes": sizes,
+            "lifetime": percentiles_json(percentiles(&t.lifetimes, 1024)),
+        }),
+    )
+}
+
+pub(crate) fn temporary(profile: &Profile, threshold_ms: u64) -> Node<'_> {
+    let blocks: u64 = profile.sites.values().map(|t| t.temp_blocks).sum();
+    let bytes: u64 = profile.sites.values().map(|t| t.temp_bytes).sum();
+    let by = Node::list(move || {
+        profile
+            .top_sites(usize::MAX, |t| t.temp_blocks as i64)
+            .into_iter()
+            .map(move |(id, t)| {
+                with(
+                    site(profile, &id),
+                    json!({ "blocks": t.temp_blocks, "bytes": t.temp_bytes, "calls": t.calls }),
+                )
+            })
+    });
+    Node::object([
+        ("threshold_ms", Node::from(json!(threshold_ms))),
+        ("estimated", json!(profile.sample_bytes > 0).into()),
+        ("blocks", json!(blocks).into()),
+        ("bytes", json!(bytes).into()),
+        ("by_stack", by),
+    ])
+}
+
+pub(crate) fn peak(profile: &Profile) -> Node<'_> {
+    let Some(p) = &profile.peak else {
+        return Value::Null.into();
+    };
+    let by = Node::list(move || {
+        p.sites.iter().map(move |(id, blocks, bytes)| {
             with(
                 site(profile, id),
                 json!({ "live_blocks": blocks, "live_bytes": bytes }),
             )
         })
-        .collect();
-    json!({
-        "estimated": profile.sample_bytes > 0,
-        "live_bytes": p.live_bytes,
-        "live_blocks": p.live_blocks,
-        "round": p.round,
-        "elapsed_ms": p.elapsed_ms,
-        "by_stack": by,
-    })
+    });
+    Node::object([
+        ("estimated", Node::from(json!(profile.sample_bytes > 0))),
+        ("live_bytes", json!(p.live_bytes).into()),
+        ("live_blocks", json!(p.live_blocks).into()),
+        ("round", json!(p.round).into()),
+        ("elapsed_ms", json!(p.elapsed_ms).into()),
+        ("by_stack", by),
+    ])
 }
 
 pub(crate) fn latency(profile: &Profile) -> Value {
@@ -193,19 +198,20 @@ fn functions(t: &Totals, aliases: &[(Func, Func)], profile: &Profile) -> Value {
     Value::Object(m)
 }
 
-pub(crate) fn sizes(profile: &Profile, pid: Option<u32>) -> Value {
-    profile
-        .sizes_by_func(pid)
-        .into_iter()
-        .filter_map(|((f, size), count)| {
-            Some(json!({ "function": Func::from_u32(f)?.name(), "size": size, "count": count }))
-        })
-        .collect()
+pub(crate) fn sizes(profile: &Profile, pid: Option<u32>) -> Node<'_> {
+    Node::list(move || {
+        profile
+            .sizes_by_func(pid)
+            .into_iter()
+            .filter_map(|((f, size), count)| {
+                Some(json!({ "function": Func::from_u32(f)?.name(), "size": size, "count": count }))
+            })
+    })
 }
 
-pub(crate) fn leaks(profile: &Profile, pid: Option<u32>) -> Value {
+pub(crate) fn leaks(profile: &Profile, pid: Option<u32>) -> Node<'_> {
     let Some(total) = profile.leak_totals(pid) else {
-        return Value::Null;
+        return Value::Null.into();
     };
     let mut by = Map::new();
     for (i, l) in profile.leaks_by_func(pid).iter().enumerate() {
@@ -216,24 +222,27 @@ pub(crate) fn leaks(profile: &Profile, pid: Option<u32>) -> Value {
             );
         }
     }
-    let by_stack: Vec<Value> = profile
-        .top_leaks(usize::MAX)
-        .iter()
-        .filter(|(id, _)| pid.is_none_or(|p| p == id.0) && id.1 != heaptrace_common::NO_SITE)
-        .map(|(id, l)| {
-            with(
-                site(profile, id),
-                json!({ "blocks": l.blocks, "bytes": l.bytes }),
-            )
-        })
-        .collect();
-    json!({
-        "estimated": profile.sample_bytes > 0,
-        "blocks": total.blocks,
-        "bytes": total.bytes,
-        "by_function": by,
-        "by_stack": by_stack,
-    })
+    let by_stack = Node::list(move || {
+        profile
+            .top_leaks(usize::MAX)
+            .into_iter()
+            .filter(move |(id, _)| {
+                pid.is_none_or(|p| p == id.0) && id.1 != heaptrace_common::NO_SITE
+            })
+            .map(move |(id, l)| {
+                with(
+                    site(profile, &id),
+                    json!({ "blocks": l.blocks, "bytes": l.bytes }),
+                )
+            })
+    });
+    Node::object([
+        ("estimated", Node::from(json!(profile.sample_bytes > 0))),
+        ("blocks", json!(total.blocks).into()),
+        ("bytes", json!(total.bytes).into()),
+        ("by_function", Value::Object(by).into()),
+        ("by_stack", by_stack),
+    ])
 }
 
 fn totals_summary(t: &Totals) -> Value {
@@ -244,40 +253,56 @@ fn totals_summary(t: &Totals) -> Value {
     })
 }
 
-pub fn document(profile: &Profile, info: &RunInfo<'_>) -> Value {
+pub fn document<'a>(profile: &'a Profile, info: &RunInfo<'_>) -> Node<'a> {
     let totals = profile.totals();
     let mut lost = Map::new();
     for l in Loss::ALL {
         lost.insert(l.name().into(), profile.losses[l as usize].into());
     }
-    let processes: Vec<Value> = profile
-        .procs
-        .iter()
-        .map(|(pid, p)| {
-            json!({
+    let aliases = info.aliases.to_vec();
+    let processes = Node::list(move || {
+        let aliases = aliases.clone();
+        profile.procs.iter().map(move |(pid, p)| {
+            let leaks = if profile.calls {
+                Value::Null.into()
+            } else {
+                leaks(profile, Some(*pid))
+            };
+            let fields = json!({
                 "pid": pid,
                 "comm": p.comm,
                 "cgroup": p.cgroup,
-                "functions": functions(&p.totals, info.aliases, profile),
+                "functions": functions(&p.totals, &aliases, profile),
                 "totals": totals_summary(&p.totals),
-                "sizes": sizes(profile, Some(*pid)),
                 "live": live(profile, &p.totals),
-                "leaks": if profile.calls { Value::Null } else { leaks(profile, Some(*pid)) },
                 "rss_kb": p.mem.map(|m| m.rss_kb),
                 "virt_kb": p.mem.map(|m| m.virt_kb),
                 "peak_rss_kb": p.peak_rss_kb,
                 "memory": memory(profile, p),
                 "exited": p.exited,
                 "leaks_at_exit": p.leaks_at_exit,
-            })
+            });
+            let Value::Object(fields) = fields else {
+                unreachable!("json! of an object")
+            };
+            let mut m: Vec<(String, Node<'a>)> =
+                fields.into_iter().map(|(k, v)| (k, v.into())).collect();
+            m.push(("sizes".into(), sizes(profile, Some(*pid))));
+            m.push(("leaks".into(), leaks));
+            Node::object(m)
         })
-        .collect();
-    let aliases: Map<String, Value> = info
+    });
+    let alias_names: Map<String, Value> = info
         .aliases
         .iter()
         .map(|(a, of)| (a.name().to_string(), Value::from(of.name())))
         .collect();
-    json!({
+    let leaks = if profile.calls {
+        Value::Null.into()
+    } else {
+        leaks(profile, None)
+    };
+    let plain = json!({
         "heaptrace": { "version": env!("CARGO_PKG_VERSION"), "format": 1 },
         "target": {
             "mode": info.mode,
@@ -290,21 +315,36 @@ pub fn document(profile: &Profile, info: &RunInfo<'_>) -> Value {
         "sample_bytes": profile.sample_bytes,
         "rounds": profile.round_count(),
         "provider": { "path": info.provider, "probes": info.probes },
-        "aliases": aliases,
+        "aliases": alias_names,
         "functions": functions(&totals, info.aliases, profile),
         "totals": totals_summary(&totals),
-        "sizes": sizes(profile, None),
         "live": live(profile, &totals),
-        "leaks": if profile.calls { Value::Null } else { leaks(profile, None) },
         "lost": lost,
-        "processes": processes,
-        "timeline": profile.rounds,
-        "stacks": stacks(profile),
-        "temporary": temporary(profile, info.temporary_ms),
-        "peak": peak(profile),
         "latency": latency(profile),
-        "reservations": reservations(profile),
-    })
+    });
+    let Value::Object(plain) = plain else {
+        unreachable!("json! of an object")
+    };
+    let mut m: Vec<(String, Node<'a>)> = plain.into_iter().map(|(k, v)| (k, v.into())).collect();
+    m.extend([
+        ("sizes".to_string(), sizes(profile, None)),
+        ("leaks".into(), leaks),
+        ("processes".into(), processes),
+        (
+            "timeline".into(),
+            Node::list(move || {
+                profile
+                    .rounds
+                    .iter()
+                    .map(|r| serde_json::to_value(r).unwrap_or(Value::Null))
+            }),
+        ),
+        ("stacks".into(), stacks(profile)),
+        ("temporary".into(), temporary(profile, info.temporary_ms)),
+        ("peak".into(), peak(profile)),
+        ("reservations".into(), reservations(profile)),
+    ]);
+    Node::object(m)
 }
 
 /// The live blocks and bytes; null in calls mode, which keeps no live map.
@@ -342,11 +382,11 @@ pub(crate) fn memory_by_process(profile: &Profile) -> Value {
 }
 
 /// The allocators' reservations and releases by site, most bytes first.
-pub(crate) fn reservations(profile: &Profile) -> Value {
-    let mut v: Vec<_> = profile.reservations.iter().collect();
-    v.sort_by_key(|(k, t)| (std::cmp::Reverse(t.bytes), **k));
-    v.into_iter()
-        .map(|((pid, kind, stack_id, func), t)| {
+pub(crate) fn reservations(profile: &Profile) -> Node<'_> {
+    Node::list(move || {
+        let mut v: Vec<_> = profile.reservations.iter().collect();
+        v.sort_by_key(|(k, t)| (std::cmp::Reverse(t.bytes), **k));
+        v.into_iter().map(move |((pid, kind, stack_id, func), t)| {
             let mut m = site(profile, &(*pid, *stack_id, *func));
             if *func == heaptrace_common::mem::NO_FUNC {
                 m.insert("function".into(), Value::Null);
@@ -365,7 +405,7 @@ pub(crate) fn reservations(profile: &Profile) -> Value {
             m.insert("stack".into(), stack);
             Value::Object(m)
         })
-        .collect()
+    })
 }
 
 #[cfg(test)]
@@ -411,7 +451,15 @@ mod tests {
             collect: "stacks",
             temporary_ms: 1000,
         };
-        let doc = document(&p, &info);
+        let node = document(&p, &info);
+        // The lists that grow with the stacks are made while the document is written.
+        let Node::Object(parts) = &node else {
+            panic!("the document is an object")
+        };
+        for key in ["stacks", "processes", "sizes", "reservations", "timeline"] {
+            assert!(matches!(parts[key], Node::List(_)), "{key}");
+        }
+        let doc = node.to_value();
         let f = &doc["functions"];
         assert_eq!(f["malloc"]["calls"], 4);
         assert_eq!(f["malloc"]["failed"], 1);
@@ -468,17 +516,17 @@ mod tests {
             },
         );
         p.leaks = Some(leaked);
-        let doc = stacks(&p);
+        let doc = stacks(&p).to_value();
         assert_eq!(doc[0]["frames"][0]["function"], "alloc_a");
         assert_eq!(doc[0]["frames"][0]["line"], 9);
         assert_eq!(doc[0]["calls"], 2);
         assert_eq!(doc[0]["sizes"][0]["from"], 64);
         assert_eq!(doc[0]["lifetime"]["count"], 1);
-        assert_eq!(temporary(&p, 5)["by_stack"][0]["blocks"], 1);
+        assert_eq!(temporary(&p, 5).to_value()["by_stack"][0]["blocks"], 1);
         assert_eq!(
-            leaks(&p, Some(7))["by_stack"][0]["frames"][0]["function"],
+            leaks(&p, Some(7)).to_value()["by_stack"][0]["frames"][0]["function"],
             "alloc_a"
         );
-        assert_eq!(leaks(&p, Some(8))["by_stack"], json!([]));
+        assert_eq!(leaks(&p, Some(8)).to_value()["by_stack"], json!([]));
     }
 }
