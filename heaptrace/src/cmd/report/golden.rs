@@ -228,9 +228,10 @@ fn golden_views() {
         "tree_reverse_short",
         views::text(View::Tree, &rec, &p, &short, &rev).unwrap()
     );
-    let json = views::json(View::Leaks, &rec, &p, &names, &args(View::Leaks)).unwrap();
+    let (mut t1, mut t2) = (None, None);
+    let json = views::json(View::Leaks, &rec, &p, &names, &args(View::Leaks), &mut t1).unwrap();
     insta::assert_json_snapshot!("leaks_json", json);
-    let json = views::json(View::Memory, &rec, &p, &names, &args(View::Memory)).unwrap();
+    let json = views::json(View::Memory, &rec, &p, &names, &args(View::Memory), &mut t2).unwrap();
     insta::assert_json_snapshot!("memory_json", json);
     let massif = export::massif(&rec, &p, &names);
     insta::assert_snapshot!("massif", massif);

@@ -71,7 +71,7 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
     }
     match args.format {
         Format::Text => print!("{}", views::text(args.view, &rec, &profile, &names, args)?),
-        Format::Json => views::json(args.view, &rec, &profile, &names, args)?
+        Format::Json => views::json(args.view, &rec, &profile, &names, args, &mut None)?
             .write_pretty(std::io::stdout().lock())?,
     }
     Ok(0)

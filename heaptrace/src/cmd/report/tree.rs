@@ -3,9 +3,9 @@
 use std::{collections::BTreeMap, fmt::Write as _};
 
 use heaptrace_common::Func;
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::{aggregate::Profile, report::bytes, views::Names};
+use crate::{aggregate::Profile, json as doc, report::bytes, views::Names};
 
 #[derive(Default, Debug)]
 pub struct Node {
@@ -82,10 +82,19 @@ pub fn render(root: &Node, top: usize) -> String {
     s
 }
 
-pub fn json(root: &Node) -> Value {
-    fn node(label: &str, n: &Node) -> Value {
-        let children: Vec<Value> = sorted(n).iter().map(|(l, c)| node(l, c)).collect();
-        json!({ "label": label, "calls": n.calls, "bytes": n.bytes, "children": children })
+/// The tree as JSON, each node made as the writer reaches it (a tree of 16,000 deep stacks is
+/// hundreds of megabytes as one `Value`).
+pub fn json(root: &Node) -> doc::Node<'_> {
+    fn node<'a>(label: &'a str, n: &'a Node) -> doc::Node<'a> {
+        doc::Node::object([
+            ("label", doc::Node::from(json!(label))),
+            ("calls", json!(n.calls).into()),
+            ("bytes", json!(n.bytes).into()),
+            (
+                "children",
+                doc::Node::list(move || sorted(n).into_iter().map(|(l, c)| node(l, c))),
+            ),
+        ])
     }
     node("all", root)
 }
@@ -135,6 +144,19 @@ mod tests {
         assert!(
             text.find("(300 B, 3 calls) b").unwrap() < text.find("(100 B, 1 calls) a").unwrap(),
             "{text}"
+        );
+        let leaf = |label: &str, calls, bytes| json!({ "label": label, "calls": calls, "bytes": bytes, "children": [] });
+        let node = |label: &str, calls, bytes, children| json!({ "label": label, "calls": calls, "bytes": bytes, "children": children });
+        let main_b = node("b", 3, 300, json!([leaf("malloc", 3, 300)]));
+        let main_a = node("a", 1, 100, json!([leaf("malloc", 1, 100)]));
+        assert_eq!(
+            json(&down).to_value(),
+            node(
+                "all",
+                4,
+                400,
+                json!([node("main", 4, 400, json!([main_b, main_a]))])
+            )
         );
     }
 }

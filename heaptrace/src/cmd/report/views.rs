@@ -121,13 +121,15 @@ pub fn text(
         })
 }
 
-/// A view as a JSON document. The long per-stack lists are made as the document is written.
+/// A view as a JSON document. The long per-stack lists are made as the document is written;
+/// `tree` holds the call tree the `tree` view's document reads.
 pub fn json<'a>(
     view: View,
     rec: &Recording,
     p: &'a Profile,
     names: &Names,
     args: &ReportArgs,
+    tree: &'a mut Option<tree::Node>,
 ) -> Result<doc::Node<'a>> {
     let h = &rec.header;
     Ok(match view {
@@ -158,16 +160,15 @@ pub fn json<'a>(
         View::Histogram => return Ok(doc::sizes(p, args.pid)),
         View::Filter => {
             let size = need_size(args)?;
-            p.sites_with_size(size)
-                .iter()
-                .map(|(id, n)| {
-                    let mut m = doc::site(p, id);
-                    m.insert("count".into(), (*n).into());
+            return Ok(doc::Node::list(move || {
+                p.sites_with_size(size).into_iter().map(move |(id, n)| {
+                    let mut m = doc::site(p, &id);
+                    m.insert("count".into(), n.into());
                     Value::Object(m)
                 })
-                .collect()
+            }));
         }
-        View::Tree => tree::json(&tree::build(p, names, args.reverse)),
+        View::Tree => return Ok(tree::json(tree.insert(tree::build(p, names, args.reverse)))),
         View::Hotspots => json!({
             "sample_bytes": p.sample_bytes,
             "estimated": p.sample_bytes > 0,
