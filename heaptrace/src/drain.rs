@@ -26,6 +26,24 @@ use crate::{
     model::{ProcSnapshot, SiteId, SiteTotals, Snapshot, Totals},
 };
 
+/// Stacks freed (`KernelMaps::free_stacks`): id -> its return addresses and whether they were
+/// whole, if it could be read.
+pub type Freed = StdHashMap<i32, Option<(Vec<u64>, bool)>>;
+
+/// The stack a site first seen right after its stack id was freed was counted under, from
+/// what the id held then (`held`) and holds `now`: the stack freed, unless another has taken
+/// the id since (None: it could be either).
+pub fn freed_stack(
+    held: Option<(Vec<u64>, bool)>,
+    now: Option<(Vec<u64>, bool)>,
+) -> Option<(Vec<u64>, bool)> {
+    match (held, now) {
+        (Some(held), Some(now)) if held != now => None,
+        (Some(held), _) => Some(held),
+        (None, now) => Some(now.unwrap_or((Vec::new(), true))),
+    }
+}
+
 pub struct KernelMaps {
     procs: PerCpuHashMap<MapData, u32, ProcCounters>,
     sizes: PerCpuHashMap<MapData, SizeKey, u64>,
@@ -126,6 +144,31 @@ impl KernelMaps {
             (self.stacks.get(&id, 0).ok()?, true)
         };
         Some((trace.frames().iter().map(|f| f.ip).collect(), whole))
+    }
+
+    /// Frees stored stacks for others to take (ids as in the site map; lost ones, negative,
+    /// are skipped). The kernel keeps a stack until it is deleted, so in a system-wide trace
+    /// the maps filled with the stacks of processes long gone, and every later one lost its
+    /// stacks. Returns what each held, read just before: a site first seen after this may
+    /// have been counted under the stack freed, or under one that took its place since.
+    pub fn free_stacks(&mut self, ids: impl IntoIterator<Item = i32>) -> Freed {
+        let offset = self.stack_id_offset;
+        let mut freed = Freed::new();
+        for id in ids {
+            let Ok(u) = u32::try_from(id) else { continue };
+            let held = self.stack(id);
+            let removed = if u >= 2 * offset {
+                self.callers.remove(&(u - 2 * offset))
+            } else if u >= offset {
+                self.stacks2.remove(&(u - offset))
+            } else {
+                self.stacks.remove(&u)
+            };
+            if removed.is_ok() {
+                freed.insert(id, held);
+            }
+        }
+        freed
     }
 
     pub fn snapshot(&self) -> Result<Snapshot> {
@@ -352,4 +395,24 @@ fn group_by_site(blocks: &StdHashMap<LiveKey, LiveBlock>) -> BTreeMap<SiteId, Le
 fn comm_str(comm: &[u8; 16]) -> String {
     let end = comm.iter().position(|b| *b == 0).unwrap_or(comm.len());
     String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_site_first_seen_after_its_stack_was_freed_keeps_that_stack_unless_another_took_it() {
+        let a = Some((vec![1, 2], true));
+        let b = Some((vec![3], true));
+        // Nothing took the id: the stack freed.
+        assert_eq!(freed_stack(a.clone(), None), a);
+        // The same stack stored again.
+        assert_eq!(freed_stack(a.clone(), a.clone()), a);
+        // Another stack took it: counted under either, not known which.
+        assert_eq!(freed_stack(a, b.clone()), None);
+        // What the id held could not be read: what it holds now.
+        assert_eq!(freed_stack(None, b.clone()), b);
+        assert_eq!(freed_stack(None, None), Some((Vec::new(), true)));
+    }
 }

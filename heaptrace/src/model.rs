@@ -283,6 +283,23 @@ pub struct ProcRound {
 }
 
 impl Snapshot {
+    /// The stored stacks (kernel ids) that sites of `pids` hold and no other process's does.
+    pub fn stacks_only_of(&self, pids: &std::collections::HashSet<u32>) -> Vec<i32> {
+        let mut theirs = std::collections::BTreeSet::new();
+        let mut others = std::collections::HashSet::new();
+        for (pid, id, _) in self.sites.keys().filter(|k| k.1 >= 0) {
+            if pids.contains(pid) {
+                theirs.insert(*id);
+            } else {
+                others.insert(*id);
+            }
+        }
+        theirs
+            .into_iter()
+            .filter(|id| !others.contains(id))
+            .collect()
+    }
+
     /// Gives each site its size histogram, folded from the exact one, which is keyed by stack
     /// too: the kernel keeps no second histogram per site. Both are cumulative, as the rounds
     /// need. Sizes the exact histogram could not hold (`lost.size_histogram`) are missing from
@@ -483,5 +500,26 @@ mod tests {
         assert_eq!(t.allocations(), 9 + 2);
         assert_eq!(t.frees(), 4 + 2);
         assert_eq!(t.bytes_allocated(), 1050);
+    }
+
+    #[test]
+    fn stacks_only_of_leaves_those_another_process_holds() {
+        let mut s = Snapshot::default();
+        for key in [
+            (1, 5, 0),
+            (1, 6, 0),
+            (1, 6, 2),
+            (1, -12, 0),
+            (2, 6, 0),
+            (3, 7, 0),
+            (3, 8, 0),
+        ] {
+            s.sites.insert(key, SiteTotals::default());
+        }
+        let pids = |p: &[u32]| p.iter().copied().collect();
+        assert_eq!(s.stacks_only_of(&pids(&[1])), [5]);
+        assert_eq!(s.stacks_only_of(&pids(&[1, 2])), [5, 6]);
+        assert_eq!(s.stacks_only_of(&pids(&[3])), [7, 8]);
+        assert!(s.stacks_only_of(&pids(&[4])).is_empty());
     }
 }

@@ -254,6 +254,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         procwatch,
         exited_leaks: BTreeMap::new(),
         same: Default::default(),
+        freed: Default::default(),
         restarted: Default::default(),
         notice: None,
         stale: HashSet::new(),

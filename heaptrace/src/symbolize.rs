@@ -87,6 +87,12 @@ impl Frame {
         )
     }
 
+    /// A site first seen just after its stack id was freed, when another stack has taken the
+    /// id since: it was counted under one of the two, which is not known.
+    pub fn taken() -> Frame {
+        Frame::placeholder("[stack lost: its id was freed and taken]", "[lost]", 0)
+    }
+
     fn placeholder(function: &str, module: &str, offset: u64) -> Frame {
         FrameInfo {
             function: function.into(),

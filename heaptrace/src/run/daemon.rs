@@ -26,7 +26,7 @@ use crate::{
     record::Recorder,
     report,
     reserve::{Tracker, ring::MemRing},
-    symbolize::Symbolizer,
+    symbolize::{Frame, Symbolizer},
     tui,
     watch::ProcWatch,
 };
@@ -65,6 +65,8 @@ pub(super) struct Daemon {
     pub(super) exited_leaks: BTreeMap<SiteId, Leak>,
     /// Kernel stacks shown the same, counted as one site.
     pub(super) same: crate::merge::SameStacks,
+    /// Stacks of processes gone, freed after the last round's read (`KernelMaps::free_stacks`).
+    pub(super) freed: crate::drain::Freed,
     /// Processes that exec'ed since the last round (`Round::restarted`).
     pub(super) restarted: std::collections::BTreeSet<u32>,
     /// What the live view says beside the figures (`tui::Published::notice`).
@@ -470,8 +472,13 @@ impl Daemon {
         self.new_stacks(&mut round);
         self.same.round(&mut round);
         self.profile.apply(&round);
+        // Sites first seen from now on were counted after this round's read: the stacks
+        // freed before it are no one's now.
+        self.freed.clear();
         if !gone.is_empty() {
+            let theirs = snap.stacks_only_of(&gone);
             self.forget_exited(gone)?;
+            self.freed = self.maps.free_stacks(theirs);
         }
         if let Some(r) = &mut self.recorder
             && let Err(e) = r.round(&round)
@@ -562,34 +569,59 @@ impl Daemon {
             if refreshed.insert(pid) && procfs::alive(pid) {
                 self.modules.refresh(pid);
             }
-            // A stack that cannot be read has no frames, and says nothing of lost ones.
-            let (mut ips, whole) = self.maps.stack(id).unwrap_or((Vec::new(), true));
-            ips.truncate(self.stack_depth);
-            // The first frame is the return address the probe saw; past a function built
-            // without frame pointers, the walk read on through data.
-            if let Some(i) = ips
-                .iter()
-                .skip(1)
-                .position(|ip| self.modules.not_code(pid, *ip))
-            {
-                ips.truncate(i + 1);
+            let stack = self.read_stack(pid, id);
+            // A process gone, its pid given to this one: its id may have been freed and given
+            // to another stack in between.
+            let clash = self
+                .profile
+                .stacks
+                .get(&(pid, id))
+                .is_some_and(|f| **f != *stack.frames);
+            let shown = if clash {
+                self.same.add_fresh(pid, id, &stack.frames)
+            } else {
+                Some(id).filter(|id| self.same.add(pid, *id, &stack.frames) == *id)
+            };
+            // None: shown as a stack seen before, its counts go there.
+            if let Some(shown) = shown {
+                round.stacks.insert((pid, shown), stack);
             }
-            if !whole && ips.len() < self.stack_depth {
-                ips.push(crate::symbolize::MORE_FRAMES_LOST);
-            }
-            let locations = Symbolizer::locations(&self.modules, pid, &ips);
-            let frames = self.symbolizer.frames(&ips, &locations).into();
-            if self.same.add(pid, id, &frames) != id {
-                continue; // shown as a stack seen before: its counts go there
-            }
-            round.stacks.insert(
-                (pid, id),
-                crate::model::NewStack {
-                    ips,
-                    locations,
-                    frames,
-                },
-            );
+        }
+    }
+
+    /// A stack as stored in the kernel, cut to what is shown, and named.
+    fn read_stack(&mut self, pid: u32, id: i32) -> crate::model::NewStack {
+        // A stack that cannot be read has no frames, and says nothing of lost ones.
+        let now = self.maps.stack(id);
+        let read = match self.freed.get(&id) {
+            None => Some(now.unwrap_or((Vec::new(), true))),
+            Some(held) => crate::drain::freed_stack(held.clone(), now),
+        };
+        let Some((mut ips, whole)) = read else {
+            return crate::model::NewStack {
+                frames: [Frame::taken()].into(),
+                ..Default::default()
+            };
+        };
+        ips.truncate(self.stack_depth);
+        // The first frame is the return address the probe saw; past a function built
+        // without frame pointers, the walk read on through data.
+        if let Some(i) = ips
+            .iter()
+            .skip(1)
+            .position(|ip| self.modules.not_code(pid, *ip))
+        {
+            ips.truncate(i + 1);
+        }
+        if !whole && ips.len() < self.stack_depth {
+            ips.push(crate::symbolize::MORE_FRAMES_LOST);
+        }
+        let locations = Symbolizer::locations(&self.modules, pid, &ips);
+        let frames = self.symbolizer.frames(&ips, &locations).into();
+        crate::model::NewStack {
+            ips,
+            locations,
+            frames,
         }
     }
 }
