@@ -50,4 +50,11 @@ pub enum Error {
     Io(#[from] std::io::Error),
 }
 
+impl Error {
+    /// The reader of our output went away (`heaptrace report F | head`): not worth a word.
+    pub fn is_broken_pipe(&self) -> bool {
+        matches!(self, Error::Io(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;

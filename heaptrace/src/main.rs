@@ -14,6 +14,7 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) if e.is_broken_pipe() => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("heaptrace: error: {e}");
             ExitCode::FAILURE

@@ -164,6 +164,20 @@ fn every_view_answers_in_text_and_json() {
     assert_eq!(none["functions"]["malloc"]["calls"], 0);
     let early = report_json(&[r, "timeline", "--to", "1ms"]);
     assert_eq!(early, serde_json::json!([]));
+    // A reader that is gone (`| head` having read enough) ends a report quietly; it was a
+    // panic with a backtrace in text, an error in JSON.
+    for args in [&[r, "tree"][..], &[r, "overview", "--format", "json"]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let o = heaptrace()
+            .arg("report")
+            .args(args)
+            .stdout(writer)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success() && stderr.is_empty(), "{args:?}: {o:?}");
+    }
 }
 
 fn tool(cmd: &str) -> bool {

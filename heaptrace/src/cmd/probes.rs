@@ -21,9 +21,9 @@ pub fn run(args: &ProbesArgs) -> Result<i32> {
         }
     };
     let plan = probe::plan(&provider, false, args.mode.at_entry())?;
-    print!("{}", table(&provider, &whose, &plan));
+    super::out(&table(&provider, &whose, &plan))?;
     if args.mode.traces_reservations() {
-        print!("{}", syscalls(wrappers(&provider, args.pid)?));
+        super::out(&syscalls(wrappers(&provider, args.pid)?))?;
     }
     Ok(0)
 }

@@ -54,7 +54,7 @@ impl<'a> Node<'a> {
     /// Writes the document pretty-printed, with a final newline.
     pub fn write_pretty(&self, out: impl Write) -> std::io::Result<()> {
         let mut out = std::io::BufWriter::with_capacity(1 << 16, out);
-        serde_json::to_writer_pretty(&mut out, self).map_err(std::io::Error::other)?;
+        serde_json::to_writer_pretty(&mut out, self).map_err(std::io::Error::from)?;
         out.write_all(b"\n")?;
         out.flush()
     }

@@ -54,10 +54,7 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
             }
         };
         let pb = profile_of(&b, args);
-        print!(
-            "{}",
-            diff::render(&profile, &pb, &names, args.top, args.format)
-        );
+        super::out(&diff::render(&profile, &pb, &names, args.top, args.format))?;
         return Ok(0);
     }
     if let Some(kind) = args.export {
@@ -70,7 +67,7 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
         return Ok(0);
     }
     match args.format {
-        Format::Text => print!("{}", views::text(args.view, &rec, &profile, &names, args)?),
+        Format::Text => super::out(&views::text(args.view, &rec, &profile, &names, args)?)?,
         Format::Json => views::json(args.view, &rec, &profile, &names, args, &mut None)?
             .write_pretty(std::io::stdout().lock())?,
     }
