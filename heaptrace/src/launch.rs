@@ -106,6 +106,16 @@ struct Prepared {
     redirect: Option<(i32, i32)>,
 }
 
+/// Whether exec could run `exe`: a file with an execute bit (root needs one too).
+pub fn check_executable(exe: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let m = std::fs::metadata(exe)?;
+    if !m.is_file() || m.permissions().mode() & 0o111 == 0 {
+        return Err(std::io::Error::from_raw_os_error(libc::EACCES));
+    }
+    Ok(())
+}
+
 pub fn spawn_stopped(exe: &Path, argv: &[String], redirect: Option<&Redirect>) -> Result<Stopped> {
     use std::os::fd::AsRawFd as _;
     let cmd = argv.first().cloned().unwrap_or_default();

@@ -413,6 +413,11 @@ fn find_target(
                 cmd: argv[0].clone(),
                 reason: "command not found".into(),
             })?;
+            // Said before anything is attached, as the shell would say it.
+            launch::check_executable(&exe).map_err(|e| Error::Exec {
+                cmd: argv[0].clone(),
+                reason: e.to_string(),
+            })?;
             let preload = std::env::var("LD_PRELOAD").ok();
             let provider = match &cli.allocator_symbols {
                 Some(c) => allocator::custom_for_command(&exe, preload.as_deref(), c)?,

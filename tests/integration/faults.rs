@@ -53,22 +53,36 @@ fn missing_pid_and_missing_command_are_errors() {
         "{out:?}"
     );
 
-    let out = heaptrace()
-        .args(["--", "/nonexistent/prog"])
-        .output()
-        .unwrap();
+    // Said before anything is attached (the probes went on first before).
+    let plain = std::env::temp_dir().join(format!("heaptrace-plain-{}", std::process::id()));
+    std::fs::write(&plain, "not a program\n").unwrap();
+    let plain = plain.to_str().unwrap();
+    for (cmd, why) in [
+        (
+            "/nonexistent/prog",
+            "No such file or directory (os error 2)",
+        ),
+        (plain, "Permission denied (os error 13)"),
+        ("/etc", "Permission denied (os error 13)"),
+    ] {
+        let out = heaptrace().args(["--", cmd]).output().unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            stderr.trim(),
+            format!("heaptrace: error: cannot execute {cmd}: {why}"),
+            "{out:?}"
+        );
+    }
+    let _ = std::fs::remove_file(plain);
+    // Executable but no program: exec says so.
+    let script = std::env::temp_dir().join(format!("heaptrace-noexec-{}", std::process::id()));
+    std::fs::write(&script, "not a program\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = heaptrace().arg("--").arg(&script).output().unwrap();
+    let _ = std::fs::remove_file(&script);
     assert!(!out.status.success());
-    assert!(
-        error_line(&out).contains("cannot execute /nonexistent/prog"),
-        "{out:?}"
-    );
-
-    let out = heaptrace().args(["--", "/etc/hostname"]).output().unwrap();
-    assert!(!out.status.success());
-    assert!(
-        error_line(&out).contains("cannot execute /etc/hostname"),
-        "{out:?}"
-    );
+    assert!(error_line(&out).contains("Exec format error"), "{out:?}");
 }
 
 #[test]
