@@ -1,8 +1,8 @@
 //! heaptrace: a system-wide heap tracer.
 //!
 //! Data flow: `probe` (attach) -> `drain` (read kernel maps into snapshots) -> `model` (round
-//! deltas) -> `merge` (kernel stacks shown the same are one site) -> `aggregate` (one Profile)
-//! -> views (`report`, `json`). `run` is the daemon tying them together; `allocator`, `elf`,
+//! deltas) -> `merge` (kernel stacks shown the same are one site) -> `incarnation` (processes
+//! that had one pid kept apart) -> `aggregate` (one Profile) -> views (`report`, `json`). `run` is the daemon tying them together; `allocator`, `elf`,
 //! `launch` and `procfs` find and start targets; `placement` decides where in each function its
 //! entry probe goes.
 pub mod aggregate;
@@ -16,6 +16,7 @@ pub mod drain;
 pub mod elf;
 pub mod error;
 pub mod hist;
+pub mod incarnation;
 pub mod json;
 pub mod launch;
 pub mod links;

@@ -29,8 +29,6 @@ pub struct SameStacks {
     kept: HashMap<(u32, u64), Kept>,
     /// Stacks put under another's id so far: none, and rounds are left as they are.
     merged: usize,
-    /// Ids given out by `add_fresh`, downwards from `i32::MAX`; 0 before the first.
-    fresh: i32,
     hasher: RandomState,
 }
 
@@ -42,29 +40,6 @@ impl SameStacks {
     /// A stack of `pid` seen for the first time, with its frames as kept. Returns the id its
     /// site goes under: that of an earlier stack of the process with the same frames, or its own.
     pub fn add(&mut self, pid: u32, id: i32, frames: &Arc<[Frame]>) -> i32 {
-        self.add_as(pid, id, id, frames)
-    }
-
-    /// As `add`, for a stack whose kernel id this pid already showed with other frames: a
-    /// process gone, its pid given to a new one, and the id freed (`KernelMaps::free_stacks`)
-    /// and taken by another stack meanwhile. Its site goes under an id of its own, one the
-    /// kernel never gives, so the two processes' figures stay apart. Returns that id, or None
-    /// when its site goes under an earlier stack with the same frames.
-    pub fn add_fresh(&mut self, pid: u32, id: i32, frames: &Arc<[Frame]>) -> Option<i32> {
-        let fresh = if self.fresh == 0 {
-            i32::MAX
-        } else {
-            self.fresh - 1
-        };
-        // Shown under another id either way: rounds are remapped.
-        self.merged += 1;
-        (self.add_as(pid, id, fresh, frames) == fresh).then(|| {
-            self.fresh = fresh;
-            fresh
-        })
-    }
-
-    fn add_as(&mut self, pid: u32, id: i32, shown: i32, frames: &Arc<[Frame]>) -> i32 {
         let hash = self.hasher.hash_one(&**frames);
         let same = self.kept.entry((pid, hash)).or_default();
         let to = match same.iter().find(|(_, f)| **f == **frames) {
@@ -73,8 +48,8 @@ impl SameStacks {
                 *earlier
             }
             None => {
-                same.push((shown, frames.clone()));
-                shown
+                same.push((id, frames.clone()));
+                id
             }
         };
         self.to.insert((pid, id), to);
@@ -230,31 +205,5 @@ mod tests {
 
         s.forget(1);
         assert!(!s.knows(1, 10) && s.knows(2, 11));
-    }
-
-    #[test]
-    fn a_stack_id_taken_again_goes_under_an_id_of_its_own() {
-        let mut s = SameStacks::default();
-        let fresh = i32::MAX;
-        assert_eq!(s.add_fresh(3, 10, &frames(&["x"])), Some(fresh));
-        assert_eq!(
-            s.add_fresh(3, 11, &frames(&["x"])),
-            None,
-            "same frames: one site"
-        );
-        assert_eq!(s.add_fresh(3, 12, &frames(&["y"])), Some(fresh - 1));
-        assert_eq!(s.site((3, 11, 0)), (3, fresh, 0));
-        let mut round = Round::default();
-        round.sites.insert(
-            (3, 10, 0),
-            SiteTotals {
-                calls: 5,
-                ..SiteTotals::default()
-            },
-        );
-        round.sizes.insert((3, 0, 24, 10), 5);
-        s.round(&mut round);
-        assert_eq!(round.sites.keys().collect::<Vec<_>>(), [&(3, fresh, 0)]);
-        assert_eq!(round.sizes, BTreeMap::from([((3, 0, 24, fresh), 5)]));
     }
 }

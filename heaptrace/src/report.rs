@@ -86,6 +86,7 @@ pub fn memory(profile: &Profile, top: usize) -> String {
     procs.sort_by_key(|(pid, _, r)| (std::cmp::Reverse(r.total()), *pid));
     let mut s = String::from("memory behind malloc:\n");
     for (pid, p, r) in procs.iter().take(top) {
+        let pid = crate::incarnation::Pid(*pid);
         let _ = writeln!(
             s,
             "  pid {pid} {}: requested and live {}{}; allocator holds {} (heap {}, arenas {}, \
@@ -127,10 +128,11 @@ pub fn memory(profile: &Profile, top: usize) -> String {
         });
         let _ = writeln!(
             s,
-            "  {:>6} {:<5} {:>10}{back}  pid {pid}: {site}",
+            "  {:>6} {:<5} {:>10}{back}  pid {}: {site}",
             t.calls,
             kind.name(),
             bytes(t.bytes as i64),
+            crate::incarnation::Pid(*pid),
         );
     }
     s
@@ -262,7 +264,7 @@ pub fn processes(profile: &Profile, top: usize) -> String {
         let _ = writeln!(
             s,
             "{:>8} {:<16} {:>12} {:>12} {:>14} {:>14}",
-            pid,
+            crate::incarnation::Pid(**pid),
             p.comm,
             p.totals.allocations(),
             p.totals.frees(),

@@ -255,6 +255,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         exited_leaks: BTreeMap::new(),
         same: Default::default(),
         freed: Default::default(),
+        incarnations: Default::default(),
         restarted: Default::default(),
         notice: None,
         stale: HashSet::new(),
@@ -288,11 +289,12 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     let pids: Option<HashSet<u32>> = pid.map(|p| HashSet::from([p]));
     // `-p` and a launched command too: its end is in `target`, and in its process's record.
     for (p, pp) in daemon.profile.procs.iter_mut() {
-        if !procfs::alive(*p) {
+        if !procfs::alive(crate::incarnation::Pid(*p).real()) {
             pp.exited = true;
         }
     }
-    let mut leaks = daemon.same.leaks(daemon.maps.live_blocks(pids.as_ref())?);
+    let live = daemon.same.leaks(daemon.maps.live_blocks(pids.as_ref())?);
+    let mut leaks = daemon.incarnations.rekey_sites(live);
     leaks.append(&mut daemon.exited_leaks);
     daemon.profile.set_leaks(leaks);
 

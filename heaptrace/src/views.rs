@@ -108,7 +108,7 @@ pub fn site_label_with(profile: &Profile, site: &SiteId, depth: usize, names: &N
 
 fn pid_prefix(profile: &Profile, site: &SiteId) -> String {
     if profile.procs.len() > 1 {
-        format!("[{}] ", site.0)
+        format!("[{}] ", crate::incarnation::Pid(site.0))
     } else {
         String::new()
     }

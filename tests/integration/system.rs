@@ -235,6 +235,79 @@ fn exited_processes_free_their_stacks() {
     }
 }
 
+/// Starts `cmd` as process `pid`: the kernel's last pid is set to the one before
+/// (`ns_last_pid`, root in the host's pid namespace), tried again while others take it first.
+fn spawn_as(cmd: &mut Command, pid: u32) -> Child {
+    for _ in 0..200 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).unwrap();
+        let mut child = cmd.spawn().unwrap();
+        if child.id() == pid {
+            return child;
+        }
+        child.wait().unwrap();
+    }
+    panic!("pid {pid} was always taken first");
+}
+
+/// A long trace of a busy host meets pids given again (after 32,768 processes here). The
+/// second process with a pid is its own: its counts, sizes and leaks exactly the fixture's,
+/// beside the first one's, and shown as `PID#2`. Before, its counts were added to the first's,
+/// under one process that had exited.
+#[test]
+fn all_keeps_apart_two_processes_with_one_pid() {
+    if !bpf_or_skip("all_keeps_apart_two_processes_with_one_pid") {
+        return;
+    }
+    let _g = exclusive();
+    let bin = fixture("allocs", "", &[]);
+    let (tracer, json) = start_all("sys-pid-again", &["--comm", "allocs"]);
+    let fx = Fixture::main_thread(100, 1);
+    let mut first = Command::new(&bin).args(["0", "100", "1"]).spawn().unwrap();
+    let pid = first.id();
+    assert!(first.wait().unwrap().success());
+    // Two rounds: one reads its last counts, the next sees it gone.
+    std::thread::sleep(Duration::from_millis(600));
+    let mut again = spawn_as(Command::new(&bin).args(["0", "100", "1"]), pid);
+    assert!(again.wait().unwrap().success());
+    std::thread::sleep(Duration::from_millis(600));
+    let (stderr, doc) = stop(tracer, &json);
+    let want = Expected::of(&fx);
+    let procs: Vec<&Value> = doc["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["pid"].as_u64() == Some(u64::from(pid)))
+        .collect();
+    assert_eq!(procs.len(), 2, "{}", doc["processes"]);
+    assert_eq!(
+        procs
+            .iter()
+            .map(|p| p["instance"].as_u64())
+            .collect::<Vec<_>>(),
+        [None, Some(2)]
+    );
+    for p in procs {
+        let got = Expected::observed(p, &p["sizes"], &want);
+        assert_eq!(got, want, "{p}");
+        assert_eq!(p["exited"], true);
+        assert_eq!(p["leaks"]["blocks"].as_u64(), Some(want.live_blocks));
+        assert_eq!(p["leaks"]["bytes"].as_u64(), Some(want.live_bytes));
+        // Its sites hold exactly its successful allocations' bytes.
+        let site_bytes: u64 = doc["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["pid"] == p["pid"] && s["instance"] == p["instance"])
+            .map(|s| s["bytes"].as_u64().unwrap())
+            .sum();
+        assert_eq!(
+            site_bytes,
+            want.funcs.values().map(|f| f.bytes).sum::<u64>()
+        );
+    }
+    assert!(stderr.contains(&format!("{pid}#2 allocs")), "{stderr}");
+}
+
 /// `--comm` keeps only the matching processes, in every figure; each carries its cgroup.
 #[test]
 fn all_with_a_comm_filter_reports_only_matching_processes() {

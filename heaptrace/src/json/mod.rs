@@ -32,7 +32,7 @@ pub struct RunInfo<'a> {
 /// A site's identity and frames, the common part of every per-stack entry.
 pub(crate) fn site(profile: &Profile, id: &SiteId) -> Map<String, Value> {
     let mut m = Map::new();
-    m.insert("pid".into(), id.0.into());
+    pid_fields(&mut m, id.0);
     m.insert(
         "function".into(),
         Func::from_u32(id.2).map(|f| f.name()).unwrap_or("?").into(),
@@ -43,6 +43,24 @@ pub(crate) fn site(profile: &Profile, id: &SiteId) -> Map<String, Value> {
         serde_json::to_value(profile.frames(id)).unwrap_or(Value::Null),
     );
     m
+}
+
+/// `v`, an object, with the process `key`'s fields (`pid_fields`).
+pub(crate) fn with_pid(mut v: Value, key: u32) -> Value {
+    if let Value::Object(m) = &mut v {
+        pid_fields(m, key);
+    }
+    v
+}
+
+/// A process key (`incarnation`) as its pid, and, for the second or later process of the
+/// trace with that pid, `instance`: which one it is (2, 3, ...).
+pub(crate) fn pid_fields(m: &mut Map<String, Value>, key: u32) {
+    let pid = crate::incarnation::Pid(key);
+    m.insert("pid".into(), pid.real().into());
+    if pid.earlier() > 0 {
+        m.insert("instance".into(), (pid.earlier() + 1).into());
+    }
 }
 
 fn with(mut m: Map<String, Value>, extra: Value) -> Value {
@@ -269,7 +287,6 @@ pub fn document<'a>(profile: &'a Profile, info: &RunInfo<'_>) -> Node<'a> {
                 leaks(profile, Some(*pid))
             };
             let fields = json!({
-                "pid": pid,
                 "comm": p.comm,
                 "cgroup": p.cgroup,
                 "functions": functions(&p.totals, &aliases, profile),
@@ -282,9 +299,10 @@ pub fn document<'a>(profile: &'a Profile, info: &RunInfo<'_>) -> Node<'a> {
                 "exited": p.exited,
                 "leaks_at_exit": p.leaks_at_exit,
             });
-            let Value::Object(fields) = fields else {
+            let Value::Object(mut fields) = fields else {
                 unreachable!("json! of an object")
             };
+            pid_fields(&mut fields, *pid);
             let mut m: Vec<(String, Node<'a>)> =
                 fields.into_iter().map(|(k, v)| (k, v.into())).collect();
             m.push(("sizes".into(), sizes(profile, Some(*pid))));
@@ -377,7 +395,13 @@ pub(crate) fn memory_by_process(profile: &Profile) -> Value {
     profile
         .procs
         .iter()
-        .map(|(pid, p)| json!({ "pid": pid, "comm": p.comm, "memory": memory(profile, p) }))
+        .map(|(pid, p)| {
+            let mut m = Map::new();
+            pid_fields(&mut m, *pid);
+            m.insert("comm".into(), p.comm.clone().into());
+            m.insert("memory".into(), memory(profile, p));
+            Value::Object(m)
+        })
         .collect()
 }
 

@@ -67,6 +67,8 @@ pub(super) struct Daemon {
     pub(super) same: crate::merge::SameStacks,
     /// Stacks of processes gone, freed after the last round's read (`KernelMaps::free_stacks`).
     pub(super) freed: crate::drain::Freed,
+    /// Processes that had the pid of one gone before: the figures' process keys.
+    pub(super) incarnations: crate::incarnation::Incarnations,
     /// Processes that exec'ed since the last round (`Round::restarted`).
     pub(super) restarted: std::collections::BTreeSet<u32>,
     /// What the live view says beside the figures (`tui::Published::notice`).
@@ -238,11 +240,17 @@ impl Daemon {
     /// Processes that ended before the round just applied, so their final counts are in it:
     /// keep their leaks and free their map space.
     fn forget_exited(&mut self, mut gone: HashSet<u32>) -> Result<()> {
-        gone.retain(|p| self.profile.procs.get(p).is_none_or(|pp| !pp.exited));
+        let inc = &self.incarnations;
+        gone.retain(|p| {
+            self.profile
+                .procs
+                .get(&inc.key(*p))
+                .is_none_or(|pp| !pp.exited)
+        });
         if gone.is_empty() {
             return Ok(());
         }
-        let mut leaks = self.same.leaks(self.maps.forget(&gone)?);
+        let mut leaks = inc.rekey_sites(self.same.leaks(self.maps.forget(&gone)?));
         if let Some(w) = self.procwatch.as_mut() {
             w.seen.retain(|p, _| !gone.contains(p));
         }
@@ -252,7 +260,9 @@ impl Daemon {
             self.same.forget(*p);
             // Its stacks were named in the round just applied; no more will come.
             self.modules.forget(*p);
-            if let Some(pp) = self.profile.procs.get_mut(p) {
+            // A process that gets the pid next is judged anew.
+            self.matched.remove(p);
+            if let Some(pp) = self.profile.procs.get_mut(&self.incarnations.key(*p)) {
                 pp.exited = true;
                 pp.leaks_at_exit = true;
             }
@@ -359,7 +369,11 @@ impl Daemon {
             .into_iter()
             .filter(|p| {
                 self.prev.procs.contains_key(p)
-                    || self.profile.procs.get(p).is_some_and(|pp| !pp.exited)
+                    || self
+                        .profile
+                        .procs
+                        .get(&self.incarnations.key(*p))
+                        .is_some_and(|pp| !pp.exited)
                     || self.maps.has_restarted(*p)
             })
             .collect();
@@ -416,6 +430,20 @@ impl Daemon {
         self.drain_mem();
         let snap = self.maps.snapshot()?;
         let mut round = snap.since(&self.prev);
+        // A pid whose process is gone, back in the kernel's maps: another process has it.
+        let back: Vec<u32> = snap
+            .procs
+            .keys()
+            .chain(self.restarted.iter())
+            .copied()
+            .filter(|p| {
+                let key = self.incarnations.key(*p);
+                self.profile.procs.get(&key).is_some_and(|pp| pp.exited)
+            })
+            .collect();
+        for p in back {
+            self.incarnations.next(p);
+        }
         round.reservations = self.reserves.take();
         round.restarted = std::mem::take(&mut self.restarted).into_iter().collect();
         round.index = self.profile.rounds.last().map_or(0, |r| r.index) + 1;
@@ -471,6 +499,7 @@ impl Daemon {
         // those of every other program on the host, and their debug info would stay loaded).
         self.new_stacks(&mut round);
         self.same.round(&mut round);
+        self.incarnations.rekey(&mut round);
         self.profile.apply(&round);
         // Sites first seen from now on were counted after this round's read: the stacks
         // freed before it are no one's now.
@@ -570,21 +599,9 @@ impl Daemon {
                 self.modules.refresh(pid);
             }
             let stack = self.read_stack(pid, id);
-            // A process gone, its pid given to this one: its id may have been freed and given
-            // to another stack in between.
-            let clash = self
-                .profile
-                .stacks
-                .get(&(pid, id))
-                .is_some_and(|f| **f != *stack.frames);
-            let shown = if clash {
-                self.same.add_fresh(pid, id, &stack.frames)
-            } else {
-                Some(id).filter(|id| self.same.add(pid, *id, &stack.frames) == *id)
-            };
-            // None: shown as a stack seen before, its counts go there.
-            if let Some(shown) = shown {
-                round.stacks.insert((pid, shown), stack);
+            // Not when shown as a stack seen before: its counts go there.
+            if self.same.add(pid, id, &stack.frames) == id {
+                round.stacks.insert((pid, id), stack);
             }
         }
     }

@@ -1048,24 +1048,27 @@ impl App {
     pub fn export(&self) -> doc::Node<'_> {
         let frames_json = |id: &SiteId| serde_json::to_value(self.view().frames(id)).ok();
         let rows: Vec<Value> = match (self.screen, self.detail) {
-            (Screen::Sites, Some(id)) => vec![json!({
-                "pid": id.0, "stack_id": id.1,
-                "function": Func::from_u32(id.2).map(|f| f.name()),
-                "frames": frames_json(&id),
-                "site": self.view().sites.get(&id),
-            })],
+            (Screen::Sites, Some(id)) => vec![doc::with_pid(
+                json!({
+                    "stack_id": id.1,
+                    "function": Func::from_u32(id.2).map(|f| f.name()),
+                    "frames": frames_json(&id),
+                    "site": self.view().sites.get(&id),
+                }),
+                id.0,
+            )],
             (Screen::Sites, None) => self
                 .site_rows()
                 .iter()
                 .map(|r| {
-                    json!({
-                        "pid": r.id.0, "stack_id": r.id.1, "function": r.func(),
+                    doc::with_pid(json!({
+                        "stack_id": r.id.1, "function": r.func(),
                         "frame": r.frame(),
                         "calls": r.totals.calls, "bytes": r.totals.bytes,
                         "live_blocks": r.totals.live_blocks, "live_bytes": r.totals.live_bytes,
                         "temporary": { "blocks": r.totals.temp_blocks, "bytes": r.totals.temp_bytes },
                         "leaked": r.leak,
-                    })
+                    }), r.id.0)
                 })
                 .collect(),
             (Screen::Functions, _) => self
@@ -1088,14 +1091,14 @@ impl App {
                 .proc_rows()
                 .iter()
                 .map(|r| {
-                    json!({
-                        "pid": r.pid, "comm": r.comm,
+                    doc::with_pid(json!({
+                        "comm": r.comm,
                         "allocations": r.totals.allocations(), "frees": r.totals.frees(),
                         "bytes_allocated": r.totals.bytes_allocated(),
                         "live_blocks": r.totals.live_blocks, "live_bytes": r.totals.live_bytes,
                         "rss_kb": r.rss_kb, "virt_kb": r.virt_kb,
                         "reserved_bytes": r.reserved,
-                    })
+                    }), r.pid)
                 })
                 .collect(),
             (Screen::Timeline, _) => self

@@ -132,7 +132,7 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
             .map(|p| p.comm.clone())
             .unwrap_or_default();
         l2.push(Span::styled(
-            format!("  pid {pid} {comm} only"),
+            format!("  pid {} {comm} only", crate::incarnation::Pid(pid)),
             Style::new().magenta().bold(),
         ));
     }
@@ -392,7 +392,10 @@ fn draw_sites(f: &mut Frame, app: &App, area: Rect) {
                 )));
             }
             if pid {
-                cells.push(Cell::from(format!("{:>7}", r.id.0)));
+                cells.push(Cell::from(format!(
+                    "{:>7}",
+                    crate::incarnation::Pid(r.id.0)
+                )));
             }
             cells.push(Cell::from(r.func()));
             cells.push(Cell::from(site_label(r.frame())));
@@ -511,7 +514,7 @@ fn draw_stack(f: &mut Frame, app: &App, area: Rect) {
     let title = format!(
         "Stack of {func} site {} in pid {} ({} frames; Esc/Enter back, j/k scroll)",
         id.1,
-        id.0,
+        crate::incarnation::Pid(id.0),
         frames.len()
     );
     f.render_widget(
@@ -724,7 +727,7 @@ fn draw_processes(f: &mut Frame, app: &App, area: Rect) {
     body.extend(rows.iter().map(|r| {
         Row::new(vec![
             Cell::from(if app.focus() == Some(r.pid) { "*" } else { " " }),
-            Cell::from(format!("{:>7}", r.pid)),
+            Cell::from(format!("{:>7}", crate::incarnation::Pid(r.pid))),
             Cell::from(r.comm.clone()),
             Cell::from(n(r.totals.allocations())),
             Cell::from(n(r.totals.frees())),

@@ -103,19 +103,24 @@ fn profile_of(rec: &Recording, args: &ReportArgs) -> Profile {
         }
     }
     p.stacks
-        .extend(rec.stacks_frames(|key| args.pid.is_none_or(|pid| pid == key.0)));
+        .extend(rec.stacks_frames(|key| args.pid.is_none_or(|pid| pid == real(key.0))));
     // Leaks are the state at the end: shown when the window reaches the end.
     let reaches_end = args.to.is_none() || rec.rounds.last().is_some_and(|r| r.elapsed_ms <= to);
     if reaches_end && let Some(leaks) = &rec.leaks {
         p.set_leaks(
             leaks
                 .iter()
-                .filter(|(id, _)| args.pid.is_none_or(|pid| pid == id.0))
+                .filter(|(id, _)| args.pid.is_none_or(|pid| pid == real(id.0)))
                 .copied()
                 .collect(),
         );
     }
     p
+}
+
+/// The pid of a process key: `--pid` takes every process that had it.
+fn real(key: u32) -> u32 {
+    crate::incarnation::Pid(key).real()
 }
 
 fn only_pid(r: &Round, pid: u32) -> Round {
@@ -129,25 +134,25 @@ fn only_pid(r: &Round, pid: u32) -> Round {
     out.procs = r
         .procs
         .iter()
-        .filter(|(p, _)| **p == pid)
+        .filter(|(p, _)| real(**p) == pid)
         .map(|(k, v)| (*k, v.clone()))
         .collect();
     out.sizes = r
         .sizes
         .iter()
-        .filter(|(k, _)| k.0 == pid)
+        .filter(|(k, _)| real(k.0) == pid)
         .map(|(k, v)| (*k, *v))
         .collect();
     out.sites = r
         .sites
         .iter()
-        .filter(|(k, _)| k.0 == pid)
+        .filter(|(k, _)| real(k.0) == pid)
         .map(|(k, v)| (*k, *v))
         .collect();
     out.mem = r
         .mem
         .iter()
-        .filter(|(p, _)| **p == pid)
+        .filter(|(p, _)| real(**p) == pid)
         .map(|(k, v)| (*k, *v))
         .collect();
     out
