@@ -27,6 +27,10 @@ pub struct Modules {
     /// The ranges of the process's code mappings, file-backed or not (a JIT's), sorted: a
     /// return address points into one of them.
     code: HashMap<u32, Vec<(u64, u64)>>,
+    /// Processes whose mappings were read only at their exec (`keep_early`), and those of them
+    /// found gone at the last `prune_early`.
+    early: std::collections::HashSet<u32>,
+    early_gone: std::collections::HashSet<u32>,
 }
 
 /// The lowest address a mapping can have (the kernel's default `vm.mmap_min_addr`), and the
@@ -42,11 +46,25 @@ impl Modules {
         }
     }
 
+    /// Keeps the mappings of a process read right after its exec (`watch`): its executable
+    /// and the dynamic loader, its libraries not yet. A process of a few milliseconds may be
+    /// gone before a later read; with this one its executable's frames are named all the same.
+    /// The read is not the whole picture: `knows` says no until another read, and `not_code`
+    /// does not cut a stack at an address outside it.
+    pub fn keep_early(&mut self, pid: u32, maps: &str) {
+        if self.knows(pid) {
+            return; // read whole since
+        }
+        self.keep(pid, maps);
+        self.early.insert(pid);
+    }
+
     fn keep(&mut self, pid: u32, maps: &str) {
         let parsed = parse_maps(maps);
         if !parsed.is_empty() {
             self.procs.insert(pid, parsed);
             self.code.insert(pid, code_ranges(maps));
+            self.early.remove(&pid);
         }
     }
 
@@ -69,8 +87,9 @@ impl Modules {
         }
     }
 
+    /// Whether the process's mappings were read since its libraries were mapped.
     pub fn knows(&self, pid: u32) -> bool {
-        self.procs.contains_key(&pid)
+        self.procs.contains_key(&pid) && !self.early.contains(&pid)
     }
 
     pub fn resolve(&self, pid: u32, addr: u64) -> Option<Location> {
@@ -93,7 +112,7 @@ impl Modules {
         if !(LOWEST..=HIGHEST).contains(&addr) {
             return true;
         }
-        let Some(code) = self.code.get(&pid) else {
+        let Some(code) = self.code.get(&pid).filter(|_| !self.early.contains(&pid)) else {
             return false;
         };
         let i = code.partition_point(|(start, _)| *start <= addr);
@@ -103,6 +122,25 @@ impl Modules {
     pub fn forget(&mut self, pid: u32) {
         self.procs.remove(&pid);
         self.code.remove(&pid);
+        self.early.remove(&pid);
+        self.early_gone.remove(&pid);
+    }
+
+    /// Forgets the processes read only at their exec that were gone at the last call too: a
+    /// process that never allocated is never forgotten at its end, as the others are. One
+    /// call's grace, for the stacks of its last allocations, read the round after.
+    pub fn prune_early(&mut self, alive: impl Fn(u32) -> bool) {
+        let gone: std::collections::HashSet<u32> =
+            self.early.iter().copied().filter(|p| !alive(*p)).collect();
+        for p in gone.intersection(&self.early_gone) {
+            self.procs.remove(p);
+            self.code.remove(p);
+            self.early.remove(p);
+        }
+        self.early_gone = gone
+            .into_iter()
+            .filter(|p| self.early.contains(p))
+            .collect();
     }
 }
 
@@ -197,6 +235,38 @@ mod tests {
             m.not_code(2, 0x10) && !m.not_code(2, 0x55d0c1000800),
             "maps not read"
         );
+    }
+
+    #[test]
+    fn mappings_read_at_exec_name_the_executable_and_cut_nothing() {
+        let at_exec = "55d0c0001000-55d0c0003000 r-xp 00001000 fe:01 1 /bin/prog\n\
+                       7f1000000000-7f1000020000 r-xp 00001000 fe:01 3 /lib/ld.so\n";
+        let mut m = Modules::default();
+        m.keep_early(1, at_exec);
+        assert_eq!(m.resolve(1, 0x55d0c0001010).unwrap().offset, 0x1010);
+        assert!(!m.knows(1), "its libraries are not read yet");
+        assert!(
+            !m.not_code(1, 0x7f0000000100),
+            "libc, not mapped yet: not noise"
+        );
+        assert!(m.not_code(1, 0x10), "outside user space all the same");
+        // A later read is the whole picture, and is not replaced by an exec-time one.
+        m.keep(
+            1,
+            "55d0c0001000-55d0c0003000 r-xp 00001000 fe:01 1 /bin/prog\n\
+             7f0000000000-7f0000001000 r-xp 00028000 fe:01 2 /lib/libc.so.6\n",
+        );
+        assert!(m.knows(1));
+        m.keep_early(1, at_exec);
+        assert_eq!(m.resolve(1, 0x7f0000000100).unwrap().offset, 0x28100);
+        // An exec-time read of a process gone for two calls is dropped; a whole read stays
+        // until the process is forgotten at its end.
+        m.keep_early(2, at_exec);
+        m.prune_early(|_| false);
+        assert!(m.resolve(2, 0x55d0c0001010).is_some(), "one call's grace");
+        m.prune_early(|_| false);
+        assert!(m.resolve(2, 0x55d0c0001010).is_none());
+        assert!(m.knows(1));
     }
 
     #[test]

@@ -149,8 +149,14 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     let _in_runtime = rt.enter();
     // Execs: system-wide, processes that start later (their allocator may be another file),
     // looked at as the ones already running are; one process traced starts over at its exec.
-    let procwatch = match (
-        ProcWatch::start(&mut probes, &provider, cli.probe_at_entry, scope),
+    let mut procwatch = match (
+        ProcWatch::start(
+            &mut probes,
+            &provider,
+            cli.probe_at_entry,
+            scope,
+            cli.comm.clone(),
+        ),
         scope,
     ) {
         (Ok(mut w), Scope::All) => {
@@ -251,6 +257,8 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         child,
         exit_code: None,
         probes: Some(probes),
+        execs: procwatch.as_mut().and_then(|w| w.events.take()),
+        exec_first: None,
         procwatch,
         exited_leaks: BTreeMap::new(),
         same: Default::default(),

@@ -4,12 +4,20 @@
 //! on another allocator.
 use std::fs;
 
+use std::{
+    os::fd::AsRawFd as _,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
 use aya::{
     maps::{MapData, RingBuf},
     programs::RawTracePoint,
 };
 use heaptrace_common::{PROC_EXEC, ProcEvent, maps};
-use tokio::io::unix::AsyncFd;
+use tokio::{io::unix::AsyncFd, sync::mpsc};
 
 use crate::{
     allocator::{self, Provider},
@@ -17,8 +25,24 @@ use crate::{
     probe::{Probes, Scope},
 };
 
+/// Mappings of new processes as the reader read them right after their exec, by pid, until
+/// the daemon takes them (`Modules::keep_early`); at most `EARLY_MAPS` of them.
+pub type EarlyMaps = Arc<std::sync::Mutex<std::collections::HashMap<u32, String>>>;
+const EARLY_MAPS: usize = 4096;
+/// Mappings read a second at most (about 0.1 ms each): a host that execs faster gets the rest
+/// of its processes named by the later reads only.
+const READS_PER_SECOND: u32 = 200;
+
+/// Events waiting in the channel from the reader: as many as the kernel's ring holds. When it
+/// is full the reader waits, the ring fills, and the kernel counts the loss.
+const QUEUED: usize = 1024;
+
 pub struct ProcWatch {
-    pub ring: AsyncFd<RingBuf<MapData>>,
+    /// Execs as the reader thread forwards them, until the daemon takes the receiver.
+    pub events: Option<mpsc::Receiver<ProcEvent>>,
+    pub early: EarlyMaps,
+    stop: Arc<AtomicBool>,
+    reader: Option<std::thread::JoinHandle<()>>,
     /// The kernel side's rare diagnostics (aya-log), printed through `log`.
     pub logs: Option<AsyncFd<aya_log::EbpfLogger<&'static dyn log::Log>>>,
     /// Allocator files attached, and files that are no allocators, by (device, inode).
@@ -44,11 +68,13 @@ pub const RETRY_EVERY: std::time::Duration = std::time::Duration::from_millis(10
 impl ProcWatch {
     /// Attaches the exec tracepoint; `first` is the file already probed. With one process in
     /// `scope`, the kernel reports that process's execs only (`LoadOptions::watch_tgid`).
+    /// `comm`: the `--comm` filter; the reader reads only the matching processes' mappings.
     pub fn start(
         probes: &mut Probes,
         first: &Provider,
         at_entry: bool,
         scope: Scope,
+        comm: Option<String>,
     ) -> Result<ProcWatch> {
         let (prog, tp) = ("on_exec", "sched_process_exec");
         {
@@ -69,8 +95,19 @@ impl ProcWatch {
         if let Some(id) = allocator::file_id(&first.attach_path) {
             known.attached.insert(id);
         }
-        // SAFETY: the ring buffer owns its map fd and keeps it open while it is registered.
-        let ring = unsafe { AsyncFd::register(ring) }.map_err(|e| e.into_parts().1)?;
+        let (tx, events) = mpsc::channel(QUEUED);
+        let stop = Arc::new(AtomicBool::new(false));
+        let early = EarlyMaps::default();
+        let reader = Reader {
+            ring,
+            tx,
+            stop: stop.clone(),
+            comm,
+            early: early.clone(),
+        };
+        let reader = std::thread::Builder::new()
+            .name("heaptrace-execs".into())
+            .spawn(move || reader.run())?;
         // Without the log map (an object built without any log call) there is nothing to read.
         let logs = match aya_log::EbpfLogger::init(&mut probes.ebpf) {
             // SAFETY: the logger owns its ring buffer's fd while it is registered.
@@ -81,7 +118,10 @@ impl ProcWatch {
             }
         };
         Ok(ProcWatch {
-            ring,
+            events: Some(events),
+            early,
+            stop,
+            reader: Some(reader),
             logs,
             known,
             at_entry,
@@ -110,21 +150,9 @@ impl ProcWatch {
         }
     }
 
-    /// Reads the events waiting in the ring and looks at each process that started (attaching
-    /// its allocator when `probes` is given). Returns the processes that exec'ed.
-    pub fn drain(&mut self, mut probes: Option<&mut Probes>) -> Vec<u32> {
-        let mut events = Vec::new();
-        {
-            let ring = self.ring.get_mut();
-            while let Some(item) = ring.next() {
-                if item.len() >= std::mem::size_of::<ProcEvent>() {
-                    // SAFETY: the kernel wrote a ProcEvent (repr(C), no padding); read unaligned.
-                    events.push(unsafe {
-                        std::ptr::read_unaligned(item.as_ptr().cast::<ProcEvent>())
-                    });
-                }
-            }
-        }
+    /// Looks at each process that started among `events` (attaching its allocator when
+    /// `probes` is given). Returns the processes that exec'ed.
+    pub fn drain(&mut self, events: Vec<ProcEvent>, mut probes: Option<&mut Probes>) -> Vec<u32> {
         let execs: Vec<u32> = events
             .iter()
             .filter(|e| e.kind == PROC_EXEC)
@@ -204,6 +232,100 @@ impl ProcWatch {
             Err(e) => eprintln!("heaptrace: warning: cannot trace pid {pid}'s allocator: {e}"),
         }
         true
+    }
+}
+
+impl Drop for ProcWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+}
+
+/// Reads the kernel's exec events as they come, on a thread of its own, and each new process's
+/// mappings at once. The daemon can be busy with a round for tens of milliseconds, and a
+/// process that lives a millisecond is gone by then; its executable is mapped at the exec,
+/// so read now its own frames can be named.
+struct Reader {
+    ring: RingBuf<MapData>,
+    tx: mpsc::Sender<ProcEvent>,
+    stop: Arc<AtomicBool>,
+    comm: Option<String>,
+    early: EarlyMaps,
+}
+
+impl Reader {
+    /// Waits while the daemon's queue is full (the kernel's ring then fills, and counts what it
+    /// cannot hold); false once the watch is stopped or gone.
+    fn send(&self, mut exec: ProcEvent) -> bool {
+        loop {
+            match self.tx.try_send(exec) {
+                Ok(()) => return true,
+                Err(mpsc::error::TrySendError::Closed(_)) => return false,
+                Err(mpsc::error::TrySendError::Full(e)) => {
+                    if self.stop.load(Ordering::Relaxed) {
+                        return false;
+                    }
+                    exec = e;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        }
+    }
+
+    fn run(mut self) {
+        // Run as soon as woken: a process of a millisecond is gone if the read waits for a
+        // time slice behind the daemon's round and the traced programs (with this thread at
+        // normal priority, 2 runs of 8 of `recurse 7` often went unread). Its work is bounded
+        // (`READS_PER_SECOND`); where the priority cannot be had, it runs as any thread.
+        let param = libc::sched_param { sched_priority: 1 };
+        // SAFETY: a valid sched_param; 0 is the calling thread.
+        let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+        let mut budget = (std::time::Instant::now(), READS_PER_SECOND);
+        let mut fd = libc::pollfd {
+            fd: self.ring.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        while !self.stop.load(Ordering::Relaxed) {
+            // SAFETY: one valid pollfd; a timeout, so that the stop flag is seen.
+            // SAFETY: one valid pollfd; a timeout, so that the stop flag is seen.
+            if unsafe { libc::poll(&mut fd, 1, 100) } < 0 {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            let mut events = Vec::new();
+            while let Some(item) = self.ring.next() {
+                if item.len() >= std::mem::size_of::<ProcEvent>() {
+                    // SAFETY: the kernel wrote a ProcEvent (repr(C), no padding); read unaligned.
+                    events.push(unsafe {
+                        std::ptr::read_unaligned(item.as_ptr().cast::<ProcEvent>())
+                    });
+                }
+            }
+            for event in events {
+                let wanted = event.kind == PROC_EXEC
+                    && self.comm.as_ref().is_none_or(|c| {
+                        comm_str(&event.comm).is_some_and(|n| n.contains(c.as_str()))
+                    });
+                if budget.0.elapsed() >= std::time::Duration::from_secs(1) {
+                    budget = (std::time::Instant::now(), READS_PER_SECOND);
+                }
+                if wanted
+                    && budget.1 > 0
+                    && let Ok(maps) = fs::read_to_string(format!("/proc/{}/maps", event.tgid))
+                    && let Ok(mut early) = self.early.lock()
+                    && early.len() < EARLY_MAPS
+                {
+                    early.insert(event.tgid, maps);
+                    budget.1 -= 1;
+                }
+                if !self.send(event) {
+                    return;
+                }
+            }
+        }
     }
 }
 

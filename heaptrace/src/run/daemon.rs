@@ -61,6 +61,9 @@ pub(super) struct Daemon {
     pub(super) probes: Option<Probes>,
     /// System-wide mode: process starts and exits.
     pub(super) procwatch: Option<ProcWatch>,
+    /// Its execs, as its reader thread forwards them, and one received but not yet handled.
+    pub(super) execs: Option<tokio::sync::mpsc::Receiver<heaptrace_common::ProcEvent>>,
+    pub(super) exec_first: Option<heaptrace_common::ProcEvent>,
     /// Blocks that processes ended without freeing, taken out of the live map when they ended.
     pub(super) exited_leaks: BTreeMap<SiteId, Leak>,
     /// Kernel stacks shown the same, counted as one site.
@@ -229,7 +232,10 @@ impl Daemon {
                     }
                 }
                 _ = readable(self.memring.as_ref().map(|r| &r.ring)) => self.drain_mem(),
-                _ = readable(self.procwatch.as_ref().map(|w| &w.ring)) => self.process_events(),
+                Some(first) = exec_event(self.execs.as_mut()) => {
+                    self.exec_first = Some(first);
+                    self.process_events();
+                }
                 _ = view_quit(self.live.as_mut()) => return Ok(End::Quit),
                 _ = sigint.recv() => return Ok(End::Interrupted),
                 _ = sigterm.recv() => return Ok(End::Terminated),
@@ -351,9 +357,34 @@ impl Daemon {
     /// Reads the process events: attaches the allocators of new processes, and starts the
     /// processes that exec'ed over as their new command.
     fn process_events(&mut self) {
-        if let Some(w) = self.procwatch.as_mut() {
-            let execs = w.drain(self.probes.as_mut());
-            self.restart(execs);
+        let Some(w) = self.procwatch.as_mut() else {
+            return;
+        };
+        let mut got: Vec<_> = self.exec_first.take().into_iter().collect();
+        if let Some(rx) = self.execs.as_mut() {
+            while let Ok(e) = rx.try_recv() {
+                got.push(e);
+            }
+        }
+        let execs = w.drain(got, self.probes.as_mut());
+        self.restart(execs);
+    }
+
+    /// The mappings the exec watch read right after new processes' execs: the stacks read
+    /// next may be theirs (a process of a millisecond, gone by now).
+    fn early_maps(&mut self) {
+        let Some(w) = self.procwatch.as_ref() else {
+            return;
+        };
+        let early = match w.early.lock() {
+            Ok(mut m) => std::mem::take(&mut *m),
+            Err(_) => return,
+        };
+        // The exec markers among the memory events first: they drop what was read of the
+        // image before.
+        self.drain_mem();
+        for (pid, maps) in early {
+            self.modules.keep_early(pid, &maps);
         }
     }
 
@@ -584,6 +615,7 @@ impl Daemon {
 
     /// Symbolizes the stacks first seen this round, while their processes are (maybe) alive.
     fn new_stacks(&mut self, round: &mut crate::model::Round) {
+        self.early_maps();
         let new: Vec<(u32, i32)> = round
             .sites
             .keys()
@@ -604,6 +636,9 @@ impl Daemon {
                 round.stacks.insert((pid, id), stack);
             }
         }
+        // After the stacks are named: a process gone before this round's read may have
+        // stacks in the next one.
+        self.modules.prune_early(procfs::alive);
     }
 
     /// A stack as stored in the kernel, cut to what is shown, and named.
@@ -652,6 +687,15 @@ async fn readable<T: std::os::fd::AsRawFd>(fd: Option<&AsyncFd<T>>) {
                 guard.clear_ready();
             }
         }
+        None => std::future::pending().await,
+    }
+}
+
+async fn exec_event(
+    rx: Option<&mut tokio::sync::mpsc::Receiver<heaptrace_common::ProcEvent>>,
+) -> Option<heaptrace_common::ProcEvent> {
+    match rx {
+        Some(rx) => rx.recv().await,
         None => std::future::pending().await,
     }
 }
