@@ -10,6 +10,7 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
+    time::{Duration, Instant},
 };
 
 use aya::{
@@ -30,8 +31,15 @@ use crate::{
 pub type EarlyMaps = Arc<std::sync::Mutex<std::collections::HashMap<u32, String>>>;
 const EARLY_MAPS: usize = 4096;
 /// Mappings read a second at most (about 0.1 ms each): a host that execs faster gets the rest
-/// of its processes named by the later reads only.
-const READS_PER_SECOND: u32 = 200;
+/// of its processes named by the daemon's reads only.
+const READS_PER_SECOND: u32 = 400;
+/// When a new process's mappings are read again after its exec: the dynamic loader maps its
+/// libraries within a few milliseconds, and a program of 5 ms (`as`) allocates from them.
+const READ_AGAIN: [Duration; 3] = [
+    Duration::from_millis(2),
+    Duration::from_millis(6),
+    Duration::from_millis(20),
+];
 
 /// Events waiting in the channel from the reader: as many as the kernel's ring holds. When it
 /// is full the reader waits, the ring fills, and the kernel counts the loss.
@@ -283,17 +291,27 @@ impl Reader {
         let param = libc::sched_param { sched_priority: 1 };
         // SAFETY: a valid sched_param; 0 is the calling thread.
         let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
-        let mut budget = (std::time::Instant::now(), READS_PER_SECOND);
+        let mut budget = (Instant::now(), READS_PER_SECOND);
+        // (when, pid, how many reads after the exec's): the reads to come.
+        let mut again: Vec<(Instant, u32, usize)> = Vec::new();
         let mut fd = libc::pollfd {
             fd: self.ring.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         };
         while !self.stop.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            let wait = again
+                .iter()
+                .map(|a| a.0.saturating_duration_since(now))
+                .min()
+                .unwrap_or(Duration::from_millis(100))
+                .min(Duration::from_millis(100));
+            // Rounded up: a timeout of 0 would spin (at real-time priority) until the next read.
+            let ms = wait.as_micros().div_ceil(1000) as i32;
             // SAFETY: one valid pollfd; a timeout, so that the stop flag is seen.
-            // SAFETY: one valid pollfd; a timeout, so that the stop flag is seen.
-            if unsafe { libc::poll(&mut fd, 1, 100) } < 0 {
-                std::thread::sleep(std::time::Duration::from_millis(10));
+            if unsafe { libc::poll(&mut fd, 1, ms) } < 0 {
+                std::thread::sleep(Duration::from_millis(10));
             }
             let mut events = Vec::new();
             while let Some(item) = self.ring.next() {
@@ -304,27 +322,55 @@ impl Reader {
                     });
                 }
             }
+            if budget.0.elapsed() >= Duration::from_secs(1) {
+                budget = (Instant::now(), READS_PER_SECOND);
+            }
             for event in events {
                 let wanted = event.kind == PROC_EXEC
                     && self.comm.as_ref().is_none_or(|c| {
                         comm_str(&event.comm).is_some_and(|n| n.contains(c.as_str()))
                     });
-                if budget.0.elapsed() >= std::time::Duration::from_secs(1) {
-                    budget = (std::time::Instant::now(), READS_PER_SECOND);
-                }
-                if wanted
-                    && budget.1 > 0
-                    && let Ok(maps) = fs::read_to_string(format!("/proc/{}/maps", event.tgid))
-                    && let Ok(mut early) = self.early.lock()
-                    && early.len() < EARLY_MAPS
-                {
-                    early.insert(event.tgid, maps);
-                    budget.1 -= 1;
+                if wanted && self.read(event.tgid, &mut budget.1) && again.len() < EARLY_MAPS {
+                    again.push((Instant::now() + READ_AGAIN[0], event.tgid, 0));
                 }
                 if !self.send(event) {
                     return;
                 }
             }
+            let now = Instant::now();
+            let due: Vec<(u32, usize)> = again
+                .iter()
+                .filter(|a| a.0 <= now)
+                .map(|a| (a.1, a.2))
+                .collect();
+            again.retain(|a| a.0 > now);
+            for (pid, n) in due {
+                if self.read(pid, &mut budget.1) && n + 1 < READ_AGAIN.len() {
+                    again.push((now + READ_AGAIN[n + 1] - READ_AGAIN[n], pid, n + 1));
+                }
+            }
+        }
+    }
+
+    /// Reads a process's mappings for the daemon, if the budget allows; false if it is gone
+    /// (or nothing could be read).
+    fn read(&self, pid: u32, budget: &mut u32) -> bool {
+        if *budget == 0 {
+            return false;
+        }
+        let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            return false;
+        };
+        *budget -= 1;
+        if maps.is_empty() {
+            return false; // ended, not reaped yet
+        }
+        match self.early.lock() {
+            Ok(mut early) if early.len() < EARLY_MAPS || early.contains_key(&pid) => {
+                early.insert(pid, maps);
+                true
+            }
+            _ => false,
         }
     }
 }
