@@ -60,6 +60,9 @@ pub struct Profile {
     /// live figures, leaks, free's bytes and untracked count, and realloc's released bytes are
     /// not known. The views say so rather than show zeros.
     pub calls: bool,
+    /// Processes folded into one (`fold`).
+    #[serde(skip)]
+    pub folded: crate::fold::Folded,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -507,6 +510,7 @@ impl Profile {
             peak: None,
             sample_bytes: self.sample_bytes,
             calls: self.calls,
+            folded: Default::default(),
             samples: self
                 .samples
                 .iter()

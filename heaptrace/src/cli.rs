@@ -98,6 +98,11 @@ pub struct TraceArgs {
     #[arg(long, requires = "all", value_name = "NAME")]
     pub comm: Option<String>,
 
+    /// With --all: ended processes kept one by one; older ones are folded into one,
+    /// `[N exited processes]`, whose sites are their stacks by frames (bounded memory).
+    #[arg(long, default_value_t = 1000, value_name = "N")]
+    pub keep_exited: usize,
+
     /// With --all: only processes whose cgroup path contains this (a container's, a unit's).
     #[arg(long, requires = "all", value_name = "PATH")]
     pub cgroup: Option<String>,

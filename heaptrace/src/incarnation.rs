@@ -30,6 +30,9 @@ impl Pid {
 impl std::fmt::Display for Pid {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Padded as a number would be, for the tables.
+        if self.0 == crate::fold::FOLDED {
+            return f.pad("exited");
+        }
         match self.earlier() {
             0 => f.pad(&self.real().to_string()),
             n => f.pad(&format!("{}#{}", self.real(), n + 1)),

@@ -15,6 +15,7 @@ pub mod cmd;
 pub mod drain;
 pub mod elf;
 pub mod error;
+pub mod fold;
 pub mod hist;
 pub mod incarnation;
 pub mod json;

@@ -74,6 +74,19 @@ pub struct Weighted {
     pub est_sizes: [f64; LOG2_BUCKETS],
 }
 
+impl Weighted {
+    /// Another site's, added: the weights of sites folded into one (`fold`).
+    pub fn plus(&mut self, o: &Weighted) {
+        self.calls += o.calls;
+        self.bytes += o.bytes;
+        self.est_calls += o.est_calls;
+        self.est_bytes += o.est_bytes;
+        for (a, b) in self.est_sizes.iter_mut().zip(o.est_sizes) {
+            *a += b;
+        }
+    }
+}
+
 impl Default for Weighted {
     fn default() -> Self {
         Weighted {

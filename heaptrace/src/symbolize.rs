@@ -93,6 +93,12 @@ impl Frame {
         Frame::placeholder("[stack lost: its id was freed and taken]", "[lost]", 0)
     }
 
+    /// The folded stack of the ended processes' stacks past the folded ones' bound, or never
+    /// named (`fold`).
+    pub fn folded_other() -> Frame {
+        Frame::placeholder("[other stacks of exited processes]", "[folded]", 0)
+    }
+
     fn placeholder(function: &str, module: &str, offset: u64) -> Frame {
         FrameInfo {
             function: function.into(),

@@ -308,6 +308,68 @@ fn all_keeps_apart_two_processes_with_one_pid() {
     assert!(stderr.contains(&format!("{pid}#2 allocs")), "{stderr}");
 }
 
+/// Bounded memory on a host that starts processes all the time: past `--keep-exited`, ended
+/// processes fold into one, `[N exited processes]`, with their counts, sizes and leaks summed
+/// exactly, and their sites by frames (the same code in five runs is one site).
+#[test]
+fn all_folds_the_oldest_ended_processes_into_one() {
+    if !bpf_or_skip("all_folds_the_oldest_ended_processes_into_one") {
+        return;
+    }
+    let _g = exclusive();
+    let bin = fixture("allocs", "", &[]);
+    let (tracer, json) = start_all("sys-fold", &["--comm", "allocs", "--keep-exited", "2"]);
+    let fx = Fixture::main_thread(100, 1);
+    let mut pids = Vec::new();
+    for _ in 0..5 {
+        let mut c = Command::new(&bin).args(["0", "100", "1"]).spawn().unwrap();
+        pids.push(c.id());
+        assert!(c.wait().unwrap().success());
+        // Two rounds: one reads its last counts, the next sees it gone.
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (stderr, doc) = stop(tracer, &json);
+    let want = Expected::of(&fx);
+    let procs = doc["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 3, "{}", doc["processes"]);
+    // The last two as they were; the first three folded.
+    for pid in &pids[3..] {
+        let p = process(&doc, *pid);
+        assert_eq!(Expected::observed(p, &p["sizes"], &want), want, "{p}");
+    }
+    let folded = procs.iter().find(|p| p["folded"] == true).unwrap();
+    assert_eq!(folded["comm"], "[3 exited processes]");
+    assert_eq!(
+        folded["totals"]["allocations"].as_u64(),
+        Some(3 * doc["totals"]["allocations"].as_u64().unwrap() / 5)
+    );
+    assert_eq!(
+        folded["leaks"]["blocks"].as_u64(),
+        Some(3 * want.live_blocks),
+        "{}",
+        folded["leaks"]
+    );
+    // The fixture's loop mallocs 1001 bytes from one line 100 times a run, and leaks a
+    // 777-byte block: three runs, one site each.
+    let folded_malloc = |bytes: u64| -> Vec<&Value> {
+        doc["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["folded"] == true && s["function"] == "malloc")
+            .filter(|s| s["bytes"].as_u64() == Some(bytes))
+            .collect()
+    };
+    let loop_site = folded_malloc(3 * 100 * 1001);
+    assert_eq!(loop_site.len(), 1, "{loop_site:?}");
+    assert_eq!(loop_site[0]["calls"], 300);
+    assert_eq!(loop_site[0]["frames"][0]["module"], "allocs");
+    let leak_site = folded_malloc(3 * 777);
+    assert_eq!(leak_site.len(), 1, "{leak_site:?}");
+    assert_eq!(leak_site[0]["live_blocks"], 3);
+    assert!(stderr.contains("[3 exited processes]"), "{stderr}");
+}
+
 /// `--comm` keeps only the matching processes, in every figure; each carries its cgroup.
 #[test]
 fn all_with_a_comm_filter_reports_only_matching_processes() {

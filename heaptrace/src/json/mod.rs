@@ -56,6 +56,12 @@ pub(crate) fn with_pid(mut v: Value, key: u32) -> Value {
 /// A process key (`incarnation`) as its pid, and, for the second or later process of the
 /// trace with that pid, `instance`: which one it is (2, 3, ...).
 pub(crate) fn pid_fields(m: &mut Map<String, Value>, key: u32) {
+    if key == crate::fold::FOLDED {
+        // The processes folded into one (`--keep-exited`): no pid of its own.
+        m.insert("pid".into(), 0.into());
+        m.insert("folded".into(), true.into());
+        return;
+    }
     let pid = crate::incarnation::Pid(key);
     m.insert("pid".into(), pid.real().into());
     if pid.earlier() > 0 {

@@ -72,6 +72,11 @@ pub(super) struct Daemon {
     pub(super) freed: crate::drain::Freed,
     /// Processes that had the pid of one gone before: the figures' process keys.
     pub(super) incarnations: crate::incarnation::Incarnations,
+    /// Ended processes kept one by one (`--keep-exited`), oldest first; older ones are folded.
+    pub(super) keep_exited: usize,
+    pub(super) exited_order: std::collections::VecDeque<u32>,
+    /// Folded stacks made since the last round was recorded: the recording names them too.
+    pub(super) folded_stacks: Vec<(i32, std::sync::Arc<[Frame]>)>,
     /// Processes that exec'ed since the last round (`Round::restarted`).
     pub(super) restarted: std::collections::BTreeSet<u32>,
     /// What the live view says beside the figures (`tui::Published::notice`).
@@ -268,10 +273,19 @@ impl Daemon {
             self.modules.forget(*p);
             // A process that gets the pid next is judged anew.
             self.matched.remove(p);
-            if let Some(pp) = self.profile.procs.get_mut(&self.incarnations.key(*p)) {
+            let key = self.incarnations.key(*p);
+            if let Some(pp) = self.profile.procs.get_mut(&key) {
                 pp.exited = true;
                 pp.leaks_at_exit = true;
+                self.exited_order.push_back(key);
             }
+        }
+        while self.exited_order.len() > self.keep_exited {
+            let Some(key) = self.exited_order.pop_front() else {
+                break;
+            };
+            let made = self.profile.fold(key, &mut self.exited_leaks);
+            self.folded_stacks.extend(made);
         }
         Ok(())
     }
@@ -539,6 +553,13 @@ impl Daemon {
             let theirs = snap.stacks_only_of(&gone);
             self.forget_exited(gone)?;
             self.freed = self.maps.free_stacks(theirs);
+        }
+        for (id, frames) in std::mem::take(&mut self.folded_stacks) {
+            let stack = crate::model::NewStack {
+                frames,
+                ..Default::default()
+            };
+            round.stacks.insert((crate::fold::FOLDED, id), stack);
         }
         if let Some(r) = &mut self.recorder
             && let Err(e) = r.round(&round)
