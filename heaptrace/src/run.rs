@@ -304,7 +304,8 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             pp.exited = true;
         }
     }
-    let live = daemon.same.leaks(daemon.maps.live_blocks(pids.as_ref())?);
+    let live = daemon.maps.live_blocks(pids.as_ref())?;
+    let live = daemon.matching(daemon.same.leaks(live));
     let mut leaks = daemon.incarnations.rekey_sites(live);
     leaks.append(&mut daemon.exited_leaks);
     daemon.profile.set_leaks(leaks);

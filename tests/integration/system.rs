@@ -404,8 +404,19 @@ fn all_with_a_comm_filter_reports_only_matching_processes() {
         p["cgroup"]
     );
     check_fixture_sizes(p, &fx);
-    // The top-level figures are those of the matching processes only.
+    // The top-level figures are those of the matching processes only, leaks too (those of
+    // `sh` and `ls` were in them, taken at their ends).
     assert_eq!(doc["functions"], p["functions"]);
+    assert_eq!(
+        doc["leaks"]["blocks"], p["leaks"]["blocks"],
+        "{}",
+        doc["leaks"]
+    );
+    assert_eq!(
+        doc["leaks"]["bytes"], p["leaks"]["bytes"],
+        "{}",
+        doc["leaks"]
+    );
 }
 
 /// 200 short-lived processes started during a system-wide trace (ten at a time) are all

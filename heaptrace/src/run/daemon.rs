@@ -261,7 +261,9 @@ impl Daemon {
         if gone.is_empty() {
             return Ok(());
         }
-        let mut leaks = inc.rekey_sites(self.same.leaks(self.maps.forget(&gone)?));
+        let left = self.maps.forget(&gone)?;
+        let leaks = self.matching(self.same.leaks(left));
+        let mut leaks = self.incarnations.rekey_sites(leaks);
         if let Some(w) = self.procwatch.as_mut() {
             w.seen.retain(|p, _| !gone.contains(p));
         }
@@ -288,6 +290,18 @@ impl Daemon {
             self.folded_stacks.extend(made);
         }
         Ok(())
+    }
+
+    /// Leaks (by pid) of the processes `--comm`/`--cgroup` keep: the kernel's live map holds
+    /// every process's blocks.
+    pub(super) fn matching<V>(&self, leaks: BTreeMap<SiteId, V>) -> BTreeMap<SiteId, V> {
+        if self.filter.is_none() {
+            return leaks;
+        }
+        leaks
+            .into_iter()
+            .filter(|(k, _)| self.matched.get(&k.0).copied().unwrap_or(false))
+            .collect()
     }
 
     /// Handles an event of a launched command; true once it is gone. At its exit, while it is
