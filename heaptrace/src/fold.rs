@@ -160,24 +160,7 @@ fn take_range<K: Ord + Copy, V>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{aggregate::ProcProfile, model::SiteTotals, symbolize::FrameInfo};
-
-    fn frames(names: &[&str]) -> Arc<[Frame]> {
-        names
-            .iter()
-            .map(|n| {
-                Frame::from(FrameInfo {
-                    function: (*n).into(),
-                    file: None,
-                    line: None,
-                    module: "m".into(),
-                    offset: 0,
-                    inlined: false,
-                })
-            })
-            .collect::<Vec<_>>()
-            .into()
-    }
+    use crate::{aggregate::ProcProfile, model::SiteTotals, symbolize::test_frames as frames};
 
     /// Two ended processes whose stack 7 and 9 are the same code, and a third kernel stack
     /// that is another.

@@ -123,24 +123,7 @@ fn merge<K: Ord + Copy, V>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{model::SiteTotals, symbolize::FrameInfo};
-
-    fn frames(names: &[&str]) -> Arc<[Frame]> {
-        names
-            .iter()
-            .map(|n| {
-                Frame::from(FrameInfo {
-                    function: (*n).into(),
-                    file: None,
-                    line: None,
-                    module: "m".into(),
-                    offset: 0,
-                    inlined: false,
-                })
-            })
-            .collect::<Vec<_>>()
-            .into()
-    }
+    use crate::{model::SiteTotals, symbolize::test_frames as frames};
 
     #[test]
     fn stacks_shown_the_same_are_one_site_per_process() {

@@ -237,6 +237,25 @@ impl Symbolizer {
     }
 }
 
+/// A stack of frames with these function names (module `m`), for tests.
+#[cfg(test)]
+pub fn test_frames(names: &[&str]) -> std::sync::Arc<[Frame]> {
+    names
+        .iter()
+        .map(|n| {
+            Frame::from(FrameInfo {
+                function: (*n).into(),
+                file: None,
+                line: None,
+                module: "m".into(),
+                offset: 0,
+                inlined: false,
+            })
+        })
+        .collect::<Vec<_>>()
+        .into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
