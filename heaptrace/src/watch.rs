@@ -5,7 +5,7 @@
 use std::fs;
 
 use std::{
-    os::fd::AsRawFd as _,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -50,6 +50,8 @@ pub struct ProcWatch {
     pub events: Option<mpsc::Receiver<ProcEvent>>,
     pub early: EarlyMaps,
     stop: Arc<AtomicBool>,
+    /// Written to end the reader's wait at once.
+    wake: Arc<OwnedFd>,
     reader: Option<std::thread::JoinHandle<()>>,
     /// The kernel side's rare diagnostics (aya-log), printed through `log`.
     pub logs: Option<AsyncFd<aya_log::EbpfLogger<&'static dyn log::Log>>>,
@@ -105,11 +107,19 @@ impl ProcWatch {
         }
         let (tx, events) = mpsc::channel(QUEUED);
         let stop = Arc::new(AtomicBool::new(false));
+        // SAFETY: no pointers; the new fd is owned at once.
+        let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if wake < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        // SAFETY: a valid fd that nothing else owns.
+        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(wake) });
         let early = EarlyMaps::default();
         let reader = Reader {
             ring,
             tx,
             stop: stop.clone(),
+            wake: wake.clone(),
             comm,
             early: early.clone(),
         };
@@ -129,6 +139,7 @@ impl ProcWatch {
             events: Some(events),
             early,
             stop,
+            wake,
             reader: Some(reader),
             logs,
             known,
@@ -246,6 +257,9 @@ impl ProcWatch {
 impl Drop for ProcWatch {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: 8 bytes from a live buffer to an eventfd.
+        let _ = unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), one.len()) };
         if let Some(r) = self.reader.take() {
             let _ = r.join();
         }
@@ -260,6 +274,7 @@ struct Reader {
     ring: RingBuf<MapData>,
     tx: mpsc::Sender<ProcEvent>,
     stop: Arc<AtomicBool>,
+    wake: Arc<OwnedFd>,
     comm: Option<String>,
     early: EarlyMaps,
 }
@@ -294,11 +309,11 @@ impl Reader {
         let mut budget = (Instant::now(), READS_PER_SECOND);
         // (when, pid, how many reads after the exec's): the reads to come.
         let mut again: Vec<(Instant, u32, usize)> = Vec::new();
-        let mut fd = libc::pollfd {
-            fd: self.ring.as_raw_fd(),
+        let mut fds = [self.ring.as_raw_fd(), self.wake.as_raw_fd()].map(|fd| libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
-        };
+        });
         while !self.stop.load(Ordering::Relaxed) {
             let now = Instant::now();
             let wait = again
@@ -309,8 +324,8 @@ impl Reader {
                 .min(Duration::from_millis(100));
             // Rounded up: a timeout of 0 would spin (at real-time priority) until the next read.
             let ms = wait.as_micros().div_ceil(1000) as i32;
-            // SAFETY: one valid pollfd; a timeout, so that the stop flag is seen.
-            if unsafe { libc::poll(&mut fd, 1, ms) } < 0 {
+            // SAFETY: two valid pollfds.
+            if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) } < 0 {
                 std::thread::sleep(Duration::from_millis(10));
             }
             let mut events = Vec::new();
