@@ -109,11 +109,24 @@ impl Profile {
             .filter(|(_, s)| s.0.0 == key)
             .map(|(i, s)| (i, s.0))
             .collect();
+        let moved = !at_peak.is_empty();
         for (i, (_, st, func)) in at_peak {
             let fid = id(self, st);
             if let Some(p) = self.peak.as_mut() {
                 p.sites[i].0 = (FOLDED, fid, func);
             }
+        }
+        if moved && let Some(p) = self.peak.as_mut() {
+            // Sites now one: one row, largest first as before.
+            let mut sum: BTreeMap<SiteId, (i64, i64)> = BTreeMap::new();
+            for (site, blocks, bytes) in &p.sites {
+                let e = sum.entry(*site).or_default();
+                e.0 += blocks;
+                e.1 += bytes;
+            }
+            p.sites = sum.into_iter().map(|(s, (b, y))| (s, b, y)).collect();
+            p.sites
+                .sort_by_key(|(s, _, bytes)| (std::cmp::Reverse(*bytes), *s));
         }
         // Stacks of the process that no figure held.
         self.stacks.retain(|k, _| k.0 != key);
@@ -232,6 +245,27 @@ mod tests {
             p.stacks.keys().all(|k| k.0 == FOLDED),
             "{:?}",
             p.stacks.keys()
+        );
+    }
+
+    #[test]
+    fn the_peak_holds_one_row_per_folded_site() {
+        let (mut p, mut leaks) = two_processes();
+        p.peak = Some(crate::aggregate::Peak {
+            sites: vec![
+                ((10, 7, 0), 1, 100),
+                ((11, 4, 0), 1, 60),
+                ((11, 9, 0), 2, 50),
+            ],
+            ..Default::default()
+        });
+        p.fold(10, &mut leaks);
+        p.fold(11, &mut leaks);
+        let work = p.folded.ids[&frames(&["work", "main"])];
+        let other = p.folded.ids[&frames(&["other", "main"])];
+        assert_eq!(
+            p.peak.unwrap().sites,
+            [((FOLDED, work, 0), 3, 150), ((FOLDED, other, 0), 1, 60)]
         );
     }
 
