@@ -5,9 +5,9 @@
 //! had that pid before. The first process with a pid keys as the pid itself, so a trace
 //! without reuse (and every recording made before this) reads as it did. Before, the second
 //! process's counts were added to the first's, under its name and exit.
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
-use crate::model::Round;
+use crate::model::{Round, SiteId};
 
 /// Linux's PID_MAX_LIMIT on 64-bit hosts is 2^22.
 const PID_BITS: u32 = 22;
@@ -64,48 +64,33 @@ impl Incarnations {
             return;
         }
         let key = |pid: u32| self.key(pid);
-        round.procs = std::mem::take(&mut round.procs)
-            .into_iter()
-            .map(|(p, v)| (key(p), v))
-            .collect();
-        round.mem = std::mem::take(&mut round.mem)
-            .into_iter()
-            .map(|(p, v)| (key(p), v))
-            .collect();
-        round.reserved = std::mem::take(&mut round.reserved)
-            .into_iter()
-            .map(|(p, v)| (key(p), v))
-            .collect();
-        round.sizes = std::mem::take(&mut round.sizes)
-            .into_iter()
-            .map(|((p, f, s, id), v)| ((key(p), f, s, id), v))
-            .collect();
-        round.sites = std::mem::take(&mut round.sites)
-            .into_iter()
-            .map(|((p, id, f), v)| ((key(p), id, f), v))
-            .collect();
-        round.reservations = std::mem::take(&mut round.reservations)
-            .into_iter()
-            .map(|((p, kind, id, f), v)| ((key(p), kind, id, f), v))
-            .collect();
-        round.stacks = std::mem::take(&mut round.stacks)
-            .into_iter()
-            .map(|((p, id), v)| ((key(p), id), v))
-            .collect();
+        remap(&mut round.procs, key);
+        remap(&mut round.mem, key);
+        remap(&mut round.reserved, key);
+        remap(&mut round.sizes, |(p, f, s, id)| (key(p), f, s, id));
+        remap(&mut round.sites, |(p, id, f)| (key(p), id, f));
+        remap(&mut round.reservations, |(p, kind, id, f)| {
+            (key(p), kind, id, f)
+        });
+        remap(&mut round.stacks, |(p, id)| (key(p), id));
         for p in &mut round.restarted {
             *p = key(*p);
         }
     }
 
     /// Leaks (or any map keyed by site) read by pid, under the process keys.
-    pub fn rekey_sites<V>(
-        &self,
-        m: std::collections::BTreeMap<crate::model::SiteId, V>,
-    ) -> std::collections::BTreeMap<crate::model::SiteId, V> {
-        m.into_iter()
-            .map(|((p, id, f), v)| ((self.key(p), id, f), v))
-            .collect()
+    pub fn rekey_sites<V>(&self, mut m: BTreeMap<SiteId, V>) -> BTreeMap<SiteId, V> {
+        remap(&mut m, |(p, id, f)| (self.key(p), id, f));
+        m
     }
+}
+
+/// A map's keys changed by `key`, one to one (a process key is one pid's).
+fn remap<K: Ord, V>(map: &mut BTreeMap<K, V>, key: impl Fn(K) -> K) {
+    *map = std::mem::take(map)
+        .into_iter()
+        .map(|(k, v)| (key(k), v))
+        .collect();
 }
 
 #[cfg(test)]
