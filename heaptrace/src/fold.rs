@@ -196,6 +196,14 @@ mod tests {
             };
             p.sites.insert((pid, st, 0), t);
             p.sizes.insert((pid, 0, 10, st), 5);
+            // As sampling keeps them: the sampled counters and their weights, per site.
+            p.samples.insert((pid, st, 0), t);
+            let w = crate::sampling::Weighted {
+                calls: 5,
+                est_calls: 7.5,
+                ..Default::default()
+            };
+            p.weights.insert((pid, st, 0), w);
             leaks.insert(
                 (pid, st, 0),
                 Leak {
@@ -228,6 +236,10 @@ mod tests {
             "one site for the same code"
         );
         assert!(p.sites.contains_key(&(FOLDED, -12, 0)));
+        assert_eq!(p.samples[&(FOLDED, work, 0)].calls, 10);
+        assert_eq!(p.weights[&(FOLDED, work, 0)].calls, 10);
+        assert_eq!(p.weights[&(FOLDED, work, 0)].est_calls, 15.0);
+        assert_eq!(p.weights.len(), 1);
         assert_eq!(p.sites.len(), 3);
         assert_eq!(p.sizes, BTreeMap::from([((FOLDED, 0, 10, work), 10)]));
         assert_eq!(
