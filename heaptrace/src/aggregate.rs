@@ -5,7 +5,7 @@ use std::{
     sync::Arc,
 };
 
-use heaptrace_common::{FUNC_COUNT, LOSS_COUNT};
+use heaptrace_common::{FUNC_COUNT, LOSS_COUNT, Loss};
 use serde::Serialize;
 
 use crate::{
@@ -358,6 +358,36 @@ impl Profile {
         out
     }
 
+    /// The losses to show for process `pid`, or for every process here. The kernel counts
+    /// them for all the processes it traces together. A lost stack is also a site of its
+    /// process (under an errno, or its caller alone), so the stack loss is counted from the
+    /// sites of the processes shown: a filter (`--comm`, one process picked) leaves the
+    /// others' out, as an exec leaves out the dropped image's. With byte sampling, sampled
+    /// allocations, as the kernel counts them.
+    pub fn losses_of(&self, pid: Option<u32>) -> [u64; LOSS_COUNT] {
+        let sites = if self.sample_bytes > 0 {
+            &self.samples
+        } else {
+            &self.sites
+        };
+        let lost = |(p, id, _): &SiteId| match *id {
+            heaptrace_common::NO_SITE | heaptrace_common::NOT_SAMPLED => false,
+            id if id < 0 => true,
+            id => self
+                .stacks
+                .get(&(*p, id))
+                .and_then(|f| f.last())
+                .is_some_and(Frame::is_more_lost),
+        };
+        let mut out = self.losses;
+        out[Loss::Stack as usize] = sites
+            .iter()
+            .filter(|(k, _)| pid.is_none_or(|want| want == k.0) && lost(k))
+            .map(|(_, s)| s.calls)
+            .sum();
+        out
+    }
+
     pub fn leak_totals(&self, pid: Option<u32>) -> Option<Leak> {
         let leaks = self.leaks.as_ref()?;
         let mut t = Leak::default();
@@ -475,8 +505,9 @@ impl Profile {
     }
 
     /// The part of this Profile about one process. The timeline, losses and latencies stay
-    /// those of all processes (the kernel keeps them per function, not per process); the peak
-    /// is dropped, since it was measured over all of them.
+    /// those of all processes (the kernel keeps them per function, not per process; but see
+    /// [`Profile::losses_of`] for stacks); the peak is dropped, since it was measured over all
+    /// of them.
     pub fn only(&self, pid: u32) -> Profile {
         Profile {
             rounds: self.rounds.clone(),
@@ -864,5 +895,58 @@ mod tests {
         assert_eq!(&*f[0].function, "[stack lost: errno 17]");
         let f = p.frames(&(1, heaptrace_common::NO_SITE, 0));
         assert_eq!(&*f[0].function, "[no stack: not collected in this mode]");
+    }
+
+    /// The stack loss shown is that of the processes shown: their sites under an errno and
+    /// those that kept their caller alone. The kernel's count (every process) stays beside it.
+    #[test]
+    fn stack_losses_are_those_of_the_processes_shown() {
+        let mut p = Profile::default();
+        let frame = |name: &str| -> Frame {
+            crate::symbolize::FrameInfo {
+                function: name.into(),
+                file: None,
+                line: None,
+                module: "m".into(),
+                offset: 0,
+                inlined: false,
+            }
+            .into()
+        };
+        p.stacks
+            .insert((1, 5), vec![frame("f"), Frame::more_lost()].into());
+        p.stacks
+            .insert((1, 6), vec![frame("f"), frame("main")].into());
+        let calls = |n| SiteTotals {
+            calls: n,
+            ..Default::default()
+        };
+        for (site, n) in [
+            ((1, -17, 0), 3),
+            ((1, 5, 0), 2),
+            ((1, 6, 0), 10),
+            ((1, 7, 0), 20), // frames not known: not said to be lost
+            ((1, heaptrace_common::NO_SITE, 0), 7),
+            ((2, -12, 2), 4),
+        ] {
+            p.sites.insert(site, calls(n));
+        }
+        p.losses[Loss::Stack as usize] = 100;
+        p.losses[Loss::SiteMap as usize] = 1;
+        let all = p.losses_of(None);
+        assert_eq!(all[Loss::Stack as usize], 9);
+        assert_eq!(all[Loss::SiteMap as usize], 1);
+        assert_eq!(p.losses_of(Some(1))[Loss::Stack as usize], 5);
+        assert_eq!(p.losses_of(Some(2))[Loss::Stack as usize], 4);
+        assert_eq!(p.only(2).losses_of(None)[Loss::Stack as usize], 4);
+        assert_eq!(p.losses[Loss::Stack as usize], 100);
+        // Sampled: the sampled allocations, as the kernel counts them, not the estimates.
+        p.sample_bytes = 4096;
+        p.samples.insert((1, -17, 0), calls(1));
+        assert_eq!(p.losses_of(None)[Loss::Stack as usize], 1);
+        assert_eq!(
+            crate::report::losses(&p, None),
+            ["stack 1 (100 in all processes traced)", "site_map 1"]
+        );
     }
 }

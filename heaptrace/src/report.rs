@@ -222,11 +222,7 @@ pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) ->
             l.bytes
         );
     }
-    let lost: Vec<String> = Loss::ALL
-        .iter()
-        .filter(|l| profile.losses[**l as usize] > 0)
-        .map(|l| format!("{} {}", l.name(), profile.losses[*l as usize]))
-        .collect();
+    let lost = losses(profile, pid);
     let _ = writeln!(
         s,
         "lost: {}",
@@ -237,6 +233,25 @@ pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) ->
         }
     );
     s
+}
+
+/// What was lost, of process `pid` or of every process shown: "stack 12", ... When other
+/// processes lost stacks too (filtered out, or an image dropped at its exec), the kernel's
+/// count for every process traced follows: the stack maps are shared, so theirs take room.
+pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
+    let shown = profile.losses_of(pid);
+    Loss::ALL
+        .iter()
+        .filter(|l| shown[**l as usize] > 0 || profile.losses[**l as usize] > 0)
+        .map(|l| {
+            let (n, all) = (shown[*l as usize], profile.losses[*l as usize]);
+            if n == all {
+                format!("{} {n}", l.name())
+            } else {
+                format!("{} {n} ({all} in all processes traced)", l.name())
+            }
+        })
+        .collect()
 }
 
 /// The first line of a calls-mode summary: what it did not track.

@@ -75,7 +75,12 @@ impl Frame {
     /// The last frame of a stack whose frames past the caller were lost (the stack maps were
     /// full, or both buckets taken): it stands for [`MORE_FRAMES_LOST`].
     pub fn more_lost() -> Frame {
-        Frame::placeholder("[more frames lost: no room in the stack maps]", "[lost]", 0)
+        Frame::placeholder(MORE_LOST_FUNCTION, "[lost]", 0)
+    }
+
+    /// Whether this is [`Frame::more_lost`]: the stack it ends is its caller alone.
+    pub fn is_more_lost(&self) -> bool {
+        &*self.function == MORE_LOST_FUNCTION && &*self.module == "[lost]"
     }
 
     /// A frame standing for an allocation whose stack was lost (the errno says why).
@@ -111,6 +116,8 @@ impl Frame {
         .into()
     }
 }
+
+const MORE_LOST_FUNCTION: &str = "[more frames lost: no room in the stack maps]";
 
 /// Not an address: the end of a stack whose frames past the caller were lost. Kept among a
 /// stack's return addresses (and in recordings) so that it symbolizes as [`Frame::more_lost`].

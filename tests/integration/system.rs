@@ -419,6 +419,44 @@ fn all_with_a_comm_filter_reports_only_matching_processes() {
     );
 }
 
+/// With `--comm`, the stacks said lost are the matching processes' own. The kernel counts
+/// lost stacks for every process it traces, and the others' take the stack maps' room too:
+/// `recurse 6` (127 mallocs, each its own stack) beside `sites 10` (33), in maps of two
+/// stacks. Before, `lost.stack` was the kernel's count: more than `sites` allocated.
+#[test]
+fn all_with_a_comm_filter_reports_only_matching_stack_losses() {
+    if !bpf_or_skip("all_with_a_comm_filter_reports_only_matching_stack_losses") {
+        return;
+    }
+    let _g = exclusive();
+    let (tracer, json) = start_all(
+        "sys-comm-lost",
+        &["--comm", "sites", "--stack-map-size", "2"],
+    );
+    run_ok(Command::new(fixture("recurse", "", &[])).arg("6"));
+    run_ok(Command::new(fixture("sites", "", &[])).arg("10"));
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, doc) = stop(tracer, &json);
+    assert_eq!(doc["totals"]["allocations"], 33, "{}", doc["functions"]);
+    let stacks = doc["stacks"].as_array().unwrap();
+    let partial = |s: &Value| {
+        s["frames"]
+            .as_array()
+            .and_then(|f| f.last())
+            .and_then(|f| f["function"].as_str())
+            .is_some_and(|f| f.starts_with("[more frames lost"))
+    };
+    let lost: u64 = stacks
+        .iter()
+        .filter(|s| s["stack_id"].as_i64() < Some(0) || partial(s))
+        .map(|s| s["calls"].as_u64().unwrap())
+        .sum();
+    assert!(lost > 0 && lost <= 33, "{lost}: {stacks:?}");
+    assert_eq!(doc["lost"]["stack"].as_u64(), Some(lost), "{}", doc["lost"]);
+    let all = doc["lost"]["stack_all_processes"].as_u64().unwrap();
+    assert!(all >= lost + 100, "recurse's lost too: {all}");
+}
+
 /// 200 short-lived processes started during a system-wide trace (ten at a time) are all
 /// counted, each exactly, and each is marked ended.
 #[test]

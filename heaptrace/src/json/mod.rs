@@ -279,10 +279,16 @@ fn totals_summary(t: &Totals) -> Value {
 
 pub fn document<'a>(profile: &'a Profile, info: &RunInfo<'_>) -> Node<'a> {
     let totals = profile.totals();
+    // Of the processes shown; the kernel's stack loss for every process traced beside it.
     let mut lost = Map::new();
+    let shown = profile.losses_of(None);
     for l in Loss::ALL {
-        lost.insert(l.name().into(), profile.losses[l as usize].into());
+        lost.insert(l.name().into(), shown[l as usize].into());
     }
+    lost.insert(
+        "stack_all_processes".into(),
+        profile.losses[Loss::Stack as usize].into(),
+    );
     let aliases = info.aliases.to_vec();
     let processes = Node::list(move || {
         let aliases = aliases.clone();

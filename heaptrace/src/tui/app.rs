@@ -7,7 +7,7 @@ use std::{
     sync::Arc,
 };
 
-use heaptrace_common::{Func, Loss, log2_bucket, log2_bucket_floor};
+use heaptrace_common::{Func, log2_bucket, log2_bucket_floor};
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use serde_json::{Value, json};
 
@@ -640,13 +640,9 @@ impl App {
         })
     }
 
-    /// Losses so far (the kernel counts them for all processes together).
-    pub fn losses(&self) -> Vec<(&'static str, u64)> {
-        Loss::ALL
-            .iter()
-            .filter(|l| self.view().losses[**l as usize] > 0)
-            .map(|l| (l.name(), self.view().losses[*l as usize]))
-            .collect()
+    /// Losses so far, of the processes on screen (see `report::losses`).
+    pub fn losses(&self) -> Vec<String> {
+        crate::report::losses(self.view(), None)
     }
 
     pub fn site_frames(&self, id: &SiteId) -> Vec<Frame> {

@@ -89,14 +89,7 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
         Span::raw("lost: none")
     } else {
         Span::styled(
-            format!(
-                "lost: {}",
-                losses
-                    .iter()
-                    .map(|(n, v)| format!("{n} {v}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+            format!("lost: {}", losses.join(", ")),
             Style::new().yellow().bold(),
         )
     };
