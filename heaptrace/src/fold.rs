@@ -32,6 +32,17 @@ pub struct Folded {
 }
 
 impl Profile {
+    /// Marks process `key` ended: its figures are final, and its blocks still live were taken
+    /// as its leaks at its end. False if it has no figures here.
+    pub fn end(&mut self, key: u32) -> bool {
+        let Some(p) = self.procs.get_mut(&key) else {
+            return false;
+        };
+        p.exited = true;
+        p.leaks_at_exit = true;
+        true
+    }
+
     /// Folds process `key` (ended) into [`FOLDED`]; `leaks` (its blocks left at its end) are
     /// put under the folded sites too. Returns the folded stacks made for it, for a recording
     /// to hold their frames.

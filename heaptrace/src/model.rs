@@ -266,9 +266,14 @@ pub struct Round {
     /// What each live traced process's allocator holds at the end of the round.
     pub reserved: BTreeMap<u32, crate::reserve::Reserved>,
     /// Processes that exec'ed since the previous round: what their earlier images did is
-    /// dropped before this round is added (recording format 4; the last field written, so a
-    /// version 3 round reads with an empty list appended).
+    /// dropped before this round is added (recording format 4; a version 3 round reads with
+    /// an empty list appended, see `record::format::decode_round`).
     pub restarted: Vec<u32>,
+    /// Processes seen ended this round (process keys), and then those folded into
+    /// `[N exited processes]`, oldest first (see `fold`): a report replays both as the live
+    /// trace did them. Recording format 5; earlier rounds read with none.
+    pub ended: Vec<u32>,
+    pub folded: Vec<u32>,
     /// Stacks first seen this round, by (process, stack id).
     #[serde(skip)]
     pub stacks: BTreeMap<(u32, i32), NewStack>,

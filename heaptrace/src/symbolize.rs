@@ -78,9 +78,10 @@ impl Frame {
         Frame::placeholder(MORE_LOST_FUNCTION, "[lost]", 0)
     }
 
-    /// Whether this is [`Frame::more_lost`]: the stack it ends is its caller alone.
+    /// Whether this is [`Frame::more_lost`]: the stack it ends is its caller alone. By its
+    /// text only: a recording keeps no module for a frame that is not code.
     pub fn is_more_lost(&self) -> bool {
-        &*self.function == MORE_LOST_FUNCTION && &*self.module == "[lost]"
+        &*self.function == MORE_LOST_FUNCTION
     }
 
     /// A frame standing for an allocation whose stack was lost (the errno says why).

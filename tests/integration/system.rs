@@ -318,7 +318,16 @@ fn all_folds_the_oldest_ended_processes_into_one() {
     }
     let _g = exclusive();
     let bin = fixture("allocs", "", &[]);
-    let (tracer, json) = start_all("sys-fold", &["--comm", "allocs", "--keep-exited", "2"]);
+    let rec = json_path("sys-fold").with_extension("bin");
+    let json = json_path("sys-fold");
+    let tracer = start_attached(
+        heaptrace()
+            .args(["record", "-o"])
+            .arg(&rec)
+            .args(["--all", "--no-tui", "-q", "--interval", "200ms"])
+            .args(["--comm", "allocs", "--keep-exited", "2", "--json"])
+            .arg(&json),
+    );
     let fx = Fixture::main_thread(100, 1);
     let mut pids = Vec::new();
     for _ in 0..5 {
@@ -368,6 +377,51 @@ fn all_folds_the_oldest_ended_processes_into_one() {
     assert_eq!(leak_site.len(), 1, "{leak_site:?}");
     assert_eq!(leak_site[0]["live_blocks"], 3);
     assert!(stderr.contains("[3 exited processes]"), "{stderr}");
+
+    // The recording's report folds them as the live trace did: the same processes, figures
+    // and sites. Before, it listed all five, and the folded leaks under a process it lacked.
+    let out = heaptrace()
+        .arg("report")
+        .arg(&rec)
+        .args(["overview", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let off: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let procs = |d: &Value| -> Vec<Value> {
+        d["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| serde_json::json!([p["pid"], p["comm"], p["totals"], p["leaks"], p["folded"]]))
+            .collect()
+    };
+    assert_eq!(procs(&off), procs(&doc));
+    let sites = |d: &Value| -> Vec<Value> {
+        let mut v: Vec<Value> = d["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let frames: Vec<&Value> = s["frames"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|f| &f["function"])
+                    .collect();
+                serde_json::json!([s["pid"], s["function"], s["calls"], s["bytes"], frames])
+            })
+            .collect();
+        v.sort_by_key(|x| x.to_string());
+        v
+    };
+    assert_eq!(sites(&off), sites(&doc));
+    assert_eq!(off["totals"], doc["totals"]);
+    let _ = std::fs::remove_file(&rec);
 }
 
 /// `--comm` keeps only the matching processes, in every figure; each carries its cgroup.

@@ -12,12 +12,13 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
-/// 4: rounds end with the processes that exec'ed (their earlier figures dropped, as live);
+/// 5: rounds end with the processes that ended and those folded into one (`fold`); version 4
+/// and earlier rounds read with none. 4: rounds end with the processes that exec'ed (their earlier figures dropped, as live);
 /// version 2 and 3 rounds read with none. 3: the header's `sample_bytes` (`--sample-bytes`);
 /// version 2 files still read (their header without it, as unsampled). 2: rounds carry the
 /// allocators' reservations (the memory behind malloc) and one more loss counter. Version 1
 /// files (written before any release) are not read.
-pub const VERSION: u16 = 4;
+pub const VERSION: u16 = 5;
 /// The oldest version this reader reads.
 pub const OLDEST: u16 = 2;
 /// No frame is larger: a hostile length cannot make the reader allocate more.
@@ -321,14 +322,17 @@ pub fn read_frame(r: &mut impl Read, offset: u64) -> Result<Next, FormatError> {
     }))
 }
 
-/// A round of a file of `version`. Before version 4 rounds ended before `restarted`: postcard
-/// writes no field names, and an empty list is one zero byte.
+/// A round of a file of `version`. Rounds of earlier versions end before the fields added
+/// since (`restarted` in 4, `ended` and `folded` in 5): postcard writes no field names, and an
+/// empty list is one zero byte.
 pub fn decode_round(frame: &RawFrame, version: u16) -> Result<crate::model::Round, FormatError> {
-    if version >= 4 {
-        return decode(frame);
-    }
+    let missing = match version {
+        5.. => return decode(frame),
+        4 => 2,
+        _ => 3,
+    };
     let mut payload = frame.payload.clone();
-    payload.push(0);
+    payload.extend(std::iter::repeat_n(0, missing));
     decode(&RawFrame {
         kind: frame.kind,
         offset: frame.offset,
@@ -376,27 +380,35 @@ mod tests {
         );
     }
 
-    /// A version 3 round is a version 4 round without its last field: it reads with no
-    /// restarts; a version 4 round keeps them.
+    /// A round of an earlier version is a version 5 round without the fields added since:
+    /// a version 4 round reads with its restarts and no ends or folds, a version 3 round with
+    /// none of them; a version 5 round keeps all.
     #[test]
-    fn rounds_of_version_3_read_with_no_restarts() {
+    fn rounds_of_earlier_versions_read_without_the_later_fields() {
         let mut round = crate::model::Round {
             index: 7,
             restarted: vec![42],
+            ended: vec![43, 44],
+            folded: vec![43],
             ..Default::default()
         };
         round.mem.insert(1, crate::procfs::Mem::default());
-        let v4 = postcard::to_allocvec(&round).unwrap();
         let frame = |payload: Vec<u8>| RawFrame {
             kind: Kind::Round,
             offset: 0,
             stored_len: 0,
             payload,
         };
+        let v5 = postcard::to_allocvec(&round).unwrap();
+        assert_eq!(decode_round(&frame(v5), 5).unwrap(), round);
+        round.ended.clear();
+        round.folded.clear();
+        let mut v4 = postcard::to_allocvec(&round).unwrap();
+        assert_eq!(v4.split_off(v4.len() - 2), [0, 0], "empty lists, last");
         assert_eq!(decode_round(&frame(v4.clone()), 4).unwrap(), round);
         round.restarted.clear();
         let mut v3 = postcard::to_allocvec(&round).unwrap();
-        assert_eq!(v3.pop(), Some(0), "an empty list is one zero byte, last");
+        assert_eq!(v3.split_off(v3.len() - 3), [0, 0, 0]);
         assert_eq!(decode_round(&frame(v3), 3).unwrap(), round);
     }
 

@@ -144,6 +144,12 @@ impl Recording {
             .collect()
     }
 
+    /// The frames of one stack.
+    pub fn frames_of(&self, key: &(u32, i32)) -> Option<std::sync::Arc<[Frame]>> {
+        let s = self.stacks.get(key)?;
+        Some(s.frames.iter().map(|f| self.frame(f)).collect())
+    }
+
     fn frame(&self, f: &FrameRec) -> Frame {
         crate::symbolize::FrameInfo {
             function: self.strings[f.function as usize].clone(),
@@ -161,11 +167,11 @@ impl Recording {
 
     /// Replays the rounds through the same aggregation as a live trace.
     pub fn profile(&self) -> Profile {
-        let mut p = Profile::of_mode(&self.header.mode, self.header.sample_bytes);
+        let mut replay = super::replay::Replay::new(self);
         for r in &self.rounds {
-            p.apply(r);
+            replay.round(r, true);
         }
-        p.stacks.extend(self.stacks_frames(|_| true));
+        let mut p = replay.finish(|_| true);
         if let Some(l) = &self.leaks {
             p.set_leaks(l.iter().copied().collect::<BTreeMap<_, _>>());
         }

@@ -249,8 +249,9 @@ impl Daemon {
     }
 
     /// Processes that ended before the round just applied, so their final counts are in it:
-    /// keep their leaks and free their map space.
-    fn forget_exited(&mut self, mut gone: HashSet<u32>) -> Result<()> {
+    /// keep their leaks and free their map space. Returns the processes marked ended, and those
+    /// then folded, for the recording.
+    fn forget_exited(&mut self, mut gone: HashSet<u32>) -> Result<(Vec<u32>, Vec<u32>)> {
         let inc = &self.incarnations;
         gone.retain(|p| {
             self.profile
@@ -259,7 +260,7 @@ impl Daemon {
                 .is_none_or(|pp| !pp.exited)
         });
         if gone.is_empty() {
-            return Ok(());
+            return Ok(Default::default());
         }
         let left = self.maps.forget(&gone)?;
         let leaks = self.matching(self.same.leaks(left));
@@ -268,6 +269,7 @@ impl Daemon {
             w.seen.retain(|p, _| !gone.contains(p));
         }
         self.exited_leaks.append(&mut leaks);
+        let (mut ended, mut folded) = (Vec::new(), Vec::new());
         for p in &gone {
             self.reserves.forget(*p);
             self.same.forget(*p);
@@ -276,10 +278,9 @@ impl Daemon {
             // A process that gets the pid next is judged anew.
             self.matched.remove(p);
             let key = self.incarnations.key(*p);
-            if let Some(pp) = self.profile.procs.get_mut(&key) {
-                pp.exited = true;
-                pp.leaks_at_exit = true;
+            if self.profile.end(key) {
                 self.exited_order.push_back(key);
+                ended.push(key);
             }
         }
         while self.exited_order.len() > self.keep_exited {
@@ -288,8 +289,9 @@ impl Daemon {
             };
             let made = self.profile.fold(key, &mut self.exited_leaks);
             self.folded_stacks.extend(made);
+            folded.push(key);
         }
-        Ok(())
+        Ok((ended, folded))
     }
 
     /// Leaks (by pid) of the processes `--comm`/`--cgroup` keep: the kernel's live map holds
@@ -565,7 +567,7 @@ impl Daemon {
         self.freed.clear();
         if !gone.is_empty() {
             let theirs = snap.stacks_only_of(&gone);
-            self.forget_exited(gone)?;
+            (round.ended, round.folded) = self.forget_exited(gone)?;
             self.freed = self.maps.free_stacks(theirs);
         }
         for (id, frames) in std::mem::take(&mut self.folded_stacks) {

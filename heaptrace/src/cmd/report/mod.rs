@@ -17,7 +17,7 @@ use crate::{
     error::{Error, Result},
     model::Round,
     modules::Location,
-    record::{FormatError, Recording},
+    record::{FormatError, Recording, Replay},
     symbolize::Symbolizer,
 };
 
@@ -91,19 +91,18 @@ fn profile(rec: &Recording, args: &ReportArgs) -> Profile {
 fn profile_of(rec: &Recording, args: &ReportArgs) -> Profile {
     let from = args.from.map(|d| d.as_millis() as u64).unwrap_or(0);
     let to = args.to.map(|d| d.as_millis() as u64).unwrap_or(u64::MAX);
-    let mut p = Profile::of_mode(&rec.header.mode, rec.header.sample_bytes);
+    let mut replay = Replay::new(rec);
     for r in rec
         .rounds
         .iter()
         .filter(|r| r.elapsed_ms >= from && r.elapsed_ms <= to)
     {
         match args.pid {
-            Some(pid) => p.apply(&only_pid(r, pid)),
-            None => p.apply(r),
+            Some(pid) => replay.round(&only_pid(r, pid), false),
+            None => replay.round(r, true),
         }
     }
-    p.stacks
-        .extend(rec.stacks_frames(|key| args.pid.is_none_or(|pid| pid == real(key.0))));
+    let mut p = replay.finish(|key| args.pid.is_none_or(|pid| pid == real(key.0)));
     // Leaks are the state at the end: shown when the window reaches the end.
     let reaches_end = args.to.is_none() || rec.rounds.last().is_some_and(|r| r.elapsed_ms <= to);
     if reaches_end && let Some(leaks) = &rec.leaks {
@@ -155,6 +154,9 @@ fn only_pid(r: &Round, pid: u32) -> Round {
         .filter(|(p, _)| real(**p) == pid)
         .map(|(k, v)| (*k, *v))
         .collect();
+    let its = |keys: &[u32]| keys.iter().copied().filter(|k| real(*k) == pid).collect();
+    out.restarted = its(&r.restarted);
+    out.ended = its(&r.ended);
     out
 }
 
@@ -186,7 +188,8 @@ fn resymbolize(rec: &Recording, p: &mut Profile) {
         .map(|m| Path::new(&m.path).into())
         .collect();
     for (key, s) in &rec.stacks {
-        if !p.stacks.contains_key(key) {
+        // A folded stack holds frames only (its processes' addresses differed): kept.
+        if !p.stacks.contains_key(key) || s.ips.is_empty() {
             continue;
         }
         if s.locations
