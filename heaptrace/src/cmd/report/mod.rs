@@ -222,3 +222,24 @@ fn aliases(rec: &Recording) -> Vec<(Func, Func)> {
         .filter_map(|(a, of)| Some((by_name(a)?, by_name(of)?)))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--pid` keeps its process's restart and end (the other's go), every instance of it.
+    #[test]
+    fn one_pid_keeps_its_restarts_and_ends() {
+        let second = 31395 | (1 << 22);
+        let r = Round {
+            restarted: vec![31395, 7],
+            ended: vec![second, 7],
+            folded: vec![7],
+            ..Default::default()
+        };
+        let out = only_pid(&r, 31395);
+        assert_eq!(out.restarted, [31395]);
+        assert_eq!(out.ended, [second]);
+        assert!(out.folded.is_empty());
+    }
+}
