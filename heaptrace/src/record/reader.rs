@@ -24,8 +24,14 @@ pub struct Recording {
     pub modules: Vec<ModuleRec>,
     /// The file name of each module, as frames show it.
     module_names: Vec<std::sync::Arc<str>>,
-    pub stacks: HashMap<(u32, i32), StackRec>,
+    /// By (process, stack id): a process's stacks are a range (a fold takes them).
+    pub stacks: BTreeMap<(u32, i32), StackRec>,
+    /// The rounds, when read whole ([`Recording::read`]; [`Recording::read_with`] hands each
+    /// one over and keeps none).
     pub rounds: Vec<Round>,
+    /// How many rounds were read, and the last one's time.
+    pub round_count: u64,
+    pub last_elapsed_ms: Option<u64>,
     pub leaks: Option<Vec<(SiteId, Leak)>>,
     pub end: Option<EndRec>,
     /// The file ended inside a record (the writer was killed): everything before it was read.
@@ -37,7 +43,25 @@ impl Recording {
         Recording::read(BufReader::new(File::open(path)?))
     }
 
-    pub fn read(mut r: impl Read) -> Result<Recording, FormatError> {
+    pub fn read(r: impl Read) -> Result<Recording, FormatError> {
+        Recording::read_rounds(r, true, |_, _| {})
+    }
+
+    /// Reads a recording, handing each round to `each` as it comes (with the recording read
+    /// so far: every stack a round names comes before it) and keeping none: a long recording
+    /// is replayed in the memory of one round.
+    pub fn read_with(
+        r: impl Read,
+        each: impl FnMut(&Recording, &Round),
+    ) -> Result<Recording, FormatError> {
+        Recording::read_rounds(r, false, each)
+    }
+
+    fn read_rounds(
+        mut r: impl Read,
+        keep: bool,
+        mut each: impl FnMut(&Recording, &Round),
+    ) -> Result<Recording, FormatError> {
         let version = read_preamble(&mut r)?;
         let mut rec = Recording::default();
         let mut offset = 12u64;
@@ -90,7 +114,15 @@ impl Recording {
                     rec.check_stack(&s).map_err(corrupt)?;
                     rec.stacks.insert((s.pid, s.stack_id), s);
                 }
-                Kind::Round => rec.rounds.push(decode_round(&frame, version)?),
+                Kind::Round => {
+                    let round = decode_round(&frame, version)?;
+                    rec.round_count += 1;
+                    rec.last_elapsed_ms = Some(round.elapsed_ms);
+                    each(&rec, &round);
+                    if keep {
+                        rec.rounds.push(round);
+                    }
+                }
                 Kind::Leaks => rec.leaks = Some(decode(&frame)?),
                 Kind::End => rec.end = Some(decode(&frame)?),
             }
@@ -144,10 +176,14 @@ impl Recording {
             .collect()
     }
 
-    /// The frames of one stack.
-    pub fn frames_of(&self, key: &(u32, i32)) -> Option<std::sync::Arc<[Frame]>> {
-        let s = self.stacks.get(key)?;
-        Some(s.frames.iter().map(|f| self.frame(f)).collect())
+    /// The stacks of process `key` read so far, with their frames.
+    pub fn stacks_of(
+        &self,
+        key: u32,
+    ) -> impl Iterator<Item = ((u32, i32), std::sync::Arc<[Frame]>)> + '_ {
+        self.stacks
+            .range((key, i32::MIN)..=(key, i32::MAX))
+            .map(|(k, s)| (*k, s.frames.iter().map(|f| self.frame(f)).collect()))
     }
 
     fn frame(&self, f: &FrameRec) -> Frame {
@@ -169,9 +205,9 @@ impl Recording {
     pub fn profile(&self) -> Profile {
         let mut replay = super::replay::Replay::new(self);
         for r in &self.rounds {
-            replay.round(r, true);
+            replay.round(self, r, true);
         }
-        let mut p = replay.finish(|_| true);
+        let mut p = replay.finish(self, |_| true);
         if let Some(l) = &self.leaks {
             p.set_leaks(l.iter().copied().collect::<BTreeMap<_, _>>());
         }

@@ -2,33 +2,28 @@
 //! figures, then the processes it saw end, then those it folded into `[N exited processes]`
 //! (see `fold`), so a report of a system-wide recording shows what the live trace showed and
 //! keeps no more processes than it did.
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use super::Recording;
 use crate::{aggregate::Profile, model::Round};
 
-pub struct Replay<'a> {
-    rec: &'a Recording,
+pub struct Replay {
     pub profile: Profile,
-    /// Each process's stack ids, made at the first fold: a fold needs the frames of the
-    /// process's stacks, which the Profile is otherwise given only at the end.
-    by_proc: Option<HashMap<u32, Vec<i32>>>,
     folded: HashSet<u32>,
 }
 
-impl<'a> Replay<'a> {
-    pub fn new(rec: &'a Recording) -> Replay<'a> {
+impl Replay {
+    /// A replay of `rec`, whose header is read.
+    pub fn new(rec: &Recording) -> Replay {
         Replay {
-            rec,
             profile: Profile::of_mode(&rec.header.mode, rec.header.sample_bytes),
-            by_proc: None,
             folded: HashSet::new(),
         }
     }
 
     /// Applies a round; `fold`: fold the processes it folded too (not when one process is
     /// picked out of the recording: its figures are kept its own).
-    pub fn round(&mut self, r: &Round, fold: bool) {
+    pub fn round(&mut self, rec: &Recording, r: &Round, fold: bool) {
         self.profile.apply(r);
         for key in &r.ended {
             self.profile.end(*key);
@@ -37,19 +32,9 @@ impl<'a> Replay<'a> {
             return;
         }
         for key in &r.folded {
-            let rec = self.rec;
-            let by_proc = self.by_proc.get_or_insert_with(|| {
-                let mut m: HashMap<u32, Vec<i32>> = HashMap::new();
-                for (pid, id) in rec.stacks.keys() {
-                    m.entry(*pid).or_default().push(*id);
-                }
-                m
-            });
-            for id in by_proc.remove(key).unwrap_or_default() {
-                if let Some(frames) = rec.frames_of(&(*key, id)) {
-                    self.profile.stacks.insert((*key, id), frames);
-                }
-            }
+            // The fold needs the frames of the process's stacks, which the Profile is
+            // otherwise given at the end (every one of them was read before this round).
+            self.profile.stacks.extend(rec.stacks_of(*key));
             // Leaks are the recording's last record, already folded as the live trace did.
             self.profile.fold(*key, &mut BTreeMap::new());
             self.folded.insert(*key);
@@ -58,11 +43,10 @@ impl<'a> Replay<'a> {
 
     /// The Profile with the frames of the stacks `want` keeps (those of folded processes are
     /// under the folded stacks the replay made, as the live trace made them).
-    pub fn finish(mut self, want: impl Fn(&(u32, i32)) -> bool) -> Profile {
+    pub fn finish(mut self, rec: &Recording, want: impl Fn(&(u32, i32)) -> bool) -> Profile {
         let (folded, stacks) = (&self.folded, &self.profile.stacks);
-        let rest = self
-            .rec
-            .stacks_frames(|k| want(k) && !folded.contains(&k.0) && !stacks.contains_key(k));
+        let rest =
+            rec.stacks_frames(|k| want(k) && !folded.contains(&k.0) && !stacks.contains_key(k));
         self.profile.stacks.extend(rest);
         self.profile
     }
@@ -76,54 +60,56 @@ mod tests {
         aggregate::{Leak, Profile},
         fold::FOLDED,
         model::{NewStack, ProcRound, Round, SiteTotals},
-        record::{Header, Recorder, Recording, format::EndRec},
+        record::{Header, Recorder, Recording, Replay, format::EndRec},
         symbolize::test_frames,
     };
 
     /// Processes 10 and 11 allocate from the same code (their stacks 7 and 9); 12 from other
-    /// code. In round 2 all three end, and 10 and 11 are folded.
+    /// code. 10 ends and is folded in round 2, before 11 starts (its stack is read after the
+    /// first fold); 11 and 12 end in round 4, and 11 is folded.
     fn rounds() -> Vec<Round> {
-        let mut one = Round {
-            index: 1,
-            elapsed_ms: 1000,
-            ..Default::default()
-        };
-        for (pid, st, names) in [
-            (10, 7, ["work", "main"]),
-            (11, 9, ["work", "main"]),
-            (12, 7, ["other", "main"]),
+        let mut out: Vec<Round> = (1..=4)
+            .map(|i| Round {
+                index: i,
+                elapsed_ms: i * 1000,
+                ..Default::default()
+            })
+            .collect();
+        for (round, pid, st, names) in [
+            (0, 10, 7, ["work", "main"]),
+            (0, 12, 7, ["other", "main"]),
+            (2, 11, 9, ["work", "main"]),
         ] {
+            let r = &mut out[round];
             let mut pr = ProcRound {
                 comm: format!("p{pid}"),
                 ..Default::default()
             };
             pr.delta.funcs[0].calls = 5;
             pr.delta.funcs[0].bytes = 50;
-            one.procs.insert(pid, pr);
+            r.procs.insert(pid, pr);
             let t = SiteTotals {
                 calls: 5,
                 bytes: 50,
                 ..Default::default()
             };
-            one.sites.insert((pid, st, 0), t);
-            one.sizes.insert((pid, 0, 10, st), 5);
+            r.sites.insert((pid, st, 0), t);
+            r.sizes.insert((pid, 0, 10, st), 5);
             let stack = NewStack {
                 frames: test_frames(&names),
                 ..Default::default()
             };
-            one.stacks.insert((pid, st), stack);
+            r.stacks.insert((pid, st), stack);
         }
-        let two = Round {
-            index: 2,
-            elapsed_ms: 2000,
-            ended: vec![10, 11, 12],
-            folded: vec![10, 11],
-            ..Default::default()
-        };
-        vec![one, two]
+        (out[1].ended, out[1].folded) = (vec![10], vec![10]);
+        (out[3].ended, out[3].folded) = (vec![11, 12], vec![11]);
+        out
     }
 
-    fn recording(dir: &std::path::Path, leaks: &BTreeMap<(u32, i32, u32), Leak>) -> Recording {
+    fn recording(
+        dir: &std::path::Path,
+        leaks: &BTreeMap<(u32, i32, u32), Leak>,
+    ) -> std::path::PathBuf {
         let path = dir.join("fold.bin");
         let header = Header {
             mode: "stacks".into(),
@@ -134,7 +120,7 @@ mod tests {
             w.round(&r).unwrap();
         }
         w.finish(Some(leaks), &EndRec::default()).unwrap();
-        Recording::open(&path).unwrap()
+        path
     }
 
     /// A report folds what the live trace folded, into the same figures and the same folded
@@ -172,9 +158,28 @@ mod tests {
 
         let dir = std::env::temp_dir().join(format!("heaptrace-replay-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let p = recording(&dir, &leaks).profile();
+        let path = recording(&dir, &leaks);
+        let whole = Recording::open(&path).unwrap().profile();
+        // As `report` reads it: each round replayed as it is read.
+        let mut replay: Option<Replay> = None;
+        let file = std::fs::File::open(&path).unwrap();
+        let rec = Recording::read_with(file, |rec, r| {
+            replay
+                .get_or_insert_with(|| Replay::new(rec))
+                .round(rec, r, true)
+        })
+        .unwrap();
+        assert!(rec.rounds.is_empty());
+        assert_eq!(rec.round_count, 4);
+        let mut streamed = replay.unwrap().finish(&rec, |_| true);
+        streamed.set_leaks(rec.leaks.clone().unwrap().into_iter().collect());
         let _ = std::fs::remove_dir_all(&dir);
+        for p in [whole, streamed] {
+            check(&p, &live);
+        }
+    }
 
+    fn check(p: &Profile, live: &Profile) {
         assert_eq!(p.procs.keys().collect::<Vec<_>>(), [&12, &FOLDED]);
         assert_eq!(p.procs[&FOLDED].comm, "[2 exited processes]");
         assert!(p.procs.values().all(|pp| pp.exited && pp.leaks_at_exit));
@@ -190,9 +195,9 @@ mod tests {
         };
         assert_eq!(p.sites.len(), 2, "{:?}", p.sites);
         for site in live.sites.keys() {
-            assert_eq!(names(&p, site), names(&live, site), "{site:?}");
+            assert_eq!(names(p, site), names(live, site), "{site:?}");
         }
-        assert_eq!(names(&p, &(FOLDED, 1, 0)), ["work", "main"]);
+        assert_eq!(names(p, &(FOLDED, 1, 0)), ["work", "main"]);
         assert_eq!(p.sites[&(FOLDED, 1, 0)].calls, 10);
         // Nothing of the folded processes is left on its own.
         assert!(p.stacks.keys().all(|k| k.0 == 12 || k.0 == FOLDED));

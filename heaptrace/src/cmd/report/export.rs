@@ -339,9 +339,8 @@ pub fn pprof(rec: &Recording, p: &Profile, names: &Names) -> PProfile {
     }
     out.time_nanos = rec.header.start_unix_ms as i64 * 1_000_000;
     out.duration_nanos = rec
-        .rounds
-        .last()
-        .map(|r| r.elapsed_ms as i64 * 1_000_000)
+        .last_elapsed_ms
+        .map(|ms| ms as i64 * 1_000_000)
         .unwrap_or(0);
     out.string_table = strings.table;
     out

@@ -27,7 +27,7 @@ pub use crate::views::Names;
 pub const BAD_FILE: i32 = 2;
 
 pub fn run(args: &ReportArgs) -> Result<i32> {
-    let rec = match open(&args.file) {
+    let (rec, profile) = match open(&args.file, args) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("heaptrace: error: {}: {e}", args.file.display());
@@ -44,16 +44,14 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
         just_function_name: args.just_function_name,
         shorten_templates: args.shorten_templates,
     };
-    let profile = profile(&rec, args);
     if let Some(other) = &args.diff {
-        let b = match open(other) {
+        let (_, pb) = match replayed(other, args) {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("heaptrace: error: {}: {e}", other.display());
                 return Ok(BAD_FILE);
             }
         };
-        let pb = profile_of(&b, args);
         super::out(&diff::render(&profile, &pb, &names, args.top, args.format))?;
         return Ok(0);
     }
@@ -74,37 +72,36 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// Reads a recording, turning every way it can be wrong into one message.
-pub fn open(path: &Path) -> Result<Recording, FormatError> {
-    Recording::open(path)
-}
-
-fn profile(rec: &Recording, args: &ReportArgs) -> Profile {
-    let mut rec_view = profile_of(rec, args);
+/// Reads a recording, turning every way it can be wrong into one message, and replays it.
+pub fn open(path: &Path, args: &ReportArgs) -> Result<(Recording, Profile), FormatError> {
+    let (rec, mut p) = replayed(path, args)?;
     if args.resymbolize {
-        resymbolize(rec, &mut rec_view);
+        resymbolize(&rec, &mut p);
     }
-    rec_view
+    Ok((rec, p))
 }
 
-/// The rounds in the --from/--to window, restricted to --pid, replayed.
-fn profile_of(rec: &Recording, args: &ReportArgs) -> Profile {
+/// The rounds in the --from/--to window, restricted to --pid, replayed as they are read: a
+/// long recording is never held whole.
+fn replayed(path: &Path, args: &ReportArgs) -> Result<(Recording, Profile), FormatError> {
     let from = args.from.map(|d| d.as_millis() as u64).unwrap_or(0);
     let to = args.to.map(|d| d.as_millis() as u64).unwrap_or(u64::MAX);
-    let mut replay = Replay::new(rec);
-    for r in rec
-        .rounds
-        .iter()
-        .filter(|r| r.elapsed_ms >= from && r.elapsed_ms <= to)
-    {
-        match args.pid {
-            Some(pid) => replay.round(&only_pid(r, pid), false),
-            None => replay.round(r, true),
+    let mut replay: Option<Replay> = None;
+    let file = std::io::BufReader::new(std::fs::File::open(path)?);
+    let rec = Recording::read_with(file, |rec, r| {
+        if r.elapsed_ms < from || r.elapsed_ms > to {
+            return;
         }
-    }
-    let mut p = replay.finish(|key| args.pid.is_none_or(|pid| pid == real(key.0)));
+        let replay = replay.get_or_insert_with(|| Replay::new(rec));
+        match args.pid {
+            Some(pid) => replay.round(rec, &only_pid(r, pid), false),
+            None => replay.round(rec, r, true),
+        }
+    })?;
+    let replay = replay.unwrap_or_else(|| Replay::new(&rec));
+    let mut p = replay.finish(&rec, |key| args.pid.is_none_or(|pid| pid == real(key.0)));
     // Leaks are the state at the end: shown when the window reaches the end.
-    let reaches_end = args.to.is_none() || rec.rounds.last().is_some_and(|r| r.elapsed_ms <= to);
+    let reaches_end = args.to.is_none() || rec.last_elapsed_ms.is_some_and(|ms| ms <= to);
     if reaches_end && let Some(leaks) = &rec.leaks {
         p.set_leaks(
             leaks
@@ -114,7 +111,7 @@ fn profile_of(rec: &Recording, args: &ReportArgs) -> Profile {
                 .collect(),
         );
     }
-    p
+    Ok((rec, p))
 }
 
 /// The pid of a process key: `--pid` takes every process that had it.

@@ -26,7 +26,7 @@ fn overview_head(rec: &Recording) -> String {
         .end
         .as_ref()
         .map(|e| e.elapsed_ms)
-        .or_else(|| rec.rounds.last().map(|r| r.elapsed_ms))
+        .or(rec.last_elapsed_ms)
         .unwrap_or(0);
     let target = match h.target_mode.as_str() {
         "command" => format!(
@@ -54,7 +54,7 @@ fn overview_head(rec: &Recording) -> String {
         h.host,
         h.kernel,
         elapsed as f64 / 1000.0,
-        rec.rounds.len(),
+        rec.round_count,
         h.interval_ms,
         h.mode
     );
