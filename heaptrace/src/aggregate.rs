@@ -217,7 +217,7 @@ impl Profile {
                 *a += b;
             }
         }
-        let total = self.totals();
+        let total = self.live_now();
         self.push_row(TimelineRow {
             index: round.index,
             rounds: 1,
@@ -324,7 +324,7 @@ impl Profile {
         let mut sites: Vec<(SiteId, i64, i64)> = self
             .sites
             .iter()
-            .filter(|(_, s)| s.live_bytes > 0)
+            .filter(|(id, s)| s.live_bytes > 0 && self.procs.get(&id.0).is_none_or(|p| !p.exited))
             .map(|(id, s)| (*id, s.live_blocks, s.live_bytes))
             .collect();
         sites.sort_by_key(|(_, _, bytes)| std::cmp::Reverse(*bytes));
@@ -336,6 +336,17 @@ impl Profile {
             elapsed_ms: round.elapsed_ms,
             sites,
         }
+    }
+
+    /// The processes that have not ended, summed: the live memory of the timeline and the
+    /// peak. An ended process's blocks went with it; its own figures keep them, as not freed
+    /// at its end. (Under `--all` a host's ended processes left 83 MB "live" after 20 s.)
+    fn live_now(&self) -> Totals {
+        let mut t = Totals::default();
+        for p in self.procs.values().filter(|p| !p.exited) {
+            t.plus(&p.totals);
+        }
+        t
     }
 
     /// All processes summed.
@@ -886,6 +897,31 @@ mod tests {
         let l = p.leak_totals(None).unwrap();
         assert_eq!(l.blocks, (6.0 * w).round() as u64);
         assert_eq!(l.bytes, (6144.0 * w).round() as u64);
+    }
+
+    /// An ended process's blocks leave the timeline's live memory and the peak (they went
+    /// with it); its own figures keep them, as not freed at its end.
+    #[test]
+    fn ended_processes_leave_the_live_memory() {
+        let mut p = Profile::default();
+        let mut one = round(1, 10, 1, 100, 0, 100);
+        one.procs.extend(round(1, 11, 1, 100, 0, 100).procs);
+        one.sites.extend(round(1, 11, 1, 100, 0, 100).sites);
+        p.apply(&one);
+        assert!(p.end(10));
+        p.apply(&round(2, 11, 0, 0, 0, 0));
+        p.apply(&round(3, 11, 1, 50, 0, 50));
+        let live: Vec<i64> = p.rounds.iter().map(|r| r.live_bytes).collect();
+        assert_eq!(live, [200, 100, 150]);
+        let peak = p.peak.as_ref().unwrap();
+        assert_eq!((peak.round, peak.live_bytes), (1, 200));
+        assert_eq!(p.procs[&10].totals.live_bytes, 100);
+        assert_eq!(p.totals().live_bytes, 250);
+        // A new peak lists the live processes' sites only.
+        p.apply(&round(4, 11, 1, 100, 0, 100));
+        let peak = p.peak.as_ref().unwrap();
+        assert_eq!((peak.round, peak.live_bytes), (4, 250));
+        assert_eq!(peak.sites, [((11, 1, 0), 0, 250)]);
     }
 
     #[test]
