@@ -6,7 +6,7 @@
 //! flag the hot path must check) and cannot lose or double-count a call: an increment that lands
 //! after the read is simply in the next round's difference.
 use std::{
-    collections::{BTreeMap, HashMap as StdHashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap as StdHashMap, HashSet},
     os::fd::{AsFd as _, OwnedFd},
 };
 
@@ -320,13 +320,22 @@ impl KernelMaps {
     /// what their earlier images left in the maps keyed by process. The blocks they never freed
     /// went with their address space. The current image's entries carry another epoch, so
     /// nothing it counts meanwhile is touched.
-    pub fn restarted(&mut self, pids: &HashSet<u32>) -> Result<()> {
+    /// Returns the stored stacks the dropped sites held (ids as in the site map): once no
+    /// other site holds them, they are for others to take, as an ended process's are.
+    pub fn restarted(&mut self, pids: &HashSet<u32>) -> Result<BTreeSet<i32>> {
         let epochs: StdHashMap<u32, u32> = pids.iter().map(|p| (*p, self.epoch(*p))).collect();
         let old = |tgid: u32, epoch: u32| epochs.get(&tgid).is_some_and(|e| *e != epoch);
         remove_where(&mut self.live, |k: &LiveKey| old(k.tgid, k.epoch));
         remove_where(&mut self.sizes, |k: &SizeKey| old(k.tgid, k.epoch));
-        remove_where(&mut self.sites, |k: &SiteKey| old(k.tgid, k.epoch));
-        Ok(())
+        let mut held = BTreeSet::new();
+        remove_where(&mut self.sites, |k: &SiteKey| {
+            let drop = old(k.tgid, k.epoch);
+            if drop && k.stack_id >= 0 {
+                held.insert(k.stack_id);
+            }
+            drop
+        });
+        Ok(held)
     }
 
     /// Drops in-flight records of threads that are gone; the map is bounded, and a reused
@@ -374,7 +383,7 @@ impl<K: aya::Pod, V: aya::Pod> Keyed<K> for PerCpuHashMap<MapData, K, V> {
 
 /// Removes the entries whose key `drop` selects. The keys are listed first: removing while
 /// walking would restart the walk.
-fn remove_where<K>(map: &mut impl Keyed<K>, drop: impl Fn(&K) -> bool) {
+fn remove_where<K>(map: &mut impl Keyed<K>, mut drop: impl FnMut(&K) -> bool) {
     for k in map.key_list().iter().filter(|k| drop(k)) {
         map.drop_key(k);
     }

@@ -288,9 +288,14 @@ pub struct ProcRound {
 }
 
 impl Snapshot {
-    /// The stored stacks (kernel ids) that sites of `pids` hold and no other process's does.
-    pub fn stacks_only_of(&self, pids: &std::collections::HashSet<u32>) -> Vec<i32> {
-        let mut theirs = std::collections::BTreeSet::new();
+    /// The stored stacks (kernel ids) that sites of `pids` hold, or that are in `dropped`
+    /// (held by sites dropped already), and no other process's site holds.
+    pub fn stacks_only_of(
+        &self,
+        pids: &std::collections::HashSet<u32>,
+        dropped: std::collections::BTreeSet<i32>,
+    ) -> Vec<i32> {
+        let mut theirs = dropped;
         let mut others = std::collections::HashSet::new();
         for (pid, id, _) in self.sites.keys().filter(|k| k.1 >= 0) {
             if pids.contains(pid) {
@@ -522,9 +527,15 @@ mod tests {
             s.sites.insert(key, SiteTotals::default());
         }
         let pids = |p: &[u32]| p.iter().copied().collect();
-        assert_eq!(s.stacks_only_of(&pids(&[1])), [5]);
-        assert_eq!(s.stacks_only_of(&pids(&[1, 2])), [5, 6]);
-        assert_eq!(s.stacks_only_of(&pids(&[3])), [7, 8]);
-        assert!(s.stacks_only_of(&pids(&[4])).is_empty());
+        let none = Default::default;
+        assert_eq!(s.stacks_only_of(&pids(&[1]), none()), [5]);
+        assert_eq!(s.stacks_only_of(&pids(&[1, 2]), none()), [5, 6]);
+        assert_eq!(s.stacks_only_of(&pids(&[3]), none()), [7, 8]);
+        assert!(s.stacks_only_of(&pids(&[4]), none()).is_empty());
+        // Stacks of sites dropped at an exec: freed unless a site here holds them.
+        let dropped = [6, 9].into_iter().collect();
+        assert_eq!(s.stacks_only_of(&pids(&[]), dropped), [9]);
+        let dropped = [6, 9].into_iter().collect();
+        assert_eq!(s.stacks_only_of(&pids(&[2]), dropped), [9]);
     }
 }

@@ -472,10 +472,14 @@ impl Daemon {
         // Execs reported so far are applied before the read, so that it starts their new
         // counts from zero.
         self.process_events();
-        if !self.stale.is_empty() {
+        // The stacks of images dropped at their exec, freed below unless others hold them:
+        // a shell's forks that exec leave theirs (a pyenv shim's ~35 bash processes a run).
+        let dropped = if self.stale.is_empty() {
+            Default::default()
+        } else {
             let stale = std::mem::take(&mut self.stale);
-            self.maps.restarted(&stale)?;
-        }
+            self.maps.restarted(&stale)?
+        };
         // Who is gone is decided before the snapshot, so that it holds their final counts (a
         // process found gone after it could still have counted something in between).
         let gone: HashSet<u32> = if self.pid.is_none() {
@@ -565,9 +569,11 @@ impl Daemon {
         // Sites first seen from now on were counted after this round's read: the stacks
         // freed before it are no one's now.
         self.freed.clear();
+        let theirs = snap.stacks_only_of(&gone, dropped);
         if !gone.is_empty() {
-            let theirs = snap.stacks_only_of(&gone);
             (round.ended, round.folded) = self.forget_exited(gone)?;
+        }
+        if !theirs.is_empty() {
             self.freed = self.maps.free_stacks(theirs);
         }
         for (id, frames) in std::mem::take(&mut self.folded_stacks) {
