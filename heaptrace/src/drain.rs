@@ -32,12 +32,19 @@ pub type Freed = StdHashMap<i32, Option<(Vec<u64>, bool)>>;
 
 /// The stack a site first seen right after its stack id was freed was counted under, from
 /// what the id held then (`held`) and holds `now`: the stack freed, unless another has taken
-/// the id since (None: it could be either).
+/// the id since (None: it could be either). `code(ip)`: whether `ip` is code of the site's
+/// process. The freed stack's first return address is code of the process that made it; a
+/// process for which it is not (another address space, as with every process but a fork
+/// that has not exec'ed) cannot have counted under it, and has the stack the id holds now.
 pub fn freed_stack(
     held: Option<(Vec<u64>, bool)>,
     now: Option<(Vec<u64>, bool)>,
+    code: impl Fn(u64) -> bool,
 ) -> Option<(Vec<u64>, bool)> {
     match (held, now) {
+        (Some(held), now) if held.0.first().is_some_and(|ip| !code(*ip)) => {
+            Some(now.unwrap_or((Vec::new(), true)))
+        }
         (Some(held), Some(now)) if held != now => None,
         (Some(held), _) => Some(held),
         (None, now) => Some(now.unwrap_or((Vec::new(), true))),
@@ -414,14 +421,22 @@ mod tests {
     fn a_site_first_seen_after_its_stack_was_freed_keeps_that_stack_unless_another_took_it() {
         let a = Some((vec![1, 2], true));
         let b = Some((vec![3], true));
+        let all = |_| true;
         // Nothing took the id: the stack freed.
-        assert_eq!(freed_stack(a.clone(), None), a);
+        assert_eq!(freed_stack(a.clone(), None, all), a);
         // The same stack stored again.
-        assert_eq!(freed_stack(a.clone(), a.clone()), a);
+        assert_eq!(freed_stack(a.clone(), a.clone(), all), a);
         // Another stack took it: counted under either, not known which.
-        assert_eq!(freed_stack(a, b.clone()), None);
+        assert_eq!(freed_stack(a.clone(), b.clone(), all), None);
         // What the id held could not be read: what it holds now.
-        assert_eq!(freed_stack(None, b.clone()), b);
-        assert_eq!(freed_stack(None, None), Some((Vec::new(), true)));
+        assert_eq!(freed_stack(None, b.clone(), all), b);
+        assert_eq!(freed_stack(None, None, all), Some((Vec::new(), true)));
+        // The stack freed began outside this process's code: not its stack, the one now is.
+        let not_1 = |ip| ip != 1;
+        assert_eq!(freed_stack(a.clone(), b.clone(), not_1), b);
+        assert_eq!(freed_stack(a, None, not_1), Some((Vec::new(), true)));
+        // Frames past the first may be noise (no frame pointers) even for its own process.
+        let only_1 = |ip| ip == 1;
+        assert_eq!(freed_stack(Some((vec![1, 2], true)), b, only_1), None);
     }
 }

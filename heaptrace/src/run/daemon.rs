@@ -690,7 +690,9 @@ impl Daemon {
         let now = self.maps.stack(id);
         let read = match self.freed.get(&id) {
             None => Some(now.unwrap_or((Vec::new(), true))),
-            Some(held) => crate::drain::freed_stack(held.clone(), now),
+            Some(held) => {
+                crate::drain::freed_stack(held.clone(), now, |ip| !self.modules.not_code(pid, ip))
+            }
         };
         let Some((mut ips, whole)) = read else {
             return crate::model::NewStack {
