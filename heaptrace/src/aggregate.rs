@@ -1,9 +1,6 @@
 //! Folds rounds into one Profile that every view reads, so the round lines, the summary and the
 //! JSON document can never disagree.
-use std::{
-    collections::{BTreeMap, HashMap},
-    sync::Arc,
-};
+use std::{collections::BTreeMap, sync::Arc};
 
 use heaptrace_common::{FUNC_COUNT, LOSS_COUNT, Loss};
 use serde::Serialize;
@@ -19,7 +16,7 @@ use crate::{
 const PEAK_SITES: usize = 20;
 
 /// Symbolized stacks by (process, stack id), each shared.
-pub type Stacks = HashMap<(u32, i32), Arc<[Frame]>>;
+pub type Stacks = BTreeMap<(u32, i32), Arc<[Frame]>>;
 
 /// The most rows the timeline keeps. Past it, neighbouring rows merge two by two and each row
 /// covers twice as many rounds: a trace of days keeps its whole span, at a coarser step, in
@@ -63,6 +60,34 @@ pub struct Profile {
     /// Processes folded into one (`fold`).
     #[serde(skip)]
     pub folded: crate::fold::Folded,
+}
+
+/// The keys of process `pid`'s sites (and samples, weights, leaks).
+pub fn site_ids(pid: u32) -> std::ops::RangeInclusive<SiteId> {
+    (pid, i32::MIN, 0)..=(pid, i32::MAX, u32::MAX)
+}
+
+/// The keys of process `pid`'s sizes.
+pub fn size_keys(pid: u32) -> std::ops::RangeInclusive<crate::model::SizeKey> {
+    (pid, 0, 0, i32::MIN)..=(pid, u32::MAX, u64::MAX, i32::MAX)
+}
+
+/// The keys of process `pid`'s reservations.
+pub fn reservation_keys(pid: u32) -> std::ops::RangeInclusive<ResKey> {
+    use crate::reserve::{Area, Kind};
+    let last = Kind::Munmap { of: Area::Brk };
+    (pid, Kind::Arena, i32::MIN, 0)..=(pid, last, i32::MAX, u32::MAX)
+}
+
+/// Removes and returns the entries of `map` in `range`.
+pub fn take_range<K: Ord + Copy, V>(
+    map: &mut BTreeMap<K, V>,
+    range: std::ops::RangeInclusive<K>,
+) -> Vec<(K, V)> {
+    let keys: Vec<K> = map.range(range).map(|(k, _)| *k).collect();
+    keys.into_iter()
+        .filter_map(|k| map.remove(&k).map(|v| (k, v)))
+        .collect()
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -147,9 +172,12 @@ impl Profile {
                 ..Default::default()
             };
         }
-        self.sizes.retain(|k, _| k.0 != pid);
-        self.sites.retain(|k, _| k.0 != pid);
-        self.reservations.retain(|k, _| k.0 != pid);
+        // By range: a host's execs are thousands a minute, each a scan of every map else.
+        take_range(&mut self.sizes, size_keys(pid));
+        take_range(&mut self.sites, site_ids(pid));
+        take_range(&mut self.samples, site_ids(pid));
+        take_range(&mut self.weights, site_ids(pid));
+        take_range(&mut self.reservations, reservation_keys(pid));
     }
 
     /// An empty Profile of a trace sampled at `sample_bytes` (0: not sampled).

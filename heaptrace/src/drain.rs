@@ -12,7 +12,7 @@ use std::{
 
 use aya::{
     Ebpf,
-    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, StackTraceMap},
+    maps::{HashMap, MapData, PerCpuArray, StackTraceMap},
 };
 use heaptrace_common::{
     FUNC_COUNT, InFlight, LatencyHist, LiveBlock, LiveKey, Loss, ProcCounters, SiteCounters,
@@ -52,12 +52,8 @@ pub fn freed_stack(
 }
 
 pub struct KernelMaps {
-    procs: PerCpuHashMap<MapData, u32, ProcCounters>,
-    sizes: PerCpuHashMap<MapData, SizeKey, u64>,
     losses: PerCpuArray<MapData, u64>,
-    live: HashMap<MapData, LiveKey, LiveBlock>,
     inflight: HashMap<MapData, u64, InFlight>,
-    sites: PerCpuHashMap<MapData, SiteKey, SiteCounters>,
     stacks: StackTraceMap<MapData>,
     stacks2: StackTraceMap<MapData>,
     /// One-frame stacks: the callers of allocations whose whole stack neither map took.
@@ -66,11 +62,22 @@ pub struct KernelMaps {
     stack_id_offset: u32,
     latency: PerCpuArray<MapData, LatencyHist>,
     execs: HashMap<MapData, u32, u32>,
-    /// The per-CPU hash maps read every round, for batched reads (`batch`).
+    /// The hash maps read every round or walked for a process's entries, for batched reads
+    /// and deletes (`batch`).
     procs_fd: OwnedFd,
     sizes_fd: OwnedFd,
     sites_fd: OwnedFd,
+    live_fd: OwnedFd,
     cpus: usize,
+    /// Each process's keys in the size and site maps, every image's, as the last snapshot
+    /// read them: what forgetting a process or an image deletes, without a walk of the maps.
+    keys: StdHashMap<u32, Keys>,
+}
+
+#[derive(Default)]
+struct Keys {
+    sizes: Vec<SizeKey>,
+    sites: Vec<SiteKey>,
 }
 
 fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
@@ -91,10 +98,11 @@ fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
     T::try_from(map).map_err(map_err(name))
 }
 
-/// A second descriptor of a per-CPU hash map, for batched reads next to aya's handle.
-fn per_cpu_hash_fd(ebpf: &Ebpf, name: &'static str) -> Result<OwnedFd> {
+/// A second descriptor of a hash map (per-CPU or not), for batched reads and deletes next to
+/// aya's handle.
+fn hash_fd(ebpf: &Ebpf, name: &'static str) -> Result<OwnedFd> {
     match ebpf.map(name) {
-        Some(aya::maps::Map::PerCpuHashMap(data)) => data
+        Some(aya::maps::Map::PerCpuHashMap(data) | aya::maps::Map::HashMap(data)) => data
             .fd()
             .as_fd()
             .try_clone_to_owned()
@@ -104,16 +112,17 @@ fn per_cpu_hash_fd(ebpf: &Ebpf, name: &'static str) -> Result<OwnedFd> {
             }),
         _ => Err(Error::Map {
             map: name,
-            reason: "not a per-CPU hash map in the object".into(),
+            reason: "not a hash map in the object".into(),
         }),
     }
 }
 
 impl KernelMaps {
     pub fn take(ebpf: &mut Ebpf, stack_id_offset: u32) -> Result<KernelMaps> {
-        let procs_fd = per_cpu_hash_fd(ebpf, maps::PROCS)?;
-        let sizes_fd = per_cpu_hash_fd(ebpf, maps::SIZES)?;
-        let sites_fd = per_cpu_hash_fd(ebpf, maps::SITES)?;
+        let procs_fd = hash_fd(ebpf, maps::PROCS)?;
+        let sizes_fd = hash_fd(ebpf, maps::SIZES)?;
+        let sites_fd = hash_fd(ebpf, maps::SITES)?;
+        let live_fd = hash_fd(ebpf, maps::LIVE)?;
         let cpus = aya::util::nr_cpus().map_err(|(path, e)| Error::Read {
             path: path.into(),
             source: e,
@@ -122,13 +131,11 @@ impl KernelMaps {
             procs_fd,
             sizes_fd,
             sites_fd,
+            live_fd,
             cpus,
-            procs: take(ebpf, maps::PROCS)?,
-            sizes: take(ebpf, maps::SIZES)?,
+            keys: StdHashMap::new(),
             losses: take(ebpf, maps::LOSSES)?,
-            live: take(ebpf, maps::LIVE)?,
             inflight: take(ebpf, maps::INFLIGHT)?,
-            sites: take(ebpf, maps::SITES)?,
             stacks: take(ebpf, maps::STACKS)?,
             stacks2: take(ebpf, maps::STACKS2)?,
             callers: take(ebpf, maps::CALLERS)?,
@@ -178,8 +185,9 @@ impl KernelMaps {
         freed
     }
 
-    pub fn snapshot(&self) -> Result<Snapshot> {
+    pub fn snapshot(&mut self) -> Result<Snapshot> {
         let mut snap = Snapshot::default();
+        let mut keys: StdHashMap<u32, Keys> = StdHashMap::new();
         let read_err = |map: &'static str| {
             move |e: std::io::Error| Error::Map {
                 map,
@@ -211,6 +219,7 @@ impl KernelMaps {
         )
         .map_err(read_err(maps::PROCS))?;
         batch::per_cpu_hash::<SizeKey, u64>(self.sizes_fd.as_fd(), self.cpus, |key, per_cpu| {
+            keys.entry(key.tgid).or_default().sizes.push(*key);
             if epochs.get(&key.tgid) != Some(&key.epoch) {
                 return;
             }
@@ -230,6 +239,7 @@ impl KernelMaps {
             self.sites_fd.as_fd(),
             self.cpus,
             |key, per_cpu| {
+                keys.entry(key.tgid).or_default().sites.push(*key);
                 if epochs.get(&key.tgid) != Some(&key.epoch) {
                     return;
                 }
@@ -241,6 +251,7 @@ impl KernelMaps {
         )
         .map_err(read_err(maps::SITES))?;
         snap.fold_site_sizes();
+        self.keys = keys;
         for f in 0..FUNC_COUNT {
             let per_cpu = self
                 .latency
@@ -262,33 +273,51 @@ impl KernelMaps {
         Ok(group_by_site(&blocks))
     }
 
-    /// The live map's entries for the processes `want` accepts, each once. The kernel deletes
-    /// entries while we walk the map (every free of every traced process), and a walk whose
-    /// current key was deleted starts over: keys can come back, so they are deduplicated.
+    /// The live map's entries of the current images of the processes `want` accepts.
     fn live_entries(&self, want: impl Fn(u32) -> bool) -> Result<StdHashMap<LiveKey, LiveBlock>> {
-        let mut out = StdHashMap::new();
         let mut epochs: StdHashMap<u32, u32> = StdHashMap::new();
-        for item in self.live.iter() {
-            let (key, block) = item.map_err(map_err(maps::LIVE))?;
-            if !want(key.tgid) {
-                continue;
+        self.live_where(|key| {
+            want(key.tgid)
+                && key.epoch
+                    == *epochs
+                        .entry(key.tgid)
+                        .or_insert_with(|| self.epoch(key.tgid))
+        })
+    }
+
+    /// The live map's entries `want` accepts, read in batches. The kernel copies a bucket at a
+    /// time, so an entry is seen once while the probes add and delete others (a walk key by
+    /// key started over when its current key was deleted, and met keys twice).
+    fn live_where(
+        &self,
+        mut want: impl FnMut(&LiveKey) -> bool,
+    ) -> Result<StdHashMap<LiveKey, LiveBlock>> {
+        let mut out = StdHashMap::new();
+        batch::per_cpu_hash::<LiveKey, LiveBlock>(self.live_fd.as_fd(), 1, |key, block| {
+            if want(key) {
+                out.insert(*key, block[0]);
             }
-            let epoch = *epochs
-                .entry(key.tgid)
-                .or_insert_with(|| self.epoch(key.tgid));
-            if key.epoch == epoch {
-                out.insert(key, block);
-            }
-        }
+        })
+        .map_err(|e| Error::Map {
+            map: maps::LIVE,
+            reason: e.to_string(),
+        })?;
         Ok(out)
+    }
+
+    /// Deletes `keys` from a map in batches; a failure is the map's error.
+    fn delete<K: aya::Pod>(fd: &OwnedFd, map: &'static str, keys: &[K]) -> Result<()> {
+        batch::delete(fd.as_fd(), keys).map_err(|e| Error::Map {
+            map,
+            reason: e.to_string(),
+        })
     }
 
     /// Forgets processes that are gone: returns the blocks they never freed (their leaks), and
     /// removes their entries from every map keyed by process, so map space does not leak
     /// with process churn. Call after a snapshot that holds their final counts.
     pub fn forget(&mut self, pids: &HashSet<u32>) -> Result<BTreeMap<SiteId, Leak>> {
-        // Deduplicated: a walk of the live map can meet a key twice (see `live_entries`).
-        let blocks = self.live_entries(|tgid| pids.contains(&tgid))?;
+        let blocks = self.live_where(|k| pids.contains(&k.tgid))?;
         // Blocks of an image before an exec not cleared yet go too, but are not its leaks.
         let epochs: StdHashMap<u32, u32> = pids.iter().map(|p| (*p, self.epoch(*p))).collect();
         let mut leaks: BTreeMap<SiteId, Leak> = BTreeMap::new();
@@ -301,15 +330,23 @@ impl KernelMaps {
                 l.bytes += block.size;
             }
         }
-        for k in blocks.keys() {
-            let _ = self.live.remove(k);
-        }
+        let live: Vec<LiveKey> = blocks.into_keys().collect();
+        Self::delete(&self.live_fd, maps::LIVE, &live)?;
+        let procs: Vec<u32> = pids.iter().copied().collect();
+        Self::delete(&self.procs_fd, maps::PROCS, &procs)?;
         for pid in pids {
-            let _ = self.procs.remove(pid);
             let _ = self.execs.remove(pid);
         }
-        remove_where(&mut self.sizes, |k: &SizeKey| pids.contains(&k.tgid));
-        remove_where(&mut self.sites, |k: &SiteKey| pids.contains(&k.tgid));
+        // Gone before the last snapshot, so its keys there are all it has.
+        let (mut sizes, mut sites) = (Vec::new(), Vec::new());
+        for pid in pids {
+            if let Some(k) = self.keys.remove(pid) {
+                sizes.extend(k.sizes);
+                sites.extend(k.sites);
+            }
+        }
+        Self::delete(&self.sizes_fd, maps::SIZES, &sizes)?;
+        Self::delete(&self.sites_fd, maps::SITES, &sites)?;
         Ok(leaks)
     }
 
@@ -327,22 +364,38 @@ impl KernelMaps {
     /// what their earlier images left in the maps keyed by process. The blocks they never freed
     /// went with their address space. The current image's entries carry another epoch, so
     /// nothing it counts meanwhile is touched.
-    /// Returns the stored stacks the dropped sites held (ids as in the site map): once no
-    /// other site holds them, they are for others to take, as an ended process's are.
+    /// Call after a snapshot: the earlier images' entries it read are all they have (they
+    /// ended at the exec, before it). Returns the stored stacks the dropped sites held (ids as
+    /// in the site map): once no other site holds them, they are for others to take, as an
+    /// ended process's are.
     pub fn restarted(&mut self, pids: &HashSet<u32>) -> Result<BTreeSet<i32>> {
         let epochs: StdHashMap<u32, u32> = pids.iter().map(|p| (*p, self.epoch(*p))).collect();
         let old = |tgid: u32, epoch: u32| epochs.get(&tgid).is_some_and(|e| *e != epoch);
-        remove_where(&mut self.live, |k: &LiveKey| old(k.tgid, k.epoch));
-        remove_where(&mut self.sizes, |k: &SizeKey| old(k.tgid, k.epoch));
-        let mut held = BTreeSet::new();
-        remove_where(&mut self.sites, |k: &SiteKey| {
-            let drop = old(k.tgid, k.epoch);
-            if drop && k.stack_id >= 0 {
-                held.insert(k.stack_id);
+        let live: Vec<LiveKey> = self
+            .live_where(|k| old(k.tgid, k.epoch))?
+            .into_keys()
+            .collect();
+        Self::delete(&self.live_fd, maps::LIVE, &live)?;
+        let (mut sizes, mut sites) = (Vec::new(), Vec::new());
+        for pid in pids {
+            if let Some(k) = self.keys.get_mut(pid) {
+                let (gone, kept): (Vec<_>, Vec<_>) =
+                    k.sizes.iter().partition(|k| old(k.tgid, k.epoch));
+                sizes.extend(gone);
+                k.sizes = kept;
+                let (gone, kept): (Vec<_>, Vec<_>) =
+                    k.sites.iter().partition(|k| old(k.tgid, k.epoch));
+                sites.extend(gone);
+                k.sites = kept;
             }
-            drop
-        });
-        Ok(held)
+        }
+        Self::delete(&self.sizes_fd, maps::SIZES, &sizes)?;
+        Self::delete(&self.sites_fd, maps::SITES, &sites)?;
+        Ok(sites
+            .iter()
+            .map(|k| k.stack_id)
+            .filter(|id| *id >= 0)
+            .collect())
     }
 
     /// Drops in-flight records of threads that are gone; the map is bounded, and a reused
@@ -361,38 +414,6 @@ impl KernelMaps {
             let _ = self.inflight.remove(k);
         }
         Ok(dead.len())
-    }
-}
-
-/// A kernel map whose keys can be listed and removed: what dropping a process's entries needs.
-trait Keyed<K> {
-    fn key_list(&self) -> Vec<K>;
-    fn drop_key(&mut self, key: &K);
-}
-
-impl<K: aya::Pod, V: aya::Pod> Keyed<K> for HashMap<MapData, K, V> {
-    fn key_list(&self) -> Vec<K> {
-        self.keys().filter_map(|k| k.ok()).collect()
-    }
-    fn drop_key(&mut self, key: &K) {
-        let _ = self.remove(key);
-    }
-}
-
-impl<K: aya::Pod, V: aya::Pod> Keyed<K> for PerCpuHashMap<MapData, K, V> {
-    fn key_list(&self) -> Vec<K> {
-        self.keys().filter_map(|k| k.ok()).collect()
-    }
-    fn drop_key(&mut self, key: &K) {
-        let _ = self.remove(key);
-    }
-}
-
-/// Removes the entries whose key `drop` selects. The keys are listed first: removing while
-/// walking would restart the walk.
-fn remove_where<K>(map: &mut impl Keyed<K>, mut drop: impl FnMut(&K) -> bool) {
-    for k in map.key_list().iter().filter(|k| drop(k)) {
-        map.drop_key(k);
     }
 }
 

@@ -11,7 +11,7 @@ use std::{
 };
 
 use crate::{
-    aggregate::{Leak, Profile},
+    aggregate::{Leak, Profile, reservation_keys, site_ids, size_keys, take_range},
     model::SiteId,
     symbolize::Frame,
 };
@@ -78,7 +78,7 @@ impl Profile {
                 fid
             })
         };
-        let range = (key, i32::MIN, 0)..=(key, i32::MAX, u32::MAX);
+        let range = site_ids(key);
         for (k, v) in take_range(&mut self.sites, range.clone()) {
             let k = (FOLDED, id(self, k.1), k.2);
             self.sites.entry(k).or_default().plus(&v);
@@ -91,22 +91,13 @@ impl Profile {
             let k = (FOLDED, id(self, k.1), k.2);
             self.weights.entry(k).or_default().plus(&w);
         }
-        let sizes = (key, 0, 0, i32::MIN)..=(key, u32::MAX, u64::MAX, i32::MAX);
-        for ((_, func, size, st), n) in take_range(&mut self.sizes, sizes) {
+        for ((_, func, size, st), n) in take_range(&mut self.sizes, size_keys(key)) {
             let k = (FOLDED, func, size, id(self, st));
             *self.sizes.entry(k).or_default() += n;
         }
-        let res: Vec<_> = self
-            .reservations
-            .keys()
-            .filter(|k| k.0 == key)
-            .copied()
-            .collect();
-        for k in res {
-            if let Some(t) = self.reservations.remove(&k) {
-                let k = (FOLDED, k.1, id(self, k.2), k.3);
-                self.reservations.entry(k).or_default().plus(&t);
-            }
+        for (k, t) in take_range(&mut self.reservations, reservation_keys(key)) {
+            let k = (FOLDED, k.1, id(self, k.2), k.3);
+            self.reservations.entry(k).or_default().plus(&t);
         }
         for (k, l) in take_range(leaks, range.clone()) {
             let e = leaks.entry((FOLDED, id(self, k.1), k.2)).or_default();
@@ -140,7 +131,7 @@ impl Profile {
                 .sort_by_key(|(s, _, bytes)| (std::cmp::Reverse(*bytes), *s));
         }
         // Stacks of the process that no figure held.
-        self.stacks.retain(|k, _| k.0 != key);
+        take_range(&mut self.stacks, (key, i32::MIN)..=(key, i32::MAX));
         made
     }
 
@@ -169,16 +160,6 @@ impl Profile {
             }
         }
     }
-}
-
-fn take_range<K: Ord + Copy, V>(
-    map: &mut BTreeMap<K, V>,
-    range: std::ops::RangeInclusive<K>,
-) -> Vec<(K, V)> {
-    let keys: Vec<K> = map.range(range).map(|(k, _)| *k).collect();
-    keys.into_iter()
-        .filter_map(|k| map.remove(&k).map(|v| (k, v)))
-        .collect()
 }
 
 #[cfg(test)]

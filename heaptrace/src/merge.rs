@@ -27,6 +27,9 @@ pub struct SameStacks {
     to: HashMap<(u32, i32), i32>,
     /// (process, hash of the frames) -> the stacks kept with that hash, and their frames.
     kept: HashMap<(u32, u64), Kept>,
+    /// Each process's entries in `to` and `kept` (kernel id, hash of the frames): forgetting
+    /// a process takes its own, not a scan of every process's (thousands end a minute).
+    of: HashMap<u32, Vec<(i32, u64)>>,
     /// Stacks put under another's id so far: none, and rounds are left as they are.
     merged: usize,
     hasher: RandomState,
@@ -53,6 +56,7 @@ impl SameStacks {
             }
         };
         self.to.insert((pid, id), to);
+        self.of.entry(pid).or_default().push((id, hash));
         to
     }
 
@@ -98,8 +102,10 @@ impl SameStacks {
 
     /// A process is gone: a new one with its pid has stacks of its own.
     pub fn forget(&mut self, pid: u32) {
-        self.to.retain(|k, _| k.0 != pid);
-        self.kept.retain(|k, _| k.0 != pid);
+        for (id, hash) in self.of.remove(&pid).unwrap_or_default() {
+            self.to.remove(&(pid, id));
+            self.kept.remove(&(pid, hash));
+        }
     }
 }
 
@@ -187,6 +193,9 @@ mod tests {
         );
 
         s.forget(1);
-        assert!(!s.knows(1, 10) && s.knows(2, 11));
+        assert!(!s.knows(1, 10) && !s.knows(1, 11) && !s.knows(1, 12) && s.knows(2, 11));
+        assert!(s.kept.keys().all(|k| k.0 == 2) && !s.of.contains_key(&1));
+        // Its pid given again: stacks of its own, the old ones' ids as any other.
+        assert_eq!(s.add(1, 11, &frames(&["a", "b"])), 11);
     }
 }

@@ -463,23 +463,18 @@ impl Daemon {
             // Judged again under its new name.
             self.matched.remove(p);
         }
-        self.prev.sizes.retain(|k, _| !pids.contains(&k.0));
-        self.prev.sites.retain(|k, _| !pids.contains(&k.0));
+        for p in &pids {
+            // By range: exec events come many a second on a busy host.
+            crate::aggregate::take_range(&mut self.prev.sizes, crate::aggregate::size_keys(*p));
+            crate::aggregate::take_range(&mut self.prev.sites, crate::aggregate::site_ids(*p));
+        }
         self.stale.extend(pids);
     }
 
     pub(super) fn round(&mut self) -> Result<()> {
         // Execs reported so far are applied before the read, so that it starts their new
-        // counts from zero.
+        // counts from zero (the read counts only each process's current image).
         self.process_events();
-        // The stacks of images dropped at their exec, freed below unless others hold them:
-        // a shell's forks that exec leave theirs (a pyenv shim's ~35 bash processes a run).
-        let dropped = if self.stale.is_empty() {
-            Default::default()
-        } else {
-            let stale = std::mem::take(&mut self.stale);
-            self.maps.restarted(&stale)?
-        };
         // Who is gone is decided before the snapshot, so that it holds their final counts (a
         // process found gone after it could still have counted something in between).
         let gone: HashSet<u32> = if self.pid.is_none() {
@@ -494,6 +489,15 @@ impl Daemon {
         };
         self.drain_mem();
         let snap = self.maps.snapshot()?;
+        // The earlier images of the processes that exec'ed go from the maps (the snapshot
+        // counted their current images only), and their stacks are freed below unless others
+        // hold them: a shell's forks that exec leave theirs (a pyenv shim's ~35 bash a run).
+        let dropped = if self.stale.is_empty() {
+            Default::default()
+        } else {
+            let stale = std::mem::take(&mut self.stale);
+            self.maps.restarted(&stale)?
+        };
         let mut round = snap.since(&self.prev);
         // A pid whose process is gone, back in the kernel's maps: another process has it.
         let back: Vec<u32> = snap
