@@ -966,21 +966,10 @@ mod tests {
     #[test]
     fn stack_losses_are_those_of_the_processes_shown() {
         let mut p = Profile::default();
-        let frame = |name: &str| -> Frame {
-            crate::symbolize::FrameInfo {
-                function: name.into(),
-                file: None,
-                line: None,
-                module: "m".into(),
-                offset: 0,
-                inlined: false,
-            }
-            .into()
-        };
+        let f = crate::symbolize::test_frames(&["f"])[0].clone();
+        p.stacks.insert((1, 5), vec![f, Frame::more_lost()].into());
         p.stacks
-            .insert((1, 5), vec![frame("f"), Frame::more_lost()].into());
-        p.stacks
-            .insert((1, 6), vec![frame("f"), frame("main")].into());
+            .insert((1, 6), crate::symbolize::test_frames(&["f", "main"]));
         let calls = |n| SiteTotals {
             calls: n,
             ..Default::default()

@@ -50,6 +50,27 @@ fn go(mut child: Child) {
     assert!(child.wait().unwrap().success());
 }
 
+/// Allocations of process `pid` (of `function` only, if given) counted at a whole stack: one
+/// of more than a frame with nothing lost. Not always named: a process gone within
+/// milliseconds may be gone before its mappings are read.
+fn whole_stack_calls(doc: &Value, pid: u32, function: Option<&str>) -> u64 {
+    doc["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["pid"].as_u64() == Some(u64::from(pid)))
+        .filter(|s| function.is_none_or(|f| s["function"] == f))
+        .filter(|s| {
+            let frames = s["frames"].as_array().unwrap();
+            frames.len() > 1
+                && frames
+                    .iter()
+                    .all(|f| !f["function"].as_str().unwrap().contains("lost"))
+        })
+        .map(|s| s["calls"].as_u64().unwrap())
+        .sum()
+}
+
 pub fn process(doc: &Value, pid: u32) -> &Value {
     doc["processes"]
         .as_array()
@@ -205,25 +226,10 @@ fn exited_processes_free_their_stacks() {
         std::thread::sleep(Duration::from_millis(600));
     }
     let (_, doc) = stop(tracer, &json);
-    let whole = |pid: u32| -> u64 {
-        doc["stacks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| s["pid"].as_u64() == Some(u64::from(pid)) && s["function"] == "malloc")
-            .filter(|s| {
-                // Not always named: a process gone within milliseconds may be gone before
-                // its mappings are read.
-                let frames = s["frames"].as_array().unwrap();
-                frames.len() > 1
-                    && frames
-                        .iter()
-                        .all(|f| !f["function"].as_str().unwrap().contains("lost"))
-            })
-            .map(|s| s["calls"].as_u64().unwrap())
-            .sum()
-    };
-    let kept: Vec<u64> = pids.iter().map(|p| whole(*p)).collect();
+    let kept: Vec<u64> = pids
+        .iter()
+        .map(|p| whole_stack_calls(&doc, *p, Some("malloc")))
+        .collect();
     // Two stacks whose buckets are taken in both maps lose all but their caller, a few in
     // each run.
     assert!(kept[0] >= 200, "{kept:?}");
@@ -284,23 +290,10 @@ fn exec_frees_the_stacks_of_the_image_it_drops() {
         std::thread::sleep(Duration::from_millis(600));
     }
     let (_, doc) = stop(tracer, &json);
-    let whole = |pid: u32| -> u64 {
-        doc["stacks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| s["pid"].as_u64() == Some(u64::from(pid)))
-            .filter(|s| {
-                let frames = s["frames"].as_array().unwrap();
-                frames.len() > 1
-                    && frames
-                        .iter()
-                        .all(|f| !f["function"].as_str().unwrap().contains("lost"))
-            })
-            .map(|s| s["calls"].as_u64().unwrap())
-            .sum()
-    };
-    let kept: Vec<u64> = pids.iter().map(|p| whole(*p)).collect();
+    let kept: Vec<u64> = pids
+        .iter()
+        .map(|p| whole_stack_calls(&doc, *p, None))
+        .collect();
     // `sites 10` makes 33 allocations from five stacks; one whose buckets are taken (the
     // maps hold a run's 100 until the next round) keeps its caller only. Before, from the
     // third run on none kept a whole stack: [33, 23, 0, 0, 0, 0, 0, 0, 0, 0].
