@@ -783,6 +783,21 @@ mod tests {
         assert_eq!(p.totals().func(Func::Malloc).calls, 7);
     }
 
+    /// Sampled: the earlier image's sampled counters and weights go too, or its sites would
+    /// be estimated again from them when the new image counts at the same site.
+    #[test]
+    fn a_restarted_sampled_process_keeps_only_what_came_after() {
+        let mut p = Profile::sampled(1024);
+        p.apply(&round(1, 10, 4, 4000, 0, 4000));
+        p.apply(&round(1, 11, 5, 5000, 0, 5000));
+        assert!(p.samples.contains_key(&(10, 1, 0)) && p.weights.contains_key(&(10, 1, 0)));
+        p.restart(10);
+        assert!(!p.samples.contains_key(&(10, 1, 0)) && !p.weights.contains_key(&(10, 1, 0)));
+        assert!(p.samples.contains_key(&(11, 1, 0)) && p.weights.contains_key(&(11, 1, 0)));
+        p.apply(&round(2, 10, 2, 2000, 0, 2000));
+        assert_eq!(p.samples[&(10, 1, 0)].calls, 2);
+    }
+
     #[test]
     fn peak_keeps_the_highest_round_and_its_sites() {
         let mut p = Profile::default();
