@@ -82,8 +82,9 @@ pub(super) struct Daemon {
     /// What the live view says beside the figures (`tui::Published::notice`).
     pub(super) notice: Option<String>,
     /// Processes that exec'ed since the last round: what their earlier images left in the
-    /// kernel maps is dropped once a round (a walk of the live map each time would be too
-    /// much for a host that runs many commands); until then their epoch keeps it out.
+    /// kernel maps is dropped once a round, after its read (a read of the whole live map for
+    /// each exec would be too much for a host that runs many commands); until then their
+    /// epoch keeps it out.
     pub(super) stale: HashSet<u32>,
     /// --comm/--cgroup, and each process's verdict, taken while it lived.
     pub(super) filter: Option<Filter>,
