@@ -69,15 +69,11 @@ pub struct KernelMaps {
     sites_fd: OwnedFd,
     live_fd: OwnedFd,
     cpus: usize,
-    /// Each process's keys in the size and site maps, every image's, as the last snapshot
-    /// read them: what forgetting a process or an image deletes, without a walk of the maps.
-    keys: StdHashMap<u32, Keys>,
-}
-
-#[derive(Default)]
-struct Keys {
-    sizes: Vec<SizeKey>,
-    sites: Vec<SiteKey>,
+    /// The keys of the size and site maps, every image's, as the last snapshot read them:
+    /// what forgetting a process or an image deletes, without a walk of the maps. Kept flat
+    /// (no grouping by process on every round's read); searched only when one is forgotten.
+    size_keys: Vec<SizeKey>,
+    site_keys: Vec<SiteKey>,
 }
 
 fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
@@ -133,7 +129,8 @@ impl KernelMaps {
             sites_fd,
             live_fd,
             cpus,
-            keys: StdHashMap::new(),
+            size_keys: Vec::new(),
+            site_keys: Vec::new(),
             losses: take(ebpf, maps::LOSSES)?,
             inflight: take(ebpf, maps::INFLIGHT)?,
             stacks: take(ebpf, maps::STACKS)?,
@@ -187,7 +184,12 @@ impl KernelMaps {
 
     pub fn snapshot(&mut self) -> Result<Snapshot> {
         let mut snap = Snapshot::default();
-        let mut keys: StdHashMap<u32, Keys> = StdHashMap::new();
+        let (mut size_keys, mut site_keys) = (
+            std::mem::take(&mut self.size_keys),
+            std::mem::take(&mut self.site_keys),
+        );
+        size_keys.clear();
+        site_keys.clear();
         let read_err = |map: &'static str| {
             move |e: std::io::Error| Error::Map {
                 map,
@@ -219,7 +221,7 @@ impl KernelMaps {
         )
         .map_err(read_err(maps::PROCS))?;
         batch::per_cpu_hash::<SizeKey, u64>(self.sizes_fd.as_fd(), self.cpus, |key, per_cpu| {
-            keys.entry(key.tgid).or_default().sizes.push(*key);
+            size_keys.push(*key);
             if epochs.get(&key.tgid) != Some(&key.epoch) {
                 return;
             }
@@ -239,7 +241,7 @@ impl KernelMaps {
             self.sites_fd.as_fd(),
             self.cpus,
             |key, per_cpu| {
-                keys.entry(key.tgid).or_default().sites.push(*key);
+                site_keys.push(*key);
                 if epochs.get(&key.tgid) != Some(&key.epoch) {
                     return;
                 }
@@ -251,7 +253,7 @@ impl KernelMaps {
         )
         .map_err(read_err(maps::SITES))?;
         snap.fold_site_sizes();
-        self.keys = keys;
+        (self.size_keys, self.site_keys) = (size_keys, site_keys);
         for f in 0..FUNC_COUNT {
             let per_cpu = self
                 .latency
@@ -338,13 +340,14 @@ impl KernelMaps {
             let _ = self.execs.remove(pid);
         }
         // Gone before the last snapshot, so its keys there are all it has.
-        let (mut sizes, mut sites) = (Vec::new(), Vec::new());
-        for pid in pids {
-            if let Some(k) = self.keys.remove(pid) {
-                sizes.extend(k.sizes);
-                sites.extend(k.sites);
-            }
-        }
+        let sizes: Vec<SizeKey> = self
+            .size_keys
+            .extract_if(.., |k| pids.contains(&k.tgid))
+            .collect();
+        let sites: Vec<SiteKey> = self
+            .site_keys
+            .extract_if(.., |k| pids.contains(&k.tgid))
+            .collect();
         Self::delete(&self.sizes_fd, maps::SIZES, &sizes)?;
         Self::delete(&self.sites_fd, maps::SITES, &sites)?;
         Ok(leaks)
@@ -376,19 +379,14 @@ impl KernelMaps {
             .into_keys()
             .collect();
         Self::delete(&self.live_fd, maps::LIVE, &live)?;
-        let (mut sizes, mut sites) = (Vec::new(), Vec::new());
-        for pid in pids {
-            if let Some(k) = self.keys.get_mut(pid) {
-                let (gone, kept): (Vec<_>, Vec<_>) =
-                    k.sizes.iter().partition(|k| old(k.tgid, k.epoch));
-                sizes.extend(gone);
-                k.sizes = kept;
-                let (gone, kept): (Vec<_>, Vec<_>) =
-                    k.sites.iter().partition(|k| old(k.tgid, k.epoch));
-                sites.extend(gone);
-                k.sites = kept;
-            }
-        }
+        let sizes: Vec<SizeKey> = self
+            .size_keys
+            .extract_if(.., |k| old(k.tgid, k.epoch))
+            .collect();
+        let sites: Vec<SiteKey> = self
+            .site_keys
+            .extract_if(.., |k| old(k.tgid, k.epoch))
+            .collect();
         Self::delete(&self.sizes_fd, maps::SIZES, &sizes)?;
         Self::delete(&self.sites_fd, maps::SITES, &sites)?;
         Ok(sites
