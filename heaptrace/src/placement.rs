@@ -50,14 +50,16 @@ pub fn reads(func: Func) -> &'static [Register] {
 
 /// At the entry, whatever is there.
 pub fn entry(code: &[u8], why: impl Into<String>) -> Placement {
-    let instruction = decode_all(code)
-        .first()
-        .map_or_else(|| "(bad)".to_string(), gas);
+    let first = decode_all(code).into_iter().next();
+    let mut why = why.into();
+    if first.is_some_and(|i| !i.is_invalid() && is_nop5(&code[..i.len()])) {
+        why.push_str(NOP5);
+    }
     Placement {
         offset: 0,
         pushes: 0,
-        instruction,
-        why: why.into(),
+        instruction: first.map_or_else(|| "(bad)".to_string(), |i| gas(&i)),
+        why,
     }
 }
 
@@ -109,6 +111,9 @@ pub fn choose(code: &[u8], func: Func, uretprobe: bool, reads: &[Register]) -> P
     if spot.pushes > 0 {
         why.push_str(&format!("; {} push(es) before it", spot.pushes));
     }
+    if is_nop5(&code[insn.ip() as usize..insn.next_ip() as usize]) {
+        why.push_str(NOP5);
+    }
     Placement {
         offset: insn.ip(),
         pushes: spot.pushes,
@@ -155,7 +160,8 @@ fn walk(
             null_target,
         };
         if let Some(kind) = emulated(raw) {
-            if !skip_null_check || null_target.is_some() {
+            // Nothing past it is cheaper: the kernel turns a probe there into a call.
+            if !skip_null_check || null_target.is_some() || is_nop5(raw) {
                 return (Some(here), String::new());
             }
             first.get_or_insert(here);
@@ -214,6 +220,16 @@ fn emulated(raw: &[u8]) -> Option<Emulated> {
         _ => None,
     }
 }
+
+/// A 5-byte nop, such as `gcc -pg -mfentry -mnop-mcount` puts at every function's entry. Linux
+/// 6.18 and later rewrite a uprobe on one into a call to a trampoline after its first hit: the
+/// probe then costs a syscall, not a trap (BENCHMARKS.md: about half).
+fn is_nop5(raw: &[u8]) -> bool {
+    raw.len() == 5 && emulated(raw) == Some(Emulated::Nop)
+}
+
+/// What a 5-byte nop at the probe point adds to the reason.
+const NOP5: &str = "; a 5-byte nop: Linux 6.18+ turns the probe into a call (no trap)";
 
 /// Instruction `i` is `je` right after `test %rdi,%rdi`. The walk stops at any earlier write to
 /// rdi, so the test is of the pointer the caller passed.
@@ -493,6 +509,35 @@ mod tests {
         let p = free_at(&GLIBC_FREE[..5]);
         assert_eq!(p.offset, 0);
         assert_eq!(free_at(&[]).offset, 0);
+    }
+
+    /// `gcc -pg -mfentry -mnop-mcount`'s entry: nopl 0x0(%rax,%rax,1) (objdump's spelling).
+    const NOP5_BYTES: [u8; 5] = [0x0f, 0x1f, 0x44, 0x00, 0x00];
+
+    #[test]
+    fn a_five_byte_nop_is_taken_before_anything_past_it() {
+        // Before glibc's free: the NULL check and its push are not walked to.
+        let p = free_at(&[&NOP5_BYTES[..], GLIBC_FREE].concat());
+        assert_eq!((p.offset, p.pushes), (0, 0), "{p:?}");
+        assert_eq!(p.instruction, "nopl (%rax,%rax)");
+        assert!(p.why.contains("5-byte nop"), "{}", p.why);
+        // After a push: taken over the push, which is counted.
+        let p = free_at(&[&[0x55][..], &NOP5_BYTES, &[0x53]].concat());
+        assert_eq!((p.offset, p.pushes), (1, 1), "{p:?}");
+        assert!(p.why.contains("5-byte nop"), "{}", p.why);
+        // At the entry of a function with a uretprobe, which shares it.
+        let p = choose(&NOP5_BYTES, Func::Malloc, true, reads(Func::Malloc));
+        assert_eq!(p.offset, 0);
+        assert!(
+            p.why.contains("uretprobe") && p.why.contains("5-byte nop"),
+            "{}",
+            p.why
+        );
+        // Other nops are emulated but not turned into calls.
+        let p = free_at(&[0x90, 0x55]);
+        assert!(!p.why.contains("5-byte nop"), "{}", p.why);
+        let p = choose(&[0x41, 0x54], Func::Malloc, true, reads(Func::Malloc));
+        assert!(!p.why.contains("5-byte nop"), "{}", p.why);
     }
 
     #[test]

@@ -131,6 +131,72 @@ fn prefixed_custom_allocator_counts_exactly() {
     assert_eq!(doc["leaks"]["bytes"].as_u64(), Some(64 * LEAKS));
 }
 
+/// The same allocator built with `gcc -pg -mfentry -mnop-mcount`: each function begins with a
+/// 5-byte nop, and Linux 6.18+ turns a probe there into a call to a trampoline once it is hit
+/// (half a trap's cost, BENCHMARKS.md). The probes stay on the nops, count exactly, and read the
+/// caller right on that path (its return address at [rsp], the stack pointer the kernel hands
+/// the program back from the trampoline).
+#[test]
+fn probes_on_five_byte_nops_count_exactly() {
+    if !bpf_or_skip("probes_on_five_byte_nops_count_exactly") {
+        return;
+    }
+    let _g = shared();
+    let flags = ["-pg", "-mfentry", "-mnop-mcount", "-fno-pic", "-no-pie"];
+    let bin = fixture("customalloc", "nop5", &flags);
+    let json = json_path("custom-nop5");
+    let out = run_ok(
+        heaptrace()
+            .args(["--no-tui", "-q", "--json"])
+            .arg(&json)
+            .args(["--allocator-symbols", "prefix:xx_", "--"])
+            .arg(&bin)
+            .args([&N.to_string(), &LEAKS.to_string(), "maps"]),
+    );
+    let doc = read_json(&json);
+    assert_eq!(doc["target"]["exit_code"], 0);
+    for p in doc["provider"]["probes"].as_array().unwrap() {
+        let at = &p["placement"];
+        assert_eq!(
+            (at["offset"].as_u64(), at["pushes"].as_u64()),
+            (Some(0), Some(0)),
+            "{p}"
+        );
+        assert!(
+            at["instruction"].as_str().unwrap().starts_with("nopl"),
+            "{p}"
+        );
+        assert!(at["why"].as_str().unwrap().contains("5-byte nop"), "{p}");
+    }
+    let want: Funcs = [
+        ("malloc", (N + LEAKS, 100 * N + 64 * LEAKS, 0)),
+        ("calloc", (N, 100 * N, 0)),
+        ("realloc", (N, 300 * N, 0)),
+        ("free", (2 * N, 400 * N, 0)),
+    ]
+    .into();
+    assert_eq!(
+        funcs_of(&doc, &["malloc", "calloc", "realloc", "free"]),
+        want
+    );
+    assert_eq!(doc["functions"]["free"]["untracked"], 0);
+    assert_eq!(doc["leaks"]["blocks"].as_u64(), Some(LEAKS));
+    let stacks = doc["stacks"].as_array().unwrap();
+    assert_eq!(stacks.len(), 4, "{stacks:?}");
+    for s in stacks {
+        assert_eq!(s["frames"][0]["function"], "main", "{s}");
+    }
+    // That the kernel did turn the probes into calls, where it can: else this test would only
+    // repeat the prefixed one.
+    let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if kallsyms.contains(" arch_uprobe_optimize\n") {
+        assert!(stdout.contains("[uprobes-trampoline]"), "{stdout}");
+    } else {
+        eprintln!("this kernel does not optimize uprobes on nops: tested as plain probes");
+    }
+}
+
 /// Explicit names, without calloc: xx_calloc is then not probed, and the xx_malloc inside it is
 /// an outermost call of its own, counted as malloc.
 #[test]
