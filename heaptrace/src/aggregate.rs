@@ -245,6 +245,10 @@ impl Profile {
                 *a += b;
             }
         }
+        // Ended before the read: their blocks went with them, at this row already.
+        for key in &round.ended {
+            self.end(*key);
+        }
         let total = self.live_now();
         self.push_row(TimelineRow {
             index: round.index,
@@ -375,6 +379,19 @@ impl Profile {
             t.plus(&p.totals);
         }
         t
+    }
+
+    /// The live blocks and bytes of the processes that ended while traced (system-wide mode,
+    /// seen ended at a round): what they had not freed at their end, gone with them. (0, 0)
+    /// when none did. Not those found ended only once tracing stopped (a `-p` or launched
+    /// target): a recording does not say which those are, and their figure is the trace's.
+    pub fn ended_live(&self) -> (i64, i64) {
+        self.procs
+            .values()
+            .filter(|p| p.exited && p.leaks_at_exit)
+            .fold((0, 0), |(b, y), p| {
+                (b + p.totals.live_blocks, y + p.totals.live_bytes)
+            })
     }
 
     /// All processes summed.
@@ -965,6 +982,25 @@ mod tests {
         let peak = p.peak.as_ref().unwrap();
         assert_eq!((peak.round, peak.live_bytes), (4, 250));
         assert_eq!(peak.sites, [((11, 1, 0), 0, 250)]);
+    }
+
+    /// A process that ends within the round that first sees it (it lived between two reads)
+    /// is ended as that round applies: its row and the peak leave its blocks out already.
+    #[test]
+    fn a_process_ended_in_its_first_round_is_not_live_at_it() {
+        let mut p = Profile::default();
+        p.apply(&round(1, 11, 1, 100, 0, 100));
+        let mut two = round(2, 10, 1, 500, 0, 500);
+        two.procs.extend(round(2, 11, 0, 0, 0, 0).procs);
+        two.ended = vec![10, 99];
+        p.apply(&two);
+        let live: Vec<i64> = p.rounds.iter().map(|r| r.live_bytes).collect();
+        assert_eq!(live, [100, 100]);
+        assert_eq!(p.peak.as_ref().map(|k| k.round), Some(1));
+        assert!(p.procs[&10].exited && p.procs[&10].leaks_at_exit);
+        assert_eq!(p.procs[&10].totals.live_bytes, 500);
+        // A key the Profile never had is no process of it.
+        assert!(!p.procs.contains_key(&99));
     }
 
     #[test]

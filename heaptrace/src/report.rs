@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 use heaptrace_common::{Func, Loss};
 
 use crate::aggregate::{Profile, TimelineRow};
+use crate::model::Totals;
 
 pub fn bytes(n: i64) -> String {
     let neg = n < 0;
@@ -206,12 +207,12 @@ pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) ->
     if profile.calls {
         s.push('\n');
     } else {
-        let _ = writeln!(
-            s,
-            "; live {e}{} blocks / {e}{}",
-            totals.live_blocks,
-            bytes(totals.live_bytes)
-        );
+        let ended = if pid.is_none() {
+            profile.ended_live()
+        } else {
+            (0, 0)
+        };
+        let _ = writeln!(s, "; {}", live(&totals, ended, profile.sample_bytes));
     }
     if let Some(l) = profile.leak_totals(pid).filter(|_| !profile.calls) {
         let _ = writeln!(
@@ -233,6 +234,26 @@ pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) ->
         }
     );
     s
+}
+
+/// "live N blocks / B" of `totals`. When processes that ended hold `ended` of them (system-wide
+/// mode), those are told apart: their blocks went with them, and only the rest are live now.
+pub fn live(totals: &Totals, ended: (i64, i64), sample_bytes: u64) -> String {
+    let e = est(sample_bytes);
+    if ended == (0, 0) {
+        return format!(
+            "live {e}{} blocks / {e}{}",
+            totals.live_blocks,
+            bytes(totals.live_bytes)
+        );
+    }
+    format!(
+        "live {e}{} blocks / {e}{} in running processes (ended ones left {e}{} blocks / {e}{})",
+        totals.live_blocks - ended.0,
+        bytes(totals.live_bytes - ended.1),
+        ended.0,
+        bytes(ended.1)
+    )
 }
 
 /// What was lost, of process `pid` or of every process shown: "stack 12", ... When other
@@ -278,7 +299,7 @@ pub fn processes(profile: &Profile, top: usize) -> String {
     for (pid, p) in rows.iter().take(top) {
         let _ = writeln!(
             s,
-            "{:>8} {:<16} {:>12} {:>12} {:>14} {:>14}",
+            "{:>8} {:<16} {:>12} {:>12} {:>14} {:>14}{}",
             crate::incarnation::Pid(**pid),
             p.comm,
             p.totals.allocations(),
@@ -288,7 +309,9 @@ pub fn processes(profile: &Profile, top: usize) -> String {
                 "-".to_string()
             } else {
                 bytes(p.totals.live_bytes)
-            }
+            },
+            // Its live figure is what it had not freed when it ended.
+            if p.exited { "  ended" } else { "" }
         );
     }
     if rows.len() > top {
@@ -327,6 +350,40 @@ mod tests {
         assert!(s.contains("aligned_alloc/memalign"), "{s}");
         assert!(!s.lines().any(|l| l.starts_with("memalign")), "{s}");
         assert!(s.contains("lost: live_map 5"), "{s}");
+    }
+
+    /// Under `--all` the blocks of processes that ended went with them: the total line counts
+    /// them apart, the processes table marks those processes; one process's summary does not.
+    #[test]
+    fn summary_tells_ended_processes_blocks_apart() {
+        let mut p = Profile::default();
+        for (pid, blocks, exited) in [(1, 3, false), (2, 5, true), (3, 0, true)] {
+            let mut t = crate::model::Totals::default();
+            t.funcs[Func::Malloc as usize].calls = 10;
+            (t.live_blocks, t.live_bytes) = (blocks, 100 * blocks);
+            p.procs.insert(
+                pid,
+                crate::aggregate::ProcProfile {
+                    comm: format!("p{pid}"),
+                    totals: t,
+                    exited,
+                    leaks_at_exit: exited,
+                    ..Default::default()
+                },
+            );
+        }
+        let s = summary(&p, None, &[]);
+        let want = "live 3 blocks / 300 B in running processes (ended ones left 5 blocks / 500 B)";
+        assert!(s.contains(want), "{s}");
+        let s = summary(&p, Some(2), &[]);
+        assert!(s.contains("; live 5 blocks / 500 B\n"), "{s}");
+        let table = processes(&p, 10);
+        let ended: Vec<&str> = table.lines().filter(|l| l.ends_with("  ended")).collect();
+        assert_eq!(ended.len(), 2, "{table}");
+        assert!(ended.iter().all(|l| !l.contains(" p1 ")), "{table}");
+        // No process ended holding blocks: the plain figure.
+        p.procs.remove(&2);
+        assert!(summary(&p, None, &[]).contains("; live 3 blocks / 300 B\n"));
     }
 
     /// Calls mode keeps no live map: the summary and round lines say what is not tracked and

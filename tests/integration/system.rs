@@ -186,10 +186,10 @@ fn exited_processes_free_their_map_space() {
         // Two rounds: one sees it gone and forgets it.
         std::thread::sleep(Duration::from_millis(600));
     }
-    let (_, doc) = stop(tracer, &json);
+    let (stderr, doc) = stop(tracer, &json);
     assert_eq!(doc["lost"]["live_map"], 0, "{}", doc["lost"]);
-    for pid in pids {
-        let p = process(&doc, pid);
+    for pid in &pids {
+        let p = process(&doc, *pid);
         assert_eq!(p["exited"], true);
         assert_eq!(
             p["leaks_at_exit"], true,
@@ -198,6 +198,84 @@ fn exited_processes_free_their_map_space() {
         assert_eq!(p["leaks"]["blocks"].as_u64(), Some(1501), "{}", p["leaks"]);
         assert_eq!(p["leaks"]["bytes"].as_u64(), Some(1500 * 777 + 555));
     }
+    // Their blocks went with them: the summary's live figure tells them apart.
+    let ended = |k: &str| -> i64 {
+        doc["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["exited"] == true && p["leaks_at_exit"] == true)
+            .map(|p| p["live"][k].as_i64().unwrap())
+            .sum()
+    };
+    let of_ended = &doc["live"]["of_ended_processes"];
+    assert_eq!(
+        of_ended["blocks"].as_i64(),
+        Some(ended("blocks")),
+        "{of_ended}"
+    );
+    assert_eq!(
+        of_ended["bytes"].as_i64(),
+        Some(ended("bytes")),
+        "{of_ended}"
+    );
+    assert!(ended("blocks") >= 2 * 1501, "{of_ended}");
+    let running = doc["live"]["blocks"].as_i64().unwrap() - ended("blocks");
+    let line = format!("live {running} blocks / ");
+    let total = stderr
+        .lines()
+        .find(|l| l.starts_with("total: "))
+        .unwrap_or_else(|| panic!("no total line: {stderr}"));
+    assert!(total.contains(&line), "{total}");
+    let left = format!(
+        "in running processes (ended ones left {} blocks / ",
+        ended("blocks")
+    );
+    assert!(total.contains(&left), "{total}");
+}
+
+/// A process that starts and ends between two reads is ended by the round that first sees it
+/// (it was seen starting): the blocks it left (15 MB) are never live in the timeline, where
+/// they used to be for a round. Rounds of 2 s; the fixture runs for milliseconds right after
+/// one.
+#[test]
+fn a_process_gone_within_a_round_is_never_live() {
+    if !bpf_or_skip("a_process_gone_within_a_round_is_never_live") {
+        return;
+    }
+    let _g = exclusive();
+    let bin = fixture("allocs", "", &[]);
+    let json = json_path("sys-within-round");
+    let tracer = start_attached(
+        heaptrace()
+            .args(["--all", "--no-tui", "--mode", "counts", "--interval", "2s"])
+            .arg("--json")
+            .arg(&json),
+    );
+    wait_for(&tracer, "round 1:");
+    let mut child = Command::new(&bin)
+        .args(["0", "0", "20000"])
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    assert!(child.wait().unwrap().success());
+    wait_for(&tracer, "round 3:");
+    let (_, doc) = stop(tracer, &json);
+    let p = process(&doc, pid);
+    assert_eq!(
+        (&p["exited"], &p["leaks_at_exit"]),
+        (&true.into(), &true.into())
+    );
+    let left = 20000 * 777 + 555;
+    assert_eq!(p["leaks"]["bytes"].as_i64(), Some(left), "{}", p["leaks"]);
+    let rows = doc["timeline"].as_array().unwrap();
+    let live = |i: usize| rows[i]["live_bytes"].as_i64().unwrap();
+    assert!(
+        rows[1]["allocations"].as_u64().unwrap() > 20000,
+        "{}",
+        rows[1]
+    );
+    assert!(live(1) - live(0) < left / 2, "{} then {}", rows[0], rows[1]);
 }
 
 /// The kernel keeps a stack until it is deleted. Processes that ended used to keep theirs, so

@@ -348,7 +348,7 @@ pub fn document<'a>(profile: &'a Profile, info: &RunInfo<'_>) -> Node<'a> {
         "aliases": alias_names,
         "functions": functions(&totals, info.aliases, profile),
         "totals": totals_summary(&totals),
-        "live": live(profile, &totals),
+        "live": live_all(profile, &totals),
         "lost": lost,
         "latency": latency(profile),
     });
@@ -375,6 +375,20 @@ pub fn document<'a>(profile: &'a Profile, info: &RunInfo<'_>) -> Node<'a> {
         ("reservations".into(), reservations(profile)),
     ]);
     Node::object(m)
+}
+
+/// All processes' live figures, and the part of them held by processes that ended (system-wide
+/// mode): not freed at their end, gone with them.
+fn live_all(profile: &Profile, t: &Totals) -> Value {
+    let mut v = live(profile, t);
+    if let Value::Object(m) = &mut v {
+        let (blocks, bytes) = profile.ended_live();
+        m.insert(
+            "of_ended_processes".into(),
+            json!({ "blocks": blocks, "bytes": bytes }),
+        );
+    }
+    v
 }
 
 /// The live blocks and bytes; null in calls mode, which keeps no live map.

@@ -24,10 +24,8 @@ impl Replay {
     /// Applies a round; `fold`: fold the processes it folded too (not when one process is
     /// picked out of the recording: its figures are kept its own).
     pub fn round(&mut self, rec: &Recording, r: &Round, fold: bool) {
+        // It ends the round's ended processes too.
         self.profile.apply(r);
-        for key in &r.ended {
-            self.profile.end(*key);
-        }
         if !fold {
             return;
         }

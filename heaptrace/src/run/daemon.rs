@@ -249,17 +249,10 @@ impl Daemon {
         }
     }
 
-    /// Processes that ended before the round just applied, so their final counts are in it:
-    /// keep their leaks and free their map space. Returns the processes marked ended, and those
+    /// Processes that ended before the round just applied (not ended before it), so their
+    /// final counts are in it: keep their leaks and free their map space. Returns the processes marked ended, and those
     /// then folded, for the recording.
-    fn forget_exited(&mut self, mut gone: HashSet<u32>) -> Result<(Vec<u32>, Vec<u32>)> {
-        let inc = &self.incarnations;
-        gone.retain(|p| {
-            self.profile
-                .procs
-                .get(&inc.key(*p))
-                .is_none_or(|pp| !pp.exited)
-        });
+    fn forget_exited(&mut self, gone: HashSet<u32>) -> Result<(Vec<u32>, Vec<u32>)> {
         if gone.is_empty() {
             return Ok(Default::default());
         }
@@ -477,11 +470,15 @@ impl Daemon {
         // counts from zero (the read counts only each process's current image).
         self.process_events();
         // Who is gone is decided before the snapshot, so that it holds their final counts (a
-        // process found gone after it could still have counted something in between).
+        // process found gone after it could still have counted something in between). Those
+        // seen starting since the last read count too: one that lived within a round ends in
+        // it, rather than a round later, its blocks live meanwhile.
         let gone: HashSet<u32> = if self.pid.is_none() {
+            let started = self.procwatch.iter().flat_map(|w| w.seen.keys());
             self.prev
                 .procs
                 .keys()
+                .chain(started)
                 .copied()
                 .filter(|p| !procfs::alive(*p))
                 .collect()
@@ -570,14 +567,23 @@ impl Daemon {
         self.new_stacks(&mut round);
         self.same.round(&mut round);
         self.incarnations.rekey(&mut round);
+        // Those not ended already; the Profile ends them as it applies the round, so that its
+        // timeline row and peak leave their blocks out.
+        let ending: HashSet<u32> = gone
+            .iter()
+            .copied()
+            .filter(|p| {
+                let key = self.incarnations.key(*p);
+                self.profile.procs.get(&key).is_none_or(|pp| !pp.exited)
+            })
+            .collect();
+        round.ended = ending.iter().map(|p| self.incarnations.key(*p)).collect();
         self.profile.apply(&round);
         // Sites first seen from now on were counted after this round's read: the stacks
         // freed before it are no one's now.
         self.freed.clear();
         let theirs = snap.stacks_only_of(&gone, dropped);
-        if !gone.is_empty() {
-            (round.ended, round.folded) = self.forget_exited(gone)?;
-        }
+        (round.ended, round.folded) = self.forget_exited(ending)?;
         if !theirs.is_empty() {
             self.freed = self.maps.free_stacks(theirs);
         }

@@ -278,6 +278,8 @@ pub struct ProcRow {
     pub reserved: Option<u64>,
     /// Its allocations per second in the last round seen.
     pub rate: u64,
+    /// It ended while traced: its live figure is what it had not freed then.
+    pub exited: bool,
 }
 
 /// `n` events of round `last` per second: the round ran from `prev`'s end (or one interval).
@@ -756,6 +758,7 @@ impl App {
                 virt_kb: p.mem.map(|m| m.virt_kb),
                 peak_rss_kb: p.peak_rss_kb,
                 reserved: p.reserved.map(|r| r.total()),
+                exited: p.exited,
                 rate: self.history.get(pid).map_or(0, |h| {
                     let prev = h.len().checked_sub(2).and_then(|i| h.get(i));
                     h.back().map_or(0, |last| {

@@ -140,7 +140,6 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
     }
     let t = app.totals();
     let sample_bytes = app.view().sample_bytes;
-    let e = crate::report::est(sample_bytes);
     let mut l3 = format!(
         "allocs {}  frees {}  allocated {}",
         t.allocations(),
@@ -150,11 +149,13 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
     if app.view().calls {
         l3.push_str("  live: not tracked in calls mode");
     } else {
-        l3.push_str(&format!(
-            "  live {e}{} blocks / {e}{}",
-            t.live_blocks,
-            bytes(t.live_bytes)
-        ));
+        // One process in focus keeps its own figure; all of them tell the ended ones apart.
+        let ended = match app.focus() {
+            None => app.view().ended_live(),
+            Some(_) => (0, 0),
+        };
+        l3.push_str("  ");
+        l3.push_str(&crate::report::live(&t, ended, sample_bytes));
     }
 
     let text = vec![Line::from(l1), Line::from(l2), Line::from(l3)];
@@ -718,10 +719,20 @@ fn draw_processes(f: &mut Frame, app: &App, area: Rect) {
         Cell::from(""),
     ])];
     body.extend(rows.iter().map(|r| {
+        // Ended ones stay listed (their figures are final), dimmed.
+        let style = if r.exited {
+            Style::new().dim()
+        } else {
+            Style::new()
+        };
         Row::new(vec![
             Cell::from(if app.focus() == Some(r.pid) { "*" } else { " " }),
             Cell::from(format!("{:>7}", crate::incarnation::Pid(r.pid))),
-            Cell::from(r.comm.clone()),
+            Cell::from(if r.exited {
+                format!("{} (ended)", r.comm)
+            } else {
+                r.comm.clone()
+            }),
             Cell::from(n(r.totals.allocations())),
             Cell::from(n(r.totals.frees())),
             Cell::from(format!("{:>10}", bytes(r.totals.bytes_allocated() as i64))),
@@ -736,6 +747,7 @@ fn draw_processes(f: &mut Frame, app: &App, area: Rect) {
                 r.reserved.map_or("-".into(), |b| bytes(b as i64))
             )),
         ])
+        .style(style)
     }));
     let num = if wide { 11 } else { 10 };
     let mut widths = vec![

@@ -324,3 +324,43 @@ fn an_exec_is_said_in_the_status_line() {
         "{text}"
     );
 }
+
+/// Under `--all`, processes that ended keep the blocks they had not freed: the header counts
+/// them apart from the live ones, and the processes screen marks them.
+#[test]
+fn ended_processes_are_told_apart_from_the_live_ones() {
+    let mut p = Profile::default();
+    for (pid, comm, blocks, bytes, exited) in
+        [(10, "alive", 3, 300, false), (11, "gone", 5, 5000, true)]
+    {
+        let mut totals = crate::model::Totals::default();
+        totals.funcs[heaptrace_common::Func::Malloc as usize].calls = 10;
+        (totals.live_blocks, totals.live_bytes) = (blocks, bytes);
+        p.procs.insert(
+            pid,
+            crate::aggregate::ProcProfile {
+                comm: comm.into(),
+                totals,
+                exited,
+                leaks_at_exit: exited,
+                ..Default::default()
+            },
+        );
+    }
+    let mut app = App::new(info("all"), running(p));
+    screen(&mut app, Screen::Processes);
+    let text = format!("{:?}", render(&app, 160, 24));
+    assert!(
+        text.contains(
+            "live 3 blocks / 300 B in running processes (ended ones left 5 blocks / 4.9 KiB)"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("gone (ended)"), "{text}");
+    assert!(!text.contains("alive (ended)"), "{text}");
+    // One process in focus: its own figure, as it is.
+    app.set_focus(Some(11));
+    let text = format!("{:?}", render(&app, 160, 24));
+    assert!(text.contains("live 5 blocks / 4.9 KiB"), "{text}");
+    assert!(!text.contains("in running processes"), "{text}");
+}
