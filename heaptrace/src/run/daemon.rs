@@ -249,9 +249,9 @@ impl Daemon {
         }
     }
 
-    /// Processes that ended before the round just applied (not ended before it), so their
-    /// final counts are in it: keep their leaks and free their map space. Returns the processes marked ended, and those
-    /// then folded, for the recording.
+    /// Processes that ended before the round just applied (and not before an earlier one),
+    /// so their final counts are in it: keep their leaks and free their map space. Returns the
+    /// processes marked ended, and those then folded, for the recording.
     fn forget_exited(&mut self, gone: HashSet<u32>) -> Result<(Vec<u32>, Vec<u32>)> {
         if gone.is_empty() {
             return Ok(Default::default());
@@ -259,9 +259,6 @@ impl Daemon {
         let left = self.maps.forget(&gone)?;
         let leaks = self.matching(self.same.leaks(left));
         let mut leaks = self.incarnations.rekey_sites(leaks);
-        if let Some(w) = self.procwatch.as_mut() {
-            w.seen.retain(|p, _| !gone.contains(p));
-        }
         self.exited_leaks.append(&mut leaks);
         let (mut ended, mut folded) = (Vec::new(), Vec::new());
         for p in &gone {
@@ -584,6 +581,10 @@ impl Daemon {
         self.freed.clear();
         let theirs = snap.stacks_only_of(&gone, dropped);
         (round.ended, round.folded) = self.forget_exited(ending)?;
+        // Every one gone, also those that never allocated: no name of theirs is needed again.
+        if let Some(w) = self.procwatch.as_mut() {
+            w.seen.retain(|p, _| !gone.contains(p));
+        }
         if !theirs.is_empty() {
             self.freed = self.maps.free_stacks(theirs);
         }
