@@ -131,6 +131,9 @@ fn prefixed_custom_allocator_counts_exactly() {
     assert_eq!(doc["leaks"]["bytes"].as_u64(), Some(64 * LEAKS));
 }
 
+/// gcc's flags for a 5-byte nop at each function's entry (`-mnop-mcount` wants no PIC).
+const NOP5_FLAGS: &[&str] = &["-pg", "-mfentry", "-mnop-mcount", "-fno-pic", "-no-pie"];
+
 /// The same allocator built with `gcc -pg -mfentry -mnop-mcount`: each function begins with a
 /// 5-byte nop, and Linux 6.18+ turns a probe there into a call to a trampoline once it is hit
 /// (half a trap's cost, BENCHMARKS.md). The probes stay on the nops, count exactly, and read the
@@ -142,8 +145,7 @@ fn probes_on_five_byte_nops_count_exactly() {
         return;
     }
     let _g = shared();
-    let flags = ["-pg", "-mfentry", "-mnop-mcount", "-fno-pic", "-no-pie"];
-    let bin = fixture("customalloc", "nop5", &flags);
+    let bin = fixture("customalloc", "nop5", NOP5_FLAGS);
     let json = json_path("custom-nop5");
     let out = run_ok(
         heaptrace()
@@ -195,6 +197,40 @@ fn probes_on_five_byte_nops_count_exactly() {
     } else {
         eprintln!("this kernel does not optimize uprobes on nops: tested as plain probes");
     }
+}
+
+/// Detaching mid-run from probes the kernel turned into calls: it puts the nops back, and the
+/// process works on unprobed to a normal exit.
+#[test]
+fn detaching_from_five_byte_nop_probes_mid_run_leaves_the_process_whole() {
+    if !bpf_or_skip("detaching_from_five_byte_nop_probes_mid_run_leaves_the_process_whole") {
+        return;
+    }
+    let _g = shared();
+    let bin = fixture("customalloc", "nop5", NOP5_FLAGS);
+    // Seconds of work probed, a fraction of one without.
+    let n = 2_000_000u64;
+    let mut child = ready(&bin, &[&n.to_string(), "0", "wait"]);
+    let json = json_path("custom-nop5-detach");
+    let tracer = start_attached(
+        heaptrace()
+            .args(["-p", &child.id().to_string(), "--no-tui", "-q"])
+            .args(["--allocator-symbols", "prefix:xx_", "--json"])
+            .arg(&json),
+    );
+    child.stdin.take().unwrap().write_all(b"g").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    tracer.signal(libc::SIGINT);
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(child.wait().unwrap().success());
+    let calls = read_json(&json)["functions"]["malloc"]["calls"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        calls > 0 && calls < n,
+        "{calls} mallocs seen: not detached mid-run"
+    );
 }
 
 /// Explicit names, without calloc: xx_calloc is then not probed, and the xx_malloc inside it is
