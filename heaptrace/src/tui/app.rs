@@ -781,7 +781,10 @@ impl App {
             ProcSort::Live if self.view().calls => {
                 rows.sort_by_key(|r| (std::cmp::Reverse(r.rate), r.pid))
             }
-            ProcSort::Live => rows.sort_by_key(|r| (std::cmp::Reverse(r.totals.live_bytes), r.pid)),
+            // What ended processes hold is not live any more: after the running ones.
+            ProcSort::Live => {
+                rows.sort_by_key(|r| (r.exited, std::cmp::Reverse(r.totals.live_bytes), r.pid))
+            }
             ProcSort::Rss => rows.sort_by_key(|r| (std::cmp::Reverse(r.rss_kb), r.pid)),
             ProcSort::Pid => rows.sort_by_key(|r| r.pid),
         }

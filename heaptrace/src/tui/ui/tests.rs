@@ -358,6 +358,10 @@ fn ended_processes_are_told_apart_from_the_live_ones() {
     );
     assert!(text.contains("gone (ended)"), "{text}");
     assert!(!text.contains("alive (ended)"), "{text}");
+    // Sorted by live bytes, the running ones come first: what the ended hold is not live.
+    app.proc_sort = crate::tui::app::ProcSort::Live;
+    let order: Vec<u32> = app.proc_rows().iter().map(|r| r.pid).collect();
+    assert_eq!(order, [10, 11]);
     // One process in focus: its own figure, as it is.
     app.set_focus(Some(11));
     let text = format!("{:?}", render(&app, 160, 24));
