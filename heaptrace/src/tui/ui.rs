@@ -149,13 +149,24 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
     if app.view().calls {
         l3.push_str("  live: not tracked in calls mode");
     } else {
-        // One process in focus keeps its own figure; all of them tell the ended ones apart.
+        // One process in focus keeps its own figure; all of them tell the ended ones apart,
+        // last, where a narrow terminal cuts the line.
         let ended = match app.focus() {
             None => app.view().ended_live(),
             Some(_) => (0, 0),
         };
-        l3.push_str("  ");
-        l3.push_str(&crate::report::live(&t, ended, sample_bytes));
+        let e = crate::report::est(sample_bytes);
+        l3.push_str(&format!(
+            "  live {e}{} blocks / {e}{}",
+            t.live_blocks - ended.0,
+            bytes(t.live_bytes - ended.1)
+        ));
+        if ended != (0, 0) {
+            l3.push_str(&format!(
+                " (+{e}{} left by ended processes)",
+                bytes(ended.1)
+            ));
+        }
     }
 
     let text = vec![Line::from(l1), Line::from(l2), Line::from(l3)];

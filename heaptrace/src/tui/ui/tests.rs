@@ -351,9 +351,7 @@ fn ended_processes_are_told_apart_from_the_live_ones() {
     screen(&mut app, Screen::Processes);
     let text = format!("{:?}", render(&app, 160, 24));
     assert!(
-        text.contains(
-            "live 3 blocks / 300 B in running processes (ended ones left 5 blocks / 4.9 KiB)"
-        ),
+        text.contains("live 3 blocks / 300 B (+4.9 KiB left by ended processes)"),
         "{text}"
     );
     assert!(text.contains("gone (ended)"), "{text}");
@@ -366,5 +364,5 @@ fn ended_processes_are_told_apart_from_the_live_ones() {
     app.set_focus(Some(11));
     let text = format!("{:?}", render(&app, 160, 24));
     assert!(text.contains("live 5 blocks / 4.9 KiB"), "{text}");
-    assert!(!text.contains("in running processes"), "{text}");
+    assert!(!text.contains("left by ended"), "{text}");
 }
