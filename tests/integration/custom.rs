@@ -73,6 +73,22 @@ fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
 const N: u64 = 500;
 const LEAKS: u64 = 7;
 
+/// customalloc N LEAKS traced with `prefix:xx_`: each custom call counted once, the xx_malloc
+/// inside xx_calloc as part of the calloc.
+fn check_prefixed_counts(doc: &Value) {
+    let want: Funcs = [
+        ("malloc", (N + LEAKS, 100 * N + 64 * LEAKS, 0)),
+        ("calloc", (N, 100 * N, 0)),
+        ("realloc", (N, 300 * N, 0)),
+        ("free", (2 * N, 400 * N, 0)),
+    ]
+    .into();
+    assert_eq!(
+        funcs_of(doc, &["malloc", "calloc", "realloc", "free"]),
+        want
+    );
+}
+
 /// tests/fixtures/customalloc.c with `prefix:xx_`: only the program's own xx_ functions are
 /// probed, in the program, not the libc they wrap. Each call counts once: the libc malloc inside
 /// xx_malloc is not probed, and xx_malloc inside xx_calloc is a nested call of the calloc. The
@@ -102,17 +118,7 @@ fn prefixed_custom_allocator_counts_exactly() {
             ("free", "xx_free"),
         ])
     );
-    let want: Funcs = [
-        ("malloc", (N + LEAKS, 100 * N + 64 * LEAKS, 0)),
-        ("calloc", (N, 100 * N, 0)),
-        ("realloc", (N, 300 * N, 0)),
-        ("free", (2 * N, 400 * N, 0)),
-    ]
-    .into();
-    assert_eq!(
-        funcs_of(&doc, &["malloc", "calloc", "realloc", "free"]),
-        want
-    );
+    check_prefixed_counts(&doc);
     let f = &doc["functions"];
     assert_eq!(f["free"]["untracked"], 0);
     assert_eq!(
@@ -170,17 +176,7 @@ fn probes_on_five_byte_nops_count_exactly() {
         );
         assert!(at["why"].as_str().unwrap().contains("5-byte nop"), "{p}");
     }
-    let want: Funcs = [
-        ("malloc", (N + LEAKS, 100 * N + 64 * LEAKS, 0)),
-        ("calloc", (N, 100 * N, 0)),
-        ("realloc", (N, 300 * N, 0)),
-        ("free", (2 * N, 400 * N, 0)),
-    ]
-    .into();
-    assert_eq!(
-        funcs_of(&doc, &["malloc", "calloc", "realloc", "free"]),
-        want
-    );
+    check_prefixed_counts(&doc);
     assert_eq!(doc["functions"]["free"]["untracked"], 0);
     assert_eq!(doc["leaks"]["blocks"].as_u64(), Some(LEAKS));
     let stacks = doc["stacks"].as_array().unwrap();
