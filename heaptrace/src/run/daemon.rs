@@ -471,14 +471,11 @@ impl Daemon {
         // seen starting since the last read count too: one that lived within a round ends in
         // it, rather than a round later, its blocks live meanwhile.
         let gone: HashSet<u32> = if self.pid.is_none() {
-            let started = self.procwatch.iter().flat_map(|w| w.seen.keys());
-            self.prev
-                .procs
-                .keys()
-                .chain(started)
-                .copied()
-                .filter(|p| !procfs::alive(*p))
-                .collect()
+            // Each pid looked at once: a read of /proc, and most are in both.
+            let mut known: HashSet<u32> = self.prev.procs.keys().copied().collect();
+            known.extend(self.procwatch.iter().flat_map(|w| w.seen.keys()));
+            known.retain(|p| !procfs::alive(*p));
+            known
         } else {
             HashSet::new()
         };
