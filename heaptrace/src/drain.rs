@@ -215,6 +215,7 @@ impl KernelMaps {
                     ProcSnapshot {
                         comm,
                         totals: Totals::from_per_cpu(per_cpu.iter()),
+                        epoch: epoch as u32,
                     },
                 );
             },
@@ -354,7 +355,8 @@ impl KernelMaps {
     }
 
     /// The epoch of a process's current image (see `ProcCounters::epoch`).
-    fn epoch(&self, tgid: u32) -> u32 {
+    /// The process's current image (as `ProcCounters::epoch`).
+    pub fn epoch(&self, tgid: u32) -> u32 {
         self.execs.get(&tgid, 0).unwrap_or(0).wrapping_add(1)
     }
 

@@ -246,6 +246,9 @@ pub struct NewStack {
 pub struct ProcSnapshot {
     pub comm: String,
     pub totals: Totals,
+    /// The image the counters are of: 1 + the execs at which the kernel started it over.
+    #[serde(default)]
+    pub epoch: u32,
 }
 
 /// Everything new since the previous round.
@@ -323,6 +326,16 @@ impl Snapshot {
                 *b = b.wrapping_add(n);
             }
         }
+    }
+
+    /// Processes whose counters here are of another image than in `prev`: the kernel started
+    /// them over at an exec in between. What `prev` holds of them is of the image before.
+    pub fn restarted_since(&self, prev: &Snapshot) -> Vec<u32> {
+        self.procs
+            .iter()
+            .filter(|(pid, p)| prev.procs.get(pid).is_some_and(|q| q.epoch != p.epoch))
+            .map(|(pid, _)| *pid)
+            .collect()
     }
 
     /// The differences from `prev` to `self`. Cumulative kernel counters read twice give exact
@@ -408,6 +421,27 @@ mod tests {
         assert_eq!((t.live_blocks, t.live_bytes), (1, 100));
     }
 
+    /// Only a process read in both whose image moved on started over; one new or gone, or
+    /// read twice of the same image, did not.
+    #[test]
+    fn restarted_since_compares_the_images_read() {
+        let mk = |procs: &[(u32, u32)]| {
+            let mut s = Snapshot::default();
+            for (pid, epoch) in procs {
+                let p = ProcSnapshot {
+                    epoch: *epoch,
+                    ..Default::default()
+                };
+                s.procs.insert(*pid, p);
+            }
+            s
+        };
+        let prev = mk(&[(1, 1), (2, 1), (3, 2)]);
+        let now = mk(&[(1, 1), (2, 2), (4, 1)]);
+        assert_eq!(now.restarted_since(&prev), [2]);
+        assert!(prev.restarted_since(&prev).is_empty());
+    }
+
     #[test]
     fn deltas_between_snapshots_add_back_to_the_last_snapshot() {
         let mk = |calls, bytes, lb, lbytes, size_count| {
@@ -417,6 +451,7 @@ mod tests {
                 ProcSnapshot {
                     comm: "fx".into(),
                     totals: Totals::from_per_cpu([&counters(calls, bytes, lb, lbytes)]),
+                    ..Default::default()
                 },
             );
             s.sizes.insert((7, 0, 100, 3), size_count);

@@ -122,6 +122,7 @@ impl ProcWatch {
             wake: wake.clone(),
             comm,
             early: early.clone(),
+            delay: delay_for_tests(),
         };
         let reader = std::thread::Builder::new()
             .name("heaptrace-execs".into())
@@ -277,12 +278,24 @@ struct Reader {
     wake: Arc<OwnedFd>,
     comm: Option<String>,
     early: EarlyMaps,
+    delay: Option<Duration>,
+}
+
+/// Tests only: `HEAPTRACE_DELAY_EXEC_EVENTS_MS` holds each exec event that long before the
+/// daemon gets it, as a loaded host may (the reads of /proc before it, the scheduler), so that
+/// a test can make the event come after the counters of the image it starts.
+fn delay_for_tests() -> Option<Duration> {
+    let ms = std::env::var("HEAPTRACE_DELAY_EXEC_EVENTS_MS").ok()?;
+    ms.parse().ok().map(Duration::from_millis)
 }
 
 impl Reader {
     /// Waits while the daemon's queue is full (the kernel's ring then fills, and counts what it
     /// cannot hold); false once the watch is stopped or gone.
     fn send(&self, mut exec: ProcEvent) -> bool {
+        if let Some(d) = self.delay {
+            std::thread::sleep(d);
+        }
         loop {
             match self.tx.try_send(exec) {
                 Ok(()) => return true,

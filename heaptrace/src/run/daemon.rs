@@ -416,19 +416,30 @@ impl Daemon {
     /// new command.
     fn restart(&mut self, execs: Vec<u32>) {
         // The kernel moves a process's epoch on only when it had counters: only those have
-        // anything to drop.
+        // anything to drop. One read already may hold the new image's counters (this event
+        // comes through the exec watch, later than the counters at times): then the epoch it
+        // read is the current one, and nothing is dropped (that dropped a launched command's
+        // reservations, and counted its work twice in the timeline).
         let pids: HashSet<u32> = execs
             .into_iter()
-            .filter(|p| {
-                self.prev.procs.contains_key(p)
-                    || self
-                        .profile
+            .filter(|p| match self.prev.procs.get(p) {
+                Some(read) => read.epoch != self.maps.epoch(*p),
+                None => {
+                    self.profile
                         .procs
                         .get(&self.incarnations.key(*p))
                         .is_some_and(|pp| !pp.exited)
-                    || self.maps.has_restarted(*p)
+                        || self.maps.has_restarted(*p)
+                }
             })
             .collect();
+        self.start_over(pids);
+    }
+
+    /// Drops what processes `pids` counted before their exec, everywhere: the previous read's
+    /// entries now, the Profile's as the next round is applied, the kernel maps' after the next
+    /// read.
+    fn start_over(&mut self, pids: HashSet<u32>) {
         if pids.is_empty() {
             return;
         }
@@ -481,6 +492,8 @@ impl Daemon {
         };
         self.drain_mem();
         let snap = self.maps.snapshot()?;
+        // Started over at an exec whose event is not read yet: the read says so by its epoch.
+        self.start_over(snap.restarted_since(&self.prev).into_iter().collect());
         // The earlier images of the processes that exec'ed go from the maps (the snapshot
         // counted their current images only), and their stacks are freed below unless others
         // hold them: a shell's forks that exec leave theirs (a pyenv shim's ~35 bash a run).
