@@ -244,7 +244,9 @@ pub fn libc_of(pid: u32) -> Result<Option<(PathBuf, PathBuf)>> {
 /// A process's mapped files in symbol lookup order (the executable, then libraries in load
 /// order, libc and the dynamic loader's neighbours last), and its root directory.
 fn candidates(pid: u32) -> Result<(Vec<PathBuf>, PathBuf)> {
-    let maps_path = PathBuf::from(format!("/proc/{pid}/maps"));
+    // A running thread's, when the leader has exited (its files are empty then).
+    let dir = crate::procfs::space_dir(pid);
+    let maps_path = PathBuf::from(format!("{dir}/maps"));
     let maps = fs::read_to_string(&maps_path).map_err(|source| {
         if source.kind() == std::io::ErrorKind::NotFound {
             Error::NoSuchProcess(pid)
@@ -255,7 +257,7 @@ fn candidates(pid: u32) -> Result<(Vec<PathBuf>, PathBuf)> {
             }
         }
     })?;
-    let exe = fs::read_link(format!("/proc/{pid}/exe")).ok();
+    let exe = fs::read_link(format!("{dir}/exe")).ok();
     let files = mapped_files(&maps);
     let mut ordered: Vec<PathBuf> = Vec::new();
     ordered.extend(files.iter().filter(|p| Some(*p) == exe.as_ref()).cloned());
@@ -266,7 +268,7 @@ fn candidates(pid: u32) -> Result<(Vec<PathBuf>, PathBuf)> {
             .cloned(),
     );
     ordered.extend(files.iter().filter(|p| is_libc(p)).cloned());
-    Ok((ordered, PathBuf::from(format!("/proc/{pid}/root"))))
+    Ok((ordered, PathBuf::from(format!("{dir}/root"))))
 }
 
 /// The provider for a command about to be executed: the executable if it defines malloc (a

@@ -13,6 +13,12 @@ pub enum Error {
     NoUprobes,
     #[error("no such process: {0}")]
     NoSuchProcess(u32),
+    #[error(
+        "process {0}'s main thread has ended (its other threads run on); the kernel matches a \
+         process's probes by its main thread's memory, gone now, so -p would see nothing: use \
+         --all --comm {1}"
+    )]
+    LeaderExited(u32, String),
     #[error("process {0} is heaptrace itself; it never traces itself")]
     SelfTarget(u32),
     #[error("no malloc found in process {pid} (looked in: {looked})")]

@@ -1,6 +1,6 @@
 //! Where code was: each traced process's executable mappings, remembered while it lives, so
 //! that its stacks can be turned into (module, file offset) and symbolized after it exits.
-use std::{collections::HashMap, fs, path::Path, sync::Arc};
+use std::{collections::HashMap, path::Path, sync::Arc};
 
 /// One executable file mapping of a process.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,7 +41,7 @@ const HIGHEST: u64 = 0x7fff_ffff_ffff;
 impl Modules {
     /// Reads the process's mappings again (if it is still alive); keeps the last good read.
     pub fn refresh(&mut self, pid: u32) {
-        if let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) {
+        if let Ok(maps) = crate::procfs::maps(pid) {
             self.keep(pid, &maps);
         }
     }
@@ -75,7 +75,7 @@ impl Modules {
         let start = std::time::Instant::now();
         let mut last: Option<String> = None;
         while start.elapsed() < budget {
-            let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            let Ok(maps) = crate::procfs::maps(pid) else {
                 return; // gone
             };
             if maps.contains(&*lib.to_string_lossy()) && last.as_deref() == Some(&maps) {

@@ -12,9 +12,55 @@ pub fn state(pid: u32) -> Option<char> {
     rest.trim_start().chars().next()
 }
 
-/// A process counts as alive until it is a zombie (kill(pid, 0) succeeds on zombies).
+/// A process counts as alive until it is a zombie (kill(pid, 0) succeeds on zombies). Its
+/// leader alone being one is not enough: a main that called pthread_exit leaves a zombie
+/// leader while the other threads run on (counted in its status's `Threads:`, the leader
+/// with them until they are gone).
 pub fn alive(pid: u32) -> bool {
-    matches!(state(pid), Some(s) if s != 'Z' && s != 'X')
+    match state(pid) {
+        Some('Z') => fs::read_to_string(format!("/proc/{pid}/status"))
+            .is_ok_and(|s| status_field(&s, "Threads:") > 1),
+        Some(s) => s != 'X',
+        None => false,
+    }
+}
+
+/// The directory of a thread of `pid` that still runs, when its leader has exited: the
+/// leader's maps, memory figures and links are empty then, a running thread's are whole.
+fn running_thread(pid: u32) -> Option<String> {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|tid| *tid != pid.to_string())
+        .map(|tid| format!("/proc/{pid}/task/{tid}"))
+        .find(|dir| {
+            let stat = fs::read_to_string(format!("{dir}/stat")).unwrap_or_default();
+            let state = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].trim_start().chars().next());
+            matches!(state, Some(s) if s != 'Z' && s != 'X')
+        })
+}
+
+/// Where to read the files of a process's address space (maps, memory figures, exe, root):
+/// /proc/PID, or a running thread's directory when the leader has exited before it.
+pub fn space_dir(pid: u32) -> String {
+    match state(pid) {
+        Some('Z') => running_thread(pid).unwrap_or_else(|| format!("/proc/{pid}")),
+        _ => format!("/proc/{pid}"),
+    }
+}
+
+/// /proc/PID/maps; a running thread's when the leader has exited (its own is empty then).
+pub fn maps(pid: u32) -> io::Result<String> {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    if !maps.is_empty() {
+        return Ok(maps);
+    }
+    match running_thread(pid) {
+        Some(dir) => fs::read_to_string(format!("{dir}/maps")),
+        None => Ok(maps),
+    }
 }
 
 /// Whether thread `tid` of process `tgid` still runs.
@@ -45,6 +91,11 @@ pub struct Mem {
 
 pub fn mem(pid: u32) -> Option<Mem> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    if status.contains("VmSize:") {
+        return Some(parse_status(&status));
+    }
+    // A leader that exited has no memory lines; its running threads have the process's.
+    let status = fs::read_to_string(format!("{}/status", running_thread(pid)?)).ok()?;
     Some(parse_status(&status))
 }
 
@@ -80,15 +131,19 @@ pub fn heap(pid: u32) -> Option<(u64, u64)> {
     use std::io::BufRead as _;
     // Read line by line, not whole: this runs every round for every traced process, the heap
     // comes right after the executable's mappings, and the kernel makes the file as it is read.
-    let maps = io::BufReader::new(fs::File::open(format!("/proc/{pid}/maps")).ok()?);
-    if let Some(line) = maps
-        .lines()
-        .map_while(Result::ok)
-        .find(|l| l.ends_with("[heap]"))
-    {
+    let mut dir = format!("/proc/{pid}");
+    let mut maps = io::BufReader::new(fs::File::open(format!("{dir}/maps")).ok()?).lines();
+    let first = maps.next().and_then(Result::ok);
+    if first.is_none() {
+        // Empty: the leader has exited (its break reads 0 too); a running thread's then.
+        dir = running_thread(pid)?;
+        maps = io::BufReader::new(fs::File::open(format!("{dir}/maps")).ok()?).lines();
+    }
+    let lines = first.into_iter().chain(maps.map_while(Result::ok));
+    if let Some(line) = lines.into_iter().find(|l| l.ends_with("[heap]")) {
         return parse_range(&line);
     }
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = fs::read_to_string(format!("{dir}/stat")).ok()?;
     let start_brk = start_brk(&stat)?;
     Some((start_brk, start_brk))
 }

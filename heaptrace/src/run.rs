@@ -415,6 +415,10 @@ fn find_target(
             if !procfs::alive(*pid) {
                 return Err(Error::NoSuchProcess(*pid));
             }
+            if procfs::state(*pid) == Some('Z') {
+                let comm = procfs::comm(*pid).unwrap_or_default();
+                return Err(Error::LeaderExited(*pid, comm));
+            }
             let provider = match &cli.allocator_symbols {
                 Some(c) => allocator::custom_for_pid(*pid, c)?,
                 None => allocator::for_pid(*pid)?,

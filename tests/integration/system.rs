@@ -278,6 +278,78 @@ fn a_process_gone_within_a_round_is_never_live() {
     assert!(live(1) - live(0) < left / 2, "{} then {}", rows[0], rows[1]);
 }
 
+/// A process whose main thread ended first (pthread_exit) lives on in its other threads, its
+/// leader a zombie with empty maps. It used to be taken for gone at every round: forgotten,
+/// then seen again as another process, its counts read against nothing (2^64 - 1 allocations
+/// in a round). Now it is one process, counted exactly, its memory and frames read through a
+/// running thread.
+#[test]
+fn a_process_whose_main_thread_ended_lives_on_in_its_threads() {
+    if !bpf_or_skip("a_process_whose_main_thread_ended_lives_on_in_its_threads") {
+        return;
+    }
+    let _g = exclusive();
+    let bin = fixture("mainexit", "", &[]);
+    let (tracer, json) = start_all("sys-mainexit", &["--comm", "mainexit"]);
+    let n = 300u64;
+    let mut child = Command::new(&bin).arg(n.to_string()).spawn().unwrap();
+    let pid = child.id();
+    assert!(child.wait().unwrap().success());
+    std::thread::sleep(Duration::from_millis(600));
+    let (_, doc) = stop(tracer, &json);
+    let records: Vec<&Value> = doc["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["pid"].as_u64() == Some(u64::from(pid)))
+        .collect();
+    assert_eq!(records.len(), 1, "{records:?}");
+    let p = records[0];
+    let sizes = sizes_of(p);
+    assert_eq!(sizes.get(&("malloc".into(), 4242)), Some(&n), "{sizes:?}");
+    assert_eq!(sizes.get(&("malloc".into(), 4343)), Some(&3), "{sizes:?}");
+    let mallocs = p["functions"]["malloc"]["calls"].as_u64().unwrap();
+    assert!(mallocs < n + 100, "{}", p["functions"]);
+    assert!(
+        p["memory"]["rss_bytes"].as_u64().unwrap_or(0) > 0,
+        "{}",
+        p["memory"]
+    );
+    assert!(whole_stack_calls(&doc, pid, Some("malloc")) >= n);
+    let named = doc["stacks"].as_array().unwrap().iter().any(|s| {
+        s["pid"].as_u64() == Some(u64::from(pid))
+            && s["frames"][0]["function"] == "work"
+            && s["calls"].as_u64() >= Some(n)
+    });
+    assert!(named, "{}", doc["stacks"]);
+}
+
+/// `-p` on a process whose main thread ended cannot see it (the kernel's per-process probe
+/// filter compares the main thread's address space, which is gone): one clear error, where it
+/// used to attach and count nothing.
+#[test]
+fn pid_of_a_process_whose_main_thread_ended_is_a_clear_error() {
+    if !bpf_or_skip("pid_of_a_process_whose_main_thread_ended_is_a_clear_error") {
+        return;
+    }
+    let _g = shared();
+    let mut child = Command::new(fixture("mainexit", "", &[]))
+        .arg("300")
+        .spawn()
+        .unwrap();
+    // Its main thread ends at once; its worker waits 400 ms before its work.
+    std::thread::sleep(Duration::from_millis(100));
+    let out = heaptrace()
+        .args(["-p", &child.id().to_string(), "--no-tui"])
+        .output()
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    assert!(!out.status.success());
+    let error = error_line(&out);
+    assert!(error.contains("main thread has ended"), "{error}");
+    assert!(error.contains("--all --comm mainexit"), "{error}");
+}
+
 /// The kernel keeps a stack until it is deleted. Processes that ended used to keep theirs, so
 /// on a host that starts programs all the time the stack maps filled with the stacks of
 /// processes gone, and every later one lost its stacks. `recurse 7` allocates from 255
