@@ -6,7 +6,12 @@ use std::{
 
 /// The state letter from /proc/PID/stat (R, S, D, Z, X, ...), None if the process is gone.
 pub fn state(pid: u32) -> Option<char> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    state_in(&format!("/proc/{pid}/stat"))
+}
+
+/// The state letter of a stat file (a process's or a thread's).
+fn state_in(stat_path: &str) -> Option<char> {
+    let stat = fs::read_to_string(stat_path).ok()?;
     // comm may contain spaces and parentheses: the state follows the last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.trim_start().chars().next()
@@ -28,18 +33,13 @@ pub fn alive(pid: u32) -> bool {
 /// The directory of a thread of `pid` that still runs, when its leader has exited: the
 /// leader's maps, memory figures and links are empty then, a running thread's are whole.
 fn running_thread(pid: u32) -> Option<String> {
+    let leader = pid.to_string();
     fs::read_dir(format!("/proc/{pid}/task"))
         .ok()?
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|tid| *tid != pid.to_string())
+        .filter(|tid| *tid != leader)
         .map(|tid| format!("/proc/{pid}/task/{tid}"))
-        .find(|dir| {
-            let stat = fs::read_to_string(format!("{dir}/stat")).unwrap_or_default();
-            let state = stat
-                .rfind(')')
-                .and_then(|i| stat[i + 1..].trim_start().chars().next());
-            matches!(state, Some(s) if s != 'Z' && s != 'X')
-        })
+        .find(|dir| matches!(state_in(&format!("{dir}/stat")), Some(s) if s != 'Z' && s != 'X'))
 }
 
 /// Where to read the files of a process's address space (maps, memory figures, exe, root):
@@ -139,8 +139,8 @@ pub fn heap(pid: u32) -> Option<(u64, u64)> {
         dir = running_thread(pid)?;
         maps = io::BufReader::new(fs::File::open(format!("{dir}/maps")).ok()?).lines();
     }
-    let lines = first.into_iter().chain(maps.map_while(Result::ok));
-    if let Some(line) = lines.into_iter().find(|l| l.ends_with("[heap]")) {
+    let mut lines = first.into_iter().chain(maps.map_while(Result::ok));
+    if let Some(line) = lines.find(|l| l.ends_with("[heap]")) {
         return parse_range(&line);
     }
     let stat = fs::read_to_string(format!("{dir}/stat")).ok()?;
