@@ -215,8 +215,8 @@ fn a_recording_of_a_command_that_execs_reports_its_new_command() {
 /// nothing over: the counters read are of the current image (the epoch the read saw is the
 /// kernel's). It used to drop them and read them again: the timeline counted the work twice
 /// and the reservations made meanwhile were lost (an empty list once failed
-/// `a_custom_allocators_reservations_are_seen_at_libcs_wrappers` in CI). The event is held
-/// 500 ms here (`HEAPTRACE_DELAY_EXEC_EVENTS_MS`), rounds are of 100 ms.
+/// `a_custom_allocators_reservations_are_seen_at_libcs_wrappers` in a full run). The event
+/// is held 500 ms here (`HEAPTRACE_DELAY_EXEC_EVENTS_MS`), rounds are of 100 ms.
 #[test]
 fn a_late_exec_event_starts_nothing_over() {
     if !bpf_or_skip("a_late_exec_event_starts_nothing_over") {
