@@ -34,13 +34,12 @@ pub fn alloc_sites(path: &Path) -> Result<Vec<FuncSite>> {
 /// The functions of `names` ((counted as, symbol)) that `path` defines, one site per
 /// distinct address.
 pub fn named_sites(path: &Path, names: &[(Func, String)]) -> Result<Vec<FuncSite>> {
-    let data = open(path)?;
-    let cache = object::ReadCache::new(data);
+    let data = map(path)?;
     let elf_err = |reason: String| Error::Elf {
         path: path.into(),
         reason,
     };
-    let file = object::File::parse(&cache).map_err(|e| elf_err(e.to_string()))?;
+    let file = object::File::parse(&*data).map_err(|e| elf_err(e.to_string()))?;
 
     let mut by_func: BTreeMap<Func, (u64, u64)> = BTreeMap::new();
     for_each_function(&file, |name, addr, size| {
@@ -84,6 +83,21 @@ pub fn named_sites(path: &Path, names: &[(Func, String)]) -> Result<Vec<FuncSite
 /// Read lazily: only the headers and symbol tables, not a whole (maybe huge debug) binary.
 fn open(path: &Path) -> Result<fs::File> {
     fs::File::open(path).map_err(|source| Error::Read {
+        path: path.into(),
+        source,
+    })
+}
+
+/// The file mapped to memory, to read its symbols in place. A read through `object`'s
+/// `ReadCache` allocated a buffer for every name, and under --all every allocation of
+/// heaptrace's traps into its own probes.
+pub(crate) fn map(path: &Path) -> Result<memmap2::Mmap> {
+    let file = open(path)?;
+    // SAFETY: the map is only read, and only while the caller parses it. A file truncated
+    // meanwhile would fault, as blazesym's own maps of the same files would; installers
+    // replace programs and libraries by renaming new files over them, and the kernel
+    // refuses writes to a running executable.
+    unsafe { memmap2::Mmap::map(&file) }.map_err(|source| Error::Read {
         path: path.into(),
         source,
     })
@@ -144,8 +158,8 @@ pub fn syscall_sites(path: &Path) -> Result<Option<Vec<SyscallSite>>> {
         ("mremap", mem::MREMAP),
         ("brk", mem::BRK),
     ];
-    let cache = object::ReadCache::new(open(path)?);
-    let file = object::File::parse(&cache).map_err(|e| Error::Elf {
+    let data = map(path)?;
+    let file = object::File::parse(&*data).map_err(|e| Error::Elf {
         path: path.into(),
         reason: e.to_string(),
     })?;

@@ -25,7 +25,8 @@ pub struct Recorder {
 
 pub fn build_id(path: &Path) -> Option<Vec<u8>> {
     use object::Object as _;
-    let data = std::fs::read(path).ok()?;
+    // Mapped, not read whole: a program with debug info is a hundred megabytes and more.
+    let data = crate::elf::map(path).ok()?;
     let file = object::File::parse(&*data).ok()?;
     file.build_id().ok().flatten().map(<[u8]>::to_vec)
 }
