@@ -302,5 +302,14 @@ mod tests {
     fn not_an_elf_is_an_error() {
         let err = alloc_sites(Path::new("/etc/hostname")).unwrap_err();
         assert!(err.to_string().contains("cannot parse ELF"), "{err}");
+        // Mapped files: an empty one and a missing one are errors too, not faults.
+        let empty = std::env::temp_dir().join(format!("heaptrace-empty-{}", std::process::id()));
+        fs::write(&empty, b"").unwrap();
+        let err = alloc_sites(&empty).unwrap_err();
+        let id = crate::record::writer::build_id(&empty);
+        fs::remove_file(&empty).unwrap();
+        assert!(err.to_string().contains("ELF"), "{err}");
+        assert_eq!(id, None);
+        assert!(alloc_sites(Path::new("/nonexistent/libc.so.6")).is_err());
     }
 }
