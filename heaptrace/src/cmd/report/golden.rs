@@ -135,7 +135,11 @@ fn round(index: u64, a: u64, b: u64, with_stacks: bool) -> Round {
 }
 
 fn recording() -> (Recording, Profile) {
-    let dir = std::env::temp_dir().join(format!("heaptrace-golden-{}", std::process::id()));
+    // A directory per call: the tests run at once, and one writing the file while another
+    // read it made the reader's recording "cut short" (a golden test failed 1 run in 6).
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("heaptrace-golden-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("g.bin");
     let header = Header {
