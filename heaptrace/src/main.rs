@@ -2,6 +2,12 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 
+// Not libc's malloc: under `--all` every call of the malloc heaptrace probes traps into its
+// probes, heaptrace's own included (its programs return at once, the trap remains). Without
+// transparent huge pages (`no_thp`), its peak RSS is the system allocator's.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = heaptrace::cli::Cli::parse();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
