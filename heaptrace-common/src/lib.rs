@@ -5,6 +5,9 @@
 #![no_std]
 
 pub mod sampling;
+pub mod stack;
+
+pub use stack::{CALLER_ID_BASE, STACK_FRAMES, StoredStack};
 
 /// Functions of the malloc family heaptrace probes, as indexes into [`ProcCounters::funcs`].
 ///
@@ -240,7 +243,7 @@ pub const fn log2_bucket_floor(b: usize) -> u64 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SiteKey {
     pub tgid: u32,
-    /// Stack map id, or a negative errno when the stack could not be stored ("stack lost").
+    /// Stored stack id (see [`CALLER_ID_BASE`]), or a negative errno when the stack could not be stored ("stack lost").
     pub stack_id: i32,
     pub func: u32,
     /// [`ProcCounters::epoch`] of the image that allocated there.
@@ -454,8 +457,7 @@ pub mod maps {
     pub const LIVE: &str = "LIVE";
     pub const INFLIGHT: &str = "INFLIGHT";
     pub const LOSSES: &str = "LOSSES";
-    pub const STACKS: &str = "STACKS";
-    pub const STACKS2: &str = "STACKS2";
+    pub const FRAMES: &str = "FRAMES";
     pub const CALLERS: &str = "CALLERS";
     pub const SITES: &str = "SITES";
     pub const LATENCY: &str = "LATENCY";
@@ -475,11 +477,6 @@ pub mod globals {
     pub const MODE: &str = "MODE";
     /// A block released within this many nanoseconds of its allocation is temporary.
     pub const TEMPORARY_NS: &str = "TEMPORARY_NS";
-    /// Ids of stacks stored in the second stack map are offset by this (its bucket count).
-    pub const STACK_ID_OFFSET: &str = "STACK_ID_OFFSET";
-    /// Ids of one-frame stacks (the caller alone, where neither stack map took the whole
-    /// stack) are offset by this (both stack maps' bucket counts).
-    pub const CALLER_ID_OFFSET: &str = "CALLER_ID_OFFSET";
     /// `--sample-bytes`: the mean number of bytes between two sampled allocations; 0 samples
     /// every allocation.
     pub const SAMPLE_BYTES: &str = "SAMPLE_BYTES";
@@ -516,6 +513,7 @@ const _: () = assert!(core::mem::size_of::<LiveKey>() == 16);
 const _: () = assert!(core::mem::size_of::<LiveBlock>() == 32);
 const _: () = assert!(core::mem::size_of::<InFlight>() == 40);
 const _: () = assert!(core::mem::size_of::<SiteKey>() == 16);
+const _: () = assert!(core::mem::size_of::<StoredStack>() == 8 * (1 + STACK_FRAMES));
 const _: () = assert!(core::mem::size_of::<SiteCounters>() == 8 * 8 + 8 * LOG2_BUCKETS);
 const _: () = assert!(core::mem::size_of::<LatencyHist>() == 8 * LOG2_BUCKETS);
 const _: () = assert!(core::mem::size_of::<ProcEvent>() == 32);
@@ -533,6 +531,7 @@ mod pod {
     unsafe impl aya::Pod for LiveBlock {}
     unsafe impl aya::Pod for InFlight {}
     unsafe impl aya::Pod for SiteKey {}
+    unsafe impl aya::Pod for StoredStack {}
     unsafe impl aya::Pod for SiteCounters {}
     unsafe impl aya::Pod for LatencyHist {}
     unsafe impl aya::Pod for MemEvent {}

@@ -15,6 +15,7 @@ mod maps;
 mod mem;
 mod procs;
 mod sites;
+mod stacks;
 mod threads;
 
 use aya_ebpf::{

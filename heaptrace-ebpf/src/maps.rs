@@ -4,15 +4,15 @@ use core::intrinsics::{AtomicOrdering, atomic_xadd};
 use aya_ebpf::{
     helpers::bpf_get_current_comm,
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use heaptrace_common::{
     FUNC_COUNT, Func, InFlight, LOSS_COUNT, LatencyHist, LiveBlock, LiveKey, Loss, MemCall,
-    ProcCounters, SiteCounters, SiteKey, SizeKey, log2_bucket, sampling,
+    ProcCounters, SiteCounters, SiteKey, SizeKey, StoredStack, log2_bucket, sampling,
 };
 
 /// Create only: two CPUs adding the same new key must not overwrite each other's counts.
-const BPF_NOEXIST: u64 = 1;
+pub const BPF_NOEXIST: u64 = 1;
 /// Allocate entries on demand: the map's bound is its capacity, not its footprint.
 const BPF_F_NO_PREALLOC: u32 = 1;
 
@@ -91,28 +91,21 @@ pub static INFLIGHT: HashMap<u64, InFlight> = HashMap::with_max_entries(16384, 0
 #[map(name = "LOSSES")]
 pub static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_COUNT as u32, 0);
 
-// Two stack maps, a two-way set: the kernel hashes a stack to the same bucket index in both,
-// so a stack whose bucket in STACKS holds another stack still finds its bucket in STACKS2 free
-// unless a third stack got there first.
-#[map(name = "STACKS")]
-pub static STACKS: StackTrace = StackTrace::with_max_entries(8192, 0);
+/// Whole user stacks by id (`stacks.rs`). Allocated on demand: the capacity is a bound, and a
+/// trace that sees a few hundred stacks holds a few hundred.
+#[map(name = "FRAMES")]
+pub static FRAMES: HashMap<u32, StoredStack> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
 
-#[map(name = "STACKS2")]
-pub static STACKS2: StackTrace = StackTrace::with_max_entries(8192, 0);
-
-/// Ids from STACKS2 are reported offset by this (STACKS' bucket count), set by the loader.
-#[unsafe(no_mangle)]
-static STACK_ID_OFFSET: u32 = 8192;
+/// Where a stack is walked before it is known whether it is new: 1 KiB, too much for the
+/// program's 512-byte stack.
+#[map(name = "STACK_SCRATCH")]
+pub static STACK_SCRATCH: PerCpuArray<crate::stacks::Scratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// Stacks of one frame, the caller (the kernel walks no deeper than a map's value holds): where
-/// neither stack map takes a whole stack (full, or both buckets taken), the allocation keeps
+/// FRAMES takes no whole stack (full, or both of a stack's ids taken), the allocation keeps
 /// its caller. Few distinct callers exist; their stacks, not.
 #[map(name = "CALLERS")]
 pub static CALLERS: CallerStacks = CallerStacks::with_max_entries(8192);
-
-/// Ids from CALLERS are reported offset by this, set by the loader.
-#[unsafe(no_mangle)]
-static CALLER_ID_OFFSET: u32 = 16384;
 
 /// A stack trace map of one-frame stacks: aya-ebpf's `StackTrace` holds 127 frames.
 #[repr(transparent)]
@@ -139,12 +132,6 @@ impl CallerStacks {
     pub fn as_ptr(&self) -> *mut core::ffi::c_void {
         self.0.get().cast()
     }
-}
-
-#[inline(always)]
-pub fn caller_id_offset() -> u32 {
-    // SAFETY: a plain read of a global the loader wrote before load.
-    unsafe { core::ptr::read_volatile(&CALLER_ID_OFFSET) }
 }
 
 // Preallocated: without preallocation, fresh per-CPU elements were seen to vanish under bursts
@@ -226,12 +213,6 @@ pub fn mode() -> u32 {
 pub fn calls_mode() -> bool {
     // SAFETY: as above.
     unsafe { core::ptr::read_volatile(&CALLS_MODE) != 0 }
-}
-
-#[inline(always)]
-pub fn stack_id_offset() -> u32 {
-    // SAFETY: as above.
-    unsafe { core::ptr::read_volatile(&STACK_ID_OFFSET) }
 }
 
 /// Whether an allocation of `size` bytes is sampled: always when sampling is off; otherwise

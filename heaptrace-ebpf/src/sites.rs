@@ -1,23 +1,15 @@
 //! Stacks mode: per allocation site (process, user stack, function) counters.
 //!
 //! The stack is taken at the return probe: there the instruction pointer is the return address
-//! in the immediate caller and the frame pointer is the caller's, so the kernel's frame-pointer
-//! walk starts at the caller. (At malloc's entry the walk would miss it: glibc's malloc does not
+//! in the immediate caller and the frame pointer is the caller's, so the frame-pointer walk
+//! starts at the caller. (At malloc's entry the walk would miss it: glibc's malloc does not
 //! begin with `push %rbp`.) Only successful allocations pay for a stack.
-use aya_ebpf::{
-    EbpfContext as _,
-    programs::{RetProbeContext, tracing::StackIdContext as _},
-};
-use heaptrace_common::{Func, LiveBlock, Loss, SiteCounters, SiteKey, log2_bucket};
+use aya_ebpf::{EbpfContext as _, programs::RetProbeContext};
+use heaptrace_common::{CALLER_ID_BASE, Func, LiveBlock, Loss, SiteCounters, SiteKey, log2_bucket};
 
-use crate::maps::{
-    CALLERS, SITES, STACKS, STACKS2, add, caller_id_offset, get_or_insert, lose, stack_id_offset,
-    temporary_ns,
-};
+use crate::maps::{CALLERS, SITES, add, get_or_insert, lose, temporary_ns};
 
 const BPF_F_USER_STACK: u64 = 1 << 8;
-const EEXIST: i32 = 17;
-const ENOMEM: i32 = 12;
 
 /// Counts an allocation at its site; returns the stack id to remember in the live map.
 #[inline(always)]
@@ -67,22 +59,15 @@ pub fn untracked(tgid: u32, epoch: u32, func: Func, stack_id: i32, size: u64) {
     }
 }
 
-/// The id of the user stack at this return probe, stored in one of the two stack maps, and
-/// true; or, when neither takes it, the id of its first frame alone (CALLERS) and false.
+/// The id of the user stack at this return probe, stored (`stacks.rs`), and true; or, where
+/// FRAMES takes no whole stack, the id of its first frame alone (CALLERS) and false.
 #[inline(always)]
 pub fn store_stack(ctx: &RetProbeContext) -> Result<(i64, bool), i32> {
-    // No BPF_F_REUSE_STACKID: a hash collision must not silently hand this allocation to
-    // another stack. It fails with an errno instead, counted by the caller as "stack lost".
-    let whole = match ctx.get_stackid(&STACKS, BPF_F_USER_STACK) {
-        // Taken bucket, or no stack left in the first map: the second may have either.
-        Err(e) if e == -EEXIST || e == -ENOMEM => ctx
-            .get_stackid(&STACKS2, BPF_F_USER_STACK)
-            .map(|id| id + i64::from(stack_id_offset())),
-        other => other,
-    };
-    match whole {
-        Ok(id) => Ok((id, true)),
+    match crate::stacks::store(ctx) {
+        Ok(id) => Ok((i64::from(id), true)),
         Err(e) => {
+            // A walk no deeper than the map's one-frame values: the caller alone, and no fault
+            // at the end of the chain (see stacks.rs).
             // SAFETY: a stack trace map's definition and this program's context.
             let id = unsafe {
                 aya_ebpf::helpers::bpf_get_stackid(ctx.as_ptr(), CALLERS.as_ptr(), BPF_F_USER_STACK)
@@ -90,7 +75,7 @@ pub fn store_stack(ctx: &RetProbeContext) -> Result<(i64, bool), i32> {
             if id < 0 {
                 return Err(e);
             }
-            Ok((id + i64::from(caller_id_offset()), false))
+            Ok((id + i64::from(CALLER_ID_BASE), false))
         }
     }
 }
@@ -99,7 +84,7 @@ pub fn store_stack(ctx: &RetProbeContext) -> Result<(i64, bool), i32> {
 #[inline(always)]
 pub fn bare_stack(ctx: &RetProbeContext) {
     if crate::maps::bare_stack() {
-        let _ = ctx.get_stackid(&STACKS, BPF_F_USER_STACK);
+        let _ = crate::stacks::walk(ctx);
     }
     crate::maps::bare_count(1);
 }

@@ -15,8 +15,8 @@ use aya::{
     maps::{HashMap, MapData, PerCpuArray, StackTraceMap},
 };
 use heaptrace_common::{
-    FUNC_COUNT, InFlight, LatencyHist, LiveBlock, LiveKey, Loss, ProcCounters, SiteCounters,
-    SiteKey, SizeKey, maps,
+    CALLER_ID_BASE, FUNC_COUNT, InFlight, LatencyHist, LiveBlock, LiveKey, Loss, ProcCounters,
+    SiteCounters, SiteKey, SizeKey, StoredStack, maps,
 };
 
 use crate::{
@@ -54,12 +54,10 @@ pub fn freed_stack(
 pub struct KernelMaps {
     losses: PerCpuArray<MapData, u64>,
     inflight: HashMap<MapData, u64, InFlight>,
-    stacks: StackTraceMap<MapData>,
-    stacks2: StackTraceMap<MapData>,
-    /// One-frame stacks: the callers of allocations whose whole stack neither map took.
+    /// Whole stacks, by id (ids below `CALLER_ID_BASE`).
+    frames: HashMap<MapData, u32, StoredStack>,
+    /// One-frame stacks: the callers of allocations whose whole stack FRAMES did not take.
     callers: StackTraceMap<MapData>,
-    /// Ids at or above this are in `stacks2`, at or above twice this in `callers`.
-    stack_id_offset: u32,
     latency: PerCpuArray<MapData, LatencyHist>,
     execs: HashMap<MapData, u32, u32>,
     /// The hash maps read every round or walked for a process's entries, for batched reads
@@ -114,7 +112,7 @@ fn hash_fd(ebpf: &Ebpf, name: &'static str) -> Result<OwnedFd> {
 }
 
 impl KernelMaps {
-    pub fn take(ebpf: &mut Ebpf, stack_id_offset: u32) -> Result<KernelMaps> {
+    pub fn take(ebpf: &mut Ebpf) -> Result<KernelMaps> {
         let procs_fd = hash_fd(ebpf, maps::PROCS)?;
         let sizes_fd = hash_fd(ebpf, maps::SIZES)?;
         let sites_fd = hash_fd(ebpf, maps::SITES)?;
@@ -133,10 +131,8 @@ impl KernelMaps {
             site_keys: Vec::new(),
             losses: take(ebpf, maps::LOSSES)?,
             inflight: take(ebpf, maps::INFLIGHT)?,
-            stacks: take(ebpf, maps::STACKS)?,
-            stacks2: take(ebpf, maps::STACKS2)?,
+            frames: take(ebpf, maps::FRAMES)?,
             callers: take(ebpf, maps::CALLERS)?,
-            stack_id_offset,
             latency: take(ebpf, maps::LATENCY)?,
             execs: take(ebpf, maps::EXECS)?,
         })
@@ -146,15 +142,11 @@ impl KernelMaps {
     /// (false: its caller alone, the rest lost).
     pub fn stack(&self, id: i32) -> Option<(Vec<u64>, bool)> {
         let id = u32::try_from(id).ok()?;
-        let offset = self.stack_id_offset;
-        let (trace, whole) = if id >= 2 * offset {
-            (self.callers.get(&(id - 2 * offset), 0).ok()?, false)
-        } else if id >= offset {
-            (self.stacks2.get(&(id - offset), 0).ok()?, true)
-        } else {
-            (self.stacks.get(&id, 0).ok()?, true)
-        };
-        Some((trace.frames().iter().map(|f| f.ip).collect(), whole))
+        if id >= CALLER_ID_BASE {
+            let trace = self.callers.get(&(id - CALLER_ID_BASE), 0).ok()?;
+            return Some((trace.frames().iter().map(|f| f.ip).collect(), false));
+        }
+        Some((self.frames.get(&id, 0).ok()?.frames().to_vec(), true))
     }
 
     /// Frees stored stacks for others to take (ids as in the site map; lost ones, negative,
@@ -163,17 +155,14 @@ impl KernelMaps {
     /// stacks. Returns what each held, read just before: a site first seen after this may
     /// have been counted under the stack freed, or under one that took its place since.
     pub fn free_stacks(&mut self, ids: impl IntoIterator<Item = i32>) -> Freed {
-        let offset = self.stack_id_offset;
         let mut freed = Freed::new();
         for id in ids {
             let Ok(u) = u32::try_from(id) else { continue };
             let held = self.stack(id);
-            let removed = if u >= 2 * offset {
-                self.callers.remove(&(u - 2 * offset))
-            } else if u >= offset {
-                self.stacks2.remove(&(u - offset))
+            let removed = if u >= CALLER_ID_BASE {
+                self.callers.remove(&(u - CALLER_ID_BASE))
             } else {
-                self.stacks.remove(&u)
+                self.frames.remove(&u)
             };
             if removed.is_ok() {
                 freed.insert(id, held);

@@ -235,28 +235,22 @@ fn has_bpf_caps() -> bool {
 
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/heaptrace"));
 
-/// Two stack maps of half the capacity each; ids of the second are offset by the first's bucket
-/// count. Returns (each map's capacity, the offset).
-///
-/// A stack map holds as many stacks as its capacity (preallocated, about 1 KiB each), in
-/// buckets numbered by the stack's hash: the capacity rounded up to a power of two. A stack
-/// whose bucket is taken in both maps is lost. A power-of-two capacity is asked for one more,
-/// which gives twice the buckets for one more stack's memory. Of 5,000 distinct stacks in the
-/// default 16,384 (`tests/bench/livestacks.c`), 224 were lost with 8,192 buckets a map, 78
-/// with 16,384; of 10,000, 1,418 and 481. The map of callers (one-frame stacks, for the
-/// allocations whose whole stack is lost) has the same capacity, its ids from twice the offset.
+/// The capacities of the whole-stack map (FRAMES: `--stack-map-size` stacks, allocated as
+/// they come) and of the map of callers (one-frame stacks, for the allocations whose whole
+/// stack is lost). The callers' is a kernel stack map, preallocated, in buckets numbered by
+/// the frame's hash: half the capacity, and a power of two is asked for one more, which gives
+/// twice the buckets for one more frame's memory.
 pub fn stack_maps(opts: &LoadOptions) -> (u32, u32) {
-    let half = if opts.mode >= heaptrace_common::mode::STACKS {
-        (opts.stack_map_size / 2).max(1)
-    } else {
+    if opts.mode < heaptrace_common::mode::STACKS {
         return (1, 1);
-    };
-    let entries = if half.is_power_of_two() && half > 1 {
+    }
+    let half = (opts.stack_map_size / 2).max(1);
+    let callers = if half.is_power_of_two() && half > 1 {
         half + 1
     } else {
         half
     };
-    (entries, entries.next_power_of_two())
+    (opts.stack_map_size.max(1), callers)
 }
 
 pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
@@ -264,7 +258,7 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
     // Maps a mode does not use get one entry: a stack map is preallocated at full size.
     let stacks = opts.mode >= heaptrace_common::mode::STACKS;
     let sizes = opts.mode >= heaptrace_common::mode::SIZES;
-    let (half, offset) = stack_maps(opts);
+    let (frames, callers) = stack_maps(opts);
     let scale = crate::sampling::gap_scale(opts.sample_bytes);
     let mut ebpf = EbpfLoader::new()
         .override_global(globals::SELF_TGID, &me, true)
@@ -276,16 +270,13 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .override_global(globals::BARE_STACK, &u32::from(opts.bare_stack), true)
         .override_global(globals::WATCH_TGID, &opts.watch_tgid, true)
         .override_global(globals::RESERVATIONS, &u32::from(opts.reservations), true)
-        .override_global(globals::STACK_ID_OFFSET, &offset, true)
-        .override_global(globals::CALLER_ID_OFFSET, &(2 * offset), true)
         .map_max_entries(maps::LIVE, opts.live_map_size)
         .map_max_entries(maps::SIZES, if sizes { opts.size_map_size } else { 1 })
         .map_max_entries(maps::PROCS, opts.proc_map_size)
         .map_max_entries(maps::EXECS, opts.proc_map_size)
         .map_max_entries(maps::INFLIGHT, opts.inflight_map_size)
-        .map_max_entries(maps::STACKS, half)
-        .map_max_entries(maps::STACKS2, half)
-        .map_max_entries(maps::CALLERS, half)
+        .map_max_entries(maps::FRAMES, frames)
+        .map_max_entries(maps::CALLERS, callers)
         .map_max_entries(maps::SITES, if stacks { opts.site_map_size } else { 1 })
         .load(EBPF_OBJECT)
         .map_err(|e| {
@@ -678,14 +669,14 @@ mod tests {
         })
     }
 
-    /// (each map's capacity, the second map's id offset = the first's bucket count).
+    /// (whole stacks, callers): the callers' stack map gets one more for a power of two.
     #[test]
-    fn a_power_of_two_half_gets_one_more_stack_and_twice_the_buckets() {
+    fn the_callers_map_is_half_and_a_power_of_two_half_gets_one_more() {
         use heaptrace_common::mode::{COUNTS, STACKS};
-        assert_eq!(maps(STACKS, 16384), (8193, 16384));
-        assert_eq!(maps(STACKS, 65536), (32769, 65536));
-        assert_eq!(maps(STACKS, 20000), (10000, 16384));
-        assert_eq!(maps(STACKS, 2), (1, 1));
+        assert_eq!(maps(STACKS, 16384), (16384, 8193));
+        assert_eq!(maps(STACKS, 65536), (65536, 32769));
+        assert_eq!(maps(STACKS, 20000), (20000, 10000));
+        assert_eq!(maps(STACKS, 2), (2, 1));
         assert_eq!(maps(COUNTS, 16384), (1, 1));
     }
 }

@@ -135,7 +135,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             return Err(e);
         }
     };
-    let maps = KernelMaps::take(&mut probes.ebpf, probe::stack_maps(&opts).1)?;
+    let maps = KernelMaps::take(&mut probes.ebpf)?;
     let what = match scope {
         Scope::All => "all processes".to_string(),
         Scope::Process(pid) => format!("pid {pid}"),

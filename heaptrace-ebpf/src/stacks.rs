@@ -1,0 +1,116 @@
+//! The user stack at a return probe: walked by the program, stored under an id from its hash.
+//!
+//! Not `bpf_get_stackid`: the kernel's frame-pointer walk stops only where reading a frame
+//! fails, and every chain ends in a null frame pointer (`_start` clears rbp), which it reads:
+//! a page fault, caught by the exception table, on every walk. That fault cost about 0.6 us a
+//! walk here, more than the rest of a shallow stack's walk (BENCHMARKS.md, *The stack walk*).
+//! This walk stops before reading a null, misaligned or not higher frame pointer: frames lie
+//! ever higher on the stack, so a lower one is data in the frame pointer register (code built
+//! without frame pointers), which the kernel's walk followed into junk frames.
+//!
+//! Ids and hashes: `heaptrace_common::stack`.
+use aya_ebpf::{helpers::bpf_probe_read_user, programs::RetProbeContext};
+use heaptrace_common::{
+    STACK_FRAMES, StoredStack,
+    stack::{HASH_START, hash_finish, hash_step, ids},
+};
+
+use crate::maps::{BPF_NOEXIST, FRAMES, STACK_SCRATCH};
+
+const EEXIST: i32 = 17;
+
+/// Walks the user stack into this CPU's scratch: the return address the probe returns to, then
+/// each frame's. The stack's hash is set, its ips past `depth` are left as they were.
+///
+/// The depth is read back from the map, not carried in a register: to the verifier, a depth
+/// known at each of the loop's exits made as many states of the rest of the program, and the
+/// return program went over its million instructions.
+#[inline(always)]
+pub fn walk(ctx: &RetProbeContext) -> Option<&'static mut Scratch> {
+    let scratch = STACK_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: map value pointer; the program runs to its end on this CPU.
+    let scratch = unsafe { &mut *scratch };
+    let s = &mut scratch.stack;
+    // SAFETY: the context's register file, valid for the program's run.
+    let (ip, mut fp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rbp) };
+    s.ips[0] = ip;
+    let mut h = hash_step(HASH_START, ip);
+    let mut n = 1;
+    while n < STACK_FRAMES {
+        if fp == 0 || fp & 7 != 0 {
+            break;
+        }
+        // SAFETY: bpf_probe_read_user validates the user address; a fault ends the walk.
+        let Ok([next, ret]) = (unsafe { bpf_probe_read_user(fp as *const [u64; 2]) }) else {
+            break;
+        };
+        if ret == 0 {
+            break;
+        }
+        if let Some(slot) = s.ips.get_mut(n) {
+            *slot = ret;
+        }
+        h = hash_step(h, ret);
+        n += 1;
+        if next <= fp {
+            break;
+        }
+        fp = next;
+    }
+    s.hash = hash_finish(h, n as u64);
+    scratch.depth = n as u64;
+    Some(scratch)
+}
+
+/// The stack's id in FRAMES, stored now if it was not. Err: an errno, FRAMES full (E2BIG,
+/// ENOMEM) or both of its ids held by other stacks (EEXIST).
+#[inline(always)]
+pub fn store(ctx: &RetProbeContext) -> Result<u32, i32> {
+    let Some(scratch) = walk(ctx) else {
+        return Err(-12); // ENOMEM: no scratch (cannot happen: the array has its entry)
+    };
+    // SAFETY: a field of the map value; volatile so that the loaded value, unknown to the
+    // verifier, replaces the one the walk had (see `walk`).
+    let n = unsafe { core::ptr::read_volatile(&scratch.depth) } as usize;
+    let s = &mut scratch.stack;
+    let hash = s.hash;
+    let mut zeroed = false;
+    for id in ids(hash) {
+        // SAFETY: a read of the value's hash; a concurrent delete (user space freeing the
+        // stack of a process gone) leaves the element readable until the program ends.
+        match unsafe { FRAMES.get(&id) } {
+            Some(held) if held.hash == hash => return Ok(id),
+            Some(_) => continue,
+            None => {}
+        }
+        if !zeroed {
+            // What a deeper stack left in the scratch past this one's frames. Over every slot:
+            // an index from the unknown depth is one the verifier cannot bound.
+            for (i, slot) in s.ips.iter_mut().enumerate() {
+                if i >= n {
+                    *slot = 0;
+                }
+            }
+            zeroed = true;
+        }
+        match FRAMES.insert(&id, &*s, BPF_NOEXIST) {
+            Ok(()) => return Ok(id),
+            // Another CPU stored a stack there first: this one, or another.
+            Err(e) if e == -EEXIST => {
+                // SAFETY: as above.
+                if unsafe { FRAMES.get(&id) }.is_some_and(|held| held.hash == hash) {
+                    return Ok(id);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(-EEXIST)
+}
+
+/// A stack being walked, and how many of its ips the walk wrote.
+#[repr(C)]
+pub struct Scratch {
+    stack: StoredStack,
+    depth: u64,
+}
