@@ -59,6 +59,10 @@ impl Target {
     }
 }
 
+/// Called once the probes are attached, the start-up work done: the binary's allocator keeps
+/// freed memory from then on (see main.rs).
+pub static STARTED: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
 pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     let target = Target::from_cli(cli)?;
     if cli.sample_bytes > 0 && cli.mode != crate::cli::Mode::Stacks {
@@ -193,6 +197,9 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     );
     if cli.verbose {
         print_probes(&probes);
+    }
+    if let Some(settled) = STARTED.get() {
+        settled();
     }
 
     let (pid, child) = match (stopped, scope) {
