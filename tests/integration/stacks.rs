@@ -258,6 +258,40 @@ fn stacks_the_same_within_the_depth_kept_are_one_site() {
     }
 }
 
+/// The programs' own walk (not the kernel's) goes as deep as a stack map keeps, 127 frames,
+/// and ends at the outermost frame: `deepstack 200 50` mallocs at the bottom of 201 calls of
+/// `down` (its innermost 127 kept) and of 51 (all of them, then main).
+#[test]
+fn the_walk_keeps_127_frames_and_ends_past_main() {
+    if !bpf_or_skip("the_walk_keeps_127_frames_and_ends_past_main") {
+        return;
+    }
+    let _g = shared();
+    let doc = trace("deep", &fixture("deepstack", "", &[]), &["200", "50"], &[]);
+    let names = |bytes: u64| -> Vec<String> {
+        let sites = sites_at(&doc, "stacks", "down");
+        let site = sites
+            .iter()
+            .find(|s| s["bytes"] == bytes)
+            .unwrap_or_else(|| panic!("no site of {bytes} bytes: {sites:?}"));
+        assert_eq!(site["calls"], 1);
+        site["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| fname(f).to_string())
+            .collect()
+    };
+    let deep = names(100);
+    assert_eq!(deep.len(), 127, "{deep:?}");
+    assert!(deep.iter().all(|f| f == "down"), "{deep:?}");
+    let shallow = names(200);
+    let downs = shallow.iter().take_while(|f| *f == "down").count();
+    assert_eq!(downs, 51, "{shallow:?}");
+    assert_eq!(shallow[51], "main", "{shallow:?}");
+    assert_eq!(doc["lost"]["stack"], 0);
+}
+
 /// A frame-pointer walk that went on through data (code without frame pointers) ends where it
 /// left the code: `strayframe`'s two mallocs come through the same two functions, then the
 /// walk reads a data address and a string as return addresses. One site, two frames.
