@@ -15,7 +15,8 @@ pub const CALLER_ID_BASE: u32 = 1 << 30;
 const ID_MASK: u64 = (CALLER_ID_BASE - 1) as u64;
 
 /// A user stack as the programs store it (the `FRAMES` map, keyed by its id): its hash, and
-/// its return addresses, innermost first, zeros after the last.
+/// its return addresses, innermost first, a zero after the last (unless all 127 are taken),
+/// then whatever an earlier, deeper stack left there.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StoredStack {
@@ -26,7 +27,7 @@ pub struct StoredStack {
 const _: () = assert!(core::mem::size_of::<StoredStack>() == 8 * (1 + STACK_FRAMES));
 
 impl StoredStack {
-    /// The return addresses, without the zeros after the last.
+    /// The return addresses, up to the first zero.
     pub fn frames(&self) -> &[u64] {
         let n = self
             .ips

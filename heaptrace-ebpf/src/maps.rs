@@ -99,7 +99,7 @@ pub static FRAMES: HashMap<u32, StoredStack> = HashMap::with_max_entries(16384, 
 /// Where a stack is walked before it is known whether it is new: 1 KiB, too much for the
 /// program's 512-byte stack.
 #[map(name = "STACK_SCRATCH")]
-pub static STACK_SCRATCH: PerCpuArray<crate::stacks::Scratch> = PerCpuArray::with_max_entries(1, 0);
+pub static STACK_SCRATCH: PerCpuArray<StoredStack> = PerCpuArray::with_max_entries(1, 0);
 
 /// Stacks of one frame, the caller (the kernel walks no deeper than a map's value holds): where
 /// FRAMES takes no whole stack (full, or both of a stack's ids taken), the allocation keeps
