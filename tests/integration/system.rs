@@ -353,11 +353,12 @@ fn pid_of_a_process_whose_main_thread_ended_is_a_clear_error() {
 /// The kernel keeps a stack until it is deleted. Processes that ended used to keep theirs, so
 /// on a host that starts programs all the time the stack maps filled with the stacks of
 /// processes gone, and every later one lost its stacks. `recurse 7` allocates from 255
-/// stacks; the map holds 512 (`--stack-map-size 512`) and eight runs one after the other take
-/// 2,040 (ASLR: each its own addresses). Before, they kept 250, 204, 51, then 0 whole stacks;
-/// then each a few less than 255 (two kernel stack maps, where a stack whose bucket was taken
-/// in both lost all but its caller); now each all 255 (ids from the stack's hash, two choices
-/// in 2^30).
+/// stacks; eight runs one after the other take 2,040 (ASLR: each its own addresses). In maps
+/// of 514, they kept 250, 204, 51, then 0 whole stacks; then each a few less than 255 (two
+/// kernel stack maps, where a stack whose bucket was taken in both lost all but its caller);
+/// now each all 255 (ids from the stack's hash, two choices in 2^30). The map holds 1,024
+/// (`--stack-map-size 1024`): a run's stacks are freed a round or two after it ended, and in
+/// 512 a slow round left a run without room (CI).
 #[test]
 fn exited_processes_free_their_stacks() {
     if !bpf_or_skip("exited_processes_free_their_stacks") {
@@ -367,7 +368,7 @@ fn exited_processes_free_their_stacks() {
     let bin = fixture("recurse", "", &[]);
     let (tracer, json) = start_all(
         "sys-stacks",
-        &["--comm", "recurse", "--stack-map-size", "512"],
+        &["--comm", "recurse", "--stack-map-size", "1024"],
     );
     let mut pids = Vec::new();
     for _ in 0..8 {
@@ -407,7 +408,8 @@ fn spawn_as(cmd: &mut Command, pid: u32) -> Child {
 /// freed, as an ended process's are. Before, they stayed: a shell's forks that exec (a pyenv
 /// shim is some 35 bash processes a run) filled the stack maps, and under `--all` 54 % of
 /// 1.9 M allocations lost their stacks in 20 s. Ten `execfork -n 100 sites 10` one after
-/// the other, in stack maps of 256: each leaves some 100 stacks behind at its exec.
+/// the other, each leaving some 100 stacks behind at its exec, in a stack map of 512 (1,050 in
+/// all; in 256, two runs' stacks not yet freed at a slow round left the next without room).
 #[test]
 fn exec_frees_the_stacks_of_the_image_it_drops() {
     if !bpf_or_skip("exec_frees_the_stacks_of_the_image_it_drops") {
@@ -418,7 +420,7 @@ fn exec_frees_the_stacks_of_the_image_it_drops() {
     let sites = fixture("sites", "", &[]);
     let (tracer, json) = start_all(
         "sys-exec-stacks",
-        &["--comm", "sites", "--stack-map-size", "256"],
+        &["--comm", "sites", "--stack-map-size", "512"],
     );
     let mut pids = Vec::new();
     for _ in 0..10 {
