@@ -312,7 +312,7 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
         now,
     };
     let ret: u64 = ctx.ret();
-    match func {
+    let block = match func {
         Func::Realloc => realloc_return(&mut call, rec, ret),
         Func::PosixMemalign => {
             // Returns an error number; the block is written through memptr.
@@ -322,22 +322,28 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
             } else {
                 0
             };
-            allocated(&mut call, rec.size, ptr);
+            allocated(&mut call, rec.size, ptr)
         }
         _ => allocated(&mut call, rec.size, ret),
+    };
+    // One place that tracks a block: each place inlines the stack walk, which the verifier
+    // follows frame by frame (start-up time).
+    if let Some(ptr) = block {
+        track(&mut call, ptr, rec.size);
     }
     Ok(())
 }
 
+/// Counts a completed call; the block to track, unless it failed.
 #[inline(always)]
-fn allocated(call: &mut Call<'_>, size: u64, ptr: u64) {
+fn allocated(call: &mut Call<'_>, size: u64, ptr: u64) -> Option<u64> {
     let fc = &mut call.pc.funcs[call.func as usize];
     if ptr == 0 {
         add(&mut fc.failed, 1);
-        return;
+        return None;
     }
     add(&mut fc.bytes, size);
-    track(call, ptr, size);
+    Some(ptr)
 }
 
 /// Counts a new block at its site and size, and remembers it in the live map. With byte
@@ -415,8 +421,9 @@ fn untrack(pc: &mut ProcCounters, tgid: u32, ptr: u64) -> Option<u64> {
 
 /// realloc's four outcomes: new block (old NULL), free (size 0, NULL back), failure (NULL back,
 /// old block stays live), move (new address: free old + allocate new) or resize in place.
+/// Returns the block to track.
 #[inline(always)]
-fn realloc_return(call: &mut Call<'_>, rec: InFlight, ret: u64) {
+fn realloc_return(call: &mut Call<'_>, rec: InFlight, ret: u64) -> Option<u64> {
     let old = rec.arg;
     let tgid = call.tgid;
     if ret == 0 {
@@ -428,7 +435,7 @@ fn realloc_return(call: &mut Call<'_>, rec: InFlight, ret: u64) {
         } else {
             add(&mut call.pc.funcs[Func::Realloc as usize].failed, 1);
         }
-        return;
+        return None;
     }
     add(&mut call.pc.funcs[Func::Realloc as usize].bytes, rec.size);
     if old != 0 {
@@ -441,7 +448,7 @@ fn realloc_return(call: &mut Call<'_>, rec: InFlight, ret: u64) {
             add(&mut call.pc.realloc_released_bytes, sz);
         }
     }
-    track(call, ret, rec.size);
+    Some(ret)
 }
 
 #[uprobe]
