@@ -151,12 +151,12 @@ pub struct TraceArgs {
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub temporary: Option<Duration>,
 
-    /// Frames kept per stack, innermost first (the kernel walks at most 127).
+    /// Frames kept per stack, innermost first (a walk keeps at most 127).
     #[arg(long, default_value_t = 127, value_name = "FRAMES",
           value_parser = clap::value_parser!(u32).range(1..=127))]
     pub stack_depth: u32,
 
-    /// Capacity of the kernel's stack map (distinct user stacks).
+    /// Capacity of the stack map (distinct user stacks).
     #[arg(long, default_value_t = 16384, value_name = "STACKS")]
     pub stack_map_size: u32,
 
