@@ -18,6 +18,7 @@ use heaptrace_common::{
 use crate::maps::{BPF_NOEXIST, FRAMES, STACK_SCRATCH};
 
 const EEXIST: i32 = 17;
+const EBUSY: i32 = 16;
 
 /// Walks the user stack into this CPU's scratch: the return address the probe returns to, then
 /// each frame's, then a zero (unless 127 were taken). The stack's hash is set; the ips past the
@@ -27,7 +28,7 @@ const EEXIST: i32 = 17;
 /// loop's exits made as many states of the rest of the program, and the return program went
 /// over its million instructions.
 #[inline(always)]
-pub fn walk(ctx: &RetProbeContext) -> Option<&'static mut StoredStack> {
+pub fn walk(ctx: &RetProbeContext) -> Option<(&'static mut StoredStack, u64)> {
     let s = STACK_SCRATCH.get_ptr_mut(0)?;
     // SAFETY: map value pointer; the program runs to its end on this CPU.
     let s = unsafe { &mut *s };
@@ -63,18 +64,19 @@ pub fn walk(ctx: &RetProbeContext) -> Option<&'static mut StoredStack> {
     if let Some(slot) = s.ips.get_mut(n) {
         *slot = 0;
     }
-    s.hash = hash_finish(h, n as u64);
-    Some(s)
+    let hash = hash_finish(h, n as u64);
+    s.hash = hash;
+    Some((s, hash))
 }
 
 /// The stack's id in FRAMES, stored now if it was not. Err: an errno, FRAMES full (E2BIG,
 /// ENOMEM) or both of its ids held by other stacks (EEXIST).
 #[inline(always)]
 pub fn store(ctx: &RetProbeContext) -> Result<u32, i32> {
-    let Some(s) = walk(ctx) else {
+    // The hash as the walk computed it, not read back from the scratch: see `intact`.
+    let Some((s, hash)) = walk(ctx) else {
         return Err(-12); // ENOMEM: no scratch (cannot happen: the array has its entry)
     };
-    let hash = s.hash;
     for id in ids(hash) {
         // SAFETY: a read of the value's hash; a concurrent delete (user space freeing the
         // stack of a process gone) leaves the element readable until the program ends.
@@ -84,7 +86,12 @@ pub fn store(ctx: &RetProbeContext) -> Result<u32, i32> {
             None => {}
         }
         match FRAMES.insert(&id, &*s, BPF_NOEXIST) {
-            Ok(()) => return Ok(id),
+            Ok(()) if intact(s, hash) => return Ok(id),
+            Ok(()) => {
+                // What was stored may be part another stack's: not kept.
+                let _ = FRAMES.remove(&id);
+                return Err(-EBUSY);
+            }
             // Another CPU stored a stack there first: this one, or another.
             Err(e) if e == -EEXIST => {
                 // SAFETY: as above.
@@ -96,4 +103,22 @@ pub fn store(ctx: &RetProbeContext) -> Result<u32, i32> {
         }
     }
     Err(-EEXIST)
+}
+
+/// Whether the scratch still holds the stack that hashed to `hash`. A uprobe's program runs
+/// with migration disabled but, on a kernel with full preemption, can be preempted; another
+/// task's walk on this CPU then overwrites the scratch. Checked after the stack was stored: a
+/// copy taken between two such writes would hold parts of two stacks under one's hash.
+#[inline(always)]
+fn intact(s: &StoredStack, hash: u64) -> bool {
+    let mut h = HASH_START;
+    let mut n = 0u64;
+    for &ip in s.ips.iter() {
+        if ip == 0 {
+            break;
+        }
+        h = hash_step(h, ip);
+        n += 1;
+    }
+    hash_finish(h, n) == hash && s.hash == hash
 }
