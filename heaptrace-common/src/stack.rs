@@ -65,16 +65,16 @@ pub fn ids(hash: u64) -> [u32; 2] {
     [(hash & ID_MASK) as u32, ((hash >> 32) & ID_MASK) as u32]
 }
 
-/// The hash of a whole stack, as the programs compute it while walking.
-pub fn hash(frames: &[u64]) -> u64 {
-    let h = frames.iter().fold(HASH_START, |h, &ip| hash_step(h, ip));
-    hash_finish(h, frames.len() as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     extern crate std;
+
+    /// The hash of a whole stack, as the programs compute it while walking.
+    fn hash(frames: &[u64]) -> u64 {
+        let h = frames.iter().fold(HASH_START, |h, &ip| hash_step(h, ip));
+        hash_finish(h, frames.len() as u64)
+    }
 
     #[test]
     fn frames_end_at_the_first_zero() {
