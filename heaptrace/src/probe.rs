@@ -107,7 +107,7 @@ pub struct Attached {
     pub symbol: String,
     pub aliases: Vec<&'static str>,
     pub path: PathBuf,
-    /// The function's offset in the file (its uretprobe's place).
+    /// The function's offset in the file; its probes are `placement.offset` past it.
     pub offset: u64,
     pub uretprobe: bool,
     /// Where the entry probe is, from the function's start, and why.
@@ -125,6 +125,12 @@ pub struct Planned {
 }
 
 impl Planned {
+    /// Where in the file the entry probe goes, and the uretprobe with it (`placement::choose`:
+    /// a place where the return address is still at [rsp], the two sharing one trap).
+    pub fn file_offset(&self) -> u64 {
+        self.site.file_offset + self.placement.offset
+    }
+
     /// The entry probe's cookie: the pushes before the probe point, and whether the call is
     /// counted at its entry (see heaptrace_common::COOKIE_NO_RETURN).
     pub fn cookie(&self) -> u64 {
@@ -543,7 +549,7 @@ impl Probes {
         let returns: Vec<u64> = plan
             .iter()
             .filter(|p| p.uretprobe)
-            .map(|p| p.site.file_offset)
+            .map(Planned::file_offset)
             .collect();
         if !returns.is_empty() {
             let cookies = vec![0; returns.len()];
@@ -551,7 +557,7 @@ impl Probes {
             links.push(Link::Multi(fd));
         }
         for p in plan {
-            let offset = p.site.file_offset + p.placement.offset;
+            let offset = p.file_offset();
             let cookie = p.cookie();
             let name = entry_program(p.site.func, provider.abi);
             let fd = multi.attach(name, path, &[offset], &[cookie], false, pid)?;
@@ -606,19 +612,18 @@ impl Probes {
             reason: format!("{e:#}"),
         };
         for p in plan.iter().filter(|p| p.uretprobe) {
-            // Always at the entry: only there is the return address at [rsp].
             let prog = uprobe(&mut self.ebpf, RETURN_PROGRAM)?;
             let id = prog
-                .attach(p.site.file_offset, path, scope)
+                .attach(p.file_offset(), path, scope)
                 .map_err(|e| attach_err(p.site.func, &e))?;
             self.links.push(Link::Perf(own(prog, id)?));
         }
         for p in &plan {
-            let (site, placement) = (&p.site, &p.placement);
+            let site = &p.site;
             let name = entry_program(site.func, provider.abi);
             // The cookie tells the program how many pushes ran before the probe point.
             let point = UProbeAttachPoint {
-                location: UProbeAttachLocation::AbsoluteOffset(site.file_offset + placement.offset),
+                location: UProbeAttachLocation::AbsoluteOffset(p.file_offset()),
                 cookie: Some(p.cookie()),
             };
             let prog = uprobe(&mut self.ebpf, name)?;

@@ -3,12 +3,14 @@
 # the entry (--probe-at-entry). Runs `pairs N` natively and under `heaptrace -q -- pairs N`,
 # REPS interleaved rounds. Two measures: the loop's own time as pairs prints it, and the wall
 # time of the whole command (/usr/bin/time), which also holds heaptrace's attach and detach.
+# FUNC: the allocating function of the pairs (malloc, posix_memalign, aligned_alloc, valloc).
 # Root needed.
 #
-#   tests/bench/pairs.sh [N] [REPS]        (from the repository root)
+#   tests/bench/pairs.sh [N] [REPS] [FUNC]        (from the repository root)
 set -euo pipefail
 N=${1:-1000000}
 REPS=${2:-5}
+FUNC=${3:-malloc}
 . tests/bench/pairs-setup.sh
 out=$(mktemp)
 wall=$(mktemp)
@@ -16,7 +18,7 @@ run() { # NAME CMD...
     local name=$1
     shift
     local loop
-    loop=$(/usr/bin/time -f %e -o "$wall" "$@" "$pairs" "$N" 2>/dev/null)
+    loop=$(/usr/bin/time -f %e -o "$wall" "$@" "$pairs" "$N" "$FUNC" 2>/dev/null)
     echo "$name $loop $(cat "$wall")" >>"$out"
 }
 for _ in $(seq "$REPS"); do
@@ -24,7 +26,7 @@ for _ in $(seq "$REPS"); do
     run placed "$ht" -q --
     run entry "$ht" -q --probe-at-entry --
 done
-python3 - "$out" "$N" <<'PY'
+python3 - "$out" "$N" "$FUNC" <<'PY'
 import statistics, sys
 loop, wall = {}, {}
 for line in open(sys.argv[1]):
@@ -33,7 +35,7 @@ for line in open(sys.argv[1]):
     wall.setdefault(how, []).append(float(w))
 N = int(sys.argv[2])
 m = lambda d, k: statistics.median(d[k])
-print(f"N = {N} pairs, {len(loop['native'])} interleaved runs each, medians")
+print(f"N = {N} pairs of {sys.argv[3]}+free, {len(loop['native'])} interleaved runs each, medians")
 print("| probes | loop time (s) | added per pair (loop) | wall time (s) | added per pair (wall) |")
 print("|---|---|---|---|---|")
 for how in ("native", "placed", "entry"):

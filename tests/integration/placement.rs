@@ -12,7 +12,7 @@ fn is_push(code: &[u8]) -> bool {
 
 /// Needs no BPF: `heaptrace probes` attaches nothing.
 #[test]
-fn probes_places_free_on_a_push_and_keeps_uretprobe_functions_at_the_entry() {
+fn probes_places_free_on_a_push_and_uretprobe_functions_where_rsp_is_untouched() {
     let (path, probes) = planned_probes(None);
     let file = std::fs::read(&path).unwrap();
     let free = &probes["free"];
@@ -33,12 +33,30 @@ fn probes_places_free_on_a_push_and_keeps_uretprobe_functions_at_the_entry() {
         let at = (p.file_offset + p.entry) as usize;
         assert_eq!(file[at - 2..at], [0x0f, 0x05], "{wrapper}: {p:?}");
     }
+    // A probe with a uretprobe moves only past instructions that leave rsp (where the return
+    // address is) alone, and only onto one the kernel emulates: glibc 2.36's posix_memalign
+    // and valloc begin with `cmpb $0x0,...(%rip)` (7 bytes), then a push.
     for (func, p) in &probes {
-        if p.uretprobe {
-            assert_eq!(
-                p.entry, 0,
-                "{func} has a uretprobe but its probe moved: {p:?}"
+        if p.uretprobe && p.entry > 0 {
+            let at = (p.file_offset + p.entry) as usize;
+            let start = p.file_offset as usize;
+            assert!(
+                is_push(&file[at..]) || matches!(file[at], 0x70..=0x7f | 0xe9 | 0xeb),
+                "{func} has a uretprobe on an instruction not emulated: {p:?}"
             );
+            assert!(
+                !file[start..at].iter().any(|b| (0x50..=0x57).contains(b)),
+                "{func}: a push before its uretprobe? {:02x?}",
+                &file[start..at]
+            );
+        }
+    }
+    for func in ["posix_memalign", "valloc", "pvalloc"] {
+        let p = &probes[func];
+        let start = p.file_offset as usize;
+        if file[start..start + 2] == [0x80, 0x3d] {
+            assert_eq!(p.entry, 7, "{func} not placed past its cmpb: {p:?}");
+            assert!(p.instruction.starts_with("push"), "{p:?}");
         }
     }
     // A process using the host's libc gets the same plan.
@@ -117,4 +135,64 @@ fn a_probe_after_pushes_recovers_the_entry_stack_pointer() {
     assert_eq!(free(&pushfree(&["--probe-at-entry"])), (Some(0), Some(0)));
     // The cookie reaches the program through perf-event uprobes (the fallback) too.
     assert_eq!(free(&pushfree(&["--perf-uprobes"])), (Some(6), Some(1)));
+}
+
+/// glibc 2.36's posix_memalign, aligned_alloc and valloc begin with a `cmpb` the kernel
+/// single-steps; their probes, entry and return in one trap, go past it onto a push or `je`.
+/// Pairs of each count exactly, and their one site starts at main's call: the uretprobe
+/// planted there found the return address at [rsp], and the block reached the live map and
+/// left it at its free.
+#[test]
+fn aligned_pairs_count_exactly_with_their_probes_past_a_leading_cmpb() {
+    if !bpf_or_skip("aligned_pairs_count_exactly_with_their_probes_past_a_leading_cmpb") {
+        return;
+    }
+    let _g = shared();
+    const N: u64 = 5000;
+    let bin = fixture("pairs", "", &[]);
+    for func in ["posix_memalign", "aligned_alloc", "valloc"] {
+        let doc = launch(
+            &format!("aligned-{func}"),
+            &[],
+            &bin,
+            &[N.to_string(), func.to_string()],
+            &[],
+        );
+        let probe = doc["provider"]["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["func"] == func)
+            .unwrap_or_else(|| panic!("no {func} probe: {}", doc["provider"]));
+        assert_eq!(probe["uretprobe"], true, "{probe}");
+        assert_eq!(probe["placement"]["pushes"], 0, "{probe}");
+        let f = &doc["functions"][func];
+        assert_eq!(
+            (
+                f["calls"].as_u64(),
+                f["bytes"].as_u64(),
+                f["failed"].as_u64()
+            ),
+            (Some(N), Some(64 * N), Some(0)),
+            "{func}: {f}"
+        );
+        let sites: Vec<&Value> = doc["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["function"] == func)
+            .collect();
+        assert_eq!(sites.len(), 1, "{func}: {sites:?}");
+        let s = sites[0];
+        assert_eq!(s["frames"][0]["function"], "main", "{s}");
+        assert_eq!(
+            (
+                s["calls"].as_u64(),
+                s["frees"].as_u64(),
+                s["live_blocks"].as_u64()
+            ),
+            (Some(N), Some(N), Some(0)),
+            "{s}"
+        );
+    }
 }
