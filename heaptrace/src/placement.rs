@@ -257,28 +257,93 @@ fn writes(a: OpAccess) -> bool {
     )
 }
 
-/// Where a memory syscall's wrapper (libc's mmap, munmap, mremap, brk) is probed: the offset of
-/// the instruction after its `syscall`, where the kernel's result is in rax and the arguments
-/// are still in their registers (a syscall preserves them). Only for a wrapper as glibc writes
-/// it: exactly one `syscall`, right after a `mov $nr, %eax` of the expected number, with every
-/// instruction from the start up to the one after it decoded, and no branch in the function to
-/// the syscall or past it (a path that does not set the number, or makes no syscall, would
-/// reach the probe). None otherwise: the caller then traces the syscall another way.
+/// Where a memory syscall's wrapper (libc's mmap, munmap, mremap, brk) is probed: after its
+/// `syscall`, where the kernel's result is in rax and the arguments are still in their
+/// registers (a syscall preserves them). On the first instruction past the syscall the kernel
+/// emulates, if nothing before it writes rax, rsp or an argument heaptrace reads for that
+/// syscall (glibc's `cmp $-4096,%rax` is single-stepped, its `ja` next is not); else on the
+/// instruction right after the syscall. Only for a wrapper as glibc writes it: exactly one
+/// `syscall`, right after a `mov $nr, %eax` of the expected number, with every instruction from
+/// the start up to the probe decoded, and no branch in the function to the syscall or past it
+/// up to the probe (a path that does not set the number, or makes no syscall, or skips the
+/// probe, would be wrong). None otherwise: the caller then traces the syscall another way.
 pub fn after_syscall(code: &[u8], nr: u32) -> Option<Placement> {
     let insns = decode_all(code);
-    let found = the_syscall(&insns, nr)?;
-    let (syscall, probe) = (found.offset - 2, found.offset);
+    let (next, found) = the_syscall(&insns, nr)?;
+    let syscall = found.offset - 2;
+    let found = on_emulated_after(&insns, code, next, found, syscall_reads(nr));
     let jumps_in = insns.iter().any(|i| {
         matches!(
             i.flow_control(),
             FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch | FlowControl::Call
-        ) && (i.near_branch_target() == syscall || i.near_branch_target() == probe)
+        ) && (syscall..=found.offset).contains(&i.near_branch_target())
     });
     (!jumps_in).then_some(found)
 }
 
-/// The one `syscall` of a wrapper, right after `mov $nr, %eax`: the probe after it.
-fn the_syscall(insns: &[Instruction], nr: u32) -> Option<Placement> {
+/// The registers the program reads at a memory syscall's return that user space uses: the
+/// result, and the arguments `heaptrace::reserve` looks at.
+fn syscall_reads(nr: u32) -> &'static [Register] {
+    use heaptrace_common::mem;
+    match nr {
+        mem::BRK => &[Register::RAX],
+        mem::MUNMAP => &[Register::RAX, Register::RDI, Register::RSI],
+        mem::MREMAP => &[Register::RAX, Register::RDI, Register::RSI, Register::RDX],
+        _ => &[
+            Register::RAX,
+            Register::RDI,
+            Register::RSI,
+            Register::RDX,
+            Register::R10,
+        ],
+    }
+}
+
+/// From the instruction right after the syscall (`insns[next]`, placed as `after`), on to the
+/// first one the kernel emulates, through instructions that only go on to the next and write
+/// neither rsp nor `reads`; `after` itself where the walk stops first.
+fn on_emulated_after(
+    insns: &[Instruction],
+    code: &[u8],
+    next: usize,
+    after: Placement,
+    reads: &[Register],
+) -> Placement {
+    let mut info = InstructionInfoFactory::new();
+    for insn in &insns[next..] {
+        if insn.is_invalid() {
+            break;
+        }
+        let raw = &code[insn.ip() as usize..insn.next_ip() as usize];
+        if emulated(raw).is_some() {
+            if insn.ip() == after.offset {
+                break;
+            }
+            return Placement {
+                offset: insn.ip(),
+                pushes: 0,
+                instruction: gas(insn),
+                why: format!(
+                    "{}; on the first instruction past it the kernel emulates (none before it \
+                     writes one of them)",
+                    after.why
+                ),
+            };
+        }
+        let written = info.info(insn).used_registers().iter().any(|u| {
+            let r = u.register().full_register();
+            writes(u.access()) && (r == Register::RSP || reads.contains(&r))
+        });
+        if insn.flow_control() != FlowControl::Next || written {
+            break;
+        }
+    }
+    after
+}
+
+/// The one `syscall` of a wrapper, right after `mov $nr, %eax`: the index of the instruction
+/// after it, and a probe there.
+fn the_syscall(insns: &[Instruction], nr: u32) -> Option<(usize, Placement)> {
     let mut found = None;
     for (i, insn) in insns.iter().enumerate() {
         if insn.is_invalid() {
@@ -296,7 +361,7 @@ fn the_syscall(insns: &[Instruction], nr: u32) -> Option<Placement> {
         let next = insns.get(i + 1).filter(|n| !n.is_invalid());
         match (&found, sets_nr, next) {
             (None, true, Some(next)) => {
-                found = Some(Placement {
+                let at = Placement {
                     offset: next.ip(),
                     pushes: 0,
                     instruction: gas(next),
@@ -305,7 +370,8 @@ fn the_syscall(insns: &[Instruction], nr: u32) -> Option<Placement> {
                          arguments still in their registers",
                         gas(&insns[i - 1])
                     ),
-                })
+                };
+                found = Some((i + 1, at));
             }
             _ => return None,
         }
@@ -376,19 +442,32 @@ mod tests {
         0xc3,
     ];
 
+    /// Its brk: mov $12,%eax; syscall; mov 0xd51e2(%rip),%rdx; mov %rax,(%rdx); cmp %rdi,%rax;
+    /// jb; xor %eax,%eax; ret.
+    const GLIBC_BRK: &[u8] = &[
+        0xb8, 0x0c, 0x00, 0x00, 0x00, 0x0f, 0x05, 0x48, 0x8b, 0x15, 0xe2, 0x51, 0x0d, 0x00, 0x48,
+        0x89, 0x02, 0x48, 0x39, 0xf8, 0x72, 0x0a, 0x31, 0xc0, 0xc3,
+    ];
+
     #[test]
-    fn syscall_wrappers_are_probed_after_their_syscall() {
+    fn syscall_wrappers_are_probed_on_the_first_emulated_instruction_after_their_syscall() {
         let at = |code, nr| after_syscall(code, nr).map(|p| (p.offset, p.instruction));
-        assert_eq!(
-            at(GLIBC_MMAP, 9),
-            Some((19, "cmp $0xfffffffffffff000,%rax".to_string()))
-        );
-        assert_eq!(
-            at(GLIBC_MUNMAP, 11),
-            Some((7, "cmp $0xfffffffffffff001,%rax".to_string()))
-        );
+        // Past the single-stepped `cmp`, which only sets flags.
+        assert_eq!(at(GLIBC_MMAP, 9), Some((25, "ja 0x40".to_string())));
+        assert_eq!(at(GLIBC_MUNMAP, 11), Some((13, "jae 0x10".to_string())));
         let why = after_syscall(GLIBC_MUNMAP, 11).unwrap().why;
         assert!(why.contains("`mov $0xb,%eax; syscall`"), "{why}");
+        assert!(why.contains("first instruction past it"), "{why}");
+        // brk's result alone is read: the writes to %rdx and to memory are passed.
+        assert_eq!(at(GLIBC_BRK, 12), Some((20, "jb 0x20".to_string())));
+        // munmap's arguments are read: a write to %rdi keeps the probe right after the syscall.
+        let mut code = GLIBC_MUNMAP[..7].to_vec();
+        code.extend([0x48, 0x89, 0xc7, 0x73, 0x01, 0xc3]); // mov %rax,%rdi; jae; ret
+        assert_eq!(at(&code, 11), Some((7, "mov %rax,%rdi".to_string())));
+        // So does a non-emulated branch (`ret`) before any emulated instruction.
+        let mut code = GLIBC_MUNMAP[..7].to_vec();
+        code.extend([0xc3, 0x90]);
+        assert_eq!(at(&code, 11), Some((7, "ret".to_string())));
     }
 
     #[test]
@@ -411,13 +490,15 @@ mod tests {
             code.extend([0xeb, rel as i8 as u8]);
             code
         };
-        // A branch to the probe point: that path made no syscall.
+        // A branch to the probe point, or to the instruction between it and the syscall: that
+        // path made no syscall.
+        assert_eq!(after_syscall(&jumping_to(13), 11), None);
         assert_eq!(after_syscall(&jumping_to(7), 11), None);
         // A branch to the syscall, past the number's mov.
         assert_eq!(after_syscall(&jumping_to(5), 11), None);
         // A branch elsewhere is fine.
         let elsewhere = after_syscall(&jumping_to(0), 11);
-        assert_eq!(elsewhere.map(|p| p.offset), Some(7));
+        assert_eq!(elsewhere.map(|p| p.offset), Some(13));
         // An undecodable byte before the syscall: the walk may be out of step.
         assert_eq!(
             after_syscall(&[&[0x06][..], GLIBC_MUNMAP].concat(), 11),

@@ -3,7 +3,8 @@
 # the entry (--probe-at-entry). Runs `pairs N` natively and under `heaptrace -q -- pairs N`,
 # REPS interleaved rounds. Two measures: the loop's own time as pairs prints it, and the wall
 # time of the whole command (/usr/bin/time), which also holds heaptrace's attach and detach.
-# FUNC: the allocating function of the pairs (malloc, posix_memalign, aligned_alloc, valloc).
+# FUNC: the allocating function of the pairs (malloc, posix_memalign, aligned_alloc, valloc;
+# large: malloc(40 MiB), an mmap and a munmap each).
 # Root needed.
 #
 #   tests/bench/pairs.sh [N] [REPS] [FUNC]        (from the repository root)
