@@ -246,9 +246,10 @@ mod tests {
         let sites = syscall_sites(&libc).unwrap().expect("glibc's wrappers");
         assert_eq!(sites.len(), 4);
         for s in &sites {
-            // The two bytes before the probe are the syscall instruction.
-            let before = code_at(&libc, s.probe_offset() - 2, 2, 2).unwrap();
-            assert_eq!(before, [0x0f, 0x05], "{s:?}");
+            // The syscall instruction lies between the wrapper's start and the probe.
+            let len = s.placement.offset as usize;
+            let before = code_at(&libc, s.file_offset, len as u64, len).unwrap();
+            assert!(before.windows(2).any(|w| w == [0x0f, 0x05]), "{s:?}");
         }
     }
 

@@ -563,7 +563,7 @@ fn all_folds_the_oldest_ended_processes_into_one() {
             .collect()
     };
     let loop_site = folded_malloc(3 * 100 * 1001);
-    assert_eq!(loop_site.len(), 1, "{loop_site:?}");
+    assert_eq!(loop_site.len(), 1, "{}", doc["stacks"]);
     assert_eq!(loop_site[0]["calls"], 300);
     assert_eq!(loop_site[0]["frames"][0]["module"], "allocs");
     let leak_site = folded_malloc(3 * 777);

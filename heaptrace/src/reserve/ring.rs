@@ -5,7 +5,9 @@ use aya::{
     maps::{MapData, RingBuf},
     programs::BtfTracePoint,
 };
-use heaptrace_common::{MemEvent, maps};
+use std::time::{Duration, Instant};
+
+use heaptrace_common::{MemEvent, maps, mem};
 use tokio::io::unix::AsyncFd;
 
 use crate::{
@@ -15,6 +17,9 @@ use crate::{
 
 pub struct MemRing {
     pub ring: AsyncFd<RingBuf<MapData>>,
+    /// Until when to drain the ring unasked: the kernel wakes the reader at most once per
+    /// `mem::WAKE_NS` per CPU, and what comes in between waits in the ring.
+    late_until: Option<Instant>,
 }
 
 impl MemRing {
@@ -36,7 +41,19 @@ impl MemRing {
         })?;
         // SAFETY: the ring buffer owns its map fd and keeps it open while it is registered.
         let ring = unsafe { AsyncFd::register(ring) }.map_err(|e| e.into_parts().1)?;
-        Ok(MemRing { ring })
+        Ok(MemRing {
+            ring,
+            late_until: None,
+        })
+    }
+
+    /// How often to drain the ring unasked while [`MemRing::late`] holds.
+    pub const LATE_EVERY: Duration = Duration::from_nanos(mem::WAKE_NS);
+
+    /// Whether events may be waiting that the kernel did not wake the reader for: within
+    /// twice `mem::WAKE_NS` of the last drain that found any.
+    pub fn late(&self) -> bool {
+        self.late_until.is_some_and(|t| Instant::now() < t)
     }
 
     /// The events waiting in the ring, in the order the kernel reserved them (per thread, the
@@ -49,6 +66,9 @@ impl MemRing {
                 // SAFETY: the kernel wrote a MemEvent (repr(C), no padding); read unaligned.
                 out.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<MemEvent>()) });
             }
+        }
+        if !out.is_empty() {
+            self.late_until = Some(Instant::now() + 2 * Self::LATE_EVERY);
         }
         out
     }
