@@ -414,11 +414,6 @@ pub mod mem {
     pub const FAILED: u32 = 0x2000;
     /// Attach cookie flag of a wrapper's entry probe (the cookie's low bits: the number).
     pub const COOKIE_BEGIN: u64 = 1 << 32;
-    /// The kernel wakes heaptrace for memory events at most once per this many nanoseconds on
-    /// each CPU: a wakeup cost a traced mmap about 23 us here (BENCHMARKS.md). Events between
-    /// wakeups wait in the ring; user space drains it again for twice this long after it last
-    /// found events, so none waits for the round.
-    pub const WAKE_NS: u64 = 5_000_000;
 
     /// Whether syscall `nr` gives a range back (munmap, mremap): reported as it begins too.
     #[inline(always)]

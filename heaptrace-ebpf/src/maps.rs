@@ -4,7 +4,7 @@ use core::intrinsics::{AtomicOrdering, atomic_xadd};
 use aya_ebpf::{
     helpers::bpf_get_current_comm,
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use heaptrace_common::{
     FUNC_COUNT, Func, InFlight, LOSS_COUNT, LatencyHist, LiveBlock, LiveKey, Loss, MemCall,
@@ -164,17 +164,6 @@ pub static MEMCALLS: HashMap<u32, MemCall> = HashMap::with_max_entries(4096, 0);
 /// Memory syscalls of traced processes and the sites of the allocator calls that made them.
 #[map(name = "MEMEVENTS")]
 pub static MEMEVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
-
-/// When this CPU last woke heaptrace for memory events (`heaptrace_common::mem::WAKE_NS`).
-#[map(name = "MEM_WOKEN")]
-pub static MEM_WOKEN: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
-
-/// Processes (tgids) whose memory events have woken heaptrace since they started or last
-/// exec'ed: a process's first event always wakes it, so that user space reads the mappings
-/// of a process that may live a few milliseconds while it still can. Least recently used
-/// ones go first: one forgotten only wakes heaptrace once more.
-#[map(name = "MEM_SEEN")]
-pub static MEM_SEEN: LruHashMap<u32, u8> = LruHashMap::with_max_entries(4096, 0);
 
 /// Execs of traced processes, by tgid: a process's current image is its epoch 1 + this (see
 /// `ProcCounters::epoch`). Only processes that had counters get an entry; user space removes

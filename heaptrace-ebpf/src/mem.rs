@@ -15,14 +15,14 @@
 use aya_ebpf::{
     EbpfContext as _,
     bindings::pt_regs,
-    helpers::{bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{bpf_get_attach_cookie, bpf_get_current_pid_tgid},
     macros::{btf_tracepoint, uprobe},
     programs::{BtfTracePointContext, ProbeContext, RetProbeContext},
 };
 use heaptrace_common::{Func, INFLIGHT_RESERVED, Loss, MemCall, MemEvent, NO_SITE, mem, mode};
 
 use crate::{
-    maps::{INFLIGHT, MEM_SEEN, MEM_WOKEN, MEMCALLS, MEMEVENTS, PROCS, lose, self_tgid},
+    maps::{INFLIGHT, MEMCALLS, MEMEVENTS, PROCS, lose, self_tgid},
     sites,
 };
 
@@ -204,8 +204,6 @@ pub fn call_end(ctx: &RetProbeContext, tgid: u32, tid: u32, func: Func) {
 /// The process exec'ed (see `mem::EXEC`).
 #[inline(always)]
 pub fn exec(tgid: u32) {
-    // The new image's first event wakes user space, as a new process's does.
-    let _ = MEM_SEEN.remove(&tgid);
     report(MemEvent {
         kind: mem::EXEC,
         tgid,
@@ -218,36 +216,7 @@ pub fn exec(tgid: u32) {
 
 #[inline(always)]
 fn report(ev: MemEvent) {
-    if MEMEVENTS.output(ev, wakeup(ev.tgid)).is_err() {
+    if MEMEVENTS.output(ev, 0).is_err() {
         lose(Loss::MemEvents);
     }
-}
-
-const BPF_RB_NO_WAKEUP: u64 = 1;
-const BPF_RB_FORCE_WAKEUP: u64 = 2;
-
-/// Wakes the reader at most once per `mem::WAKE_NS` on this CPU: each wakeup is an interrupt
-/// and a cross-CPU wakeup paid by the traced thread (about 23 us a traced mmap here). The
-/// reader drains the ring again on its own for a while after each wakeup (`MemRing`). A
-/// process's first event wakes it whatever the time (MEM_SEEN).
-#[inline(always)]
-fn wakeup(tgid: u32) -> u64 {
-    // SAFETY: the value is not kept.
-    let first = unsafe { MEM_SEEN.get(&tgid) }.is_none();
-    if first {
-        let _ = MEM_SEEN.insert(&tgid, &1, 0);
-    }
-    let Some(last) = MEM_WOKEN.get_ptr_mut(0) else {
-        return BPF_RB_FORCE_WAKEUP;
-    };
-    // SAFETY: map value pointer, valid for the program's run. A preempted writer can only
-    // make one wakeup early or late.
-    let last = unsafe { &mut *last };
-    // SAFETY: no preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if !first && now.wrapping_sub(*last) < mem::WAKE_NS {
-        return BPF_RB_NO_WAKEUP;
-    }
-    *last = now;
-    BPF_RB_FORCE_WAKEUP
 }

@@ -5,9 +5,7 @@ use aya::{
     maps::{MapData, RingBuf},
     programs::BtfTracePoint,
 };
-use std::time::{Duration, Instant};
-
-use heaptrace_common::{MemEvent, maps, mem};
+use heaptrace_common::{MemEvent, maps};
 use tokio::io::unix::AsyncFd;
 
 use crate::{
@@ -17,9 +15,6 @@ use crate::{
 
 pub struct MemRing {
     pub ring: AsyncFd<RingBuf<MapData>>,
-    /// Until when to drain the ring unasked: the kernel wakes the reader at most once per
-    /// `mem::WAKE_NS` per CPU, and what comes in between waits in the ring.
-    late_until: Option<Instant>,
 }
 
 impl MemRing {
@@ -41,19 +36,7 @@ impl MemRing {
         })?;
         // SAFETY: the ring buffer owns its map fd and keeps it open while it is registered.
         let ring = unsafe { AsyncFd::register(ring) }.map_err(|e| e.into_parts().1)?;
-        Ok(MemRing {
-            ring,
-            late_until: None,
-        })
-    }
-
-    /// How often to drain the ring unasked while [`MemRing::late`] holds.
-    pub const LATE_EVERY: Duration = Duration::from_nanos(mem::WAKE_NS);
-
-    /// Whether events may be waiting that the kernel did not wake the reader for: within
-    /// twice `mem::WAKE_NS` of the last drain that found any.
-    pub fn late(&self) -> bool {
-        self.late_until.is_some_and(|t| Instant::now() < t)
+        Ok(MemRing { ring })
     }
 
     /// The events waiting in the ring, in the order the kernel reserved them (per thread, the
@@ -66,9 +49,6 @@ impl MemRing {
                 // SAFETY: the kernel wrote a MemEvent (repr(C), no padding); read unaligned.
                 out.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<MemEvent>()) });
             }
-        }
-        if !out.is_empty() {
-            self.late_until = Some(Instant::now() + 2 * Self::LATE_EVERY);
         }
         out
     }

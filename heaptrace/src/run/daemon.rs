@@ -208,8 +208,6 @@ impl Daemon {
         ticks.tick().await; // the first tick is immediate
         let mut early = tokio::time::interval(EARLY_MAPS_EVERY);
         let mut retry = tokio::time::interval(crate::watch::RETRY_EVERY);
-        let mut mem_late = tokio::time::interval(MemRing::LATE_EVERY);
-        mem_late.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let pending = self.procwatch.as_ref().is_some_and(ProcWatch::has_pending);
             let early_maps = self.pid.is_some() && self.start.elapsed() < EARLY_MAPS;
@@ -240,9 +238,6 @@ impl Daemon {
                     }
                 }
                 _ = readable(self.memring.as_ref().map(|r| &r.ring)) => self.drain_mem(),
-                _ = mem_late.tick(), if self.memring.as_ref().is_some_and(MemRing::late) => {
-                    self.drain_mem();
-                }
                 Some(first) = exec_event(self.execs.as_mut()) => {
                     self.exec_first = Some(first);
                     self.process_events();
