@@ -4,6 +4,7 @@
 //! time, so the two sides (compiled for different targets) always agree on the layout.
 #![no_std]
 
+pub mod live;
 pub mod sampling;
 pub mod stack;
 
@@ -455,6 +456,7 @@ pub mod maps {
     pub const PROCS: &str = "PROCS";
     pub const SIZES: &str = "SIZES";
     pub const LIVE: &str = "LIVE";
+    pub const LIVE_SLOTS: &str = "LIVE_SLOTS";
     pub const INFLIGHT: &str = "INFLIGHT";
     pub const LOSSES: &str = "LOSSES";
     pub const FRAMES: &str = "FRAMES";
@@ -492,6 +494,8 @@ pub mod globals {
     pub const WATCH_TGID: &str = "WATCH_TGID";
     /// 1 when the memory syscalls are traced (the memory-event ring is read).
     pub const RESERVATIONS: &str = "RESERVATIONS";
+    /// The live slots' count less one (a power of two less one; see [`super::live`]).
+    pub const LIVE_SLOTS_MASK: &str = "LIVE_SLOTS_MASK";
 }
 
 /// An entry probe's attach cookie: the pushes executed before the probe point (see
@@ -529,6 +533,7 @@ mod pod {
     unsafe impl aya::Pod for SizeKey {}
     unsafe impl aya::Pod for LiveKey {}
     unsafe impl aya::Pod for LiveBlock {}
+    unsafe impl aya::Pod for live::LiveSlot {}
     unsafe impl aya::Pod for InFlight {}
     unsafe impl aya::Pod for SiteKey {}
     unsafe impl aya::Pod for StoredStack {}

@@ -11,6 +11,7 @@
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
 
+mod live;
 mod maps;
 mod mem;
 mod procs;
@@ -385,7 +386,7 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64) {
         stack_id,
         _pad: 0,
     };
-    if LIVE.insert(key, block, BPF_ANY).is_err() {
+    if !live::insert(&key, &block) && LIVE.insert(key, block, BPF_ANY).is_err() {
         lose(Loss::LiveMap);
         if mode() >= mode::STACKS {
             sites::untracked(call.tgid, call.epoch, call.func, stack_id, size);
@@ -405,12 +406,18 @@ fn untrack(pc: &mut ProcCounters, tgid: u32, ptr: u64) -> Option<u64> {
     // A block of an earlier image of the process (before an exec) is never this image's.
     let epoch = pc.epoch as u32;
     let key = LiveKey { tgid, epoch, ptr };
-    // SAFETY: the value is copied out before the remove.
-    let Some(block) = (unsafe { LIVE.get(key) }).copied() else {
-        add(&mut pc.untracked_frees, 1);
-        return None;
+    let block = match live::take(&key) {
+        Some(block) => block,
+        None => {
+            // SAFETY: the value is copied out before the remove.
+            let Some(block) = (unsafe { LIVE.get(key) }).copied() else {
+                add(&mut pc.untracked_frees, 1);
+                return None;
+            };
+            let _ = LIVE.remove(key);
+            block
+        }
     };
-    let _ = LIVE.remove(key);
     add(&mut pc.live_blocks, u64::MAX); // -1, wrapping
     add(&mut pc.live_bytes, block.size.wrapping_neg());
     if block.stack_id != NO_SITE {

@@ -8,13 +8,16 @@ use aya_ebpf::{
 };
 use heaptrace_common::{
     FUNC_COUNT, Func, InFlight, LOSS_COUNT, LatencyHist, LiveBlock, LiveKey, Loss, MemCall,
-    ProcCounters, SiteCounters, SiteKey, SizeKey, StoredStack, log2_bucket, sampling,
+    ProcCounters, SiteCounters, SiteKey, SizeKey, StoredStack, live::LiveSlot, log2_bucket,
+    sampling,
 };
 
 /// Create only: two CPUs adding the same new key must not overwrite each other's counts.
 pub const BPF_NOEXIST: u64 = 1;
 /// Allocate entries on demand: the map's bound is its capacity, not its footprint.
 const BPF_F_NO_PREALLOC: u32 = 1;
+/// An array user space can mmap.
+const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 /// heaptrace's own tgid, set by the loader: heaptrace never traces itself.
 #[unsafe(no_mangle)]
@@ -84,6 +87,21 @@ pub static SIZES: PerCpuHashMap<SizeKey, u64> = PerCpuHashMap::with_max_entries(
 #[map(name = "LIVE")]
 pub static LIVE: HashMap<LiveKey, LiveBlock> =
     HashMap::with_max_entries(1 << 20, BPF_F_NO_PREALLOC);
+
+/// Live blocks in slots, one per key hash, before the hash map (`live.rs`). Mappable: user
+/// space reads and empties the slots of processes gone in place.
+#[map(name = "LIVE_SLOTS")]
+pub static LIVE_SLOTS: Array<LiveSlot> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// See `heaptrace_common::globals::LIVE_SLOTS_MASK`.
+#[unsafe(no_mangle)]
+static LIVE_SLOTS_MASK: u32 = 0;
+
+#[inline(always)]
+pub fn live_slots_mask() -> u32 {
+    // SAFETY: a plain read of a global the loader wrote before load.
+    unsafe { core::ptr::read_volatile(&LIVE_SLOTS_MASK) }
+}
 
 #[map(name = "INFLIGHT")]
 pub static INFLIGHT: HashMap<u64, InFlight> = HashMap::with_max_entries(16384, 0);

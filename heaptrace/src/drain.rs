@@ -23,6 +23,7 @@ use crate::{
     aggregate::Leak,
     batch,
     error::{Error, Result},
+    liveslots::{Held, LiveSlots},
     model::{ProcSnapshot, SiteId, SiteTotals, Snapshot, Totals},
 };
 
@@ -66,6 +67,8 @@ pub struct KernelMaps {
     sizes_fd: OwnedFd,
     sites_fd: OwnedFd,
     live_fd: OwnedFd,
+    /// The live blocks held in slots before the live map (`heaptrace_common::live`).
+    live_slots: LiveSlots,
     cpus: usize,
     /// The keys of the size and site maps, every image's, as the last snapshot read them:
     /// what forgetting a process or an image deletes, without a walk of the maps. Kept flat
@@ -126,6 +129,7 @@ impl KernelMaps {
             sizes_fd,
             sites_fd,
             live_fd,
+            live_slots: LiveSlots::map(ebpf)?,
             cpus,
             size_keys: Vec::new(),
             site_keys: Vec::new(),
@@ -265,29 +269,31 @@ impl KernelMaps {
         Ok(group_by_site(&blocks))
     }
 
-    /// The live map's entries of the current images of the processes `want` accepts.
+    /// The live blocks of the current images of the processes `want` accepts.
     fn live_entries(&self, want: impl Fn(u32) -> bool) -> Result<StdHashMap<LiveKey, LiveBlock>> {
         let mut epochs: StdHashMap<u32, u32> = StdHashMap::new();
-        self.live_where(|key| {
+        let live = self.live_where(|key| {
             want(key.tgid)
                 && key.epoch
                     == *epochs
                         .entry(key.tgid)
                         .or_insert_with(|| self.epoch(key.tgid))
-        })
+        })?;
+        Ok(live.iter().map(|(k, b)| (*k, *b)).collect())
     }
 
-    /// The live map's entries `want` accepts, read in batches. The kernel copies a bucket at a
-    /// time, so an entry is seen once while the probes add and delete others (a walk key by
-    /// key started over when its current key was deleted, and met keys twice).
-    fn live_where(
-        &self,
-        mut want: impl FnMut(&LiveKey) -> bool,
-    ) -> Result<StdHashMap<LiveKey, LiveBlock>> {
-        let mut out = StdHashMap::new();
+    /// The live blocks `want` accepts: the slots' and the live map's, the map read in
+    /// batches. The kernel copies a bucket at a time, so an entry is seen once while the probes
+    /// add and delete others (a walk key by key started over when its current key was deleted,
+    /// and met keys twice).
+    fn live_where(&self, mut want: impl FnMut(&LiveKey) -> bool) -> Result<Live> {
+        let mut out = Live {
+            in_map: StdHashMap::new(),
+            in_slots: self.live_slots.held_where(&mut want),
+        };
         batch::per_cpu_hash::<LiveKey, LiveBlock>(self.live_fd.as_fd(), 1, |key, block| {
             if want(key) {
-                out.insert(*key, block[0]);
+                out.in_map.insert(*key, block[0]);
             }
         })
         .map_err(|e| Error::Map {
@@ -295,6 +301,13 @@ impl KernelMaps {
             reason: e.to_string(),
         })?;
         Ok(out)
+    }
+
+    /// Forgets blocks read by `live_where`: no program frees them any more.
+    fn drop_live(&self, live: Live) -> Result<()> {
+        self.live_slots.empty(&live.in_slots);
+        let keys: Vec<LiveKey> = live.in_map.into_keys().collect();
+        Self::delete(&self.live_fd, maps::LIVE, &keys)
     }
 
     /// Deletes `keys` from a map in batches; a failure is the map's error.
@@ -313,7 +326,7 @@ impl KernelMaps {
         // Blocks of an image before an exec not cleared yet go too, but are not its leaks.
         let epochs: StdHashMap<u32, u32> = pids.iter().map(|p| (*p, self.epoch(*p))).collect();
         let mut leaks: BTreeMap<SiteId, Leak> = BTreeMap::new();
-        for (key, block) in &blocks {
+        for (key, block) in blocks.iter() {
             if epochs.get(&key.tgid) == Some(&key.epoch) {
                 let l = leaks
                     .entry((key.tgid, block.stack_id, block.func))
@@ -322,8 +335,7 @@ impl KernelMaps {
                 l.bytes += block.size;
             }
         }
-        let live: Vec<LiveKey> = blocks.into_keys().collect();
-        Self::delete(&self.live_fd, maps::LIVE, &live)?;
+        self.drop_live(blocks)?;
         let procs: Vec<u32> = pids.iter().copied().collect();
         Self::delete(&self.procs_fd, maps::PROCS, &procs)?;
         for pid in pids {
@@ -365,11 +377,7 @@ impl KernelMaps {
     pub fn restarted(&mut self, pids: &HashSet<u32>) -> Result<BTreeSet<i32>> {
         let epochs: StdHashMap<u32, u32> = pids.iter().map(|p| (*p, self.epoch(*p))).collect();
         let old = |tgid: u32, epoch: u32| epochs.get(&tgid).is_some_and(|e| *e != epoch);
-        let live: Vec<LiveKey> = self
-            .live_where(|k| old(k.tgid, k.epoch))?
-            .into_keys()
-            .collect();
-        Self::delete(&self.live_fd, maps::LIVE, &live)?;
+        self.drop_live(self.live_where(|k| old(k.tgid, k.epoch))?)?;
         let sizes: Vec<SizeKey> = self
             .size_keys
             .extract_if(.., |k| old(k.tgid, k.epoch))
@@ -403,6 +411,19 @@ impl KernelMaps {
             let _ = self.inflight.remove(k);
         }
         Ok(dead.len())
+    }
+}
+
+/// Live blocks as `live_where` read them: a block is in a slot or in the map, never both.
+struct Live {
+    in_map: StdHashMap<LiveKey, LiveBlock>,
+    in_slots: Vec<Held>,
+}
+
+impl Live {
+    fn iter(&self) -> impl Iterator<Item = (&LiveKey, &LiveBlock)> {
+        let slots = self.in_slots.iter().map(|h| (&h.key, &h.block));
+        self.in_map.iter().chain(slots)
     }
 }
 

@@ -21,6 +21,7 @@ pub mod incarnation;
 pub mod json;
 pub mod launch;
 pub mod links;
+pub mod liveslots;
 pub mod merge;
 pub mod model;
 pub mod modules;

@@ -259,6 +259,16 @@ pub fn stack_maps(opts: &LoadOptions) -> (u32, u32) {
     (opts.stack_map_size.max(1), callers)
 }
 
+/// The live slots in front of the live map (`heaptrace_common::live`): one where no mode
+/// keeps live blocks (calls mode, the floors).
+pub fn live_slots(opts: &LoadOptions) -> u32 {
+    if opts.calls || opts.mode == heaptrace_common::mode::BARE {
+        1
+    } else {
+        heaptrace_common::live::slots(opts.live_map_size)
+    }
+}
+
 pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
     let me = std::process::id();
     // Maps a mode does not use get one entry: a stack map is preallocated at full size.
@@ -266,6 +276,7 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
     let sizes = opts.mode >= heaptrace_common::mode::SIZES;
     let (frames, callers) = stack_maps(opts);
     let scale = crate::sampling::gap_scale(opts.sample_bytes);
+    let live_slots = live_slots(opts);
     let mut ebpf = EbpfLoader::new()
         .override_global(globals::SELF_TGID, &me, true)
         .override_global(globals::SAMPLE_BYTES, &opts.sample_bytes, true)
@@ -276,7 +287,9 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .override_global(globals::BARE_STACK, &u32::from(opts.bare_stack), true)
         .override_global(globals::WATCH_TGID, &opts.watch_tgid, true)
         .override_global(globals::RESERVATIONS, &u32::from(opts.reservations), true)
+        .override_global(globals::LIVE_SLOTS_MASK, &(live_slots - 1), true)
         .map_max_entries(maps::LIVE, opts.live_map_size)
+        .map_max_entries(maps::LIVE_SLOTS, live_slots)
         .map_max_entries(maps::SIZES, if sizes { opts.size_map_size } else { 1 })
         .map_max_entries(maps::PROCS, opts.proc_map_size)
         .map_max_entries(maps::EXECS, opts.proc_map_size)

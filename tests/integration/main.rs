@@ -5,6 +5,7 @@ mod custom;
 mod exec;
 mod expect;
 mod faults;
+mod liveslots;
 mod memory;
 mod placement;
 mod recording;
