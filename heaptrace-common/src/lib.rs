@@ -317,6 +317,38 @@ pub struct InFlight {
     pub flags: u32,
 }
 
+/// One slot of the in-flight array: the thread that owns it (its pid_tgid; 0 when free) and
+/// its record. A thread takes the slot of its thread id's low bits once, with a
+/// compare-and-swap, and keeps it until it exits; a thread whose slot another owns keeps its
+/// record in the in-flight hash map. Only the owner reads or writes the record: an array
+/// lookup instead of a hash lookup at each entry, return and free (BENCHMARKS.md, *The
+/// in-flight slots*).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InFlightSlot {
+    pub owner: u64,
+    pub rec: InFlight,
+}
+
+/// The in-flight slots for an in-flight map of `inflight_map_size` threads: the largest power
+/// of two up to it, at most 65,536 (3 MiB).
+pub fn inflight_slots(inflight_map_size: u32) -> u32 {
+    let want = inflight_map_size.clamp(1, 1 << 16);
+    1 << (31 - want.leading_zeros())
+}
+
+impl InFlight {
+    /// No call in flight.
+    pub const NONE: InFlight = InFlight {
+        arg: 0,
+        size: 0,
+        sp: 0,
+        ts_ns: 0,
+        func: 0,
+        flags: 0,
+    };
+}
+
 /// `InFlight::flags`: the call changed the process's mappings; its return reports its site so
 /// user space can attribute the reservation to it.
 pub const INFLIGHT_RESERVED: u32 = 1;
@@ -458,6 +490,7 @@ pub mod maps {
     pub const LIVE: &str = "LIVE";
     pub const LIVE_SLOTS: &str = "LIVE_SLOTS";
     pub const INFLIGHT: &str = "INFLIGHT";
+    pub const INFLIGHT_SLOTS: &str = "INFLIGHT_SLOTS";
     pub const LOSSES: &str = "LOSSES";
     pub const FRAMES: &str = "FRAMES";
     pub const CALLERS: &str = "CALLERS";
@@ -496,6 +529,8 @@ pub mod globals {
     pub const RESERVATIONS: &str = "RESERVATIONS";
     /// The live slots' count less one (a power of two less one; see [`super::live`]).
     pub const LIVE_SLOTS_MASK: &str = "LIVE_SLOTS_MASK";
+    /// The in-flight slots' count less one (see [`super::InFlightSlot`]).
+    pub const INFLIGHT_SLOTS_MASK: &str = "INFLIGHT_SLOTS_MASK";
 }
 
 /// An entry probe's attach cookie: the pushes executed before the probe point (see
@@ -516,6 +551,7 @@ const _: () = assert!(core::mem::size_of::<SizeKey>() == 24);
 const _: () = assert!(core::mem::size_of::<LiveKey>() == 16);
 const _: () = assert!(core::mem::size_of::<LiveBlock>() == 32);
 const _: () = assert!(core::mem::size_of::<InFlight>() == 40);
+const _: () = assert!(core::mem::size_of::<InFlightSlot>() == 48);
 const _: () = assert!(core::mem::size_of::<SiteKey>() == 16);
 const _: () = assert!(core::mem::size_of::<StoredStack>() == 8 * (1 + STACK_FRAMES));
 const _: () = assert!(core::mem::size_of::<SiteCounters>() == 8 * 8 + 8 * LOG2_BUCKETS);
@@ -535,6 +571,7 @@ mod pod {
     unsafe impl aya::Pod for LiveBlock {}
     unsafe impl aya::Pod for live::LiveSlot {}
     unsafe impl aya::Pod for InFlight {}
+    unsafe impl aya::Pod for InFlightSlot {}
     unsafe impl aya::Pod for SiteKey {}
     unsafe impl aya::Pod for StoredStack {}
     unsafe impl aya::Pod for SiteCounters {}
@@ -551,6 +588,15 @@ mod tests {
         for v in [0u64, 1, 2, 3, 255, 256, 1 << 40, u64::MAX] {
             assert_eq!(bit_length(v), 64 - v.leading_zeros());
         }
+    }
+
+    #[test]
+    fn inflight_slots_are_a_power_of_two_up_to_the_map() {
+        assert_eq!(inflight_slots(16384), 16384);
+        assert_eq!(inflight_slots(10000), 8192);
+        assert_eq!(inflight_slots(u32::MAX), 1 << 16);
+        assert_eq!(inflight_slots(1), 1);
+        assert_eq!(inflight_slots(0), 1);
     }
 
     #[test]

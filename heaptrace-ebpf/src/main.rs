@@ -11,6 +11,7 @@
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
 
+mod inflight;
 mod live;
 mod maps;
 mod mem;
@@ -94,16 +95,14 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
     // Each thread keeps its one entry: later calls overwrite it in place (no insert, no delete,
     // no bucket lock); a completed call leaves sp = 0. The entry goes when the thread exits
     // (threads.rs).
-    if let Some(f) = INFLIGHT.get_ptr_mut(id) {
-        // SAFETY: map value; only this thread reads or writes its own entry.
-        let f = unsafe { &mut *f };
+    if let Some(f) = inflight::get(id) {
         if f.sp != 0 && sp <= f.sp {
             return Ok(()); // nested in the call in flight
         }
         *f = rec;
         return Ok(());
     }
-    if INFLIGHT.insert(id, rec, BPF_ANY).is_err() {
+    if !inflight::claim(id, &rec) && INFLIGHT.insert(id, rec, BPF_ANY).is_err() {
         lose(Loss::InFlight);
     }
     Ok(())
@@ -115,14 +114,19 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
 /// it. Only a request no allocator can satisfy is known to fail here.
 #[inline(always)]
 fn count_at_entry(id: u64, func: Func, size: u64, sp: u64) {
-    if let Some(f) = INFLIGHT.get_ptr_mut(id) {
-        // SAFETY: map value; only this thread reads or writes its own entry.
-        let f = unsafe { &mut *f };
-        if f.sp != 0 {
-            if sp <= f.sp {
-                return; // nested in the call in flight
+    match inflight::get(id) {
+        Some(f) => {
+            if f.sp != 0 {
+                if sp <= f.sp {
+                    return; // nested in the call in flight
+                }
+                f.sp = 0;
             }
-            f.sp = 0;
+        }
+        // A slot with no call in flight: this thread's later calls and frees find it there
+        // rather than missing in the hash map.
+        None => {
+            let _ = inflight::claim(id, &InFlight::NONE);
         }
     }
     let tgid = (id >> 32) as u32;
@@ -257,11 +261,9 @@ struct Call<'a> {
 
 fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
     let id = bpf_get_current_pid_tgid();
-    let Some(f) = INFLIGHT.get_ptr_mut(id) else {
+    let Some(f) = inflight::get(id) else {
         return Ok(()); // entry not seen (attached mid-call) or lost (counted at entry)
     };
-    // SAFETY: map value; only this thread reads or writes its own entry.
-    let f = unsafe { &mut *f };
     let rec = *f;
     if rec.sp == 0 {
         return Ok(()); // no call in flight (already completed, e.g. by a tail-called inner)
@@ -479,8 +481,7 @@ fn try_free(ptr: u64, sp: u64) -> Result<(), i64> {
         return Ok(());
     }
     // A free inside realloc (realloc(p, 0), moves of mmapped blocks) belongs to the realloc.
-    // SAFETY: map value; only this thread touches its own entry.
-    if unsafe { INFLIGHT.get(id) }.is_some_and(|f| f.sp != 0 && sp <= f.sp) {
+    if inflight::get(id).is_some_and(|f| f.sp != 0 && sp <= f.sp) {
         return Ok(());
     }
     let Some(pc) = proc_counters(tgid) else {

@@ -7,9 +7,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use heaptrace_common::{
-    FUNC_COUNT, Func, InFlight, LOSS_COUNT, LatencyHist, LiveBlock, LiveKey, Loss, MemCall,
-    ProcCounters, SiteCounters, SiteKey, SizeKey, StoredStack, live::LiveSlot, log2_bucket,
-    sampling,
+    FUNC_COUNT, Func, InFlight, InFlightSlot, LOSS_COUNT, LatencyHist, LiveBlock, LiveKey, Loss,
+    MemCall, ProcCounters, SiteCounters, SiteKey, SizeKey, StoredStack, live::LiveSlot,
+    log2_bucket, sampling,
 };
 
 /// Create only: two CPUs adding the same new key must not overwrite each other's counts.
@@ -101,6 +101,21 @@ static LIVE_SLOTS_MASK: u32 = 0;
 pub fn live_slots_mask() -> u32 {
     // SAFETY: a plain read of a global the loader wrote before load.
     unsafe { core::ptr::read_volatile(&LIVE_SLOTS_MASK) }
+}
+
+/// In-flight records of the threads that own a slot (`inflight.rs`). Mappable: user space
+/// frees the slots of threads gone without their exit being seen.
+#[map(name = "INFLIGHT_SLOTS")]
+pub static INFLIGHT_SLOTS: Array<InFlightSlot> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// See `heaptrace_common::globals::INFLIGHT_SLOTS_MASK`.
+#[unsafe(no_mangle)]
+static INFLIGHT_SLOTS_MASK: u32 = 0;
+
+#[inline(always)]
+pub fn inflight_slots_mask() -> u32 {
+    // SAFETY: a plain read of a global the loader wrote before load.
+    unsafe { core::ptr::read_volatile(&INFLIGHT_SLOTS_MASK) }
 }
 
 #[map(name = "INFLIGHT")]

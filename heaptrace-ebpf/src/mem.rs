@@ -22,7 +22,7 @@ use aya_ebpf::{
 use heaptrace_common::{Func, INFLIGHT_RESERVED, Loss, MemCall, MemEvent, NO_SITE, mem, mode};
 
 use crate::{
-    maps::{INFLIGHT, MEMCALLS, MEMEVENTS, PROCS, lose, self_tgid},
+    maps::{MEMCALLS, MEMEVENTS, PROCS, lose, self_tgid},
     sites,
 };
 
@@ -85,8 +85,7 @@ fn traced_call(id: u64) -> Option<u32> {
     }
     // In an allocator call: traced. Otherwise traced only if the process allocated before
     // (it has counters); the rest of the host is not our business.
-    // SAFETY: map value copied out; only this thread writes its own entry.
-    match unsafe { INFLIGHT.get(id) } {
+    match crate::inflight::get(id) {
         Some(f) if f.sp != 0 => Some(f.func),
         // SAFETY: as above.
         _ if unsafe { PROCS.get(tgid) }.is_some() => Some(mem::NO_FUNC),
@@ -167,10 +166,9 @@ fn done(id: u64, call: MemCall, ret: u64) {
         return;
     }
     if call.func != mem::NO_FUNC
-        && let Some(f) = INFLIGHT.get_ptr_mut(id)
+        && let Some(f) = crate::inflight::get(id)
     {
-        // SAFETY: map value; only this thread writes its own entry.
-        unsafe { (*f).flags |= INFLIGHT_RESERVED };
+        f.flags |= INFLIGHT_RESERVED;
     }
     report(MemEvent {
         kind: call.nr,

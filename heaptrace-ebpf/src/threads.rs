@@ -1,4 +1,4 @@
-//! Thread exits: a thread's in-flight record goes with it. A thread that dies mid-call (killed,
+//! Thread exits: a thread's in-flight record, and its slot, go with it. A thread that dies mid-call (killed,
 //! or pthread_exit from inside a wrapper) never reaches the return probe, and every thread
 //! that ever called an allocator keeps its record otherwise; under thread churn the bounded
 //! map would fill up and lose calls. A raw tracepoint, which needs no tracefs.
@@ -6,13 +6,10 @@ use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid, macros::raw_tracepoint, programs::RawTracePointContext,
 };
 
-use crate::maps::INFLIGHT;
-
 /// sched_process_exit fires in the exiting thread itself (do_exit), once per thread, after
 /// which it never runs user code again: no probe can record a call for it afterwards.
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn on_thread_exit(_ctx: RawTracePointContext) -> i32 {
-    // Most exiting threads on the host have no record: the delete then just fails.
-    let _ = INFLIGHT.remove(&bpf_get_current_pid_tgid());
+    crate::inflight::release(bpf_get_current_pid_tgid());
     0
 }

@@ -8,6 +8,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap as StdHashMap, HashSet},
     os::fd::{AsFd as _, OwnedFd},
+    sync::atomic::Ordering,
 };
 
 use aya::{
@@ -15,8 +16,8 @@ use aya::{
     maps::{HashMap, MapData, PerCpuArray, StackTraceMap},
 };
 use heaptrace_common::{
-    CALLER_ID_BASE, FUNC_COUNT, InFlight, LatencyHist, LiveBlock, LiveKey, Loss, ProcCounters,
-    SiteCounters, SiteKey, SizeKey, StoredStack, maps,
+    CALLER_ID_BASE, FUNC_COUNT, InFlight, InFlightSlot, LatencyHist, LiveBlock, LiveKey, Loss,
+    ProcCounters, SiteCounters, SiteKey, SizeKey, StoredStack, maps,
 };
 
 use crate::{
@@ -24,6 +25,7 @@ use crate::{
     batch,
     error::{Error, Result},
     liveslots::{Held, LiveSlots},
+    mapped::MappedArray,
     model::{ProcSnapshot, SiteId, SiteTotals, Snapshot, Totals},
 };
 
@@ -55,6 +57,8 @@ pub fn freed_stack(
 pub struct KernelMaps {
     losses: PerCpuArray<MapData, u64>,
     inflight: HashMap<MapData, u64, InFlight>,
+    /// In-flight records of the threads that own a slot (`heaptrace_common::InFlightSlot`).
+    inflight_slots: MappedArray<InFlightSlot>,
     /// Whole stacks, by id (ids below `CALLER_ID_BASE`).
     frames: HashMap<MapData, u32, StoredStack>,
     /// One-frame stacks: the callers of allocations whose whole stack FRAMES did not take.
@@ -135,6 +139,7 @@ impl KernelMaps {
             site_keys: Vec::new(),
             losses: take(ebpf, maps::LOSSES)?,
             inflight: take(ebpf, maps::INFLIGHT)?,
+            inflight_slots: MappedArray::map(ebpf, maps::INFLIGHT_SLOTS)?,
             frames: take(ebpf, maps::FRAMES)?,
             callers: take(ebpf, maps::CALLERS)?,
             latency: take(ebpf, maps::LATENCY)?,
@@ -410,8 +415,31 @@ impl KernelMaps {
         for k in &dead {
             let _ = self.inflight.remove(k);
         }
-        Ok(dead.len())
+        Ok(dead.len() + free_slots_of_dead_threads(&self.inflight_slots, thread_alive))
     }
+}
+
+/// Frees the in-flight slots whose owners are gone; returns how many. Each is freed only if
+/// its owner is still the one read: no program of a dead thread runs, and a thread that took
+/// the slot meanwhile keeps it.
+fn free_slots_of_dead_threads(
+    slots: &MappedArray<InFlightSlot>,
+    thread_alive: impl Fn(u32, u32) -> bool,
+) -> usize {
+    let mut freed = 0;
+    for i in 0..slots.len() {
+        let owner = slots.first_word(i).load(Ordering::Acquire);
+        if owner != 0
+            && !thread_alive((owner >> 32) as u32, owner as u32)
+            && slots
+                .first_word(i)
+                .compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            freed += 1;
+        }
+    }
+    freed
 }
 
 /// Live blocks as `live_where` read them: a block is in a slot or in the map, never both.
@@ -447,6 +475,32 @@ fn comm_str(comm: &[u8; 16]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_slots_of_threads_gone_are_freed() {
+        let owned = |tgid: u64, tid: u64| InFlightSlot {
+            owner: (tgid << 32) | tid,
+            rec: InFlight {
+                arg: 0,
+                size: 0,
+                sp: 0x7ff0,
+                ts_ns: 0,
+                func: 0,
+                flags: 0,
+            },
+        };
+        let free = InFlightSlot {
+            owner: 0,
+            ..owned(0, 0)
+        };
+        let mut slots = [owned(10, 11), free, owned(10, 12), owned(20, 21)];
+        let t = MappedArray::over(&mut slots);
+        let alive = |tgid: u32, tid: u32| (tgid, tid) != (10, 12) && tgid != 20;
+        assert_eq!(free_slots_of_dead_threads(&t, alive), 2);
+        let owners: Vec<u64> = (0..t.len()).map(|i| t.read(i).owner).collect();
+        assert_eq!(owners, [(10 << 32) | 11, 0, 0, 0]);
+        assert_eq!(free_slots_of_dead_threads(&t, alive), 0);
+    }
 
     #[test]
     fn a_site_first_seen_after_its_stack_was_freed_keeps_that_stack_unless_another_took_it() {

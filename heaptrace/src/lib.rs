@@ -22,6 +22,7 @@ pub mod json;
 pub mod launch;
 pub mod links;
 pub mod liveslots;
+pub mod mapped;
 pub mod merge;
 pub mod model;
 pub mod modules;

@@ -6,11 +6,7 @@
 //! read, so a slot emptied and filled again meanwhile is never mistaken for another block. A
 //! slot is emptied by compare-and-swap from the state read: only slots of processes gone (or of
 //! an image before an exec) are emptied, whose blocks no program frees any more.
-use std::{
-    os::fd::{AsFd as _, AsRawFd as _},
-    ptr::NonNull,
-    sync::atomic::{AtomicU64, Ordering},
-};
+use std::sync::atomic::Ordering;
 
 use aya::Ebpf;
 use heaptrace_common::{
@@ -19,7 +15,7 @@ use heaptrace_common::{
     maps,
 };
 
-use crate::error::{Error, Result};
+use crate::{error::Result, mapped::MappedArray};
 
 /// A block held in a slot: where, and the state it was read in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,82 +26,33 @@ pub struct Held {
     pub block: LiveBlock,
 }
 
-pub struct LiveSlots {
-    base: NonNull<LiveSlot>,
-    slots: usize,
-    bytes: usize,
-}
-
-// SAFETY: the mapping is shared memory that the kernel also writes; every access goes through
-// atomics or volatile reads, whichever thread makes it.
-unsafe impl Send for LiveSlots {}
-// SAFETY: as above.
-unsafe impl Sync for LiveSlots {}
-
-fn map_err(reason: impl ToString) -> Error {
-    Error::Map {
-        map: maps::LIVE_SLOTS,
-        reason: reason.to_string(),
-    }
-}
+pub struct LiveSlots(MappedArray<LiveSlot>);
 
 impl LiveSlots {
-    /// Maps the loaded object's slot array (created mappable).
+    /// Maps the loaded object's slot array.
     pub fn map(ebpf: &Ebpf) -> Result<LiveSlots> {
-        let Some(aya::maps::Map::Array(data)) = ebpf.map(maps::LIVE_SLOTS) else {
-            return Err(map_err("not an array in the object"));
-        };
-        let slots = data.info().map_err(map_err)?.max_entries();
-        let page = 4096;
-        let bytes = (slots as usize * size_of::<LiveSlot>()).div_ceil(page) * page;
-        // SAFETY: a shared mapping of the map's fd (BPF_F_MMAPABLE), no larger than the array
-        // rounded up to a page; it stays valid after the fd is closed, until munmap.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                data.fd().as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(map_err(std::io::Error::last_os_error()));
-        }
-        Ok(LiveSlots {
-            base: NonNull::new(p.cast()).ok_or_else(|| map_err("mapped at null"))?,
-            slots: slots as usize,
-            bytes,
-        })
+        MappedArray::map(ebpf, maps::LIVE_SLOTS).map(LiveSlots)
     }
 
     /// The slots mapped (the array's length).
     pub fn len(&self) -> usize {
-        self.slots
+        self.0.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slots == 0
-    }
-
-    fn state(&self, i: usize) -> &AtomicU64 {
-        // SAFETY: i < slots; `state` is a slot's first field, an aligned u64 in the mapping.
-        unsafe { AtomicU64::from_ptr(self.base.as_ptr().add(i).cast()) }
+        self.0.is_empty()
     }
 
     /// The blocks held in slots whose keys `want` accepts.
     pub fn held_where(&self, mut want: impl FnMut(&LiveKey) -> bool) -> Vec<Held> {
         let mut out = Vec::new();
-        for i in 0..self.slots {
-            let before = self.state(i).load(Ordering::Acquire);
+        for i in 0..self.len() {
+            let before = self.0.first_word(i).load(Ordering::Acquire);
             if before == EMPTY || before == BUSY {
                 continue;
             }
-            // SAFETY: i < slots; a volatile read of plain integers the kernel may be writing
-            // (a torn read is caught by the checks below).
-            let slot = unsafe { self.base.as_ptr().add(i).read_volatile() };
-            let after = self.state(i).load(Ordering::Acquire);
+            let slot = self.0.read(i);
+            let after = self.0.first_word(i).load(Ordering::Acquire);
             if after != before || state(&slot.key) != before || !want(&slot.key) {
                 continue;
             }
@@ -122,7 +69,7 @@ impl LiveSlots {
     /// Empties the slots of these blocks, each only if it still holds the block as read.
     pub fn empty(&self, held: &[Held]) {
         for h in held {
-            let _ = self.state(h.index as usize).compare_exchange(
+            let _ = self.0.first_word(h.index as usize).compare_exchange(
                 h.state,
                 EMPTY,
                 Ordering::AcqRel,
@@ -132,24 +79,15 @@ impl LiveSlots {
     }
 }
 
-impl Drop for LiveSlots {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, unmapped once.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.bytes) };
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// Slots in ordinary memory, laid out as the kernel's array.
     fn table(slots: &mut [LiveSlot]) -> std::mem::ManuallyDrop<LiveSlots> {
-        std::mem::ManuallyDrop::new(LiveSlots {
-            base: NonNull::new(slots.as_mut_ptr()).unwrap(),
-            slots: slots.len(),
-            bytes: 0,
-        })
+        std::mem::ManuallyDrop::new(LiveSlots(std::mem::ManuallyDrop::into_inner(
+            MappedArray::over(slots),
+        )))
     }
 
     fn slot(tgid: u32, epoch: u32, ptr: u64, size: u64) -> LiveSlot {
@@ -211,9 +149,9 @@ mod tests {
         let t = table(&mut slots);
         let held = t.held_where(|_| true);
         // The block was freed and another took the slot before the empty.
-        t.state(0)
+        t.0.first_word(0)
             .store(state(&slot(9, 1, 0x90, 1).key), Ordering::Release);
         t.empty(&held);
-        assert_ne!(t.state(0).load(Ordering::Acquire), EMPTY);
+        assert_ne!(t.0.first_word(0).load(Ordering::Acquire), EMPTY);
     }
 }

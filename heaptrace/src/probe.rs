@@ -277,6 +277,11 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
     let (frames, callers) = stack_maps(opts);
     let scale = crate::sampling::gap_scale(opts.sample_bytes);
     let live_slots = live_slots(opts);
+    let inflight_slots = if opts.mode == heaptrace_common::mode::BARE {
+        1
+    } else {
+        heaptrace_common::inflight_slots(opts.inflight_map_size)
+    };
     let mut ebpf = EbpfLoader::new()
         .override_global(globals::SELF_TGID, &me, true)
         .override_global(globals::SAMPLE_BYTES, &opts.sample_bytes, true)
@@ -290,6 +295,8 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .override_global(globals::LIVE_SLOTS_MASK, &(live_slots - 1), true)
         .map_max_entries(maps::LIVE, opts.live_map_size)
         .map_max_entries(maps::LIVE_SLOTS, live_slots)
+        .override_global(globals::INFLIGHT_SLOTS_MASK, &(inflight_slots - 1), true)
+        .map_max_entries(maps::INFLIGHT_SLOTS, inflight_slots)
         .map_max_entries(maps::SIZES, if sizes { opts.size_map_size } else { 1 })
         .map_max_entries(maps::PROCS, opts.proc_map_size)
         .map_max_entries(maps::EXECS, opts.proc_map_size)
