@@ -321,8 +321,8 @@ pub struct InFlight {
 /// its record. A thread takes the slot of its thread id's low bits once, with a
 /// compare-and-swap, and keeps it until it exits; a thread whose slot another owns keeps its
 /// record in the in-flight hash map. Only the owner reads or writes the record: an array
-/// lookup instead of a hash lookup at each entry, return and free (BENCHMARKS.md, *The
-/// in-flight slots*).
+/// lookup instead of a hash lookup at each entry, return and free (BENCHMARKS.md, *Slots
+/// before the hash maps*).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InFlightSlot {

@@ -167,7 +167,8 @@ pub struct TraceArgs {
     #[arg(long, value_name = "SITES")]
     pub site_map_size: Option<u32>,
 
-    /// Capacity of the kernel's live-allocation map (blocks tracked at once).
+    /// Capacity of the kernel's live-allocation map (blocks tracked at once), with slots for
+    /// a sixteenth more in front of it.
     #[arg(long, default_value_t = 1 << 20, value_name = "BLOCKS")]
     pub live_map_size: u32,
 
