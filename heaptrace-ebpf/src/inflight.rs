@@ -3,11 +3,9 @@
 //!
 //! A thread takes a slot only while it has no record in the map, so its record is in one
 //! place at a time: a call in flight never loses its window to a slot taken in a nested call.
-use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xchg};
-
 use heaptrace_common::{InFlight, InFlightSlot};
 
-use crate::maps::{INFLIGHT, INFLIGHT_SLOTS, inflight_slots_mask};
+use crate::maps::{INFLIGHT, INFLIGHT_SLOTS, cas, exchange, inflight_slots_mask};
 
 #[inline(always)]
 fn slot(id: u64) -> Option<&'static mut InFlightSlot> {
@@ -37,16 +35,9 @@ pub fn claim(id: u64, rec: &InFlight) -> bool {
     let Some(s) = slot(id) else {
         return false;
     };
-    // SAFETY: an aligned read, then a compare-and-swap, of a map value's u64.
-    let won = unsafe {
-        core::ptr::read_volatile(&s.owner) == 0
-            && atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
-                &mut s.owner,
-                0,
-                id,
-            )
-            .1
-    };
+    // A plain read first: an owned slot costs no locked instruction.
+    // SAFETY: an aligned read of a map value.
+    let won = unsafe { core::ptr::read_volatile(&s.owner) } == 0 && cas(&mut s.owner, 0, id);
     if won {
         s.rec = *rec;
     }
@@ -60,8 +51,7 @@ pub fn release(id: u64) {
         // SAFETY: as above.
         if unsafe { core::ptr::read_volatile(&s.owner) } == id {
             s.rec.sp = 0;
-            // SAFETY: an aligned u64 of a map value; only the owner frees its slot.
-            unsafe { atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(&mut s.owner, 0) };
+            exchange(&mut s.owner, 0); // only the owner frees its slot
         }
     }
     // Most exiting threads on the host have no record: the delete then just fails.

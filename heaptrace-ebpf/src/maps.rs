@@ -1,5 +1,5 @@
 //! The maps, the globals the loader sets, and the small helpers every program shares.
-use core::intrinsics::{AtomicOrdering, atomic_xadd};
+use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd, atomic_xchg};
 
 use aya_ebpf::{
     helpers::bpf_get_current_comm,
@@ -220,6 +220,24 @@ pub fn bare_count(i: u32) {
 pub fn add(counter: &mut u64, v: u64) {
     // SAFETY: the pointer comes from a live map value, aligned for u64.
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, v) };
+}
+
+/// Compare-and-swap: true if `word` was `old` and is now `new`.
+#[inline(always)]
+pub fn cas(word: &mut u64, old: u64, new: u64) -> bool {
+    // SAFETY: the pointer comes from a live map value, aligned for u64.
+    unsafe {
+        atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(word, old, new)
+    }
+    .1
+}
+
+/// An atomic exchange, for a slot's state or owner set after the fields it guards were written
+/// or read: it orders those accesses before it.
+#[inline(always)]
+pub fn exchange(word: &mut u64, new: u64) {
+    // SAFETY: as above.
+    unsafe { atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(word, new) };
 }
 
 #[inline(always)]
