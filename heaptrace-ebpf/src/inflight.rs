@@ -50,7 +50,7 @@ pub fn release(id: u64) {
     if let Some(s) = slot(id) {
         // SAFETY: as above.
         if unsafe { core::ptr::read_volatile(&s.owner) } == id {
-            s.rec.sp = 0;
+            // The record stays: whoever claims the slot next writes a whole one.
             exchange(&mut s.owner, 0); // only the owner frees its slot
         }
     }
