@@ -5,6 +5,7 @@
 #![no_std]
 
 pub mod live;
+pub mod procs;
 pub mod sampling;
 pub mod stack;
 
@@ -489,6 +490,7 @@ pub mod maps {
     pub const SIZES: &str = "SIZES";
     pub const LIVE: &str = "LIVE";
     pub const LIVE_SLOTS: &str = "LIVE_SLOTS";
+    pub const PROC_SLOTS: &str = "PROC_SLOTS";
     pub const INFLIGHT: &str = "INFLIGHT";
     pub const INFLIGHT_SLOTS: &str = "INFLIGHT_SLOTS";
     pub const LOSSES: &str = "LOSSES";
@@ -531,6 +533,10 @@ pub mod globals {
     pub const LIVE_SLOTS_MASK: &str = "LIVE_SLOTS_MASK";
     /// The in-flight slots' count less one (see [`super::InFlightSlot`]).
     pub const INFLIGHT_SLOTS_MASK: &str = "INFLIGHT_SLOTS_MASK";
+    /// log2 of the process slots per CPU (see [`super::procs`]).
+    pub const PROC_SLOTS_SHIFT: &str = "PROC_SLOTS_SHIFT";
+    /// The CPUs with a row of process slots: 0 when the table is off.
+    pub const PROC_SLOT_CPUS: &str = "PROC_SLOT_CPUS";
 }
 
 /// An entry probe's attach cookie: the pushes executed before the probe point (see
@@ -570,6 +576,7 @@ mod pod {
     unsafe impl aya::Pod for LiveKey {}
     unsafe impl aya::Pod for LiveBlock {}
     unsafe impl aya::Pod for live::LiveSlot {}
+    unsafe impl aya::Pod for procs::ProcSlot {}
     unsafe impl aya::Pod for InFlight {}
     unsafe impl aya::Pod for InFlightSlot {}
     unsafe impl aya::Pod for SiteKey {}

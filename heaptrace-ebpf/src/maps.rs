@@ -2,14 +2,17 @@
 use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd, atomic_xchg};
 
 use aya_ebpf::{
-    helpers::bpf_get_current_comm,
+    helpers::{bpf_get_current_comm, bpf_get_smp_processor_id},
     macros::map,
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use heaptrace_common::{
     FUNC_COUNT, Func, InFlight, InFlightSlot, LOSS_COUNT, LatencyHist, LiveBlock, LiveKey, Loss,
-    MemCall, ProcCounters, SiteCounters, SiteKey, SizeKey, StoredStack, live::LiveSlot,
-    log2_bucket, sampling,
+    MemCall, ProcCounters, SiteCounters, SiteKey, SizeKey, StoredStack,
+    live::LiveSlot,
+    log2_bucket,
+    procs::{self, ProcSlot},
+    sampling,
 };
 
 /// Create only: two CPUs adding the same new key must not overwrite each other's counts.
@@ -80,6 +83,19 @@ static CALLS_MODE: u32 = 0;
 // Capacities are defaults; the loader may resize them (map_max_entries) from the command line.
 #[map(name = "PROCS")]
 pub static PROCS: PerCpuHashMap<u32, ProcCounters> = PerCpuHashMap::with_max_entries(4096, 0);
+
+/// Process counters in slots, a row per CPU, before PROCS (`heaptrace_common::procs`).
+/// Mappable: user space reads the slots every round and frees those of processes gone.
+#[map(name = "PROC_SLOTS")]
+pub static PROC_SLOTS: Array<ProcSlot> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// See `heaptrace_common::globals::PROC_SLOTS_SHIFT`.
+#[unsafe(no_mangle)]
+static PROC_SLOTS_SHIFT: u32 = 0;
+
+/// See `heaptrace_common::globals::PROC_SLOT_CPUS`.
+#[unsafe(no_mangle)]
+static PROC_SLOT_CPUS: u32 = 0;
 
 #[map(name = "SIZES")]
 pub static SIZES: PerCpuHashMap<SizeKey, u64> = PerCpuHashMap::with_max_entries(65536, 0);
@@ -323,32 +339,121 @@ pub fn get_or_insert<K, V>(map: &PerCpuHashMap<K, V>, key: &K, zero: &V) -> Opti
     map.get_ptr_mut(key).map(|p| unsafe { &mut *p })
 }
 
-/// This process's counters on this CPU, created on first use, with its epoch known.
+/// This process's counters on this CPU, created on first use, with its epoch known: in its
+/// slot, or in the process map where another process owns the slot.
 #[inline(always)]
 pub fn proc_counters(tgid: u32) -> Option<&'static mut ProcCounters> {
-    let pc = match PROCS.get_ptr_mut(tgid) {
-        // SAFETY: map value pointer.
-        Some(p) => unsafe { &mut *p },
-        None => {
-            let mut fresh = ProcCounters::ZERO;
-            if let Ok(comm) = bpf_get_current_comm() {
-                fresh.comm = comm;
+    let pc = match proc_slot(tgid) {
+        Some(pc) => pc,
+        None => match PROCS.get_ptr_mut(tgid) {
+            // SAFETY: map value pointer.
+            Some(p) => unsafe { &mut *p },
+            None => {
+                let mut fresh = ProcCounters::ZERO;
+                if let Ok(comm) = bpf_get_current_comm() {
+                    fresh.comm = comm;
+                }
+                let Some(pc) = get_or_insert(&PROCS, &tgid, &fresh) else {
+                    lose(Loss::ProcessMap);
+                    return None;
+                };
+                pc
             }
-            let Some(pc) = get_or_insert(&PROCS, &tgid, &fresh) else {
-                lose(Loss::ProcessMap);
-                return None;
-            };
-            pc
-        }
+        },
     };
-    // An insert fills only this CPU's copy (the others start zeroed): each CPU's copy looks
-    // the epoch up once. Racing writers on one CPU write the same value.
+    // An insert fills only this CPU's copy (the others start zeroed), and a slot is one CPU's:
+    // each looks the epoch up once. Racing writers on one CPU write the same value.
     if pc.epoch == 0 {
         // SAFETY: the value is copied out at once.
         let execs = unsafe { EXECS.get(tgid) }.copied().unwrap_or(0);
         pc.epoch = u64::from(execs) + 1;
     }
     Some(pc)
+}
+
+/// The process slots' geometry: the CPUs with a row, and log2 of a row's slots.
+#[inline(always)]
+fn proc_slot_rows() -> (u32, u32) {
+    // SAFETY: plain reads of globals the loader wrote before load.
+    unsafe {
+        (
+            core::ptr::read_volatile(&PROC_SLOT_CPUS),
+            core::ptr::read_volatile(&PROC_SLOTS_SHIFT),
+        )
+    }
+}
+
+/// The slot of `tgid` on this CPU, taken if it is free; None if another owns it (or user space
+/// is emptying it, or the table is off).
+#[inline(always)]
+fn proc_slot(tgid: u32) -> Option<&'static mut ProcCounters> {
+    // SAFETY: no preconditions (the verifier inlines it).
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let (cpus, shift) = proc_slot_rows();
+    if cpu >= cpus {
+        return None;
+    }
+    let s = PROC_SLOTS.get_ptr_mut(procs::index(cpu, tgid, shift))?;
+    // SAFETY: map value pointer, valid for the program's run; only programs on this CPU write
+    // the counters while the slot is owned.
+    let s = unsafe { &mut *s };
+    // SAFETY: an aligned read of a map value.
+    let owner = unsafe { core::ptr::read_volatile(&s.owner) };
+    if owner == u64::from(tgid) {
+        return Some(&mut s.counters);
+    }
+    if owner != procs::FREE || !cas(&mut s.owner, procs::FREE, u64::from(tgid)) {
+        return None;
+    }
+    // A free slot's counters are zero (user space empties a slot before it frees it).
+    if let Ok(comm) = bpf_get_current_comm() {
+        s.counters.comm = comm;
+    }
+    Some(&mut s.counters)
+}
+
+/// Calls `f` with the owner word of `tgid`'s slot on each CPU in turn, until it returns true;
+/// whether it did.
+#[inline(always)]
+fn each_cpu_slot(tgid: u32, mut f: impl FnMut(&mut u64) -> bool) -> bool {
+    let (cpus, shift) = proc_slot_rows();
+    for cpu in 0..procs::MAX_CPUS {
+        if cpu >= cpus {
+            break;
+        }
+        if let Some(s) = PROC_SLOTS.get_ptr_mut(procs::index(cpu, tgid, shift)) {
+            // SAFETY: map value pointer, valid for the program's run.
+            if f(unsafe { &mut (*s).owner }) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// Whether `tgid` has counters (it allocated while traced), in a slot or in the map, on any
+/// CPU.
+#[inline(always)]
+pub fn has_counters(tgid: u32) -> bool {
+    // SAFETY: the value is not used.
+    unsafe { PROCS.get(tgid) }.is_some()
+        || each_cpu_slot(tgid, |owner| {
+            // SAFETY: an aligned read of a map value.
+            unsafe { core::ptr::read_volatile(owner) == u64::from(tgid) }
+        })
+}
+
+/// An exec: marks `tgid`'s slots on every CPU stale (its earlier image's counters, which user
+/// space drops and frees). No program of the process runs meanwhile: its other threads are
+/// gone, and this one is in the exec. Returns whether it had any.
+#[inline(always)]
+pub fn stale_proc_slots(tgid: u32) -> bool {
+    let mut had = false;
+    each_cpu_slot(tgid, |owner| {
+        had |= cas(owner, u64::from(tgid), u64::from(tgid) | procs::STALE);
+        false
+    });
+    had
 }
 
 #[inline(always)]

@@ -22,7 +22,7 @@ use aya_ebpf::{
 use heaptrace_common::{Func, INFLIGHT_RESERVED, Loss, MemCall, MemEvent, NO_SITE, mem, mode};
 
 use crate::{
-    maps::{MEMCALLS, MEMEVENTS, PROCS, lose, self_tgid},
+    maps::{MEMCALLS, MEMEVENTS, lose, self_tgid},
     sites,
 };
 
@@ -87,8 +87,7 @@ fn traced_call(id: u64) -> Option<u32> {
     // (it has counters); the rest of the host is not our business.
     match crate::inflight::get(id) {
         Some(f) if f.sp != 0 => Some(f.func),
-        // SAFETY: as above.
-        _ if unsafe { PROCS.get(tgid) }.is_some() => Some(mem::NO_FUNC),
+        _ if crate::maps::has_counters(tgid) => Some(mem::NO_FUNC),
         _ => None,
     }
 }

@@ -43,8 +43,9 @@ fn report(ctx: &RawTracePointContext, kind: u32) {
 /// The event goes out after the reset: when user space reads it, the reset is done.
 #[inline(always)]
 fn restart(tgid: u32) {
+    let in_slots = crate::maps::stale_proc_slots(tgid);
     // SAFETY: the value is copied out at once.
-    if unsafe { PROCS.get(tgid) }.is_none() {
+    if !in_slots && unsafe { PROCS.get(tgid) }.is_none() {
         return; // never counted anything: nothing to start over
     }
     // SAFETY: as above.

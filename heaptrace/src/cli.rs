@@ -216,6 +216,12 @@ pub struct TraceArgs {
     #[arg(long, default_value_t = 16384, value_name = "THREADS", hide = true)]
     pub inflight_map_size: u32,
 
+    /// Process slots per CPU in front of the kernel's process map (a power of two; 0: none).
+    /// For tests: one makes processes share it, and all but one count in the map.
+    #[arg(long, value_name = "SLOTS", hide = true,
+          default_value_t = heaptrace_common::procs::slots(4096))]
+    pub proc_slots: u32,
+
     /// Attach perf-event uprobes even where uprobe_multi links are available (slower to
     /// detach; for benchmarks and tests of the fallback).
     #[arg(long, hide = true)]

@@ -27,6 +27,7 @@ use crate::{
     liveslots::{Held, LiveSlots},
     mapped::MappedArray,
     model::{ProcSnapshot, SiteId, SiteTotals, Snapshot, Totals},
+    procslots::ProcSlots,
 };
 
 /// Stacks freed (`KernelMaps::free_stacks`): id -> its return addresses and whether they were
@@ -73,6 +74,8 @@ pub struct KernelMaps {
     live_fd: OwnedFd,
     /// The live blocks held in slots before the live map (`heaptrace_common::live`).
     live_slots: LiveSlots,
+    /// Process counters in slots before the process map (`heaptrace_common::procs`).
+    proc_slots: ProcSlots,
     cpus: usize,
     /// The keys of the size and site maps, every image's, as the last snapshot read them:
     /// what forgetting a process or an image deletes, without a walk of the maps. Kept flat
@@ -134,6 +137,7 @@ impl KernelMaps {
             sites_fd,
             live_fd,
             live_slots: LiveSlots::map(ebpf)?,
+            proc_slots: ProcSlots::map(ebpf)?,
             cpus,
             size_keys: Vec::new(),
             site_keys: Vec::new(),
@@ -197,28 +201,41 @@ impl KernelMaps {
         // Each process's current image: only its entries count (an earlier image's wait to be
         // dropped, see `restarted`). A process without counters has no current entries yet.
         let mut epochs: StdHashMap<u32, u32> = StdHashMap::new();
+        // A process counts in its slots and, on CPUs where another owns its slot, in the map:
+        // its figures are the sum of both.
+        let mut in_slots: StdHashMap<u32, Vec<ProcCounters>> = StdHashMap::new();
+        for (tgid, counters) in self.proc_slots.owned() {
+            in_slots.entry(tgid).or_default().push(counters);
+        }
+        let mut add_proc = |tgid: u32, per_cpu: &[ProcCounters], slots: &[ProcCounters]| {
+            let all = || per_cpu.iter().chain(slots);
+            let epoch = all().map(|c| c.epoch).max().unwrap_or(0);
+            epochs.insert(tgid, epoch as u32);
+            let comm = all()
+                .map(|c| comm_str(&c.comm))
+                .find(|c| !c.is_empty())
+                .unwrap_or_default();
+            snap.procs.insert(
+                tgid,
+                ProcSnapshot {
+                    comm,
+                    totals: Totals::from_per_cpu(all()),
+                    epoch: epoch as u32,
+                },
+            );
+        };
         batch::per_cpu_hash::<u32, ProcCounters>(
             self.procs_fd.as_fd(),
             self.cpus,
             |&tgid, per_cpu| {
-                let epoch = per_cpu.iter().map(|c| c.epoch).max().unwrap_or(0);
-                epochs.insert(tgid, epoch as u32);
-                let comm = per_cpu
-                    .iter()
-                    .map(|c| comm_str(&c.comm))
-                    .find(|c| !c.is_empty())
-                    .unwrap_or_default();
-                snap.procs.insert(
-                    tgid,
-                    ProcSnapshot {
-                        comm,
-                        totals: Totals::from_per_cpu(per_cpu.iter()),
-                        epoch: epoch as u32,
-                    },
-                );
+                let slots = in_slots.remove(&tgid).unwrap_or_default();
+                add_proc(tgid, per_cpu, &slots);
             },
         )
         .map_err(read_err(maps::PROCS))?;
+        for (tgid, slots) in in_slots {
+            add_proc(tgid, &[], &slots);
+        }
         batch::per_cpu_hash::<SizeKey, u64>(self.sizes_fd.as_fd(), self.cpus, |key, per_cpu| {
             size_keys.push(*key);
             if epochs.get(&key.tgid) != Some(&key.epoch) {
@@ -343,6 +360,7 @@ impl KernelMaps {
         self.drop_live(blocks)?;
         let procs: Vec<u32> = pids.iter().copied().collect();
         Self::delete(&self.procs_fd, maps::PROCS, &procs)?;
+        self.proc_slots.free_where(|tgid| pids.contains(&tgid));
         for pid in pids {
             let _ = self.execs.remove(pid);
         }

@@ -30,6 +30,7 @@ pub mod multi;
 pub mod placement;
 pub mod probe;
 pub mod procfs;
+pub mod procslots;
 pub mod progstats;
 pub mod record;
 pub mod report;

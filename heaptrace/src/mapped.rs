@@ -89,6 +89,13 @@ impl<T: Copy> MappedArray<T> {
         unsafe { self.base.as_ptr().add(i).read_volatile() }
     }
 
+    /// Writes element `i` whole, for a slot no program writes while user space holds it busy.
+    pub fn write(&self, i: usize, v: T) {
+        assert!(i < self.len, "{}: element {i} of {}", self.map, self.len);
+        // SAFETY: i < len; a volatile write of plain integers.
+        unsafe { self.base.as_ptr().add(i).write_volatile(v) }
+    }
+
     /// The u64 at the start of element `i` (a slot's state or owner), for atomic access.
     pub fn first_word(&self, i: usize) -> &AtomicU64 {
         assert!(i < self.len, "{}: element {i} of {}", self.map, self.len);

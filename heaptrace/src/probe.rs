@@ -51,6 +51,8 @@ pub struct LoadOptions {
     pub size_map_size: u32,
     pub proc_map_size: u32,
     pub inflight_map_size: u32,
+    /// Process slots per CPU (`heaptrace_common::procs`): a power of two, or 0 for none.
+    pub proc_slots: u32,
     pub stack_map_size: u32,
     pub site_map_size: u32,
     /// `--sample-bytes` (0: every allocation).
@@ -75,6 +77,7 @@ impl Default for LoadOptions {
             size_map_size: 65536,
             proc_map_size: 4096,
             inflight_map_size: 16384,
+            proc_slots: heaptrace_common::procs::slots(4096),
             stack_map_size: 16384,
             site_map_size: 16384,
             sample_bytes: 0,
@@ -269,6 +272,29 @@ pub fn live_slots(opts: &LoadOptions) -> u32 {
     }
 }
 
+/// The process slots' table (`heaptrace_common::procs`): log2 of its slots per CPU, and the
+/// CPUs with a row (0: off, where the mode counts nothing per process, none were asked for,
+/// or the machine has more CPUs than an exec's program marks).
+pub fn proc_slots(opts: &LoadOptions) -> Result<(u32, u32)> {
+    let cpus = aya::util::nr_cpus().map_err(|(path, e)| Error::Read {
+        path: path.into(),
+        source: e,
+    })? as u32;
+    let slots = opts.proc_slots;
+    if opts.mode == heaptrace_common::mode::BARE
+        || slots == 0
+        || cpus > heaptrace_common::procs::MAX_CPUS
+    {
+        return Ok((0, 0));
+    }
+    if !slots.is_power_of_two() {
+        return Err(Error::Usage(format!(
+            "--proc-slots {slots}: not a power of two"
+        )));
+    }
+    Ok((slots.trailing_zeros(), cpus))
+}
+
 pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
     let me = std::process::id();
     // Maps a mode does not use get one entry: a stack map is preallocated at full size.
@@ -282,6 +308,7 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
     } else {
         heaptrace_common::inflight_slots(opts.inflight_map_size)
     };
+    let (proc_slots_shift, proc_slot_cpus) = proc_slots(opts)?;
     let mut ebpf = EbpfLoader::new()
         .override_global(globals::SELF_TGID, &me, true)
         .override_global(globals::SAMPLE_BYTES, &opts.sample_bytes, true)
@@ -299,6 +326,12 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .map_max_entries(maps::INFLIGHT_SLOTS, inflight_slots)
         .map_max_entries(maps::SIZES, if sizes { opts.size_map_size } else { 1 })
         .map_max_entries(maps::PROCS, opts.proc_map_size)
+        .override_global(globals::PROC_SLOTS_SHIFT, &proc_slots_shift, true)
+        .override_global(globals::PROC_SLOT_CPUS, &proc_slot_cpus, true)
+        .map_max_entries(
+            maps::PROC_SLOTS,
+            (proc_slot_cpus << proc_slots_shift).max(1),
+        )
         .map_max_entries(maps::EXECS, opts.proc_map_size)
         .map_max_entries(maps::INFLIGHT, opts.inflight_map_size)
         .map_max_entries(maps::FRAMES, frames)

@@ -80,6 +80,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         live_map_size: cli.live_map_size,
         size_map_size: cli.size_map_size,
         inflight_map_size: cli.inflight_map_size,
+        proc_slots: cli.proc_slots,
         stack_map_size: cli.stack_map_size,
         site_map_size: cli
             .site_map_size

@@ -8,6 +8,7 @@ mod faults;
 mod liveslots;
 mod memory;
 mod placement;
+mod procslots;
 mod recording;
 mod sampling;
 mod scale;

@@ -711,9 +711,27 @@ fn all_counts_every_one_of_200_short_lived_processes() {
     if !bpf_or_skip("all_counts_every_one_of_200_short_lived_processes") {
         return;
     }
+    count_200_short_lived_processes("sys-churn", &[]);
+}
+
+/// One process slot per CPU (`--proc-slots 1`): of the ten processes running at once, one
+/// counts in the slot and the others in the process map, and a process that takes a slot freed
+/// by an ended one must start from zero.
+#[test]
+fn processes_sharing_one_slot_count_exactly() {
+    if !bpf_or_skip("processes_sharing_one_slot_count_exactly") {
+        return;
+    }
+    count_200_short_lived_processes("sys-churn-slot", &["--proc-slots", "1"]);
+}
+
+/// 200 `allocs 0 20 1`, ten at a time, under `--all`: each one's counts exact.
+fn count_200_short_lived_processes(name: &str, extra: &[&str]) {
     let _g = exclusive();
     let bin = fixture("allocs", "", &[]);
-    let (tracer, json) = start_all("sys-churn", &["--mode", "counts", "--comm", "allocs"]);
+    let mut args = vec!["--mode", "counts", "--comm", "allocs"];
+    args.extend_from_slice(extra);
+    let (tracer, json) = start_all(name, &args);
     let fx = Fixture::main_thread(20, 1);
     let want = Expected::of(&fx);
     let mut pids = Vec::new();

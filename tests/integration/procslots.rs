@@ -1,0 +1,92 @@
+//! The process slots (`heaptrace_common::procs`) in the kernel's own table: a process traced
+//! alone counts in its slots on every CPU, none of it in the process map, and its slots are
+//! emptied and freed when it is forgotten.
+use std::{
+    collections::HashSet,
+    io::Write as _,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use heaptrace::{
+    allocator,
+    drain::KernelMaps,
+    model::Totals,
+    probe::{self, Probes, Scope},
+    procslots::ProcSlots,
+};
+use heaptrace_common::{Func, mode};
+
+use crate::{
+    expect::{Expected, Fixture},
+    support::{bpf_or_skip, fixture, ready, shared},
+};
+
+#[test]
+fn a_process_traced_alone_counts_in_its_slots() {
+    if !bpf_or_skip("a_process_traced_alone_counts_in_its_slots") {
+        return;
+    }
+    let _g = shared();
+    let fx = Fixture::main_thread(500, 3);
+    let want = Expected::of(&fx);
+    let mut target = ready({
+        let mut cmd = Command::new(fixture("allocs", "", &[]));
+        cmd.args(["0", "500", "3", "wait", "hold"]);
+        cmd
+    });
+    let pid = target.id();
+    let opts = probe::LoadOptions {
+        mode: mode::COUNTS,
+        watch_tgid: pid,
+        ..Default::default()
+    };
+    let mut probes = Probes::new(probe::load(&opts).unwrap(), true, false, false).unwrap();
+    let provider = allocator::for_pid(pid).unwrap();
+    probes
+        .attach(&provider, Scope::Process(pid), false)
+        .unwrap();
+    let slots = ProcSlots::map(&probes.ebpf).unwrap();
+    let mut maps = KernelMaps::take(&mut probes.ebpf).unwrap();
+
+    let mut stdin = target.stdin.take().unwrap();
+    stdin.write_all(b"g").unwrap();
+    // `ready` took stdout, and with it the fixture's "done": wait for its last call instead.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let snap = loop {
+        let snap = maps.snapshot().unwrap();
+        let calls = |s: &heaptrace::model::Snapshot| {
+            s.procs
+                .get(&pid)
+                .map_or(0, |p| p.totals.funcs[Func::Free as usize].calls)
+        };
+        if calls(&snap) >= want.free_calls || Instant::now() > deadline {
+            break snap;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let owned = slots.owned();
+    let in_slots = Totals::from_per_cpu(owned.iter().filter(|(t, _)| *t == pid).map(|(_, c)| c));
+    // Every count the process made is in its slots: the process map holds none of it.
+    assert_eq!(snap.procs[&pid].totals, in_slots);
+    for f in Func::ALL {
+        let got = &in_slots.funcs[f as usize];
+        // Aliases (memalign is aligned_alloc here) are counted under one name.
+        let w = want
+            .funcs
+            .get(f.name())
+            .map_or((0, 0, 0), |w| (w.calls, w.bytes, w.failed));
+        if f != Func::Free {
+            assert_eq!((got.calls, got.bytes, got.failed), w, "{f:?}");
+        }
+    }
+    assert_eq!(in_slots.funcs[Func::Free as usize].calls, want.free_calls);
+    assert_eq!(in_slots.live_blocks, want.live_blocks as i64);
+
+    // Its "done" went to a closed pipe (SIGPIPE): the process is gone either way.
+    drop(stdin);
+    target.wait().unwrap();
+    maps.forget(&HashSet::from([pid])).unwrap();
+    assert!(slots.owned().is_empty(), "{:?}", slots.owned());
+    assert!(!maps.snapshot().unwrap().procs.contains_key(&pid));
+}
