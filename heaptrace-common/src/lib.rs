@@ -4,6 +4,7 @@
 //! time, so the two sides (compiled for different targets) always agree on the layout.
 #![no_std]
 
+pub mod keyed;
 pub mod live;
 pub mod procs;
 pub mod sampling;
@@ -30,6 +31,9 @@ pub enum Func {
 }
 
 pub const FUNC_COUNT: usize = 9;
+
+// Every value below FUNC_COUNT is a variant: the kernel side turns a bounded u32 into a Func.
+const _: () = assert!(Func::Pvalloc as usize == FUNC_COUNT - 1);
 
 impl Func {
     pub const ALL: [Func; FUNC_COUNT] = [
@@ -191,37 +195,23 @@ pub mod mode {
 /// bucket 0 holds 0, the last bucket everything from `2^(LOG2_BUCKETS-2)` up.
 pub const LOG2_BUCKETS: usize = 32;
 
-/// The number of significant bits of `v` (0 for 0). A binary search rather than
-/// leading_zeros: BPF has no count-leading-zeros instruction.
+/// The number of significant bits of `v` (0 for 0). BPF has no count-leading-zeros
+/// instruction, and a binary search made the verifier follow each result on its own path
+/// through the rest of a program (a result is an index, so its value is kept): the top bit is
+/// smeared down and the ones counted instead, with no branch.
 #[inline(always)]
 pub fn bit_length(v: u64) -> u32 {
-    let mut v = v;
-    let mut r = 0u32;
-    if v >= 1 << 32 {
-        v >>= 32;
-        r += 32;
-    }
-    if v >= 1 << 16 {
-        v >>= 16;
-        r += 16;
-    }
-    if v >= 1 << 8 {
-        v >>= 8;
-        r += 8;
-    }
-    if v >= 1 << 4 {
-        v >>= 4;
-        r += 4;
-    }
-    if v >= 1 << 2 {
-        v >>= 2;
-        r += 2;
-    }
-    if v >= 1 << 1 {
-        v >>= 1;
-        r += 1;
-    }
-    r + v as u32
+    let mut x = v;
+    x |= x >> 1;
+    x |= x >> 2;
+    x |= x >> 4;
+    x |= x >> 8;
+    x |= x >> 16;
+    x |= x >> 32;
+    x -= (x >> 1) & 0x5555_5555_5555_5555;
+    x = (x & 0x3333_3333_3333_3333) + ((x >> 2) & 0x3333_3333_3333_3333);
+    x = (x + (x >> 4)) & 0x0f0f_0f0f_0f0f_0f0f;
+    (x.wrapping_mul(0x0101_0101_0101_0101) >> 56) as u32
 }
 
 /// The bucket of `v`: the number of significant bits, capped at the last bucket.
@@ -491,6 +481,8 @@ pub mod maps {
     pub const LIVE: &str = "LIVE";
     pub const LIVE_SLOTS: &str = "LIVE_SLOTS";
     pub const PROC_SLOTS: &str = "PROC_SLOTS";
+    pub const SITE_SLOTS: &str = "SITE_SLOTS";
+    pub const SIZE_SLOTS: &str = "SIZE_SLOTS";
     pub const INFLIGHT: &str = "INFLIGHT";
     pub const INFLIGHT_SLOTS: &str = "INFLIGHT_SLOTS";
     pub const LOSSES: &str = "LOSSES";
@@ -535,8 +527,13 @@ pub mod globals {
     pub const INFLIGHT_SLOTS_MASK: &str = "INFLIGHT_SLOTS_MASK";
     /// log2 of the process slots per CPU (see [`super::procs`]).
     pub const PROC_SLOTS_SHIFT: &str = "PROC_SLOTS_SHIFT";
-    /// The CPUs with a row of process slots: 0 when the table is off.
-    pub const PROC_SLOT_CPUS: &str = "PROC_SLOT_CPUS";
+    /// log2 of the site slots per CPU (see [`super::keyed`]).
+    pub const SITE_SLOTS_SHIFT: &str = "SITE_SLOTS_SHIFT";
+    /// log2 of the size slots per CPU (see [`super::keyed`]).
+    pub const SIZE_SLOTS_SHIFT: &str = "SIZE_SLOTS_SHIFT";
+    /// The CPUs with a row in the slot tables ([`super::procs`], [`super::keyed`]): 0 when
+    /// the tables are off.
+    pub const SLOT_CPUS: &str = "SLOT_CPUS";
 }
 
 /// An entry probe's attach cookie: the pushes executed before the probe point (see
@@ -577,6 +574,8 @@ mod pod {
     unsafe impl aya::Pod for LiveBlock {}
     unsafe impl aya::Pod for live::LiveSlot {}
     unsafe impl aya::Pod for procs::ProcSlot {}
+    unsafe impl aya::Pod for keyed::SiteSlot {}
+    unsafe impl aya::Pod for keyed::SizeSlot {}
     unsafe impl aya::Pod for InFlight {}
     unsafe impl aya::Pod for InFlightSlot {}
     unsafe impl aya::Pod for SiteKey {}
@@ -592,8 +591,11 @@ mod tests {
 
     #[test]
     fn bit_length_counts_significant_bits() {
-        for v in [0u64, 1, 2, 3, 255, 256, 1 << 40, u64::MAX] {
-            assert_eq!(bit_length(v), 64 - v.leading_zeros());
+        for v in [0u64, 1, 2, 3, 255, 256, 1 << 40, u64::MAX]
+            .into_iter()
+            .chain((0..64).flat_map(|b| [1u64 << b, (1u64 << b) - 1, (1u64 << b) | 1]))
+        {
+            assert_eq!(bit_length(v), 64 - v.leading_zeros(), "{v:#x}");
         }
     }
 

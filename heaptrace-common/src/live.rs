@@ -37,15 +37,7 @@ const _: () = assert!(core::mem::size_of::<LiveSlot>() == 56);
 /// checks the key anyway.
 #[inline(always)]
 pub fn state(key: &LiveKey) -> u64 {
-    // splitmix64's finalizer over the address and the (process, image) pair.
-    let mut x = key.ptr
-        ^ ((u64::from(key.tgid) << 32) | u64::from(key.epoch)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    x ^= x >> 33;
-    x | 2
+    crate::keyed::mix(key.ptr ^ crate::keyed::process(key.tgid, key.epoch))
 }
 
 /// The slot of a key of this state, for a table of `mask + 1` slots.

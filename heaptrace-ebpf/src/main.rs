@@ -12,6 +12,7 @@
 #![feature(core_intrinsics)]
 
 mod inflight;
+mod keyed;
 mod live;
 mod maps;
 mod mem;
@@ -29,8 +30,8 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use heaptrace_common::{
-    COOKIE_NO_RETURN, COOKIE_PUSHES, Func, INFLIGHT_RESERVED, InFlight, LiveBlock, LiveKey, Loss,
-    MAX_REQUEST, NO_SITE, NOT_SAMPLED, ProcCounters, mode,
+    COOKIE_NO_RETURN, COOKIE_PUSHES, FUNC_COUNT, Func, INFLIGHT_RESERVED, InFlight, LiveBlock,
+    LiveKey, Loss, MAX_REQUEST, NO_SITE, NOT_SAMPLED, ProcCounters, mode,
 };
 
 use crate::maps::{INFLIGHT, LIVE, add, calls_mode, lose, mode, proc_counters, self_tgid};
@@ -250,7 +251,6 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
 
 /// What one completed call needs to account itself.
 struct Call<'a> {
-    ctx: &'a RetProbeContext,
     pc: &'a mut ProcCounters,
     tgid: u32,
     epoch: u32,
@@ -276,21 +276,40 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
         return Ok(());
     }
     f.sp = 0;
-    // A match, not a table lookup: the verifier must see the index bounded.
-    let func = match rec.func {
-        0 => Func::Malloc,
-        1 => Func::Calloc,
-        2 => Func::Realloc,
-        4 => Func::PosixMemalign,
-        5 => Func::AlignedAlloc,
-        6 => Func::Memalign,
-        7 => Func::Valloc,
-        8 => Func::Pvalloc,
-        _ => return Ok(()),
+    // Bounded, not matched: the verifier must see the index into the counters bounded, and a
+    // match gave it one state per function, each followed through the rest of the program
+    // (the stack walk among it: start-up time).
+    if rec.func as usize >= FUNC_COUNT || rec.func == Func::Free as u32 {
+        return Ok(());
+    }
+    // SAFETY: Func is repr(u32) with every value below FUNC_COUNT a variant.
+    let func: Func = unsafe { core::mem::transmute::<u32, Func>(rec.func) };
+    let ret: u64 = ctx.ret();
+    // The block the call returned (0: none): posix_memalign returns an error number and
+    // writes the block through memptr.
+    let ptr = match func {
+        Func::PosixMemalign if ret as u32 == 0 => {
+            // SAFETY: bpf_probe_read_user validates the user address.
+            unsafe { bpf_probe_read_user(rec.arg as *const u64) }.unwrap_or(0)
+        }
+        Func::PosixMemalign => 0,
+        _ => ret,
+    };
+    let reserved = rec.flags & INFLIGHT_RESERVED != 0;
+    // Byte sampling leaves a block out of the sites and the live map (stacks mode only).
+    let sampled = ptr != 0 && (mode() < mode::STACKS || maps::sampled(rec.size));
+    // The stack first, before any counter is looked up: the verifier follows the walk's loop
+    // once for each state it can reach it in, and every lookup with two places to find its
+    // counters (a slot, or the map) multiplies those states (start-up time). One walk serves
+    // the block's site and the memory syscalls the call made.
+    let stack = if mode() >= mode::STACKS && (sampled || reserved) {
+        sites::stack_id(ctx)
+    } else {
+        (NO_SITE, true)
     };
     let tgid = (id >> 32) as u32;
-    if rec.flags & INFLIGHT_RESERVED != 0 {
-        mem::call_end(ctx, tgid, id as u32, func);
+    if reserved {
+        mem::call_end(tgid, id as u32, func, stack.0);
     }
     let Some(pc) = proc_counters(tgid) else {
         return Ok(());
@@ -306,7 +325,6 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
     };
     let epoch = pc.epoch as u32;
     let mut call = Call {
-        ctx,
         pc,
         tgid,
         epoch,
@@ -314,25 +332,13 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
         func,
         now,
     };
-    let ret: u64 = ctx.ret();
     let block = match func {
         Func::Realloc => realloc_return(&mut call, rec, ret),
-        Func::PosixMemalign => {
-            // Returns an error number; the block is written through memptr.
-            let ptr = if ret as u32 == 0 {
-                // SAFETY: bpf_probe_read_user validates the user address.
-                unsafe { bpf_probe_read_user(rec.arg as *const u64) }.unwrap_or(0)
-            } else {
-                0
-            };
-            allocated(&mut call, rec.size, ptr)
-        }
-        _ => allocated(&mut call, rec.size, ret),
+        _ => allocated(&mut call, rec.size, ptr),
     };
-    // One place that tracks a block: each place inlines the stack walk, which the verifier
-    // follows frame by frame (start-up time).
     if let Some(ptr) = block {
-        track(&mut call, ptr, rec.size);
+        let stack = if sampled { stack } else { (NOT_SAMPLED, true) };
+        track(&mut call, ptr, rec.size, stack);
     }
     Ok(())
 }
@@ -349,19 +355,20 @@ fn allocated(call: &mut Call<'_>, size: u64, ptr: u64) -> Option<u64> {
     Some(ptr)
 }
 
-/// Counts a new block at its site and size, and remembers it in the live map. With byte
-/// sampling (stacks mode only), an allocation left out is counted in the size histogram only:
-/// no stack, no site, no live-map entry (its free will miss the live map).
+/// Counts a new block at its site and size, and remembers it in the live map. `stack`: its
+/// stack's id and whether it was stored whole (`sites::stack_id`), [`NOT_SAMPLED`] where byte
+/// sampling (stacks mode only) left the block out: counted in the size histogram only, with no
+/// stack, no site and no live-map entry (its free will miss the live map); [`NO_SITE`] in the
+/// other modes.
 #[inline(always)]
-fn track(call: &mut Call<'_>, ptr: u64, size: u64) {
-    let sampled = mode() < mode::STACKS || maps::sampled(size);
-    let stack_id = if mode() < mode::STACKS {
-        NO_SITE
-    } else if sampled {
-        sites::allocated(call.ctx, call.tgid, call.epoch, call.func, size)
-    } else {
-        NOT_SAMPLED
-    };
+fn track(call: &mut Call<'_>, ptr: u64, size: u64, (stack_id, whole): (i32, bool)) {
+    let sampled = stack_id != NOT_SAMPLED;
+    if mode() >= mode::STACKS && sampled {
+        if !whole {
+            lose(Loss::Stack);
+        }
+        sites::allocated(call.tgid, call.epoch, call.func, size, stack_id);
+    }
     if mode() >= mode::SIZES {
         maps::count_size(call.tgid, call.epoch, call.func, size, stack_id);
     }

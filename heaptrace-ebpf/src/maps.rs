@@ -9,6 +9,7 @@ use aya_ebpf::{
 use heaptrace_common::{
     FUNC_COUNT, Func, InFlight, InFlightSlot, LOSS_COUNT, LatencyHist, LiveBlock, LiveKey, Loss,
     MemCall, ProcCounters, SiteCounters, SiteKey, SizeKey, StoredStack,
+    keyed::{SiteSlot, SizeSlot},
     live::LiveSlot,
     log2_bucket,
     procs::{self, ProcSlot},
@@ -93,9 +94,51 @@ pub static PROC_SLOTS: Array<ProcSlot> = Array::with_max_entries(1, BPF_F_MMAPAB
 #[unsafe(no_mangle)]
 static PROC_SLOTS_SHIFT: u32 = 0;
 
-/// See `heaptrace_common::globals::PROC_SLOT_CPUS`.
+/// See `heaptrace_common::globals::SLOT_CPUS`.
 #[unsafe(no_mangle)]
-static PROC_SLOT_CPUS: u32 = 0;
+static SLOT_CPUS: u32 = 0;
+
+#[inline(always)]
+pub fn slot_cpus() -> u32 {
+    // SAFETY: a plain read of a global the loader wrote before load.
+    unsafe { core::ptr::read_volatile(&SLOT_CPUS) }
+}
+
+/// Site counters in slots, a row per CPU, before SITES (`heaptrace_common::keyed`).
+#[map(name = "SITE_SLOTS")]
+pub static SITE_SLOTS: Array<SiteSlot> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// See `heaptrace_common::globals::SITE_SLOTS_SHIFT`.
+#[unsafe(no_mangle)]
+static SITE_SLOTS_SHIFT: u32 = 0;
+
+/// Size counts in slots, a row per CPU, before SIZES (`heaptrace_common::keyed`).
+#[map(name = "SIZE_SLOTS")]
+pub static SIZE_SLOTS: Array<SizeSlot> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// See `heaptrace_common::globals::SIZE_SLOTS_SHIFT`.
+#[unsafe(no_mangle)]
+static SIZE_SLOTS_SHIFT: u32 = 0;
+
+/// Values a new map entry starts from, in memory the programs never write: built on the stack,
+/// a struct of 300 bytes is zeroed by a memset, a loop over its bytes that the verifier follows
+/// through wherever a program may create an entry (start-up time). Mutable, so that LLVM merges
+/// no constant of the same value into them (see SAMPLE_BYTES).
+static mut PROC_ZERO: ProcCounters = ProcCounters::ZERO;
+static mut SITE_ZERO: SiteCounters = SiteCounters::ZERO;
+
+/// `key`'s site counters on this CPU: in its slot, or in the map, created where missing. None
+/// where the map is full.
+#[inline(always)]
+pub fn site_counters(key: &SiteKey) -> Option<&'static mut SiteCounters> {
+    // SAFETY: as above.
+    let shift = unsafe { core::ptr::read_volatile(&SITE_SLOTS_SHIFT) };
+    match crate::keyed::counters(&SITE_SLOTS, shift, key) {
+        Some(c) => Some(c),
+        // SAFETY: a value nothing writes.
+        None => get_or_insert(&SITES, key, unsafe { &*(&raw const SITE_ZERO) }),
+    }
+}
 
 #[map(name = "SIZES")]
 pub static SIZES: PerCpuHashMap<SizeKey, u64> = PerCpuHashMap::with_max_entries(65536, 0);
@@ -349,14 +392,17 @@ pub fn proc_counters(tgid: u32) -> Option<&'static mut ProcCounters> {
             // SAFETY: map value pointer.
             Some(p) => unsafe { &mut *p },
             None => {
-                let mut fresh = ProcCounters::ZERO;
-                if let Ok(comm) = bpf_get_current_comm() {
-                    fresh.comm = comm;
-                }
-                let Some(pc) = get_or_insert(&PROCS, &tgid, &fresh) else {
+                // SAFETY: a value nothing writes.
+                let zero = unsafe { &*(&raw const PROC_ZERO) };
+                let Some(pc) = get_or_insert(&PROCS, &tgid, zero) else {
                     lose(Loss::ProcessMap);
                     return None;
                 };
+                if pc.comm[0] == 0
+                    && let Ok(comm) = bpf_get_current_comm()
+                {
+                    pc.comm = comm;
+                }
                 pc
             }
         },
@@ -375,12 +421,9 @@ pub fn proc_counters(tgid: u32) -> Option<&'static mut ProcCounters> {
 #[inline(always)]
 fn proc_slot_rows() -> (u32, u32) {
     // SAFETY: plain reads of globals the loader wrote before load.
-    unsafe {
-        (
-            core::ptr::read_volatile(&PROC_SLOT_CPUS),
-            core::ptr::read_volatile(&PROC_SLOTS_SHIFT),
-        )
-    }
+    (slot_cpus(), unsafe {
+        core::ptr::read_volatile(&PROC_SLOTS_SHIFT)
+    })
 }
 
 /// The slot of `tgid` on this CPU, taken if it is free; None if another owns it (or user space
@@ -465,7 +508,13 @@ pub fn count_size(tgid: u32, epoch: u32, func: Func, size: u64, stack_id: i32) {
         stack_id,
         epoch,
     };
-    match get_or_insert(&SIZES, &key, &0u64) {
+    // SAFETY: a plain read of a global the loader wrote before load.
+    let shift = unsafe { core::ptr::read_volatile(&SIZE_SLOTS_SHIFT) };
+    let n = match crate::keyed::counters(&SIZE_SLOTS, shift, &key) {
+        Some(n) => Some(n),
+        None => get_or_insert(&SIZES, &key, &0u64),
+    };
+    match n {
         Some(n) => add(n, 1),
         None => lose(Loss::SizeHistogram),
     }

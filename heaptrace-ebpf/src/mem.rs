@@ -17,14 +17,11 @@ use aya_ebpf::{
     bindings::pt_regs,
     helpers::{bpf_get_attach_cookie, bpf_get_current_pid_tgid},
     macros::{btf_tracepoint, uprobe},
-    programs::{BtfTracePointContext, ProbeContext, RetProbeContext},
+    programs::{BtfTracePointContext, ProbeContext},
 };
-use heaptrace_common::{Func, INFLIGHT_RESERVED, Loss, MemCall, MemEvent, NO_SITE, mem, mode};
+use heaptrace_common::{Func, INFLIGHT_RESERVED, Loss, MemCall, MemEvent, mem};
 
-use crate::{
-    maps::{MEMCALLS, MEMEVENTS, lose, self_tgid},
-    sites,
-};
+use crate::maps::{MEMCALLS, MEMEVENTS, lose, self_tgid};
 
 /// Errors come back as -4095..-1 in the return register.
 const MAX_ERRNO: u64 = 4095;
@@ -179,21 +176,17 @@ fn done(id: u64, call: MemCall, ret: u64) {
     });
 }
 
-/// The return of an allocator call that made memory syscalls: its site, for user space to
-/// attribute them.
+/// The return of an allocator call that made memory syscalls: its site (`stack_id`, as
+/// `sites::stack_id` gave it, or NO_SITE outside stacks mode), for user space to attribute
+/// them.
 #[inline(always)]
-pub fn call_end(ctx: &RetProbeContext, tgid: u32, tid: u32, func: Func) {
-    let stack_id = if crate::maps::mode() >= mode::STACKS {
-        sites::store_stack(ctx).map_or_else(i64::from, |(id, _)| id)
-    } else {
-        i64::from(NO_SITE)
-    };
+pub fn call_end(tgid: u32, tid: u32, func: Func, stack_id: i32) {
     report(MemEvent {
         kind: mem::CALL_END,
         tgid,
         tid,
         func: func as u32,
-        args: [stack_id as u64, 0, 0, 0],
+        args: [i64::from(stack_id) as u64, 0, 0, 0],
         ret: 0,
     });
 }

@@ -5,40 +5,37 @@
 //! starts at the caller. (At malloc's entry the walk would miss it: glibc's malloc does not
 //! begin with `push %rbp`.) Only successful allocations pay for a stack.
 use aya_ebpf::{EbpfContext as _, programs::RetProbeContext};
-use heaptrace_common::{CALLER_ID_BASE, Func, LiveBlock, Loss, SiteCounters, SiteKey, log2_bucket};
+use heaptrace_common::{CALLER_ID_BASE, Func, LiveBlock, Loss, SiteKey, log2_bucket};
 
-use crate::maps::{CALLERS, SITES, add, get_or_insert, lose, temporary_ns};
+use crate::maps::{CALLERS, add, lose, site_counters, temporary_ns};
 
 const BPF_F_USER_STACK: u64 = 1 << 8;
 
-/// Counts an allocation at its site; returns the stack id to remember in the live map.
+/// The id of the user stack at this return probe, stored, and whether it was stored whole:
+/// false where FRAMES took its caller alone, or nothing (a negative id).
 #[inline(always)]
-pub fn allocated(ctx: &RetProbeContext, tgid: u32, epoch: u32, func: Func, size: u64) -> i32 {
-    let stack_id = match store_stack(ctx) {
-        Ok((id, whole)) => {
-            if !whole {
-                lose(Loss::Stack);
-            }
-            id as i32
-        }
-        Err(e) => {
-            lose(Loss::Stack);
-            if e < 0 { e } else { -1 }
-        }
-    };
+pub fn stack_id(ctx: &RetProbeContext) -> (i32, bool) {
+    match store_stack(ctx) {
+        Ok((id, whole)) => (id as i32, whole),
+        Err(e) => (if e < 0 { e } else { -1 }, false),
+    }
+}
+
+/// Counts an allocation at its site.
+#[inline(always)]
+pub fn allocated(tgid: u32, epoch: u32, func: Func, size: u64, stack_id: i32) {
     let key = SiteKey {
         tgid,
         stack_id,
         func: func as u32,
         epoch,
     };
-    let Some(site) = get_or_insert(&SITES, &key, &SiteCounters::ZERO) else {
+    let Some(site) = site_counters(&key) else {
         lose(Loss::SiteMap);
-        return stack_id;
+        return;
     };
     add(&mut site.calls, 1);
     add(&mut site.bytes, size);
-    stack_id
 }
 
 /// A block counted at its site that the live map refused: its free will not find it, so the
@@ -51,9 +48,7 @@ pub fn untracked(tgid: u32, epoch: u32, func: Func, stack_id: i32, size: u64) {
         func: func as u32,
         epoch,
     };
-    if let Some(p) = SITES.get_ptr_mut(key) {
-        // SAFETY: map value pointer.
-        let site = unsafe { &mut *p };
+    if let Some(site) = site_counters(&key) {
         add(&mut site.untracked, 1);
         add(&mut site.untracked_bytes, size);
     }
@@ -62,7 +57,7 @@ pub fn untracked(tgid: u32, epoch: u32, func: Func, stack_id: i32, size: u64) {
 /// The id of the user stack at this return probe, stored (`stacks.rs`), and true; or, where
 /// FRAMES takes no whole stack, the id of its first frame alone (CALLERS) and false.
 #[inline(always)]
-pub fn store_stack(ctx: &RetProbeContext) -> Result<(i64, bool), i32> {
+fn store_stack(ctx: &RetProbeContext) -> Result<(i64, bool), i32> {
     match crate::stacks::store(ctx) {
         Ok(id) => Ok((i64::from(id), true)),
         Err(e) => {
@@ -98,11 +93,12 @@ pub fn released(tgid: u32, epoch: u32, block: &LiveBlock) {
         func: block.func,
         epoch,
     };
-    let Some(p) = SITES.get_ptr_mut(key) else {
-        return; // its allocation was not counted at a site (site map full)
+    // Created where missing: the allocation may have been counted in a slot on another CPU.
+    // Its site's counters are the sum over all CPUs, slots and map.
+    let Some(site) = site_counters(&key) else {
+        lose(Loss::SiteMap);
+        return;
     };
-    // SAFETY: map value pointer.
-    let site = unsafe { &mut *p };
     // SAFETY: no preconditions.
     let lifetime = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() }.wrapping_sub(block.ts_ns);
     add(&mut site.frees, 1);

@@ -216,8 +216,8 @@ pub struct TraceArgs {
     #[arg(long, default_value_t = 16384, value_name = "THREADS", hide = true)]
     pub inflight_map_size: u32,
 
-    /// Process slots per CPU in front of the kernel's process map (a power of two; 0: none).
-    /// For tests: one makes processes share it, and all but one count in the map.
+    /// Process slots per CPU in front of the kernel's process map (a power of two, at most
+    /// 256). For tests: one makes processes share it, and all but one count in the map.
     #[arg(long, value_name = "SLOTS", hide = true,
           default_value_t = heaptrace_common::procs::slots(4096))]
     pub proc_slots: u32,

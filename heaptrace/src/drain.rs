@@ -24,6 +24,7 @@ use crate::{
     aggregate::Leak,
     batch,
     error::{Error, Result},
+    keyedslots::KeyedSlots,
     liveslots::{Held, LiveSlots},
     mapped::MappedArray,
     model::{ProcSnapshot, SiteId, SiteTotals, Snapshot, Totals},
@@ -76,6 +77,9 @@ pub struct KernelMaps {
     live_slots: LiveSlots,
     /// Process counters in slots before the process map (`heaptrace_common::procs`).
     proc_slots: ProcSlots,
+    /// Site and size counters in slots before their maps (`heaptrace_common::keyed`).
+    site_slots: KeyedSlots<SiteKey, SiteCounters>,
+    size_slots: KeyedSlots<SizeKey, u64>,
     cpus: usize,
     /// The keys of the size and site maps, every image's, as the last snapshot read them:
     /// what forgetting a process or an image deletes, without a walk of the maps. Kept flat
@@ -138,6 +142,8 @@ impl KernelMaps {
             live_fd,
             live_slots: LiveSlots::map(ebpf)?,
             proc_slots: ProcSlots::map(ebpf)?,
+            site_slots: KeyedSlots::map(ebpf, maps::SITE_SLOTS)?,
+            size_slots: KeyedSlots::map(ebpf, maps::SIZE_SLOTS)?,
             cpus,
             size_keys: Vec::new(),
             site_keys: Vec::new(),
@@ -236,14 +242,23 @@ impl KernelMaps {
         for (tgid, slots) in in_slots {
             add_proc(tgid, &[], &slots);
         }
+        // A size or site counts in its slots and, on CPUs where another holds its slot, in the
+        // map: its figures are the sum of both. Only the current images' count.
+        let mut count_size = |key: &SizeKey, n: u64| {
+            if epochs.get(&key.tgid) == Some(&key.epoch) {
+                let c = snap
+                    .sizes
+                    .entry((key.tgid, key.func, key.size, key.stack_id))
+                    .or_default();
+                *c = c.wrapping_add(n);
+            }
+        };
+        for (key, n) in self.size_slots.held() {
+            count_size(&key, n);
+        }
         batch::per_cpu_hash::<SizeKey, u64>(self.sizes_fd.as_fd(), self.cpus, |key, per_cpu| {
             size_keys.push(*key);
-            if epochs.get(&key.tgid) != Some(&key.epoch) {
-                return;
-            }
-            let n = per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b));
-            snap.sizes
-                .insert((key.tgid, key.func, key.size, key.stack_id), n);
+            count_size(key, per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b)));
         })
         .map_err(read_err(maps::SIZES))?;
         for kind in Loss::ALL {
@@ -253,21 +268,31 @@ impl KernelMaps {
                 .map_err(map_err(maps::LOSSES))?;
             snap.losses[kind as usize] = per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b));
         }
+        let mut site_slots: StdHashMap<SiteKey, Vec<SiteCounters>> = StdHashMap::new();
+        for (key, counters) in self.site_slots.held() {
+            site_slots.entry(key).or_default().push(counters);
+        }
+        let mut add_site = |key: &SiteKey, per_cpu: &[SiteCounters], slots: &[SiteCounters]| {
+            if epochs.get(&key.tgid) == Some(&key.epoch) {
+                snap.sites.insert(
+                    (key.tgid, key.stack_id, key.func),
+                    SiteTotals::from_per_cpu(per_cpu.iter().chain(slots)),
+                );
+            }
+        };
         batch::per_cpu_hash::<SiteKey, SiteCounters>(
             self.sites_fd.as_fd(),
             self.cpus,
             |key, per_cpu| {
                 site_keys.push(*key);
-                if epochs.get(&key.tgid) != Some(&key.epoch) {
-                    return;
-                }
-                snap.sites.insert(
-                    (key.tgid, key.stack_id, key.func),
-                    SiteTotals::from_per_cpu(per_cpu.iter()),
-                );
+                let slots = site_slots.remove(key).unwrap_or_default();
+                add_site(key, per_cpu, &slots);
             },
         )
         .map_err(read_err(maps::SITES))?;
+        for (key, slots) in site_slots {
+            add_site(&key, &[], &slots);
+        }
         snap.fold_site_sizes();
         (self.size_keys, self.site_keys) = (size_keys, site_keys);
         for f in 0..FUNC_COUNT {
@@ -375,6 +400,8 @@ impl KernelMaps {
             .collect();
         Self::delete(&self.sizes_fd, maps::SIZES, &sizes)?;
         Self::delete(&self.sites_fd, maps::SITES, &sites)?;
+        self.size_slots.free_where(|k| pids.contains(&k.tgid));
+        self.site_slots.free_where(|k| pids.contains(&k.tgid));
         Ok(leaks)
     }
 
@@ -411,8 +438,11 @@ impl KernelMaps {
             .collect();
         Self::delete(&self.sizes_fd, maps::SIZES, &sizes)?;
         Self::delete(&self.sites_fd, maps::SITES, &sites)?;
+        self.size_slots.free_where(|k| old(k.tgid, k.epoch));
+        let in_slots = self.site_slots.free_where(|k| old(k.tgid, k.epoch));
         Ok(sites
             .iter()
+            .chain(&in_slots)
             .map(|k| k.stack_id)
             .filter(|id| *id >= 0)
             .collect())

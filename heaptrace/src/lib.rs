@@ -19,6 +19,7 @@ pub mod fold;
 pub mod hist;
 pub mod incarnation;
 pub mod json;
+pub mod keyedslots;
 pub mod launch;
 pub mod links;
 pub mod liveslots;

@@ -272,27 +272,62 @@ pub fn live_slots(opts: &LoadOptions) -> u32 {
     }
 }
 
-/// The process slots' table (`heaptrace_common::procs`): log2 of its slots per CPU, and the
-/// CPUs with a row (0: off, where the mode counts nothing per process, none were asked for,
-/// or the machine has more CPUs than an exec's program marks).
-pub fn proc_slots(opts: &LoadOptions) -> Result<(u32, u32)> {
+/// The slot tables' rows (`heaptrace_common::procs`, `heaptrace_common::keyed`): the CPUs
+/// with a row, and log2 of each table's slots a row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotRows {
+    /// 0: the tables are off (bare mode, or more CPUs than an exec's program marks).
+    pub cpus: u32,
+    pub procs: u32,
+    pub sites: u32,
+    pub sizes: u32,
+}
+
+impl SlotRows {
+    /// The array's entries for a table of `1 << shift` slots a row (one where it is off).
+    pub fn entries(&self, shift: u32) -> u32 {
+        (self.cpus << shift).max(1)
+    }
+}
+
+pub fn slot_rows(opts: &LoadOptions) -> Result<SlotRows> {
+    use heaptrace_common::{keyed, mode, procs};
     let cpus = aya::util::nr_cpus().map_err(|(path, e)| Error::Read {
         path: path.into(),
         source: e,
     })? as u32;
-    let slots = opts.proc_slots;
-    if opts.mode == heaptrace_common::mode::BARE
-        || slots == 0
-        || cpus > heaptrace_common::procs::MAX_CPUS
-    {
-        return Ok((0, 0));
-    }
-    if !slots.is_power_of_two() {
+    if !opts.proc_slots.is_power_of_two() || opts.proc_slots > procs::MAX_SLOTS {
         return Err(Error::Usage(format!(
-            "--proc-slots {slots}: not a power of two"
+            "--proc-slots {}: not a power of two up to {}",
+            opts.proc_slots,
+            procs::MAX_SLOTS
         )));
     }
-    Ok((slots.trailing_zeros(), cpus))
+    if opts.mode == mode::BARE || cpus > procs::MAX_CPUS {
+        return Ok(SlotRows {
+            cpus: 0,
+            procs: 0,
+            sites: 0,
+            sizes: 0,
+        });
+    }
+    // Tables a mode does not use get a slot a row.
+    let sites = if opts.mode >= mode::STACKS {
+        keyed::shift(opts.site_map_size, size_of::<keyed::SiteSlot>(), cpus)
+    } else {
+        0
+    };
+    let sizes = if opts.mode >= mode::SIZES {
+        keyed::shift(opts.size_map_size, size_of::<keyed::SizeSlot>(), cpus)
+    } else {
+        0
+    };
+    Ok(SlotRows {
+        cpus,
+        procs: opts.proc_slots.trailing_zeros(),
+        sites,
+        sizes,
+    })
 }
 
 pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
@@ -308,7 +343,7 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
     } else {
         heaptrace_common::inflight_slots(opts.inflight_map_size)
     };
-    let (proc_slots_shift, proc_slot_cpus) = proc_slots(opts)?;
+    let rows = slot_rows(opts)?;
     let mut ebpf = EbpfLoader::new()
         .override_global(globals::SELF_TGID, &me, true)
         .override_global(globals::SAMPLE_BYTES, &opts.sample_bytes, true)
@@ -326,12 +361,13 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .map_max_entries(maps::INFLIGHT_SLOTS, inflight_slots)
         .map_max_entries(maps::SIZES, if sizes { opts.size_map_size } else { 1 })
         .map_max_entries(maps::PROCS, opts.proc_map_size)
-        .override_global(globals::PROC_SLOTS_SHIFT, &proc_slots_shift, true)
-        .override_global(globals::PROC_SLOT_CPUS, &proc_slot_cpus, true)
-        .map_max_entries(
-            maps::PROC_SLOTS,
-            (proc_slot_cpus << proc_slots_shift).max(1),
-        )
+        .override_global(globals::SLOT_CPUS, &rows.cpus, true)
+        .override_global(globals::PROC_SLOTS_SHIFT, &rows.procs, true)
+        .map_max_entries(maps::PROC_SLOTS, rows.entries(rows.procs))
+        .override_global(globals::SITE_SLOTS_SHIFT, &rows.sites, true)
+        .map_max_entries(maps::SITE_SLOTS, rows.entries(rows.sites))
+        .override_global(globals::SIZE_SLOTS_SHIFT, &rows.sizes, true)
+        .map_max_entries(maps::SIZE_SLOTS, rows.entries(rows.sizes))
         .map_max_entries(maps::EXECS, opts.proc_map_size)
         .map_max_entries(maps::INFLIGHT, opts.inflight_map_size)
         .map_max_entries(maps::FRAMES, frames)

@@ -1,8 +1,8 @@
-//! The process slots (`heaptrace_common::procs`) in the kernel's own table: a process traced
-//! alone counts in its slots on every CPU, none of it in the process map, and its slots are
-//! emptied and freed when it is forgotten.
+//! The slot tables in the kernel (`heaptrace_common::procs`, `heaptrace_common::keyed`): a
+//! process traced alone counts in its slots on every CPU, its process counters, sites and sizes,
+//! none of it in the hash maps, and its slots are emptied and freed when it is forgotten.
 use std::{
-    collections::HashSet,
+    collections::{BTreeMap, HashSet},
     io::Write as _,
     process::Command,
     time::{Duration, Instant},
@@ -11,11 +11,12 @@ use std::{
 use heaptrace::{
     allocator,
     drain::KernelMaps,
-    model::Totals,
+    keyedslots::KeyedSlots,
+    model::{SiteTotals, Totals},
     probe::{self, Probes, Scope},
     procslots::ProcSlots,
 };
-use heaptrace_common::{Func, mode};
+use heaptrace_common::{Func, SiteCounters, SiteKey, SizeKey, maps};
 
 use crate::{
     expect::{Expected, Fixture},
@@ -37,7 +38,6 @@ fn a_process_traced_alone_counts_in_its_slots() {
     });
     let pid = target.id();
     let opts = probe::LoadOptions {
-        mode: mode::COUNTS,
         watch_tgid: pid,
         ..Default::default()
     };
@@ -47,6 +47,10 @@ fn a_process_traced_alone_counts_in_its_slots() {
         .attach(&provider, Scope::Process(pid), false)
         .unwrap();
     let slots = ProcSlots::map(&probes.ebpf).unwrap();
+    let site_slots: KeyedSlots<SiteKey, SiteCounters> =
+        KeyedSlots::map(&probes.ebpf, maps::SITE_SLOTS).unwrap();
+    let size_slots: KeyedSlots<SizeKey, u64> =
+        KeyedSlots::map(&probes.ebpf, maps::SIZE_SLOTS).unwrap();
     let mut maps = KernelMaps::take(&mut probes.ebpf).unwrap();
 
     let mut stdin = target.stdin.take().unwrap();
@@ -83,10 +87,40 @@ fn a_process_traced_alone_counts_in_its_slots() {
     assert_eq!(in_slots.funcs[Func::Free as usize].calls, want.free_calls);
     assert_eq!(in_slots.live_blocks, want.live_blocks as i64);
 
+    // Its sites and sizes too (a few of each: the tables have room).
+    let mut by_site: BTreeMap<_, Vec<SiteCounters>> = BTreeMap::new();
+    for (k, c) in site_slots.held() {
+        by_site
+            .entry((k.tgid, k.stack_id, k.func))
+            .or_default()
+            .push(c);
+    }
+    let sites: BTreeMap<_, _> = by_site
+        .iter()
+        .map(|(k, c)| (*k, SiteTotals::from_per_cpu(c)))
+        .collect();
+    assert!(sites.len() >= 8, "{sites:?}");
+    // Less the size classes the snapshot folds into its sites from the sizes.
+    let mut got = snap.sites.clone();
+    for s in got.values_mut() {
+        s.sizes = Default::default();
+    }
+    assert_eq!(got, sites);
+    let mut sizes = BTreeMap::new();
+    for (k, n) in size_slots.held() {
+        *sizes
+            .entry((k.tgid, k.func, k.size, k.stack_id))
+            .or_insert(0u64) += n;
+    }
+    assert!(sizes.len() >= 8, "{sizes:?}");
+    assert_eq!(snap.sizes, sizes);
+
     // Its "done" went to a closed pipe (SIGPIPE): the process is gone either way.
     drop(stdin);
     target.wait().unwrap();
     maps.forget(&HashSet::from([pid])).unwrap();
     assert!(slots.owned().is_empty(), "{:?}", slots.owned());
+    assert!(site_slots.held().is_empty());
+    assert!(size_slots.held().is_empty());
     assert!(!maps.snapshot().unwrap().procs.contains_key(&pid));
 }
