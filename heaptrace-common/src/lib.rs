@@ -483,6 +483,8 @@ pub mod maps {
     pub const PROC_SLOTS: &str = "PROC_SLOTS";
     pub const SITE_SLOTS: &str = "SITE_SLOTS";
     pub const SIZE_SLOTS: &str = "SIZE_SLOTS";
+    pub const STACK_CACHE: &str = "STACK_CACHE";
+    pub const STACK_GEN: &str = "STACK_GEN";
     pub const INFLIGHT: &str = "INFLIGHT";
     pub const INFLIGHT_SLOTS: &str = "INFLIGHT_SLOTS";
     pub const LOSSES: &str = "LOSSES";
@@ -531,6 +533,8 @@ pub mod globals {
     pub const SITE_SLOTS_SHIFT: &str = "SITE_SLOTS_SHIFT";
     /// log2 of the size slots per CPU (see [`super::keyed`]).
     pub const SIZE_SLOTS_SHIFT: &str = "SIZE_SLOTS_SHIFT";
+    /// log2 of the stack cache's words per CPU (see [`super::stack::cache_word`]).
+    pub const STACK_CACHE_SHIFT: &str = "STACK_CACHE_SHIFT";
     /// The CPUs with a row in the slot tables ([`super::procs`], [`super::keyed`]): 0 when
     /// the tables are off.
     pub const SLOT_CPUS: &str = "SLOT_CPUS";

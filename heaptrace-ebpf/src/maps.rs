@@ -188,6 +188,25 @@ pub static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_COUNT a
 #[map(name = "FRAMES")]
 pub static FRAMES: HashMap<u32, StoredStack> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
 
+/// Which id recently found stacks have, a row per CPU (`heaptrace_common::stack::cache_word`).
+/// Mappable: user space clears the words of a generation before it starts it.
+#[map(name = "STACK_CACHE")]
+pub static STACK_CACHE: Array<u64> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// The stack cache's generation, moved on by user space after it frees stacks.
+#[map(name = "STACK_GEN")]
+pub static STACK_GEN: Array<u64> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// See `heaptrace_common::globals::STACK_CACHE_SHIFT`.
+#[unsafe(no_mangle)]
+static STACK_CACHE_SHIFT: u32 = 0;
+
+#[inline(always)]
+pub fn stack_cache_shift() -> u32 {
+    // SAFETY: a plain read of a global the loader wrote before load.
+    unsafe { core::ptr::read_volatile(&STACK_CACHE_SHIFT) }
+}
+
 /// Where a stack is walked before it is known whether it is new: 1 KiB, too much for the
 /// program's 512-byte stack.
 #[map(name = "STACK_SCRATCH")]

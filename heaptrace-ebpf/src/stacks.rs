@@ -9,13 +9,18 @@
 //! without frame pointers), which the kernel's walk followed into junk frames.
 //!
 //! Ids and hashes: `heaptrace_common::stack`.
-use aya_ebpf::{helpers::bpf_probe_read_user, programs::RetProbeContext};
+use aya_ebpf::{
+    helpers::{bpf_get_smp_processor_id, bpf_probe_read_user},
+    programs::RetProbeContext,
+};
 use heaptrace_common::{
     STACK_FRAMES, StoredStack,
-    stack::{HASH_START, hash_finish, hash_step, ids},
+    stack::{HASH_START, cache_choice, cache_index, cache_word, hash_finish, hash_step, ids},
 };
 
-use crate::maps::{BPF_NOEXIST, FRAMES, STACK_SCRATCH};
+use crate::maps::{
+    BPF_NOEXIST, FRAMES, STACK_CACHE, STACK_GEN, STACK_SCRATCH, slot_cpus, stack_cache_shift,
+};
 
 const EEXIST: i32 = 17;
 const EBUSY: i32 = 16;
@@ -77,16 +82,54 @@ pub fn store(ctx: &RetProbeContext) -> Result<u32, i32> {
     let Some((s, hash)) = walk(ctx) else {
         return Err(-12); // ENOMEM: no scratch (cannot happen: the array has its entry)
     };
-    for id in ids(hash) {
+    let [first, second] = ids(hash);
+    // The generation before FRAMES is looked in: see `heaptrace_common::stack::cache_word`.
+    let generation = STACK_GEN.get_ptr(0).map_or(0, |g| {
+        // SAFETY: map value pointer; user space writes it whole.
+        unsafe { core::ptr::read_volatile(g) }
+    });
+    let word = cached(hash);
+    if let Some(w) = &word {
+        // SAFETY: an aligned read of a map value.
+        match cache_choice(unsafe { core::ptr::read_volatile(*w) }, hash, generation) {
+            Some(0) => return Ok(first),
+            Some(_) => return Ok(second),
+            None => {}
+        }
+    }
+    let (choice, id) = find_or_store(s, hash, [first, second])?;
+    if let Some(w) = word {
+        // SAFETY: as above; one aligned store, so a program preempted by another on this
+        // CPU leaves the one word or the other, whole.
+        unsafe { core::ptr::write_volatile(w, cache_word(hash, generation, choice)) };
+    }
+    Ok(id)
+}
+
+/// This stack's word in this CPU's row of the stack cache (None where the tables are off).
+#[inline(always)]
+fn cached(hash: u64) -> Option<*mut u64> {
+    // SAFETY: no preconditions (the verifier inlines it).
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    if cpu >= slot_cpus() {
+        return None;
+    }
+    STACK_CACHE.get_ptr_mut(cache_index(cpu, hash, stack_cache_shift()))
+}
+
+/// The stack's id in FRAMES and which of its two it is, stored now if it was not.
+#[inline(always)]
+fn find_or_store(s: &StoredStack, hash: u64, ids: [u32; 2]) -> Result<(u32, u32), i32> {
+    for (choice, id) in [(0, ids[0]), (1, ids[1])] {
         // SAFETY: a read of the value's hash; a concurrent delete (user space freeing the
         // stack of a process gone) leaves the element readable until the program ends.
         match unsafe { FRAMES.get(&id) } {
-            Some(held) if held.hash == hash => return Ok(id),
+            Some(held) if held.hash == hash => return Ok((choice, id)),
             Some(_) => continue,
             None => {}
         }
-        match FRAMES.insert(&id, &*s, BPF_NOEXIST) {
-            Ok(()) if intact(s, hash) => return Ok(id),
+        match FRAMES.insert(&id, s, BPF_NOEXIST) {
+            Ok(()) if intact(s, hash) => return Ok((choice, id)),
             Ok(()) => {
                 // What was stored may be part another stack's: not kept.
                 let _ = FRAMES.remove(&id);
@@ -96,7 +139,7 @@ pub fn store(ctx: &RetProbeContext) -> Result<u32, i32> {
             Err(e) if e == -EEXIST => {
                 // SAFETY: as above.
                 if unsafe { FRAMES.get(&id) }.is_some_and(|held| held.hash == hash) {
-                    return Ok(id);
+                    return Ok((choice, id));
                 }
             }
             Err(e) => return Err(e),

@@ -18,6 +18,7 @@ use aya::{
 use heaptrace_common::{
     CALLER_ID_BASE, FUNC_COUNT, InFlight, InFlightSlot, LatencyHist, LiveBlock, LiveKey, Loss,
     ProcCounters, SiteCounters, SiteKey, SizeKey, StoredStack, maps,
+    stack::{CACHE_GEN_MASK, cache_generation},
 };
 
 use crate::{
@@ -65,6 +66,9 @@ pub struct KernelMaps {
     frames: HashMap<MapData, u32, StoredStack>,
     /// One-frame stacks: the callers of allocations whose whole stack FRAMES did not take.
     callers: StackTraceMap<MapData>,
+    /// Which id recent stacks have, and its generation (`heaptrace_common::stack::cache_word`).
+    stack_cache: MappedArray<u64>,
+    stack_gen: MappedArray<u64>,
     latency: PerCpuArray<MapData, LatencyHist>,
     execs: HashMap<MapData, u32, u32>,
     /// The hash maps read every round or walked for a process's entries, for batched reads
@@ -152,6 +156,8 @@ impl KernelMaps {
             inflight_slots: MappedArray::map(ebpf, maps::INFLIGHT_SLOTS)?,
             frames: take(ebpf, maps::FRAMES)?,
             callers: take(ebpf, maps::CALLERS)?,
+            stack_cache: MappedArray::map(ebpf, maps::STACK_CACHE)?,
+            stack_gen: MappedArray::map(ebpf, maps::STACK_GEN)?,
             latency: take(ebpf, maps::LATENCY)?,
             execs: take(ebpf, maps::EXECS)?,
         })
@@ -186,6 +192,9 @@ impl KernelMaps {
             if removed.is_ok() {
                 freed.insert(id, held);
             }
+        }
+        if !freed.is_empty() {
+            next_stack_generation(&self.stack_cache, &self.stack_gen);
         }
         freed
     }
@@ -467,6 +476,22 @@ impl KernelMaps {
     }
 }
 
+/// Moves the stack cache on to its next generation, after stacks were deleted from FRAMES: no
+/// word written before counts any more (`heaptrace_common::stack::cache_word`). The words of
+/// the next generation, written a wrap of the counter ago, are cleared first.
+fn next_stack_generation(cache: &MappedArray<u64>, generation: &MappedArray<u64>) {
+    let next = (generation.first_word(0).load(Ordering::Acquire) + 1) & CACHE_GEN_MASK;
+    for i in 0..cache.len() {
+        let word = cache.first_word(i);
+        let w = word.load(Ordering::Acquire);
+        if w != 0 && cache_generation(w) == next {
+            // A program writing meanwhile writes the current generation: left.
+            let _ = word.compare_exchange(w, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
+    }
+    generation.first_word(0).store(next, Ordering::Release);
+}
+
 /// Frees the in-flight slots whose owners are gone; returns how many. Each is freed only if
 /// its owner is still the one read: no program of a dead thread runs, and a thread that took
 /// the slot meanwhile keeps it.
@@ -548,6 +573,37 @@ mod tests {
         let owners: Vec<u64> = (0..t.len()).map(|i| t.read(i).owner).collect();
         assert_eq!(owners, [(10 << 32) | 11, 0, 0, 0]);
         assert_eq!(free_slots_of_dead_threads(&t, alive), 0);
+    }
+
+    #[test]
+    fn a_new_stack_generation_drops_every_word_written_before() {
+        use heaptrace_common::stack::{cache_choice, cache_word};
+        let h = 0xfeed_beef_0000_0000;
+        let mut words = [
+            cache_word(h, 5, 1),
+            0,
+            cache_word(h, 6, 0),
+            cache_word(h, 4, 0),
+        ];
+        let mut generation = [5u64];
+        let (c, g) = (
+            MappedArray::over(&mut words),
+            MappedArray::over(&mut generation),
+        );
+        next_stack_generation(&c, &g);
+        assert_eq!(g.read(0), 6);
+        // Only the next generation's words are cleared: a wrap of the counter ago.
+        assert_eq!(c.read(2), 0);
+        assert_eq!(
+            cache_choice(c.read(0), h, 6),
+            None,
+            "the words before are stale"
+        );
+        assert_eq!(c.read(3), cache_word(h, 4, 0));
+        generation[0] = CACHE_GEN_MASK;
+        let g = MappedArray::over(&mut generation);
+        next_stack_generation(&c, &g);
+        assert_eq!(g.read(0), 0, "the counter wraps");
     }
 
     #[test]

@@ -281,6 +281,8 @@ pub struct SlotRows {
     pub procs: u32,
     pub sites: u32,
     pub sizes: u32,
+    /// The stack cache (`heaptrace_common::stack::cache_word`).
+    pub stacks: u32,
 }
 
 impl SlotRows {
@@ -309,13 +311,17 @@ pub fn slot_rows(opts: &LoadOptions) -> Result<SlotRows> {
             procs: 0,
             sites: 0,
             sizes: 0,
+            stacks: 0,
         });
     }
     // Tables a mode does not use get a slot a row.
-    let sites = if opts.mode >= mode::STACKS {
-        keyed::shift(opts.site_map_size, size_of::<keyed::SiteSlot>(), cpus)
+    let (sites, stacks) = if opts.mode >= mode::STACKS {
+        (
+            keyed::shift(opts.site_map_size, size_of::<keyed::SiteSlot>(), cpus),
+            heaptrace_common::stack::cache_shift(opts.stack_map_size),
+        )
     } else {
-        0
+        (0, 0)
     };
     let sizes = if opts.mode >= mode::SIZES {
         keyed::shift(opts.size_map_size, size_of::<keyed::SizeSlot>(), cpus)
@@ -327,6 +333,7 @@ pub fn slot_rows(opts: &LoadOptions) -> Result<SlotRows> {
         procs: opts.proc_slots.trailing_zeros(),
         sites,
         sizes,
+        stacks,
     })
 }
 
@@ -368,6 +375,8 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .map_max_entries(maps::SITE_SLOTS, rows.entries(rows.sites))
         .override_global(globals::SIZE_SLOTS_SHIFT, &rows.sizes, true)
         .map_max_entries(maps::SIZE_SLOTS, rows.entries(rows.sizes))
+        .override_global(globals::STACK_CACHE_SHIFT, &rows.stacks, true)
+        .map_max_entries(maps::STACK_CACHE, rows.entries(rows.stacks))
         .map_max_entries(maps::EXECS, opts.proc_map_size)
         .map_max_entries(maps::INFLIGHT, opts.inflight_map_size)
         .map_max_entries(maps::FRAMES, frames)

@@ -386,6 +386,41 @@ fn exited_processes_free_their_stacks() {
     assert_eq!(kept, [255; 8]);
 }
 
+/// The stack cache (`heaptrace_common::stack::cache_word`) names the ids of stacks seen
+/// before, and the stacks of a process gone are freed. Runs without address randomization
+/// (`setarch -R`) have the same stacks, so the same hashes: a run must not take the ids of
+/// the run before's from the cache once those were freed, or its sites name stacks no longer
+/// stored, or stored since by others. A build that kept the cache across frees lost the
+/// frames of the second and fourth runs' sites: [255, 13, 255, 12].
+#[test]
+fn a_stack_freed_is_not_taken_from_the_cache_again() {
+    if !bpf_or_skip("a_stack_freed_is_not_taken_from_the_cache_again") {
+        return;
+    }
+    let _g = exclusive();
+    let bin = fixture("recurse", "", &[]);
+    let (tracer, json) = start_all("sys-stack-cache", &["--comm", "recurse"]);
+    let mut pids = Vec::new();
+    for _ in 0..4 {
+        let mut child = Command::new("setarch")
+            .args(["x86_64", "-R"])
+            .arg(&bin)
+            .arg("7")
+            .spawn()
+            .unwrap();
+        pids.push(child.id());
+        assert!(child.wait().unwrap().success());
+        // Two rounds: one reads its last counts, the next sees it gone and frees its stacks.
+        std::thread::sleep(Duration::from_millis(600));
+    }
+    let (_, doc) = stop(tracer, &json);
+    let kept: Vec<u64> = pids
+        .iter()
+        .map(|p| whole_stack_calls(&doc, *p, Some("malloc")))
+        .collect();
+    assert_eq!(kept, [255; 4]);
+}
+
 /// Starts `cmd` as process `pid`: the kernel's last pid is set to the one before
 /// (`ns_last_pid`, root in the host's pid namespace), tried again while others take it first.
 fn spawn_as(cmd: &mut Command, pid: u32) -> Child {
