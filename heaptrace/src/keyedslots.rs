@@ -28,32 +28,30 @@ impl<K: SlotKey + Pod, V: Pod> KeyedSlots<K, V> {
         )))
     }
 
+    /// The slots holding a key, each read whole with the state it had before the read:
+    /// (index, state, slot). The slot may hold another key by the time it is read.
+    fn taken(&self) -> impl Iterator<Item = (usize, u64, Slot<K, V>)> + '_ {
+        (0..self.0.len()).filter_map(|i| {
+            let state = self.0.first_word(i).load(Ordering::Acquire);
+            (state != EMPTY && state != BUSY).then(|| (i, state, self.0.read(i)))
+        })
+    }
+
     /// Every key held, with its counters on its slot's CPU (a key has one slot a CPU at most).
     pub fn held(&self) -> Vec<(K, V)> {
-        let mut out = Vec::new();
-        for i in 0..self.0.len() {
-            let before = self.0.first_word(i).load(Ordering::Acquire);
-            if before == EMPTY || before == BUSY {
-                continue;
-            }
-            let slot = self.0.read(i);
-            let after = self.0.first_word(i).load(Ordering::Acquire);
-            if after == before && slot.key.state() == before {
-                out.push((slot.key, slot.value));
-            }
-        }
-        out
+        self.taken()
+            .filter(|(i, state, slot)| {
+                self.0.first_word(*i).load(Ordering::Acquire) == *state
+                    && slot.key.state() == *state
+            })
+            .map(|(_, _, slot)| (slot.key, slot.value))
+            .collect()
     }
 
     /// Frees the slots of the keys `gone` accepts; returns those keys (one per slot freed).
     pub fn free_where(&self, gone: impl Fn(&K) -> bool) -> Vec<K> {
         let mut freed = Vec::new();
-        for i in 0..self.0.len() {
-            let state = self.0.first_word(i).load(Ordering::Acquire);
-            if state == EMPTY || state == BUSY {
-                continue;
-            }
-            let slot = self.0.read(i);
+        for (i, state, slot) in self.taken() {
             if slot.key.state() != state || !gone(&slot.key) {
                 continue;
             }

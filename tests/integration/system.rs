@@ -366,24 +366,32 @@ fn exited_processes_free_their_stacks() {
     }
     let _g = exclusive();
     let bin = fixture("recurse", "", &[]);
-    let (tracer, json) = start_all(
-        "sys-stacks",
-        &["--comm", "recurse", "--stack-map-size", "1024"],
-    );
+    let kept = recurse_one_after_another(&["--stack-map-size", "1024"], 8, || {
+        let mut c = Command::new(&bin);
+        c.arg("7");
+        c
+    });
+    assert_eq!(kept, [255; 8]);
+}
+
+/// Runs `cmd()` (a `recurse` fixture) `n` times one after the other under `--all --comm
+/// recurse` with `extra`; the malloc calls with whole stacks of each run.
+fn recurse_one_after_another(extra: &[&str], n: usize, cmd: impl Fn() -> Command) -> Vec<u64> {
+    let mut args = vec!["--comm", "recurse"];
+    args.extend_from_slice(extra);
+    let (tracer, json) = start_all("sys-stacks", &args);
     let mut pids = Vec::new();
-    for _ in 0..8 {
-        let mut child = Command::new(&bin).arg("7").spawn().unwrap();
+    for _ in 0..n {
+        let mut child = cmd().spawn().unwrap();
         pids.push(child.id());
         assert!(child.wait().unwrap().success());
         // Two rounds: one reads its last counts, the next sees it gone and frees its stacks.
         std::thread::sleep(Duration::from_millis(600));
     }
     let (_, doc) = stop(tracer, &json);
-    let kept: Vec<u64> = pids
-        .iter()
+    pids.iter()
         .map(|p| whole_stack_calls(&doc, *p, Some("malloc")))
-        .collect();
-    assert_eq!(kept, [255; 8]);
+        .collect()
 }
 
 /// The stack cache (`heaptrace_common::stack::cache_word`) names the ids of stacks seen
@@ -399,25 +407,11 @@ fn a_stack_freed_is_not_taken_from_the_cache_again() {
     }
     let _g = exclusive();
     let bin = fixture("recurse", "", &[]);
-    let (tracer, json) = start_all("sys-stack-cache", &["--comm", "recurse"]);
-    let mut pids = Vec::new();
-    for _ in 0..4 {
-        let mut child = Command::new("setarch")
-            .args(["x86_64", "-R"])
-            .arg(&bin)
-            .arg("7")
-            .spawn()
-            .unwrap();
-        pids.push(child.id());
-        assert!(child.wait().unwrap().success());
-        // Two rounds: one reads its last counts, the next sees it gone and frees its stacks.
-        std::thread::sleep(Duration::from_millis(600));
-    }
-    let (_, doc) = stop(tracer, &json);
-    let kept: Vec<u64> = pids
-        .iter()
-        .map(|p| whole_stack_calls(&doc, *p, Some("malloc")))
-        .collect();
+    let kept = recurse_one_after_another(&[], 4, || {
+        let mut c = Command::new("setarch");
+        c.args(["x86_64", "-R"]).arg(&bin).arg("7");
+        c
+    });
     assert_eq!(kept, [255; 4]);
 }
 
