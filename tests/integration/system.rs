@@ -2,8 +2,8 @@
 //! static executable, a private copy of libc in its own mount namespace), and the clean-up of
 //! processes that end.
 use std::{
-    io::Write as _,
-    process::{Child, Command},
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -553,8 +553,24 @@ fn all_folds_the_oldest_ended_processes_into_one() {
     let fx = Fixture::main_thread(100, 1);
     let mut pids = Vec::new();
     for _ in 0..5 {
-        let mut c = Command::new(&bin).args(["0", "100", "1"]).spawn().unwrap();
+        // Held alive for a round after its work: its stacks are named then. A process of a few
+        // milliseconds may end before its libraries' mappings are read (best effort, see
+        // `all_names_the_executable_frames_of_millisecond_processes`), and its sites would
+        // then not be the others' to fold with; under load that happened in 2 runs of 8.
+        let mut c = Command::new(&bin)
+            .args(["0", "100", "1", "hold"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
         pids.push(c.id());
+        let mut line = String::new();
+        BufReader::new(c.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "done\n");
+        std::thread::sleep(Duration::from_millis(300));
+        drop(c.stdin.take());
         assert!(c.wait().unwrap().success());
         // Two rounds: one reads its last counts, the next sees it gone.
         std::thread::sleep(Duration::from_millis(500));
