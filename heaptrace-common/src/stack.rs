@@ -74,7 +74,8 @@ pub fn ids(hash: u64) -> [u32; 2] {
 /// freed id must never be taken again: after deleting, user space moves the generation on, and
 /// a word counts only in the generation it was written in. A program reads the generation
 /// before it looks in FRAMES, so a word it writes after finding a stack that was deleted
-/// meanwhile carries the generation before the move.
+/// meanwhile carries the generation before the move. User space also moves it on every round,
+/// so that no word lives longer than a round whatever it names.
 pub const CACHE_GEN_MASK: u64 = 0x7fff;
 
 /// A cache word: the hash's high 48 bits, the generation, the choice.

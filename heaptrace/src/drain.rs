@@ -303,6 +303,10 @@ impl KernelMaps {
             add_site(&key, &[], &slots);
         }
         snap.fold_site_sizes();
+        // Every round too, not only after frees: a word written for a copy that its program
+        // then removed as torn (full preemption, `stacks::intact`) names an id with no stack,
+        // and is taken until the generation moves on. It lives a round at most.
+        next_stack_generation(&self.stack_cache, &self.stack_gen);
         (self.size_keys, self.site_keys) = (size_keys, site_keys);
         for f in 0..FUNC_COUNT {
             let per_cpu = self

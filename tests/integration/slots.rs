@@ -87,7 +87,11 @@ fn a_process_traced_alone_counts_in_its_slots() {
     assert_eq!(in_slots.funcs[Func::Free as usize].calls, want.free_calls);
     assert_eq!(in_slots.live_blocks, want.live_blocks as i64);
 
-    // Its sites and sizes too (a few of each: the tables have room).
+    // Its sites and sizes too, but for a key whose slot another of its keys took first (a
+    // slot is picked by the key's hash, and the stack ids change with every run's addresses:
+    // one run in about fifty had two of the dozen sizes share a slot, and sites have a quarter
+    // of the room). Such a key counts in the
+    // map, and in no slot of a row where the other holds it.
     let mut by_site: BTreeMap<_, Vec<SiteCounters>> = BTreeMap::new();
     for (k, c) in site_slots.held() {
         by_site
@@ -99,21 +103,19 @@ fn a_process_traced_alone_counts_in_its_slots() {
         .iter()
         .map(|(k, c)| (*k, SiteTotals::from_per_cpu(c)))
         .collect();
-    assert!(sites.len() >= 8, "{sites:?}");
     // Less the size classes the snapshot folds into its sites from the sizes.
-    let mut got = snap.sites.clone();
-    for s in got.values_mut() {
+    let mut all_sites = snap.sites.clone();
+    for s in all_sites.values_mut() {
         s.sizes = Default::default();
     }
-    assert_eq!(got, sites);
+    all_in_slots_but_a_collision(&all_sites, &sites, |all, slots| all.calls >= slots.calls);
     let mut sizes = BTreeMap::new();
     for (k, n) in size_slots.held() {
         *sizes
             .entry((k.tgid, k.func, k.size, k.stack_id))
             .or_insert(0u64) += n;
     }
-    assert!(sizes.len() >= 8, "{sizes:?}");
-    assert_eq!(snap.sizes, sizes);
+    all_in_slots_but_a_collision(&snap.sizes, &sizes, |all, slots| all >= slots);
 
     // Its "done" went to a closed pipe (SIGPIPE): the process is gone either way.
     drop(stdin);
@@ -123,4 +125,24 @@ fn a_process_traced_alone_counts_in_its_slots() {
     assert!(site_slots.held().is_empty());
     assert!(size_slots.held().is_empty());
     assert!(!maps.snapshot().unwrap().procs.contains_key(&pid));
+}
+
+/// Every key of `all` (a dozen here) is in the slots with all its counts, but for at most four
+/// (two collisions: each key of a pair may win the slot in one CPU's row and not the other's);
+/// a key in the slots is one of `all`, with no more than its total.
+fn all_in_slots_but_a_collision<K: Ord + std::fmt::Debug, T: PartialEq + std::fmt::Debug>(
+    all: &BTreeMap<K, T>,
+    in_slots: &BTreeMap<K, T>,
+    within: impl Fn(&T, &T) -> bool,
+) {
+    assert!(all.len() >= 8, "{all:?}");
+    for (k, v) in in_slots {
+        let total = all.get(k).unwrap_or_else(|| panic!("{k:?} in a slot only"));
+        assert!(within(total, v), "{k:?}: {v:?} in slots, {total:?} in all");
+    }
+    let whole = all
+        .iter()
+        .filter(|(k, v)| in_slots.get(k) == Some(v))
+        .count();
+    assert!(whole + 4 >= all.len(), "{in_slots:?}\nagainst\n{all:?}");
 }

@@ -398,8 +398,9 @@ fn recurse_one_after_another(extra: &[&str], n: usize, cmd: impl Fn() -> Command
 /// before, and the stacks of a process gone are freed. Runs without address randomization
 /// (`setarch -R`) have the same stacks, so the same hashes: a run must not take the ids of
 /// the run before's from the cache once those were freed, or its sites name stacks no longer
-/// stored, or stored since by others. A build that kept the cache across frees lost the
-/// frames of the second and fourth runs' sites: [255, 13, 255, 12].
+/// stored, or stored since by others. A build that kept the cache across frees (before the
+/// generation also moved on every round) lost the frames of the second and fourth runs' sites:
+/// [255, 13, 255, 12].
 #[test]
 fn a_stack_freed_is_not_taken_from_the_cache_again() {
     if !bpf_or_skip("a_stack_freed_is_not_taken_from_the_cache_again") {
