@@ -471,38 +471,30 @@ fn proc_slot(tgid: u32) -> Option<&'static mut ProcCounters> {
     if let Ok(comm) = bpf_get_current_comm() {
         s.counters.comm = comm;
     }
+    // And a zero entry in the map, once a process: what `has_counters` looks up, rather than
+    // every CPU's slot on every memory syscall of the host's processes. User space sums it
+    // with the slots (it adds nothing) and deletes it with them.
+    // SAFETY: a value nothing writes.
+    let _ = PROCS.insert(&tgid, unsafe { &*(&raw const PROC_ZERO) }, BPF_NOEXIST);
     Some(&mut s.counters)
 }
 
-/// Calls `f` with the owner word of `tgid`'s slot on each CPU in turn, until it returns true;
-/// whether it did.
-#[inline(always)]
-fn each_cpu_slot(tgid: u32, mut f: impl FnMut(&mut u64) -> bool) -> bool {
-    let (cpus, shift) = proc_slot_rows();
-    for cpu in 0..procs::MAX_CPUS {
-        if cpu >= cpus {
-            break;
-        }
-        if let Some(s) = PROC_SLOTS.get_ptr_mut(procs::index(cpu, tgid, shift)) {
-            // SAFETY: map value pointer, valid for the program's run.
-            if f(unsafe { &mut (*s).owner }) {
-                return true;
-            }
-        }
-    }
-    false
-}
-
-/// Whether `tgid` has counters (it allocated while traced), in a slot or in the map, on any
-/// CPU.
+/// Whether `tgid` has counters (it allocated while traced): it has an entry in the map, a zero
+/// one where its counters are in slots (`proc_slot`). Where the map was full for that entry,
+/// its slot on this CPU still says so.
 #[inline(always)]
 pub fn has_counters(tgid: u32) -> bool {
     // SAFETY: the value is not used.
-    unsafe { PROCS.get(tgid) }.is_some()
-        || each_cpu_slot(tgid, |owner| {
-            // SAFETY: an aligned read of a map value.
-            unsafe { core::ptr::read_volatile(owner) == u64::from(tgid) }
-        })
+    if unsafe { PROCS.get(tgid) }.is_some() {
+        return true;
+    }
+    // SAFETY: no preconditions (the verifier inlines it).
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let (cpus, shift) = proc_slot_rows();
+    cpu < cpus
+        && PROC_SLOTS
+            .get(procs::index(cpu, tgid, shift))
+            .is_some_and(|s| s.owner == u64::from(tgid))
 }
 
 /// An exec: marks `tgid`'s slots on every CPU stale (its earlier image's counters, which user
@@ -510,11 +502,18 @@ pub fn has_counters(tgid: u32) -> bool {
 /// gone, and this one is in the exec. Returns whether it had any.
 #[inline(always)]
 pub fn stale_proc_slots(tgid: u32) -> bool {
+    let (cpus, shift) = proc_slot_rows();
     let mut had = false;
-    each_cpu_slot(tgid, |owner| {
-        had |= cas(owner, u64::from(tgid), u64::from(tgid) | procs::STALE);
-        false
-    });
+    for cpu in 0..procs::MAX_CPUS {
+        if cpu >= cpus {
+            break;
+        }
+        if let Some(s) = PROC_SLOTS.get_ptr_mut(procs::index(cpu, tgid, shift)) {
+            // SAFETY: map value pointer, valid for the program's run.
+            let owner = unsafe { &mut (*s).owner };
+            had |= cas(owner, u64::from(tgid), u64::from(tgid) | procs::STALE);
+        }
+    }
     had
 }
 

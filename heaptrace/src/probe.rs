@@ -51,7 +51,7 @@ pub struct LoadOptions {
     pub size_map_size: u32,
     pub proc_map_size: u32,
     pub inflight_map_size: u32,
-    /// Process slots per CPU (`heaptrace_common::procs`): a power of two, or 0 for none.
+    /// Process slots per CPU (`heaptrace_common::procs`): a power of two, at most 256.
     pub proc_slots: u32,
     pub stack_map_size: u32,
     pub site_map_size: u32,
