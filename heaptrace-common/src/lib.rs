@@ -511,6 +511,9 @@ pub mod globals {
     /// `--sample-bytes`: the mean number of bytes between two sampled allocations; 0 samples
     /// every allocation.
     pub const SAMPLE_BYTES: &str = "SAMPLE_BYTES";
+    /// `--latency-every`: one call in this many, on average, is timed for the latency
+    /// histograms (1: every call).
+    pub const LATENCY_EVERY: &str = "LATENCY_EVERY";
     /// SAMPLE_BYTES * ln 2 in Q16 (see [`super::sampling::gap`]).
     pub const SAMPLE_SCALE: &str = "SAMPLE_SCALE";
     /// Calls mode (1): a function without a return probe ([`super::COOKIE_NO_RETURN`]) is

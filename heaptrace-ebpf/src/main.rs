@@ -79,7 +79,7 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
         count_at_entry(id, func, size, sp);
         return Ok(());
     }
-    let ts_ns = if mode() >= mode::SIZES && !calls_mode() {
+    let ts_ns = if mode() >= mode::SIZES && !calls_mode() && maps::latency_due() {
         // SAFETY: no preconditions.
         unsafe { bpf_ktime_get_ns() }
     } else {

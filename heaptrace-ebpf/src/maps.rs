@@ -43,6 +43,11 @@ static mut SAMPLE_BYTES: u64 = 0;
 #[unsafe(no_mangle)]
 static mut SAMPLE_SCALE: u64 = 0;
 
+/// `--latency-every`: one call in this many, on average, is timed for the latency histograms
+/// (1: every call). Mutable (.data) for the reason given at SAMPLE_BYTES.
+#[unsafe(no_mangle)]
+static mut LATENCY_EVERY: u32 = 1;
+
 /// A block released within this many nanoseconds of its allocation is temporary.
 #[unsafe(no_mangle)]
 static TEMPORARY_NS: u64 = 1_000_000_000;
@@ -264,6 +269,11 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
 #[map(name = "SAMPLE_LEFT")]
 pub static SAMPLE_LEFT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
+/// Latency sampling: calls left until the next timed one (0: not drawn yet). Per CPU, as
+/// SAMPLE_LEFT.
+#[map(name = "LATENCY_LEFT")]
+pub static LATENCY_LEFT: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
 /// log2(1 + j/1024) in Q32, filled by the loader (see heaptrace_common::sampling).
 #[map(name = "LOG2_TABLE")]
 pub static LOG2_TABLE: Array<u64> = Array::with_max_entries(sampling::TABLE_LEN as u32, 0);
@@ -379,6 +389,34 @@ fn draw_gap() -> u64 {
     // SAFETY: no preconditions.
     let random = unsafe { aya_ebpf::helpers::bpf_get_prandom_u32() };
     sampling::gap(random, scale, |j| LOG2_TABLE.get(j).copied())
+}
+
+/// Whether to time this call for its function's latency histogram. The clock read costs
+/// ~45 ns here (a helper and the clocksource behind an indirect call), two a call: the most
+/// of what sizes mode adds to counts mode. The gaps between timed calls are drawn uniform over
+/// 1..=2N-1 (mean N), so no loop's calls fall in step with them. A plain decrement, as
+/// `sampled`: a probe preempted between the read and the write only moves one gap.
+#[inline(always)]
+pub fn latency_due() -> bool {
+    // SAFETY: a plain read of a global the loader wrote before load; nothing writes it later.
+    let n = unsafe { core::ptr::read_volatile(&raw const LATENCY_EVERY) };
+    if n <= 1 {
+        return true;
+    }
+    let Some(left) = LATENCY_LEFT.get_ptr_mut(0) else {
+        return true;
+    };
+    // SAFETY: map value pointer, valid for the program's run.
+    let left = unsafe { &mut *left };
+    let cur = *left;
+    if cur > 1 {
+        *left = cur - 1;
+        return false;
+    }
+    // SAFETY: no preconditions.
+    let random = unsafe { aya_ebpf::helpers::bpf_get_prandom_u32() };
+    *left = 1 + random % (2 * n - 1);
+    true
 }
 
 #[inline(always)]

@@ -57,6 +57,9 @@ pub struct Profile {
     /// live figures, leaks, free's bytes and untracked count, and realloc's released bytes are
     /// not known. The views say so rather than show zeros.
     pub calls: bool,
+    /// `--latency-every`: one call in this many was timed for `latency`; 0 or 1 when every
+    /// call was (recordings before format 6 say 0).
+    pub latency_every: u32,
     /// Processes folded into one (`fold`).
     #[serde(skip)]
     pub folded: crate::fold::Folded,
@@ -186,6 +189,19 @@ impl Profile {
             sample_bytes,
             ..Profile::default()
         }
+    }
+
+    /// This Profile, its latencies from one call in `n` timed.
+    pub fn with_latency_every(self, n: u32) -> Profile {
+        Profile {
+            latency_every: n,
+            ..self
+        }
+    }
+
+    /// One call in this many was timed for the latency histograms; None when every call was.
+    pub fn latency_sampled(&self) -> Option<u32> {
+        (self.latency_every > 1).then_some(self.latency_every)
     }
 
     /// An empty Profile of a trace in `mode` (its `--mode` name), sampled at `sample_bytes`.
@@ -504,6 +520,8 @@ impl Profile {
             peak: self.peak.clone().filter(|p| p.round > last),
             sample_bytes: self.sample_bytes,
             weights: self.weights.clone(),
+            calls: self.calls,
+            latency_every: self.latency_every,
             ..Profile::default()
         };
         for (id, s) in &self.samples {
@@ -597,6 +615,7 @@ impl Profile {
             peak: None,
             sample_bytes: self.sample_bytes,
             calls: self.calls,
+            latency_every: self.latency_every,
             folded: Default::default(),
             samples: self
                 .samples

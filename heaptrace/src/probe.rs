@@ -57,6 +57,8 @@ pub struct LoadOptions {
     pub site_map_size: u32,
     /// `--sample-bytes` (0: every allocation).
     pub sample_bytes: u64,
+    /// `--latency-every`: one call in this many, on average, is timed (1: every call).
+    pub latency_every: u32,
     /// Calls mode: malloc is counted at its entry (no return probe), nothing is kept in the
     /// live map. `mode` is then SIZES, for the size histogram.
     pub calls: bool,
@@ -81,6 +83,7 @@ impl Default for LoadOptions {
             stack_map_size: 16384,
             site_map_size: 16384,
             sample_bytes: 0,
+            latency_every: 1,
             calls: false,
             bare_stack: true,
             watch_tgid: 0,
@@ -355,6 +358,7 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .override_global(globals::SELF_TGID, &me, true)
         .override_global(globals::SAMPLE_BYTES, &opts.sample_bytes, true)
         .override_global(globals::SAMPLE_SCALE, &scale, true)
+        .override_global(globals::LATENCY_EVERY, &opts.latency_every.max(1), true)
         .override_global(globals::MODE, &opts.mode, true)
         .override_global(globals::TEMPORARY_NS, &opts.temporary_ns, true)
         .override_global(globals::CALLS_MODE, &u32::from(opts.calls), true)

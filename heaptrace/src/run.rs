@@ -86,6 +86,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             .site_map_size
             .unwrap_or_else(|| probe::default_site_map_size(cli.stack_map_size)),
         sample_bytes: cli.sample_bytes,
+        latency_every: cli.latency_every,
         calls: cli.mode.at_entry(),
         bare_stack: cli.mode == crate::cli::Mode::Bare,
         ..LoadOptions::default()
@@ -254,7 +255,8 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     let mut daemon = Daemon {
         maps,
         prev: Snapshot::default(),
-        profile: Profile::of_mode(cli.mode.name(), cli.sample_bytes),
+        profile: Profile::of_mode(cli.mode.name(), cli.sample_bytes)
+            .with_latency_every(cli.latency_every),
         start: Instant::now(),
         pid,
         quiet: cli.quiet,
@@ -608,6 +610,7 @@ fn record_header(
             .map(|(a, of)| (a.name().to_string(), of.name().to_string()))
             .collect(),
         sample_bytes: cli.sample_bytes,
+        latency_every: cli.latency_every,
     }
 }
 

@@ -277,6 +277,14 @@ pub fn sites(profile: &Profile, top: usize, temporary_ms: u64) -> String {
     )
 }
 
+/// How the calls timed were picked, for the latency views' titles.
+pub fn latency_note(profile: &Profile) -> String {
+    match profile.latency_sampled() {
+        Some(n) => format!("; 1 call in {n} timed, at random"),
+        None => String::new(),
+    }
+}
+
 pub fn latency(profile: &Profile) -> String {
     let mut s = String::new();
     let rows: Vec<String> = Func::ALL
@@ -296,8 +304,13 @@ pub fn latency(profile: &Profile) -> String {
     if !rows.is_empty() {
         let _ = writeln!(
             s,
-            "\ntime per call, entry to return (power-of-two buckets):\n  {:<16} {:>10} {:>10} {:>10} {:>10}",
-            "function", "calls", "p50", "p99", "max <"
+            "\ntime per call, entry to return (power-of-two buckets{}):\n  {:<16} {:>10} {:>10} {:>10} {:>10}",
+            latency_note(profile),
+            "function",
+            "timed",
+            "p50",
+            "p99",
+            "max <"
         );
         for r in rows {
             let _ = writeln!(s, "{r}");
@@ -321,6 +334,22 @@ mod tests {
             inlined: false,
         }
         .into()
+    }
+
+    #[test]
+    fn latency_says_how_many_calls_were_timed() {
+        let mut p = Profile::default();
+        p.latency[Func::Malloc as usize][7] = 3;
+        let every = latency(&p);
+        assert!(every.contains("(power-of-two buckets):"), "{every}");
+        assert!(every.contains("malloc"), "{every}");
+        let p = p.with_latency_every(16);
+        let sampled = latency(&p);
+        assert!(
+            sampled.contains("1 call in 16 timed, at random"),
+            "{sampled}"
+        );
+        assert_eq!(latency_note(&Profile::default().with_latency_every(1)), "");
     }
 
     #[test]

@@ -497,7 +497,12 @@ fn counts_and_sizes_modes_collect_no_stacks() {
     let _g = shared();
     let bin = fixture("sites", "", &[]);
     let counts = trace("mode-counts", &bin, &["500"], &["--mode", "counts"]);
-    let sizes = trace("mode-sizes", &bin, &["500"], &["--mode", "sizes"]);
+    let sizes = trace(
+        "mode-sizes",
+        &bin,
+        &["500"],
+        &["--mode", "sizes", "--latency-every", "1"],
+    );
     for doc in [&counts, &sizes] {
         assert_eq!(doc["stacks"], serde_json::json!([]));
         assert_eq!(doc["functions"]["malloc"]["calls"].as_u64(), Some(1000));
@@ -510,6 +515,7 @@ fn counts_and_sizes_modes_collect_no_stacks() {
     assert_eq!(counts["sizes"], serde_json::json!([]));
     assert_eq!(counts["latency"], serde_json::json!({}));
     assert_eq!(sizes["mode"], "sizes");
+    assert_eq!(sizes["latency_every"], 1);
     assert_eq!(sizes["latency"]["malloc"]["count"].as_u64(), Some(1000));
     let s111 = sizes["sizes"]
         .as_array()
@@ -518,4 +524,32 @@ fn counts_and_sizes_modes_collect_no_stacks() {
         .find(|s| s["size"] == 111)
         .unwrap();
     assert_eq!(s111["count"], 500);
+}
+
+/// By default one call in 16, at random, is timed: the latency percentiles come from about a
+/// sixteenth of the calls, and every count stays exact.
+#[test]
+fn latency_times_one_call_in_n() {
+    if !bpf_or_skip("latency_times_one_call_in_n") {
+        return;
+    }
+    let _g = shared();
+    let bin = fixture("sites", "", &[]);
+    let doc = trace("latency-every", &bin, &["500"], &["--mode", "sizes"]);
+    assert_eq!(doc["latency_every"], 16);
+    assert_eq!(doc["functions"]["malloc"]["calls"].as_u64(), Some(1000));
+    assert_eq!(doc["functions"]["calloc"]["calls"].as_u64(), Some(500));
+    assert_eq!(doc["functions"]["realloc"]["calls"].as_u64(), Some(3));
+    let timed: u64 = ["malloc", "calloc", "realloc"]
+        .iter()
+        .map(|f| doc["latency"][f]["count"].as_u64().unwrap_or(0))
+        .sum();
+    // 1,503 calls, gaps drawn uniform over 1..=31: ~94 timed (the first call on each CPU is
+    // timed too), a standard deviation of ~5.
+    assert!((50..=160).contains(&timed), "{timed} calls of 1503 timed");
+    let malloc = doc["latency"]["malloc"]["count"].as_u64().unwrap_or(0);
+    assert!(
+        (25..=120).contains(&malloc),
+        "{malloc} mallocs of 1000 timed"
+    );
 }

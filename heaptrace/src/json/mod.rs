@@ -343,6 +343,7 @@ pub fn document<'a>(profile: &'a Profile, info: &RunInfo<'_>) -> Node<'a> {
         "interval_ms": info.interval_ms,
         "mode": info.collect,
         "sample_bytes": profile.sample_bytes,
+        "latency_every": profile.latency_every.max(1),
         "rounds": profile.round_count(),
         "provider": { "path": info.provider, "probes": info.probes },
         "aliases": alias_names,

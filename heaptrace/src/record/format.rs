@@ -12,13 +12,14 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
-/// 5: rounds end with the processes that ended and those folded into one (`fold`); version 4
+/// 6: the header's `latency_every` (`--latency-every`); version 3 to 5 headers read with 0
+/// (every call timed). 5: rounds end with the processes that ended and those folded into one (`fold`); version 4
 /// and earlier rounds read with none. 4: rounds end with the processes that exec'ed (their earlier figures dropped, as live);
 /// version 2 and 3 rounds read with none. 3: the header's `sample_bytes` (`--sample-bytes`);
 /// version 2 files still read (their header without it, as unsampled). 2: rounds carry the
 /// allocators' reservations (the memory behind malloc) and one more loss counter. Version 1
 /// files (written before any release) are not read.
-pub const VERSION: u16 = 5;
+pub const VERSION: u16 = 6;
 /// The oldest version this reader reads.
 pub const OLDEST: u16 = 2;
 /// No frame is larger: a hostile length cannot make the reader allocate more.
@@ -97,6 +98,9 @@ pub struct Header {
     pub aliases: Vec<(String, String)>,
     /// `--sample-bytes` (format 3): 0 when every allocation was sampled.
     pub sample_bytes: u64,
+    /// `--latency-every` (format 6): one call in this many was timed; 0 (earlier formats) or
+    /// 1 when every call was.
+    pub latency_every: u32,
 }
 
 /// The header of format 2: postcard is not self-describing, so a field added at the end is
@@ -135,6 +139,7 @@ impl From<HeaderV2> for Header {
             cmdlines: h.cmdlines,
             aliases: h.aliases,
             sample_bytes: 0,
+            latency_every: 0,
         }
     }
 }
@@ -333,6 +338,22 @@ pub fn decode_round(frame: &RawFrame, version: u16) -> Result<crate::model::Roun
     };
     let mut payload = frame.payload.clone();
     payload.extend(std::iter::repeat_n(0, missing));
+    decode(&RawFrame {
+        kind: frame.kind,
+        offset: frame.offset,
+        stored_len: frame.stored_len,
+        payload,
+    })
+}
+
+/// The header of a file of `version` 3 or later. Those of 3 to 5 end before `latency_every`:
+/// a zero byte is a varint 0.
+pub fn decode_header(frame: &RawFrame, version: u16) -> Result<Header, FormatError> {
+    if version >= 6 {
+        return decode(frame);
+    }
+    let mut payload = frame.payload.clone();
+    payload.push(0);
     decode(&RawFrame {
         kind: frame.kind,
         offset: frame.offset,

@@ -8,7 +8,7 @@ use std::{
 
 use super::format::{
     EndRec, FRAME_HEAD, FormatError, FrameRec, Header, HeaderV2, Kind, ModuleRec, Next, StackRec,
-    decode, decode_round, read_frame, read_preamble,
+    decode, decode_header, decode_round, read_frame, read_preamble,
 };
 use crate::{
     aggregate::{Leak, Profile},
@@ -90,7 +90,7 @@ impl Recording {
                     rec.header = if version == 2 {
                         decode::<HeaderV2>(&frame)?.into()
                     } else {
-                        decode(&frame)?
+                        decode_header(&frame, version)?
                     };
                     seen_header = true;
                 }
@@ -362,6 +362,48 @@ mod tests {
             rec.modules[0].build_id.is_some(),
             "the test binary has a build id"
         );
+    }
+
+    /// A format 5 header ends before `latency_every`: it reads as every call timed, and the
+    /// current format keeps the rate.
+    #[test]
+    fn format_5_recordings_read_with_every_call_timed() {
+        use crate::record::format::{Kind, write_frame, write_preamble_version};
+        #[derive(serde::Serialize)]
+        struct HeaderV5<'a> {
+            v2: &'a HeaderV2,
+            sample_bytes: u64,
+        }
+        let v2 = HeaderV2 {
+            heaptrace_version: "0.1.0".into(),
+            interval_ms: 250,
+            mode: "sizes".into(),
+            ..Default::default()
+        };
+        let mut data = Vec::new();
+        write_preamble_version(&mut data, 5).unwrap();
+        let old = HeaderV5 {
+            v2: &v2,
+            sample_bytes: 512,
+        };
+        write_frame(&mut data, Kind::Header, &old).unwrap();
+        write_frame(&mut data, Kind::Round, &sample_round(1, false)).unwrap();
+        let rec = Recording::read(&data[..]).unwrap();
+        assert_eq!(rec.header.interval_ms, 250);
+        assert_eq!(rec.header.sample_bytes, 512);
+        assert_eq!(rec.header.latency_every, 0);
+        assert_eq!(rec.profile().latency_sampled(), None);
+        assert_eq!(rec.rounds.len(), 1);
+        let dir = tempdir("v5");
+        let path = dir.join("l.bin");
+        let header = Header {
+            latency_every: 16,
+            ..Default::default()
+        };
+        Recorder::create(&path, &header).unwrap();
+        let rec = Recording::open(&path).unwrap();
+        assert_eq!(rec.header.latency_every, 16);
+        assert_eq!(rec.profile().latency_sampled(), Some(16));
     }
 
     #[test]

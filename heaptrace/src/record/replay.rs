@@ -16,7 +16,8 @@ impl Replay {
     /// A replay of `rec`, whose header is read.
     pub fn new(rec: &Recording) -> Replay {
         Replay {
-            profile: Profile::of_mode(&rec.header.mode, rec.header.sample_bytes),
+            profile: Profile::of_mode(&rec.header.mode, rec.header.sample_bytes)
+                .with_latency_every(rec.header.latency_every),
             folded: HashSet::new(),
         }
     }

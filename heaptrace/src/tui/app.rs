@@ -1080,7 +1080,8 @@ impl App {
                     json!({
                         "function": r.name, "calls": r.calls, "bytes": r.bytes, "failed": r.failed,
                         "latency": r.latency.map(|p| json!({
-                            "count": p.count, "p50_ns": p.p50, "p99_ns": p.p99, "max_ns": p.max })),
+                            "count": p.count, "p50_ns": p.p50, "p99_ns": p.p99, "max_ns": p.max,
+                            "timed_one_in": self.view().latency_every.max(1) })),
                     })
                 })
                 .collect(),

@@ -660,8 +660,9 @@ fn draw_functions(f: &mut Frame, app: &App, area: Rect) {
     let table = Table::new(body, widths)
         .header(Row::new(header).style(Style::new().bold().underlined()))
         .block(Block::bordered().title(format!(
-            "Functions (sorted by {}; time per call, entry to return)",
-            app.func_sort.name()
+            "Functions (sorted by {}; time per call, entry to return{})",
+            app.func_sort.name(),
+            crate::views::latency_note(app.view())
         )))
         .row_highlight_style(Style::new().reversed())
         .highlight_symbol(SELECTED);
