@@ -898,7 +898,7 @@ mod tests {
 
     #[test]
     fn since_gives_the_differences_and_only_one_process() {
-        let mut p = Profile::default();
+        let mut p = Profile::of_mode("calls", 0).with_latency_every(16);
         p.apply(&round(1, 10, 4, 400, 1, 300));
         p.losses[0] = 2;
         let base = p.clone();
@@ -911,6 +911,10 @@ mod tests {
         assert_eq!(d.procs[&11].totals.func(Func::Malloc).calls, 5);
         assert_eq!(d.totals().allocations(), 7);
         assert_eq!(d.losses[0], 5);
+        // What the trace was stays: a TUI baseline of a calls-mode trace still knows no live
+        // figures (the views say so), and how many calls were timed.
+        assert!(d.calls);
+        assert_eq!(d.latency_sampled(), Some(16));
         assert_eq!(
             d.rounds.iter().map(|r| r.index).collect::<Vec<_>>(),
             vec![2, 3]
@@ -929,6 +933,8 @@ mod tests {
         assert!(one.sites.keys().all(|k| k.0 == 11));
         assert!(one.sizes.keys().all(|k| k.0 == 11));
         assert_eq!(one.rounds.len(), 3);
+        assert!(one.calls);
+        assert_eq!(one.latency_sampled(), Some(16));
     }
 
     #[test]
