@@ -73,7 +73,12 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
     if (id >> 32) as u32 == self_tgid() {
         return Ok(());
     }
-    let cookie = cookie(ctx);
+    // Only calls mode's malloc has a cookie to read: a function with a return probe has its
+    // entry probe where the return address is at [rsp] (no push before it; heaptrace's
+    // `placement::choose`), and only a function without one is counted at its entry. The
+    // helper call costs ~20 ns here (a kernel return, under the SRSO mitigation), a tenth of
+    // what counts mode adds to its floor.
+    let cookie = if calls_mode() { cookie(ctx) } else { 0 };
     let sp = entry_sp(ctx, cookie);
     if cookie & COOKIE_NO_RETURN != 0 {
         count_at_entry(id, func, size, sp);
@@ -474,11 +479,11 @@ pub fn free_entry(ctx: ProbeContext) -> u32 {
         return 0;
     }
     let ptr: u64 = ctx.arg(0).unwrap_or(0);
-    let _ = try_free(ptr, entry_sp(&ctx, cookie(&ctx)));
+    let _ = try_free(&ctx, ptr);
     0
 }
 
-fn try_free(ptr: u64, sp: u64) -> Result<(), i64> {
+fn try_free(ctx: &ProbeContext, ptr: u64) -> Result<(), i64> {
     if ptr == 0 {
         return Ok(()); // free(NULL) and frees of failed allocations do nothing
     }
@@ -488,7 +493,9 @@ fn try_free(ptr: u64, sp: u64) -> Result<(), i64> {
         return Ok(());
     }
     // A free inside realloc (realloc(p, 0), moves of mmapped blocks) belongs to the realloc.
-    if inflight::get(id).is_some_and(|f| f.sp != 0 && sp <= f.sp) {
+    // The stack pointer at free's entry (the cookie says how many pushes ran before the
+    // probe) only where a call is in flight: the cookie's helper call is not free.
+    if inflight::get(id).is_some_and(|f| f.sp != 0 && entry_sp(ctx, cookie(ctx)) <= f.sp) {
         return Ok(());
     }
     let Some(pc) = proc_counters(tgid) else {

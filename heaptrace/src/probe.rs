@@ -776,6 +776,47 @@ mod tests {
         })
     }
 
+    /// The entry programs read the attach cookie only in calls mode (and free only with a
+    /// call in flight): an allocating function with a return probe must have cookie 0, its
+    /// probe past no push and counted at its return, whatever its prologue.
+    #[test]
+    fn a_function_with_a_return_probe_has_no_cookie() {
+        let prologues: [&[u8]; 4] = [
+            // push %rbx; test %rdi,%rdi; je +2; push %rbp; ...
+            &[0x53, 0x48, 0x85, 0xff, 0x74, 0x02, 0x55, 0x5d, 0x5b, 0xc3],
+            // push %rbp; mov %rsp,%rbp; push %rbx
+            &[0x55, 0x48, 0x89, 0xe5, 0x53, 0xc3],
+            // nop; push %r12; push %rbp
+            &[0x90, 0x41, 0x54, 0x55, 0xc3],
+            // cmpb $0x0,0x0(%rip); je +0; push %rbp
+            &[0x80, 0x3d, 0, 0, 0, 0, 0, 0x74, 0x00, 0x55, 0xc3],
+        ];
+        for func in Func::ALL.into_iter().filter(|f| *f != Func::Free) {
+            for code in prologues {
+                let placement =
+                    crate::placement::choose(code, func, true, crate::placement::reads(func));
+                let planned = Planned {
+                    site: crate::elf::FuncSite {
+                        func,
+                        symbol: func.name().into(),
+                        vaddr: 0x1000,
+                        file_offset: 0x1000,
+                        size: code.len() as u64,
+                        aliases: Vec::new(),
+                    },
+                    uretprobe: true,
+                    placement,
+                };
+                assert_eq!(
+                    planned.cookie(),
+                    0,
+                    "{func:?} {code:x?}: {:?}",
+                    planned.placement
+                );
+            }
+        }
+    }
+
     /// (whole stacks, callers): the callers' stack map gets one more for a power of two.
     #[test]
     fn the_callers_map_is_half_and_a_power_of_two_half_gets_one_more() {
