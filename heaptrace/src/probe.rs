@@ -813,8 +813,19 @@ mod tests {
                     "{func:?} {code:x?}: {:?}",
                     planned.placement
                 );
+                // Without its return probe (calls mode's malloc) the same function has one.
+                let at_entry = Planned {
+                    uretprobe: false,
+                    ..planned
+                };
+                assert_eq!(at_entry.cookie() & COOKIE_NO_RETURN, COOKIE_NO_RETURN);
             }
         }
+        // And free, probed past a push before its NULL check, says how many.
+        let code = [0x53, 0x48, 0x85, 0xff, 0x74, 0x02, 0x55, 0x5d, 0x5b, 0xc3];
+        let reads = crate::placement::reads(Func::Free);
+        let placement = crate::placement::choose(&code, Func::Free, false, reads);
+        assert_eq!(placement.pushes, 1);
     }
 
     /// (whole stacks, callers): the callers' stack map gets one more for a power of two.
