@@ -76,8 +76,8 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
     // Only calls mode's malloc has a cookie to read: a function with a return probe has its
     // entry probe where the return address is at [rsp] (no push before it; heaptrace's
     // `placement::choose`), and only a function without one is counted at its entry. The
-    // helper call costs ~20 ns here (a kernel return, under the SRSO mitigation), a tenth of
-    // what counts mode adds to its floor.
+    // helper call costs ~20 ns here (a kernel return, under the SRSO mitigation): BENCHMARKS.md,
+    // *Fewer helper calls*.
     let cookie = if calls_mode() { cookie(ctx) } else { 0 };
     let sp = entry_sp(ctx, cookie);
     if cookie & COOKIE_NO_RETURN != 0 {
