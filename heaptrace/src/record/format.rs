@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
 /// 6: the header's `latency_every` (`--latency-every`); version 3 to 5 headers read with 0
-/// (every call timed). 5: rounds end with the processes that ended and those folded into one (`fold`); version 4
-/// and earlier rounds read with none. 4: rounds end with the processes that exec'ed (their earlier figures dropped, as live);
+/// (every call timed). 5: rounds end with the processes that ended and those folded into one
+/// (`fold`); version 4 and earlier rounds read with none. 4: rounds end with the processes that exec'ed (their earlier figures dropped, as live);
 /// version 2 and 3 rounds read with none. 3: the header's `sample_bytes` (`--sample-bytes`);
 /// version 2 files still read (their header without it, as unsampled). 2: rounds carry the
 /// allocators' reservations (the memory behind malloc) and one more loss counter. Version 1
@@ -332,28 +332,27 @@ pub fn read_frame(r: &mut impl Read, offset: u64) -> Result<Next, FormatError> {
 /// empty list is one zero byte.
 pub fn decode_round(frame: &RawFrame, version: u16) -> Result<crate::model::Round, FormatError> {
     let missing = match version {
-        5.. => return decode(frame),
+        5.. => 0,
         4 => 2,
         _ => 3,
     };
-    let mut payload = frame.payload.clone();
-    payload.extend(std::iter::repeat_n(0, missing));
-    decode(&RawFrame {
-        kind: frame.kind,
-        offset: frame.offset,
-        stored_len: frame.stored_len,
-        payload,
-    })
+    decode_padded(frame, missing)
 }
 
 /// The header of a file of `version` 3 or later. Those of 3 to 5 end before `latency_every`:
 /// a zero byte is a varint 0.
 pub fn decode_header(frame: &RawFrame, version: u16) -> Result<Header, FormatError> {
-    if version >= 6 {
+    decode_padded(frame, if version >= 6 { 0 } else { 1 })
+}
+
+/// A payload written before its last fields were added: each missing field is one zero byte
+/// (an empty list, a varint 0).
+fn decode_padded<T: DeserializeOwned>(frame: &RawFrame, missing: usize) -> Result<T, FormatError> {
+    if missing == 0 {
         return decode(frame);
     }
     let mut payload = frame.payload.clone();
-    payload.push(0);
+    payload.extend(std::iter::repeat_n(0, missing));
     decode(&RawFrame {
         kind: frame.kind,
         offset: frame.offset,
