@@ -161,13 +161,17 @@ pub struct LiveKey {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LiveBlock {
     pub size: u64,
+    /// The allocation's time where its call was timed (`--latency-every`), for its lifetime;
+    /// 0 otherwise.
     pub ts_ns: u64,
     pub tid: u32,
     pub func: u32,
     /// The allocation site's stack id ([`NO_SITE`] outside stacks mode, negative errno when the
     /// stack could not be stored).
     pub stack_id: i32,
-    pub _pad: u32,
+    /// The allocating thread's [`InFlight::seq`] before this block: a free by the same thread
+    /// with fewer than `globals::TEMPORARY_ALLOCS` allocations in between makes it temporary.
+    pub seq: u32,
 }
 
 /// `LiveBlock::stack_id` of a block allocated while no stacks were collected.
@@ -255,7 +259,8 @@ pub struct SiteCounters {
     /// allocation and free.
     pub frees: u64,
     pub freed_bytes: u64,
-    /// Blocks released within the temporary threshold of their allocation.
+    /// Blocks freed by their allocating thread with fewer than `globals::TEMPORARY_ALLOCS` of
+    /// its allocations in between.
     pub temp_blocks: u64,
     pub temp_bytes: u64,
     /// Blocks counted here that the live map refused (full), and their bytes: their frees
@@ -265,7 +270,8 @@ pub struct SiteCounters {
     // No size histogram: the exact one (SIZES) is keyed by stack too, and user space folds a
     // site's from it. One atomic add less per allocation, and a site is 40 % smaller on every
     // CPU (the map is per CPU and preallocated).
-    /// Lifetimes of released blocks in units of 1024 ns (~us), power-of-two buckets.
+    /// Lifetimes of released blocks whose allocation was timed (`--latency-every`), in units
+    /// of 1024 ns (~us), power-of-two buckets.
     pub lifetimes: [u64; LOG2_BUCKETS],
 }
 
@@ -306,6 +312,9 @@ pub struct InFlight {
     pub func: u32,
     /// [`INFLIGHT_RESERVED`] once the call made a memory syscall (mmap, brk, ...).
     pub flags: u32,
+    /// The thread's allocations so far (wrapping): kept from call to call, for temporaries.
+    pub seq: u32,
+    pub _pad: u32,
 }
 
 /// One slot of the in-flight array: the thread that owns it (its pid_tgid; 0 when free) and
@@ -322,7 +331,7 @@ pub struct InFlightSlot {
 }
 
 /// The in-flight slots for an in-flight map of `inflight_map_size` threads: the largest power
-/// of two up to it, at most 65,536 (3 MiB).
+/// of two up to it, at most 65,536 (3.5 MiB).
 pub fn inflight_slots(inflight_map_size: u32) -> u32 {
     let want = inflight_map_size.clamp(1, 1 << 16);
     1 << (31 - want.leading_zeros())
@@ -337,6 +346,8 @@ impl InFlight {
         ts_ns: 0,
         func: 0,
         flags: 0,
+        seq: 0,
+        _pad: 0,
     };
 }
 
@@ -506,8 +517,9 @@ pub mod globals {
     pub const SELF_TGID: &str = "SELF_TGID";
     /// One of [`super::mode`].
     pub const MODE: &str = "MODE";
-    /// A block released within this many nanoseconds of its allocation is temporary.
-    pub const TEMPORARY_NS: &str = "TEMPORARY_NS";
+    /// A block freed by the thread that allocated it, with fewer than this many of that
+    /// thread's allocations in between, is temporary (1: none in between).
+    pub const TEMPORARY_ALLOCS: &str = "TEMPORARY_ALLOCS";
     /// `--sample-bytes`: the mean number of bytes between two sampled allocations; 0 samples
     /// every allocation.
     pub const SAMPLE_BYTES: &str = "SAMPLE_BYTES";
@@ -560,8 +572,8 @@ const _: () = assert!(core::mem::size_of::<ProcCounters>() == 24 * FUNC_COUNT + 
 const _: () = assert!(core::mem::size_of::<SizeKey>() == 24);
 const _: () = assert!(core::mem::size_of::<LiveKey>() == 16);
 const _: () = assert!(core::mem::size_of::<LiveBlock>() == 32);
-const _: () = assert!(core::mem::size_of::<InFlight>() == 40);
-const _: () = assert!(core::mem::size_of::<InFlightSlot>() == 48);
+const _: () = assert!(core::mem::size_of::<InFlight>() == 48);
+const _: () = assert!(core::mem::size_of::<InFlightSlot>() == 56);
 const _: () = assert!(core::mem::size_of::<SiteKey>() == 16);
 const _: () = assert!(core::mem::size_of::<StoredStack>() == 8 * (1 + STACK_FRAMES));
 const _: () = assert!(core::mem::size_of::<SiteCounters>() == 8 * 8 + 8 * LOG2_BUCKETS);

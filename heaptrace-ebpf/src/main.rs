@@ -97,6 +97,8 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
         ts_ns,
         func: func as u32,
         flags: 0,
+        seq: 0,
+        _pad: 0,
     };
     // Each thread keeps its one entry: later calls overwrite it in place (no insert, no delete,
     // no bucket lock); a completed call leaves sp = 0. The entry goes when the thread exits
@@ -105,7 +107,7 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
         if f.sp != 0 && sp <= f.sp {
             return Ok(()); // nested in the call in flight
         }
-        *f = rec;
+        *f = InFlight { seq: f.seq, ..rec };
         return Ok(());
     }
     if !inflight::claim(id, &rec) && INFLIGHT.insert(id, rec, BPF_ANY).is_err() {
@@ -261,7 +263,10 @@ struct Call<'a> {
     epoch: u32,
     tid: u32,
     func: Func,
+    /// The call's entry time where it was timed (`maps::latency_due`), else 0.
     now: u64,
+    /// The thread's allocations before this call's (`InFlight::seq`).
+    seq: u32,
 }
 
 fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
@@ -336,12 +341,16 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
         tid: id as u32,
         func,
         now,
+        seq: rec.seq,
     };
     let block = match func {
         Func::Realloc => realloc_return(&mut call, rec, ret),
         _ => allocated(&mut call, rec.size, ptr),
     };
     if let Some(ptr) = block {
+        // After realloc released its old block: realloc(p) right after p's malloc makes p
+        // temporary, as a free would.
+        f.seq = rec.seq.wrapping_add(1);
         let stack = if sampled { stack } else { (NOT_SAMPLED, true) };
         track(&mut call, ptr, rec.size, stack);
     }
@@ -385,20 +394,15 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64, (stack_id, whole): (i32, bool
         epoch: call.epoch,
         ptr,
     };
-    // The allocation time is only read back for lifetimes and temporaries (stacks mode).
-    let now = if call.now != 0 || mode() < mode::STACKS {
-        call.now
-    } else {
-        // SAFETY: no preconditions.
-        unsafe { bpf_ktime_get_ns() }
-    };
+    // Lifetimes only of the calls timed for latency: two clock reads a block were ~90 ns of
+    // stacks mode's ~540 a pair here (BENCHMARKS.md, *Lifetimes of the timed calls*).
     let block = LiveBlock {
         size,
-        ts_ns: now,
+        ts_ns: call.now,
         tid: call.tid,
         func: call.func as u32,
         stack_id,
-        _pad: 0,
+        seq: call.seq,
     };
     if !live::insert(&key, &block) && LIVE.insert(key, block, BPF_ANY).is_err() {
         lose(Loss::LiveMap);
@@ -412,8 +416,10 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64, (stack_id, whole): (i32, bool
 }
 
 /// Forgets a block; returns its size if it was known (never in calls mode: no live map).
+/// `freer`: the releasing thread's id and allocations so far (`InFlight::seq`; None where it
+/// has no record, so allocated nothing seen), for temporaries.
 #[inline(always)]
-fn untrack(pc: &mut ProcCounters, tgid: u32, ptr: u64) -> Option<u64> {
+fn untrack(pc: &mut ProcCounters, tgid: u32, ptr: u64, freer: (u32, Option<u32>)) -> Option<u64> {
     if calls_mode() {
         return None;
     }
@@ -435,7 +441,7 @@ fn untrack(pc: &mut ProcCounters, tgid: u32, ptr: u64) -> Option<u64> {
     add(&mut pc.live_blocks, u64::MAX); // -1, wrapping
     add(&mut pc.live_bytes, block.size.wrapping_neg());
     if block.stack_id != NO_SITE {
-        sites::released(tgid, epoch, &block);
+        sites::released(tgid, epoch, &block, freer);
     }
     Some(block.size)
 }
@@ -447,10 +453,11 @@ fn untrack(pc: &mut ProcCounters, tgid: u32, ptr: u64) -> Option<u64> {
 fn realloc_return(call: &mut Call<'_>, rec: InFlight, ret: u64) -> Option<u64> {
     let old = rec.arg;
     let tgid = call.tgid;
+    let freer = (call.tid, Some(call.seq));
     if ret == 0 {
         if old != 0 && rec.size == 0 {
             add(&mut call.pc.realloc_frees, 1);
-            if let Some(sz) = untrack(call.pc, tgid, old) {
+            if let Some(sz) = untrack(call.pc, tgid, old, freer) {
                 add(&mut call.pc.realloc_released_bytes, sz);
             }
         } else {
@@ -465,7 +472,7 @@ fn realloc_return(call: &mut Call<'_>, rec: InFlight, ret: u64) -> Option<u64> {
         } else {
             add(&mut call.pc.realloc_moves, 1);
         }
-        if let Some(sz) = untrack(call.pc, tgid, old) {
+        if let Some(sz) = untrack(call.pc, tgid, old, freer) {
             add(&mut call.pc.realloc_released_bytes, sz);
         }
     }
@@ -495,14 +502,19 @@ fn try_free(ctx: &ProbeContext, ptr: u64) -> Result<(), i64> {
     // A free inside realloc (realloc(p, 0), moves of mmapped blocks) belongs to the realloc.
     // The stack pointer at free's entry (the cookie says how many pushes ran before the
     // probe) only where a call is in flight: the cookie's helper call is not free.
-    if inflight::get(id).is_some_and(|f| f.sp != 0 && entry_sp(ctx, cookie(ctx)) <= f.sp) {
+    let rec = inflight::get(id);
+    if rec
+        .as_ref()
+        .is_some_and(|f| f.sp != 0 && entry_sp(ctx, cookie(ctx)) <= f.sp)
+    {
         return Ok(());
     }
+    let seq = rec.map(|f| f.seq);
     let Some(pc) = proc_counters(tgid) else {
         return Ok(());
     };
     add(&mut pc.funcs[Func::Free as usize].calls, 1);
-    if let Some(sz) = untrack(pc, tgid, ptr) {
+    if let Some(sz) = untrack(pc, tgid, ptr, (id as u32, seq)) {
         add(&mut pc.funcs[Func::Free as usize].bytes, sz);
     }
     Ok(())

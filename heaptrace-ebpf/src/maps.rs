@@ -44,13 +44,14 @@ static mut SAMPLE_BYTES: u64 = 0;
 static mut SAMPLE_SCALE: u64 = 0;
 
 /// `--latency-every`: one call in this many, on average, is timed for the latency histograms
-/// (1: every call). Mutable (.data) for the reason given at SAMPLE_BYTES.
+/// and, in stacks mode, its block's lifetime (1: every call). Mutable (.data) for the reason
+/// given at SAMPLE_BYTES.
 #[unsafe(no_mangle)]
 static mut LATENCY_EVERY: u32 = 1;
 
-/// A block released within this many nanoseconds of its allocation is temporary.
+/// See `heaptrace_common::globals::TEMPORARY_ALLOCS`.
 #[unsafe(no_mangle)]
-static TEMPORARY_NS: u64 = 1_000_000_000;
+static TEMPORARY_ALLOCS: u32 = 1;
 
 /// See `heaptrace_common::globals::RESERVATIONS`.
 #[unsafe(no_mangle)]
@@ -420,9 +421,9 @@ pub fn latency_due() -> bool {
 }
 
 #[inline(always)]
-pub fn temporary_ns() -> u64 {
+pub fn temporary_allocs() -> u32 {
     // SAFETY: as above.
-    unsafe { core::ptr::read_volatile(&TEMPORARY_NS) }
+    unsafe { core::ptr::read_volatile(&TEMPORARY_ALLOCS) }
 }
 
 /// Looks up a per-CPU counter struct, creating it zeroed on first use. Returns None (and the

@@ -7,7 +7,7 @@
 use aya_ebpf::{EbpfContext as _, programs::RetProbeContext};
 use heaptrace_common::{CALLER_ID_BASE, Func, LiveBlock, Loss, SiteKey, log2_bucket};
 
-use crate::maps::{CALLERS, add, lose, site_counters, temporary_ns};
+use crate::maps::{CALLERS, add, lose, site_counters, temporary_allocs};
 
 const BPF_F_USER_STACK: u64 = 1 << 8;
 
@@ -84,9 +84,13 @@ pub fn bare_stack(ctx: &RetProbeContext) {
     crate::maps::bare_count(1);
 }
 
-/// Counts the release of a block at the site that allocated it.
+/// Counts the release of a block at the site that allocated it, by the thread `freer` (its id
+/// and allocations so far; see `untrack`). Temporary, as heaptrack and memray count it: freed
+/// by its own thread with fewer than `TEMPORARY_ALLOCS` of that thread's allocations in between
+/// (by default none). Exact, and no clock read; a thread id reused after its thread exited (pid
+/// wrap) can be mistaken for it.
 #[inline(always)]
-pub fn released(tgid: u32, epoch: u32, block: &LiveBlock) {
+pub fn released(tgid: u32, epoch: u32, block: &LiveBlock, (tid, seq): (u32, Option<u32>)) {
     let key = SiteKey {
         tgid,
         stack_id: block.stack_id,
@@ -99,12 +103,17 @@ pub fn released(tgid: u32, epoch: u32, block: &LiveBlock) {
         lose(Loss::SiteMap);
         return;
     };
-    // SAFETY: no preconditions.
-    let lifetime = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() }.wrapping_sub(block.ts_ns);
     add(&mut site.frees, 1);
     add(&mut site.freed_bytes, block.size);
-    add(&mut site.lifetimes[log2_bucket(lifetime >> 10)], 1);
-    if lifetime < temporary_ns() {
+    if block.ts_ns != 0 {
+        // SAFETY: no preconditions.
+        let lifetime = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() }.wrapping_sub(block.ts_ns);
+        add(&mut site.lifetimes[log2_bucket(lifetime >> 10)], 1);
+    }
+    // The thread's allocations in between: its count now, less the count before this block and
+    // this block itself.
+    let between = |s: u32| s.wrapping_sub(block.seq).wrapping_sub(1);
+    if block.tid == tid && seq.is_some_and(|s| between(s) < temporary_allocs()) {
         add(&mut site.temp_blocks, 1);
         add(&mut site.temp_bytes, block.size);
     }

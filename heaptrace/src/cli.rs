@@ -144,9 +144,10 @@ pub struct TraceArgs {
     pub sample_bytes: u64,
 
     /// Sizes and stacks modes: time one allocating call in N, on average, for the per-function
-    /// latency percentiles (the gaps between timed calls are random, mean N). Reading the
-    /// clock twice a call is most of what sizes mode costs beyond counts mode; 1 times every
-    /// call. Counts are exact whatever N.
+    /// latency percentiles and, in stacks mode, the lifetime percentiles of its block (the
+    /// gaps between timed calls are random, mean N). Reading the clock twice a call is most of
+    /// what sizes mode costs beyond counts mode; 1 times every call. Counts and temporaries
+    /// are exact whatever N.
     #[arg(long, default_value_t = 16, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
     pub latency_every: u32,
@@ -155,9 +156,11 @@ pub struct TraceArgs {
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub top: usize,
 
-    /// A block freed within this time of its allocation is temporary (default: the interval).
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
-    pub temporary: Option<Duration>,
+    /// A block freed by the thread that allocated it, with fewer than N of that thread's
+    /// allocations in between, is temporary (heaptrack's and memray's rule; 1: none between).
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub temporary_allocs: u32,
 
     /// Frames kept per stack, innermost first (a walk keeps at most 127).
     #[arg(long, default_value_t = 127, value_name = "FRAMES",

@@ -558,12 +558,8 @@ mod tests {
         let owned = |tgid: u64, tid: u64| InFlightSlot {
             owner: (tgid << 32) | tid,
             rec: InFlight {
-                arg: 0,
-                size: 0,
                 sp: 0x7ff0,
-                ts_ns: 0,
-                func: 0,
-                flags: 0,
+                ..InFlight::NONE
             },
         };
         let free = InFlightSlot {

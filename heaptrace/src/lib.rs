@@ -40,6 +40,7 @@ pub mod run;
 pub mod sampling;
 pub mod symbolize;
 pub mod symbols;
+pub mod temporary;
 pub mod tui;
 pub mod views;
 pub mod watch;

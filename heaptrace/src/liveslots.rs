@@ -101,7 +101,7 @@ mod tests {
                 tid: tgid,
                 func: 0,
                 stack_id: 0,
-                _pad: 0,
+                seq: 0,
             },
         }
     }

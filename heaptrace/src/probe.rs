@@ -46,7 +46,8 @@ pub enum Scope {
 pub struct LoadOptions {
     /// One of `heaptrace_common::mode`.
     pub mode: u32,
-    pub temporary_ns: u64,
+    /// `--temporary-allocs`.
+    pub temporary_allocs: u32,
     pub live_map_size: u32,
     pub size_map_size: u32,
     pub proc_map_size: u32,
@@ -74,7 +75,7 @@ impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
             mode: heaptrace_common::mode::STACKS,
-            temporary_ns: 1_000_000_000,
+            temporary_allocs: 1,
             live_map_size: 1 << 20,
             size_map_size: 65536,
             proc_map_size: 4096,
@@ -360,7 +361,11 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .override_global(globals::SAMPLE_SCALE, &scale, true)
         .override_global(globals::LATENCY_EVERY, &opts.latency_every.max(1), true)
         .override_global(globals::MODE, &opts.mode, true)
-        .override_global(globals::TEMPORARY_NS, &opts.temporary_ns, true)
+        .override_global(
+            globals::TEMPORARY_ALLOCS,
+            &opts.temporary_allocs.max(1),
+            true,
+        )
         .override_global(globals::CALLS_MODE, &u32::from(opts.calls), true)
         .override_global(globals::BARE_STACK, &u32::from(opts.bare_stack), true)
         .override_global(globals::WATCH_TGID, &opts.watch_tgid, true)

@@ -23,6 +23,7 @@ use crate::{
     report,
     reserve::{Tracker, ring::MemRing},
     symbolize::Symbolizer,
+    temporary::Temporary,
     tui,
     watch::ProcWatch,
 };
@@ -76,7 +77,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     let live_view = !cli.no_tui && tui::wanted();
     let mut opts = LoadOptions {
         mode: cli.mode.kernel(),
-        temporary_ns: cli.temporary.unwrap_or(cli.interval).as_nanos() as u64,
+        temporary_allocs: cli.temporary_allocs,
         live_map_size: cli.live_map_size,
         size_map_size: cli.size_map_size,
         inflight_map_size: cli.inflight_map_size,
@@ -215,7 +216,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
 
     let recorder = match record {
         Some(path) => {
-            let header = record_header(cli, &target, pid, &provider, opts.temporary_ns);
+            let header = record_header(cli, &target, pid, &provider);
             let r = Recorder::create(path, &header).map_err(|e| Error::Read {
                 path: path.to_path_buf(),
                 source: e,
@@ -231,17 +232,9 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         modules.settle(pid, &provider.path, Duration::from_millis(200));
     }
     let aliases = aliases(&provider);
-    let temporary_ms = opts.temporary_ns / 1_000_000;
+    let temporary = Temporary::Allocs(cli.temporary_allocs);
     let (view, link) = if live_view {
-        let info = view_info(
-            cli,
-            &target,
-            pid,
-            &provider,
-            &probes,
-            &aliases,
-            temporary_ms,
-        );
+        let info = view_info(cli, &target, pid, &provider, &probes, &aliases, temporary);
         match tui::Tui::start(info, tui::Published::default()) {
             Ok((view, link)) => (Some(view), Some(link)),
             Err(e) => {
@@ -350,7 +343,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         eprint!("{}", report::processes(profile, 20));
     }
     if cli.mode == crate::cli::Mode::Stacks {
-        eprint!("{}", crate::views::sites(profile, cli.top, temporary_ms));
+        eprint!("{}", crate::views::sites(profile, cli.top, temporary));
     }
     eprint!("{}", crate::views::latency(profile));
     if let Some(stats) = &prog_stats {
@@ -382,7 +375,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             probes: &attached_list,
             aliases: &aliases,
             collect: cli.mode.name(),
-            temporary_ms,
+            temporary,
         };
         let mut doc = json::document(profile, &info);
         if let Some(h) = doc.value_mut("heaptrace") {
@@ -510,7 +503,7 @@ fn view_info(
     provider: &Provider,
     probes: &Probes,
     aliases: &[(Func, Func)],
-    temporary_ms: u64,
+    temporary: Temporary,
 ) -> tui::Info {
     tui::Info {
         target: match target {
@@ -532,7 +525,7 @@ fn view_info(
         },
         attached: probes.attached.clone(),
         aliases: aliases.to_vec(),
-        temporary_ms,
+        temporary,
         output: match (target, &cli.command_output) {
             (Target::Command(_), Some(p)) => Some(p.display().to_string()),
             (Target::Command(_), None) => Some("/dev/null".into()),
@@ -571,7 +564,6 @@ fn record_header(
     target: &Target,
     pid: Option<u32>,
     provider: &Provider,
-    temporary_ns: u64,
 ) -> Header {
     let cmdlines = pid
         .into_iter()
@@ -603,7 +595,7 @@ fn record_header(
             _ => Vec::new(),
         },
         provider: provider.path.display().to_string(),
-        temporary_ms: temporary_ns / 1_000_000,
+        temporary_ms: 0,
         cmdlines,
         aliases: aliases(provider)
             .iter()
@@ -611,6 +603,7 @@ fn record_header(
             .collect(),
         sample_bytes: cli.sample_bytes,
         latency_every: cli.latency_every,
+        temporary_allocs: cli.temporary_allocs,
     }
 }
 

@@ -6,6 +6,7 @@ use heaptrace_common::Func;
 
 use crate::{
     aggregate::Profile, hist::percentiles, model::SiteId, report::bytes, symbolize::Frame,
+    temporary::Temporary,
 };
 
 /// How frames are named: in full, or shortened (`report --just-function-name`,
@@ -171,7 +172,14 @@ pub fn estimated(profile: &Profile) -> String {
 }
 
 pub fn top_by_bytes(profile: &Profile, top: usize, names: &Names) -> String {
-    let mut s = format!("top sites by bytes allocated{}:\n", estimated(profile));
+    let lifetimes = match profile.latency_sampled() {
+        Some(n) => format!(" (lifetimes of 1 call in {n}, timed at random)"),
+        None => String::new(),
+    };
+    let mut s = format!(
+        "top sites by bytes allocated{}{lifetimes}:\n",
+        estimated(profile)
+    );
     let rows = profile.top_sites(top, |t| t.bytes as i64);
     let ids: Vec<SiteId> = rows.iter().map(|r| r.0).collect();
     for ((_, t), label) in rows.iter().zip(labels(profile, &ids, names)) {
@@ -222,15 +230,12 @@ pub fn leaks(profile: &Profile, top: usize, names: &Names) -> String {
     s
 }
 
-pub fn temporary(profile: &Profile, top: usize, temporary_ms: u64, names: &Names) -> String {
+pub fn temporary(profile: &Profile, top: usize, rule: Temporary, names: &Names) -> String {
     let temp = profile.top_sites(top, |t| t.temp_blocks as i64);
     if temp.is_empty() {
         return String::new();
     }
-    let mut s = format!(
-        "temporary (freed within {temporary_ms} ms), by site{}:\n",
-        estimated(profile)
-    );
+    let mut s = format!("temporary ({rule}), by site{}:\n", estimated(profile));
     let ids: Vec<SiteId> = temp.iter().map(|r| r.0).collect();
     for ((_, t), label) in temp.iter().zip(labels(profile, &ids, names)) {
         let _ = writeln!(
@@ -265,14 +270,14 @@ pub fn peak(profile: &Profile, top: usize, names: &Names) -> String {
 }
 
 /// Everything about sites, as printed at the end of a stacks-mode trace.
-pub fn sites(profile: &Profile, top: usize, temporary_ms: u64) -> String {
+pub fn sites(profile: &Profile, top: usize, rule: Temporary) -> String {
     let n = Names::default();
     format!(
         "\n{}{}{}{}{}",
         top_by_bytes(profile, top, &n),
         top_by_calls(profile, top, &n),
         leaks(profile, top, &n),
-        temporary(profile, top, temporary_ms, &n),
+        temporary(profile, top, rule, &n),
         peak(profile, top, &n)
     )
 }
@@ -420,7 +425,7 @@ mod tests {
             },
         );
         p.leaks = Some(leaks);
-        let text = sites(&p, 5, 1000);
+        let text = sites(&p, 5, Temporary::Allocs(1));
         let by_bytes = text.split("top sites by calls").next().unwrap();
         assert!(
             by_bytes.find("big").unwrap() < by_bytes.find("small").unwrap(),

@@ -25,7 +25,7 @@ fn slot(tgid: u32, ptr: u64, size: u64) -> LiveSlot {
             tid: tgid,
             func: 0,
             stack_id: 7,
-            _pad: 0,
+            seq: 0,
         },
     }
 }

@@ -15,5 +15,6 @@ mod slots;
 mod stacks;
 mod support;
 mod system;
+mod temporaries;
 mod threads;
 mod tui;

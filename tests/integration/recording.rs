@@ -22,7 +22,7 @@ fn record_sites(tag: &str, n: u64) -> (PathBuf, Value) {
         heaptrace()
             .args(["record", "-o"])
             .arg(&rec)
-            .args(["-q", "--temporary", "100ms", "--json"])
+            .args(["-q", "--temporary-allocs", "2", "--json"])
             .arg(&live)
             .arg("--")
             .arg(&bin)

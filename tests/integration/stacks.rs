@@ -65,10 +65,8 @@ fn sites_doc(tag: &str) -> Value {
 
 fn sites_doc_with(tag: &str, opts: &[&str]) -> Value {
     let bin = fixture("sites", "", &[]);
-    // alloc_a frees within microseconds, helper_c's blocks live 200 ms. The threshold sits
-    // between with room on both sides: on a loaded machine a thread can be preempted for tens of
-    // milliseconds between a malloc and its free (25 ms once made one block of 2000 long-lived).
-    let mut all = vec!["--temporary", "100ms"];
+    // Every call timed: every lifetime recorded.
+    let mut all = vec!["--latency-every", "1"];
     all.extend_from_slice(opts);
     let doc = trace(tag, &bin, &[&N.to_string()], &all);
     assert_eq!(doc["mode"], "stacks");
@@ -117,7 +115,7 @@ fn check_sites(doc: &Value) {
         (sum(&a, "frees"), a[0]["live_blocks"].as_i64()),
         (N, Some(0))
     );
-    // Freed at once: all temporary, and every lifetime recorded.
+    // Freed at once (no allocation in between): all temporary, and every lifetime recorded.
     assert_eq!(a[0]["temporary"]["blocks"].as_u64(), Some(N));
     assert_eq!(a[0]["lifetime"]["count"].as_u64(), Some(N));
 
@@ -149,7 +147,7 @@ fn check_sites(doc: &Value) {
     );
     assert_eq!(
         c[0]["temporary"]["blocks"], 0,
-        "freed long after allocation"
+        "freed after the thread's other allocations"
     );
 
     let d = sites_at(doc, "stacks", "leak_d");

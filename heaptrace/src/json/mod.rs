@@ -11,6 +11,7 @@ use crate::{
     hist::percentiles,
     model::{SiteId, Totals},
     probe::Attached,
+    temporary::Temporary,
 };
 
 /// What the document says about the run itself.
@@ -26,7 +27,7 @@ pub struct RunInfo<'a> {
     pub aliases: &'a [(Func, Func)],
     /// What was collected: counts, sizes or stacks.
     pub collect: &'static str,
-    pub temporary_ms: u64,
+    pub temporary: Temporary,
 }
 
 /// A site's identity and frames, the common part of every per-stack entry.
@@ -118,7 +119,7 @@ fn stack(profile: &Profile, id: &SiteId, t: &crate::model::SiteTotals) -> Value 
     )
 }
 
-pub(crate) fn temporary(profile: &Profile, threshold_ms: u64) -> Node<'_> {
+pub(crate) fn temporary(profile: &Profile, rule: Temporary) -> Node<'_> {
     let blocks: u64 = profile.sites.values().map(|t| t.temp_blocks).sum();
     let bytes: u64 = profile.sites.values().map(|t| t.temp_bytes).sum();
     let by = Node::list(move || {
@@ -132,13 +133,13 @@ pub(crate) fn temporary(profile: &Profile, threshold_ms: u64) -> Node<'_> {
                 )
             })
     });
-    Node::object([
-        ("threshold_ms", Node::from(json!(threshold_ms))),
+    let rule = rule.json().into_iter().map(|(k, v)| (k, Node::from(v)));
+    Node::object(rule.chain([
         ("estimated", json!(profile.sample_bytes > 0).into()),
         ("blocks", json!(blocks).into()),
         ("bytes", json!(bytes).into()),
         ("by_stack", by),
-    ])
+    ]))
 }
 
 pub(crate) fn peak(profile: &Profile) -> Node<'_> {
@@ -371,7 +372,7 @@ pub fn document<'a>(profile: &'a Profile, info: &RunInfo<'_>) -> Node<'a> {
             }),
         ),
         ("stacks".into(), stacks(profile)),
-        ("temporary".into(), temporary(profile, info.temporary_ms)),
+        ("temporary".into(), temporary(profile, info.temporary)),
         ("peak".into(), peak(profile)),
         ("reservations".into(), reservations(profile)),
     ]);
@@ -500,7 +501,7 @@ mod tests {
             probes: &[],
             aliases: &[(Func::Memalign, Func::AlignedAlloc)],
             collect: "stacks",
-            temporary_ms: 1000,
+            temporary: Temporary::Allocs(2),
         };
         let node = document(&p, &info);
         // The lists that grow with the stacks are made while the document is written.
@@ -527,7 +528,8 @@ mod tests {
         assert!(doc["leaks"].is_null());
         assert_eq!(doc["mode"], "stacks");
         assert_eq!(doc["stacks"], json!([]));
-        assert_eq!(doc["temporary"]["threshold_ms"], 1000);
+        assert_eq!(doc["temporary"]["allocations_between_below"], 2);
+        assert!(doc["temporary"].get("threshold_ms").is_none());
     }
 
     #[test]
@@ -573,7 +575,10 @@ mod tests {
         assert_eq!(doc[0]["calls"], 2);
         assert_eq!(doc[0]["sizes"][0]["from"], 64);
         assert_eq!(doc[0]["lifetime"]["count"], 1);
-        assert_eq!(temporary(&p, 5).to_value()["by_stack"][0]["blocks"], 1);
+        assert_eq!(
+            temporary(&p, Temporary::WithinMs(5)).to_value()["by_stack"][0]["blocks"],
+            1
+        );
         assert_eq!(
             leaks(&p, Some(7)).to_value()["by_stack"][0]["frames"][0]["function"],
             "alloc_a"

@@ -12,14 +12,21 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
-/// 6: the header's `latency_every` (`--latency-every`); version 3 to 5 headers read with 0
-/// (every call timed). 5: rounds end with the processes that ended and those folded into one
-/// (`fold`); version 4 and earlier rounds read with none. 4: rounds end with the processes that exec'ed (their earlier figures dropped, as live);
-/// version 2 and 3 rounds read with none. 3: the header's `sample_bytes` (`--sample-bytes`);
-/// version 2 files still read (their header without it, as unsampled). 2: rounds carry the
-/// allocators' reservations (the memory behind malloc) and one more loss counter. Version 1
-/// files (written before any release) are not read.
-pub const VERSION: u16 = 6;
+/// What each version added:
+/// - 7: the header's `temporary_allocs` (`--temporary-allocs`: temporaries by the freeing
+///   thread's allocations in between, no longer by time); version 3 to 6 headers read with 0
+///   (their `temporary_ms` rule).
+/// - 6: the header's `latency_every` (`--latency-every`); version 3 to 5 headers read with 0
+///   (every call timed).
+/// - 5: rounds end with the processes that ended and those folded into one (`fold`); version
+///   4 and earlier rounds read with none.
+/// - 4: rounds end with the processes that exec'ed (their earlier figures dropped, as live);
+///   version 2 and 3 rounds read with none.
+/// - 3: the header's `sample_bytes` (`--sample-bytes`); version 2 files still read (their
+///   header without it, as unsampled).
+/// - 2: rounds carry the allocators' reservations (the memory behind malloc) and one more loss
+///   counter. Version 1 files (written before any release) are not read.
+pub const VERSION: u16 = 7;
 /// The oldest version this reader reads.
 pub const OLDEST: u16 = 2;
 /// No frame is larger: a hostile length cannot make the reader allocate more.
@@ -101,6 +108,10 @@ pub struct Header {
     /// `--latency-every` (format 6): one call in this many was timed; 0 (earlier formats) or
     /// 1 when every call was.
     pub latency_every: u32,
+    /// `--temporary-allocs` (format 7): a block freed by its own thread with fewer than this
+    /// many of its allocations in between is temporary; 0 (earlier formats): one freed within
+    /// `temporary_ms` of its allocation was.
+    pub temporary_allocs: u32,
 }
 
 /// The header of format 2: postcard is not self-describing, so a field added at the end is
@@ -140,6 +151,7 @@ impl From<HeaderV2> for Header {
             aliases: h.aliases,
             sample_bytes: 0,
             latency_every: 0,
+            temporary_allocs: 0,
         }
     }
 }
@@ -339,10 +351,15 @@ pub fn decode_round(frame: &RawFrame, version: u16) -> Result<crate::model::Roun
     decode_padded(frame, missing)
 }
 
-/// The header of a file of `version` 3 or later. Those of 3 to 5 end before `latency_every`:
-/// a zero byte is a varint 0.
+/// The header of a file of `version` 3 or later. Those of 3 to 5 end before `latency_every`,
+/// those of 6 before `temporary_allocs`: a zero byte is a varint 0.
 pub fn decode_header(frame: &RawFrame, version: u16) -> Result<Header, FormatError> {
-    decode_padded(frame, if version >= 6 { 0 } else { 1 })
+    let missing = match version {
+        7.. => 0,
+        6 => 1,
+        _ => 2,
+    };
+    decode_padded(frame, missing)
 }
 
 /// A payload written before its last fields were added: each missing field is one zero byte

@@ -406,6 +406,48 @@ mod tests {
         assert_eq!(rec.profile().latency_sampled(), Some(16));
     }
 
+    /// A format 6 header ends before `temporary_allocs`: its temporaries were counted by time
+    /// and are shown by that rule; the current format keeps the allocation count.
+    #[test]
+    fn format_6_recordings_keep_their_time_rule_for_temporaries() {
+        use crate::record::format::{Kind, write_frame, write_preamble_version};
+        use crate::temporary::Temporary;
+        #[derive(serde::Serialize)]
+        struct HeaderV6<'a> {
+            v2: &'a HeaderV2,
+            sample_bytes: u64,
+            latency_every: u32,
+        }
+        let v2 = HeaderV2 {
+            heaptrace_version: "0.1.0".into(),
+            mode: "stacks".into(),
+            temporary_ms: 250,
+            ..Default::default()
+        };
+        let mut data = Vec::new();
+        write_preamble_version(&mut data, 6).unwrap();
+        let old = HeaderV6 {
+            v2: &v2,
+            sample_bytes: 0,
+            latency_every: 16,
+        };
+        write_frame(&mut data, Kind::Header, &old).unwrap();
+        write_frame(&mut data, Kind::Round, &sample_round(1, false)).unwrap();
+        let rec = Recording::read(&data[..]).unwrap();
+        assert_eq!(rec.header.latency_every, 16);
+        assert_eq!(rec.header.temporary_allocs, 0);
+        assert_eq!(Temporary::of_header(&rec.header), Temporary::WithinMs(250));
+        let dir = tempdir("v6");
+        let path = dir.join("t.bin");
+        let header = Header {
+            temporary_allocs: 3,
+            ..Default::default()
+        };
+        Recorder::create(&path, &header).unwrap();
+        let rec = Recording::open(&path).unwrap();
+        assert_eq!(Temporary::of_header(&rec.header), Temporary::Allocs(3));
+    }
+
     #[test]
     fn format_2_recordings_still_read_as_unsampled() {
         use crate::record::format::{Kind, write_frame, write_preamble_version};

@@ -38,7 +38,7 @@ pub struct Info {
     pub attached: Vec<Attached>,
     /// (alias, probed as).
     pub aliases: Vec<(Func, Func)>,
-    pub temporary_ms: u64,
+    pub temporary: crate::temporary::Temporary,
     /// Where a launched command's output goes while the view is up.
     pub output: Option<String>,
 }
@@ -1121,7 +1121,7 @@ impl App {
             probes: &info.attached,
             aliases: &info.aliases,
             collect: info.collect,
-            temporary_ms: info.temporary_ms,
+            temporary: info.temporary,
         };
         let view = json!({
             "screen": self.screen.title().to_lowercase(),

@@ -464,8 +464,12 @@ fn draw_stack(f: &mut Frame, app: &App, area: Rect) {
             l.push_str(&format!("; size p50 ~{}", bytes(p.p50 as i64)));
         }
         if let Some(p) = percentiles(&t.lifetimes, 1024) {
+            let timed = match app.view().latency_sampled() {
+                Some(n) => format!(" (1 in {n} timed)"),
+                None => String::new(),
+            };
             l.push_str(&format!(
-                "; lifetime p50 {} p99 {}",
+                "; lifetime{timed} p50 {} p99 {}",
                 nanos(p.p50),
                 nanos(p.p99)
             ));

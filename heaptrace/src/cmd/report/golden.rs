@@ -152,7 +152,7 @@ fn recording() -> (Recording, Profile) {
         pids: vec![7],
         command: vec!["./app".into(), "input.json".into()],
         provider: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
-        temporary_ms: 1000,
+        temporary_allocs: 1,
         aliases: vec![("memalign".into(), "aligned_alloc".into())],
         ..Default::default()
     };

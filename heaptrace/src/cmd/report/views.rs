@@ -12,6 +12,7 @@ use crate::{
     json as doc,
     record::Recording,
     report::{bytes, processes, summary},
+    temporary::Temporary,
     views::{self, Names},
 };
 
@@ -112,7 +113,7 @@ pub fn text(
             }
             View::Flame => folded(p, names, args.by).join("\n") + "\n",
             View::Leaks => views::leaks(p, top, names),
-            View::Temporary => views::temporary(p, top, rec.header.temporary_ms, names),
+            View::Temporary => views::temporary(p, top, Temporary::of_header(&rec.header), names),
             View::Peak => views::peak(p, top, names),
             View::Memory => match crate::report::memory(p, top) {
                 s if s.is_empty() => "no memory reservations recorded\n".into(),
@@ -152,7 +153,7 @@ pub fn json<'a>(
                     "sizes" => "sizes",
                     _ => "stacks",
                 },
-                temporary_ms: h.temporary_ms,
+                temporary: Temporary::of_header(h),
             };
             return Ok(doc::document(p, &info));
         }
@@ -187,7 +188,7 @@ pub fn json<'a>(
             })
             .collect(),
         View::Leaks => return Ok(doc::leaks(p, args.pid)),
-        View::Temporary => return Ok(doc::temporary(p, h.temporary_ms)),
+        View::Temporary => return Ok(doc::temporary(p, Temporary::of_header(h))),
         View::Peak => return Ok(doc::peak(p)),
         View::Memory => {
             return Ok(doc::Node::object([

@@ -34,7 +34,7 @@ pub fn info(mode: &'static str) -> Info {
         command: vec!["./sites".into(), "1000".into()],
         attached: vec![],
         aliases: vec![(Func::Memalign, Func::AlignedAlloc)],
-        temporary_ms: 1000,
+        temporary: crate::temporary::Temporary::Allocs(1),
         output: None,
     }
 }
