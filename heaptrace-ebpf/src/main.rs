@@ -265,7 +265,9 @@ struct Call<'a> {
     func: Func,
     /// The call's entry time where it was timed (`maps::latency_due`), else 0.
     now: u64,
-    /// The thread's allocations before this call's (`InFlight::seq`).
+    /// The thread's allocations before this call's (`InFlight::seq`): realloc releases its old
+    /// block at this count, so realloc(p) right after p's malloc makes p temporary, as a free
+    /// would.
     seq: u32,
 }
 
@@ -305,6 +307,13 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
         Func::PosixMemalign => 0,
         _ => ret,
     };
+    // A block comes back (and is counted, `allocated` and `realloc_return`) exactly where ptr
+    // is not 0. Written here, not once the block is tracked: a record found in the slot or in
+    // the hash map is a pointer into one of two maps, and one kept live to the end made the
+    // verifier follow every later path twice (start-up time: 114k -> 225k instructions).
+    if ptr != 0 {
+        f.seq = rec.seq.wrapping_add(1);
+    }
     let reserved = rec.flags & INFLIGHT_RESERVED != 0;
     // Byte sampling leaves a block out of the sites and the live map (stacks mode only).
     let sampled = ptr != 0 && (mode() < mode::STACKS || maps::sampled(rec.size));
@@ -348,9 +357,6 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
         _ => allocated(&mut call, rec.size, ptr),
     };
     if let Some(ptr) = block {
-        // After realloc released its old block: realloc(p) right after p's malloc makes p
-        // temporary, as a free would.
-        f.seq = rec.seq.wrapping_add(1);
         let stack = if sampled { stack } else { (NOT_SAMPLED, true) };
         track(&mut call, ptr, rec.size, stack);
     }
@@ -416,10 +422,11 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64, (stack_id, whole): (i32, bool
 }
 
 /// Forgets a block; returns its size if it was known (never in calls mode: no live map).
-/// `freer`: the releasing thread's id and allocations so far (`InFlight::seq`; None where it
-/// has no record, so allocated nothing seen), for temporaries.
+/// `freer`: the releasing thread's id and allocations so far (`InFlight::seq`), for
+/// temporaries; (0, 0) for a thread with no record, which allocated nothing seen (no thread
+/// that runs user code has id 0).
 #[inline(always)]
-fn untrack(pc: &mut ProcCounters, tgid: u32, ptr: u64, freer: (u32, Option<u32>)) -> Option<u64> {
+fn untrack(pc: &mut ProcCounters, tgid: u32, ptr: u64, freer: (u32, u32)) -> Option<u64> {
     if calls_mode() {
         return None;
     }
@@ -453,7 +460,7 @@ fn untrack(pc: &mut ProcCounters, tgid: u32, ptr: u64, freer: (u32, Option<u32>)
 fn realloc_return(call: &mut Call<'_>, rec: InFlight, ret: u64) -> Option<u64> {
     let old = rec.arg;
     let tgid = call.tgid;
-    let freer = (call.tid, Some(call.seq));
+    let freer = (call.tid, call.seq);
     if ret == 0 {
         if old != 0 && rec.size == 0 {
             add(&mut call.pc.realloc_frees, 1);
@@ -509,12 +516,13 @@ fn try_free(ctx: &ProbeContext, ptr: u64) -> Result<(), i64> {
     {
         return Ok(());
     }
-    let seq = rec.map(|f| f.seq);
+    // Not an Option: two states of the rest of the program for the verifier.
+    let freer = rec.map_or((0, 0), |f| (id as u32, f.seq));
     let Some(pc) = proc_counters(tgid) else {
         return Ok(());
     };
     add(&mut pc.funcs[Func::Free as usize].calls, 1);
-    if let Some(sz) = untrack(pc, tgid, ptr, (id as u32, seq)) {
+    if let Some(sz) = untrack(pc, tgid, ptr, freer) {
         add(&mut pc.funcs[Func::Free as usize].bytes, sz);
     }
     Ok(())

@@ -90,7 +90,7 @@ pub fn bare_stack(ctx: &RetProbeContext) {
 /// (by default none). Exact, and no clock read; a thread id reused after its thread exited (pid
 /// wrap) can be mistaken for it.
 #[inline(always)]
-pub fn released(tgid: u32, epoch: u32, block: &LiveBlock, (tid, seq): (u32, Option<u32>)) {
+pub fn released(tgid: u32, epoch: u32, block: &LiveBlock, (tid, seq): (u32, u32)) {
     let key = SiteKey {
         tgid,
         stack_id: block.stack_id,
@@ -112,8 +112,8 @@ pub fn released(tgid: u32, epoch: u32, block: &LiveBlock, (tid, seq): (u32, Opti
     }
     // The thread's allocations in between: its count now, less the count before this block and
     // this block itself.
-    let between = |s: u32| s.wrapping_sub(block.seq).wrapping_sub(1);
-    if block.tid == tid && seq.is_some_and(|s| between(s) < temporary_allocs()) {
+    let between = seq.wrapping_sub(block.seq).wrapping_sub(1);
+    if block.tid == tid && between < temporary_allocs() {
         add(&mut site.temp_blocks, 1);
         add(&mut site.temp_bytes, block.size);
     }
