@@ -312,7 +312,8 @@ pub struct InFlight {
     pub func: u32,
     /// [`INFLIGHT_RESERVED`] once the call made a memory syscall (mmap, brk, ...).
     pub flags: u32,
-    /// The thread's allocations so far (wrapping): kept from call to call, for temporaries.
+    /// The thread's allocations so far (wrapping, from a random start): kept from call to
+    /// call, for temporaries.
     pub seq: u32,
     pub _pad: u32,
 }

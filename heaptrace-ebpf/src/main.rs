@@ -24,7 +24,8 @@ mod threads;
 use aya_ebpf::{
     EbpfContext as _,
     helpers::{
-        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
+        bpf_probe_read_user,
     },
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
@@ -110,6 +111,13 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
         *f = InFlight { seq: f.seq, ..rec };
         return Ok(());
     }
+    // A thread's first call. Its count starts anywhere: a thread id reused after its thread
+    // exited then almost never finds the dead thread's blocks at its count (temporaries).
+    let rec = InFlight {
+        // SAFETY: no preconditions.
+        seq: unsafe { bpf_get_prandom_u32() },
+        ..rec
+    };
     if !inflight::claim(id, &rec) && INFLIGHT.insert(id, rec, BPF_ANY).is_err() {
         lose(Loss::InFlight);
     }

@@ -87,8 +87,9 @@ pub fn bare_stack(ctx: &RetProbeContext) {
 /// Counts the release of a block at the site that allocated it, by the thread `freer` (its id
 /// and allocations so far; see `untrack`). Temporary, as heaptrack and memray count it: freed
 /// by its own thread with fewer than `TEMPORARY_ALLOCS` of that thread's allocations in between
-/// (by default none). Exact, and no clock read; a thread id reused after its thread exited (pid
-/// wrap) can be mistaken for it.
+/// (by default none). Exact, and no clock read. A thread id reused after its thread exited (pid
+/// wrap) starts its count at random (`enter`): one of the dead thread's blocks freed by it is
+/// taken for temporary with odds of N in 2^32.
 #[inline(always)]
 pub fn released(tgid: u32, epoch: u32, block: &LiveBlock, (tid, seq): (u32, u32)) {
     let key = SiteKey {
