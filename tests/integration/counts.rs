@@ -494,12 +494,7 @@ fn probe_stats_runs_agree_with_the_counts() {
         &[],
     );
     let progs = doc["heaptrace"]["programs"].as_array().expect("programs");
-    let prog = |name: &str| {
-        progs
-            .iter()
-            .find(|p| p["name"] == name)
-            .unwrap_or_else(|| panic!("no {name} in {progs:?}"))
-    };
+    let prog = |name: &str| program(&doc, name);
     let runs = |name: &str| prog(name)["runs"].as_u64().unwrap();
     let f = &doc["functions"];
     let calls = |func: &str| f[func]["calls"].as_u64().unwrap();
@@ -539,14 +534,7 @@ fn the_verifier_goes_through_the_return_program_within_bounds() {
         &["100".to_string()],
         &[],
     );
-    let progs = doc["heaptrace"]["programs"].as_array().expect("programs");
-    let verified = |name: &str| {
-        progs
-            .iter()
-            .find(|p| p["name"] == name)
-            .and_then(|p| p["verified_insns"].as_u64())
-            .unwrap_or_else(|| panic!("no {name} in {progs:?}"))
-    };
+    let verified = |name: &str| program(&doc, name)["verified_insns"].as_u64().unwrap();
     let ret = verified("alloc_return");
     assert!((10_000..=180_000).contains(&ret), "alloc_return: {ret}");
     for name in ["malloc_entry", "free_entry"] {

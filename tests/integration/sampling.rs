@@ -12,17 +12,7 @@ const MIB: u64 = 1 << 20;
 const RATE: u64 = 65_536;
 
 fn trace(tag: &str, opts: &[&str]) -> Value {
-    let bin = fixture("sampled", "", &[]);
-    let json = json_path(tag);
-    let mut cmd = heaptrace();
-    cmd.args(["--no-tui", "-q", "--mode", "stacks"])
-        .args(opts)
-        .arg("--json")
-        .arg(&json)
-        .arg("--")
-        .arg(&bin);
-    run_ok(&mut cmd);
-    read_json(&json)
+    trace_stacks(tag, "sampled", opts)
 }
 
 /// The sites whose innermost frame is `function`, summed: (estimated calls, bytes, samples).

@@ -327,6 +327,32 @@ pub fn spawn_with_libc(cmd: &mut Command) -> std::process::Child {
     child
 }
 
+/// A program's entry in the `--probe-stats` part of a JSON document; panics if it never ran.
+pub fn program<'a>(doc: &'a Value, name: &str) -> &'a Value {
+    let progs = doc["heaptrace"]["programs"]
+        .as_array()
+        .expect("--probe-stats");
+    progs
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {progs:?}"))
+}
+
+/// Traces the C fixture `name`, launched in stacks mode with `opts`; returns the JSON document.
+pub fn trace_stacks(tag: &str, name: &str, opts: &[&str]) -> Value {
+    let bin = fixture(name, "", &[]);
+    let json = json_path(tag);
+    let mut cmd = heaptrace();
+    cmd.args(["--no-tui", "-q", "--mode", "stacks"])
+        .args(opts)
+        .arg("--json")
+        .arg(&json)
+        .arg("--")
+        .arg(&bin);
+    run_ok(&mut cmd);
+    read_json(&json)
+}
+
 /// The runs of a program in the `--probe-stats` part of a JSON document (0 if it never ran).
 pub fn program_runs(doc: &Value, program: &str) -> u64 {
     doc["heaptrace"]["programs"]

@@ -6,17 +6,7 @@ use serde_json::Value;
 use crate::support::*;
 
 fn trace(tag: &str, opts: &[&str]) -> Value {
-    let bin = fixture("temporaries", "", &[]);
-    let json = json_path(tag);
-    let mut cmd = heaptrace();
-    cmd.args(["--no-tui", "-q", "--mode", "stacks"])
-        .args(opts)
-        .arg("--json")
-        .arg(&json)
-        .arg("--")
-        .arg(&bin);
-    run_ok(&mut cmd);
-    read_json(&json)
+    trace_stacks(tag, "temporaries", opts)
 }
 
 /// (calls, frees, temporary blocks) of the site of `function`'s `size`-byte allocations.
