@@ -218,6 +218,12 @@ pub fn stack_cache_shift() -> u32 {
 #[map(name = "STACK_SCRATCH")]
 pub static STACK_SCRATCH: PerCpuArray<StoredStack> = PerCpuArray::with_max_entries(1, 0);
 
+/// The user stack a walk reads its frames from (`stacks::walk`), 512 bytes at a time, and the
+/// number of the last walk on this CPU.
+#[map(name = "STACK_CHUNK")]
+pub static STACK_CHUNK: PerCpuArray<[u64; crate::stacks::CHUNK_WORDS + 1]> =
+    PerCpuArray::with_max_entries(1, 0);
+
 /// Stacks of one frame, the caller (the kernel walks no deeper than a map's value holds): where
 /// FRAMES takes no whole stack (full, or both of a stack's ids taken), the allocation keeps
 /// its caller. Few distinct callers exist; their stacks, not.

@@ -517,9 +517,10 @@ fn probe_stats_runs_agree_with_the_counts() {
 
 /// Loading the programs is most of heaptrace's start-up: the verifier follows each path of
 /// the return program, the largest (the stack walk, the slots and maps with two places to look).
-/// On this machine's kernel (6.18) it goes through ~114,000 instructions in stacks mode; a
-/// change that kept a map pointer live to its end doubled that (225,000, 0.08 s more start-up
-/// at every launch and attach). Not a timing: the count is the kernel's, the same every load.
+/// On this machine's kernel (6.18) it goes through ~217,000 instructions in stacks mode (114,000
+/// before the walk read the stack 512 bytes at a time); a change that kept a map pointer live
+/// to its end had doubled the 114,000 (0.08 s more start-up at every launch and attach). Not a
+/// timing: the count is the kernel's, the same every load.
 #[test]
 fn the_verifier_goes_through_the_return_program_within_bounds() {
     if !bpf_or_skip("the_verifier_goes_through_the_return_program_within_bounds") {
@@ -536,7 +537,7 @@ fn the_verifier_goes_through_the_return_program_within_bounds() {
     );
     let verified = |name: &str| program(&doc, name)["verified_insns"].as_u64().unwrap();
     let ret = verified("alloc_return");
-    assert!((10_000..=180_000).contains(&ret), "alloc_return: {ret}");
+    assert!((10_000..=300_000).contains(&ret), "alloc_return: {ret}");
     for name in ["malloc_entry", "free_entry"] {
         let n = verified(name);
         assert!((50..=10_000).contains(&n), "{name}: {n}");
