@@ -1,11 +1,12 @@
 //! Helpers for the tests that run the real heaptrace binary against C fixtures.
 use std::{
+    cell::Cell,
     collections::BTreeMap,
     io::{BufRead as _, BufReader},
     os::fd::AsRawFd as _,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
-    sync::{Mutex, OnceLock},
+    sync::{Mutex, OnceLock, RwLock, RwLockWriteGuard},
     time::{Duration, Instant},
 };
 
@@ -17,6 +18,28 @@ use serde_json::Value;
 pub struct SystemLock {
     /// Holding the open file holds the lock.
     _file: std::fs::File,
+    /// An exclusive holder also keeps this binary's other tests from building fixtures.
+    _builds: Option<RwLockWriteGuard<'static, ()>>,
+}
+
+/// Fixture builds take this shared; a test that traces every process takes it exclusively
+/// (`exclusive`). gcc, g++ and rustc allocate from many stacks, and under `--all` theirs
+/// went into the same stack map as the fixture traced (the `--comm` filter is user space's):
+/// a build by another test thread once left a traced run without room for its stacks (CI:
+/// 0 of 255 kept).
+static BUILDS: RwLock<()> = RwLock::new(());
+
+thread_local! {
+    /// This thread holds `BUILDS` exclusively: its own builds go ahead.
+    static BUILDING_ALONE: Cell<bool> = const { Cell::new(false) };
+}
+
+impl Drop for SystemLock {
+    fn drop(&mut self) {
+        if self._builds.is_some() {
+            BUILDING_ALONE.with(|b| b.set(false));
+        }
+    }
 }
 
 fn system_lock(op: i32) -> SystemLock {
@@ -29,15 +52,23 @@ fn system_lock(op: i32) -> SystemLock {
     // SAFETY: flock on a descriptor we own; released when the file closes.
     let r = unsafe { libc::flock(f.as_raw_fd(), op) };
     assert_eq!(r, 0, "flock: {}", std::io::Error::last_os_error());
-    SystemLock { _file: f }
+    SystemLock {
+        _file: f,
+        _builds: None,
+    }
 }
 
 pub fn shared() -> SystemLock {
     system_lock(libc::LOCK_SH)
 }
 
+/// The flock first, then the builds: a test holding the flock shared may be building, and
+/// builds take no flock, so neither waits on the other in a circle.
 pub fn exclusive() -> SystemLock {
-    system_lock(libc::LOCK_EX)
+    let mut lock = system_lock(libc::LOCK_EX);
+    lock._builds = Some(BUILDS.write().unwrap_or_else(|e| e.into_inner()));
+    BUILDING_ALONE.with(|b| b.set(true));
+    lock
 }
 
 /// Whether this machine lets us load and attach BPF programs. In CI a missing capability is a
@@ -140,8 +171,13 @@ fn build_once(
     build: impl Fn(&Path, &Path) -> Output,
     ext: &str,
 ) -> PathBuf {
+    let _builds =
+        (!BUILDING_ALONE.with(Cell::get)).then(|| BUILDS.read().unwrap_or_else(|e| e.into_inner()));
     static BUILT: OnceLock<Mutex<()>> = OnceLock::new();
-    let _g = BUILT.get_or_init(|| Mutex::new(())).lock().unwrap();
+    let _g = BUILT
+        .get_or_init(|| Mutex::new(()))
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     let dir = workspace().join("target/fixtures");
     std::fs::create_dir_all(&dir).unwrap();
     let src = workspace().join(format!("tests/fixtures/{name}.{ext}"));
