@@ -219,7 +219,7 @@ pub fn stack_cache_shift() -> u32 {
 pub static STACK_SCRATCH: PerCpuArray<StoredStack> = PerCpuArray::with_max_entries(1, 0);
 
 /// The user stack a walk reads its frames from (`stacks::walk`), 512 bytes at a time, and the
-/// number of the last walk on this CPU.
+/// count of the reads into it on this CPU.
 #[map(name = "STACK_CHUNK")]
 pub static STACK_CHUNK: PerCpuArray<[u64; crate::stacks::CHUNK_WORDS + 1]> =
     PerCpuArray::with_max_entries(1, 0);

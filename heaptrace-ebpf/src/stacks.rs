@@ -19,7 +19,7 @@ use heaptrace_common::{
 };
 
 use crate::maps::{
-    BPF_NOEXIST, FRAMES, STACK_CACHE, STACK_CHUNK, STACK_GEN, STACK_SCRATCH, slot_cpus,
+    BPF_NOEXIST, FRAMES, STACK_CACHE, STACK_CHUNK, STACK_GEN, STACK_SCRATCH, add, slot_cpus,
     stack_cache_shift,
 };
 
@@ -52,12 +52,12 @@ pub fn walk(ctx: &RetProbeContext) -> Option<(&'static mut StoredStack, u64)> {
     // SAFETY: as above.
     let c = unsafe { &mut *c };
     // On a kernel with full preemption another task's walk on this CPU can read its stack into
-    // the chunk while this one is preempted: each walk numbers itself in the chunk's last word,
-    // and one that finds another number there at its end is not kept.
-    // SAFETY: aligned accesses to a map value.
-    let walk_no = unsafe { core::ptr::read_volatile(&c[CHUNK_WORDS]) }.wrapping_add(1);
-    // SAFETY: as above.
-    unsafe { core::ptr::write_volatile(&mut c[CHUNK_WORDS], walk_no) };
+    // the chunk while this one is preempted. The chunk's last word counts the reads into it
+    // (atomic adds: no count lost to a preempted update); a walk that finds more reads at its
+    // end than its own is not kept (nor, now and then, one that only began while another ran).
+    // SAFETY: an aligned read of a map value.
+    let first = unsafe { core::ptr::read_volatile(&c[CHUNK_WORDS]) };
+    let mut reads = 0u64;
     // SAFETY: the context's register file, valid for the program's run.
     let (ip, mut fp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rbp) };
     s.ips[0] = ip;
@@ -74,6 +74,8 @@ pub fn walk(ctx: &RetProbeContext) -> Option<(&'static mut StoredStack, u64)> {
             // Computed from fp alone, the verifier sees it bounded as in the other branch.
             off = (fp & (CHUNK_BYTES - 1)).min(CHUNK_BYTES - 16);
             let from = fp - off;
+            add(&mut c[CHUNK_WORDS], 1);
+            reads += 1;
             // SAFETY: bpf_probe_read_user validates the user address; the size is the
             // chunk's. A fault ends the walk.
             let r = unsafe {
@@ -107,7 +109,7 @@ pub fn walk(ctx: &RetProbeContext) -> Option<(&'static mut StoredStack, u64)> {
         fp = next;
     }
     // SAFETY: as above.
-    if unsafe { core::ptr::read_volatile(&c[CHUNK_WORDS]) } != walk_no {
+    if unsafe { core::ptr::read_volatile(&c[CHUNK_WORDS]) } != first.wrapping_add(reads) {
         return None;
     }
     // The end of the stack for its readers (`StoredStack::frames`), where a deeper one walked
