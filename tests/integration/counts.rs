@@ -517,7 +517,7 @@ fn probe_stats_runs_agree_with_the_counts() {
 
 /// Loading the programs is most of heaptrace's start-up: the verifier follows each path of
 /// the return program, the largest (the stack walk, the slots and maps with two places to look).
-/// On this machine's kernel (6.18) it goes through ~217,000 instructions in stacks mode (114,000
+/// On this machine's kernel (6.18) it goes through ~232,000 instructions in stacks mode (114,000
 /// before the walk read the stack 512 bytes at a time); a change that kept a map pointer live
 /// to its end had doubled the 114,000 (0.08 s more start-up at every launch and attach). Not a
 /// timing: the count is the kernel's, the same every load.
