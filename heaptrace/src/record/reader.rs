@@ -364,11 +364,27 @@ mod tests {
         );
     }
 
+    /// A file of format `version` with `header` (that version's layout) and one round, read.
+    fn read_version(version: u16, header: &impl serde::Serialize) -> Recording {
+        use crate::record::format::{Kind, write_frame, write_preamble_version};
+        let mut data = Vec::new();
+        write_preamble_version(&mut data, version).unwrap();
+        write_frame(&mut data, Kind::Header, header).unwrap();
+        write_frame(&mut data, Kind::Round, &sample_round(1, false)).unwrap();
+        Recording::read(&data[..]).unwrap()
+    }
+
+    /// A file of the current format with `header` and nothing else, written and opened.
+    fn round_trip(tag: &str, header: &Header) -> Recording {
+        let path = tempdir(tag).join("h.bin");
+        Recorder::create(&path, header).unwrap();
+        Recording::open(&path).unwrap()
+    }
+
     /// A format 5 header ends before `latency_every`: it reads as every call timed, and the
     /// current format keeps the rate.
     #[test]
     fn format_5_recordings_read_with_every_call_timed() {
-        use crate::record::format::{Kind, write_frame, write_preamble_version};
         #[derive(serde::Serialize)]
         struct HeaderV5<'a> {
             v2: &'a HeaderV2,
@@ -380,28 +396,21 @@ mod tests {
             mode: "sizes".into(),
             ..Default::default()
         };
-        let mut data = Vec::new();
-        write_preamble_version(&mut data, 5).unwrap();
         let old = HeaderV5 {
             v2: &v2,
             sample_bytes: 512,
         };
-        write_frame(&mut data, Kind::Header, &old).unwrap();
-        write_frame(&mut data, Kind::Round, &sample_round(1, false)).unwrap();
-        let rec = Recording::read(&data[..]).unwrap();
+        let rec = read_version(5, &old);
         assert_eq!(rec.header.interval_ms, 250);
         assert_eq!(rec.header.sample_bytes, 512);
         assert_eq!(rec.header.latency_every, 0);
         assert_eq!(rec.profile().latency_sampled(), None);
         assert_eq!(rec.rounds.len(), 1);
-        let dir = tempdir("v5");
-        let path = dir.join("l.bin");
         let header = Header {
             latency_every: 16,
             ..Default::default()
         };
-        Recorder::create(&path, &header).unwrap();
-        let rec = Recording::open(&path).unwrap();
+        let rec = round_trip("v5", &header);
         assert_eq!(rec.header.latency_every, 16);
         assert_eq!(rec.profile().latency_sampled(), Some(16));
     }
@@ -410,7 +419,6 @@ mod tests {
     /// and are shown by that rule; the current format keeps the allocation count.
     #[test]
     fn format_6_recordings_keep_their_time_rule_for_temporaries() {
-        use crate::record::format::{Kind, write_frame, write_preamble_version};
         use crate::temporary::Temporary;
         #[derive(serde::Serialize)]
         struct HeaderV6<'a> {
@@ -424,57 +432,42 @@ mod tests {
             temporary_ms: 250,
             ..Default::default()
         };
-        let mut data = Vec::new();
-        write_preamble_version(&mut data, 6).unwrap();
         let old = HeaderV6 {
             v2: &v2,
             sample_bytes: 0,
             latency_every: 16,
         };
-        write_frame(&mut data, Kind::Header, &old).unwrap();
-        write_frame(&mut data, Kind::Round, &sample_round(1, false)).unwrap();
-        let rec = Recording::read(&data[..]).unwrap();
+        let rec = read_version(6, &old);
         assert_eq!(rec.header.latency_every, 16);
         assert_eq!(rec.header.temporary_allocs, 0);
         assert_eq!(Temporary::of_header(&rec.header), Temporary::WithinMs(250));
-        let dir = tempdir("v6");
-        let path = dir.join("t.bin");
         let header = Header {
             temporary_allocs: 3,
             ..Default::default()
         };
-        Recorder::create(&path, &header).unwrap();
-        let rec = Recording::open(&path).unwrap();
+        let rec = round_trip("v6", &header);
         assert_eq!(Temporary::of_header(&rec.header), Temporary::Allocs(3));
     }
 
     #[test]
     fn format_2_recordings_still_read_as_unsampled() {
-        use crate::record::format::{Kind, write_frame, write_preamble_version};
-        let mut data = Vec::new();
-        write_preamble_version(&mut data, 2).unwrap();
         let old = HeaderV2 {
             heaptrace_version: "0.1.0".into(),
             interval_ms: 500,
             mode: "stacks".into(),
             ..Default::default()
         };
-        write_frame(&mut data, Kind::Header, &old).unwrap();
-        write_frame(&mut data, Kind::Round, &sample_round(1, false)).unwrap();
-        let rec = Recording::read(&data[..]).unwrap();
+        let rec = read_version(2, &old);
         assert_eq!(rec.header.interval_ms, 500);
         assert_eq!(rec.header.sample_bytes, 0);
         assert_eq!(rec.profile().sample_bytes, 0);
         assert_eq!(rec.rounds.len(), 1);
         // And the current version keeps the rate.
-        let dir = tempdir("v2");
-        let path = dir.join("s.bin");
         let header = Header {
             sample_bytes: 4096,
             ..Default::default()
         };
-        Recorder::create(&path, &header).unwrap();
-        let rec = Recording::open(&path).unwrap();
+        let rec = round_trip("v2", &header);
         assert_eq!(rec.header.sample_bytes, 4096);
         assert_eq!(rec.profile().sample_bytes, 4096);
         assert!(!rec.profile().calls);
