@@ -4,6 +4,7 @@
 //! time, so the two sides (compiled for different targets) always agree on the layout.
 #![no_std]
 
+pub mod filter;
 pub mod keyed;
 pub mod live;
 pub mod procs;
@@ -315,7 +316,9 @@ pub struct InFlight {
     /// The thread's allocations so far (wrapping, from a random start): kept from call to
     /// call, for temporaries.
     pub seq: u32,
-    pub _pad: u32,
+    /// Whether the thread's process is traced, where a filter applies (one of [`filter`]'s
+    /// verdicts): kept from call to call, judged again at an exec.
+    pub verdict: u32,
 }
 
 /// One slot of the in-flight array: the thread that owns it (its pid_tgid; 0 when free) and
@@ -348,7 +351,7 @@ impl InFlight {
         func: 0,
         flags: 0,
         seq: 0,
-        _pad: 0,
+        verdict: filter::UNKNOWN,
     };
 }
 
@@ -554,6 +557,14 @@ pub mod globals {
     /// The CPUs with a row in the slot tables ([`super::procs`], [`super::keyed`]): 0 when
     /// the tables are off.
     pub const SLOT_CPUS: &str = "SLOT_CPUS";
+    /// `--all --comm`: the pattern's bytes and mask ([`super::filter::Pattern`]); a zero mask
+    /// judges no thread (every process is traced).
+    pub const COMM_FILTER: &str = "COMM_FILTER";
+    pub const COMM_FILTER_MASK: &str = "COMM_FILTER_MASK";
+    /// Byte offsets in the running kernel's `task_struct` of `group_leader` and `comm` (from its
+    /// BTF): where a thread finds its process's name.
+    pub const TASK_GROUP_LEADER: &str = "TASK_GROUP_LEADER";
+    pub const TASK_COMM: &str = "TASK_COMM";
 }
 
 /// An entry probe's attach cookie: the pushes executed before the probe point (see

@@ -11,6 +11,7 @@
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
 
+mod filter;
 mod inflight;
 mod keyed;
 mod live;
@@ -71,7 +72,7 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
         return Ok(());
     }
     let id = bpf_get_current_pid_tgid();
-    if (id >> 32) as u32 == self_tgid() {
+    if (id >> 32) as u32 == self_tgid() || filter::excluded(id) {
         return Ok(());
     }
     // Only calls mode's malloc has a cookie to read: a function with a return probe has its
@@ -99,7 +100,7 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
         func: func as u32,
         flags: 0,
         seq: 0,
-        _pad: 0,
+        verdict: heaptrace_common::filter::UNKNOWN,
     };
     // Each thread keeps its one entry: later calls overwrite it in place (no insert, no delete,
     // no bucket lock); a completed call leaves sp = 0. The entry goes when the thread exits
@@ -108,7 +109,11 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
         if f.sp != 0 && sp <= f.sp {
             return Ok(()); // nested in the call in flight
         }
-        *f = InFlight { seq: f.seq, ..rec };
+        *f = InFlight {
+            seq: f.seq,
+            verdict: f.verdict,
+            ..rec
+        };
         return Ok(());
     }
     // A thread's first call. Its count starts anywhere: a thread id reused after its thread
@@ -511,7 +516,7 @@ fn try_free(ctx: &ProbeContext, ptr: u64) -> Result<(), i64> {
     }
     let id = bpf_get_current_pid_tgid();
     let tgid = (id >> 32) as u32;
-    if tgid == self_tgid() {
+    if tgid == self_tgid() || filter::excluded(id) {
         return Ok(());
     }
     // A free inside realloc (realloc(p, 0), moves of mmapped blocks) belongs to the realloc.

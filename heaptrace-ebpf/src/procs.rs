@@ -71,6 +71,7 @@ pub fn on_exec(ctx: RawTracePointContext) -> i32 {
     }
     if tgid != self_tgid() {
         restart(tgid);
+        crate::filter::exec(bpf_get_current_pid_tgid());
     }
     report(&ctx, PROC_EXEC);
     0

@@ -9,6 +9,8 @@ pub enum Error {
         "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing); heaptrace needs CONFIG_DEBUG_INFO_BTF"
     )]
     NoBtf,
+    #[error("cannot find task_struct's {0} in the kernel's BTF (/sys/kernel/btf/vmlinux)")]
+    Btf(String),
     #[error("this kernel has no uprobe support (/sys/bus/event_source/devices/uprobe is missing)")]
     NoUprobes,
     #[error("no such process: {0}")]

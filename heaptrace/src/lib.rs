@@ -9,6 +9,7 @@ pub mod aggregate;
 pub mod allocator;
 pub mod batch;
 pub mod bpfsys;
+pub mod btf;
 pub mod cgroups;
 pub mod cli;
 pub mod cmd;

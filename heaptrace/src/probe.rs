@@ -20,7 +20,7 @@ use aya::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeScope},
     },
 };
-use heaptrace_common::{COOKIE_NO_RETURN, Func, globals, maps};
+use heaptrace_common::{COOKIE_NO_RETURN, Func, filter::Pattern, globals, maps};
 use iced_x86::Register;
 
 use crate::{
@@ -69,6 +69,8 @@ pub struct LoadOptions {
     pub watch_tgid: u32,
     /// The memory syscalls are traced: the kernel marks execs among their events.
     pub reservations: bool,
+    /// `--all --comm`: the kernel leaves out the processes whose name does not contain this.
+    pub comm: Option<String>,
 }
 
 impl Default for LoadOptions {
@@ -88,6 +90,7 @@ impl Default for LoadOptions {
             calls: false,
             bare_stack: true,
             watch_tgid: 0,
+            comm: None,
             reservations: false,
         }
     }
@@ -355,7 +358,12 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         heaptrace_common::inflight_slots(opts.inflight_map_size)
     };
     let rows = slot_rows(opts)?;
+    let (pattern, task) = comm_filter(opts);
     let mut ebpf = EbpfLoader::new()
+        .override_global(globals::COMM_FILTER, &pattern.bytes, true)
+        .override_global(globals::COMM_FILTER_MASK, &pattern.mask, true)
+        .override_global(globals::TASK_GROUP_LEADER, &task.group_leader, true)
+        .override_global(globals::TASK_COMM, &task.comm, true)
         .override_global(globals::SELF_TGID, &me, true)
         .override_global(globals::SAMPLE_BYTES, &opts.sample_bytes, true)
         .override_global(globals::SAMPLE_SCALE, &scale, true)
@@ -414,6 +422,36 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         }
     }
     Ok(ebpf)
+}
+
+/// The kernel's `--comm` filter: the pattern (a zero one: off) and where a thread finds its
+/// process's name. Without the kernel's BTF for task_struct, user space alone filters, as it
+/// does anyway (it judges every process it is shown).
+fn comm_filter(opts: &LoadOptions) -> (Pattern, crate::btf::TaskOffsets) {
+    let off = (
+        Pattern {
+            bytes: [0; 2],
+            mask: [0; 2],
+        },
+        crate::btf::TaskOffsets::default(),
+    );
+    let Some(pattern) = opts
+        .comm
+        .as_deref()
+        .and_then(heaptrace_common::filter::pattern)
+    else {
+        return off;
+    };
+    match crate::btf::task_offsets() {
+        Ok(task) => (pattern, task),
+        Err(e) => {
+            eprintln!(
+                "heaptrace: warning: {e}: --comm filters in user space only (the other \
+                 processes' stacks take room in the maps)"
+            );
+            off
+        }
+    }
 }
 
 /// The entry program of a function: most read the C family's arguments; Rust's realloc and

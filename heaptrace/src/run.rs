@@ -73,6 +73,14 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
                 .into(),
         ));
     }
+    if let Some(c) = &cli.comm
+        && heaptrace_common::filter::pattern(c).is_none()
+    {
+        return Err(Error::Usage(format!(
+            "--comm {c:?}: a command name has 1 to 15 bytes (the kernel's TASK_COMM_LEN), so \
+             none can contain this"
+        )));
+    }
     probe::preflight()?;
     let live_view = !cli.no_tui && tui::wanted();
     let mut opts = LoadOptions {
@@ -95,8 +103,9 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
 
     // Find the target and its allocator; a launched command waits, stopped, until attached.
     let (provider, scope, stopped) = find_target(cli, &target, live_view)?;
-    if let Scope::Process(pid) = scope {
-        opts.watch_tgid = pid;
+    match scope {
+        Scope::Process(pid) => opts.watch_tgid = pid,
+        Scope::All => opts.comm.clone_from(&cli.comm),
     }
 
     // Before any probe fires, so that every run is counted.

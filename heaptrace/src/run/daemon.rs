@@ -128,8 +128,10 @@ async fn view_quit(live: Option<&mut tui::Link>) {
     }
 }
 
-/// `--comm` / `--cgroup`: which processes a system-wide trace reports. The probes see them all;
-/// the rounds keep only the matching ones, so every view agrees.
+/// `--comm` / `--cgroup`: which processes a system-wide trace reports. The kernel leaves out
+/// the processes `--comm` does not match (`heaptrace_common::filter`) but judges a thread at
+/// its first call, and not by cgroup: the rounds judge what it shows them again and keep only
+/// the matching ones, so every view agrees.
 pub(super) struct Filter {
     comm: Option<String>,
     cgroup: Option<String>,

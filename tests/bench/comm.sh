@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# What `--all --comm X` costs the processes it leaves out, and the one it keeps: added time per
+# malloc+free pair of `pairs N` run natively, under `heaptrace --all` (every process traced: what
+# every process paid when --comm filtered in user space alone), under `--all --comm zzz` (pairs
+# left out, by the kernel) and `--all --comm pairs` (pairs kept). Each --all trace is started,
+# waited for, and stopped around the run; REPS interleaved rounds, medians of the loop's own time
+# (pairs prints it). Root.
+#
+#   tests/bench/comm.sh [N] [REPS] [MODE]        (from the repository root)
+set -euo pipefail
+N=${1:-1000000}
+REPS=${2:-5}
+MODE=${3:-stacks}
+. tests/bench/pairs-setup.sh
+out=$(mktemp)
+log=$(mktemp)
+traced() { # label, heaptrace args...
+    local label=$1
+    shift
+    "$ht" --all --no-tui -q --mode "$MODE" "$@" 2>"$log" &
+    local tracer=$!
+    until grep -q "attached" "$log"; do sleep 0.05; done
+    echo "$label $("$pairs" "$N")" >>"$out"
+    kill -INT "$tracer"
+    wait "$tracer"
+}
+for _ in $(seq "$REPS"); do
+    echo "native $("$pairs" "$N")" >>"$out"
+    traced all
+    traced left-out --comm zzz
+    traced kept --comm pairs
+done
+python3 - "$out" "$N" "$MODE" <<'PY'
+import statistics, sys
+t = {}
+for line in open(sys.argv[1]):
+    how, s = line.split()
+    t.setdefault(how, []).append(float(s))
+N = int(sys.argv[2])
+m = lambda k: statistics.median(t[k])
+print(f"--mode {sys.argv[3]}, N = {N} pairs, {len(t['native'])} interleaved runs each, medians of the loop time")
+print("| run | loop time (s) | added per malloc+free pair |")
+print("|---|---|---|")
+for how in ("native", "all", "left-out", "kept"):
+    d = (m(how) - m("native")) / N * 1e6
+    print(f"| {how} | {m(how):.3f} | {d:.2f} us |")
+print("runs (s):")
+for how in ("native", "all", "left-out", "kept"):
+    print(f"  {how}:", " ".join(f"{x:.3f}" for x in t[how]))
+PY
+rm -f "$out" "$log"
