@@ -1,19 +1,27 @@
-//! `--all --comm X` in the kernel: which processes a system-wide trace looks at.
+//! `--all --comm X` and `--all --cgroup X` in the kernel: which processes a system-wide trace
+//! looks at.
 //!
 //! The probes of a system-wide trace fire in every process that maps the allocator. Filtered
 //! in user space alone, every other process still paid for its stack walks and filled the
 //! stack, site and live maps the matching processes needed (on a busy host, a filtered trace
 //! lost its own stacks to the host's compilers). So each thread judges its process at its
-//! first call, by the name of its group leader (what `/proc/PID/comm` shows, and what user
-//! space judges by: a thread's own name may be anything, `pthread_setname_np`), and keeps the
-//! verdict in its in-flight record ([`super::InFlight::verdict`]); an exec judges again.
+//! first call and keeps the verdict in its in-flight record ([`super::InFlight::verdict`]); an
+//! exec judges again. By name: its group leader's (what `/proc/PID/comm` shows, and what user
+//! space judges by: a thread's own name may be anything, `pthread_setname_np`). By cgroup: the
+//! verdict user space wrote for the thread's cgroup id (it knows the paths); a cgroup it has
+//! not judged yet leaves the thread traced, and judged again at its next call. A thread left
+//! out by its cgroup is judged again once it is in another (moved without an exec).
+//!
+//! The kernel only leaves out: user space judges every process it is shown again.
 
 /// [`super::InFlight::verdict`]: not judged yet (no filter, or a record made before one).
 pub const UNKNOWN: u32 = 0;
 /// The thread's process is traced.
 pub const TRACED: u32 = 1;
-/// The thread's process is left out: its calls stop at the record.
+/// The thread's process is left out by its name: its calls stop at the record.
 pub const EXCLUDED: u32 = 2;
+/// Left out by its cgroup, [`super::InFlight::cgroup`], while the thread stays in it.
+pub const EXCLUDED_CGROUP: u32 = 3;
 
 /// A command name's bytes, as the kernel keeps it (TASK_COMM_LEN, NUL-terminated).
 pub const COMM_LEN: usize = 16;

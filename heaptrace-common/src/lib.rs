@@ -319,6 +319,9 @@ pub struct InFlight {
     /// Whether the thread's process is traced, where a filter applies (one of [`filter`]'s
     /// verdicts): kept from call to call, judged again at an exec.
     pub verdict: u32,
+    /// The cgroup a [`filter::EXCLUDED_CGROUP`] verdict was taken in: a thread moved out of it
+    /// is judged again.
+    pub cgroup: u64,
 }
 
 /// One slot of the in-flight array: the thread that owns it (its pid_tgid; 0 when free) and
@@ -335,7 +338,7 @@ pub struct InFlightSlot {
 }
 
 /// The in-flight slots for an in-flight map of `inflight_map_size` threads: the largest power
-/// of two up to it, at most 65,536 (3.5 MiB).
+/// of two up to it, at most 65,536 (4 MiB).
 pub fn inflight_slots(inflight_map_size: u32) -> u32 {
     let want = inflight_map_size.clamp(1, 1 << 16);
     1 << (31 - want.leading_zeros())
@@ -352,6 +355,7 @@ impl InFlight {
         flags: 0,
         seq: 0,
         verdict: filter::UNKNOWN,
+        cgroup: 0,
     };
 }
 
@@ -513,6 +517,7 @@ pub mod maps {
     pub const MEMCALLS: &str = "MEMCALLS";
     pub const MEMEVENTS: &str = "MEMEVENTS";
     pub const EXECS: &str = "EXECS";
+    pub const CGROUP_VERDICTS: &str = "CGROUP_VERDICTS";
 }
 
 /// Globals set by the loader before the programs are loaded.
@@ -565,6 +570,9 @@ pub mod globals {
     /// BTF): where a thread finds its process's name.
     pub const TASK_GROUP_LEADER: &str = "TASK_GROUP_LEADER";
     pub const TASK_COMM: &str = "TASK_COMM";
+    /// `--all --cgroup`: 1 when the kernel judges threads by their cgroup, from the verdicts
+    /// user space puts in `maps::CGROUP_VERDICTS` (see [`super::filter`]).
+    pub const CGROUP_FILTER: &str = "CGROUP_FILTER";
 }
 
 /// An entry probe's attach cookie: the pushes executed before the probe point (see
@@ -584,8 +592,8 @@ const _: () = assert!(core::mem::size_of::<ProcCounters>() == 24 * FUNC_COUNT + 
 const _: () = assert!(core::mem::size_of::<SizeKey>() == 24);
 const _: () = assert!(core::mem::size_of::<LiveKey>() == 16);
 const _: () = assert!(core::mem::size_of::<LiveBlock>() == 32);
-const _: () = assert!(core::mem::size_of::<InFlight>() == 48);
-const _: () = assert!(core::mem::size_of::<InFlightSlot>() == 56);
+const _: () = assert!(core::mem::size_of::<InFlight>() == 56);
+const _: () = assert!(core::mem::size_of::<InFlightSlot>() == 64);
 const _: () = assert!(core::mem::size_of::<SiteKey>() == 16);
 const _: () = assert!(core::mem::size_of::<StoredStack>() == 8 * (1 + STACK_FRAMES));
 const _: () = assert!(core::mem::size_of::<SiteCounters>() == 8 * 8 + 8 * LOG2_BUCKETS);

@@ -101,6 +101,7 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
         flags: 0,
         seq: 0,
         verdict: heaptrace_common::filter::UNKNOWN,
+        cgroup: 0,
     };
     // Each thread keeps its one entry: later calls overwrite it in place (no insert, no delete,
     // no bucket lock); a completed call leaves sp = 0. The entry goes when the thread exits
@@ -112,6 +113,7 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
         *f = InFlight {
             seq: f.seq,
             verdict: f.verdict,
+            cgroup: f.cgroup,
             ..rec
         };
         return Ok(());

@@ -47,15 +47,30 @@ impl CgroupNames {
             return Some(p.clone());
         }
         if self.last_scan.is_none_or(|t| t.elapsed() >= RESCAN_EVERY) {
-            self.last_scan = Some(Instant::now());
-            self.known.clear();
-            if let Some(root) = self.root.clone()
-                && let Ok(meta) = std::fs::metadata(&root)
-            {
-                self.walk(&root, &root, meta.dev());
-            }
+            self.rescan();
         }
         self.known.get(&id).cloned()
+    }
+
+    /// Walks the hierarchy again now.
+    pub fn rescan(&mut self) {
+        self.last_scan = Some(Instant::now());
+        self.known.clear();
+        if let Some(root) = self.root.clone()
+            && let Ok(meta) = std::fs::metadata(&root)
+        {
+            self.walk(&root, &root, meta.dev());
+        }
+    }
+
+    /// The cgroups found by the last walk: id and path.
+    pub fn known(&self) -> impl Iterator<Item = (u64, &str)> {
+        self.known.iter().map(|(id, p)| (*id, p.as_str()))
+    }
+
+    /// Whether the host has a cgroup2 hierarchy (else no cgroup has a path).
+    pub fn has_hierarchy(&self) -> bool {
+        self.root.is_some()
     }
 
     /// Every directory under `root` on its file system (`dev`): inode -> path.

@@ -10,6 +10,7 @@ pub mod allocator;
 pub mod batch;
 pub mod bpfsys;
 pub mod btf;
+pub mod cgroupfilter;
 pub mod cgroups;
 pub mod cli;
 pub mod cmd;

@@ -71,6 +71,9 @@ pub struct LoadOptions {
     pub reservations: bool,
     /// `--all --comm`: the kernel leaves out the processes whose name does not contain this.
     pub comm: Option<String>,
+    /// `--all --cgroup` on a host with a cgroup2 hierarchy: the kernel leaves out the threads
+    /// of the cgroups user space judges not to match (`cgroupfilter`).
+    pub cgroup: Option<String>,
 }
 
 impl Default for LoadOptions {
@@ -91,6 +94,7 @@ impl Default for LoadOptions {
             bare_stack: true,
             watch_tgid: 0,
             comm: None,
+            cgroup: None,
             reservations: false,
         }
     }
@@ -364,6 +368,11 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .override_global(globals::COMM_FILTER_MASK, &pattern.mask, true)
         .override_global(globals::TASK_GROUP_LEADER, &task.group_leader, true)
         .override_global(globals::TASK_COMM, &task.comm, true)
+        .override_global(
+            globals::CGROUP_FILTER,
+            &u32::from(opts.cgroup.is_some()),
+            true,
+        )
         .override_global(globals::SELF_TGID, &me, true)
         .override_global(globals::SAMPLE_BYTES, &opts.sample_bytes, true)
         .override_global(globals::SAMPLE_SCALE, &scale, true)

@@ -105,7 +105,13 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     let (provider, scope, stopped) = find_target(cli, &target, live_view)?;
     match scope {
         Scope::Process(pid) => opts.watch_tgid = pid,
-        Scope::All => opts.comm.clone_from(&cli.comm),
+        Scope::All => {
+            opts.comm.clone_from(&cli.comm);
+            opts.cgroup = cli
+                .cgroup
+                .clone()
+                .filter(|_| crate::cgroups::CgroupNames::default().has_hierarchy());
+        }
     }
 
     // Before any probe fires, so that every run is counted.
@@ -172,6 +178,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             cli.probe_at_entry,
             scope,
             cli.comm.clone(),
+            opts.cgroup.clone(),
         ),
         scope,
     ) {
@@ -289,6 +296,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         memring,
         reserves: Tracker::default(),
         reserves_lost: 0,
+        unjudged_said: false,
     };
     let end = rt.block_on(daemon.watch(cli.interval))?;
 

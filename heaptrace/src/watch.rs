@@ -65,6 +65,8 @@ pub struct ProcWatch {
     /// forgotten.
     pub seen: std::collections::HashMap<u32, (String, String)>,
     cgroups: crate::cgroups::CgroupNames,
+    /// The kernel's cgroup verdicts, under `--all --cgroup`.
+    verdicts: Option<crate::cgroupfilter::CgroupVerdicts>,
     /// Processes just started whose allocator is not mapped yet (the exec tracepoint fires
     /// before the dynamic loader maps libc): looked at again shortly, a while at most.
     pending: Vec<(u32, std::time::Instant)>,
@@ -79,12 +81,14 @@ impl ProcWatch {
     /// Attaches the exec tracepoint; `first` is the file already probed. With one process in
     /// `scope`, the kernel reports that process's execs only (`LoadOptions::watch_tgid`).
     /// `comm`: the `--comm` filter; the reader reads only the matching processes' mappings.
+    /// `cgroup`: the `--cgroup` filter, when the kernel judges by cgroup (`cgroupfilter`).
     pub fn start(
         probes: &mut Probes,
         first: &Provider,
         at_entry: bool,
         scope: Scope,
         comm: Option<String>,
+        cgroup: Option<String>,
     ) -> Result<ProcWatch> {
         let (prog, tp) = ("on_exec", "sched_process_exec");
         {
@@ -136,6 +140,15 @@ impl ProcWatch {
                 None
             }
         };
+        let mut cgroups = crate::cgroups::CgroupNames::default();
+        let verdicts = match cgroup {
+            Some(pattern) if scope == Scope::All => {
+                let mut v = crate::cgroupfilter::CgroupVerdicts::take(&mut probes.ebpf, pattern)?;
+                v.judge_all(&mut cgroups);
+                Some(v)
+            }
+            _ => None,
+        };
         Ok(ProcWatch {
             events: Some(events),
             early,
@@ -147,9 +160,21 @@ impl ProcWatch {
             at_entry,
             scope,
             seen: std::collections::HashMap::new(),
-            cgroups: crate::cgroups::CgroupNames::default(),
+            cgroups,
+            verdicts,
             pending: Vec::new(),
         })
+    }
+
+    /// Once a round under `--all --cgroup`: the kernel's verdicts on the cgroups made or removed
+    /// since the last walk (a process moved into a new cgroup without an exec reports none).
+    /// Returns how many cgroups the kernel's map has had no room for.
+    pub fn judge_cgroups(&mut self) -> u64 {
+        let Some(v) = self.verdicts.as_mut() else {
+            return 0;
+        };
+        v.judge_all(&mut self.cgroups);
+        v.unjudged
     }
 
     /// Looks at every process already running, as if each had just started.
@@ -185,9 +210,12 @@ impl ProcWatch {
             let comm = comm_str(&e.comm)
                 .or_else(|| crate::procfs::comm(e.tgid))
                 .unwrap_or_default();
-            let cgroup = self
-                .cgroups
-                .path(e.cgroup_id)
+            let known = self.cgroups.path(e.cgroup_id);
+            // Before its first allocations, at best: until then the kernel traces it.
+            if let (Some(v), Some(path)) = (self.verdicts.as_mut(), known.as_deref()) {
+                v.judge(e.cgroup_id, path);
+            }
+            let cgroup = known
                 .or_else(|| crate::procfs::cgroup(e.tgid))
                 .unwrap_or_default();
             self.seen.insert(e.tgid, (comm, cgroup));

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# What `--all --comm X` costs the processes it leaves out, and the one it keeps: added time per
-# malloc+free pair of `pairs N` run natively, under `heaptrace --all` (every process traced: what
-# every process paid when --comm filtered in user space alone), under `--all --comm zzz` (pairs
-# left out, by the kernel) and `--all --comm pairs` (pairs kept). Each --all trace is started,
+# What `--all --comm X` and `--all --cgroup X` cost the processes they leave out, and the one
+# they keep: added time per malloc+free pair of `pairs N` run natively, under `heaptrace --all`
+# (every process traced: what every process paid when the filters were user space's alone),
+# under `--all --comm zzz` (pairs left out, by the kernel), `--all --comm pairs` (pairs kept) and
+# `--all --cgroup zzz` (left out by its cgroup). Each --all trace is started,
 # waited for, and stopped around the run; REPS interleaved rounds, medians of the loop's own time
 # (pairs prints it). Root.
 #
@@ -29,6 +30,7 @@ for _ in $(seq "$REPS"); do
     traced all
     traced left-out --comm zzz
     traced kept --comm pairs
+    traced left-out-cgroup --cgroup zzz
 done
 python3 - "$out" "$N" "$MODE" <<'PY'
 import statistics, sys
@@ -41,11 +43,11 @@ m = lambda k: statistics.median(t[k])
 print(f"--mode {sys.argv[3]}, N = {N} pairs, {len(t['native'])} interleaved runs each, medians of the loop time")
 print("| run | loop time (s) | added per malloc+free pair |")
 print("|---|---|---|")
-for how in ("native", "all", "left-out", "kept"):
+for how in ("native", "all", "left-out", "kept", "left-out-cgroup"):
     d = (m(how) - m("native")) / N * 1e6
     print(f"| {how} | {m(how):.3f} | {d:.2f} us |")
 print("runs (s):")
-for how in ("native", "all", "left-out", "kept"):
+for how in ("native", "all", "left-out", "kept", "left-out-cgroup"):
     print(f"  {how}:", " ".join(f"{x:.3f}" for x in t[how]))
 PY
 rm -f "$out" "$log"

@@ -1096,6 +1096,117 @@ fn all_places_a_short_lived_process_in_its_cgroup() {
     check_fixture_sizes(p, &fx);
 }
 
+/// A cgroup of its own, made for one test (removed when dropped).
+struct TestCgroup {
+    name: String,
+    dir: std::path::PathBuf,
+}
+
+impl TestCgroup {
+    fn new(tag: &str) -> TestCgroup {
+        let root = cgroup2_root().expect("a cgroup2 mount");
+        let name = format!("heaptrace-test-{tag}-{}", std::process::id());
+        let dir = root.join(&name);
+        std::fs::create_dir(&dir).expect("mkdir in the cgroup2 hierarchy");
+        TestCgroup { name, dir }
+    }
+
+    /// `sh -c` that moves itself into the cgroup, then becomes `bin args`.
+    fn exec_in(&self, bin: &std::path::Path, args: &str) -> Command {
+        let mut cmd = Command::new("sh");
+        cmd.args([
+            "-c",
+            &format!(
+                "echo $$ > {}/cgroup.procs && exec {} {args}",
+                self.dir.display(),
+                bin.display()
+            ),
+        ]);
+        cmd
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// The kernel leaves out the threads of the cgroups `--cgroup` does not match: `recurse 6`'s
+/// 127 stacks in the test's cgroup take no room in a stack map of 16, and a `sites 10` in a
+/// cgroup of its own keeps its 4 whole (as `--comm` does, by name).
+#[test]
+fn all_with_a_cgroup_filter_keeps_the_others_out_of_the_kernel_maps() {
+    if !bpf_or_skip("all_with_a_cgroup_filter_keeps_the_others_out_of_the_kernel_maps") {
+        return;
+    }
+    let _g = exclusive();
+    let cg = TestCgroup::new("kernel");
+    let recurse = fixture("recurse", "", &[]);
+    let sites = fixture("sites", "", &[]);
+    let (tracer, json) = start_all(
+        "sys-cgroup-kernel",
+        &["--cgroup", &cg.name, "--stack-map-size", "16"],
+    );
+    run_ok(Command::new(&recurse).arg("6"));
+    let mut child = cg.exec_in(&sites, "10").spawn().unwrap();
+    assert!(child.wait().unwrap().success());
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, doc) = stop(tracer, &json);
+    assert_eq!(doc["lost"]["stack_all_processes"], 0, "{}", doc["lost"]);
+    assert_eq!(doc["totals"]["allocations"], 33, "{}", doc["functions"]);
+    assert_eq!(
+        whole_stack_calls(&doc, child.id(), None),
+        33,
+        "{}",
+        doc["stacks"]
+    );
+}
+
+/// A process left out by its cgroup, then moved into the one traced (no exec), is counted from
+/// its move: its threads are judged again in their new cgroup, made after heaptrace started
+/// (judged by user space once a round; traced meanwhile). The one malloc(1) before the move is
+/// not seen, the work after it exactly.
+#[test]
+fn all_with_a_cgroup_filter_counts_a_process_moved_into_it() {
+    if !bpf_or_skip("all_with_a_cgroup_filter_counts_a_process_moved_into_it") {
+        return;
+    }
+    let _g = exclusive();
+    let bin = fixture("allocs", "", &[]);
+    let name = format!("heaptrace-test-moved-{}", std::process::id());
+    let (tracer, json) = start_all("sys-cgroup-moved", &["--mode", "sizes", "--cgroup", &name]);
+    let mut child = Command::new(&bin)
+        .args(["0", "100", "2", "wait", "early", "hold"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut stdin = child.stdin.take().unwrap();
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let cg = TestCgroup::new("moved");
+    assert_eq!(cg.name, name);
+    std::fs::write(cg.dir.join("cgroup.procs"), pid.to_string()).unwrap();
+    // It lives on past a round: user space judges a process gone by the cgroup of its exec.
+    stdin.write_all(b"g").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "done\n");
+    std::thread::sleep(Duration::from_millis(500));
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+    let (stderr, doc) = stop(tracer, &json);
+    let procs = doc["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 1, "{procs:?} {stderr}");
+    let p = process(&doc, pid);
+    assert_eq!(p["cgroup"], format!("/{name}"));
+    check_fixture_sizes(p, &Fixture::main_thread(100, 2));
+}
+
 /// heaptrace's own allocations never reach the malloc family it probes. Under `--all` each of
 /// them would trap into its own probes (the programs return at once, the trap remains): with
 /// 10,000 live stacks that was some 23,000 calls a second, a third of the daemon's CPU time.

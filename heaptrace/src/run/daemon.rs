@@ -97,6 +97,8 @@ pub(super) struct Daemon {
     pub(super) reserves: Tracker,
     /// `reserves.lost` already reported in a round.
     pub(super) reserves_lost: u64,
+    /// The warning that the kernel's cgroup verdicts are full was given.
+    pub(super) unjudged_said: bool,
 }
 
 /// heaptrace's own CPU use between two reads, from /proc/self/stat.
@@ -129,9 +131,9 @@ async fn view_quit(live: Option<&mut tui::Link>) {
 }
 
 /// `--comm` / `--cgroup`: which processes a system-wide trace reports. The kernel leaves out
-/// the processes `--comm` does not match (`heaptrace_common::filter`) but judges a thread at
-/// its first call, and not by cgroup: the rounds judge what it shows them again and keep only
-/// the matching ones, so every view agrees.
+/// the processes that do not match (`heaptrace_common::filter`) but judges a thread at its
+/// first call, and traces where it cannot judge: the rounds judge what it shows them again and
+/// keep only the matching ones, so every view agrees.
 pub(super) struct Filter {
     comm: Option<String>,
     cgroup: Option<String>,
@@ -596,6 +598,14 @@ impl Daemon {
         // Every one gone, also those that never allocated: no name of theirs is needed again.
         if let Some(w) = self.procwatch.as_mut() {
             w.seen.retain(|p, _| !gone.contains(p));
+            let unjudged = w.judge_cgroups();
+            if unjudged > 0 && !self.unjudged_said {
+                self.unjudged_said = true;
+                eprintln!(
+                    "heaptrace: warning: {unjudged} cgroups had no room in the kernel's \
+                     verdicts: their processes are traced in full and left out in user space"
+                );
+            }
         }
         if !theirs.is_empty() {
             self.freed = self.maps.free_stacks(theirs);

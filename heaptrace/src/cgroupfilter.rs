@@ -1,0 +1,78 @@
+//! `--all --cgroup X` in the kernel. Only user space knows a cgroup's path: it judges each
+//! cgroup as it judges processes (`cgroup path contains X`, `run::daemon::Filter`) and writes
+//! the verdict under the cgroup's id, where the programs look a thread's up at its first call
+//! (`heaptrace_common::filter`). A cgroup not judged yet leaves its threads traced (and judged
+//! again at their next call) until it is: every cgroup of the hierarchy at the start, then each
+//! exec's as it is reported, then the whole hierarchy again once a round.
+use std::collections::HashSet;
+
+use aya::maps::{HashMap, MapData};
+use heaptrace_common::{
+    filter::{EXCLUDED_CGROUP, TRACED},
+    maps,
+};
+
+use crate::{
+    cgroups::CgroupNames,
+    error::{Error, Result},
+};
+
+pub struct CgroupVerdicts {
+    map: HashMap<MapData, u64, u32>,
+    pattern: String,
+    judged: HashSet<u64>,
+    /// Cgroups the map had no room for: their threads stay traced (user space drops them).
+    pub unjudged: u64,
+}
+
+impl CgroupVerdicts {
+    pub fn take(ebpf: &mut aya::Ebpf, pattern: String) -> Result<CgroupVerdicts> {
+        let map = ebpf
+            .take_map(maps::CGROUP_VERDICTS)
+            .ok_or_else(|| Error::Load(format!("map {} missing", maps::CGROUP_VERDICTS)))?;
+        let map = HashMap::try_from(map).map_err(|e| Error::Map {
+            map: maps::CGROUP_VERDICTS,
+            reason: e.to_string(),
+        })?;
+        Ok(CgroupVerdicts {
+            map,
+            pattern,
+            judged: HashSet::new(),
+            unjudged: 0,
+        })
+    }
+
+    /// Judges cgroup `id`, at `path`, unless it was.
+    pub fn judge(&mut self, id: u64, path: &str) {
+        if self.judged.contains(&id) {
+            return;
+        }
+        let verdict = if path.contains(self.pattern.as_str()) {
+            TRACED
+        } else {
+            EXCLUDED_CGROUP
+        };
+        match self.map.insert(id, verdict, 0) {
+            Ok(()) => {
+                self.judged.insert(id);
+            }
+            Err(_) => self.unjudged += 1,
+        }
+    }
+
+    /// Walks the hierarchy now: judges the cgroups made since the last walk and forgets the
+    /// ones removed (ids are not reused; the map keeps room for new ones).
+    pub fn judge_all(&mut self, names: &mut CgroupNames) {
+        names.rescan();
+        let now: Vec<(u64, String)> = names.known().map(|(id, p)| (id, p.to_owned())).collect();
+        let live: HashSet<u64> = now.iter().map(|(id, _)| *id).collect();
+        let gone: Vec<u64> = self.judged.difference(&live).copied().collect();
+        for id in gone {
+            let _ = self.map.remove(&id);
+            self.judged.remove(&id);
+        }
+        for (id, path) in now {
+            self.judge(id, &path);
+        }
+    }
+}
