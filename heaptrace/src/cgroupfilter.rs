@@ -21,7 +21,8 @@ pub struct CgroupVerdicts {
     map: HashMap<MapData, u64, u32>,
     pattern: String,
     judged: HashSet<u64>,
-    /// Cgroups the map had no room for: their threads stay traced (user space drops them).
+    /// Cgroups the map had no room for, at the last walk and since: their threads stay traced
+    /// (user space drops them).
     pub unjudged: u64,
 }
 
@@ -64,6 +65,7 @@ impl CgroupVerdicts {
     /// ones removed (ids are not reused; the map keeps room for new ones).
     pub fn judge_all(&mut self, names: &mut CgroupNames) {
         names.rescan();
+        self.unjudged = 0;
         let now: Vec<(u64, String)> = names.known().map(|(id, p)| (id, p.to_owned())).collect();
         let live: HashSet<u64> = now.iter().map(|(id, _)| *id).collect();
         let gone: Vec<u64> = self.judged.difference(&live).copied().collect();
