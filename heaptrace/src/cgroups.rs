@@ -68,6 +68,12 @@ impl CgroupNames {
         self.known.iter().map(|(id, p)| (*id, p.as_str()))
     }
 
+    /// The root's `cgroup.stat` (counts of descendants, live and dying): it changes when a
+    /// cgroup is made or removed anywhere below.
+    pub fn root_stat(&self) -> Option<String> {
+        std::fs::read_to_string(self.root.as_ref()?.join("cgroup.stat")).ok()
+    }
+
     /// Whether the host has a cgroup2 hierarchy (else no cgroup has a path).
     pub fn has_hierarchy(&self) -> bool {
         self.root.is_some()
@@ -117,5 +123,28 @@ mod tests {
         let mut names = CgroupNames::default();
         assert_eq!(names.path(meta.ino()), Some(mine));
         assert_eq!(names.path(u64::MAX), None);
+    }
+
+    /// What `cgroupfilter` walks the hierarchy again on.
+    #[test]
+    fn the_roots_stat_changes_when_a_cgroup_is_made_and_removed() {
+        let mut names = CgroupNames::default();
+        let (Some(root), Some(before)) = (names.root.clone(), names.root_stat()) else {
+            eprintln!("SKIPPED no cgroup2 mount");
+            return;
+        };
+        let dir = root.join(format!("heaptrace-unit-{}", std::process::id()));
+        if let Err(e) = std::fs::create_dir(&dir) {
+            eprintln!("SKIPPED cannot make a cgroup ({e})");
+            return;
+        }
+        let made = names.root_stat();
+        names.rescan();
+        let id = std::fs::metadata(&dir).unwrap().ino();
+        let found = names.known().any(|(i, _)| i == id);
+        std::fs::remove_dir(&dir).unwrap();
+        assert!(found);
+        assert_ne!(made.as_ref(), Some(&before));
+        assert_ne!(names.root_stat(), made);
     }
 }

@@ -167,13 +167,14 @@ impl ProcWatch {
     }
 
     /// Once a round under `--all --cgroup`: the kernel's verdicts on the cgroups made or removed
-    /// since the last walk (a process moved into a new cgroup without an exec reports none).
+    /// since the last walk (a process moved into a new cgroup without an exec reports none;
+    /// `CgroupVerdicts::judge_new`).
     /// Returns how many cgroups the kernel's map has had no room for.
     pub fn judge_cgroups(&mut self) -> u64 {
         let Some(v) = self.verdicts.as_mut() else {
             return 0;
         };
-        v.judge_all(&mut self.cgroups);
+        v.judge_new(&mut self.cgroups);
         v.unjudged
     }
 
