@@ -67,6 +67,8 @@ pub struct ProcWatch {
     cgroups: crate::cgroups::CgroupNames,
     /// The kernel's cgroup verdicts, under `--all --cgroup`.
     verdicts: Option<crate::cgroupfilter::CgroupVerdicts>,
+    /// `--all --comm` and `--all --cgroup`: the processes whose allocator files are looked at.
+    wanted: Wanted,
     /// Processes just started whose allocator is not mapped yet (the exec tracepoint fires
     /// before the dynamic loader maps libc): looked at again shortly, a while at most.
     pending: Vec<(u32, std::time::Instant)>,
@@ -124,7 +126,7 @@ impl ProcWatch {
             tx,
             stop: stop.clone(),
             wake: wake.clone(),
-            comm,
+            comm: comm.clone(),
             early: early.clone(),
             delay: delay_for_tests(),
         };
@@ -139,6 +141,13 @@ impl ProcWatch {
                 log::debug!("no kernel-side log: {e}");
                 None
             }
+        };
+        let wanted = match scope {
+            Scope::All => Wanted {
+                comm,
+                cgroup: cgroup.clone(),
+            },
+            Scope::Process(_) => Wanted::default(),
         };
         let mut cgroups = crate::cgroups::CgroupNames::default();
         let verdicts = match cgroup {
@@ -162,6 +171,7 @@ impl ProcWatch {
             seen: std::collections::HashMap::new(),
             cgroups,
             verdicts,
+            wanted,
             pending: Vec::new(),
         })
     }
@@ -190,6 +200,10 @@ impl ProcWatch {
                 .to_str()
                 .and_then(|n| n.parse::<u32>().ok())
                 && pid != me
+                && self.wanted.judge(
+                    crate::procfs::comm(pid).as_deref(),
+                    crate::procfs::cgroup(pid).as_deref(),
+                )
             {
                 let _ = self.started(probes, pid);
             }
@@ -222,7 +236,13 @@ impl ProcWatch {
             self.seen.insert(e.tgid, (comm, cgroup));
         }
         for e in events.iter().filter(|e| e.kind == PROC_EXEC) {
-            if let Some(p) = probes.as_deref_mut() {
+            let wanted = self
+                .seen
+                .get(&e.tgid)
+                .is_none_or(|(comm, cgroup)| self.wanted.judge(known(comm), known(cgroup)));
+            if let Some(p) = probes.as_deref_mut()
+                && wanted
+            {
                 self.look_at(p, e.tgid);
             }
         }
@@ -281,6 +301,32 @@ impl ProcWatch {
             Err(e) => eprintln!("heaptrace: warning: cannot trace pid {pid}'s allocator: {e}"),
         }
         true
+    }
+}
+
+/// Which processes' allocator files a system-wide trace probes: under `--comm`/`--cgroup`, only
+/// those of the processes that match, judged at their exec (or at the start), as the kernel
+/// judges them. Probes on a file only the others map would trap in their every call and count
+/// nothing (a compiler's own jemalloc under `--comm myapp`). A process whose name or cgroup
+/// cannot be read is looked at.
+#[derive(Default)]
+struct Wanted {
+    comm: Option<String>,
+    cgroup: Option<String>,
+}
+
+/// A name or path read ("" where none could be).
+fn known(s: &str) -> Option<&str> {
+    (!s.is_empty()).then_some(s)
+}
+
+impl Wanted {
+    fn judge(&self, comm: Option<&str>, cgroup: Option<&str>) -> bool {
+        let fits = |pattern: &Option<String>, value: Option<&str>| match (pattern, value) {
+            (Some(p), Some(v)) => v.contains(p.as_str()),
+            _ => true,
+        };
+        fits(&self.comm, comm) && fits(&self.cgroup, cgroup)
     }
 }
 
@@ -435,4 +481,30 @@ impl Reader {
 fn comm_str(comm: &[u8; 16]) -> Option<String> {
     let end = comm.iter().position(|b| *b == 0).unwrap_or(comm.len());
     (end > 0).then(|| String::from_utf8_lossy(&comm[..end]).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_filter_wants_the_processes_it_would_keep_and_the_unknown_ones() {
+        let all = Wanted::default();
+        assert!(all.judge(Some("anything"), Some("/x")));
+        let by_name = Wanted {
+            comm: Some("alloc".into()),
+            cgroup: None,
+        };
+        assert!(by_name.judge(Some("allocs-static"), Some("/")));
+        assert!(!by_name.judge(Some("rustc"), Some("/")));
+        assert!(by_name.judge(None, None));
+        let both = Wanted {
+            comm: Some("alloc".into()),
+            cgroup: Some("box".into()),
+        };
+        assert!(both.judge(Some("allocs"), Some("/box.scope")));
+        assert!(!both.judge(Some("allocs"), Some("/")));
+        assert!(!both.judge(Some("sh"), Some("/box.scope")));
+        assert!(both.judge(Some("allocs"), None));
+    }
 }

@@ -129,6 +129,34 @@ fn all_attaches_a_static_binary_started_later() {
     assert_eq!(p["leaks"]["blocks"].as_u64(), Some(4), "{}", p["leaks"]);
 }
 
+/// Under `--comm`, a static executable the filter leaves out gets no probes: they would trap in
+/// its every call and count nothing.
+#[test]
+fn all_with_a_comm_filter_leaves_the_allocators_of_the_others_unprobed() {
+    if !bpf_or_skip("all_with_a_comm_filter_leaves_the_allocators_of_the_others_unprobed") {
+        return;
+    }
+    let _g = exclusive();
+    let bin = fixture("allocs", "-static", &["-static"]);
+    let (tracer, json) = start_all("sys-static-out", &["--mode", "counts", "--comm", "recurse"]);
+    let mut cmd = Command::new(&bin);
+    cmd.args(["0", "20", "1", "wait"]);
+    let child = ready(cmd);
+    let pid = u64::from(child.id());
+    // Alive meanwhile: long enough to be looked at (`all_attaches_a_static_binary_started_later`
+    // waits for its probes).
+    std::thread::sleep(Duration::from_millis(500));
+    go(child);
+    std::thread::sleep(Duration::from_millis(300));
+    let (stderr, doc) = stop(tracer, &json);
+    assert!(!stderr.contains("also tracing"), "{stderr}");
+    let procs = doc["processes"].as_array().unwrap();
+    assert!(
+        procs.iter().all(|p| p["pid"].as_u64() != Some(pid)),
+        "{procs:?}"
+    );
+}
+
 /// A process in its own mount namespace, where libc.so.6 is another file (a bind-mounted copy):
 /// heaptrace finds it through /proc/PID/root and attaches that file too, once.
 #[test]
