@@ -11,14 +11,32 @@ use crate::error::Error;
 
 const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
-const INT: u32 = 1;
-const PTR: u32 = 2;
-const ARRAY: u32 = 3;
-const STRUCT: u32 = 4;
-const UNION: u32 = 5;
-const FWD: u32 = 7;
+/// The kinds of BTF types (`BTF_KIND_*`).
+mod kind {
+    pub const INT: u32 = 1;
+    pub const PTR: u32 = 2;
+    pub const ARRAY: u32 = 3;
+    pub const STRUCT: u32 = 4;
+    pub const UNION: u32 = 5;
+    pub const ENUM: u32 = 6;
+    pub const FWD: u32 = 7;
+    pub const TYPEDEF: u32 = 8;
+    pub const VOLATILE: u32 = 9;
+    pub const CONST: u32 = 10;
+    pub const RESTRICT: u32 = 11;
+    pub const FUNC: u32 = 12;
+    pub const FUNC_PROTO: u32 = 13;
+    pub const VAR: u32 = 14;
+    pub const DATASEC: u32 = 15;
+    pub const FLOAT: u32 = 16;
+    pub const DECL_TAG: u32 = 17;
+    pub const TYPE_TAG: u32 = 18;
+    pub const ENUM64: u32 = 19;
+}
+use kind::*;
+
 /// Kinds that name or qualify another type without changing its layout.
-const MODIFIERS: [u32; 5] = [8, 9, 10, 11, 18]; // TYPEDEF, VOLATILE, CONST, RESTRICT, TYPE_TAG
+const MODIFIERS: [u32; 5] = [TYPEDEF, VOLATILE, CONST, RESTRICT, TYPE_TAG];
 /// Anonymous structs nest a level or two; more means a corrupt file (or a cycle).
 const MAX_NESTING: u32 = 32;
 
@@ -131,11 +149,11 @@ impl<'a> Btf<'a> {
             let info = u32_at(type_sec, pos + 4)?;
             let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
             let len = match kind {
-                1 | 14 | 17 => 4,             // INT, VAR, DECL_TAG
-                3 => 12,                      // ARRAY
-                4 | 5 | 15 | 19 => 12 * vlen, // STRUCT, UNION, DATASEC, ENUM64
-                6 | 13 => 8 * vlen,           // ENUM, FUNC_PROTO
-                2 | 7..=12 | 16 | 18 => 0,
+                INT | VAR | DECL_TAG => 4,
+                ARRAY => 12,
+                STRUCT | UNION | DATASEC | ENUM64 => 12 * vlen,
+                ENUM | FUNC_PROTO => 8 * vlen,
+                PTR | FWD | TYPEDEF | VOLATILE | CONST | RESTRICT | FUNC | FLOAT | TYPE_TAG => 0,
                 _ => return Err(fail!("offsets", "unknown BTF kind {kind}")),
             };
             types.push(Type {
@@ -230,12 +248,6 @@ mod tests {
 
     /// Or'd into a kind: sets the type's kind_flag.
     const KFLAG: u32 = 0x80;
-    const ENUM: u32 = 6;
-    const TYPEDEF: u32 = 8;
-    const CONST: u32 = 10;
-    const FUNC_PROTO: u32 = 13;
-    const VAR: u32 = 14;
-    const DATASEC: u32 = 15;
 
     #[derive(Default)]
     struct Builder {

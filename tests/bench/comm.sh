@@ -32,22 +32,5 @@ for _ in $(seq "$REPS"); do
     traced kept --comm pairs
     traced left-out-cgroup --cgroup zzz
 done
-python3 - "$out" "$N" "$MODE" <<'PY'
-import statistics, sys
-t = {}
-for line in open(sys.argv[1]):
-    how, s = line.split()
-    t.setdefault(how, []).append(float(s))
-N = int(sys.argv[2])
-m = lambda k: statistics.median(t[k])
-print(f"--mode {sys.argv[3]}, N = {N} pairs, {len(t['native'])} interleaved runs each, medians of the loop time")
-print("| run | loop time (s) | added per malloc+free pair |")
-print("|---|---|---|")
-for how in ("native", "all", "left-out", "kept", "left-out-cgroup"):
-    d = (m(how) - m("native")) / N * 1e6
-    print(f"| {how} | {m(how):.3f} | {d:.2f} us |")
-print("runs (s):")
-for how in ("native", "all", "left-out", "kept", "left-out-cgroup"):
-    print(f"  {how}:", " ".join(f"{x:.3f}" for x in t[how]))
-PY
+python3 tests/bench/added.py "$out" "$N" "--mode $MODE, " run native all left-out kept left-out-cgroup
 rm -f "$out" "$log"

@@ -28,22 +28,5 @@ for _ in $(seq "$REPS"); do
         echo "$m-tp $("$ht" -q --mode "$m" --syscall-tracepoints -- "$pairs" "$N" 2>/dev/null)" >>"$out"
     done
 done
-python3 - "$out" "$N" <<'PY'
-import statistics, sys
-t = {}
-for line in open(sys.argv[1]):
-    how, s = line.split()
-    t.setdefault(how, []).append(float(s))
-N = int(sys.argv[2])
-m = lambda k: statistics.median(t[k])
-print(f"N = {N} pairs, {len(t['native'])} interleaved runs each, medians of the loop time")
-print("| mode | loop time (s) | added per malloc+free pair |")
-print("|---|---|---|")
-for how in ("native", "bare-entry", "bare-traps", "bare", "calls", "counts", "sizes", "stacks", "stacks-s64k", "counts-nores", "stacks-nores", "counts-tp", "stacks-tp"):
-    d = (m(how) - m("native")) / N * 1e6
-    print(f"| {how} | {m(how):.3f} | {d:.2f} us |")
-print("runs (s):")
-for how in ("native", "bare-entry", "bare-traps", "bare", "calls", "counts", "sizes", "stacks", "stacks-s64k", "counts-nores", "stacks-nores", "counts-tp", "stacks-tp"):
-    print(f"  {how}:", " ".join(f"{x:.3f}" for x in t[how]))
-PY
+python3 tests/bench/added.py "$out" "$N" "" mode native bare-entry bare-traps bare calls counts sizes stacks stacks-s64k counts-nores stacks-nores counts-tp stacks-tp
 rm -f "$out"

@@ -818,25 +818,35 @@ fn all_with_a_comm_filter_keeps_the_others_out_of_the_kernel_maps() {
         return;
     }
     let _g = exclusive();
+    others_take_no_stack_room("sys-comm-kernel", &["--comm", "sites"], |bin| {
+        let mut cmd = Command::new(bin);
+        cmd.arg("10");
+        cmd
+    });
+}
+
+/// `recurse 6` (127 stacks; `filter` leaves it out), then `sites 10` (4 stacks, 33
+/// allocations; kept), in a stack map of 16: sites' every allocation at a whole stack, and no
+/// process the kernel traces lost one. `sites` makes the kept command from the fixture.
+fn others_take_no_stack_room(
+    tag: &str,
+    filter: &[&str],
+    sites: impl FnOnce(&std::path::Path) -> Command,
+) {
     let recurse = fixture("recurse", "", &[]);
-    let sites = fixture("sites", "", &[]);
-    let (tracer, json) = start_all(
-        "sys-comm-kernel",
-        &["--comm", "sites", "--stack-map-size", "16"],
-    );
+    let bin = fixture("sites", "", &[]);
+    let mut args = filter.to_vec();
+    args.extend(["--stack-map-size", "16"]);
+    let (tracer, json) = start_all(tag, &args);
     run_ok(Command::new(&recurse).arg("6"));
-    let mut child = Command::new(&sites).arg("10").spawn().unwrap();
+    let mut child = sites(&bin).spawn().unwrap();
     assert!(child.wait().unwrap().success());
     std::thread::sleep(Duration::from_millis(500));
     let (_, doc) = stop(tracer, &json);
     assert_eq!(doc["lost"]["stack_all_processes"], 0, "{}", doc["lost"]);
     assert_eq!(doc["totals"]["allocations"], 33, "{}", doc["functions"]);
-    assert_eq!(
-        whole_stack_calls(&doc, child.id(), None),
-        33,
-        "{}",
-        doc["stacks"]
-    );
+    let whole = whole_stack_calls(&doc, child.id(), None);
+    assert_eq!(whole, 33, "{}", doc["stacks"]);
 }
 
 /// A process is judged by its main thread's name, in the kernel as in user space: threads
@@ -1170,25 +1180,9 @@ fn all_with_a_cgroup_filter_keeps_the_others_out_of_the_kernel_maps() {
     }
     let _g = exclusive();
     let cg = TestCgroup::new("kernel");
-    let recurse = fixture("recurse", "", &[]);
-    let sites = fixture("sites", "", &[]);
-    let (tracer, json) = start_all(
-        "sys-cgroup-kernel",
-        &["--cgroup", &cg.name, "--stack-map-size", "16"],
-    );
-    run_ok(Command::new(&recurse).arg("6"));
-    let mut child = cg.exec_in(&sites, "10").spawn().unwrap();
-    assert!(child.wait().unwrap().success());
-    std::thread::sleep(Duration::from_millis(500));
-    let (_, doc) = stop(tracer, &json);
-    assert_eq!(doc["lost"]["stack_all_processes"], 0, "{}", doc["lost"]);
-    assert_eq!(doc["totals"]["allocations"], 33, "{}", doc["functions"]);
-    assert_eq!(
-        whole_stack_calls(&doc, child.id(), None),
-        33,
-        "{}",
-        doc["stacks"]
-    );
+    others_take_no_stack_room("sys-cgroup-kernel", &["--cgroup", &cg.name], |bin| {
+        cg.exec_in(bin, "10")
+    });
 }
 
 /// A process left out by its cgroup, then moved into the one traced (no exec), is counted from
