@@ -200,10 +200,7 @@ impl ProcWatch {
                 .to_str()
                 .and_then(|n| n.parse::<u32>().ok())
                 && pid != me
-                && self.wanted.judge(
-                    crate::procfs::comm(pid).as_deref(),
-                    crate::procfs::cgroup(pid).as_deref(),
-                )
+                && self.wanted.judge_pid(pid)
             {
                 let _ = self.started(probes, pid);
             }
@@ -327,6 +324,17 @@ impl Wanted {
             _ => true,
         };
         fits(&self.comm, comm) && fits(&self.cgroup, cgroup)
+    }
+
+    /// A running process, by what /proc says; only what a filter needs is read (the start-up
+    /// scan of `--all` looks at every process on the host).
+    fn judge_pid(&self, pid: u32) -> bool {
+        let comm = self.comm.as_ref().and_then(|_| crate::procfs::comm(pid));
+        let cgroup = self
+            .cgroup
+            .as_ref()
+            .and_then(|_| crate::procfs::cgroup(pid));
+        self.judge(comm.as_deref(), cgroup.as_deref())
     }
 }
 
