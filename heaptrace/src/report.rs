@@ -25,6 +25,19 @@ pub fn bytes(n: i64) -> String {
     }
 }
 
+/// A system-wide trace's target, with what `--comm` and `--cgroup` narrowed it to: the words
+/// every output (the attach line, the live view, a recording's report) gives it.
+pub fn all_processes(comm: Option<&str>, cgroup: Option<&str>) -> String {
+    match (comm, cgroup) {
+        (None, None) => "all processes".into(),
+        (Some(c), None) => format!("all processes whose name contains {c:?}"),
+        (None, Some(g)) => format!("all processes whose cgroup path contains {g:?}"),
+        (Some(c), Some(g)) => {
+            format!("all processes whose name contains {c:?} and cgroup path contains {g:?}")
+        }
+    }
+}
+
 /// "~" before a figure that sampling made an estimate.
 pub fn est(sample_bytes: u64) -> &'static str {
     if sample_bytes > 0 { "~" } else { "" }
@@ -330,6 +343,23 @@ mod tests {
         assert_eq!(bytes(1023), "1023 B");
         assert_eq!(bytes(1536), "1.5 KiB");
         assert_eq!(bytes(-3 * 1024 * 1024), "-3.0 MiB");
+    }
+
+    #[test]
+    fn a_narrowed_system_wide_target_says_by_what() {
+        assert_eq!(all_processes(None, None), "all processes");
+        assert_eq!(
+            all_processes(Some("nginx"), None),
+            "all processes whose name contains \"nginx\""
+        );
+        assert_eq!(
+            all_processes(Some("nginx"), Some("/web")),
+            "all processes whose name contains \"nginx\" and cgroup path contains \"/web\""
+        );
+        assert_eq!(
+            all_processes(None, Some("/web")),
+            "all processes whose cgroup path contains \"/web\""
+        );
     }
 
     #[test]

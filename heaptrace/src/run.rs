@@ -159,7 +159,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     };
     let maps = KernelMaps::take(&mut probes.ebpf)?;
     let what = match scope {
-        Scope::All => "all processes".to_string(),
+        Scope::All => report::all_processes(cli.comm.as_deref(), cli.cgroup.as_deref()),
         Scope::Process(pid) => format!("pid {pid}"),
     };
     let first = probes.probe_count();
@@ -381,6 +381,8 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         let pids: Vec<u32> = pid.into_iter().collect();
         let info = json::RunInfo {
             mode: target.mode(),
+            comm: cli.comm.as_deref(),
+            cgroup: cli.cgroup.as_deref(),
             pids: &pids,
             command: match &target {
                 Target::Command(argv) => argv,
@@ -528,10 +530,12 @@ fn view_info(
                 "pid {p} ({})",
                 procfs::comm(*p).unwrap_or_else(|| "?".into())
             ),
-            Target::All => "all processes".into(),
+            Target::All => report::all_processes(cli.comm.as_deref(), cli.cgroup.as_deref()),
             Target::Command(argv) => format!("{} (pid {})", argv.join(" "), pid.unwrap_or(0)),
         },
         mode: target.mode(),
+        comm: cli.comm.clone(),
+        cgroup: cli.cgroup.clone(),
         collect: cli.mode.name(),
         interval_ms: cli.interval.as_millis() as u64,
         provider: provider.path.display().to_string(),
@@ -621,6 +625,8 @@ fn record_header(
         sample_bytes: cli.sample_bytes,
         latency_every: cli.latency_every,
         temporary_allocs: cli.temporary_allocs,
+        comm: cli.comm.clone(),
+        cgroup: cli.cgroup.clone(),
     }
 }
 

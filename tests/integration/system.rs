@@ -717,6 +717,17 @@ fn all_folds_the_oldest_ended_processes_into_one() {
     };
     assert_eq!(sites(&off), sites(&doc));
     assert_eq!(off["totals"], doc["totals"]);
+    // Both say what the trace was narrowed to (a recording before format 8 could not: its
+    // report called these figures "all processes").
+    assert_eq!(doc["target"]["comm"], "allocs", "{}", doc["target"]);
+    assert!(doc["target"]["cgroup"].is_null(), "{}", doc["target"]);
+    assert_eq!(off["target"], doc["target"]);
+    let out = heaptrace().arg("report").arg(&rec).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("target: all processes whose name contains \"allocs\"\n"),
+        "{text}"
+    );
     let _ = std::fs::remove_file(&rec);
 }
 

@@ -17,6 +17,9 @@ use crate::{
 /// What the document says about the run itself.
 pub struct RunInfo<'a> {
     pub mode: &'static str,
+    /// `--comm` and `--cgroup`: what a system-wide trace was narrowed to.
+    pub comm: Option<&'a str>,
+    pub cgroup: Option<&'a str>,
     pub pids: &'a [u32],
     pub command: &'a [String],
     pub exit_code: Option<i32>,
@@ -337,6 +340,8 @@ pub fn document<'a>(profile: &'a Profile, info: &RunInfo<'_>) -> Node<'a> {
         "heaptrace": { "version": env!("CARGO_PKG_VERSION"), "format": 1 },
         "target": {
             "mode": info.mode,
+            "comm": info.comm,
+            "cgroup": info.cgroup,
             "pids": info.pids,
             "command": info.command,
             "exit_code": info.exit_code,
@@ -493,6 +498,8 @@ mod tests {
         p.sizes.insert((42, Func::Malloc as u32, 100, 5), 3);
         let info = RunInfo {
             mode: "command",
+            comm: None,
+            cgroup: None,
             pids: &[42],
             command: &["./fx".into()],
             exit_code: Some(0),
@@ -527,6 +534,8 @@ mod tests {
         assert_eq!(doc["lost"]["live_map"], 0);
         assert!(doc["leaks"].is_null());
         assert_eq!(doc["mode"], "stacks");
+        assert_eq!(doc["target"]["mode"], "command");
+        assert!(doc["target"]["comm"].is_null() && doc["target"]["cgroup"].is_null());
         assert_eq!(doc["stacks"], json!([]));
         assert_eq!(doc["temporary"]["allocations_between_below"], 2);
         assert!(doc["temporary"].get("threshold_ms").is_none());

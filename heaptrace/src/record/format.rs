@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
 /// What each version added:
+/// - 8: the header's `comm` and `cgroup` (`--all --comm`/`--cgroup`: the processes the trace
+///   was narrowed to); version 3 to 7 headers read with neither (every process).
 /// - 7: the header's `temporary_allocs` (`--temporary-allocs`: temporaries by the freeing
 ///   thread's allocations in between, no longer by time); version 3 to 6 headers read with 0
 ///   (their `temporary_ms` rule).
@@ -26,7 +28,7 @@ pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
 ///   header without it, as unsampled).
 /// - 2: rounds carry the allocators' reservations (the memory behind malloc) and one more loss
 ///   counter. Version 1 files (written before any release) are not read.
-pub const VERSION: u16 = 7;
+pub const VERSION: u16 = 8;
 /// The oldest version this reader reads.
 pub const OLDEST: u16 = 2;
 /// No frame is larger: a hostile length cannot make the reader allocate more.
@@ -112,6 +114,10 @@ pub struct Header {
     /// many of its allocations in between is temporary; 0 (earlier formats): one freed within
     /// `temporary_ms` of its allocation was.
     pub temporary_allocs: u32,
+    /// `--comm` (format 8): a system-wide trace kept only processes whose name contains this.
+    pub comm: Option<String>,
+    /// `--cgroup` (format 8): ... and whose cgroup path contains this.
+    pub cgroup: Option<String>,
 }
 
 /// The header of format 2: postcard is not self-describing, so a field added at the end is
@@ -152,6 +158,8 @@ impl From<HeaderV2> for Header {
             sample_bytes: 0,
             latency_every: 0,
             temporary_allocs: 0,
+            comm: None,
+            cgroup: None,
         }
     }
 }
@@ -354,10 +362,12 @@ pub fn decode_round(frame: &RawFrame, version: u16) -> Result<crate::model::Roun
 /// The header of a file of `version` 3 or later. Those of 3 to 5 end before `latency_every`,
 /// those of 6 before `temporary_allocs`: a zero byte is a varint 0.
 pub fn decode_header(frame: &RawFrame, version: u16) -> Result<Header, FormatError> {
+    // Fields are only ever added at the end; a missing one decodes from a zero byte.
     let missing = match version {
-        7.. => 0,
-        6 => 1,
-        _ => 2,
+        8.. => 0,
+        7 => 2,
+        6 => 3,
+        _ => 4,
     };
     decode_padded(frame, missing)
 }

@@ -449,6 +449,42 @@ mod tests {
         assert_eq!(Temporary::of_header(&rec.header), Temporary::Allocs(3));
     }
 
+    /// A format 7 header ends before `comm` and `cgroup`: it reads as a trace of every
+    /// process; the current format keeps what `--comm` and `--cgroup` narrowed it to.
+    #[test]
+    fn format_7_recordings_read_as_not_narrowed() {
+        #[derive(serde::Serialize)]
+        struct HeaderV7<'a> {
+            v2: &'a HeaderV2,
+            sample_bytes: u64,
+            latency_every: u32,
+            temporary_allocs: u32,
+        }
+        let v2 = HeaderV2 {
+            heaptrace_version: "0.1.0".into(),
+            target_mode: "all".into(),
+            ..Default::default()
+        };
+        let old = HeaderV7 {
+            v2: &v2,
+            sample_bytes: 0,
+            latency_every: 16,
+            temporary_allocs: 2,
+        };
+        let rec = read_version(7, &old);
+        assert_eq!(rec.header.temporary_allocs, 2);
+        assert_eq!((rec.header.comm, rec.header.cgroup), (None, None));
+        let header = Header {
+            target_mode: "all".into(),
+            comm: Some("nginx".into()),
+            cgroup: Some("/system.slice".into()),
+            ..Default::default()
+        };
+        let rec = round_trip("v7", &header);
+        assert_eq!(rec.header.comm.as_deref(), Some("nginx"));
+        assert_eq!(rec.header.cgroup.as_deref(), Some("/system.slice"));
+    }
+
     #[test]
     fn format_2_recordings_still_read_as_unsampled() {
         let old = HeaderV2 {

@@ -28,6 +28,9 @@ pub struct Info {
     pub target: String,
     /// "pid", "all" or "command" (as in the JSON document).
     pub mode: &'static str,
+    /// `--comm` and `--cgroup`: what a system-wide trace was narrowed to.
+    pub comm: Option<String>,
+    pub cgroup: Option<String>,
     /// What the probes collect: counts, sizes or stacks.
     pub collect: &'static str,
     pub interval_ms: u64,
@@ -1113,6 +1116,8 @@ impl App {
         let info = &self.info;
         let run = doc::RunInfo {
             mode: info.mode,
+            comm: info.comm.as_deref(),
+            cgroup: info.cgroup.as_deref(),
             pids: &info.pids,
             command: &info.command,
             exit_code: self.shown.exit_code,

@@ -362,7 +362,13 @@ pub fn massif(rec: &Recording, p: &Profile, names: &Names) -> String {
             .cmdlines
             .first()
             .map(|c| c.1.clone())
-            .unwrap_or_else(|| "(all processes)".into())
+            .unwrap_or_else(|| {
+                let h = &rec.header;
+                format!(
+                    "({})",
+                    crate::report::all_processes(h.comm.as_deref(), h.cgroup.as_deref())
+                )
+            })
     } else {
         rec.header.command.join(" ")
     };

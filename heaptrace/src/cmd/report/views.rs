@@ -44,7 +44,7 @@ fn overview_head(rec: &Recording) -> String {
             h.pids.first().copied().unwrap_or(0),
             h.cmdlines.first().map(|c| c.1.as_str()).unwrap_or("?")
         ),
-        _ => "all processes".into(),
+        _ => crate::report::all_processes(h.comm.as_deref(), h.cgroup.as_deref()),
     };
     let mut s = String::new();
     let _ = writeln!(s, "target: {target}");
@@ -141,6 +141,8 @@ pub fn json<'a>(
                     "command" => "command",
                     _ => "all",
                 },
+                comm: h.comm.as_deref(),
+                cgroup: h.cgroup.as_deref(),
                 pids: &h.pids,
                 command: &h.command,
                 exit_code: rec.end.as_ref().and_then(|e| e.exit_code),

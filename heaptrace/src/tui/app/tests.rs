@@ -27,6 +27,8 @@ pub fn info(mode: &'static str) -> Info {
             "./sites 1000 (pid 4242)".into()
         },
         mode,
+        comm: None,
+        cgroup: None,
         collect: "stacks",
         interval_ms: 1000,
         provider: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
