@@ -1,4 +1,5 @@
-//! Where `group_leader` and `comm` sit in the running kernel's `struct task_struct`.
+//! Where `group_leader` and `comm` sit in the running kernel's `struct task_struct`, and the
+//! ids of the kernel functions the programs call (kfuncs, `pin`).
 //!
 //! The eBPF side judges a process by its main thread's name, the `comm` of its group leader
 //! (a worker thread renaming itself does not rename the process), and aya cannot relocate
@@ -93,6 +94,34 @@ pub fn parse_task_offsets(data: &[u8]) -> Result<TaskOffsets, Error> {
         return Err(fail!("comm", "not an array of char"));
     }
     Ok(TaskOffsets { group_leader, comm })
+}
+
+/// The BTF ids of the running kernel's functions `names`, each None where it has no such
+/// function.
+pub fn func_ids<const N: usize>(names: [&str; N]) -> Result<[Option<u32>; N], Error> {
+    let data = std::fs::read(VMLINUX).map_err(|source| Error::Read {
+        path: VMLINUX.into(),
+        source,
+    })?;
+    parse_func_ids(&data, names)
+}
+
+pub fn parse_func_ids<const N: usize>(
+    data: &[u8],
+    names: [&str; N],
+) -> Result<[Option<u32>; N], Error> {
+    let btf = Btf::parse(data)?;
+    let mut ids = [None; N];
+    for (id, t) in (1..).zip(&btf.types) {
+        if t.kind != FUNC {
+            continue;
+        }
+        let name = btf.name(t.name_off)?;
+        if let Some(i) = names.iter().position(|n| n.as_bytes() == name) {
+            ids[i].get_or_insert(id);
+        }
+    }
+    Ok(ids)
 }
 
 fn truncated() -> Error {
@@ -300,6 +329,8 @@ mod tests {
         b.ty("letters", ENUM, 2, 4, &[a, 0, z, 25]);
         b.ty("", FUNC_PROTO, 2, int, &[x, int, y, char]);
         let var = b.ty("jiffies", VAR, 0, int, &[1]);
+        let proto = b.ty("", FUNC_PROTO, 0, 0, &[]);
+        b.ty("bpf_preempt_disable", FUNC, 0, proto, &[]);
         b.ty(".data", DATASEC, 1, 4, &[var, 0, 4]);
         b.ty("task_struct", FWD, 0, 0, &[]);
         let ptr = b.ty("", PTR, 0, 0, &[]); // to task_struct, once that has an id
@@ -330,6 +361,15 @@ mod tests {
     fn finds_members_inside_anonymous_unions() {
         let found = parse_task_offsets(&task("task_struct", 16, true)).unwrap();
         assert_eq!((found.group_leader, found.comm), (8, 24));
+    }
+
+    #[test]
+    fn finds_functions_by_name() {
+        let blob = task("task_struct", 16, true);
+        let ids = parse_func_ids(&blob, ["bpf_preempt_enable", "bpf_preempt_disable", "int"]);
+        // The function is the 7th type (after int, char, the enum, a prototype, the variable
+        // and its own prototype); `int` is no function, and enable is missing.
+        assert_eq!(ids.unwrap(), [None, Some(7), None]);
     }
 
     #[test]
@@ -378,6 +418,8 @@ mod tests {
         }
         let found = task_offsets().unwrap();
         println!("{found:?}");
+        let [a, b] = func_ids(["schedule", "no_such_function_here"]).unwrap();
+        assert!(a.is_some() && b.is_none(), "{a:?} {b:?}");
         let TaskOffsets { group_leader, comm } = found;
         assert!(group_leader != 0 && comm != 0 && group_leader != comm);
         assert!(!(group_leader..group_leader + 8).contains(&comm));
