@@ -17,6 +17,7 @@ mod keyed;
 mod live;
 mod maps;
 mod mem;
+mod pin;
 mod procs;
 mod sites;
 mod stacks;
@@ -36,7 +37,10 @@ use heaptrace_common::{
     LiveKey, Loss, MAX_REQUEST, NO_SITE, NOT_SAMPLED, ProcCounters, mode,
 };
 
-use crate::maps::{INFLIGHT, LIVE, add, calls_mode, lose, mode, proc_counters, self_tgid};
+use crate::{
+    maps::{INFLIGHT, LIVE, add, calls_mode, lose, mode, proc_counters, self_tgid},
+    pin::{Atomic, Count, Pin},
+};
 
 const BPF_ANY: u64 = 0;
 
@@ -163,7 +167,7 @@ fn count_at_entry(id: u64, func: Func, size: u64, sp: u64) {
         return;
     }
     add(&mut fc.bytes, size);
-    maps::count_size(tgid, pc.epoch as u32, func, size, NO_SITE);
+    maps::count_size(&Atomic, tgid, pc.epoch as u32, func, size, NO_SITE);
 }
 
 #[uprobe]
@@ -273,6 +277,8 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
 
 /// What one completed call needs to account itself.
 struct Call<'a> {
+    /// Preemption off from here on: the counters take plain adds.
+    pin: &'a Pin,
     pc: &'a mut ProcCounters,
     tgid: u32,
     epoch: u32,
@@ -345,20 +351,23 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
     if reserved {
         mem::call_end(tgid, id as u32, func, stack.0);
     }
+    // After the walk: its reads may fault in pages, and need not run with preemption off.
+    let pin = Pin::take();
     let Some(pc) = proc_counters(tgid) else {
         return Ok(());
     };
-    add(&mut pc.funcs[func as usize].calls, 1);
+    pin.add(&mut pc.funcs[func as usize].calls, 1);
     let now = if rec.ts_ns != 0 {
         // SAFETY: no preconditions.
         let now = unsafe { bpf_ktime_get_ns() };
-        maps::latency(func, now.wrapping_sub(rec.ts_ns));
+        maps::latency(&pin, func, now.wrapping_sub(rec.ts_ns));
         now
     } else {
         0
     };
     let epoch = pc.epoch as u32;
     let mut call = Call {
+        pin: &pin,
         pc,
         tgid,
         epoch,
@@ -383,10 +392,10 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
 fn allocated(call: &mut Call<'_>, size: u64, ptr: u64) -> Option<u64> {
     let fc = &mut call.pc.funcs[call.func as usize];
     if ptr == 0 {
-        add(&mut fc.failed, 1);
+        call.pin.add(&mut fc.failed, 1);
         return None;
     }
-    add(&mut fc.bytes, size);
+    call.pin.add(&mut fc.bytes, size);
     Some(ptr)
 }
 
@@ -402,10 +411,10 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64, (stack_id, whole): (i32, bool
         if !whole {
             lose(Loss::Stack);
         }
-        sites::allocated(call.tgid, call.epoch, call.func, size, stack_id);
+        sites::allocated(call.pin, call.tgid, call.epoch, call.func, size, stack_id);
     }
     if mode() >= mode::SIZES {
-        maps::count_size(call.tgid, call.epoch, call.func, size, stack_id);
+        maps::count_size(call.pin, call.tgid, call.epoch, call.func, size, stack_id);
     }
     if !sampled || calls_mode() {
         return; // calls mode keeps no live map
@@ -428,12 +437,12 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64, (stack_id, whole): (i32, bool
     if !live::insert(&key, &block) && LIVE.insert(key, block, BPF_ANY).is_err() {
         lose(Loss::LiveMap);
         if mode() >= mode::STACKS {
-            sites::untracked(call.tgid, call.epoch, call.func, stack_id, size);
+            sites::untracked(call.pin, call.tgid, call.epoch, call.func, stack_id, size);
         }
         return;
     }
-    add(&mut call.pc.live_blocks, 1);
-    add(&mut call.pc.live_bytes, size);
+    call.pin.add(&mut call.pc.live_blocks, 1);
+    call.pin.add(&mut call.pc.live_bytes, size);
 }
 
 /// Forgets a block; returns its size if it was known (never in calls mode: no live map).
@@ -441,7 +450,13 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64, (stack_id, whole): (i32, bool
 /// temporaries; (0, 0) for a thread with no record, which allocated nothing seen (no thread
 /// that runs user code has id 0).
 #[inline(always)]
-fn untrack(pc: &mut ProcCounters, tgid: u32, ptr: u64, freer: (u32, u32)) -> Option<u64> {
+fn untrack(
+    c: &impl Count,
+    pc: &mut ProcCounters,
+    tgid: u32,
+    ptr: u64,
+    freer: (u32, u32),
+) -> Option<u64> {
     if calls_mode() {
         return None;
     }
@@ -453,17 +468,17 @@ fn untrack(pc: &mut ProcCounters, tgid: u32, ptr: u64, freer: (u32, u32)) -> Opt
         None => {
             // SAFETY: the value is copied out before the remove.
             let Some(block) = (unsafe { LIVE.get(key) }).copied() else {
-                add(&mut pc.untracked_frees, 1);
+                c.add(&mut pc.untracked_frees, 1);
                 return None;
             };
             let _ = LIVE.remove(key);
             block
         }
     };
-    add(&mut pc.live_blocks, u64::MAX); // -1, wrapping
-    add(&mut pc.live_bytes, block.size.wrapping_neg());
+    c.add(&mut pc.live_blocks, u64::MAX); // -1, wrapping
+    c.add(&mut pc.live_bytes, block.size.wrapping_neg());
     if block.stack_id != NO_SITE {
-        sites::released(tgid, epoch, &block, freer);
+        sites::released(c, tgid, epoch, &block, freer);
     }
     Some(block.size)
 }
@@ -478,24 +493,26 @@ fn realloc_return(call: &mut Call<'_>, rec: InFlight, ret: u64) -> Option<u64> {
     let freer = (call.tid, call.seq);
     if ret == 0 {
         if old != 0 && rec.size == 0 {
-            add(&mut call.pc.realloc_frees, 1);
-            if let Some(sz) = untrack(call.pc, tgid, old, freer) {
-                add(&mut call.pc.realloc_released_bytes, sz);
+            call.pin.add(&mut call.pc.realloc_frees, 1);
+            if let Some(sz) = untrack(call.pin, call.pc, tgid, old, freer) {
+                call.pin.add(&mut call.pc.realloc_released_bytes, sz);
             }
         } else {
-            add(&mut call.pc.funcs[Func::Realloc as usize].failed, 1);
+            call.pin
+                .add(&mut call.pc.funcs[Func::Realloc as usize].failed, 1);
         }
         return None;
     }
-    add(&mut call.pc.funcs[Func::Realloc as usize].bytes, rec.size);
+    call.pin
+        .add(&mut call.pc.funcs[Func::Realloc as usize].bytes, rec.size);
     if old != 0 {
         if ret == old {
-            add(&mut call.pc.realloc_in_place, 1);
+            call.pin.add(&mut call.pc.realloc_in_place, 1);
         } else {
-            add(&mut call.pc.realloc_moves, 1);
+            call.pin.add(&mut call.pc.realloc_moves, 1);
         }
-        if let Some(sz) = untrack(call.pc, tgid, old, freer) {
-            add(&mut call.pc.realloc_released_bytes, sz);
+        if let Some(sz) = untrack(call.pin, call.pc, tgid, old, freer) {
+            call.pin.add(&mut call.pc.realloc_released_bytes, sz);
         }
     }
     Some(ret)
@@ -533,12 +550,13 @@ fn try_free(ctx: &ProbeContext, ptr: u64) -> Result<(), i64> {
     }
     // Not an Option: two states of the rest of the program for the verifier.
     let freer = rec.map_or((0, 0), |f| (id as u32, f.seq));
+    let pin = Pin::take();
     let Some(pc) = proc_counters(tgid) else {
         return Ok(());
     };
-    add(&mut pc.funcs[Func::Free as usize].calls, 1);
-    if let Some(sz) = untrack(pc, tgid, ptr, freer) {
-        add(&mut pc.funcs[Func::Free as usize].bytes, sz);
+    pin.add(&mut pc.funcs[Func::Free as usize].calls, 1);
+    if let Some(sz) = untrack(&pin, pc, tgid, ptr, freer) {
+        pin.add(&mut pc.funcs[Func::Free as usize].bytes, sz);
     }
     Ok(())
 }

@@ -16,6 +16,8 @@ use heaptrace_common::{
     sampling,
 };
 
+use crate::pin::Count;
+
 /// Create only: two CPUs adding the same new key must not overwrite each other's counts.
 pub const BPF_NOEXIST: u64 = 1;
 /// Allocate entries on demand: the map's bound is its capacity, not its footprint.
@@ -563,7 +565,7 @@ pub fn stale_proc_slots(tgid: u32) -> bool {
 }
 
 #[inline(always)]
-pub fn count_size(tgid: u32, epoch: u32, func: Func, size: u64, stack_id: i32) {
+pub fn count_size(c: &impl Count, tgid: u32, epoch: u32, func: Func, size: u64, stack_id: i32) {
     let key = SizeKey {
         tgid,
         func: func as u32,
@@ -578,16 +580,16 @@ pub fn count_size(tgid: u32, epoch: u32, func: Func, size: u64, stack_id: i32) {
         None => get_or_insert(&SIZES, &key, &0u64),
     };
     match n {
-        Some(n) => add(n, 1),
+        Some(n) => c.add(n, 1),
         None => lose(Loss::SizeHistogram),
     }
 }
 
 #[inline(always)]
-pub fn latency(func: Func, ns: u64) {
+pub fn latency(c: &impl Count, func: Func, ns: u64) {
     if let Some(h) = LATENCY.get_ptr_mut(func as u32) {
         let b = log2_bucket(ns);
         // SAFETY: map value pointer; b < LOG2_BUCKETS.
-        add(unsafe { &mut (*h).buckets[b] }, 1);
+        c.add(unsafe { &mut (*h).buckets[b] }, 1);
     }
 }

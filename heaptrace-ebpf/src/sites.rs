@@ -7,7 +7,10 @@
 use aya_ebpf::{EbpfContext as _, programs::RetProbeContext};
 use heaptrace_common::{CALLER_ID_BASE, Func, LiveBlock, Loss, SiteKey, log2_bucket};
 
-use crate::maps::{CALLERS, add, lose, site_counters, temporary_allocs};
+use crate::{
+    maps::{CALLERS, lose, site_counters, temporary_allocs},
+    pin::Count,
+};
 
 const BPF_F_USER_STACK: u64 = 1 << 8;
 
@@ -23,7 +26,7 @@ pub fn stack_id(ctx: &RetProbeContext) -> (i32, bool) {
 
 /// Counts an allocation at its site.
 #[inline(always)]
-pub fn allocated(tgid: u32, epoch: u32, func: Func, size: u64, stack_id: i32) {
+pub fn allocated(c: &impl Count, tgid: u32, epoch: u32, func: Func, size: u64, stack_id: i32) {
     let key = SiteKey {
         tgid,
         stack_id,
@@ -34,14 +37,14 @@ pub fn allocated(tgid: u32, epoch: u32, func: Func, size: u64, stack_id: i32) {
         lose(Loss::SiteMap);
         return;
     };
-    add(&mut site.calls, 1);
-    add(&mut site.bytes, size);
+    c.add(&mut site.calls, 1);
+    c.add(&mut site.bytes, size);
 }
 
 /// A block counted at its site that the live map refused: its free will not find it, so the
 /// site's live figures must not wait for it.
 #[inline(always)]
-pub fn untracked(tgid: u32, epoch: u32, func: Func, stack_id: i32, size: u64) {
+pub fn untracked(c: &impl Count, tgid: u32, epoch: u32, func: Func, stack_id: i32, size: u64) {
     let key = SiteKey {
         tgid,
         stack_id,
@@ -49,8 +52,8 @@ pub fn untracked(tgid: u32, epoch: u32, func: Func, stack_id: i32, size: u64) {
         epoch,
     };
     if let Some(site) = site_counters(&key) {
-        add(&mut site.untracked, 1);
-        add(&mut site.untracked_bytes, size);
+        c.add(&mut site.untracked, 1);
+        c.add(&mut site.untracked_bytes, size);
     }
 }
 
@@ -91,7 +94,7 @@ pub fn bare_stack(ctx: &RetProbeContext) {
 /// wrap) starts its count at random (`enter`): one of the dead thread's blocks freed by it is
 /// taken for temporary with odds of N in 2^32.
 #[inline(always)]
-pub fn released(tgid: u32, epoch: u32, block: &LiveBlock, (tid, seq): (u32, u32)) {
+pub fn released(c: &impl Count, tgid: u32, epoch: u32, block: &LiveBlock, (tid, seq): (u32, u32)) {
     let key = SiteKey {
         tgid,
         stack_id: block.stack_id,
@@ -104,18 +107,18 @@ pub fn released(tgid: u32, epoch: u32, block: &LiveBlock, (tid, seq): (u32, u32)
         lose(Loss::SiteMap);
         return;
     };
-    add(&mut site.frees, 1);
-    add(&mut site.freed_bytes, block.size);
+    c.add(&mut site.frees, 1);
+    c.add(&mut site.freed_bytes, block.size);
     if block.ts_ns != 0 {
         // SAFETY: no preconditions.
         let lifetime = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() }.wrapping_sub(block.ts_ns);
-        add(&mut site.lifetimes[log2_bucket(lifetime >> 10)], 1);
+        c.add(&mut site.lifetimes[log2_bucket(lifetime >> 10)], 1);
     }
     // The thread's allocations in between: its count now, less the count before this block and
     // this block itself.
     let between = seq.wrapping_sub(block.seq).wrapping_sub(1);
     if block.tid == tid && between < temporary_allocs() {
-        add(&mut site.temp_blocks, 1);
-        add(&mut site.temp_bytes, block.size);
+        c.add(&mut site.temp_blocks, 1);
+        c.add(&mut site.temp_bytes, block.size);
     }
 }

@@ -238,6 +238,11 @@ pub struct TraceArgs {
     #[arg(long, hide = true)]
     pub perf_uprobes: bool,
 
+    /// Count with atomic adds only, even where the kernel lets the programs turn preemption
+    /// off and add plainly (for benchmarks and tests of the fallback).
+    #[arg(long, hide = true)]
+    pub atomic_counters: bool,
+
     /// The command to launch and trace (after --).
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,

@@ -30,6 +30,7 @@ pub mod merge;
 pub mod model;
 pub mod modules;
 pub mod multi;
+pub mod pin;
 pub mod placement;
 pub mod probe;
 pub mod procfs;

@@ -11,6 +11,7 @@
 use std::{
     num::NonZeroU32,
     path::{Path, PathBuf},
+    sync::OnceLock,
 };
 
 use aya::{
@@ -74,6 +75,9 @@ pub struct LoadOptions {
     /// `--all --cgroup` on a host with a cgroup2 hierarchy: the kernel leaves out the threads
     /// of the cgroups user space judges not to match (`cgroupfilter`).
     pub cgroup: Option<String>,
+    /// Count with preemption off and plain adds where the kernel allows it (`pin`); false
+    /// (`--atomic-counters`): atomic adds throughout.
+    pub pin: bool,
 }
 
 impl Default for LoadOptions {
@@ -96,6 +100,7 @@ impl Default for LoadOptions {
             comm: None,
             cgroup: None,
             reservations: false,
+            pin: true,
         }
     }
 }
@@ -198,6 +203,8 @@ pub fn plan(provider: &Provider, at_entry: bool, calls: bool) -> Result<Vec<Plan
 
 pub struct Probes {
     pub ebpf: Ebpf,
+    /// The return and free programs count with preemption off (`pin`).
+    pub pinned: bool,
     pub attached: Vec<Attached>,
     /// Every uprobe link, owned here (not by its program) so that Drop can close them at once.
     links: Vec<Link>,
@@ -253,7 +260,29 @@ fn has_bpf_caps() -> bool {
     has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
 }
 
-static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/heaptrace"));
+pub(crate) static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/heaptrace"));
+
+/// The object as loaded: its placeholders rewritten for this kernel (`pin`), once a process.
+fn object(pin: bool) -> Result<&'static crate::pin::Patched> {
+    static PINNED: OnceLock<crate::pin::Patched> = OnceLock::new();
+    static ATOMIC: OnceLock<crate::pin::Patched> = OnceLock::new();
+    let cell = if pin { &PINNED } else { &ATOMIC };
+    if let Some(p) = cell.get() {
+        return Ok(p);
+    }
+    let p = crate::pin::patched(EBPF_OBJECT, pin).map_err(Error::Load)?;
+    Ok(cell.get_or_init(|| p))
+}
+
+/// The programs' object loaded into aya (maps created, programs not yet verified).
+pub struct Loaded {
+    pub ebpf: Ebpf,
+    /// The bytes aya loaded, for the uprobe_multi copies of the programs.
+    object: &'static [u8],
+    /// The return and free programs count with preemption off (`pin`).
+    pub pinned: bool,
+}
 
 /// The capacities of the whole-stack map (FRAMES: `--stack-map-size` stacks, allocated as
 /// they come) and of the map of callers (one-frame stacks, for the allocations whose whole
@@ -348,8 +377,9 @@ pub fn slot_rows(opts: &LoadOptions) -> Result<SlotRows> {
     })
 }
 
-pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
+pub fn load(opts: &LoadOptions) -> Result<Loaded> {
     let me = std::process::id();
+    let object = object(opts.pin)?;
     // Maps a mode does not use get one entry: a stack map is preallocated at full size.
     let stacks = opts.mode >= heaptrace_common::mode::STACKS;
     let sizes = opts.mode >= heaptrace_common::mode::SIZES;
@@ -374,6 +404,7 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
             true,
         )
         .override_global(globals::SELF_TGID, &me, true)
+        .override_global(globals::PINNED, &u32::from(object.pinned), true)
         .override_global(globals::SAMPLE_BYTES, &opts.sample_bytes, true)
         .override_global(globals::SAMPLE_SCALE, &scale, true)
         .override_global(globals::LATENCY_EVERY, &opts.latency_every.max(1), true)
@@ -408,7 +439,7 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .map_max_entries(maps::FRAMES, frames)
         .map_max_entries(maps::CALLERS, callers)
         .map_max_entries(maps::SITES, if stacks { opts.site_map_size } else { 1 })
-        .load(EBPF_OBJECT)
+        .load(object.bytes())
         .map_err(|e| {
             let msg = format!("{e:#}");
             if msg.contains("Operation not permitted") {
@@ -430,7 +461,11 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
                 .map_err(|e| Error::Load(format!("{}: {e}", maps::LOG2_TABLE)))?;
         }
     }
-    Ok(ebpf)
+    Ok(Loaded {
+        ebpf,
+        object: object.bytes(),
+        pinned: object.pinned,
+    })
 }
 
 /// The kernel's `--comm` filter: the pattern (a zero one: off) and where a thread finds its
@@ -579,7 +614,12 @@ impl Probes {
     /// `multi` asks for uprobe_multi links where the kernel has them. Call before any map is
     /// taken out of `ebpf`: the uprobe_multi copies of the programs are pointed at its maps.
     /// `reservations`: also probe the memory syscalls' wrappers where the file has them.
-    pub fn new(mut ebpf: Ebpf, multi: bool, calls: bool, reservations: bool) -> Result<Probes> {
+    pub fn new(loaded: Loaded, multi: bool, calls: bool, reservations: bool) -> Result<Probes> {
+        let Loaded {
+            mut ebpf,
+            object,
+            pinned,
+        } = loaded;
         let names: Vec<&str> = [RETURN_PROGRAM, SYSCALL_PROGRAM]
             .into_iter()
             .chain(Func::ALL.map(|f| entry_program(f, Abi::C)))
@@ -590,7 +630,7 @@ impl Probes {
             .collect();
         thread_exits(&mut ebpf);
         let multi = if multi {
-            MultiPrograms::load(EBPF_OBJECT, &ebpf, &names)
+            MultiPrograms::load(object, &ebpf, &names)
                 .inspect_err(|e| log::debug!("no uprobe_multi links, perf-event uprobes: {e}"))
                 .ok()
         } else {
@@ -605,6 +645,7 @@ impl Probes {
         }
         Ok(Probes {
             ebpf,
+            pinned,
             attached: Vec::new(),
             links: Vec::new(),
             multi,

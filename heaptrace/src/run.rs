@@ -98,6 +98,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         latency_every: cli.latency_every,
         calls: cli.mode.at_entry(),
         bare_stack: cli.mode == crate::cli::Mode::Bare,
+        pin: !cli.atomic_counters,
         ..LoadOptions::default()
     };
 
@@ -128,9 +129,9 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     // malloc's calls end, so it could not tell which call made a mapping.
     let reservations = cli.mode.traces_reservations() && !cli.no_reservations;
     opts.reservations = reservations;
-    let attached = probe::load(&opts).and_then(|ebpf| {
+    let attached = probe::load(&opts).and_then(|loaded| {
         let mut probes = Probes::new(
-            ebpf,
+            loaded,
             !cli.perf_uprobes,
             opts.calls,
             reservations && !cli.syscall_tracepoints,
@@ -310,6 +311,12 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     let probes = daemon.probes.take().expect("probes");
     let attached_list = probes.attached.clone();
     let syscall_probes = syscall_probes_json(&probes);
+    // How the programs add to their CPU's counters (`pin`).
+    let counters = if probes.pinned {
+        "preemption_off"
+    } else {
+        "atomic"
+    };
     let prog_stats = stats_fd.map(|fd| {
         let stats = probes.program_stats();
         drop(fd);
@@ -365,6 +372,13 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     eprint!("{}", crate::views::latency(profile));
     if let Some(stats) = &prog_stats {
         eprint!("{}", progstats::text(stats));
+        eprintln!(
+            "  counters: {}",
+            match counters {
+                "atomic" => "atomic adds",
+                _ => "plain adds with preemption off (bpf_preempt_disable), where they count",
+            }
+        );
     }
     // What tracing cost in memory, read once everything is gathered: the kernel maps are
     // bounded by their sizes, this is the daemon's side (profile, stacks, symbols).
@@ -406,6 +420,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
                 h["programs"] =
                     serde_json::to_value(stats).map_err(|e| Error::Io(std::io::Error::other(e)))?;
             }
+            h["counters"] = counters.into();
         }
         if let Some(p) = doc.value_mut("provider") {
             p["syscall_probes"] = syscall_probes.into();

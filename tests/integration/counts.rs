@@ -45,7 +45,27 @@ pub fn launch(
     assert_eq!(doc["lost"]["live_map"], 0);
     assert_eq!(doc["lost"]["in_flight"], 0);
     check_placement(&doc, flags);
+    check_counters(&doc, flags);
     doc
+}
+
+/// How the programs added to their counters: with preemption off where the kernel lets them
+/// (6.10+: CI's does), atomically where `--atomic-counters` asks.
+fn check_counters(doc: &Value, flags: &[&str]) {
+    let counters = &doc["heaptrace"]["counters"];
+    if flags.contains(&"--atomic-counters") {
+        assert_eq!(counters, "atomic");
+    } else if std::env::var_os("CI").is_some() {
+        assert_eq!(
+            counters, "preemption_off",
+            "CI's kernel has bpf_preempt_disable"
+        );
+    } else {
+        assert!(
+            counters == "preemption_off" || counters == "atomic",
+            "{counters}"
+        );
+    }
 }
 
 /// Functions with a uretprobe keep their entry probe where no push has run (the return address
@@ -119,6 +139,25 @@ fn launch_one_thread_counts_exactly() {
 fn launch_four_threads_counts_exactly() {
     if bpf_or_skip("launch_four_threads_counts_exactly") {
         launch_exact(4, 3000, 3, &[]);
+    }
+}
+
+/// The counting the kernel falls back to where the programs cannot turn preemption off, on
+/// both kinds of link (uprobe_multi, and aya's perf-event uprobes).
+#[test]
+fn launch_four_threads_with_atomic_counters_counts_exactly() {
+    if bpf_or_skip("launch_four_threads_with_atomic_counters_counts_exactly") {
+        launch_exact(4, 3000, 3, &["--atomic-counters"]);
+        launch_exact(4, 3000, 3, &["--atomic-counters", "--perf-uprobes"]);
+    }
+}
+
+/// Preemption off in the programs aya loads too (perf-event uprobes, where uprobe_multi
+/// links fail).
+#[test]
+fn launch_four_threads_on_perf_uprobes_counts_exactly() {
+    if bpf_or_skip("launch_four_threads_on_perf_uprobes_counts_exactly") {
+        launch_exact(4, 3000, 3, &["--perf-uprobes"]);
     }
 }
 

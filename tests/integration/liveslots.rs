@@ -41,7 +41,7 @@ fn live_slots_are_read_and_emptied_through_the_kernels_array() {
         live_map_size: 1024,
         ..Default::default()
     };
-    let mut ebpf = probe::load(&opts).unwrap();
+    let mut ebpf = probe::load(&opts).unwrap().ebpf;
     let slots = LiveSlots::map(&ebpf).unwrap();
     assert_eq!(slots.len(), 64);
     let mask = slots.len() as u32 - 1;
