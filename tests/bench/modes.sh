@@ -7,7 +7,8 @@
 # probability 1 - exp(-64/65536), about 1 in 1000). And `counts-nores`, `stacks-nores`: with
 # --no-reservations (no probes on the memory syscalls' wrappers); `counts-tp`, `stacks-tp`: with
 # the memory syscalls traced by the syscall tracepoints instead, which also run for the
-# sys_uretprobe syscall of every malloc return.
+# sys_uretprobe syscall of every malloc return. `counts-atomic`, `stacks-atomic`: with
+# --atomic-counters (every counter an atomic add, as before the programs turned preemption off).
 # With bpftrace installed, two floors that owe nothing to heaptrace: `bpftrace-entry` counts at
 # malloc's entry (`push %r12`, an emulated trap, as free+9's `push %rbp` is) and
 # `bpftrace-return` adds a count at malloc's return. Debian's bpftrace 0.17 cannot probe
@@ -36,6 +37,7 @@ for _ in $(seq "$REPS"); do
     for m in counts stacks; do
         echo "$m-nores $("$ht" -q --mode "$m" --no-reservations -- "$pairs" "$N" 2>/dev/null)" >>"$out"
         echo "$m-tp $("$ht" -q --mode "$m" --syscall-tracepoints -- "$pairs" "$N" 2>/dev/null)" >>"$out"
+        echo "$m-atomic $("$ht" -q --mode "$m" --atomic-counters -- "$pairs" "$N" 2>/dev/null)" >>"$out"
     done
     if [ ${#bt[@]} -gt 0 ]; then
         # The loop's time is the one output line that is only a number with six decimals.
@@ -46,5 +48,5 @@ for _ in $(seq "$REPS"); do
         done
     fi
 done
-python3 tests/bench/added.py "$out" "$N" "" mode native bare-entry bare-traps bare calls counts sizes stacks stacks-s64k counts-nores stacks-nores counts-tp stacks-tp "${bt[@]}"
+python3 tests/bench/added.py "$out" "$N" "" mode native bare-entry bare-traps bare calls counts sizes stacks stacks-s64k counts-nores stacks-nores counts-tp stacks-tp counts-atomic stacks-atomic "${bt[@]}"
 rm -f "$out"
