@@ -159,7 +159,8 @@ impl MultiPrograms {
     }
 }
 
-fn load_one(
+/// Loads (and verifies) one program for uprobe_multi links.
+pub(crate) fn load_one(
     name: &str,
     insns: &[aya_obj::generated::bpf_insn],
     license: &CString,

@@ -7,9 +7,9 @@
 //! Where the kernel lacks the kfuncs (before 6.10), or refuses them in a kprobe program, or
 //! `--atomic-counters` asks, the placeholders become no-ops and the PINNED global stays 0:
 //! every add is atomic, as before.
-use std::os::fd::{FromRawFd as _, OwnedFd};
+use std::os::fd::OwnedFd;
 
-use aya_obj::generated::{bpf_attr, bpf_cmd::BPF_PROG_LOAD, bpf_prog_type::BPF_PROG_TYPE_KPROBE};
+use aya_obj::generated::bpf_insn;
 use heaptrace_common::pin::{PREEMPT_DISABLE, PREEMPT_ENABLE};
 use object::{Object as _, ObjectSection as _, SectionKind};
 
@@ -86,28 +86,18 @@ fn usable_kfuncs() -> Option<Kfuncs> {
     }
 }
 
-/// Loads (and verifies) a program that only disables and enables preemption.
+/// Loads (and verifies) a program of the kind that carries the kfunc calls (uprobe_multi's)
+/// that only disables and enables preemption.
 fn probe((disable, enable): Kfuncs) -> std::io::Result<OwnedFd> {
-    let insns: [[u8; 8]; 4] = [
+    let insns = [
         insn(CALL, PSEUDO_KFUNC_CALL << 4, disable as i32),
         insn(CALL, PSEUDO_KFUNC_CALL << 4, enable as i32),
         insn(0xb7, 0, 0), // r0 = 0
         insn(0x95, 0, 0), // exit
-    ];
-    let license = c"Dual MIT/GPL";
-    // SAFETY: bpf_attr is plain data; all zeroes is its "unset" value.
-    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
-    // SAFETY: writing the prog-load member of a zeroed union.
-    unsafe {
-        let u = &mut attr.__bindgen_anon_3;
-        u.prog_type = BPF_PROG_TYPE_KPROBE as u32;
-        u.insns = insns.as_ptr() as u64;
-        u.insn_cnt = insns.len() as u32;
-        u.license = license.as_ptr() as u64;
-    }
-    let fd = crate::bpfsys::bpf(BPF_PROG_LOAD as u32, &mut attr)?;
-    // SAFETY: the kernel returned a new fd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    ]
+    // SAFETY: bpf_insn is an instruction's 8 bytes (repr(C), no padding), any value valid.
+    .map(|i| unsafe { std::mem::transmute::<[u8; 8], bpf_insn>(i) });
+    crate::multi::load_one("heaptrace_pin", &insns, &c"Dual MIT/GPL".into())
 }
 
 fn insn(code: u8, regs: u8, imm: i32) -> [u8; 8] {

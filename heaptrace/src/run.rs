@@ -311,12 +311,8 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     let probes = daemon.probes.take().expect("probes");
     let attached_list = probes.attached.clone();
     let syscall_probes = syscall_probes_json(&probes);
-    // How the programs add to their CPU's counters (`pin`).
-    let counters = if probes.pinned {
-        "preemption_off"
-    } else {
-        "atomic"
-    };
+    // How the programs added to their CPU's counters (`pin`).
+    let pinned = probes.pinned;
     let prog_stats = stats_fd.map(|fd| {
         let stats = probes.program_stats();
         drop(fd);
@@ -374,9 +370,9 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
         eprint!("{}", progstats::text(stats));
         eprintln!(
             "  counters: {}",
-            match counters {
-                "atomic" => "atomic adds",
-                _ => "plain adds with preemption off (bpf_preempt_disable), where they count",
+            match pinned {
+                true => "plain adds with preemption off (bpf_preempt_disable), where they count",
+                false => "atomic adds",
             }
         );
     }
@@ -420,7 +416,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
                 h["programs"] =
                     serde_json::to_value(stats).map_err(|e| Error::Io(std::io::Error::other(e)))?;
             }
-            h["counters"] = counters.into();
+            h["counters"] = if pinned { "preemption_off" } else { "atomic" }.into();
         }
         if let Some(p) = doc.value_mut("provider") {
             p["syscall_probes"] = syscall_probes.into();
