@@ -140,7 +140,7 @@ pub struct TraceArgs {
     /// histogram stay exact, per-site, live and leak figures become unbiased estimates.
     /// 0 (the default) samples every allocation.
     #[arg(long, default_value_t = 0, value_name = "N",
-          value_parser = crate::sampling::parse_sample_bytes)]
+          value_parser = crate::probe::sampling::parse_sample_bytes)]
     pub sample_bytes: u64,
 
     /// Sizes and stacks modes: time one allocating call in N, on average, for the per-function
@@ -218,9 +218,9 @@ pub struct TraceArgs {
     /// PFXfree, ...), `rust` (__rust_alloc, __rust_dealloc, __rust_realloc,
     /// __rust_alloc_zeroed) or `FUNC=SYMBOL,...` (e.g. malloc=my_alloc,free=my_free). With -p
     /// or a command; malloc and free are required.
-    #[arg(long, value_name = "SPEC", value_parser = crate::symbols::parse,
+    #[arg(long, value_name = "SPEC", value_parser = crate::target::custom_symbols::parse,
           conflicts_with = "all")]
-    pub allocator_symbols: Option<crate::symbols::Custom>,
+    pub allocator_symbols: Option<crate::target::custom_symbols::Custom>,
 
     /// Capacity of the kernel's in-flight call map (threads with a call recorded). For tests:
     /// a small one shows that exited threads give their entries back.
@@ -395,8 +395,8 @@ pub struct ProbesArgs {
     pub pid: Option<u32>,
 
     /// The custom allocator functions to look for, as when tracing.
-    #[arg(long, value_name = "SPEC", value_parser = crate::symbols::parse)]
-    pub allocator_symbols: Option<crate::symbols::Custom>,
+    #[arg(long, value_name = "SPEC", value_parser = crate::target::custom_symbols::parse)]
+    pub allocator_symbols: Option<crate::target::custom_symbols::Custom>,
 
     /// The mode to plan for: in calls mode malloc has no return probe.
     #[arg(long, value_enum, default_value = "stacks")]

@@ -27,7 +27,7 @@ fn main() -> ExitCode {
         // SAFETY: as above; other threads may allocate meanwhile, and read either value.
         unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, 1000) };
     }
-    let _ = heaptrace::run::STARTED.set(started);
+    let _ = heaptrace::cmd::trace::STARTED.set(started);
     let cli = heaptrace::cli::Cli::parse();
     if matches!(cli.subcommand, Some(heaptrace::cli::Command::Report(_))) {
         started(); // no start-up burst: reading a recording is the work itself
@@ -36,9 +36,9 @@ fn main() -> ExitCode {
     use heaptrace::cli::Command;
     let result = match &cli.subcommand {
         Some(Command::Probes(args)) => heaptrace::cmd::probes::run(args),
-        Some(Command::Record(args)) => heaptrace::run::run(&args.trace, Some(&args.output)),
+        Some(Command::Record(args)) => heaptrace::cmd::trace::run(&args.trace, Some(&args.output)),
         Some(Command::Report(args)) => heaptrace::cmd::report::run(args),
-        None => heaptrace::run::run(&cli.trace, None),
+        None => heaptrace::cmd::trace::run(&cli.trace, None),
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -1,7 +1,7 @@
 //! The live slots (`heaptrace_common::live`) in the kernel's own array: what the programs
 //! write there, user space reads through its mapping and empties for the processes gone.
 use aya::maps::Array;
-use heaptrace::{liveslots::LiveSlots, probe};
+use heaptrace::{drain::live_slots::LiveSlots, probe};
 use heaptrace_common::{
     LiveBlock, LiveKey,
     live::{LiveSlot, index, state},

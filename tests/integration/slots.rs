@@ -9,12 +9,12 @@ use std::{
 };
 
 use heaptrace::{
-    allocator,
     drain::KernelMaps,
-    keyedslots::KeyedSlots,
-    model::{SiteTotals, Totals},
+    drain::keyed_slots::KeyedSlots,
+    drain::proc_slots::ProcSlots,
+    drain::round::{SiteTotals, Totals},
     probe::{self, Probes, Scope},
-    procslots::ProcSlots,
+    target::allocator,
 };
 use heaptrace_common::{Func, SiteCounters, SiteKey, SizeKey, maps};
 
@@ -59,7 +59,7 @@ fn a_process_traced_alone_counts_in_its_slots() {
     let deadline = Instant::now() + Duration::from_secs(20);
     let snap = loop {
         let snap = maps.snapshot().unwrap();
-        let calls = |s: &heaptrace::model::Snapshot| {
+        let calls = |s: &heaptrace::drain::round::Snapshot| {
             s.procs
                 .get(&pid)
                 .map_or(0, |p| p.totals.funcs[Func::Free as usize].calls)

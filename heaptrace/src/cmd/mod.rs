@@ -1,6 +1,9 @@
-//! Commands other than tracing itself (which is `run`), one module each.
+//! The subcommands, one module each: `trace` (the default: a live trace, or `record`),
+//! `report` and `probes`. Each turns its arguments into calls of the stages and returns an exit
+//! code; `main` only parses and dispatches.
 pub mod probes;
 pub mod report;
+pub mod trace;
 
 /// Writes a command's output to stdout. A reader that stops early (`| head`) ends the
 /// command quietly (`Error::is_broken_pipe`), where `print!` would panic.

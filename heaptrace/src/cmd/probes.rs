@@ -2,11 +2,10 @@
 use std::fmt::Write as _;
 
 use crate::{
-    allocator::{self, Provider},
     cli::ProbesArgs,
-    elf,
     error::Result,
     probe::{self, Planned},
+    target::allocator::{self, Provider},
 };
 
 pub fn run(args: &ProbesArgs) -> Result<i32> {
@@ -33,19 +32,29 @@ pub fn run(args: &ProbesArgs) -> Result<i32> {
 fn wrappers(
     provider: &Provider,
     pid: Option<u32>,
-) -> Result<Option<(std::path::PathBuf, Vec<elf::SyscallSite>)>> {
-    if let Some(sites) = elf::syscall_sites(&provider.attach_path)? {
+) -> Result<
+    Option<(
+        std::path::PathBuf,
+        Vec<crate::probe::syscall_sites::SyscallSite>,
+    )>,
+> {
+    if let Some(sites) = crate::probe::syscall_sites::find(&provider.attach_path)? {
         return Ok(Some((provider.path.clone(), sites)));
     }
     let libc = allocator::libc_of(pid.unwrap_or_else(std::process::id))?;
     let Some((shown, path)) = libc else {
         return Ok(None);
     };
-    Ok(elf::syscall_sites(&path)?.map(|sites| (shown, sites)))
+    Ok(crate::probe::syscall_sites::find(&path)?.map(|sites| (shown, sites)))
 }
 
 /// Where the memory syscalls are seen (the memory behind malloc; not in calls mode).
-fn syscalls(wrappers: Option<(std::path::PathBuf, Vec<elf::SyscallSite>)>) -> String {
+fn syscalls(
+    wrappers: Option<(
+        std::path::PathBuf,
+        Vec<crate::probe::syscall_sites::SyscallSite>,
+    )>,
+) -> String {
     let Some((path, sites)) = wrappers else {
         return "memory syscalls: no libc wrappers to probe; the syscall tracepoints trace \
                 them (they run on every syscall of the host)\n"

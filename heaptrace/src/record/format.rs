@@ -11,6 +11,8 @@ use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
+use crate::profile::temporary::Temporary;
+
 pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
 /// What each version added:
 /// - 8: the header's `comm` and `cgroup` (`--all --comm`/`--cgroup`: the processes the trace
@@ -118,6 +120,17 @@ pub struct Header {
     pub comm: Option<String>,
     /// `--cgroup` (format 8): ... and whose cgroup path contains this.
     pub cgroup: Option<String>,
+}
+
+impl Header {
+    /// The rule this recording's temporaries were counted by: formats before 7 counted a
+    /// block freed within a time of its allocation.
+    pub fn temporary(&self) -> Temporary {
+        match self.temporary_allocs {
+            0 => Temporary::WithinMs(self.temporary_ms),
+            n => Temporary::Allocs(n),
+        }
+    }
 }
 
 /// The header of format 2: postcard is not self-describing, so a field added at the end is
@@ -350,7 +363,10 @@ pub fn read_frame(r: &mut impl Read, offset: u64) -> Result<Next, FormatError> {
 /// A round of a file of `version`. Rounds of earlier versions end before the fields added
 /// since (`restarted` in 4, `ended` and `folded` in 5): postcard writes no field names, and an
 /// empty list is one zero byte.
-pub fn decode_round(frame: &RawFrame, version: u16) -> Result<crate::model::Round, FormatError> {
+pub fn decode_round(
+    frame: &RawFrame,
+    version: u16,
+) -> Result<crate::drain::round::Round, FormatError> {
     let missing = match version {
         5.. => 0,
         4 => 2,
@@ -432,14 +448,14 @@ mod tests {
     /// none of them; a version 5 round keeps all.
     #[test]
     fn rounds_of_earlier_versions_read_without_the_later_fields() {
-        let mut round = crate::model::Round {
+        let mut round = crate::drain::round::Round {
             index: 7,
             restarted: vec![42],
             ended: vec![43, 44],
             folded: vec![43],
             ..Default::default()
         };
-        round.mem.insert(1, crate::procfs::Mem::default());
+        round.mem.insert(1, crate::target::procfs::Mem::default());
         let frame = |payload: Vec<u8>| RawFrame {
             kind: Kind::Round,
             offset: 0,
@@ -510,5 +526,28 @@ mod tests {
         kind[0] = 200;
         let err = read_frame(&mut &kind[..], 0).err().unwrap();
         assert!(err.to_string().contains("unknown record kind"), "{err}");
+    }
+
+    #[test]
+    fn recordings_before_format_7_keep_their_time_rule() {
+        let old = Header {
+            temporary_ms: 250,
+            ..Default::default()
+        };
+        assert_eq!(old.temporary(), Temporary::WithinMs(250));
+        assert_eq!(old.temporary().to_string(), "freed within 250 ms");
+        let new = Header {
+            temporary_allocs: 4,
+            ..Default::default()
+        };
+        assert_eq!(new.temporary(), Temporary::Allocs(4));
+        assert_eq!(
+            new.temporary().to_string(),
+            "freed with fewer than 4 allocations of its thread in between"
+        );
+        assert_eq!(
+            Temporary::default().to_string(),
+            "freed before its thread's next allocation"
+        );
     }
 }

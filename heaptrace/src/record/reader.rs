@@ -11,8 +11,9 @@ use super::format::{
     decode, decode_header, decode_round, read_frame, read_preamble,
 };
 use crate::{
-    aggregate::{Leak, Profile},
-    model::{Round, SiteId},
+    drain::round::Leak,
+    drain::round::{Round, SiteId},
+    profile::Profile,
     symbolize::Frame,
 };
 
@@ -160,7 +161,7 @@ impl Recording {
 
     /// The stacks for which `want` holds, with their frames. A frame is made once and shared
     /// by every stack that holds it, as in a live trace (see `symbolize`).
-    pub fn stacks_frames(&self, want: impl Fn(&(u32, i32)) -> bool) -> crate::aggregate::Stacks {
+    pub fn stacks_frames(&self, want: impl Fn(&(u32, i32)) -> bool) -> crate::profile::Stacks {
         let mut made: HashMap<&FrameRec, Frame> = HashMap::new();
         self.stacks
             .iter()
@@ -225,9 +226,9 @@ mod tests {
 
     use super::*;
     use crate::{
-        model::{NewStack, ProcRound, SiteTotals, Totals},
-        modules::Location,
+        drain::round::{NewStack, ProcRound, SiteTotals, Totals},
         record::{Recorder, format::EndRec},
+        symbolize::modules::Location,
     };
 
     fn sample_round(index: u64, with_stack: bool) -> Round {
@@ -419,7 +420,7 @@ mod tests {
     /// and are shown by that rule; the current format keeps the allocation count.
     #[test]
     fn format_6_recordings_keep_their_time_rule_for_temporaries() {
-        use crate::temporary::Temporary;
+        use crate::profile::temporary::Temporary;
         #[derive(serde::Serialize)]
         struct HeaderV6<'a> {
             v2: &'a HeaderV2,
@@ -440,13 +441,13 @@ mod tests {
         let rec = read_version(6, &old);
         assert_eq!(rec.header.latency_every, 16);
         assert_eq!(rec.header.temporary_allocs, 0);
-        assert_eq!(Temporary::of_header(&rec.header), Temporary::WithinMs(250));
+        assert_eq!(rec.header.temporary(), Temporary::WithinMs(250));
         let header = Header {
             temporary_allocs: 3,
             ..Default::default()
         };
         let rec = round_trip("v6", &header);
-        assert_eq!(Temporary::of_header(&rec.header), Temporary::Allocs(3));
+        assert_eq!(rec.header.temporary(), Temporary::Allocs(3));
     }
 
     /// A format 7 header ends before `comm` and `cgroup`: it reads as a trace of every

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use super::Recording;
-use crate::{aggregate::Profile, model::Round};
+use crate::{drain::round::Round, profile::Profile};
 
 pub struct Replay {
     pub profile: Profile,
@@ -56,9 +56,10 @@ mod tests {
     use std::collections::BTreeMap;
 
     use crate::{
-        aggregate::{Leak, Profile},
-        fold::FOLDED,
-        model::{NewStack, ProcRound, Round, SiteTotals},
+        drain::round::Leak,
+        drain::round::{NewStack, ProcRound, Round, SiteTotals},
+        profile::Profile,
+        profile::exited::FOLDED,
         record::{Header, Recorder, Recording, Replay, format::EndRec},
         symbolize::test_frames,
     };

@@ -10,10 +10,10 @@ use super::format::{
     EndRec, FrameRec, Header, Kind, ModuleRec, StackRec, write_frame, write_preamble,
 };
 use crate::{
-    aggregate::Leak,
-    model::{Round, SiteId},
-    modules::Location,
+    drain::round::Leak,
+    drain::round::{Round, SiteId},
     symbolize::Frame,
+    symbolize::modules::Location,
 };
 
 pub struct Recorder {
@@ -26,7 +26,7 @@ pub struct Recorder {
 pub fn build_id(path: &Path) -> Option<Vec<u8>> {
     use object::Object as _;
     // Mapped, not read whole: a program with debug info is a hundred megabytes and more.
-    let data = crate::elf::map(path).ok()?;
+    let data = crate::target::elf::map(path).ok()?;
     let file = object::File::parse(&*data).ok()?;
     file.build_id().ok().flatten().map(<[u8]>::to_vec)
 }

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use heaptrace_common::Func;
 use serde_json::json;
 
-use crate::{aggregate::Profile, cli::Format, report::bytes, views::Names};
+use crate::{cli::Format, profile::Profile, view::site_tables::Names, view::summary::bytes};
 
 #[derive(Default, Clone, Copy)]
 struct Figures {
@@ -28,7 +28,7 @@ fn by_label(p: &Profile, names: &Names) -> BTreeMap<String, Figures> {
     out
 }
 
-fn label(p: &Profile, id: &crate::model::SiteId, names: &Names) -> String {
+fn label(p: &Profile, id: &crate::drain::round::SiteId, names: &Names) -> String {
     let func = Func::from_u32(id.2).map(|f| f.name()).unwrap_or("?");
     let frames: Vec<String> = p.frames(id).iter().map(|f| names.function(f)).collect();
     format!("{func} <- {}", frames.join(" <- "))

@@ -6,9 +6,9 @@ use heaptrace_common::Func;
 
 use super::*;
 use crate::{
-    aggregate::Leak,
     cli::{FlameBy, View},
-    model::{NewStack, ProcRound, SiteTotals, Totals},
+    drain::round::Leak,
+    drain::round::{NewStack, ProcRound, SiteTotals, Totals},
     record::{Header, Recorder, format::EndRec},
     symbolize::Frame,
 };
@@ -72,7 +72,7 @@ fn round(index: u64, a: u64, b: u64, with_stacks: bool) -> Round {
     );
     r.mem.insert(
         7,
-        crate::procfs::Mem {
+        crate::target::procfs::Mem {
             rss_kb: 1024 * index,
             virt_kb: 4096,
         },
@@ -219,7 +219,7 @@ fn golden_views() {
         View::Peak,
         View::Memory,
     ] {
-        let text = views::text(view, &rec, &p, &names, &args(view)).unwrap();
+        let text = render::text(view, &rec, &p, &names, &args(view)).unwrap();
         insta::assert_snapshot!(format!("{view:?}").to_lowercase(), text);
     }
     let mut rev = args(View::Tree);
@@ -230,14 +230,14 @@ fn golden_views() {
     };
     insta::assert_snapshot!(
         "tree_reverse_short",
-        views::text(View::Tree, &rec, &p, &short, &rev).unwrap()
+        render::text(View::Tree, &rec, &p, &short, &rev).unwrap()
     );
     let (mut t1, mut t2) = (None, None);
-    let json = views::json(View::Leaks, &rec, &p, &names, &args(View::Leaks), &mut t1).unwrap();
+    let json = render::json(View::Leaks, &rec, &p, &names, &args(View::Leaks), &mut t1).unwrap();
     insta::assert_json_snapshot!("leaks_json", json);
-    let json = views::json(View::Memory, &rec, &p, &names, &args(View::Memory), &mut t2).unwrap();
+    let json = render::json(View::Memory, &rec, &p, &names, &args(View::Memory), &mut t2).unwrap();
     insta::assert_json_snapshot!("memory_json", json);
-    let massif = export::massif(&rec, &p, &names);
+    let massif = crate::view::export::massif(&rec, &p, &names);
     insta::assert_snapshot!("massif", massif);
 }
 
@@ -247,7 +247,7 @@ fn golden_views() {
 fn massif_keeps_the_peak_inside_a_coarsened_row() {
     let (rec, _) = recording();
     let mut p = Profile::of_mode("stacks", 0);
-    let n = crate::aggregate::TIMELINE_ROWS as u64 + 10;
+    let n = crate::profile::TIMELINE_ROWS as u64 + 10;
     // Odd: once rows hold two rounds, the peak is the first round of its row, not its last.
     let top = 2 * (n / 3) + 1;
     for i in 1..=n {
@@ -262,7 +262,7 @@ fn massif_keeps_the_peak_inside_a_coarsened_row() {
     let peak = p.peak.clone().unwrap();
     assert_eq!((peak.round, peak.live_bytes), (top, 2000 * top as i64));
     assert!(p.rounds.iter().all(|r| r.index != top));
-    let m = export::massif(&rec, &p, &Names::default());
+    let m = crate::view::export::massif(&rec, &p, &Names::default());
     assert_eq!(m.matches("heap_tree=peak").count(), 1);
     assert_eq!(m.matches("snapshot=").count(), p.rounds.len() + 1);
     let at_peak = m

@@ -1,27 +1,25 @@
 //! `heaptrace report FILE [VIEW]`: a recording replayed through the same aggregation as a live
 //! trace, then one view (text or JSON), an export, or a comparison with another recording.
 mod diff;
-mod export;
 #[cfg(test)]
 mod golden;
-mod tree;
-mod views;
+mod render;
 
 use std::{collections::HashSet, path::Path};
 
 use heaptrace_common::Func;
 
 use crate::{
-    aggregate::Profile,
     cli::{Format, ReportArgs},
+    drain::round::Round,
     error::{Error, Result},
-    model::Round,
-    modules::Location,
+    profile::Profile,
     record::{FormatError, Recording, Replay},
     symbolize::Symbolizer,
+    symbolize::modules::Location,
 };
 
-pub use crate::views::Names;
+pub use crate::view::site_tables::Names;
 
 /// Exit code for a recording that cannot be read (bad input), as the issue asks.
 pub const BAD_FILE: i32 = 2;
@@ -60,13 +58,13 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
             .output
             .as_deref()
             .ok_or_else(|| Error::Usage("report --export needs -o FILE".into()))?;
-        export::write(kind, &rec, &profile, &names, args, out)?;
+        crate::view::export::write(kind, &rec, &profile, &names, args, out)?;
         eprintln!("heaptrace: wrote {}", out.display());
         return Ok(0);
     }
     match args.format {
-        Format::Text => super::out(&views::text(args.view, &rec, &profile, &names, args)?)?,
-        Format::Json => views::json(args.view, &rec, &profile, &names, args, &mut None)?
+        Format::Text => super::out(&render::text(args.view, &rec, &profile, &names, args)?)?,
+        Format::Json => render::json(args.view, &rec, &profile, &names, args, &mut None)?
             .write_pretty(std::io::stdout().lock())?,
     }
     Ok(0)
@@ -116,7 +114,7 @@ fn replayed(path: &Path, args: &ReportArgs) -> Result<(Recording, Profile), Form
 
 /// The pid of a process key: `--pid` takes every process that had it.
 fn real(key: u32) -> u32 {
-    crate::incarnation::Pid(key).real()
+    crate::profile::incarnation::Pid(key).real()
 }
 
 fn only_pid(r: &Round, pid: u32) -> Round {

@@ -1,0 +1,522 @@
+//! Execs. System-wide: processes that start after heaptrace, whose allocator may be a file not
+//! probed yet (a container's libc, a static executable, jemalloc). One process traced: its
+//! execs (a wrapper script's `exec`, pyenv's shims), after which it is its new command, maybe
+//! on another allocator.
+use std::fs;
+
+use std::{
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use aya::{
+    maps::{MapData, RingBuf},
+    programs::RawTracePoint,
+};
+use heaptrace_common::{PROC_EXEC, ProcEvent, maps};
+use tokio::{io::unix::AsyncFd, sync::mpsc};
+
+use crate::{
+    error::{Error, Result},
+    probe::{Probes, Scope},
+    target::allocator::{self, Provider},
+};
+
+/// Mappings of new processes as the reader read them right after their exec, by pid, until
+/// the daemon takes them (`Modules::keep_early`); at most `EARLY_MAPS` of them.
+pub type EarlyMaps = Arc<std::sync::Mutex<std::collections::HashMap<u32, String>>>;
+const EARLY_MAPS: usize = 4096;
+/// Mappings read a second at most (about 0.1 ms each): a host that execs faster gets the rest
+/// of its processes named by the daemon's reads only.
+const READS_PER_SECOND: u32 = 400;
+/// When a new process's mappings are read again after its exec: the dynamic loader maps its
+/// libraries within a few milliseconds, and a program of 5 ms (`as`) allocates from them.
+const READ_AGAIN: [Duration; 3] = [
+    Duration::from_millis(2),
+    Duration::from_millis(6),
+    Duration::from_millis(20),
+];
+
+/// Events waiting in the channel from the reader: as many as the kernel's ring holds. When it
+/// is full the reader waits, the ring fills, and the kernel counts the loss.
+const QUEUED: usize = 1024;
+
+pub struct ProcWatch {
+    /// Execs as the reader thread forwards them, until the daemon takes the receiver.
+    pub events: Option<mpsc::Receiver<ProcEvent>>,
+    pub early: EarlyMaps,
+    stop: Arc<AtomicBool>,
+    /// Written to end the reader's wait at once.
+    wake: Arc<OwnedFd>,
+    reader: Option<std::thread::JoinHandle<()>>,
+    /// The kernel side's rare diagnostics (aya-log), printed through `log`.
+    pub logs: Option<AsyncFd<aya_log::EbpfLogger<&'static dyn log::Log>>>,
+    /// Allocator files attached, and files that are no allocators, by (device, inode).
+    known: allocator::Known,
+    at_entry: bool,
+    /// Where a new allocator file's probes fire: every process, or the one traced.
+    scope: Scope,
+    /// Name and cgroup of processes seen starting, read while they surely lived: a process
+    /// that ends within a round is still named and placed. Entries go when the process is
+    /// forgotten.
+    pub seen: std::collections::HashMap<u32, (String, String)>,
+    cgroups: crate::target::cgroups::CgroupNames,
+    /// The kernel's cgroup verdicts, under `--all --cgroup`.
+    verdicts: Option<crate::probe::cgroup_filter::CgroupVerdicts>,
+    /// `--all --comm` and `--all --cgroup`: the processes whose allocator files are looked at.
+    wanted: Wanted,
+    /// Processes just started whose allocator is not mapped yet (the exec tracepoint fires
+    /// before the dynamic loader maps libc): looked at again shortly, a while at most.
+    pending: Vec<(u32, std::time::Instant)>,
+}
+
+/// How long a new process may take to map its allocator.
+const PENDING_FOR: std::time::Duration = std::time::Duration::from_millis(500);
+/// How often pending processes are looked at again.
+pub const RETRY_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
+impl ProcWatch {
+    /// Attaches the exec tracepoint; `first` is the file already probed. With one process in
+    /// `scope`, the kernel reports that process's execs only (`LoadOptions::watch_tgid`).
+    /// `comm`: the `--comm` filter; the reader reads only the matching processes' mappings.
+    /// `cgroup`: the `--cgroup` filter, when the kernel judges by cgroup (`cgroupfilter`).
+    pub fn start(
+        probes: &mut Probes,
+        first: &Provider,
+        at_entry: bool,
+        scope: Scope,
+        comm: Option<String>,
+        cgroup: Option<String>,
+    ) -> Result<ProcWatch> {
+        let (prog, tp) = ("on_exec", "sched_process_exec");
+        {
+            let p: &mut RawTracePoint = crate::probe::program(&mut probes.ebpf, prog)?;
+            p.load().map_err(|e| Error::Load(format!("{prog}: {e}")))?;
+            p.attach(tp)
+                .map_err(|e| Error::Load(format!("{prog} on {tp}: {e}")))?;
+        }
+        let map = probes
+            .ebpf
+            .take_map(maps::EVENTS)
+            .ok_or_else(|| Error::Load("map EVENTS missing".into()))?;
+        let ring = RingBuf::try_from(map).map_err(|e| Error::Map {
+            map: maps::EVENTS,
+            reason: e.to_string(),
+        })?;
+        let mut known = allocator::Known::default();
+        if let Some(id) = allocator::file_id(&first.attach_path) {
+            known.attached.insert(id);
+        }
+        let (tx, events) = mpsc::channel(QUEUED);
+        let stop = Arc::new(AtomicBool::new(false));
+        // SAFETY: no pointers; the new fd is owned at once.
+        let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if wake < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        // SAFETY: a valid fd that nothing else owns.
+        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(wake) });
+        let early = EarlyMaps::default();
+        let reader = Reader {
+            ring,
+            tx,
+            stop: stop.clone(),
+            wake: wake.clone(),
+            comm: comm.clone(),
+            early: early.clone(),
+            delay: delay_for_tests(),
+        };
+        let reader = std::thread::Builder::new()
+            .name("heaptrace-execs".into())
+            .spawn(move || reader.run())?;
+        // Without the log map (an object built without any log call) there is nothing to read.
+        let logs = match aya_log::EbpfLogger::init(&mut probes.ebpf) {
+            // SAFETY: the logger owns its ring buffer's fd while it is registered.
+            Ok(l) => unsafe { AsyncFd::register(l) }.ok(),
+            Err(e) => {
+                log::debug!("no kernel-side log: {e}");
+                None
+            }
+        };
+        let wanted = match scope {
+            Scope::All => Wanted {
+                comm,
+                cgroup: cgroup.clone(),
+            },
+            Scope::Process(_) => Wanted::default(),
+        };
+        let mut cgroups = crate::target::cgroups::CgroupNames::default();
+        let verdicts = match cgroup {
+            Some(pattern) if scope == Scope::All => {
+                let mut v =
+                    crate::probe::cgroup_filter::CgroupVerdicts::take(&mut probes.ebpf, pattern)?;
+                v.judge_all(&mut cgroups);
+                Some(v)
+            }
+            _ => None,
+        };
+        Ok(ProcWatch {
+            events: Some(events),
+            early,
+            stop,
+            wake,
+            reader: Some(reader),
+            logs,
+            known,
+            at_entry,
+            scope,
+            seen: std::collections::HashMap::new(),
+            cgroups,
+            verdicts,
+            wanted,
+            pending: Vec::new(),
+        })
+    }
+
+    /// Once a round under `--all --cgroup`: the kernel's verdicts on the cgroups made or removed
+    /// since the last walk (a process moved into a new cgroup without an exec reports none;
+    /// `CgroupVerdicts::judge_new`).
+    /// Returns how many cgroups the kernel's map has had no room for.
+    pub fn judge_cgroups(&mut self) -> u64 {
+        let Some(v) = self.verdicts.as_mut() else {
+            return 0;
+        };
+        v.judge_new(&mut self.cgroups);
+        v.unjudged
+    }
+
+    /// Looks at every process already running, as if each had just started.
+    pub fn scan(&mut self, probes: &mut Probes) {
+        let me = std::process::id();
+        let Ok(dir) = fs::read_dir("/proc") else {
+            return;
+        };
+        for entry in dir.flatten() {
+            if let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+                && pid != me
+                && self.wanted.judge_pid(pid)
+            {
+                let _ = self.started(probes, pid);
+            }
+        }
+    }
+
+    /// Looks at each process that started among `events` (attaching its allocator when
+    /// `probes` is given). Returns the processes that exec'ed.
+    pub fn drain(&mut self, events: Vec<ProcEvent>, mut probes: Option<&mut Probes>) -> Vec<u32> {
+        let execs: Vec<u32> = events
+            .iter()
+            .filter(|e| e.kind == PROC_EXEC)
+            .map(|e| e.tgid)
+            .collect();
+        // Names first, for every process of the batch, from the event itself (taken in the
+        // kernel at the exec): looking for a process's allocator can take long (a big new file
+        // to read and attach), and a short-lived process may be gone before /proc is read.
+        for e in events.iter().filter(|e| e.kind == PROC_EXEC) {
+            let comm = comm_str(&e.comm)
+                .or_else(|| crate::target::procfs::comm(e.tgid))
+                .unwrap_or_default();
+            let known = self.cgroups.path(e.cgroup_id);
+            // Before its first allocations, at best: until then the kernel traces it.
+            if let (Some(v), Some(path)) = (self.verdicts.as_mut(), known.as_deref()) {
+                v.judge(e.cgroup_id, path);
+            }
+            let cgroup = known
+                .or_else(|| crate::target::procfs::cgroup(e.tgid))
+                .unwrap_or_default();
+            self.seen.insert(e.tgid, (comm, cgroup));
+        }
+        for e in events.iter().filter(|e| e.kind == PROC_EXEC) {
+            let wanted = self
+                .seen
+                .get(&e.tgid)
+                .is_none_or(|(comm, cgroup)| self.wanted.judge(known(comm), known(cgroup)));
+            if let Some(p) = probes.as_deref_mut()
+                && wanted
+            {
+                self.look_at(p, e.tgid);
+            }
+        }
+        execs
+    }
+
+    /// Prints what the kernel side logged.
+    pub fn flush_logs(&mut self) {
+        if let Some(l) = self.logs.as_mut() {
+            l.get_mut().flush();
+        }
+    }
+
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Looks at a process that just exec'ed (its allocator attached if not yet), or again
+    /// shortly if no allocator is mapped in it yet.
+    pub fn look_at(&mut self, probes: &mut Probes, pid: u32) {
+        if !self.started(probes, pid) {
+            self.pending.push((pid, std::time::Instant::now()));
+        }
+    }
+
+    /// Looks again at the processes whose allocator was not mapped yet.
+    pub fn retry(&mut self, probes: &mut Probes) {
+        let pending = std::mem::take(&mut self.pending);
+        for (pid, since) in pending {
+            if !self.started(probes, pid) && since.elapsed() < PENDING_FOR {
+                self.pending.push((pid, since));
+            }
+        }
+    }
+
+    /// A process started: attach its allocator file if no probe is on it yet. False when no
+    /// allocator is mapped in it (yet).
+    fn started(&mut self, probes: &mut Probes, pid: u32) -> bool {
+        let provider = match allocator::for_pid_known(pid, &mut self.known) {
+            Ok(Some(p)) => p,
+            Ok(None) => return true, // an allocator file probed already
+            Err(crate::error::Error::NoSuchProcess(_)) => return true, // gone already
+            Err(_) => return false,  // nothing with malloc mapped, maybe not yet
+        };
+        let Some(id) = allocator::file_id(&provider.attach_path) else {
+            return true;
+        };
+        if !self.known.attached.insert(id) {
+            return true;
+        }
+        match probes.attach(&provider, self.scope, self.at_entry) {
+            Ok(()) => eprintln!(
+                "heaptrace: also tracing {} (first seen in pid {pid})",
+                provider.path.display()
+            ),
+            Err(e) => eprintln!("heaptrace: warning: cannot trace pid {pid}'s allocator: {e}"),
+        }
+        true
+    }
+}
+
+/// Which processes' allocator files a system-wide trace probes: under `--comm`/`--cgroup`, only
+/// those of the processes that match, judged at their exec (or at the start), as the kernel
+/// judges them. Probes on a file only the others map would trap in their every call and count
+/// nothing (a compiler's own jemalloc under `--comm myapp`). A process whose name or cgroup
+/// cannot be read is looked at.
+#[derive(Default)]
+struct Wanted {
+    comm: Option<String>,
+    cgroup: Option<String>,
+}
+
+/// A name or path read ("" where none could be).
+fn known(s: &str) -> Option<&str> {
+    (!s.is_empty()).then_some(s)
+}
+
+impl Wanted {
+    fn judge(&self, comm: Option<&str>, cgroup: Option<&str>) -> bool {
+        let fits = |pattern: &Option<String>, value: Option<&str>| match (pattern, value) {
+            (Some(p), Some(v)) => v.contains(p.as_str()),
+            _ => true,
+        };
+        fits(&self.comm, comm) && fits(&self.cgroup, cgroup)
+    }
+
+    /// A running process, by what /proc says; only what a filter needs is read (the start-up
+    /// scan of `--all` looks at every process on the host).
+    fn judge_pid(&self, pid: u32) -> bool {
+        let comm = self
+            .comm
+            .as_ref()
+            .and_then(|_| crate::target::procfs::comm(pid));
+        let cgroup = self
+            .cgroup
+            .as_ref()
+            .and_then(|_| crate::target::procfs::cgroup(pid));
+        self.judge(comm.as_deref(), cgroup.as_deref())
+    }
+}
+
+impl Drop for ProcWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: 8 bytes from a live buffer to an eventfd.
+        let _ = unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+}
+
+/// Reads the kernel's exec events as they come, on a thread of its own, and each new process's
+/// mappings at once. The daemon can be busy with a round for tens of milliseconds, and a
+/// process that lives a millisecond is gone by then; its executable is mapped at the exec,
+/// so read now its own frames can be named.
+struct Reader {
+    ring: RingBuf<MapData>,
+    tx: mpsc::Sender<ProcEvent>,
+    stop: Arc<AtomicBool>,
+    wake: Arc<OwnedFd>,
+    comm: Option<String>,
+    early: EarlyMaps,
+    delay: Option<Duration>,
+}
+
+/// Tests only: `HEAPTRACE_DELAY_EXEC_EVENTS_MS` holds each exec event that long before the
+/// daemon gets it, as a loaded host may (the reads of /proc before it, the scheduler), so that
+/// a test can make the event come after the counters of the image it starts.
+fn delay_for_tests() -> Option<Duration> {
+    let ms = std::env::var("HEAPTRACE_DELAY_EXEC_EVENTS_MS").ok()?;
+    ms.parse().ok().map(Duration::from_millis)
+}
+
+impl Reader {
+    /// Waits while the daemon's queue is full (the kernel's ring then fills, and counts what it
+    /// cannot hold); false once the watch is stopped or gone.
+    fn send(&self, mut exec: ProcEvent) -> bool {
+        if let Some(d) = self.delay {
+            std::thread::sleep(d);
+        }
+        loop {
+            match self.tx.try_send(exec) {
+                Ok(()) => return true,
+                Err(mpsc::error::TrySendError::Closed(_)) => return false,
+                Err(mpsc::error::TrySendError::Full(e)) => {
+                    if self.stop.load(Ordering::Relaxed) {
+                        return false;
+                    }
+                    exec = e;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        }
+    }
+
+    fn run(mut self) {
+        // Run as soon as woken: a process of a millisecond is gone if the read waits for a
+        // time slice behind the daemon's round and the traced programs (with this thread at
+        // normal priority, 2 runs of 8 of `recurse 7` often went unread). Its work is bounded
+        // (`READS_PER_SECOND`); where the priority cannot be had, it runs as any thread.
+        let param = libc::sched_param { sched_priority: 1 };
+        // SAFETY: a valid sched_param; 0 is the calling thread.
+        let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+        let mut budget = (Instant::now(), READS_PER_SECOND);
+        // (when, pid, how many reads after the exec's): the reads to come.
+        let mut again: Vec<(Instant, u32, usize)> = Vec::new();
+        let mut fds = [self.ring.as_raw_fd(), self.wake.as_raw_fd()].map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        while !self.stop.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            let wait = again
+                .iter()
+                .map(|a| a.0.saturating_duration_since(now))
+                .min()
+                .unwrap_or(Duration::from_millis(100))
+                .min(Duration::from_millis(100));
+            // Rounded up: a timeout of 0 would spin (at real-time priority) until the next read.
+            let ms = wait.as_micros().div_ceil(1000) as i32;
+            // SAFETY: two valid pollfds.
+            if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) } < 0 {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let mut events = Vec::new();
+            while let Some(item) = self.ring.next() {
+                if item.len() >= std::mem::size_of::<ProcEvent>() {
+                    // SAFETY: the kernel wrote a ProcEvent (repr(C), no padding); read unaligned.
+                    events.push(unsafe {
+                        std::ptr::read_unaligned(item.as_ptr().cast::<ProcEvent>())
+                    });
+                }
+            }
+            if budget.0.elapsed() >= Duration::from_secs(1) {
+                budget = (Instant::now(), READS_PER_SECOND);
+            }
+            for event in events {
+                let wanted = event.kind == PROC_EXEC
+                    && self.comm.as_ref().is_none_or(|c| {
+                        comm_str(&event.comm).is_some_and(|n| n.contains(c.as_str()))
+                    });
+                if wanted && self.read(event.tgid, &mut budget.1) && again.len() < EARLY_MAPS {
+                    again.push((Instant::now() + READ_AGAIN[0], event.tgid, 0));
+                }
+                if !self.send(event) {
+                    return;
+                }
+            }
+            let now = Instant::now();
+            let due: Vec<(u32, usize)> = again
+                .iter()
+                .filter(|a| a.0 <= now)
+                .map(|a| (a.1, a.2))
+                .collect();
+            again.retain(|a| a.0 > now);
+            for (pid, n) in due {
+                if self.read(pid, &mut budget.1) && n + 1 < READ_AGAIN.len() {
+                    again.push((now + READ_AGAIN[n + 1] - READ_AGAIN[n], pid, n + 1));
+                }
+            }
+        }
+    }
+
+    /// Reads a process's mappings for the daemon, if the budget allows; false if it is gone
+    /// (or nothing could be read).
+    fn read(&self, pid: u32, budget: &mut u32) -> bool {
+        if *budget == 0 {
+            return false;
+        }
+        let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            return false;
+        };
+        *budget -= 1;
+        if maps.is_empty() {
+            return false; // ended, not reaped yet
+        }
+        match self.early.lock() {
+            Ok(mut early) if early.len() < EARLY_MAPS || early.contains_key(&pid) => {
+                early.insert(pid, maps);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+fn comm_str(comm: &[u8; 16]) -> Option<String> {
+    let end = comm.iter().position(|b| *b == 0).unwrap_or(comm.len());
+    (end > 0).then(|| String::from_utf8_lossy(&comm[..end]).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_filter_wants_the_processes_it_would_keep_and_the_unknown_ones() {
+        let all = Wanted::default();
+        assert!(all.judge(Some("anything"), Some("/x")));
+        let by_name = Wanted {
+            comm: Some("alloc".into()),
+            cgroup: None,
+        };
+        assert!(by_name.judge(Some("allocs-static"), Some("/")));
+        assert!(!by_name.judge(Some("rustc"), Some("/")));
+        assert!(by_name.judge(None, None));
+        let both = Wanted {
+            comm: Some("alloc".into()),
+            cgroup: Some("box".into()),
+        };
+        assert!(both.judge(Some("allocs"), Some("/box.scope")));
+        assert!(!both.judge(Some("allocs"), Some("/")));
+        assert!(!both.judge(Some("sh"), Some("/box.scope")));
+        assert!(both.judge(Some("allocs"), None));
+    }
+}

@@ -1,0 +1,583 @@
+//! Plain data that flows from the kernel maps to every view: cumulative snapshots and the
+//! per-round deltas between them. No kernel handles here; everything is serializable.
+use std::collections::BTreeMap;
+
+use heaptrace_common::{FUNC_COUNT, Func, LOG2_BUCKETS, LOSS_COUNT, ProcCounters, SiteCounters};
+use serde::{Deserialize, Serialize};
+
+use crate::target::procfs::Mem;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FnTotals {
+    pub calls: u64,
+    pub bytes: u64,
+    pub failed: u64,
+}
+
+/// Counters of one process (or of several, summed). Cumulative in a snapshot, a difference in a
+/// round; the arithmetic is the same.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Totals {
+    pub funcs: [FnTotals; FUNC_COUNT],
+    pub live_blocks: i64,
+    pub live_bytes: i64,
+    pub untracked_frees: u64,
+    pub realloc_moves: u64,
+    pub realloc_in_place: u64,
+    pub realloc_frees: u64,
+    pub realloc_released_bytes: u64,
+}
+
+impl Totals {
+    /// Sums one process's per-CPU kernel values. Live counters are wrapping deltas per CPU.
+    pub fn from_per_cpu<'a>(cpus: impl IntoIterator<Item = &'a ProcCounters>) -> Totals {
+        let mut t = Totals::default();
+        for c in cpus {
+            for (acc, f) in t.funcs.iter_mut().zip(c.funcs.iter()) {
+                acc.calls = acc.calls.wrapping_add(f.calls);
+                acc.bytes = acc.bytes.wrapping_add(f.bytes);
+                acc.failed = acc.failed.wrapping_add(f.failed);
+            }
+            t.live_blocks = t.live_blocks.wrapping_add(c.live_blocks as i64);
+            t.live_bytes = t.live_bytes.wrapping_add(c.live_bytes as i64);
+            t.untracked_frees = t.untracked_frees.wrapping_add(c.untracked_frees);
+            t.realloc_moves = t.realloc_moves.wrapping_add(c.realloc_moves);
+            t.realloc_in_place = t.realloc_in_place.wrapping_add(c.realloc_in_place);
+            t.realloc_frees = t.realloc_frees.wrapping_add(c.realloc_frees);
+            t.realloc_released_bytes = t
+                .realloc_released_bytes
+                .wrapping_add(c.realloc_released_bytes);
+        }
+        t
+    }
+
+    /// `self - prev`, field by field (counters only grow, so a delta is never negative except
+    /// for the live figures).
+    pub fn minus(&self, prev: &Totals) -> Totals {
+        let mut d = *self;
+        for (a, b) in d.funcs.iter_mut().zip(prev.funcs.iter()) {
+            a.calls = a.calls.wrapping_sub(b.calls);
+            a.bytes = a.bytes.wrapping_sub(b.bytes);
+            a.failed = a.failed.wrapping_sub(b.failed);
+        }
+        d.live_blocks -= prev.live_blocks;
+        d.live_bytes -= prev.live_bytes;
+        d.untracked_frees = d.untracked_frees.wrapping_sub(prev.untracked_frees);
+        d.realloc_moves = d.realloc_moves.wrapping_sub(prev.realloc_moves);
+        d.realloc_in_place = d.realloc_in_place.wrapping_sub(prev.realloc_in_place);
+        d.realloc_frees = d.realloc_frees.wrapping_sub(prev.realloc_frees);
+        d.realloc_released_bytes = d
+            .realloc_released_bytes
+            .wrapping_sub(prev.realloc_released_bytes);
+        d
+    }
+
+    /// Adds a delta. Wrapping, like the deltas: a round read while a process exec'ed can see
+    /// its counters lower than the round before (the kernel reset them), and the restart that
+    /// follows puts its figures right.
+    pub fn plus(&mut self, d: &Totals) {
+        for (a, b) in self.funcs.iter_mut().zip(d.funcs.iter()) {
+            a.calls = a.calls.wrapping_add(b.calls);
+            a.bytes = a.bytes.wrapping_add(b.bytes);
+            a.failed = a.failed.wrapping_add(b.failed);
+        }
+        self.live_blocks = self.live_blocks.wrapping_add(d.live_blocks);
+        self.live_bytes = self.live_bytes.wrapping_add(d.live_bytes);
+        self.untracked_frees = self.untracked_frees.wrapping_add(d.untracked_frees);
+        self.realloc_moves = self.realloc_moves.wrapping_add(d.realloc_moves);
+        self.realloc_in_place = self.realloc_in_place.wrapping_add(d.realloc_in_place);
+        self.realloc_frees = self.realloc_frees.wrapping_add(d.realloc_frees);
+        self.realloc_released_bytes = self
+            .realloc_released_bytes
+            .wrapping_add(d.realloc_released_bytes);
+    }
+
+    pub fn func(&self, f: Func) -> &FnTotals {
+        &self.funcs[f as usize]
+    }
+
+    /// Blocks handed out: successful calls of the allocating functions. A realloc counts when it
+    /// returned a block (not for realloc(p, 0), which is a free).
+    pub fn allocations(&self) -> u64 {
+        Func::ALL
+            .iter()
+            .filter(|f| **f != Func::Free)
+            .map(|f| {
+                let t = self.func(*f);
+                let frees = if *f == Func::Realloc {
+                    self.realloc_frees
+                } else {
+                    0
+                };
+                t.calls - t.failed - frees
+            })
+            .sum()
+    }
+
+    /// Blocks given back: free() of a non-NULL pointer and realloc(p, 0).
+    pub fn frees(&self) -> u64 {
+        self.func(Func::Free).calls + self.realloc_frees
+    }
+
+    /// Bytes requested by successful allocating calls.
+    pub fn bytes_allocated(&self) -> u64 {
+        Func::ALL
+            .iter()
+            .filter(|f| **f != Func::Free)
+            .map(|f| self.func(*f).bytes)
+            .sum()
+    }
+}
+
+/// (process, function index, requested size, stack id of the allocating site: `NO_SITE`
+/// outside stacks mode).
+pub type SizeKey = (u32, u32, u64, i32);
+
+/// An allocation site: (process, stack id, function index). A negative stack id is a lost
+/// stack (its errno), `heaptrace_common::NO_SITE` a block allocated outside stacks mode.
+pub type SiteId = (u32, i32, u32);
+
+/// Power-of-two histogram buckets (see `heaptrace_common::log2_bucket`).
+pub type Log2 = [u64; LOG2_BUCKETS];
+
+/// Counters of one allocation site; cumulative in a snapshot, a difference in a round.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SiteTotals {
+    pub calls: u64,
+    pub bytes: u64,
+    pub frees: u64,
+    pub freed_bytes: u64,
+    pub live_blocks: i64,
+    pub live_bytes: i64,
+    pub temp_blocks: u64,
+    pub temp_bytes: u64,
+    pub sizes: Log2,
+    /// Lifetimes of released blocks, in units of 1024 ns.
+    pub lifetimes: Log2,
+}
+
+fn log2_add(a: &mut Log2, b: &Log2) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x = x.wrapping_add(*y);
+    }
+}
+
+fn log2_sub(a: &mut Log2, b: &Log2) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x = x.wrapping_sub(*y);
+    }
+}
+
+impl SiteTotals {
+    pub fn from_per_cpu<'a>(cpus: impl IntoIterator<Item = &'a SiteCounters>) -> SiteTotals {
+        let mut t = SiteTotals::default();
+        let (mut untracked, mut untracked_bytes) = (0u64, 0u64);
+        for c in cpus {
+            untracked = untracked.wrapping_add(c.untracked);
+            untracked_bytes = untracked_bytes.wrapping_add(c.untracked_bytes);
+            t.calls = t.calls.wrapping_add(c.calls);
+            t.bytes = t.bytes.wrapping_add(c.bytes);
+            t.frees = t.frees.wrapping_add(c.frees);
+            t.freed_bytes = t.freed_bytes.wrapping_add(c.freed_bytes);
+            t.temp_blocks = t.temp_blocks.wrapping_add(c.temp_blocks);
+            t.temp_bytes = t.temp_bytes.wrapping_add(c.temp_bytes);
+            log2_add(&mut t.lifetimes, &c.lifetimes);
+        }
+        // The kernel keeps no live counters per site: what was allocated minus what was freed,
+        // minus what the live map refused (its frees are not seen as this site's).
+        t.live_blocks = t.calls.wrapping_sub(t.frees).wrapping_sub(untracked) as i64;
+        t.live_bytes = t
+            .bytes
+            .wrapping_sub(t.freed_bytes)
+            .wrapping_sub(untracked_bytes) as i64;
+        t
+    }
+
+    pub fn minus(&self, prev: &SiteTotals) -> SiteTotals {
+        let mut d = *self;
+        d.calls = d.calls.wrapping_sub(prev.calls);
+        d.bytes = d.bytes.wrapping_sub(prev.bytes);
+        d.frees = d.frees.wrapping_sub(prev.frees);
+        d.freed_bytes = d.freed_bytes.wrapping_sub(prev.freed_bytes);
+        d.live_blocks -= prev.live_blocks;
+        d.live_bytes -= prev.live_bytes;
+        d.temp_blocks = d.temp_blocks.wrapping_sub(prev.temp_blocks);
+        d.temp_bytes = d.temp_bytes.wrapping_sub(prev.temp_bytes);
+        log2_sub(&mut d.sizes, &prev.sizes);
+        log2_sub(&mut d.lifetimes, &prev.lifetimes);
+        d
+    }
+
+    pub fn plus(&mut self, d: &SiteTotals) {
+        self.calls += d.calls;
+        self.bytes += d.bytes;
+        self.frees += d.frees;
+        self.freed_bytes += d.freed_bytes;
+        self.live_blocks += d.live_blocks;
+        self.live_bytes += d.live_bytes;
+        self.temp_blocks += d.temp_blocks;
+        self.temp_bytes += d.temp_bytes;
+        log2_add(&mut self.sizes, &d.sizes);
+        log2_add(&mut self.lifetimes, &d.lifetimes);
+    }
+}
+
+/// What the kernel maps held at one instant, summed over CPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub procs: BTreeMap<u32, ProcSnapshot>,
+    pub sizes: BTreeMap<SizeKey, u64>,
+    pub losses: [u64; LOSS_COUNT],
+    pub sites: BTreeMap<SiteId, SiteTotals>,
+    /// Per function: time from entry to return, power-of-two buckets of nanoseconds.
+    pub latency: [Log2; FUNC_COUNT],
+}
+
+/// A stack seen for the first time: raw return addresses (innermost first), where each one is
+/// (module, file offset; what a recording keeps to symbolize again), and their frames.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct NewStack {
+    pub ips: Vec<u64>,
+    pub locations: Vec<Option<crate::symbolize::modules::Location>>,
+    pub frames: std::sync::Arc<[crate::symbolize::Frame]>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcSnapshot {
+    pub comm: String,
+    pub totals: Totals,
+    /// The image the counters are of: 1 + the execs at which the kernel started it over.
+    #[serde(default)]
+    pub epoch: u32,
+}
+
+/// Blocks still live: how many and their bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leak {
+    pub blocks: u64,
+    pub bytes: u64,
+}
+
+/// Everything new since the previous round.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Round {
+    pub index: u64,
+    pub elapsed_ms: u64,
+    /// Processes whose counters moved this round.
+    pub procs: BTreeMap<u32, ProcRound>,
+    pub sizes: BTreeMap<SizeKey, u64>,
+    pub losses: [u64; LOSS_COUNT],
+    /// Memory of the traced processes that are still alive, read at the end of the round.
+    pub mem: BTreeMap<u32, Mem>,
+    pub sites: BTreeMap<SiteId, SiteTotals>,
+    pub latency: [Log2; FUNC_COUNT],
+    /// The allocators' reservations and releases of memory this round, by site.
+    pub reservations: BTreeMap<crate::reserve::ResKey, crate::reserve::ResTotals>,
+    /// What each live traced process's allocator holds at the end of the round.
+    pub reserved: BTreeMap<u32, crate::reserve::Reserved>,
+    /// Processes that exec'ed since the previous round: what their earlier images did is
+    /// dropped before this round is added (recording format 4; a version 3 round reads with
+    /// an empty list appended, see `record::format::decode_round`).
+    pub restarted: Vec<u32>,
+    /// Processes seen ended this round (process keys), and then those folded into
+    /// `[N exited processes]`, oldest first (see `fold`): a report replays both as the live
+    /// trace did them. Recording format 5; earlier rounds read with none.
+    pub ended: Vec<u32>,
+    pub folded: Vec<u32>,
+    /// Stacks first seen this round, by (process, stack id).
+    #[serde(skip)]
+    pub stacks: BTreeMap<(u32, i32), NewStack>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcRound {
+    pub comm: String,
+    pub delta: Totals,
+    /// Its cgroup (the unified hierarchy's path), read while it lives; empty if unknown.
+    pub cgroup: String,
+}
+
+impl Snapshot {
+    /// The stored stacks (kernel ids) that sites of `pids` hold, or that are in `dropped`
+    /// (held by sites dropped already), and no other process's site holds.
+    pub fn stacks_only_of(
+        &self,
+        pids: &std::collections::HashSet<u32>,
+        dropped: std::collections::BTreeSet<i32>,
+    ) -> Vec<i32> {
+        let mut theirs = dropped;
+        let mut others = std::collections::HashSet::new();
+        for (pid, id, _) in self.sites.keys().filter(|k| k.1 >= 0) {
+            if pids.contains(pid) {
+                theirs.insert(*id);
+            } else {
+                others.insert(*id);
+            }
+        }
+        theirs
+            .into_iter()
+            .filter(|id| !others.contains(id))
+            .collect()
+    }
+
+    /// Gives each site its size histogram, folded from the exact one, which is keyed by stack
+    /// too: the kernel keeps no second histogram per site. Both are cumulative, as the rounds
+    /// need. Sizes the exact histogram could not hold (`lost.size_histogram`) are missing from
+    /// the sites' too; allocations left out by sampling belong to no site. The kernel counts a
+    /// call's size after its site, and the size map is read first: a site's classes never hold
+    /// more than its calls, and a call counted between the two reads gets its class next round.
+    pub fn fold_site_sizes(&mut self) {
+        for (&(tgid, func, size, stack_id), &n) in &self.sizes {
+            if let Some(site) = self.sites.get_mut(&(tgid, stack_id, func)) {
+                let b = &mut site.sizes[heaptrace_common::log2_bucket(size)];
+                *b = b.wrapping_add(n);
+            }
+        }
+    }
+
+    /// Processes whose counters here are of another image than in `prev`: the kernel started
+    /// them over at an exec in between. What `prev` holds of them is of the image before.
+    pub fn restarted_since(&self, prev: &Snapshot) -> Vec<u32> {
+        self.procs
+            .iter()
+            .filter(|(pid, p)| prev.procs.get(pid).is_some_and(|q| q.epoch != p.epoch))
+            .map(|(pid, _)| *pid)
+            .collect()
+    }
+
+    /// The differences from `prev` to `self`. Cumulative kernel counters read twice give exact
+    /// deltas whatever the kernel did in between: a call counted after this read shows up in the
+    /// next round, never in two and never in none.
+    pub fn since(&self, prev: &Snapshot) -> Round {
+        let mut round = Round::default();
+        for (pid, snap) in &self.procs {
+            let delta = match prev.procs.get(pid) {
+                Some(p) => snap.totals.minus(&p.totals),
+                None => snap.totals,
+            };
+            if delta != Totals::default() {
+                round.procs.insert(
+                    *pid,
+                    ProcRound {
+                        comm: snap.comm.clone(),
+                        delta,
+                        cgroup: String::new(),
+                    },
+                );
+            }
+        }
+        for (key, count) in &self.sizes {
+            let d = count.wrapping_sub(prev.sizes.get(key).copied().unwrap_or(0));
+            if d != 0 {
+                round.sizes.insert(*key, d);
+            }
+        }
+        for (i, l) in self.losses.iter().enumerate() {
+            round.losses[i] = l.wrapping_sub(prev.losses[i]);
+        }
+        for (id, site) in &self.sites {
+            let d = match prev.sites.get(id) {
+                Some(p) => site.minus(p),
+                None => *site,
+            };
+            if d != SiteTotals::default() {
+                round.sites.insert(*id, d);
+            }
+        }
+        for (f, hist) in self.latency.iter().enumerate() {
+            round.latency[f] = *hist;
+            log2_sub(&mut round.latency[f], &prev.latency[f]);
+        }
+        round
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counters(calls: u64, bytes: u64, live_blocks: i64, live_bytes: i64) -> ProcCounters {
+        let mut c = ProcCounters::ZERO;
+        c.funcs[Func::Malloc as usize].calls = calls;
+        c.funcs[Func::Malloc as usize].bytes = bytes;
+        c.live_blocks = live_blocks as u64;
+        c.live_bytes = live_bytes as u64;
+        c
+    }
+
+    #[test]
+    fn per_cpu_live_figures_sum_across_negative_cpus() {
+        // Two blocks of 100 allocated on CPU 0, one freed on CPU 1.
+        let cpu0 = counters(2, 200, 2, 200);
+        let cpu1 = counters(0, 0, -1, -100);
+        let t = Totals::from_per_cpu([&cpu0, &cpu1]);
+        assert_eq!(t.func(Func::Malloc).calls, 2);
+        assert_eq!((t.live_blocks, t.live_bytes), (1, 100));
+    }
+
+    #[test]
+    fn a_sites_live_figures_leave_out_the_blocks_the_live_map_refused() {
+        // Three blocks of 100 on CPU 0, one refused by the live map; one freed on CPU 1.
+        let mut cpu0 = SiteCounters::ZERO;
+        (cpu0.calls, cpu0.bytes) = (3, 300);
+        (cpu0.untracked, cpu0.untracked_bytes) = (1, 100);
+        let mut cpu1 = SiteCounters::ZERO;
+        (cpu1.frees, cpu1.freed_bytes) = (1, 100);
+        let t = SiteTotals::from_per_cpu([&cpu0, &cpu1]);
+        assert_eq!((t.calls, t.frees), (3, 1));
+        assert_eq!((t.live_blocks, t.live_bytes), (1, 100));
+    }
+
+    /// Only a process read in both whose image moved on started over; one new or gone, or
+    /// read twice of the same image, did not.
+    #[test]
+    fn restarted_since_compares_the_images_read() {
+        let mk = |procs: &[(u32, u32)]| {
+            let mut s = Snapshot::default();
+            for (pid, epoch) in procs {
+                let p = ProcSnapshot {
+                    epoch: *epoch,
+                    ..Default::default()
+                };
+                s.procs.insert(*pid, p);
+            }
+            s
+        };
+        let prev = mk(&[(1, 1), (2, 1), (3, 2)]);
+        let now = mk(&[(1, 1), (2, 2), (4, 1)]);
+        assert_eq!(now.restarted_since(&prev), [2]);
+        assert!(prev.restarted_since(&prev).is_empty());
+    }
+
+    #[test]
+    fn deltas_between_snapshots_add_back_to_the_last_snapshot() {
+        let mk = |calls, bytes, lb, lbytes, size_count| {
+            let mut s = Snapshot::default();
+            s.procs.insert(
+                7,
+                ProcSnapshot {
+                    comm: "fx".into(),
+                    totals: Totals::from_per_cpu([&counters(calls, bytes, lb, lbytes)]),
+                    ..Default::default()
+                },
+            );
+            s.sizes.insert((7, 0, 100, 3), size_count);
+            s.losses[0] = size_count / 2;
+            s
+        };
+        let s0 = Snapshot::default();
+        let s1 = mk(3, 300, 3, 300, 3);
+        let s2 = mk(10, 1000, 1, 100, 10);
+        let r1 = s1.since(&s0);
+        let r2 = s2.since(&s1);
+        assert_eq!(r1.procs[&7].delta.func(Func::Malloc).calls, 3);
+        assert_eq!(r2.procs[&7].delta.func(Func::Malloc).calls, 7);
+        assert_eq!(r2.procs[&7].delta.live_blocks, -2);
+        assert_eq!(r2.sizes[&(7, 0, 100, 3)], 7);
+        assert_eq!(r2.losses[0], 4);
+        let mut sum = Totals::default();
+        sum.plus(&r1.procs[&7].delta);
+        sum.plus(&r2.procs[&7].delta);
+        assert_eq!(sum, s2.procs[&7].totals);
+        // A round in which nothing moved carries no process.
+        assert!(s2.since(&s2).procs.is_empty());
+    }
+
+    #[test]
+    fn sites_get_their_sizes_from_the_exact_histogram() {
+        let mut s = Snapshot::default();
+        let (site, other): (SiteId, SiteId) = ((9, 4, 0), (9, 5, 2));
+        s.sites.insert(site, SiteTotals::default());
+        s.sites.insert(other, SiteTotals::default());
+        s.sizes.insert((9, 0, 100, 4), 3); // site: 64-127 B
+        s.sizes.insert((9, 0, 120, 4), 2); // site: the same bucket
+        s.sizes.insert((9, 0, 5000, 4), 1); // site: 4-8 KiB
+        s.sizes.insert((9, 2, 100, 4), 7); // realloc at that stack: another site, not there
+        s.sizes.insert((9, 2, 64, 5), 4); // other
+        s.sizes.insert((9, 0, 64, heaptrace_common::NOT_SAMPLED), 9); // sampled out: no site
+        s.fold_site_sizes();
+        let b = heaptrace_common::log2_bucket;
+        let sizes = s.sites[&site].sizes;
+        assert_eq!((sizes[b(100)], sizes[b(5000)]), (5, 1));
+        assert_eq!(sizes.iter().sum::<u64>(), 6);
+        assert_eq!(s.sites[&other].sizes[b(64)], 4);
+        assert_eq!(s.sites[&other].sizes.iter().sum::<u64>(), 4);
+        assert_eq!(s.sites.len(), 2);
+    }
+
+    #[test]
+    fn site_deltas_follow_the_same_arithmetic() {
+        let mut c = SiteCounters::ZERO;
+        c.calls = 5;
+        c.bytes = 500;
+        let mut freed = SiteCounters::ZERO;
+        freed.frees = 2;
+        freed.freed_bytes = 200;
+        freed.lifetimes[3] = 2;
+        let id: SiteId = (9, 4, 0);
+        let mut s1 = Snapshot::default();
+        s1.sites.insert(id, SiteTotals::from_per_cpu([&c]));
+        s1.latency[0][5] = 3;
+        let mut s2 = s1.clone();
+        s2.sites.insert(id, SiteTotals::from_per_cpu([&c, &freed]));
+        s2.latency[0][5] = 10;
+        let r = s2.since(&s1);
+        let d = r.sites[&id];
+        assert_eq!(
+            (d.calls, d.frees, d.live_blocks, d.live_bytes),
+            (0, 2, -2, -200)
+        );
+        assert_eq!(d.lifetimes[3], 2);
+        assert_eq!(r.latency[0][5], 7);
+        let mut total = s1.since(&Snapshot::default()).sites[&id];
+        total.plus(&d);
+        assert_eq!(total, s2.sites[&id]);
+    }
+
+    #[test]
+    fn allocations_and_frees_follow_realloc_semantics() {
+        let mut t = Totals::default();
+        t.funcs[Func::Malloc as usize] = FnTotals {
+            calls: 10,
+            bytes: 1000,
+            failed: 1,
+        };
+        t.funcs[Func::Realloc as usize] = FnTotals {
+            calls: 5,
+            bytes: 50,
+            failed: 1,
+        };
+        t.realloc_frees = 2;
+        t.funcs[Func::Free as usize].calls = 4;
+        assert_eq!(t.allocations(), 9 + 2);
+        assert_eq!(t.frees(), 4 + 2);
+        assert_eq!(t.bytes_allocated(), 1050);
+    }
+
+    #[test]
+    fn stacks_only_of_leaves_those_another_process_holds() {
+        let mut s = Snapshot::default();
+        for key in [
+            (1, 5, 0),
+            (1, 6, 0),
+            (1, 6, 2),
+            (1, -12, 0),
+            (2, 6, 0),
+            (3, 7, 0),
+            (3, 8, 0),
+        ] {
+            s.sites.insert(key, SiteTotals::default());
+        }
+        let pids = |p: &[u32]| p.iter().copied().collect();
+        let none = Default::default;
+        assert_eq!(s.stacks_only_of(&pids(&[1]), none()), [5]);
+        assert_eq!(s.stacks_only_of(&pids(&[1, 2]), none()), [5, 6]);
+        assert_eq!(s.stacks_only_of(&pids(&[3]), none()), [7, 8]);
+        assert!(s.stacks_only_of(&pids(&[4]), none()).is_empty());
+        // Stacks of sites dropped at an exec: freed unless a site here holds them.
+        let dropped = [6, 9].into_iter().collect();
+        assert_eq!(s.stacks_only_of(&pids(&[]), dropped), [9]);
+        let dropped = [6, 9].into_iter().collect();
+        assert_eq!(s.stacks_only_of(&pids(&[2]), dropped), [9]);
+    }
+}

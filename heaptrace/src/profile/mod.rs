@@ -1,0 +1,1083 @@
+//! Folds rounds into one Profile that every view reads, so the round lines, the summary and the
+//! JSON document can never disagree.
+pub mod exited;
+pub mod histogram;
+pub mod incarnation;
+pub mod same_stacks;
+pub mod sampling;
+pub mod temporary;
+use std::{collections::BTreeMap, sync::Arc};
+
+use heaptrace_common::{FUNC_COUNT, LOSS_COUNT, Loss};
+use serde::Serialize;
+
+use crate::{
+    drain::round::{Leak, Log2, Round, SiteId, SiteTotals, Totals},
+    reserve::{ResKey, ResTotals, Reserved},
+    symbolize::Frame,
+    target::procfs::Mem,
+};
+
+/// How many sites the peak remembers.
+const PEAK_SITES: usize = 20;
+
+/// Symbolized stacks by (process, stack id), each shared.
+pub type Stacks = BTreeMap<(u32, i32), Arc<[Frame]>>;
+
+/// The most rows the timeline keeps. Past it, neighbouring rows merge two by two and each row
+/// covers twice as many rounds: a trace of days keeps its whole span, at a coarser step, in
+/// bounded memory (and the live view's copy of the Profile stays small).
+pub const TIMELINE_ROWS: usize = 4096;
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Profile {
+    /// The timeline, oldest first: a row per round, or per `timeline_step` rounds once more
+    /// than [`TIMELINE_ROWS`] rounds were seen.
+    pub rounds: Vec<TimelineRow>,
+    /// Rounds per row of the timeline (0 or 1: every round has its row).
+    pub timeline_step: u64,
+    pub procs: BTreeMap<u32, ProcProfile>,
+    /// (process, function index, size, stack id) -> count.
+    pub sizes: BTreeMap<crate::drain::round::SizeKey, u64>,
+    pub losses: [u64; LOSS_COUNT],
+    pub sites: BTreeMap<SiteId, SiteTotals>,
+    /// Symbolized stacks by (process, stack id). Shared, so that a copy of the Profile (the
+    /// live view's snapshot) does not copy every frame.
+    #[serde(skip)]
+    pub stacks: Stacks,
+    pub latency: [Log2; FUNC_COUNT],
+    pub peak: Option<Peak>,
+    /// Blocks still in the live map when tracing ended, by site (estimates with sampling:
+    /// set them with [`Profile::set_leaks`]).
+    pub leaks: Option<BTreeMap<SiteId, Leak>>,
+    /// `--sample-bytes`: 0 when every allocation was sampled. Otherwise `sites`, the live
+    /// figures of `procs`, the peak and the leaks are estimates (see `sampling`), and the
+    /// sampled counters are in `samples`.
+    pub sample_bytes: u64,
+    pub samples: BTreeMap<SiteId, SiteTotals>,
+    #[serde(skip)]
+    pub weights: BTreeMap<SiteId, crate::profile::sampling::Weighted>,
+    /// The allocators' reservations and releases of memory, by site.
+    pub reservations: BTreeMap<ResKey, ResTotals>,
+    /// Calls mode: malloc was counted at its entry and nothing was kept in the live map, so
+    /// live figures, leaks, free's bytes and untracked count, and realloc's released bytes are
+    /// not known. The views say so rather than show zeros.
+    pub calls: bool,
+    /// `--latency-every`: one call in this many was timed for `latency`; 0 or 1 when every
+    /// call was (recordings before format 6 say 0).
+    pub latency_every: u32,
+    /// Processes folded into one (`fold`).
+    #[serde(skip)]
+    pub folded: crate::profile::exited::Folded,
+}
+
+/// The keys of process `pid`'s sites (and samples, weights, leaks).
+pub fn site_ids(pid: u32) -> std::ops::RangeInclusive<SiteId> {
+    (pid, i32::MIN, 0)..=(pid, i32::MAX, u32::MAX)
+}
+
+/// The keys of process `pid`'s sizes.
+pub fn size_keys(pid: u32) -> std::ops::RangeInclusive<crate::drain::round::SizeKey> {
+    (pid, 0, 0, i32::MIN)..=(pid, u32::MAX, u64::MAX, i32::MAX)
+}
+
+/// The keys of process `pid`'s reservations.
+pub fn reservation_keys(pid: u32) -> std::ops::RangeInclusive<ResKey> {
+    use crate::reserve::{Area, Kind};
+    let last = Kind::Munmap { of: Area::Brk };
+    (pid, Kind::Arena, i32::MIN, 0)..=(pid, last, i32::MAX, u32::MAX)
+}
+
+/// Removes and returns the entries of `map` in `range`.
+pub fn take_range<K: Ord + Copy, V>(
+    map: &mut BTreeMap<K, V>,
+    range: std::ops::RangeInclusive<K>,
+) -> Vec<(K, V)> {
+    let keys: Vec<K> = map.range(range).map(|(k, _)| *k).collect();
+    keys.into_iter()
+        .filter_map(|k| map.remove(&k).map(|v| (k, v)))
+        .collect()
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ProcProfile {
+    pub comm: String,
+    pub totals: Totals,
+    pub mem: Option<Mem>,
+    /// What its allocator holds from the kernel (last read while it lived).
+    pub reserved: Option<Reserved>,
+    pub peak_rss_kb: u64,
+    /// Ended while traced (system-wide mode): its figures are final.
+    pub exited: bool,
+    /// Its cgroup (the unified hierarchy's path): tells containers apart.
+    pub cgroup: String,
+    /// Its blocks were taken out of the kernel's live map when it ended (system-wide mode),
+    /// rather than found there at the end.
+    pub leaks_at_exit: bool,
+}
+
+/// The highest live-heap total seen at the end of a round, and the sites holding it then.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Peak {
+    pub live_bytes: i64,
+    pub live_blocks: i64,
+    pub round: u64,
+    pub elapsed_ms: u64,
+    /// (site, live blocks, live bytes), largest first.
+    pub sites: Vec<(SiteId, i64, i64)>,
+}
+
+/// One line of the timeline: the activity of its rounds and the state at the end of the last.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TimelineRow {
+    /// The index of its last round.
+    pub index: u64,
+    /// How many rounds it covers: 1, until the timeline is coarsened.
+    pub rounds: u64,
+    pub elapsed_ms: u64,
+    pub allocations: u64,
+    pub frees: u64,
+    pub bytes_allocated: u64,
+    pub live_blocks: i64,
+    pub live_bytes: i64,
+    pub rss_kb: u64,
+    pub virt_kb: u64,
+    /// Bytes the allocators hold from the kernel (heap, arenas, mmapped blocks).
+    pub reserved_bytes: u64,
+}
+
+impl TimelineRow {
+    /// Folds the next row in: activity adds up, the state is the later one's.
+    fn absorb(&mut self, later: &TimelineRow) {
+        *self = TimelineRow {
+            rounds: self.rounds + later.rounds,
+            allocations: self.allocations + later.allocations,
+            frees: self.frees + later.frees,
+            bytes_allocated: self.bytes_allocated + later.bytes_allocated,
+            ..later.clone()
+        };
+    }
+
+    /// Whether round `index` is one of this row's.
+    pub fn covers(&self, index: u64) -> bool {
+        index <= self.index && index + self.rounds.max(1) > self.index
+    }
+}
+
+impl Profile {
+    /// A process starts over (it exec'ed): its figures so far go; its name and cgroup stay
+    /// until the next round names it again.
+    pub fn restart(&mut self, pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            *p = ProcProfile {
+                comm: std::mem::take(&mut p.comm),
+                cgroup: std::mem::take(&mut p.cgroup),
+                ..Default::default()
+            };
+        }
+        // By range: a host's execs are thousands a minute, each a scan of every map else.
+        take_range(&mut self.sizes, size_keys(pid));
+        take_range(&mut self.sites, site_ids(pid));
+        take_range(&mut self.samples, site_ids(pid));
+        take_range(&mut self.weights, site_ids(pid));
+        take_range(&mut self.reservations, reservation_keys(pid));
+    }
+
+    /// An empty Profile of a trace sampled at `sample_bytes` (0: not sampled).
+    pub fn sampled(sample_bytes: u64) -> Profile {
+        Profile {
+            sample_bytes,
+            ..Profile::default()
+        }
+    }
+
+    /// This Profile, its latencies from one call in `n` timed.
+    pub fn with_latency_every(self, n: u32) -> Profile {
+        Profile {
+            latency_every: n,
+            ..self
+        }
+    }
+
+    /// One call in this many was timed for the latency histograms; None when every call was.
+    pub fn latency_sampled(&self) -> Option<u32> {
+        (self.latency_every > 1).then_some(self.latency_every)
+    }
+
+    /// An empty Profile of a trace in `mode` (its `--mode` name), sampled at `sample_bytes`.
+    pub fn of_mode(mode: &str, sample_bytes: u64) -> Profile {
+        Profile {
+            calls: mode == "calls",
+            ..Profile::sampled(sample_bytes)
+        }
+    }
+
+    pub fn apply(&mut self, round: &Round) {
+        for pid in &round.restarted {
+            self.restart(*pid);
+        }
+        let mut delta = Totals::default();
+        for (pid, pr) in &round.procs {
+            let p = self.procs.entry(*pid).or_default();
+            if !pr.comm.is_empty() {
+                p.comm.clone_from(&pr.comm);
+            }
+            if !pr.cgroup.is_empty() {
+                p.cgroup.clone_from(&pr.cgroup);
+            }
+            p.totals.plus(&pr.delta);
+            delta.plus(&pr.delta);
+        }
+        for (pid, mem) in &round.mem {
+            let p = self.procs.entry(*pid).or_default();
+            p.mem = Some(*mem);
+            p.peak_rss_kb = p.peak_rss_kb.max(mem.rss_kb);
+        }
+        for (pid, r) in &round.reserved {
+            self.procs.entry(*pid).or_default().reserved = Some(*r);
+        }
+        for (key, t) in &round.reservations {
+            self.reservations.entry(*key).or_default().plus(t);
+        }
+        for (key, n) in &round.sizes {
+            let c = self.sizes.entry(*key).or_default();
+            *c = c.wrapping_add(*n);
+        }
+        for (acc, l) in self.losses.iter_mut().zip(round.losses.iter()) {
+            *acc += l;
+        }
+        if self.sample_bytes == 0 {
+            for (id, d) in &round.sites {
+                self.sites.entry(*id).or_default().plus(d);
+            }
+        } else {
+            self.apply_samples(round);
+        }
+        for (key, s) in &round.stacks {
+            self.stacks.insert(*key, s.frames.clone());
+        }
+        for (acc, d) in self.latency.iter_mut().zip(round.latency.iter()) {
+            for (a, b) in acc.iter_mut().zip(d) {
+                *a += b;
+            }
+        }
+        // Ended before the read: their blocks went with them, at this row already.
+        for key in &round.ended {
+            self.end(*key);
+        }
+        let total = self.live_now();
+        self.push_row(TimelineRow {
+            index: round.index,
+            rounds: 1,
+            elapsed_ms: round.elapsed_ms,
+            allocations: delta.allocations(),
+            frees: delta.frees(),
+            bytes_allocated: delta.bytes_allocated(),
+            live_blocks: total.live_blocks,
+            live_bytes: total.live_bytes,
+            rss_kb: round.mem.values().map(|m| m.rss_kb).sum(),
+            virt_kb: round.mem.values().map(|m| m.virt_kb).sum(),
+            reserved_bytes: round.reserved.values().map(|r| r.total()).sum(),
+        });
+        if self
+            .peak
+            .as_ref()
+            .is_none_or(|p| total.live_bytes > p.live_bytes)
+        {
+            self.peak = Some(self.peak_now(round, &total));
+        }
+    }
+
+    /// Adds a round's row to the timeline, into the last row while it covers fewer rounds
+    /// than the step; halves the rows when they are too many.
+    fn push_row(&mut self, row: TimelineRow) {
+        let step = self.timeline_step.max(1);
+        match self.rounds.last_mut() {
+            Some(last) if last.rounds < step => last.absorb(&row),
+            _ => self.rounds.push(row),
+        }
+        if self.rounds.len() > TIMELINE_ROWS {
+            self.rounds = self
+                .rounds
+                .chunks(2)
+                .map(|pair| {
+                    let mut merged = pair[0].clone();
+                    pair[1..].iter().for_each(|r| merged.absorb(r));
+                    merged
+                })
+                .collect();
+            self.timeline_step = step * 2;
+        }
+    }
+
+    /// How many rounds the timeline covers.
+    pub fn round_count(&self) -> u64 {
+        self.rounds.iter().map(|r| r.rounds.max(1)).sum()
+    }
+
+    /// Sampled sites: their sampled counters add up, their estimates are derived again, and
+    /// so are the live figures of the processes they belong to (the kernel's live counters
+    /// count sampled blocks only).
+    fn apply_samples(&mut self, round: &Round) {
+        crate::profile::sampling::weigh(&mut self.weights, &round.sizes, self.sample_bytes);
+        for (id, d) in &round.sites {
+            self.samples.entry(*id).or_default().plus(d);
+        }
+        let touched: std::collections::BTreeSet<SiteId> = round
+            .sites
+            .keys()
+            .copied()
+            .chain(round.sizes.keys().map(|(p, f, _, st)| (*p, *st, *f)))
+            .filter(|id| self.samples.contains_key(id))
+            .collect();
+        for id in touched {
+            let w = self.weights.get(&id).copied().unwrap_or_default();
+            let (est, _) =
+                crate::profile::sampling::estimate(&self.samples[&id], &w, self.sample_bytes);
+            self.sites.insert(id, est);
+        }
+        for pid in round.procs.keys() {
+            let (blocks, bytes) = self
+                .sites
+                .range((*pid, i32::MIN, 0)..=(*pid, i32::MAX, u32::MAX))
+                .fold((0, 0), |(b, y), (_, s)| {
+                    (b + s.live_blocks, y + s.live_bytes)
+                });
+            if let Some(p) = self.procs.get_mut(pid) {
+                p.totals.live_blocks = blocks;
+                p.totals.live_bytes = bytes;
+            }
+        }
+    }
+
+    /// Sets the blocks found not freed at the end, by site. With sampling these are sampled
+    /// blocks: each site's are scaled as its other releases are.
+    pub fn set_leaks(&mut self, raw: BTreeMap<SiteId, Leak>) {
+        if self.sample_bytes == 0 {
+            self.leaks = Some(raw);
+            return;
+        }
+        let scaled = raw
+            .into_iter()
+            .map(|(id, l)| {
+                let w = self.weights.get(&id).copied().unwrap_or_default();
+                let raw_site = self.samples.get(&id).copied().unwrap_or_default();
+                let (_, scale) =
+                    crate::profile::sampling::estimate(&raw_site, &w, self.sample_bytes);
+                (id, crate::profile::sampling::scale_leak(&l, scale))
+            })
+            .collect();
+        self.leaks = Some(scaled);
+    }
+
+    fn peak_now(&self, round: &Round, total: &Totals) -> Peak {
+        let mut sites: Vec<(SiteId, i64, i64)> = self
+            .sites
+            .iter()
+            .filter(|(id, s)| s.live_bytes > 0 && self.procs.get(&id.0).is_none_or(|p| !p.exited))
+            .map(|(id, s)| (*id, s.live_blocks, s.live_bytes))
+            .collect();
+        sites.sort_by_key(|(_, _, bytes)| std::cmp::Reverse(*bytes));
+        sites.truncate(PEAK_SITES);
+        Peak {
+            live_bytes: total.live_bytes,
+            live_blocks: total.live_blocks,
+            round: round.index,
+            elapsed_ms: round.elapsed_ms,
+            sites,
+        }
+    }
+
+    /// The processes that have not ended, summed: the live memory of the timeline and the
+    /// peak. An ended process's blocks went with it; its own figures keep them, as not freed
+    /// at its end. (Under `--all` a host's ended processes left 83 MB "live" after 20 s.)
+    fn live_now(&self) -> Totals {
+        let mut t = Totals::default();
+        for p in self.procs.values().filter(|p| !p.exited) {
+            t.plus(&p.totals);
+        }
+        t
+    }
+
+    /// The live blocks and bytes of the processes that ended while traced (system-wide mode,
+    /// seen ended at a round): what they had not freed at their end, gone with them. (0, 0)
+    /// when none did. Not those found ended only once tracing stopped (a `-p` or launched
+    /// target): a recording does not say which those are, and their figure is the trace's.
+    pub fn ended_live(&self) -> (i64, i64) {
+        self.procs
+            .values()
+            .filter(|p| p.exited && p.leaks_at_exit)
+            .fold((0, 0), |(b, y), p| {
+                (b + p.totals.live_blocks, y + p.totals.live_bytes)
+            })
+    }
+
+    /// All processes summed.
+    pub fn totals(&self) -> Totals {
+        let mut t = Totals::default();
+        for p in self.procs.values() {
+            t.plus(&p.totals);
+        }
+        t
+    }
+
+    /// (function index, size) -> count over all processes (or one).
+    pub fn sizes_by_func(&self, pid: Option<u32>) -> BTreeMap<(u32, u64), u64> {
+        let mut out = BTreeMap::new();
+        for ((p, f, s, _), n) in &self.sizes {
+            if pid.is_none_or(|want| want == *p) {
+                *out.entry((*f, *s)).or_default() += n;
+            }
+        }
+        out
+    }
+
+    /// The losses to show for process `pid`, or for every process here. The kernel counts
+    /// them for all the processes it traces together. A lost stack is also a site of its
+    /// process (under an errno, or its caller alone), so the stack loss is counted from the
+    /// sites of the processes shown: a filter (`--comm`, one process picked) leaves the
+    /// others' out, as an exec leaves out the dropped image's. With byte sampling, sampled
+    /// allocations, as the kernel counts them.
+    pub fn losses_of(&self, pid: Option<u32>) -> [u64; LOSS_COUNT] {
+        let sites = if self.sample_bytes > 0 {
+            &self.samples
+        } else {
+            &self.sites
+        };
+        let lost = |(p, id, _): &SiteId| match *id {
+            heaptrace_common::NO_SITE | heaptrace_common::NOT_SAMPLED => false,
+            id if id < 0 => true,
+            id => self
+                .stacks
+                .get(&(*p, id))
+                .and_then(|f| f.last())
+                .is_some_and(Frame::is_more_lost),
+        };
+        let mut out = self.losses;
+        out[Loss::Stack as usize] = sites
+            .iter()
+            .filter(|(k, _)| pid.is_none_or(|want| want == k.0) && lost(k))
+            .map(|(_, s)| s.calls)
+            .sum();
+        out
+    }
+
+    pub fn leak_totals(&self, pid: Option<u32>) -> Option<Leak> {
+        let leaks = self.leaks.as_ref()?;
+        let mut t = Leak::default();
+        for ((p, _, _), l) in leaks {
+            if pid.is_none_or(|want| want == *p) {
+                t.blocks += l.blocks;
+                t.bytes += l.bytes;
+            }
+        }
+        Some(t)
+    }
+
+    pub fn leaks_by_func(&self, pid: Option<u32>) -> [Leak; FUNC_COUNT] {
+        let mut out = [Leak::default(); FUNC_COUNT];
+        for ((p, _, f), l) in self.leaks.iter().flatten() {
+            if pid.is_none_or(|want| want == *p) && (*f as usize) < FUNC_COUNT {
+                out[*f as usize].blocks += l.blocks;
+                out[*f as usize].bytes += l.bytes;
+            }
+        }
+        out
+    }
+
+    /// The frames of a site, innermost first (a lost stack gets one frame saying so).
+    pub fn frames(&self, site: &SiteId) -> Vec<Frame> {
+        let (pid, stack_id, _) = *site;
+        if stack_id == heaptrace_common::NO_SITE {
+            return vec![Frame::not_collected()];
+        }
+        if stack_id == heaptrace_common::NOT_SAMPLED {
+            return vec![Frame::not_sampled()];
+        }
+        if stack_id < 0 {
+            return vec![Frame::lost(stack_id)];
+        }
+        self.stacks
+            .get(&(pid, stack_id))
+            .map(|f| f.to_vec())
+            .unwrap_or_else(|| vec![Frame::lost(0)])
+    }
+
+    /// What happened after `base`, an earlier state of this same Profile: counters are the
+    /// differences (live figures too, so they can be negative), the timeline keeps the rows
+    /// that end after `base`'s last round (a row of a coarsened timeline that began before it
+    /// is kept whole). Memory figures, leaks and stacks are the current ones.
+    pub fn since(&self, base: &Profile) -> Profile {
+        let last = base.rounds.last().map_or(0, |r| r.index);
+        let mut out = Profile {
+            rounds: self
+                .rounds
+                .iter()
+                .filter(|r| r.index > last)
+                .cloned()
+                .collect(),
+            timeline_step: self.timeline_step,
+            stacks: self.stacks.clone(),
+            leaks: self.leaks.clone(),
+            peak: self.peak.clone().filter(|p| p.round > last),
+            sample_bytes: self.sample_bytes,
+            weights: self.weights.clone(),
+            calls: self.calls,
+            latency_every: self.latency_every,
+            ..Profile::default()
+        };
+        for (id, s) in &self.samples {
+            let d = match base.samples.get(id) {
+                Some(b) => s.minus(b),
+                None => *s,
+            };
+            if d != SiteTotals::default() {
+                out.samples.insert(*id, d);
+            }
+        }
+        for (pid, p) in &self.procs {
+            let mut p = p.clone();
+            if let Some(b) = base.procs.get(pid) {
+                p.totals = p.totals.minus(&b.totals);
+            }
+            out.procs.insert(*pid, p);
+        }
+        for (key, n) in &self.sizes {
+            let d = n.saturating_sub(base.sizes.get(key).copied().unwrap_or(0));
+            if d > 0 {
+                out.sizes.insert(*key, d);
+            }
+        }
+        for (i, l) in self.losses.iter().enumerate() {
+            out.losses[i] = l.saturating_sub(base.losses[i]);
+        }
+        for (id, s) in &self.sites {
+            let d = match base.sites.get(id) {
+                Some(b) => s.minus(b),
+                None => *s,
+            };
+            if d != SiteTotals::default() {
+                out.sites.insert(*id, d);
+            }
+        }
+        for (f, h) in self.latency.iter().enumerate() {
+            for (b, n) in h.iter().enumerate() {
+                out.latency[f][b] = n.saturating_sub(base.latency[f][b]);
+            }
+        }
+        for (key, t) in &self.reservations {
+            let b = base.reservations.get(key).copied().unwrap_or_default();
+            if *t != b {
+                out.reservations.insert(
+                    *key,
+                    ResTotals {
+                        calls: t.calls - b.calls,
+                        bytes: t.bytes - b.bytes,
+                    },
+                );
+            }
+        }
+        out
+    }
+
+    /// The part of this Profile about one process. The timeline, losses and latencies stay
+    /// those of all processes (the kernel keeps them per function, not per process; but see
+    /// [`Profile::losses_of`] for stacks); the peak is dropped, since it was measured over all
+    /// of them.
+    pub fn only(&self, pid: u32) -> Profile {
+        Profile {
+            rounds: self.rounds.clone(),
+            timeline_step: self.timeline_step,
+            procs: self
+                .procs
+                .iter()
+                .filter(|(p, _)| **p == pid)
+                .map(|(p, v)| (*p, v.clone()))
+                .collect(),
+            sizes: self
+                .sizes
+                .iter()
+                .filter(|(k, _)| k.0 == pid)
+                .map(|(k, v)| (*k, *v))
+                .collect(),
+            losses: self.losses,
+            sites: self
+                .sites
+                .iter()
+                .filter(|(k, _)| k.0 == pid)
+                .map(|(k, v)| (*k, *v))
+                .collect(),
+            stacks: self
+                .stacks
+                .iter()
+                .filter(|(k, _)| k.0 == pid)
+                .map(|(k, v)| (*k, v.clone()))
+                .collect(),
+            latency: self.latency,
+            peak: None,
+            sample_bytes: self.sample_bytes,
+            calls: self.calls,
+            latency_every: self.latency_every,
+            folded: Default::default(),
+            samples: self
+                .samples
+                .iter()
+                .filter(|(k, _)| k.0 == pid)
+                .map(|(k, v)| (*k, *v))
+                .collect(),
+            weights: self
+                .weights
+                .iter()
+                .filter(|(k, _)| k.0 == pid)
+                .map(|(k, v)| (*k, *v))
+                .collect(),
+            leaks: self.leaks.as_ref().map(|l| {
+                l.iter()
+                    .filter(|(k, _)| k.0 == pid)
+                    .map(|(k, v)| (*k, *v))
+                    .collect()
+            }),
+            reservations: self
+                .reservations
+                .iter()
+                .filter(|(k, _)| k.0 == pid)
+                .map(|(k, v)| (*k, *v))
+                .collect(),
+        }
+    }
+
+    /// Sites ordered by `key`, largest first, at most `top`.
+    pub fn top_sites(
+        &self,
+        top: usize,
+        key: impl Fn(&SiteTotals) -> i64,
+    ) -> Vec<(SiteId, SiteTotals)> {
+        let mut v: Vec<(SiteId, SiteTotals)> = self
+            .sites
+            .iter()
+            .filter(|(_, s)| key(s) > 0)
+            .map(|(id, s)| (*id, *s))
+            .collect();
+        v.sort_by_key(|(id, s)| (std::cmp::Reverse(key(s)), *id));
+        v.truncate(top);
+        v
+    }
+
+    /// Sites that allocated exactly `size` bytes, and how often.
+    pub fn sites_with_size(&self, size: u64) -> Vec<(SiteId, u64)> {
+        let mut v: Vec<(SiteId, u64)> = self
+            .sizes
+            .iter()
+            .filter(|((_, _, s, _), _)| *s == size)
+            .map(|((p, f, _, stack), n)| ((*p, *stack, *f), *n))
+            .collect();
+        v.sort_by_key(|(id, n)| (std::cmp::Reverse(*n), *id));
+        v
+    }
+
+    /// Leaked blocks by site, largest first.
+    pub fn top_leaks(&self, top: usize) -> Vec<(SiteId, Leak)> {
+        let mut v: Vec<(SiteId, Leak)> = self
+            .leaks
+            .iter()
+            .flatten()
+            .map(|(id, l)| (*id, *l))
+            .collect();
+        v.sort_by_key(|(id, l)| (std::cmp::Reverse(l.bytes), *id));
+        v.truncate(top);
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use heaptrace_common::Func;
+
+    use super::*;
+    use crate::drain::round::ProcRound;
+
+    fn round(index: u64, pid: u32, mallocs: u64, bytes: u64, frees: u64, live: i64) -> Round {
+        let mut delta = Totals::default();
+        delta.funcs[Func::Malloc as usize].calls = mallocs;
+        delta.funcs[Func::Malloc as usize].bytes = bytes;
+        delta.funcs[Func::Free as usize].calls = frees;
+        delta.live_blocks = mallocs as i64 - frees as i64;
+        delta.live_bytes = live;
+        let mut r = Round {
+            index,
+            elapsed_ms: index * 1000,
+            ..Default::default()
+        };
+        r.procs.insert(
+            pid,
+            ProcRound {
+                comm: "fx".into(),
+                delta,
+                cgroup: String::new(),
+            },
+        );
+        r.sizes.insert(
+            (pid, Func::Malloc as u32, bytes / mallocs.max(1), 1),
+            mallocs,
+        );
+        r.mem.insert(
+            pid,
+            Mem {
+                rss_kb: 100 * index,
+                virt_kb: 1000,
+            },
+        );
+        r.sites.insert(
+            (pid, 1, 0),
+            SiteTotals {
+                calls: mallocs,
+                bytes,
+                live_bytes: live,
+                ..Default::default()
+            },
+        );
+        r
+    }
+
+    #[test]
+    fn folds_rounds_into_totals_timeline_and_sizes() {
+        let mut p = Profile::default();
+        p.apply(&round(1, 10, 4, 400, 1, 300));
+        p.apply(&round(2, 10, 2, 200, 3, -100));
+        p.apply(&round(2, 11, 5, 50, 0, 50));
+        let t = p.totals();
+        assert_eq!(t.func(Func::Malloc).calls, 11);
+        assert_eq!(t.func(Func::Malloc).bytes, 650);
+        assert_eq!(t.frees(), 4);
+        assert_eq!(t.live_bytes, 250);
+        assert_eq!(p.rounds.len(), 3);
+        assert_eq!(p.rounds[1].allocations, 2);
+        assert_eq!(p.rounds[1].frees, 3);
+        assert_eq!(p.rounds[1].live_bytes, 200);
+        assert_eq!(p.procs[&10].peak_rss_kb, 200);
+        let sizes = p.sizes_by_func(None);
+        assert_eq!(sizes[&(Func::Malloc as u32, 100)], 6);
+        assert_eq!(sizes[&(Func::Malloc as u32, 10)], 5);
+        assert_eq!(p.sizes_by_func(Some(11)).len(), 1);
+        assert_eq!(p.sites[&(10, 1, 0)].calls, 6);
+        assert_eq!(p.sites[&(10, 1, 0)].live_bytes, 200);
+    }
+
+    #[test]
+    fn a_long_timeline_is_coarsened_and_keeps_every_rounds_activity() {
+        let mut p = Profile::default();
+        // Round i allocates i bytes in i mallocs and frees one block; live bytes grow by i.
+        let n = 2 * TIMELINE_ROWS as u64 + 3;
+        let mut live = 0;
+        for i in 1..=n {
+            live += i as i64;
+            p.apply(&round(i, 10, i, i, 1, i as i64));
+            assert!(p.rounds.len() <= TIMELINE_ROWS, "round {i}");
+        }
+        assert_eq!(p.timeline_step, 4);
+        assert_eq!(p.round_count(), n);
+        assert_eq!(p.rounds.len(), (n as usize).div_ceil(4));
+        let sum = |f: fn(&TimelineRow) -> u64| p.rounds.iter().map(f).sum::<u64>();
+        assert_eq!(sum(|r| r.allocations), n * (n + 1) / 2);
+        assert_eq!(sum(|r| r.frees), n);
+        assert_eq!(sum(|r| r.bytes_allocated), n * (n + 1) / 2);
+        // Every row but the last covers the step; each ends where its last round ended.
+        for (k, r) in p.rounds.iter().enumerate() {
+            let last = (k as u64 + 1) * 4;
+            if k + 1 < p.rounds.len() {
+                assert_eq!((r.rounds, r.index, r.elapsed_ms), (4, last, last * 1000));
+            }
+        }
+        let end = p.rounds.last().unwrap();
+        assert_eq!((end.index, end.rounds), (n, n % 4));
+        assert_eq!(end.live_bytes, live);
+        assert!(end.covers(n) && end.covers(n - n % 4 + 1) && !end.covers(n - n % 4));
+        // The peak (the last round: live bytes only grow) lies in the last row.
+        assert_eq!(p.peak.as_ref().map(|pk| pk.round), Some(n));
+        // The next round goes on in the open row.
+        p.apply(&round(n + 1, 10, 1, 1, 0, 1));
+        assert_eq!(p.rounds.last().unwrap().rounds, n % 4 + 1);
+        assert_eq!(p.round_count(), n + 1);
+    }
+
+    #[test]
+    fn a_restarted_process_keeps_only_what_came_after() {
+        let mut p = Profile::default();
+        p.apply(&round(1, 10, 4, 400, 1, 300));
+        p.apply(&round(1, 11, 5, 50, 0, 50));
+        p.restart(10);
+        p.apply(&round(2, 10, 2, 60, 0, 60));
+        let t = &p.procs[&10].totals;
+        assert_eq!(t.func(Func::Malloc).calls, 2);
+        assert_eq!(t.func(Func::Malloc).bytes, 60);
+        assert_eq!(t.frees(), 0);
+        assert_eq!(t.live_bytes, 60);
+        assert_eq!(p.procs[&10].comm, "fx");
+        assert_eq!(p.sizes_by_func(Some(10)).len(), 1);
+        assert_eq!(p.sizes_by_func(Some(10))[&(Func::Malloc as u32, 30)], 2);
+        assert_eq!(p.sites[&(10, 1, 0)].calls, 2);
+        // Others keep theirs, and the totals are the sum of what is left.
+        assert_eq!(p.procs[&11].totals.func(Func::Malloc).calls, 5);
+        assert_eq!(p.totals().func(Func::Malloc).calls, 7);
+    }
+
+    /// Sampled: the earlier image's sampled counters and weights go too, or its sites would
+    /// be estimated again from them when the new image counts at the same site.
+    #[test]
+    fn a_restarted_sampled_process_keeps_only_what_came_after() {
+        let mut p = Profile::sampled(1024);
+        p.apply(&round(1, 10, 4, 4000, 0, 4000));
+        p.apply(&round(1, 11, 5, 5000, 0, 5000));
+        assert!(p.samples.contains_key(&(10, 1, 0)) && p.weights.contains_key(&(10, 1, 0)));
+        p.restart(10);
+        assert!(!p.samples.contains_key(&(10, 1, 0)) && !p.weights.contains_key(&(10, 1, 0)));
+        assert!(p.samples.contains_key(&(11, 1, 0)) && p.weights.contains_key(&(11, 1, 0)));
+        p.apply(&round(2, 10, 2, 2000, 0, 2000));
+        assert_eq!(p.samples[&(10, 1, 0)].calls, 2);
+    }
+
+    #[test]
+    fn peak_keeps_the_highest_round_and_its_sites() {
+        let mut p = Profile::default();
+        p.apply(&round(1, 10, 4, 400, 0, 300));
+        p.apply(&round(2, 10, 1, 100, 0, 100)); // live 400: the peak
+        p.apply(&round(3, 10, 0, 0, 3, -350)); // live 50
+        let peak = p.peak.as_ref().unwrap();
+        assert_eq!((peak.live_bytes, peak.round), (400, 2));
+        assert_eq!(peak.sites, vec![((10, 1, 0), 0, 400)]);
+    }
+
+    #[test]
+    fn leak_totals_filter_by_process() {
+        let mut p = Profile::default();
+        assert_eq!(p.leak_totals(None), None);
+        let mut leaks = BTreeMap::new();
+        leaks.insert(
+            (1, 3, 0),
+            Leak {
+                blocks: 2,
+                bytes: 20,
+            },
+        );
+        leaks.insert(
+            (1, 4, 1),
+            Leak {
+                blocks: 1,
+                bytes: 5,
+            },
+        );
+        leaks.insert(
+            (2, 3, 0),
+            Leak {
+                blocks: 4,
+                bytes: 40,
+            },
+        );
+        p.leaks = Some(leaks);
+        assert_eq!(
+            p.leak_totals(None),
+            Some(Leak {
+                blocks: 7,
+                bytes: 65
+            })
+        );
+        assert_eq!(
+            p.leak_totals(Some(1)),
+            Some(Leak {
+                blocks: 3,
+                bytes: 25
+            })
+        );
+        assert_eq!(
+            p.leaks_by_func(Some(2))[0],
+            Leak {
+                blocks: 4,
+                bytes: 40
+            }
+        );
+        assert_eq!(p.top_leaks(1)[0].0, (2, 3, 0));
+    }
+
+    #[test]
+    fn since_gives_the_differences_and_only_one_process() {
+        let mut p = Profile::of_mode("calls", 0).with_latency_every(16);
+        p.apply(&round(1, 10, 4, 400, 1, 300));
+        p.losses[0] = 2;
+        let base = p.clone();
+        p.apply(&round(2, 10, 2, 200, 3, -100));
+        p.apply(&round(3, 11, 5, 50, 0, 50));
+        p.losses[0] = 7;
+        let d = p.since(&base);
+        assert_eq!(d.procs[&10].totals.func(Func::Malloc).calls, 2);
+        assert_eq!(d.procs[&10].totals.live_bytes, -100);
+        assert_eq!(d.procs[&11].totals.func(Func::Malloc).calls, 5);
+        assert_eq!(d.totals().allocations(), 7);
+        assert_eq!(d.losses[0], 5);
+        // What the trace was stays: a TUI baseline of a calls-mode trace still knows no live
+        // figures (the views say so), and how many calls were timed.
+        assert!(d.calls);
+        assert_eq!(d.latency_sampled(), Some(16));
+        assert_eq!(
+            d.rounds.iter().map(|r| r.index).collect::<Vec<_>>(),
+            vec![2, 3]
+        );
+        assert_eq!(d.sites[&(10, 1, 0)].calls, 2);
+        assert_eq!(d.sizes[&(10, Func::Malloc as u32, 100, 1)], 2);
+        assert!(!d.sizes.contains_key(&(10, Func::Malloc as u32, 100 + 1, 1)));
+        // Nothing happened since the last round: every counter is zero.
+        let none = p.since(&p);
+        assert_eq!(none.totals().allocations(), 0);
+        assert!(none.sites.is_empty() && none.sizes.is_empty() && none.rounds.is_empty());
+
+        let one = p.only(11);
+        assert_eq!(one.procs.keys().copied().collect::<Vec<_>>(), vec![11]);
+        assert_eq!(one.totals().allocations(), 5);
+        assert!(one.sites.keys().all(|k| k.0 == 11));
+        assert!(one.sizes.keys().all(|k| k.0 == 11));
+        assert_eq!(one.rounds.len(), 3);
+        assert!(one.calls);
+        assert_eq!(one.latency_sampled(), Some(16));
+    }
+
+    #[test]
+    fn sampled_sites_become_estimates_and_so_do_live_figures() {
+        let n = 65536;
+        let mut p = Profile::sampled(n);
+        // 1000 mallocs of 1 KiB, 10 of them sampled at site 5; 4 sampled ones freed.
+        let mut r = round(1, 10, 1000, 1024 * 1000, 0, 0);
+        r.sizes.clear();
+        r.sizes.insert((10, 0, 1024, 5), 10);
+        r.sizes
+            .insert((10, 0, 1024, heaptrace_common::NOT_SAMPLED), 990);
+        r.sites.clear();
+        r.sites.insert(
+            (10, 5, 0),
+            SiteTotals {
+                calls: 10,
+                bytes: 10240,
+                frees: 4,
+                freed_bytes: 4096,
+                ..Default::default()
+            },
+        );
+        p.apply(&r);
+        let w = crate::profile::sampling::weight(1024, n);
+        let site = p.sites[&(10, 5, 0)];
+        assert_eq!(site.calls, (10.0 * w).round() as u64);
+        assert_eq!(site.frees, (4.0 * w).round() as u64);
+        assert_eq!(p.samples[&(10, 5, 0)].calls, 10);
+        // The process's live figures are the sites' estimates, not the sampled blocks'.
+        assert_eq!(p.procs[&10].totals.live_blocks, site.live_blocks);
+        assert_eq!(p.rounds[0].live_bytes, site.live_bytes);
+        // Exact figures stay exact.
+        assert_eq!(p.totals().func(Func::Malloc).calls, 1000);
+        assert_eq!(p.sizes_by_func(None)[&(0, 1024)], 1000);
+        let mut leaks = BTreeMap::new();
+        leaks.insert(
+            (10, 5, 0),
+            Leak {
+                blocks: 6,
+                bytes: 6144,
+            },
+        );
+        p.set_leaks(leaks);
+        let l = p.leak_totals(None).unwrap();
+        assert_eq!(l.blocks, (6.0 * w).round() as u64);
+        assert_eq!(l.bytes, (6144.0 * w).round() as u64);
+    }
+
+    /// An ended process's blocks leave the timeline's live memory and the peak (they went
+    /// with it); its own figures keep them, as not freed at its end.
+    #[test]
+    fn ended_processes_leave_the_live_memory() {
+        let mut p = Profile::default();
+        let mut one = round(1, 10, 1, 100, 0, 100);
+        one.procs.extend(round(1, 11, 1, 100, 0, 100).procs);
+        one.sites.extend(round(1, 11, 1, 100, 0, 100).sites);
+        p.apply(&one);
+        assert!(p.end(10));
+        p.apply(&round(2, 11, 0, 0, 0, 0));
+        p.apply(&round(3, 11, 1, 50, 0, 50));
+        let live: Vec<i64> = p.rounds.iter().map(|r| r.live_bytes).collect();
+        assert_eq!(live, [200, 100, 150]);
+        let peak = p.peak.as_ref().unwrap();
+        assert_eq!((peak.round, peak.live_bytes), (1, 200));
+        assert_eq!(p.procs[&10].totals.live_bytes, 100);
+        assert_eq!(p.totals().live_bytes, 250);
+        // A new peak lists the live processes' sites only.
+        p.apply(&round(4, 11, 1, 100, 0, 100));
+        let peak = p.peak.as_ref().unwrap();
+        assert_eq!((peak.round, peak.live_bytes), (4, 250));
+        assert_eq!(peak.sites, [((11, 1, 0), 0, 250)]);
+    }
+
+    /// A process that ends within the round that first sees it (it lived between two reads)
+    /// is ended as that round applies: its row and the peak leave its blocks out already.
+    #[test]
+    fn a_process_ended_in_its_first_round_is_not_live_at_it() {
+        let mut p = Profile::default();
+        p.apply(&round(1, 11, 1, 100, 0, 100));
+        let mut two = round(2, 10, 1, 500, 0, 500);
+        two.procs.extend(round(2, 11, 0, 0, 0, 0).procs);
+        two.ended = vec![10, 99];
+        p.apply(&two);
+        let live: Vec<i64> = p.rounds.iter().map(|r| r.live_bytes).collect();
+        assert_eq!(live, [100, 100]);
+        assert_eq!(p.peak.as_ref().map(|k| k.round), Some(1));
+        assert!(p.procs[&10].exited && p.procs[&10].leaks_at_exit);
+        assert_eq!(p.procs[&10].totals.live_bytes, 500);
+        // A key the Profile never had is no process of it.
+        assert!(!p.procs.contains_key(&99));
+    }
+
+    #[test]
+    fn lost_stacks_get_a_frame_that_says_so() {
+        let p = Profile::default();
+        let f = p.frames(&(1, -17, 0));
+        assert_eq!(&*f[0].function, "[stack lost: errno 17]");
+        let f = p.frames(&(1, heaptrace_common::NO_SITE, 0));
+        assert_eq!(&*f[0].function, "[no stack: not collected in this mode]");
+    }
+
+    /// The stack loss shown is that of the processes shown: their sites under an errno and
+    /// those that kept their caller alone. The kernel's count (every process) stays beside it.
+    #[test]
+    fn stack_losses_are_those_of_the_processes_shown() {
+        let mut p = Profile::default();
+        let f = crate::symbolize::test_frames(&["f"])[0].clone();
+        p.stacks.insert((1, 5), vec![f, Frame::more_lost()].into());
+        p.stacks
+            .insert((1, 6), crate::symbolize::test_frames(&["f", "main"]));
+        let calls = |n| SiteTotals {
+            calls: n,
+            ..Default::default()
+        };
+        for (site, n) in [
+            ((1, -17, 0), 3),
+            ((1, 5, 0), 2),
+            ((1, 6, 0), 10),
+            ((1, 7, 0), 20), // frames not known: not said to be lost
+            ((1, heaptrace_common::NO_SITE, 0), 7),
+            ((2, -12, 2), 4),
+        ] {
+            p.sites.insert(site, calls(n));
+        }
+        p.losses[Loss::Stack as usize] = 100;
+        p.losses[Loss::SiteMap as usize] = 1;
+        let all = p.losses_of(None);
+        assert_eq!(all[Loss::Stack as usize], 9);
+        assert_eq!(all[Loss::SiteMap as usize], 1);
+        assert_eq!(p.losses_of(Some(1))[Loss::Stack as usize], 5);
+        assert_eq!(p.losses_of(Some(2))[Loss::Stack as usize], 4);
+        assert_eq!(p.only(2).losses_of(None)[Loss::Stack as usize], 4);
+        assert_eq!(p.losses[Loss::Stack as usize], 100);
+        // Sampled: the sampled allocations, as the kernel counts them, not the estimates.
+        p.sample_bytes = 4096;
+        p.samples.insert((1, -17, 0), calls(1));
+        assert_eq!(p.losses_of(None)[Loss::Stack as usize], 1);
+        assert_eq!(
+            crate::view::summary::losses(&p, None),
+            ["stack 1 (100 in all processes traced)", "site_map 1"]
+        );
+    }
+}

@@ -1,0 +1,305 @@
+//! Turning stacks of return addresses into named frames with blazesym, outside the hot path:
+//! new stacks only, in batches per module, cached per (module, file offset).
+//!
+//! A profile holds thousands of stacks of up to 32 frames, most of them the same few hundred
+//! frames: a frame is a shared handle (one reference count to copy, a pointer to hold) and
+//! the strings of distinct frames are interned here.
+pub mod modules;
+use std::{
+    collections::{HashMap, HashSet},
+    path::Path,
+    sync::Arc,
+};
+
+use blazesym::symbolize::{
+    Input, Symbolized, Symbolizer as Blaze,
+    source::{Elf, Source},
+};
+use serde::Serialize;
+
+use crate::symbolize::modules::{Location, Modules};
+
+/// One frame of a symbolized stack, innermost first: a shared handle to its [`FrameInfo`], read
+/// through `Deref`. A profile's stacks repeat the same frames many times over; each repeat costs
+/// a pointer.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct Frame(Arc<FrameInfo>);
+
+impl std::ops::Deref for Frame {
+    type Target = FrameInfo;
+
+    fn deref(&self) -> &FrameInfo {
+        &self.0
+    }
+}
+
+impl From<FrameInfo> for Frame {
+    fn from(f: FrameInfo) -> Frame {
+        Frame(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What a frame says. Never blank: a frame that cannot be named shows its module and offset.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct FrameInfo {
+    pub function: Arc<str>,
+    pub file: Option<Arc<str>>,
+    pub line: Option<u32>,
+    pub module: Arc<str>,
+    pub offset: u64,
+    /// A function inlined into the next frame (same address).
+    pub inlined: bool,
+}
+
+impl Frame {
+    /// A frame standing for blocks allocated while stacks were not collected.
+    pub fn not_collected() -> Frame {
+        Frame::placeholder("[no stack: not collected in this mode]", "[none]", 0)
+    }
+
+    fn unknown(addr: u64) -> Frame {
+        Frame::placeholder(&format!("[unknown] {addr:#x}"), "[unknown]", addr)
+    }
+
+    /// A frame standing for an allocation left out by byte sampling.
+    pub fn not_sampled() -> Frame {
+        Frame::placeholder("[no stack: not sampled]", "[none]", 0)
+    }
+
+    /// The last frame of a stack whose frames past the caller were lost (the stack maps were
+    /// full, or both buckets taken): it stands for [`MORE_FRAMES_LOST`].
+    pub fn more_lost() -> Frame {
+        Frame::placeholder(MORE_LOST_FUNCTION, "[lost]", 0)
+    }
+
+    /// Whether this is [`Frame::more_lost`]: the stack it ends is its caller alone. By its
+    /// text only: a recording keeps no module for a frame that is not code.
+    pub fn is_more_lost(&self) -> bool {
+        &*self.function == MORE_LOST_FUNCTION
+    }
+
+    /// A frame standing for an allocation whose stack was lost (the errno says why).
+    pub fn lost(errno: i32) -> Frame {
+        Frame::placeholder(
+            &format!("[stack lost: errno {}]", errno.unsigned_abs()),
+            "[lost]",
+            0,
+        )
+    }
+
+    /// A site first seen just after its stack id was freed, when another stack has taken the
+    /// id since: it was counted under one of the two, which is not known.
+    pub fn taken() -> Frame {
+        Frame::placeholder("[stack lost: its id was freed and taken]", "[lost]", 0)
+    }
+
+    /// The folded stack of the ended processes' stacks past the folded ones' bound, or never
+    /// named (`fold`).
+    pub fn folded_other() -> Frame {
+        Frame::placeholder("[other stacks of exited processes]", "[folded]", 0)
+    }
+
+    fn placeholder(function: &str, module: &str, offset: u64) -> Frame {
+        FrameInfo {
+            function: function.into(),
+            file: None,
+            line: None,
+            module: module.into(),
+            offset,
+            inlined: false,
+        }
+        .into()
+    }
+}
+
+const MORE_LOST_FUNCTION: &str = "[more frames lost: no room in the stack maps]";
+
+/// Not an address: the end of a stack whose frames past the caller were lost. Kept among a
+/// stack's return addresses (and in recordings) so that it symbolizes as [`Frame::more_lost`].
+pub const MORE_FRAMES_LOST: u64 = u64::MAX;
+
+pub struct Symbolizer {
+    blaze: Blaze,
+    cache: HashMap<Location, Vec<Frame>>,
+    strings: HashSet<Arc<str>>,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Symbolizer {
+            blaze: Blaze::builder()
+                .enable_code_info(true)
+                .enable_inlined_fns(true)
+                .enable_demangling(true)
+                .build(),
+            cache: HashMap::new(),
+            strings: HashSet::new(),
+        }
+    }
+}
+
+fn module_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+/// The one shared copy of `s`.
+fn intern(strings: &mut HashSet<Arc<str>>, s: &str) -> Arc<str> {
+    if let Some(a) = strings.get(s) {
+        return a.clone();
+    }
+    let a: Arc<str> = s.into();
+    strings.insert(a.clone());
+    a
+}
+
+impl Symbolizer {
+    /// Where each return address is: (module, file offset) of the call instruction itself
+    /// (a return address points just after the call).
+    pub fn locations(modules: &Modules, pid: u32, ips: &[u64]) -> Vec<Option<Location>> {
+        ips.iter()
+            .map(|ip| modules.resolve(pid, ip.saturating_sub(1)))
+            .collect()
+    }
+
+    /// Symbolizes a stack of return addresses of process `pid`, innermost first.
+    pub fn stack(&mut self, modules: &Modules, pid: u32, ips: &[u64]) -> Vec<Frame> {
+        let locs = Self::locations(modules, pid, ips);
+        self.frames(ips, &locs)
+    }
+
+    /// Symbolizes resolved locations (live, or read back from a recording).
+    pub fn frames(&mut self, ips: &[u64], locs: &[Option<Location>]) -> Vec<Frame> {
+        self.fill(locs.iter().flatten());
+        let mut out = Vec::with_capacity(ips.len());
+        for (ip, loc) in ips.iter().zip(locs) {
+            match loc.as_ref().and_then(|l| self.cache.get(l)) {
+                Some(frames) => out.extend(frames.iter().cloned()),
+                None if *ip == MORE_FRAMES_LOST => out.push(Frame::more_lost()),
+                None => out.push(Frame::unknown(*ip)),
+            }
+        }
+        out
+    }
+
+    /// Symbolizes the locations not cached yet, one blazesym call per module.
+    fn fill<'a>(&mut self, locs: impl Iterator<Item = &'a Location>) {
+        let mut by_module: HashMap<Arc<Path>, Vec<u64>> = HashMap::new();
+        for l in locs {
+            if !self.cache.contains_key(l) {
+                by_module.entry(l.path.clone()).or_default().push(l.offset);
+            }
+        }
+        for (path, mut offsets) in by_module {
+            offsets.sort_unstable();
+            offsets.dedup();
+            let module = intern(&mut self.strings, &module_name(&path));
+            let src = Source::Elf(Elf::new(&*path));
+            let results = self
+                .blaze
+                .symbolize(&src, Input::FileOffset(&offsets))
+                .unwrap_or_default();
+            for (i, off) in offsets.iter().enumerate() {
+                let strings = &mut self.strings;
+                let mut frame =
+                    |name: &str, code: Option<&blazesym::symbolize::CodeInfo>, inlined| {
+                        FrameInfo {
+                            function: intern(strings, name),
+                            file: code.map(|c| intern(strings, &c.file.to_string_lossy())),
+                            line: code.and_then(|c| c.line),
+                            module: module.clone(),
+                            offset: *off,
+                            inlined,
+                        }
+                        .into()
+                    };
+                let frames = match results.get(i) {
+                    Some(Symbolized::Sym(sym)) => {
+                        let mut frames: Vec<Frame> = sym
+                            .inlined
+                            .iter()
+                            .rev()
+                            .map(|f| frame(&f.name, f.code_info.as_ref(), true))
+                            .collect();
+                        frames.push(frame(&sym.name, sym.code_info.as_deref(), false));
+                        frames
+                    }
+                    _ => vec![frame(&format!("{module}+{off:#x}"), None, false)],
+                };
+                self.cache.insert(
+                    Location {
+                        path: path.clone(),
+                        offset: *off,
+                    },
+                    frames,
+                );
+            }
+        }
+    }
+}
+
+/// A stack of frames with these function names (module `m`), for tests.
+#[cfg(test)]
+pub fn test_frames(names: &[&str]) -> std::sync::Arc<[Frame]> {
+    names
+        .iter()
+        .map(|n| {
+            Frame::from(FrameInfo {
+                function: (*n).into(),
+                file: None,
+                line: None,
+                module: "m".into(),
+                offset: 0,
+                inlined: false,
+            })
+        })
+        .collect::<Vec<_>>()
+        .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    fn marker_function_for_symbolization() -> u64 {
+        std::hint::black_box(42)
+    }
+
+    #[test]
+    fn names_a_function_of_this_test_binary_with_file_and_line() {
+        let me = std::process::id();
+        let mut modules = Modules::default();
+        modules.refresh(me);
+        let mut s = Symbolizer::default();
+        // +1: stack() looks up ip - 1, as for return addresses.
+        let addr = marker_function_for_symbolization as *const () as u64 + 1;
+        let frames = s.stack(&modules, me, &[addr]);
+        let last = frames.last().unwrap();
+        assert!(
+            last.function.contains("marker_function_for_symbolization"),
+            "{frames:?}"
+        );
+        assert!(
+            last.file.as_deref() == Some("mod.rs") && last.line.is_some(),
+            "{frames:?}"
+        );
+        assert!(!last.inlined);
+    }
+
+    #[test]
+    fn unknown_addresses_are_never_blank() {
+        let mut s = Symbolizer::default();
+        let frames = s.stack(&Modules::default(), 1, &[0xdead]);
+        assert_eq!(&*frames[0].function, "[unknown] 0xdead");
+        assert_eq!(&*frames[0].module, "[unknown]");
+    }
+}

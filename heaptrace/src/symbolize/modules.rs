@@ -1,0 +1,282 @@
+//! Where code was: each traced process's executable mappings, remembered while it lives, so
+//! that its stacks can be turned into (module, file offset) and symbolized after it exits.
+use std::{collections::HashMap, path::Path, sync::Arc};
+
+/// One executable file mapping of a process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// File offset of `start`.
+    pub offset: u64,
+    pub path: Arc<Path>,
+}
+
+/// A code address resolved to the file it belongs to. The path is shared with the mapping it
+/// came from: a stack holds one location per frame, and a profile thousands of stacks.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct Location {
+    pub path: Arc<Path>,
+    pub offset: u64,
+}
+
+/// Executable mappings per process, as last read while the process was alive.
+#[derive(Default)]
+pub struct Modules {
+    procs: HashMap<u32, Vec<Mapping>>,
+    /// The ranges of the process's code mappings, file-backed or not (a JIT's), sorted: a
+    /// return address points into one of them.
+    code: HashMap<u32, Vec<(u64, u64)>>,
+    /// Processes whose mappings were read only at their exec (`keep_early`), and those of them
+    /// found gone at the last `prune_early`.
+    early: std::collections::HashSet<u32>,
+    early_gone: std::collections::HashSet<u32>,
+}
+
+/// The lowest address a mapping can have (the kernel's default `vm.mmap_min_addr`), and the
+/// highest user address on x86-64 (47 bits).
+const LOWEST: u64 = 0x1_0000;
+const HIGHEST: u64 = 0x7fff_ffff_ffff;
+
+impl Modules {
+    /// Reads the process's mappings again (if it is still alive); keeps the last good read.
+    pub fn refresh(&mut self, pid: u32) {
+        if let Ok(maps) = crate::target::procfs::maps(pid) {
+            self.keep(pid, &maps);
+        }
+    }
+
+    /// Keeps the mappings of a process read right after its exec (`watch`): its executable
+    /// and the dynamic loader, its libraries not yet. A process of a few milliseconds may be
+    /// gone before a later read; with this one its executable's frames are named all the same.
+    /// The read is not the whole picture: `knows` says no until another read, and `not_code`
+    /// does not cut a stack at an address outside it.
+    pub fn keep_early(&mut self, pid: u32, maps: &str) {
+        if self.knows(pid) {
+            return; // read whole since
+        }
+        self.keep(pid, maps);
+        self.early.insert(pid);
+    }
+
+    fn keep(&mut self, pid: u32, maps: &str) {
+        let parsed = parse_maps(maps);
+        if !parsed.is_empty() {
+            self.procs.insert(pid, parsed);
+            self.code.insert(pid, code_ranges(maps));
+            self.early.remove(&pid);
+        }
+    }
+
+    /// Reads the mappings of a process that just started until they settle: the dynamic
+    /// loader maps every needed library before the program runs, so once `lib` is mapped and
+    /// two reads agree, later reads rarely add anything (dlopen excepted, caught each round).
+    pub fn settle(&mut self, pid: u32, lib: &std::path::Path, budget: std::time::Duration) {
+        let start = std::time::Instant::now();
+        let mut last: Option<String> = None;
+        while start.elapsed() < budget {
+            let Ok(maps) = crate::target::procfs::maps(pid) else {
+                return; // gone
+            };
+            if maps.contains(&*lib.to_string_lossy()) && last.as_deref() == Some(&maps) {
+                break;
+            }
+            self.keep(pid, &maps);
+            last = Some(maps);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// Whether the process's mappings were read since its libraries were mapped.
+    pub fn knows(&self, pid: u32) -> bool {
+        self.procs.contains_key(&pid) && !self.early.contains(&pid)
+    }
+
+    pub fn resolve(&self, pid: u32, addr: u64) -> Option<Location> {
+        let maps = self.procs.get(&pid)?;
+        maps.iter()
+            .find(|m| addr >= m.start && addr < m.end)
+            .map(|m| Location {
+                path: m.path.clone(),
+                offset: addr - m.start + m.offset,
+            })
+    }
+
+    /// Whether `addr`, read as a return address in a stack of `pid`, cannot be one: a
+    /// frame-pointer walk that went through code built without frame pointers reads on through
+    /// whatever the frame pointer register held (a heap object, text), and every frame from
+    /// there on is noise. Not code: outside the user address range, or outside the code
+    /// mappings as last read. (Code unmapped since, a library dlclose'd, is taken for noise
+    /// too: it could not be named anyway.) With the mappings not read, only the range tells.
+    pub fn not_code(&self, pid: u32, addr: u64) -> bool {
+        if !(LOWEST..=HIGHEST).contains(&addr) {
+            return true;
+        }
+        let Some(code) = self.code.get(&pid).filter(|_| !self.early.contains(&pid)) else {
+            return false;
+        };
+        let i = code.partition_point(|(start, _)| *start <= addr);
+        i == 0 || addr >= code[i - 1].1
+    }
+
+    pub fn forget(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+        self.code.remove(&pid);
+        self.early.remove(&pid);
+        self.early_gone.remove(&pid);
+    }
+
+    /// Forgets the processes read only at their exec that were gone at the last call too: a
+    /// process that never allocated is never forgotten at its end, as the others are. One
+    /// call's grace, for the stacks of its last allocations, read the round after.
+    pub fn prune_early(&mut self, alive: impl Fn(u32) -> bool) {
+        let gone: std::collections::HashSet<u32> =
+            self.early.iter().copied().filter(|p| !alive(*p)).collect();
+        for p in gone.intersection(&self.early_gone) {
+            self.procs.remove(p);
+            self.code.remove(p);
+            self.early.remove(p);
+        }
+        self.early_gone = gone
+            .into_iter()
+            .filter(|p| self.early.contains(p))
+            .collect();
+    }
+}
+
+/// The ranges of the mappings with execute permission, in address order (as the kernel lists
+/// them).
+fn code_ranges(maps: &str) -> Vec<(u64, u64)> {
+    maps.lines()
+        .filter_map(|line| {
+            let mut cols = line.split_whitespace();
+            let (range, perms) = (cols.next()?, cols.next()?);
+            if !perms.contains('x') {
+                return None;
+            }
+            let (lo, hi) = range.split_once('-')?;
+            Some((
+                u64::from_str_radix(lo, 16).ok()?,
+                u64::from_str_radix(hi, 16).ok()?,
+            ))
+        })
+        .collect()
+}
+
+fn parse_maps(maps: &str) -> Vec<Mapping> {
+    maps.lines()
+        .filter_map(|line| {
+            let mut cols = line.split_whitespace();
+            let range = cols.next()?;
+            let perms = cols.next()?;
+            let offset = cols.next()?;
+            let path: Vec<&str> = cols.skip(2).collect();
+            if !perms.contains('x') || path.is_empty() || !path[0].starts_with('/') {
+                return None;
+            }
+            let (lo, hi) = range.split_once('-')?;
+            Some(Mapping {
+                start: u64::from_str_radix(lo, 16).ok()?,
+                end: u64::from_str_radix(hi, 16).ok()?,
+                offset: u64::from_str_radix(offset, 16).ok()?,
+                path: Path::new(path.join(" ").trim_end_matches(" (deleted)")).into(),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_addresses_to_file_offsets() {
+        let mut m = Modules::default();
+        m.procs.insert(
+            1,
+            parse_maps(
+                "55d0c0000000-55d0c0001000 r--p 00000000 fe:01 1 /bin/prog\n\
+                 55d0c0001000-55d0c0003000 r-xp 00001000 fe:01 1 /bin/prog\n\
+                 7f0000000000-7f0000001000 r-xp 00028000 fe:01 2 /lib/libc.so.6\n",
+            ),
+        );
+        assert_eq!(
+            m.resolve(1, 0x55d0c0001010),
+            Some(Location {
+                path: Path::new("/bin/prog").into(),
+                offset: 0x1010
+            })
+        );
+        assert_eq!(m.resolve(1, 0x7f0000000100).unwrap().offset, 0x28100);
+        assert_eq!(m.resolve(1, 0x55d0c0000010), None, "not executable");
+        assert_eq!(m.resolve(2, 0x55d0c0001010), None, "unknown process");
+    }
+
+    #[test]
+    fn return_addresses_outside_code_mappings_are_not_code() {
+        let mut m = Modules::default();
+        m.keep(
+            1,
+            "55d0c0000000-55d0c0001000 r--p 00000000 fe:01 1 /bin/prog\n\
+             55d0c0001000-55d0c0003000 r-xp 00001000 fe:01 1 /bin/prog\n\
+             55d0c1000000-55d0c1021000 rw-p 00000000 00:00 0 [heap]\n\
+             7f0000000000-7f0000001000 r-xp 00000000 00:00 0 \n\
+             7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]\n",
+        );
+        assert!(!m.not_code(1, 0x55d0c0001010), "the executable's code");
+        assert!(!m.not_code(1, 0x7f0000000100), "anonymous code (a JIT's)");
+        assert!(m.not_code(1, 0x30203e206874), "in no mapping (text again)");
+        assert!(m.not_code(1, 0x55d0c1000800), "the heap");
+        assert!(m.not_code(1, 0x55d0c0000010), "read-only data");
+        assert!(m.not_code(1, 0x7ffd00000100), "the stack");
+        assert!(m.not_code(1, 0x7265762f766e6579), "text, not an address");
+        assert!(m.not_code(1, 0x10), "below any mapping");
+        assert!(
+            m.not_code(2, 0x10) && !m.not_code(2, 0x55d0c1000800),
+            "maps not read"
+        );
+    }
+
+    #[test]
+    fn mappings_read_at_exec_name_the_executable_and_cut_nothing() {
+        let at_exec = "55d0c0001000-55d0c0003000 r-xp 00001000 fe:01 1 /bin/prog\n\
+                       7f1000000000-7f1000020000 r-xp 00001000 fe:01 3 /lib/ld.so\n";
+        let mut m = Modules::default();
+        m.keep_early(1, at_exec);
+        assert_eq!(m.resolve(1, 0x55d0c0001010).unwrap().offset, 0x1010);
+        assert!(!m.knows(1), "its libraries are not read yet");
+        assert!(
+            !m.not_code(1, 0x7f0000000100),
+            "libc, not mapped yet: not noise"
+        );
+        assert!(m.not_code(1, 0x10), "outside user space all the same");
+        // A later read is the whole picture, and is not replaced by an exec-time one.
+        m.keep(
+            1,
+            "55d0c0001000-55d0c0003000 r-xp 00001000 fe:01 1 /bin/prog\n\
+             7f0000000000-7f0000001000 r-xp 00028000 fe:01 2 /lib/libc.so.6\n",
+        );
+        assert!(m.knows(1));
+        m.keep_early(1, at_exec);
+        assert_eq!(m.resolve(1, 0x7f0000000100).unwrap().offset, 0x28100);
+        // An exec-time read of a process gone for two calls is dropped; a whole read stays
+        // until the process is forgotten at its end.
+        m.keep_early(2, at_exec);
+        m.prune_early(|_| false);
+        assert!(m.resolve(2, 0x55d0c0001010).is_some(), "one call's grace");
+        m.prune_early(|_| false);
+        assert!(m.resolve(2, 0x55d0c0001010).is_none());
+        assert!(m.knows(1));
+    }
+
+    #[test]
+    fn reads_own_mappings() {
+        let mut m = Modules::default();
+        let me = std::process::id();
+        m.refresh(me);
+        assert!(m.knows(me));
+        let f = reads_own_mappings as *const () as u64;
+        let loc = m.resolve(me, f).expect("own code is mapped");
+        assert_eq!(*loc.path, *std::env::current_exe().unwrap());
+    }
+}

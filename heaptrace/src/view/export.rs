@@ -1,0 +1,552 @@
+//! Exports for the tools people already use: pprof (`go tool pprof`), folded stacks and SVG
+//! flame graphs (inferno), and massif's text format (`ms_print`).
+use std::{collections::HashMap, fs::File, io::Write, path::Path};
+
+use prost::Message as _;
+
+use crate::{
+    cli::{Export, FlameBy, ReportArgs},
+    drain::round::SiteId,
+    error::{Error, Result},
+    profile::Profile,
+    record::Recording,
+    symbolize::Frame,
+    view::site_tables::Names,
+};
+
+pub fn write(
+    kind: Export,
+    rec: &Recording,
+    p: &Profile,
+    names: &Names,
+    args: &ReportArgs,
+    out: &Path,
+) -> Result<()> {
+    let mut f = File::create(out)?;
+    match kind {
+        Export::Folded => {
+            for line in folded(p, names, args.by) {
+                writeln!(f, "{line}")?;
+            }
+        }
+        Export::Svg => {
+            let lines = folded(p, names, args.by);
+            let mut opts = inferno::flamegraph::Options::default();
+            opts.title = format!("heaptrace: {}", by_title(args.by));
+            if p.sample_bytes > 0 {
+                opts.title += &format!(" (estimated, sampled 1 per {} bytes)", p.sample_bytes);
+            }
+            opts.count_name = match args.by {
+                FlameBy::Count => "calls".into(),
+                _ => "bytes".into(),
+            };
+            inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut f)
+                .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
+        }
+        Export::Pprof => {
+            let bytes = pprof(rec, p, names).encode_to_vec();
+            let mut z = flate2::write::GzEncoder::new(f, flate2::Compression::default());
+            z.write_all(&bytes)?;
+            z.finish()?;
+        }
+        Export::Massif => f.write_all(massif(rec, p, names).as_bytes())?,
+    }
+    Ok(())
+}
+
+fn by_title(by: FlameBy) -> &'static str {
+    match by {
+        FlameBy::Count => "allocations by call count",
+        FlameBy::Bytes => "bytes allocated",
+        FlameBy::Live => "bytes not freed at the end",
+        FlameBy::Temporary => "bytes in temporary allocations",
+    }
+}
+
+/// The frames of a stack grouped per return address: inlined frames, then the one they were
+/// inlined into (the symbolizer emits each address's frames in that order).
+fn per_address(frames: &[Frame]) -> Vec<&[Frame]> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for (i, f) in frames.iter().enumerate() {
+        if !f.inlined {
+            out.push(&frames[start..=i]);
+            start = i + 1;
+        }
+    }
+    if start < frames.len() {
+        out.push(&frames[start..]);
+    }
+    out
+}
+
+// profile.proto (github.com/google/pprof/proto/profile.proto), the fields heaptrace fills.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PProfile {
+    #[prost(message, repeated, tag = "1")]
+    pub sample_type: Vec<ValueType>,
+    #[prost(message, repeated, tag = "2")]
+    pub sample: Vec<Sample>,
+    #[prost(message, repeated, tag = "3")]
+    pub mapping: Vec<Mapping>,
+    #[prost(message, repeated, tag = "4")]
+    pub location: Vec<Location>,
+    #[prost(message, repeated, tag = "5")]
+    pub function: Vec<Function>,
+    #[prost(string, repeated, tag = "6")]
+    pub string_table: Vec<String>,
+    #[prost(int64, tag = "9")]
+    pub time_nanos: i64,
+    #[prost(int64, tag = "10")]
+    pub duration_nanos: i64,
+    #[prost(message, optional, tag = "11")]
+    pub period_type: Option<ValueType>,
+    #[prost(int64, tag = "12")]
+    pub period: i64,
+    #[prost(int64, repeated, tag = "13")]
+    pub comment: Vec<i64>,
+    #[prost(int64, tag = "14")]
+    pub default_sample_type: i64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ValueType {
+    #[prost(int64, tag = "1")]
+    pub r#type: i64,
+    #[prost(int64, tag = "2")]
+    pub unit: i64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Sample {
+    #[prost(uint64, repeated, tag = "1")]
+    pub location_id: Vec<u64>,
+    #[prost(int64, repeated, tag = "2")]
+    pub value: Vec<i64>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Mapping {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(uint64, tag = "2")]
+    pub memory_start: u64,
+    #[prost(uint64, tag = "3")]
+    pub memory_limit: u64,
+    #[prost(uint64, tag = "4")]
+    pub file_offset: u64,
+    #[prost(int64, tag = "5")]
+    pub filename: i64,
+    #[prost(int64, tag = "6")]
+    pub build_id: i64,
+    #[prost(bool, tag = "7")]
+    pub has_functions: bool,
+    #[prost(bool, tag = "8")]
+    pub has_filenames: bool,
+    #[prost(bool, tag = "9")]
+    pub has_line_numbers: bool,
+    #[prost(bool, tag = "10")]
+    pub has_inline_frames: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Location {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(uint64, tag = "2")]
+    pub mapping_id: u64,
+    #[prost(uint64, tag = "3")]
+    pub address: u64,
+    #[prost(message, repeated, tag = "4")]
+    pub line: Vec<Line>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Line {
+    #[prost(uint64, tag = "1")]
+    pub function_id: u64,
+    #[prost(int64, tag = "2")]
+    pub line: i64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Function {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(int64, tag = "2")]
+    pub name: i64,
+    #[prost(int64, tag = "3")]
+    pub system_name: i64,
+    #[prost(int64, tag = "4")]
+    pub filename: i64,
+}
+
+#[derive(Default)]
+struct Strings {
+    table: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl Strings {
+    fn new() -> Strings {
+        let mut s = Strings::default();
+        s.id(""); // pprof requires string_table[0] == ""
+        s
+    }
+
+    fn id(&mut self, s: &str) -> i64 {
+        if let Some(i) = self.index.get(s) {
+            return *i;
+        }
+        let i = self.table.len() as i64;
+        self.table.push(s.to_string());
+        self.index.insert(s.to_string(), i);
+        i
+    }
+}
+
+/// alloc_objects/count, alloc_space/bytes, inuse_objects/count, inuse_space/bytes (the default,
+/// like Go heap profiles). "In use" is what was not freed at the end of the recording.
+pub fn pprof(rec: &Recording, p: &Profile, names: &Names) -> PProfile {
+    let mut strings = Strings::new();
+    let mut out = PProfile::default();
+    for (t, u) in [
+        ("alloc_objects", "count"),
+        ("alloc_space", "bytes"),
+        ("inuse_objects", "count"),
+        ("inuse_space", "bytes"),
+    ] {
+        out.sample_type.push(ValueType {
+            r#type: strings.id(t),
+            unit: strings.id(u),
+        });
+    }
+    out.default_sample_type = strings.id("inuse_space");
+    // As Go heap profiles say their sampling: one sample per `period` bytes allocated, the
+    // values already scaled to estimates (pprof does not scale them again).
+    if p.sample_bytes > 0 {
+        out.period_type = Some(ValueType {
+            r#type: strings.id("space"),
+            unit: strings.id("bytes"),
+        });
+        out.period = p.sample_bytes as i64;
+        let note = format!(
+            "heaptrace: sampled {}; values are unbiased estimates",
+            crate::profile::sampling::describe(p.sample_bytes)
+        );
+        out.comment.push(strings.id(&note));
+    }
+    for m in &rec.modules {
+        let build_id = m
+            .build_id
+            .as_ref()
+            .map(|b| b.iter().map(|x| format!("{x:02x}")).collect::<String>())
+            .unwrap_or_default();
+        out.mapping.push(Mapping {
+            id: u64::from(m.id) + 1,
+            memory_start: 0,
+            memory_limit: u64::MAX,
+            file_offset: 0,
+            filename: strings.id(&m.path),
+            build_id: strings.id(&build_id),
+            has_functions: true,
+            has_filenames: true,
+            has_line_numbers: true,
+            has_inline_frames: true,
+        });
+    }
+    let module_ids: HashMap<String, u64> = rec
+        .modules
+        .iter()
+        .map(|m| {
+            let base = m.path.rsplit('/').next().unwrap_or(&m.path).to_string();
+            (base, u64::from(m.id) + 1)
+        })
+        .collect();
+    let mut functions: HashMap<(String, String), u64> = HashMap::new();
+    let mut locations: HashMap<Vec<(u64, i64)>, u64> = HashMap::new();
+    let mut ids: Vec<SiteId> = p.sites.keys().copied().collect();
+    if let Some(l) = &p.leaks {
+        ids.extend(l.keys().copied().filter(|k| !p.sites.contains_key(k)));
+    }
+    for id in ids {
+        let site = p.sites.get(&id).copied().unwrap_or_default();
+        let leak = p
+            .leaks
+            .as_ref()
+            .and_then(|l| l.get(&id))
+            .copied()
+            .unwrap_or_default();
+        let frames = p.frames(&id);
+        let mut loc_ids = Vec::new();
+        for group in per_address(&frames) {
+            // pprof: a location's lines run from the innermost inlined function to the caller.
+            let mut lines = Vec::new();
+            for f in group {
+                let name = names.function(f);
+                let file = f.file.as_deref().unwrap_or_default().to_string();
+                let next = functions.len() as u64 + 1;
+                let fid = *functions
+                    .entry((name.clone(), file.clone()))
+                    .or_insert_with(|| {
+                        let name_id = strings.id(&name);
+                        let system = strings.id(&f.function);
+                        let file_id = strings.id(&file);
+                        out.function.push(Function {
+                            id: next,
+                            name: name_id,
+                            system_name: system,
+                            filename: file_id,
+                        });
+                        next
+                    });
+                lines.push((fid, i64::from(f.line.unwrap_or(0))));
+            }
+            let mapping = group
+                .last()
+                .and_then(|f| module_ids.get(&*f.module))
+                .copied()
+                .unwrap_or(0);
+            let address = group.last().map(|f| f.offset).unwrap_or(0);
+            let next = locations.len() as u64 + 1;
+            let lid = *locations.entry(lines.clone()).or_insert_with(|| {
+                out.location.push(Location {
+                    id: next,
+                    mapping_id: mapping,
+                    address,
+                    line: lines
+                        .iter()
+                        .map(|(f, l)| Line {
+                            function_id: *f,
+                            line: *l,
+                        })
+                        .collect(),
+                });
+                next
+            });
+            loc_ids.push(lid);
+        }
+        out.sample.push(Sample {
+            location_id: loc_ids,
+            value: vec![
+                site.calls as i64,
+                site.bytes as i64,
+                leak.blocks as i64,
+                leak.bytes as i64,
+            ],
+        });
+    }
+    out.time_nanos = rec.header.start_unix_ms as i64 * 1_000_000;
+    out.duration_nanos = rec
+        .last_elapsed_ms
+        .map(|ms| ms as i64 * 1_000_000)
+        .unwrap_or(0);
+    out.string_table = strings.table;
+    out
+}
+
+/// Massif's text format: a snapshot per round (live heap), detailed at the peak and at the end.
+pub fn massif(rec: &Recording, p: &Profile, names: &Names) -> String {
+    let mut s = String::new();
+    s += &format!("desc: heaptrace --mode {}", rec.header.mode);
+    if p.sample_bytes > 0 {
+        s += &format!(
+            " --sample-bytes {} (estimates from samples)",
+            p.sample_bytes
+        );
+    }
+    s += "\n";
+    let cmd = if rec.header.command.is_empty() {
+        rec.header
+            .cmdlines
+            .first()
+            .map(|c| c.1.clone())
+            .unwrap_or_else(|| {
+                let h = &rec.header;
+                format!(
+                    "({})",
+                    crate::view::summary::all_processes(h.comm.as_deref(), h.cgroup.as_deref())
+                )
+            })
+    } else {
+        rec.header.command.join(" ")
+    };
+    s += &format!("cmd: {cmd}\ntime_unit: ms\n");
+    let last = p.rounds.len().saturating_sub(1);
+    let mut snap = 0;
+    let mut emit = |s: &mut String, time: u64, heap: i64, tree: &str| {
+        *s += &format!(
+            "#-----------\nsnapshot={snap}\n#-----------\ntime={time}\nmem_heap_B={}\nmem_heap_extra_B=0\nmem_stacks_B=0\n{tree}",
+            heap.max(0)
+        );
+        snap += 1;
+    };
+    emit(&mut s, 0, 0, "heap_tree=empty\n");
+    for (i, r) in p.rounds.iter().enumerate() {
+        // A row of a coarsened timeline covers several rounds: the peak's is shown as it was.
+        if let Some(pk) = p.peak.as_ref().filter(|pk| r.covers(pk.round)) {
+            let sites: Vec<(SiteId, u64)> = pk
+                .sites
+                .iter()
+                .map(|(id, _, b)| (*id, (*b).max(0) as u64))
+                .collect();
+            let heap = pk.live_bytes.max(0) as u64;
+            let tree = format!("heap_tree=peak\n{}", heap_tree(p, names, &sites, heap));
+            emit(&mut s, pk.elapsed_ms, pk.live_bytes, &tree);
+            continue;
+        }
+        let tree = if i == last {
+            let sites: Vec<(SiteId, u64)> = p
+                .leaks
+                .iter()
+                .flatten()
+                .map(|(id, l)| (*id, l.bytes))
+                .collect();
+            format!(
+                "heap_tree=detailed\n{}",
+                heap_tree(p, names, &sites, r.live_bytes.max(0) as u64)
+            )
+        } else {
+            "heap_tree=empty\n".to_string()
+        };
+        emit(&mut s, r.elapsed_ms, r.live_bytes, &tree);
+    }
+    s
+}
+
+#[derive(Default)]
+struct MNode {
+    bytes: u64,
+    children: std::collections::BTreeMap<String, MNode>,
+}
+
+/// Massif's heap tree: the allocation functions at the root, then each site's frames from the
+/// innermost caller outwards.
+fn heap_tree(p: &Profile, names: &Names, sites: &[(SiteId, u64)], total: u64) -> String {
+    let mut root = MNode::default();
+    for (id, b) in sites {
+        let mut node = &mut root;
+        for f in p.frames(id) {
+            let label = format!("0x{:X}: {}", f.offset, names.label(&f));
+            node = node.children.entry(label).or_default();
+            node.bytes += b;
+        }
+    }
+    let tracked: u64 = sites.iter().map(|(_, b)| b).sum();
+    let mut s = format!(
+        "n{}: {} (heap allocation functions) malloc/new/new[], --alloc-fns, etc.\n",
+        root.children.len(),
+        total.max(tracked)
+    );
+    fn walk(s: &mut String, n: &MNode, depth: usize) {
+        let mut kids: Vec<_> = n.children.iter().collect();
+        kids.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.cmp(b.0)));
+        for (label, k) in kids {
+            *s += &format!(
+                "{}n{}: {} {label}\n",
+                " ".repeat(depth),
+                k.children.len(),
+                k.bytes
+            );
+            walk(s, k, depth + 1);
+        }
+    }
+    walk(&mut s, &root, 1);
+    s
+}
+
+/// Folded stacks, outermost frame first, the allocating function last, then the value.
+pub fn folded(p: &Profile, names: &Names, by: FlameBy) -> Vec<String> {
+    let value = |id: &crate::drain::round::SiteId| -> u64 {
+        match by {
+            FlameBy::Count => p.sites.get(id).map(|t| t.calls).unwrap_or(0),
+            FlameBy::Bytes => p.sites.get(id).map(|t| t.bytes).unwrap_or(0),
+            FlameBy::Live => p
+                .leaks
+                .as_ref()
+                .and_then(|l| l.get(id))
+                .map(|l| l.bytes)
+                .unwrap_or(0),
+            FlameBy::Temporary => p.sites.get(id).map(|t| t.temp_bytes).unwrap_or(0),
+        }
+    };
+    let mut lines = Vec::new();
+    let mut ids: Vec<crate::drain::round::SiteId> = p.sites.keys().copied().collect();
+    if let Some(l) = &p.leaks {
+        ids.extend(l.keys().copied().filter(|k| !p.sites.contains_key(k)));
+    }
+    for id in ids {
+        let v = value(&id);
+        if v == 0 {
+            continue;
+        }
+        let mut frames: Vec<String> = p
+            .frames(&id)
+            .iter()
+            .rev()
+            .map(|f| names.function(f).replace(';', ":"))
+            .collect();
+        frames.push(
+            heaptrace_common::Func::from_u32(id.2)
+                .map(|f| f.name())
+                .unwrap_or("?")
+                .into(),
+        );
+        lines.push(format!("{} {v}", frames.join(";")));
+    }
+    lines.sort();
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fr(name: &str, inlined: bool) -> Frame {
+        crate::symbolize::FrameInfo {
+            function: name.into(),
+            file: None,
+            line: None,
+            module: "m".into(),
+            offset: 0,
+            inlined,
+        }
+        .into()
+    }
+
+    #[test]
+    fn inlined_frames_group_with_the_address_they_belong_to() {
+        let frames = [fr("inner", true), fr("outer", false), fr("main", false)];
+        let groups = per_address(&frames);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].len(), 2);
+        assert_eq!(&*groups[1][0].function, "main");
+    }
+
+    #[test]
+    fn a_sampled_profile_gives_pprof_its_period() {
+        let rec = Recording::default();
+        let mut p = Profile::sampled(65536);
+        p.sites.insert(
+            (1, 3, 0),
+            crate::drain::round::SiteTotals {
+                calls: 640,
+                bytes: 655360,
+                ..Default::default()
+            },
+        );
+        let out = pprof(&rec, &p, &Names::default());
+        let name = |i: i64| out.string_table[i as usize].as_str();
+        let period_type = out.period_type.clone().expect("a period type");
+        assert_eq!(
+            (name(period_type.r#type), name(period_type.unit)),
+            ("space", "bytes")
+        );
+        assert_eq!(out.period, 65536);
+        assert!(name(out.comment[0]).contains("1 per 65536 bytes"));
+        // The values are the Profile's estimates, not scaled again.
+        assert_eq!(out.sample[0].value[..2], [640, 655360]);
+        let exact = pprof(&rec, &Profile::default(), &Names::default());
+        assert_eq!((exact.period_type, exact.period), (None, 0));
+    }
+}

@@ -1,0 +1,597 @@
+//! The `--json` document: one object written at exit. Its schema is documented in README.md;
+//! keys are only ever added, never renamed.
+use heaptrace_common::{Func, Loss};
+use serde_json::{Map, Value, json};
+
+mod node;
+pub use node::Node;
+
+use crate::{
+    drain::round::{SiteId, Totals},
+    probe::Attached,
+    profile::Profile,
+    profile::histogram::percentiles,
+    profile::temporary::Temporary,
+};
+
+/// What the document says about the run itself.
+pub struct RunInfo<'a> {
+    pub mode: &'static str,
+    /// `--comm` and `--cgroup`: what a system-wide trace was narrowed to.
+    pub comm: Option<&'a str>,
+    pub cgroup: Option<&'a str>,
+    pub pids: &'a [u32],
+    pub command: &'a [String],
+    pub exit_code: Option<i32>,
+    pub interval_ms: u64,
+    pub provider: &'a str,
+    pub probes: &'a [Attached],
+    /// (alias, probed as).
+    pub aliases: &'a [(Func, Func)],
+    /// What was collected: counts, sizes or stacks.
+    pub collect: &'static str,
+    pub temporary: Temporary,
+}
+
+/// A site's identity and frames, the common part of every per-stack entry.
+pub(crate) fn site(profile: &Profile, id: &SiteId) -> Map<String, Value> {
+    let mut m = Map::new();
+    pid_fields(&mut m, id.0);
+    m.insert(
+        "function".into(),
+        Func::from_u32(id.2).map(|f| f.name()).unwrap_or("?").into(),
+    );
+    m.insert("stack_id".into(), id.1.into());
+    m.insert(
+        "frames".into(),
+        serde_json::to_value(profile.frames(id)).unwrap_or(Value::Null),
+    );
+    m
+}
+
+/// `v`, an object, with the process `key`'s fields (`pid_fields`).
+pub(crate) fn with_pid(mut v: Value, key: u32) -> Value {
+    if let Value::Object(m) = &mut v {
+        pid_fields(m, key);
+    }
+    v
+}
+
+/// A process key (`incarnation`) as its pid, and, for the second or later process of the
+/// trace with that pid, `instance`: which one it is (2, 3, ...).
+pub(crate) fn pid_fields(m: &mut Map<String, Value>, key: u32) {
+    if key == crate::profile::exited::FOLDED {
+        // The processes folded into one (`--keep-exited`): no pid of its own.
+        m.insert("pid".into(), 0.into());
+        m.insert("folded".into(), true.into());
+        return;
+    }
+    let pid = crate::profile::incarnation::Pid(key);
+    m.insert("pid".into(), pid.real().into());
+    if pid.earlier() > 0 {
+        m.insert("instance".into(), (pid.earlier() + 1).into());
+    }
+}
+
+fn with(mut m: Map<String, Value>, extra: Value) -> Value {
+    if let Value::Object(e) = extra {
+        m.extend(e);
+    }
+    Value::Object(m)
+}
+
+fn percentiles_json(p: Option<crate::profile::histogram::Percentiles>) -> Value {
+    match p {
+        Some(p) => json!({ "count": p.count, "p50_ns": p.p50, "p99_ns": p.p99, "max_ns": p.max }),
+        None => Value::Null,
+    }
+}
+
+pub(crate) fn stacks(profile: &Profile) -> Node<'_> {
+    Node::list(move || {
+        profile
+            .top_sites(usize::MAX, |t| t.bytes as i64)
+            .into_iter()
+            .map(move |(id, t)| stack(profile, &id, &t))
+    })
+}
+
+fn stack(profile: &Profile, id: &SiteId, t: &crate::drain::round::SiteTotals) -> Value {
+    let sizes: Vec<Value> = t
+        .sizes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n > 0)
+        .map(|(b, n)| json!({ "from": heaptrace_common::log2_bucket_floor(b), "count": n }))
+        .collect();
+    with(
+        site(profile, id),
+        json!({
+            "estimated": profile.sample_bytes > 0,
+            "samples": profile.samples.get(id).map_or(t.calls, |s| s.calls),
+            "calls": t.calls,
+            "bytes": t.bytes,
+            "frees": t.frees,
+            "freed_bytes": t.freed_bytes,
+            "live_blocks": t.live_blocks,
+            "live_bytes": t.live_bytes,
+            "temporary": { "blocks": t.temp_blocks, "bytes": t.temp_bytes },
+            "sizes": sizes,
+            "lifetime": percentiles_json(percentiles(&t.lifetimes, 1024)),
+        }),
+    )
+}
+
+pub(crate) fn temporary(profile: &Profile, rule: Temporary) -> Node<'_> {
+    let blocks: u64 = profile.sites.values().map(|t| t.temp_blocks).sum();
+    let bytes: u64 = profile.sites.values().map(|t| t.temp_bytes).sum();
+    let by = Node::list(move || {
+        profile
+            .top_sites(usize::MAX, |t| t.temp_blocks as i64)
+            .into_iter()
+            .map(move |(id, t)| {
+                with(
+                    site(profile, &id),
+                    json!({ "blocks": t.temp_blocks, "bytes": t.temp_bytes, "calls": t.calls }),
+                )
+            })
+    });
+    let rule = rule.json().into_iter().map(|(k, v)| (k, Node::from(v)));
+    Node::object(rule.chain([
+        ("estimated", json!(profile.sample_bytes > 0).into()),
+        ("blocks", json!(blocks).into()),
+        ("bytes", json!(bytes).into()),
+        ("by_stack", by),
+    ]))
+}
+
+pub(crate) fn peak(profile: &Profile) -> Node<'_> {
+    let Some(p) = &profile.peak else {
+        return Value::Null.into();
+    };
+    let by = Node::list(move || {
+        p.sites.iter().map(move |(id, blocks, bytes)| {
+            with(
+                site(profile, id),
+                json!({ "live_blocks": blocks, "live_bytes": bytes }),
+            )
+        })
+    });
+    Node::object([
+        ("estimated", Node::from(json!(profile.sample_bytes > 0))),
+        ("live_bytes", json!(p.live_bytes).into()),
+        ("live_blocks", json!(p.live_blocks).into()),
+        ("round", json!(p.round).into()),
+        ("elapsed_ms", json!(p.elapsed_ms).into()),
+        ("by_stack", by),
+    ])
+}
+
+pub(crate) fn latency(profile: &Profile) -> Value {
+    let mut m = Map::new();
+    for f in Func::ALL {
+        if let Some(p) = percentiles(&profile.latency[f as usize], 1) {
+            m.insert(f.name().into(), percentiles_json(Some(p)));
+        }
+    }
+    Value::Object(m)
+}
+
+/// With sampling (`sample_bytes` > 0), frees of blocks that were not sampled miss the live
+/// map like untracked ones, and their sizes are unknown: free's bytes and the untracked count
+/// are null, and `not_in_live_map` counts both kinds. Calls mode keeps no live map: free's
+/// bytes and untracked count and realloc's released bytes are null.
+fn functions(t: &Totals, aliases: &[(Func, Func)], profile: &Profile) -> Value {
+    let sample_bytes = profile.sample_bytes;
+    let mut m = Map::new();
+    for f in Func::ALL {
+        if aliases.iter().any(|(a, _)| *a == f) {
+            continue;
+        }
+        let c = t.func(f);
+        let v = match f {
+            Func::Free if profile.calls => json!({
+                "calls": c.calls,
+                "bytes": Value::Null,
+                "untracked": Value::Null,
+            }),
+            Func::Free if sample_bytes > 0 => json!({
+                "calls": c.calls,
+                "bytes": Value::Null,
+                "untracked": Value::Null,
+                "not_in_live_map": t.untracked_frees,
+            }),
+            Func::Free => json!({
+                "calls": c.calls,
+                "bytes": c.bytes,
+                "untracked": t.untracked_frees,
+            }),
+            Func::Realloc => json!({
+                "calls": c.calls,
+                "bytes": c.bytes,
+                "failed": c.failed,
+                "moved": t.realloc_moves,
+                "in_place": t.realloc_in_place,
+                "freed": t.realloc_frees,
+                "released_bytes": if profile.calls {
+                    Value::Null
+                } else {
+                    t.realloc_released_bytes.into()
+                },
+            }),
+            _ => json!({ "calls": c.calls, "bytes": c.bytes, "failed": c.failed }),
+        };
+        m.insert(f.name().into(), v);
+    }
+    Value::Object(m)
+}
+
+pub(crate) fn sizes(profile: &Profile, pid: Option<u32>) -> Node<'_> {
+    Node::list(move || {
+        profile
+            .sizes_by_func(pid)
+            .into_iter()
+            .filter_map(|((f, size), count)| {
+                Some(json!({ "function": Func::from_u32(f)?.name(), "size": size, "count": count }))
+            })
+    })
+}
+
+pub(crate) fn leaks(profile: &Profile, pid: Option<u32>) -> Node<'_> {
+    let Some(total) = profile.leak_totals(pid) else {
+        return Value::Null.into();
+    };
+    let mut by = Map::new();
+    for (i, l) in profile.leaks_by_func(pid).iter().enumerate() {
+        if l.blocks > 0 {
+            by.insert(
+                Func::ALL[i].name().into(),
+                json!({ "blocks": l.blocks, "bytes": l.bytes }),
+            );
+        }
+    }
+    let by_stack = Node::list(move || {
+        profile
+            .top_leaks(usize::MAX)
+            .into_iter()
+            .filter(move |(id, _)| {
+                pid.is_none_or(|p| p == id.0) && id.1 != heaptrace_common::NO_SITE
+            })
+            .map(move |(id, l)| {
+                with(
+                    site(profile, &id),
+                    json!({ "blocks": l.blocks, "bytes": l.bytes }),
+                )
+            })
+    });
+    Node::object([
+        ("estimated", Node::from(json!(profile.sample_bytes > 0))),
+        ("blocks", json!(total.blocks).into()),
+        ("bytes", json!(total.bytes).into()),
+        ("by_function", Value::Object(by).into()),
+        ("by_stack", by_stack),
+    ])
+}
+
+fn totals_summary(t: &Totals) -> Value {
+    json!({
+        "allocations": t.allocations(),
+        "frees": t.frees(),
+        "bytes_allocated": t.bytes_allocated(),
+    })
+}
+
+pub fn document<'a>(profile: &'a Profile, info: &RunInfo<'_>) -> Node<'a> {
+    let totals = profile.totals();
+    // Of the processes shown; the kernel's stack loss for every process traced beside it.
+    let mut lost = Map::new();
+    let shown = profile.losses_of(None);
+    for l in Loss::ALL {
+        lost.insert(l.name().into(), shown[l as usize].into());
+    }
+    lost.insert(
+        "stack_all_processes".into(),
+        profile.losses[Loss::Stack as usize].into(),
+    );
+    let aliases = info.aliases.to_vec();
+    let processes = Node::list(move || {
+        let aliases = aliases.clone();
+        profile.procs.iter().map(move |(pid, p)| {
+            let leaks = if profile.calls {
+                Value::Null.into()
+            } else {
+                leaks(profile, Some(*pid))
+            };
+            let fields = json!({
+                "comm": p.comm,
+                "cgroup": p.cgroup,
+                "functions": functions(&p.totals, &aliases, profile),
+                "totals": totals_summary(&p.totals),
+                "live": live(profile, &p.totals),
+                "rss_kb": p.mem.map(|m| m.rss_kb),
+                "virt_kb": p.mem.map(|m| m.virt_kb),
+                "peak_rss_kb": p.peak_rss_kb,
+                "memory": memory(profile, p),
+                "exited": p.exited,
+                "leaks_at_exit": p.leaks_at_exit,
+            });
+            let Value::Object(mut fields) = fields else {
+                unreachable!("json! of an object")
+            };
+            pid_fields(&mut fields, *pid);
+            let mut m: Vec<(String, Node<'a>)> =
+                fields.into_iter().map(|(k, v)| (k, v.into())).collect();
+            m.push(("sizes".into(), sizes(profile, Some(*pid))));
+            m.push(("leaks".into(), leaks));
+            Node::object(m)
+        })
+    });
+    let alias_names: Map<String, Value> = info
+        .aliases
+        .iter()
+        .map(|(a, of)| (a.name().to_string(), Value::from(of.name())))
+        .collect();
+    let leaks = if profile.calls {
+        Value::Null.into()
+    } else {
+        leaks(profile, None)
+    };
+    let plain = json!({
+        "heaptrace": { "version": env!("CARGO_PKG_VERSION"), "format": 1 },
+        "target": {
+            "mode": info.mode,
+            "comm": info.comm,
+            "cgroup": info.cgroup,
+            "pids": info.pids,
+            "command": info.command,
+            "exit_code": info.exit_code,
+        },
+        "interval_ms": info.interval_ms,
+        "mode": info.collect,
+        "sample_bytes": profile.sample_bytes,
+        "latency_every": profile.latency_every.max(1),
+        "rounds": profile.round_count(),
+        "provider": { "path": info.provider, "probes": info.probes },
+        "aliases": alias_names,
+        "functions": functions(&totals, info.aliases, profile),
+        "totals": totals_summary(&totals),
+        "live": live_all(profile, &totals),
+        "lost": lost,
+        "latency": latency(profile),
+    });
+    let Value::Object(plain) = plain else {
+        unreachable!("json! of an object")
+    };
+    let mut m: Vec<(String, Node<'a>)> = plain.into_iter().map(|(k, v)| (k, v.into())).collect();
+    m.extend([
+        ("sizes".to_string(), sizes(profile, None)),
+        ("leaks".into(), leaks),
+        ("processes".into(), processes),
+        (
+            "timeline".into(),
+            Node::list(move || {
+                profile
+                    .rounds
+                    .iter()
+                    .map(|r| serde_json::to_value(r).unwrap_or(Value::Null))
+            }),
+        ),
+        ("stacks".into(), stacks(profile)),
+        ("temporary".into(), temporary(profile, info.temporary)),
+        ("peak".into(), peak(profile)),
+        ("reservations".into(), reservations(profile)),
+    ]);
+    Node::object(m)
+}
+
+/// All processes' live figures, and the part of them held by processes that ended (system-wide
+/// mode): not freed at their end, gone with them.
+fn live_all(profile: &Profile, t: &Totals) -> Value {
+    let mut v = live(profile, t);
+    if let Value::Object(m) = &mut v {
+        let (blocks, bytes) = profile.ended_live();
+        m.insert(
+            "of_ended_processes".into(),
+            json!({ "blocks": blocks, "bytes": bytes }),
+        );
+    }
+    v
+}
+
+/// The live blocks and bytes; null in calls mode, which keeps no live map.
+fn live(profile: &Profile, t: &Totals) -> Value {
+    if profile.calls {
+        return Value::Null;
+    }
+    json!({
+        "blocks": t.live_blocks,
+        "bytes": t.live_bytes,
+        "estimated": profile.sample_bytes > 0,
+    })
+}
+
+/// Three different numbers side by side: what the program asked for and still holds, what its
+/// allocator holds from the kernel, and what the kernel counts (RSS, VIRT).
+fn memory(profile: &Profile, p: &crate::profile::ProcProfile) -> Value {
+    json!({
+        "requested_live_bytes": if profile.calls { Value::Null } else { p.totals.live_bytes.into() },
+        "reserved_bytes": p.reserved.map(|r| r.total()),
+        "reserved": p.reserved.map(|r| json!({
+            "heap": r.heap, "arenas": r.arenas, "mmapped": r.mmapped,
+        })),
+        "rss_bytes": p.mem.map(|m| m.rss_kb * 1024),
+        "virt_bytes": p.mem.map(|m| m.virt_kb * 1024),
+    })
+}
+
+pub(crate) fn memory_by_process(profile: &Profile) -> Value {
+    profile
+        .procs
+        .iter()
+        .map(|(pid, p)| {
+            let mut m = Map::new();
+            pid_fields(&mut m, *pid);
+            m.insert("comm".into(), p.comm.clone().into());
+            m.insert("memory".into(), memory(profile, p));
+            Value::Object(m)
+        })
+        .collect()
+}
+
+/// The allocators' reservations and releases by site, most bytes first.
+pub(crate) fn reservations(profile: &Profile) -> Node<'_> {
+    Node::list(move || {
+        let mut v: Vec<_> = profile.reservations.iter().collect();
+        v.sort_by_key(|(k, t)| (std::cmp::Reverse(t.bytes), **k));
+        v.into_iter().map(move |((pid, kind, stack_id, func), t)| {
+            let mut m = site(profile, &(*pid, *stack_id, *func));
+            if *func == heaptrace_common::mem::NO_FUNC {
+                m.insert("function".into(), Value::Null);
+            }
+            if *stack_id == heaptrace_common::NO_SITE {
+                m.insert("frames".into(), Value::Array(Vec::new())); // no site known
+            }
+            m.insert("kind".into(), kind.name().into());
+            if let Some(of) = kind.of() {
+                m.insert("of".into(), of.into());
+            }
+            m.insert("calls".into(), t.calls.into());
+            m.insert("bytes".into(), t.bytes.into());
+            // The shape, beside the keys every per-stack entry has.
+            let stack = json!({ "id": m["stack_id"].clone(), "frames": m["frames"].clone() });
+            m.insert("stack".into(), stack);
+            Value::Object(m)
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        drain::round::{FnTotals, Totals},
+        profile::ProcProfile,
+    };
+
+    #[test]
+    fn document_has_the_documented_keys_and_merges_aliases() {
+        let mut p = Profile::default();
+        let mut t = Totals::default();
+        t.funcs[Func::Malloc as usize] = FnTotals {
+            calls: 4,
+            bytes: 400,
+            failed: 1,
+        };
+        t.funcs[Func::Free as usize].calls = 2;
+        t.funcs[Func::Free as usize].bytes = 200;
+        t.untracked_frees = 1;
+        t.live_blocks = 1;
+        t.live_bytes = 100;
+        p.procs.insert(
+            42,
+            ProcProfile {
+                comm: "fx".into(),
+                totals: t,
+                ..Default::default()
+            },
+        );
+        p.sizes.insert((42, Func::Malloc as u32, 100, 5), 3);
+        let info = RunInfo {
+            mode: "command",
+            comm: None,
+            cgroup: None,
+            pids: &[42],
+            command: &["./fx".into()],
+            exit_code: Some(0),
+            interval_ms: 1000,
+            provider: "/lib/libc.so.6",
+            probes: &[],
+            aliases: &[(Func::Memalign, Func::AlignedAlloc)],
+            collect: "stacks",
+            temporary: Temporary::Allocs(2),
+        };
+        let node = document(&p, &info);
+        // The lists that grow with the stacks are made while the document is written.
+        let Node::Object(parts) = &node else {
+            panic!("the document is an object")
+        };
+        for key in ["stacks", "processes", "sizes", "reservations", "timeline"] {
+            assert!(matches!(parts[key], Node::List(_)), "{key}");
+        }
+        let doc = node.to_value();
+        let f = &doc["functions"];
+        assert_eq!(f["malloc"]["calls"], 4);
+        assert_eq!(f["malloc"]["failed"], 1);
+        assert_eq!(f["free"]["untracked"], 1);
+        assert!(f.get("memalign").is_none());
+        assert!(f.get("aligned_alloc").is_some());
+        assert_eq!(doc["aliases"]["memalign"], "aligned_alloc");
+        assert_eq!(doc["sizes"][0]["function"], "malloc");
+        assert_eq!(doc["sizes"][0]["count"], 3);
+        assert_eq!(doc["live"]["bytes"], 100);
+        assert_eq!(doc["totals"]["allocations"], 3);
+        assert_eq!(doc["processes"][0]["pid"], 42);
+        assert_eq!(doc["lost"]["live_map"], 0);
+        assert!(doc["leaks"].is_null());
+        assert_eq!(doc["mode"], "stacks");
+        assert_eq!(doc["target"]["mode"], "command");
+        assert!(doc["target"]["comm"].is_null() && doc["target"]["cgroup"].is_null());
+        assert_eq!(doc["stacks"], json!([]));
+        assert_eq!(doc["temporary"]["allocations_between_below"], 2);
+        assert!(doc["temporary"].get("threshold_ms").is_none());
+    }
+
+    #[test]
+    fn stacks_carry_frames_and_counters() {
+        let mut p = Profile::default();
+        p.stacks.insert(
+            (7, 3),
+            vec![
+                crate::symbolize::FrameInfo {
+                    function: "alloc_a".into(),
+                    file: Some("fx.c".into()),
+                    line: Some(9),
+                    module: "fx".into(),
+                    offset: 0x1139,
+                    inlined: false,
+                }
+                .into(),
+            ]
+            .into(),
+        );
+        let mut t = crate::drain::round::SiteTotals {
+            calls: 2,
+            bytes: 200,
+            temp_blocks: 1,
+            temp_bytes: 100,
+            ..Default::default()
+        };
+        t.sizes[heaptrace_common::log2_bucket(100)] = 2;
+        t.lifetimes[1] = 1;
+        p.sites.insert((7, 3, 0), t);
+        let mut leaked = std::collections::BTreeMap::new();
+        leaked.insert(
+            (7, 3, 0),
+            crate::drain::round::Leak {
+                blocks: 1,
+                bytes: 100,
+            },
+        );
+        p.leaks = Some(leaked);
+        let doc = stacks(&p).to_value();
+        assert_eq!(doc[0]["frames"][0]["function"], "alloc_a");
+        assert_eq!(doc[0]["frames"][0]["line"], 9);
+        assert_eq!(doc[0]["calls"], 2);
+        assert_eq!(doc[0]["sizes"][0]["from"], 64);
+        assert_eq!(doc[0]["lifetime"]["count"], 1);
+        assert_eq!(
+            temporary(&p, Temporary::WithinMs(5)).to_value()["by_stack"][0]["blocks"],
+            1
+        );
+        assert_eq!(
+            leaks(&p, Some(7)).to_value()["by_stack"][0]["frames"][0]["function"],
+            "alloc_a"
+        );
+        assert_eq!(leaks(&p, Some(8)).to_value()["by_stack"], json!([]));
+    }
+}

@@ -1,0 +1,8 @@
+//! Everything a person or a tool reads: the round line and summary, the site tables, the JSON
+//! document, the live view, and the exports. Every view reads a Profile, never the kernel.
+pub mod export;
+pub mod json;
+pub mod site_tables;
+pub mod summary;
+pub mod tree;
+pub mod tui;

@@ -1,0 +1,469 @@
+//! Text views of where the heap goes (stacks mode): top sites, leaks, temporaries, peak,
+//! lifetimes and latency. They read only the Profile.
+use std::fmt::Write as _;
+
+use heaptrace_common::Func;
+
+use crate::{
+    drain::round::SiteId, profile::Profile, profile::histogram::percentiles,
+    profile::temporary::Temporary, symbolize::Frame, view::summary::bytes,
+};
+
+/// How frames are named: in full, or shortened (`report --just-function-name`,
+/// `--shorten-templates`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Names {
+    pub just_function_name: bool,
+    pub shorten_templates: bool,
+}
+
+impl Names {
+    /// The function's name, shortened as asked.
+    pub fn function(&self, f: &Frame) -> String {
+        let mut name = f.function.to_string();
+        if self.just_function_name {
+            name = strip_parameters(&name);
+        }
+        if self.shorten_templates {
+            name = shorten_templates(&name);
+        }
+        name
+    }
+
+    /// "function (file:line)", with the file's base name, or just the function.
+    pub fn label(&self, f: &Frame) -> String {
+        let name = self.function(f);
+        match (&f.file, f.line, self.just_function_name) {
+            (Some(file), Some(line), false) => {
+                let base = file.rsplit('/').next().unwrap_or(file);
+                format!("{name} ({base}:{line})")
+            }
+            _ => name,
+        }
+    }
+}
+
+/// `f(int, char)` -> `f`: cuts at the first '(' outside template brackets.
+pub fn strip_parameters(name: &str) -> String {
+    let mut depth = 0i32;
+    for (i, c) in name.char_indices() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth -= 1,
+            '(' if depth == 0 && i > 0 && !name[..i].ends_with("operator") => {
+                return name[..i].to_string();
+            }
+            _ => {}
+        }
+    }
+    name.to_string()
+}
+
+/// `Pool<Widget<int>>::make` -> `Pool<…>::make`: template and generic arguments elided. A '<'
+/// right after an identifier opens arguments; a leading `<T as Trait>` path is kept.
+pub fn shorten_templates(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut depth = 0usize;
+    let mut prev: Option<char> = None;
+    for c in name.chars() {
+        match c {
+            '<' if depth > 0 => depth += 1,
+            '<' if prev.is_some_and(|p| p.is_alphanumeric() || p == '_') => {
+                depth = 1;
+                out.push_str("<…");
+            }
+            '>' if depth > 0 => {
+                depth -= 1;
+                if depth == 0 {
+                    out.push('>');
+                }
+            }
+            _ if depth > 0 => {}
+            _ => out.push(c),
+        }
+        prev = Some(c);
+    }
+    out
+}
+
+/// "function (file:line)", with the file's base name.
+pub fn frame_label(f: &Frame) -> String {
+    Names::default().label(f)
+}
+
+/// A site in one line: the allocating function, then the innermost frames.
+pub fn site_label(profile: &Profile, site: &SiteId, depth: usize) -> String {
+    site_label_with(profile, site, depth, &Names::default())
+}
+
+pub fn site_label_with(profile: &Profile, site: &SiteId, depth: usize, names: &Names) -> String {
+    let func = Func::from_u32(site.2).map(|f| f.name()).unwrap_or("?");
+    let frames: Vec<String> = profile
+        .frames(site)
+        .iter()
+        .take(depth)
+        .map(|f| names.label(f))
+        .collect();
+    format!("{func} <- {}", frames.join(" <- "))
+}
+
+fn pid_prefix(profile: &Profile, site: &SiteId) -> String {
+    if profile.procs.len() > 1 {
+        format!("[{}] ", crate::profile::incarnation::Pid(site.0))
+    } else {
+        String::new()
+    }
+}
+
+pub fn nanos(ns: u64) -> String {
+    match ns {
+        0..1_000 => format!("{ns} ns"),
+        1_000..1_000_000 => format!("{:.1} us", ns as f64 / 1e3),
+        1_000_000..1_000_000_000 => format!("{:.1} ms", ns as f64 / 1e6),
+        _ => format!("{:.2} s", ns as f64 / 1e9),
+    }
+}
+
+const DEPTH: usize = 4;
+/// The most frames a list shows to tell two of its sites apart.
+const MAX_DEPTH: usize = 16;
+
+/// The labels of one list's sites, the process first where there are several: DEPTH frames
+/// each, more for sites that would read the same (stacks that part further down, up to
+/// MAX_DEPTH frames), so that no two lines of a list look alike.
+pub fn labels(profile: &Profile, ids: &[SiteId], names: &Names) -> Vec<String> {
+    let mut depth = vec![DEPTH; ids.len()];
+    loop {
+        let labels: Vec<String> = ids
+            .iter()
+            .zip(&depth)
+            .map(|(id, d)| {
+                let site = site_label_with(profile, id, *d, names);
+                format!("{}{site}", pid_prefix(profile, id))
+            })
+            .collect();
+        let mut alike: std::collections::HashMap<&str, Vec<usize>> = Default::default();
+        for (i, l) in labels.iter().enumerate() {
+            alike.entry(l).or_default().push(i);
+        }
+        let mut deeper = false;
+        for i in alike.values().filter(|g| g.len() > 1).flatten() {
+            if depth[*i] < MAX_DEPTH && profile.frames(&ids[*i]).len() > depth[*i] {
+                depth[*i] += 1;
+                deeper = true;
+            }
+        }
+        if !deeper {
+            return labels;
+        }
+    }
+}
+
+/// The note on a title whose figures sampling made estimates.
+pub fn estimated(profile: &Profile) -> String {
+    if profile.sample_bytes == 0 {
+        String::new()
+    } else {
+        format!(
+            " (~ estimated from samples, 1 per {} bytes)",
+            profile.sample_bytes
+        )
+    }
+}
+
+pub fn top_by_bytes(profile: &Profile, top: usize, names: &Names) -> String {
+    let lifetimes = match profile.latency_sampled() {
+        Some(n) => format!(" (lifetimes of 1 call in {n}, timed at random)"),
+        None => String::new(),
+    };
+    let mut s = format!(
+        "top sites by bytes allocated{}{lifetimes}:\n",
+        estimated(profile)
+    );
+    let rows = profile.top_sites(top, |t| t.bytes as i64);
+    let ids: Vec<SiteId> = rows.iter().map(|r| r.0).collect();
+    for ((_, t), label) in rows.iter().zip(labels(profile, &ids, names)) {
+        let life = percentiles(&t.lifetimes, 1024)
+            .map(|p| format!(", lifetime p50 {}", nanos(p.p50)))
+            .unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "  {:>10} {:>9} calls, live {:>10}{life}  {label}",
+            bytes(t.bytes as i64),
+            t.calls,
+            bytes(t.live_bytes),
+        );
+    }
+    s
+}
+
+pub fn top_by_calls(profile: &Profile, top: usize, names: &Names) -> String {
+    let mut s = format!("top sites by calls{}:\n", estimated(profile));
+    let rows = profile.top_sites(top, |t| t.calls as i64);
+    let ids: Vec<SiteId> = rows.iter().map(|r| r.0).collect();
+    for ((_, t), label) in rows.iter().zip(labels(profile, &ids, names)) {
+        let _ = writeln!(
+            s,
+            "  {:>9} calls {:>10}  {label}",
+            t.calls,
+            bytes(t.bytes as i64),
+        );
+    }
+    s
+}
+
+pub fn leaks(profile: &Profile, top: usize, names: &Names) -> String {
+    let leaks = profile.top_leaks(top);
+    if leaks.is_empty() {
+        return String::new();
+    }
+    let mut s = format!("not freed at the end, by site{}:\n", estimated(profile));
+    let ids: Vec<SiteId> = leaks.iter().map(|r| r.0).collect();
+    for ((_, l), label) in leaks.iter().zip(labels(profile, &ids, names)) {
+        let _ = writeln!(
+            s,
+            "  {:>10} in {:>7} blocks  {label}",
+            bytes(l.bytes as i64),
+            l.blocks,
+        );
+    }
+    s
+}
+
+pub fn temporary(profile: &Profile, top: usize, rule: Temporary, names: &Names) -> String {
+    let temp = profile.top_sites(top, |t| t.temp_blocks as i64);
+    if temp.is_empty() {
+        return String::new();
+    }
+    let mut s = format!("temporary ({rule}), by site{}:\n", estimated(profile));
+    let ids: Vec<SiteId> = temp.iter().map(|r| r.0).collect();
+    for ((_, t), label) in temp.iter().zip(labels(profile, &ids, names)) {
+        let _ = writeln!(
+            s,
+            "  {:>9} of {:>9} blocks ({:>10})  {label}",
+            t.temp_blocks,
+            t.calls,
+            bytes(t.temp_bytes as i64),
+        );
+    }
+    s
+}
+
+pub fn peak(profile: &Profile, top: usize, names: &Names) -> String {
+    let Some(peak) = profile.peak.as_ref().filter(|p| p.live_bytes > 0) else {
+        return String::new();
+    };
+    let mut s = format!(
+        "peak: {} live in {} blocks at {:.1}s (round {}){}, held by:\n",
+        bytes(peak.live_bytes),
+        peak.live_blocks,
+        peak.elapsed_ms as f64 / 1000.0,
+        peak.round,
+        estimated(profile)
+    );
+    let rows: Vec<_> = peak.sites.iter().take(top).collect();
+    let ids: Vec<SiteId> = rows.iter().map(|r| r.0).collect();
+    for ((_, blocks, b), label) in rows.iter().zip(labels(profile, &ids, names)) {
+        let _ = writeln!(s, "  {:>10} in {:>7} blocks  {label}", bytes(*b), blocks);
+    }
+    s
+}
+
+/// Everything about sites, as printed at the end of a stacks-mode trace.
+pub fn sites(profile: &Profile, top: usize, rule: Temporary) -> String {
+    let n = Names::default();
+    format!(
+        "\n{}{}{}{}{}",
+        top_by_bytes(profile, top, &n),
+        top_by_calls(profile, top, &n),
+        leaks(profile, top, &n),
+        temporary(profile, top, rule, &n),
+        peak(profile, top, &n)
+    )
+}
+
+/// How the calls timed were picked, for the latency views' titles.
+pub fn latency_note(profile: &Profile) -> String {
+    match profile.latency_sampled() {
+        Some(n) => format!("; 1 call in {n} timed, at random"),
+        None => String::new(),
+    }
+}
+
+pub fn latency(profile: &Profile) -> String {
+    let mut s = String::new();
+    let rows: Vec<String> = Func::ALL
+        .iter()
+        .filter_map(|f| {
+            let p = percentiles(&profile.latency[*f as usize], 1)?;
+            Some(format!(
+                "  {:<16} {:>10} {:>10} {:>10} {:>10}",
+                f.name(),
+                p.count,
+                nanos(p.p50),
+                nanos(p.p99),
+                nanos(p.max)
+            ))
+        })
+        .collect();
+    if !rows.is_empty() {
+        let _ = writeln!(
+            s,
+            "\ntime per call, entry to return (power-of-two buckets{}):\n  {:<16} {:>10} {:>10} {:>10} {:>10}",
+            latency_note(profile),
+            "function",
+            "timed",
+            "p50",
+            "p99",
+            "max <"
+        );
+        for r in rows {
+            let _ = writeln!(s, "{r}");
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::drain::round::SiteTotals;
+
+    fn frame(function: &str, file: Option<&str>, line: Option<u32>) -> Frame {
+        crate::symbolize::FrameInfo {
+            function: function.into(),
+            file: file.map(Into::into),
+            line,
+            module: "m".into(),
+            offset: 0,
+            inlined: false,
+        }
+        .into()
+    }
+
+    #[test]
+    fn latency_says_how_many_calls_were_timed() {
+        let mut p = Profile::default();
+        p.latency[Func::Malloc as usize][7] = 3;
+        let every = latency(&p);
+        assert!(every.contains("(power-of-two buckets):"), "{every}");
+        assert!(every.contains("malloc"), "{every}");
+        let p = p.with_latency_every(16);
+        let sampled = latency(&p);
+        assert!(
+            sampled.contains("1 call in 16 timed, at random"),
+            "{sampled}"
+        );
+        assert_eq!(latency_note(&Profile::default().with_latency_every(1)), "");
+    }
+
+    #[test]
+    fn labels_sites_innermost_first() {
+        let mut p = Profile::default();
+        p.stacks.insert(
+            (1, 5),
+            vec![
+                frame("alloc_a", Some("/src/fx.c"), Some(12)),
+                frame("main", None, None),
+            ]
+            .into(),
+        );
+        assert_eq!(
+            site_label(&p, &(1, 5, 0), 4),
+            "malloc <- alloc_a (fx.c:12) <- main"
+        );
+        assert_eq!(
+            site_label(&p, &(1, -17, 1), 4),
+            "calloc <- [stack lost: errno 17]"
+        );
+    }
+
+    /// Two sites whose first four frames are the same show as many more as tell them apart.
+    #[test]
+    fn sites_that_would_read_the_same_show_more_frames() {
+        let mut p = Profile::default();
+        let stack = |last: &str| -> Vec<Frame> {
+            ["a", "b", "c", "d", last, "main"]
+                .iter()
+                .map(|f| frame(f, None, None))
+                .collect()
+        };
+        p.stacks.insert((1, 5), stack("x").into());
+        p.stacks.insert((1, 6), stack("y").into());
+        p.stacks.insert((1, 7), vec![frame("e", None, None)].into());
+        let ids = [(1, 5, 0), (1, 6, 0), (1, 7, 0)];
+        assert_eq!(
+            labels(&p, &ids, &Names::default()),
+            [
+                "malloc <- a <- b <- c <- d <- x",
+                "malloc <- a <- b <- c <- d <- y",
+                "malloc <- e"
+            ]
+        );
+    }
+
+    #[test]
+    fn sites_view_lists_sites_by_bytes_and_leaks() {
+        let mut p = Profile::default();
+        p.stacks
+            .insert((1, 5), vec![frame("big", None, None)].into());
+        p.stacks
+            .insert((1, 6), vec![frame("small", None, None)].into());
+        let site = |calls, bytes| SiteTotals {
+            calls,
+            bytes,
+            ..Default::default()
+        };
+        p.sites.insert((1, 5, 0), site(1, 1000));
+        p.sites.insert((1, 6, 0), site(10, 10));
+        let mut leaks = std::collections::BTreeMap::new();
+        leaks.insert(
+            (1, 6, 0),
+            crate::drain::round::Leak {
+                blocks: 2,
+                bytes: 2,
+            },
+        );
+        p.leaks = Some(leaks);
+        let text = sites(&p, 5, Temporary::Allocs(1));
+        let by_bytes = text.split("top sites by calls").next().unwrap();
+        assert!(
+            by_bytes.find("big").unwrap() < by_bytes.find("small").unwrap(),
+            "{text}"
+        );
+        let by_calls = text.split("top sites by calls").nth(1).unwrap();
+        assert!(
+            by_calls.find("small").unwrap() < by_calls.find("big").unwrap(),
+            "{text}"
+        );
+        assert!(text.contains("not freed at the end"), "{text}");
+        assert!(nanos(1500).contains("1.5 us"));
+    }
+
+    #[test]
+    fn names_shorten_as_asked() {
+        assert_eq!(
+            strip_parameters("Pool<Widget>::make_raw(unsigned long)"),
+            "Pool<Widget>::make_raw"
+        );
+        assert_eq!(strip_parameters("operator()(int)"), "operator()");
+        assert_eq!(
+            shorten_templates("Pool<Widget<int>>::make_raw"),
+            "Pool<…>::make_raw"
+        );
+        assert_eq!(
+            shorten_templates("<alloc::vec::Vec<u8> as Clone>::clone"),
+            "<alloc::vec::Vec<…> as Clone>::clone"
+        );
+        let f = frame("Pool<Widget>::make(int)", Some("/src/p.cc"), Some(3));
+        let both = Names {
+            just_function_name: true,
+            shorten_templates: true,
+        };
+        assert_eq!(both.label(&f), "Pool<…>::make");
+        assert_eq!(
+            Names::default().label(&f),
+            "Pool<Widget>::make(int) (p.cc:3)"
+        );
+    }
+}

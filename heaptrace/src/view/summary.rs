@@ -1,0 +1,448 @@
+//! Text views of a Profile: the line printed each round and the final summary.
+use std::fmt::Write as _;
+
+use heaptrace_common::{Func, Loss};
+
+use crate::drain::round::Totals;
+use crate::profile::{Profile, TimelineRow};
+
+pub fn bytes(n: i64) -> String {
+    let neg = n < 0;
+    let mut v = n.unsigned_abs() as f64;
+    let mut unit = "B";
+    for u in ["KiB", "MiB", "GiB", "TiB"] {
+        if v < 1024.0 {
+            break;
+        }
+        v /= 1024.0;
+        unit = u;
+    }
+    let sign = if neg { "-" } else { "" };
+    if unit == "B" {
+        format!("{sign}{v} B")
+    } else {
+        format!("{sign}{v:.1} {unit}")
+    }
+}
+
+/// A system-wide trace's target, with what `--comm` and `--cgroup` narrowed it to: the words
+/// every output (the attach line, the live view, a recording's report) gives it.
+pub fn all_processes(comm: Option<&str>, cgroup: Option<&str>) -> String {
+    match (comm, cgroup) {
+        (None, None) => "all processes".into(),
+        (Some(c), None) => format!("all processes whose name contains {c:?}"),
+        (None, Some(g)) => format!("all processes whose cgroup path contains {g:?}"),
+        (Some(c), Some(g)) => {
+            format!("all processes whose name contains {c:?} and cgroup path contains {g:?}")
+        }
+    }
+}
+
+/// "~" before a figure that sampling made an estimate.
+pub fn est(sample_bytes: u64) -> &'static str {
+    if sample_bytes > 0 { "~" } else { "" }
+}
+
+pub fn round_line(row: &TimelineRow, profile: &Profile) -> String {
+    let sample_bytes = profile.sample_bytes;
+    let e = est(sample_bytes);
+    let mut s = format!(
+        "[{:>7.1}s] round {}: {} allocs, {} frees, {} allocated",
+        row.elapsed_ms as f64 / 1000.0,
+        row.index,
+        row.allocations,
+        row.frees,
+        bytes(row.bytes_allocated as i64),
+    );
+    if !profile.calls {
+        let _ = write!(
+            s,
+            ", live {e}{} blocks / {e}{}",
+            row.live_blocks,
+            bytes(row.live_bytes)
+        );
+    }
+    if row.reserved_bytes > 0 {
+        let _ = write!(s, ", reserved {}", bytes(row.reserved_bytes as i64));
+    }
+    if row.rss_kb > 0 {
+        let _ = write!(s, ", RSS {}", bytes(row.rss_kb as i64 * 1024));
+    }
+    if sample_bytes > 0 {
+        let _ = write!(s, " (sampled 1/{sample_bytes} B)");
+    }
+    s
+}
+
+/// The sampling line of every text output: what was sampled and which figures estimate.
+pub fn sampling_line(sample_bytes: u64) -> String {
+    if sample_bytes == 0 {
+        return String::new();
+    }
+    format!(
+        "sampling: {}; per-function counts and sizes are exact, figures marked ~ (sites, \
+         live, leaks, peak, temporaries) are estimates from the sampled allocations\n",
+        crate::profile::sampling::describe(sample_bytes)
+    )
+}
+
+/// The memory behind malloc, per process (most reserved first, at most `top`): requested and
+/// still live, held by the allocator, RSS and VIRT; then the sites that reserved the most.
+pub fn memory(profile: &Profile, top: usize) -> String {
+    let mut procs: Vec<_> = profile
+        .procs
+        .iter()
+        .filter_map(|(pid, p)| p.reserved.map(|r| (*pid, p, r)))
+        .collect();
+    if procs.is_empty() {
+        return String::new();
+    }
+    procs.sort_by_key(|(pid, _, r)| (std::cmp::Reverse(r.total()), *pid));
+    let mut s = String::from("memory behind malloc:\n");
+    for (pid, p, r) in procs.iter().take(top) {
+        let pid = crate::profile::incarnation::Pid(*pid);
+        let _ = writeln!(
+            s,
+            "  pid {pid} {}: requested and live {}{}; allocator holds {} (heap {}, arenas {}, \
+             mmapped {}); RSS {}; VIRT {}",
+            p.comm,
+            est(profile.sample_bytes),
+            bytes(p.totals.live_bytes),
+            bytes(r.total() as i64),
+            bytes(r.heap as i64),
+            bytes(r.arenas as i64),
+            bytes(r.mmapped as i64),
+            p.mem.map_or("?".into(), |m| bytes(m.rss_kb as i64 * 1024)),
+            p.mem.map_or("?".into(), |m| bytes(m.virt_kb as i64 * 1024)),
+        );
+    }
+    let mut made: Vec<_> = profile
+        .reservations
+        .iter()
+        .filter(|(k, _)| k.1.of().is_none())
+        .collect();
+    made.sort_by_key(|(k, t)| (std::cmp::Reverse(t.bytes), **k));
+    for ((pid, kind, stack_id, func), t) in made.into_iter().take(top) {
+        let site = if *stack_id == heaptrace_common::NO_SITE {
+            Func::from_u32(*func).map_or("?", |f| f.name()).to_string()
+        } else {
+            crate::view::site_tables::site_label(profile, &(*pid, *stack_id, *func), 2)
+        };
+        let back = match kind {
+            crate::reserve::Kind::Arena => Some(crate::reserve::Area::Arena),
+            crate::reserve::Kind::Mmap => Some(crate::reserve::Area::Mmap),
+            _ => None,
+        }
+        .and_then(|of| {
+            let k = (*pid, crate::reserve::Kind::Munmap { of }, *stack_id, *func);
+            profile.reservations.get(&k)
+        })
+        .map_or(String::new(), |b| {
+            format!(" ({} given back)", bytes(b.bytes as i64))
+        });
+        let _ = writeln!(
+            s,
+            "  {:>6} {:<5} {:>10}{back}  pid {}: {site}",
+            t.calls,
+            kind.name(),
+            bytes(t.bytes as i64),
+            crate::profile::incarnation::Pid(*pid),
+        );
+    }
+    s
+}
+
+/// Functions shown in tables: every family member except those probed as another's alias.
+pub fn shown_funcs(aliased: &[Func]) -> impl Iterator<Item = Func> + '_ {
+    Func::ALL.into_iter().filter(move |f| !aliased.contains(f))
+}
+
+pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) -> String {
+    let totals = match pid {
+        Some(p) => profile.procs.get(&p).map(|p| p.totals).unwrap_or_default(),
+        None => profile.totals(),
+    };
+    let hidden: Vec<Func> = aliased.iter().map(|(a, _)| *a).collect();
+    let mut s = sampling_line(profile.sample_bytes);
+    if profile.calls {
+        s.push_str(CALLS_LINE);
+    }
+    let e = est(profile.sample_bytes);
+    let _ = writeln!(
+        s,
+        "{:<24} {:>12} {:>16} {:>8}",
+        "function", "calls", "bytes", "failed"
+    );
+    for f in shown_funcs(&hidden) {
+        let t = totals.func(f);
+        let mut name = f.name().to_string();
+        for (a, of) in aliased {
+            if *of == f {
+                let _ = write!(name, "/{}", a.name());
+            }
+        }
+        if f == Func::Free && profile.calls {
+            let _ = writeln!(s, "{:<24} {:>12} {:>16} {:>8}", name, t.calls, "-", "-");
+        } else if f == Func::Free && profile.sample_bytes > 0 {
+            // Frees of blocks that were not sampled miss the live map, like untracked ones,
+            // and their sizes are not known: the two cannot be told apart.
+            let _ = writeln!(
+                s,
+                "{:<24} {:>12} {:>16} {:>8}   ({} of blocks not sampled or not seen allocated)",
+                name, t.calls, "-", "-", totals.untracked_frees
+            );
+        } else if f == Func::Free {
+            let _ = writeln!(
+                s,
+                "{:<24} {:>12} {:>16} {:>8}   ({} untracked: of blocks not seen allocated)",
+                name, t.calls, t.bytes, "-", totals.untracked_frees
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "{:<24} {:>12} {:>16} {:>8}",
+                name, t.calls, t.bytes, t.failed
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "realloc: {} moved, {} in place, {} realloc(p, 0) frees",
+        totals.realloc_moves, totals.realloc_in_place, totals.realloc_frees
+    );
+    let _ = write!(
+        s,
+        "total: {} allocations, {} frees, {} allocated",
+        totals.allocations(),
+        totals.frees(),
+        bytes(totals.bytes_allocated() as i64),
+    );
+    if profile.calls {
+        s.push('\n');
+    } else {
+        let ended = if pid.is_none() {
+            profile.ended_live()
+        } else {
+            (0, 0)
+        };
+        let _ = writeln!(s, "; {}", live(&totals, ended, profile.sample_bytes));
+    }
+    if let Some(l) = profile.leak_totals(pid).filter(|_| !profile.calls) {
+        let _ = writeln!(
+            s,
+            "not freed at the end: {e}{} blocks, {e}{} ({e}{} bytes)",
+            l.blocks,
+            bytes(l.bytes as i64),
+            l.bytes
+        );
+    }
+    let lost = losses(profile, pid);
+    let _ = writeln!(
+        s,
+        "lost: {}",
+        if lost.is_empty() {
+            "none".to_string()
+        } else {
+            lost.join(", ")
+        }
+    );
+    s
+}
+
+/// "live N blocks / B" of `totals`. When processes that ended hold `ended` of them (system-wide
+/// mode), those are told apart: their blocks went with them, and only the rest are live now.
+pub fn live(totals: &Totals, ended: (i64, i64), sample_bytes: u64) -> String {
+    let e = est(sample_bytes);
+    if ended == (0, 0) {
+        return format!(
+            "live {e}{} blocks / {e}{}",
+            totals.live_blocks,
+            bytes(totals.live_bytes)
+        );
+    }
+    format!(
+        "live {e}{} blocks / {e}{} in running processes (ended ones left {e}{} blocks / {e}{})",
+        totals.live_blocks - ended.0,
+        bytes(totals.live_bytes - ended.1),
+        ended.0,
+        bytes(ended.1)
+    )
+}
+
+/// What was lost, of process `pid` or of every process shown: "stack 12", ... When other
+/// processes lost stacks too (filtered out, or an image dropped at its exec), the kernel's
+/// count for every process traced follows: the stack maps are shared, so theirs take room.
+pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
+    let shown = profile.losses_of(pid);
+    Loss::ALL
+        .iter()
+        .filter(|l| shown[**l as usize] > 0 || profile.losses[**l as usize] > 0)
+        .map(|l| {
+            let (n, all) = (shown[*l as usize], profile.losses[*l as usize]);
+            if n == all {
+                format!("{} {n}", l.name())
+            } else {
+                format!("{} {n} ({all} in all processes traced)", l.name())
+            }
+        })
+        .collect()
+}
+
+/// The first line of a calls-mode summary: what it did not track.
+pub const CALLS_LINE: &str = "calls mode: malloc counted at its entry, no live map: live blocks, \
+     leaks and bytes freed are not tracked; malloc's failures are only requests above PTRDIFF_MAX\n";
+
+/// The per-process breakdown of a system-wide trace, busiest first.
+pub fn processes(profile: &Profile, top: usize) -> String {
+    let mut rows: Vec<_> = profile.procs.iter().collect();
+    rows.sort_by_key(|(_, p)| std::cmp::Reverse(p.totals.allocations() + p.totals.frees()));
+    let mut s = format!(
+        "{:>8} {:<16} {:>12} {:>12} {:>14} {:>14}\n",
+        "pid",
+        "command",
+        "allocs",
+        "frees",
+        "allocated",
+        if profile.calls {
+            "live".to_string()
+        } else {
+            format!("{}live", est(profile.sample_bytes))
+        }
+    );
+    for (pid, p) in rows.iter().take(top) {
+        let _ = writeln!(
+            s,
+            "{:>8} {:<16} {:>12} {:>12} {:>14} {:>14}{}",
+            crate::profile::incarnation::Pid(**pid),
+            p.comm,
+            p.totals.allocations(),
+            p.totals.frees(),
+            bytes(p.totals.bytes_allocated() as i64),
+            if profile.calls {
+                "-".to_string()
+            } else {
+                bytes(p.totals.live_bytes)
+            },
+            // Its live figure is what it had not freed when it ended.
+            if p.exited { "  ended" } else { "" }
+        );
+    }
+    if rows.len() > top {
+        let _ = writeln!(s, "... and {} more processes", rows.len() - top);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_bytes_with_binary_units() {
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes(1023), "1023 B");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(bytes(-3 * 1024 * 1024), "-3.0 MiB");
+    }
+
+    #[test]
+    fn a_narrowed_system_wide_target_says_by_what() {
+        assert_eq!(all_processes(None, None), "all processes");
+        assert_eq!(
+            all_processes(Some("nginx"), None),
+            "all processes whose name contains \"nginx\""
+        );
+        assert_eq!(
+            all_processes(Some("nginx"), Some("/web")),
+            "all processes whose name contains \"nginx\" and cgroup path contains \"/web\""
+        );
+        assert_eq!(
+            all_processes(None, Some("/web")),
+            "all processes whose cgroup path contains \"/web\""
+        );
+    }
+
+    #[test]
+    fn summary_merges_aliases_and_reports_losses() {
+        let mut p = Profile::default();
+        let mut t = crate::drain::round::Totals::default();
+        t.funcs[Func::AlignedAlloc as usize].calls = 3;
+        p.procs.insert(
+            1,
+            crate::profile::ProcProfile {
+                comm: "x".into(),
+                totals: t,
+                ..Default::default()
+            },
+        );
+        p.losses[Loss::LiveMap as usize] = 5;
+        let s = summary(&p, None, &[(Func::Memalign, Func::AlignedAlloc)]);
+        assert!(s.contains("aligned_alloc/memalign"), "{s}");
+        assert!(!s.lines().any(|l| l.starts_with("memalign")), "{s}");
+        assert!(s.contains("lost: live_map 5"), "{s}");
+    }
+
+    /// Under `--all` the blocks of processes that ended went with them: the total line counts
+    /// them apart, the processes table marks those processes; one process's summary does not.
+    #[test]
+    fn summary_tells_ended_processes_blocks_apart() {
+        let mut p = Profile::default();
+        for (pid, blocks, exited) in [(1, 3, false), (2, 5, true), (3, 0, true)] {
+            let mut t = crate::drain::round::Totals::default();
+            t.funcs[Func::Malloc as usize].calls = 10;
+            (t.live_blocks, t.live_bytes) = (blocks, 100 * blocks);
+            p.procs.insert(
+                pid,
+                crate::profile::ProcProfile {
+                    comm: format!("p{pid}"),
+                    totals: t,
+                    exited,
+                    leaks_at_exit: exited,
+                    ..Default::default()
+                },
+            );
+        }
+        let s = summary(&p, None, &[]);
+        let want = "live 3 blocks / 300 B in running processes (ended ones left 5 blocks / 500 B)";
+        assert!(s.contains(want), "{s}");
+        let s = summary(&p, Some(2), &[]);
+        assert!(s.contains("; live 5 blocks / 500 B\n"), "{s}");
+        let table = processes(&p, 10);
+        let ended: Vec<&str> = table.lines().filter(|l| l.ends_with("  ended")).collect();
+        assert_eq!(ended.len(), 2, "{table}");
+        assert!(ended.iter().all(|l| !l.contains(" p1 ")), "{table}");
+        // No process ended holding blocks: the plain figure.
+        p.procs.remove(&2);
+        assert!(summary(&p, None, &[]).contains("; live 3 blocks / 300 B\n"));
+    }
+
+    /// Calls mode keeps no live map: the summary and round lines say what is not tracked and
+    /// show no live figures, rather than zeros.
+    #[test]
+    fn calls_mode_shows_no_live_figures() {
+        let mut p = Profile::of_mode("calls", 0);
+        assert!(p.calls);
+        let mut t = crate::drain::round::Totals::default();
+        t.funcs[Func::Malloc as usize].calls = 7;
+        t.funcs[Func::Free as usize].calls = 5;
+        p.procs.insert(
+            1,
+            crate::profile::ProcProfile {
+                totals: t,
+                ..Default::default()
+            },
+        );
+        let s = summary(&p, None, &[]);
+        assert!(s.starts_with(CALLS_LINE), "{s}");
+        assert!(s.contains("total: 7 allocations, 5 frees"), "{s}");
+        assert!(!s.contains("live 0") && !s.contains("not freed"), "{s}");
+        let free = s.lines().find(|l| l.starts_with("free")).unwrap();
+        assert_eq!(
+            free.split_whitespace().collect::<Vec<_>>(),
+            ["free", "5", "-", "-"]
+        );
+        let row = TimelineRow::default();
+        assert!(!round_line(&row, &p).contains("live"));
+        assert!(round_line(&row, &Profile::of_mode("counts", 0)).contains("live 0 blocks"));
+    }
+}

@@ -1,0 +1,368 @@
+use std::sync::Arc;
+
+use ratatui::{
+    Terminal,
+    backend::TestBackend,
+    crossterm::event::{KeyCode, KeyEvent},
+};
+
+use super::*;
+use crate::{
+    drain::round::{NewStack, Round, SiteTotals},
+    profile::Profile,
+    view::tui::app::{
+        Published,
+        tests::{frame, info, published, sites_round},
+    },
+};
+
+fn render(app: &App, w: u16, h: u16) -> TestBackend {
+    let mut t = Terminal::new(TestBackend::new(w, h)).unwrap();
+    t.draw(|f| draw(f, app)).unwrap();
+    t.backend().clone()
+}
+
+fn keys(app: &mut App, keys: &str) {
+    for c in keys.chars() {
+        app.on_key(KeyEvent::from(KeyCode::Char(c)));
+    }
+}
+
+fn screen(app: &mut App, s: Screen) {
+    app.screen = s;
+}
+
+fn sites_app(mode: &'static str) -> App {
+    let mut app = App::new(info(mode), published(1, mode == "all"));
+    app.update(published(3, mode == "all"));
+    app
+}
+
+/// `profile` 3 s into a trace that is still running.
+fn running(profile: Profile) -> Arc<Published> {
+    Arc::new(Published {
+        elapsed_ms: 3000,
+        cpu_percent: Some(0.4),
+        profile,
+        ended: None,
+        exit_code: None,
+        notice: None,
+    })
+}
+
+#[test]
+fn every_screen_at_80x24() {
+    let mut app = sites_app("command");
+    for s in [
+        Screen::Timeline,
+        Screen::Sites,
+        Screen::Sizes,
+        Screen::Functions,
+    ] {
+        screen(&mut app, s);
+        insta::assert_snapshot!(
+            format!("narrow_{}", s.title().to_lowercase()),
+            render(&app, 80, 24)
+        );
+    }
+}
+
+#[test]
+fn every_screen_wide() {
+    let mut app = sites_app("all");
+    for s in Screen::ALL {
+        screen(&mut app, s);
+        insta::assert_snapshot!(
+            format!("wide_{}", s.title().to_lowercase()),
+            render(&app, 140, 36)
+        );
+    }
+}
+
+#[test]
+fn every_screen_of_an_empty_profile() {
+    let mut app = App::new(info("all"), Arc::new(Published::default()));
+    for s in Screen::ALL {
+        screen(&mut app, s);
+        insta::assert_snapshot!(
+            format!("empty_{}", s.title().to_lowercase()),
+            render(&app, 80, 24)
+        );
+    }
+}
+
+#[test]
+fn stack_of_a_site_with_inlined_frames() {
+    let mut app = sites_app("command");
+    app.on_key(KeyEvent::from(KeyCode::Enter));
+    insta::assert_snapshot!("stack_narrow", render(&app, 80, 24));
+    insta::assert_snapshot!("stack_wide", render(&app, 140, 30));
+}
+
+#[test]
+fn long_tables_format_only_the_rows_on_screen() {
+    let area = Rect::new(0, 0, 80, 13); // 10 rows between the borders and the header
+    assert_eq!(window(0, 0, area), (0..0, None));
+    assert_eq!(window(5, 2, area), (0..5, Some(2)));
+    assert_eq!(window(100, 9, area), (0..10, Some(9)));
+    assert_eq!(window(100, 10, area), (1..11, Some(9)));
+    assert_eq!(window(100, 500, area), (90..100, Some(9)));
+}
+
+/// Calls mode keeps no live map: the header, the functions and processes screens and the
+/// timeline say so or show a rate instead, never a live figure of zero.
+#[test]
+fn a_calls_mode_trace_shows_no_live_figures() {
+    let info = crate::view::tui::app::Info {
+        collect: "calls",
+        ..info("all")
+    };
+    let mut app = App::new(info, running(Profile::of_mode("calls", 0)));
+    // Each round is published as it ends, as a trace does: the processes screen's rate is
+    // of the last one (3000 allocations in 1 s).
+    let mut p = Profile::of_mode("calls", 0);
+    for index in 1..=3u64 {
+        let mut r = Round {
+            index,
+            elapsed_ms: 1000 * index,
+            ..Default::default()
+        };
+        let mut delta = crate::drain::round::Totals::default();
+        delta.funcs[heaptrace_common::Func::Malloc as usize].calls = 1000 * index;
+        delta.funcs[heaptrace_common::Func::Malloc as usize].bytes = 64_000 * index;
+        delta.funcs[heaptrace_common::Func::Free as usize].calls = 900 * index;
+        r.procs.insert(
+            4242,
+            crate::drain::round::ProcRound {
+                comm: "allocs".into(),
+                delta,
+                cgroup: String::new(),
+            },
+        );
+        r.sizes
+            .insert((4242, 0, 64, heaptrace_common::NO_SITE), 1000 * index);
+        p.apply(&r);
+        app.update(running(p.clone()));
+    }
+    assert_eq!(app.proc_rows()[0].rate, 3000);
+    assert_eq!(app.all_rate(), 3000);
+    for s in [Screen::Functions, Screen::Processes, Screen::Timeline] {
+        screen(&mut app, s);
+        let text = render(&app, 100, 24);
+        let shown = format!("{text:?}");
+        assert!(!shown.contains("live heap"), "{shown}");
+        insta::assert_snapshot!(format!("calls_{}", s.title().to_lowercase()), text);
+    }
+}
+
+#[test]
+fn a_sampled_trace_says_its_rate_and_marks_estimates() {
+    // 100,000 mallocs of 1 KiB, 1,564 of them sampled (about 1 in 64.5) at one site, 1,549
+    // of those freed; 99,000 frees in all.
+    let mut r = Round {
+        index: 1,
+        elapsed_ms: 1000,
+        ..Default::default()
+    };
+    let mut delta = crate::drain::round::Totals::default();
+    delta.funcs[heaptrace_common::Func::Malloc as usize].calls = 100_000;
+    delta.funcs[heaptrace_common::Func::Malloc as usize].bytes = 100_000 * 1024;
+    delta.funcs[heaptrace_common::Func::Free as usize].calls = 99_000;
+    delta.untracked_frees = 98_000;
+    r.procs.insert(
+        4242,
+        crate::drain::round::ProcRound {
+            comm: "sites".into(),
+            delta,
+            cgroup: String::new(),
+        },
+    );
+    r.sizes.insert((4242, 0, 1024, 7), 1564);
+    r.sizes
+        .insert((4242, 0, 1024, heaptrace_common::NOT_SAMPLED), 98_436);
+    let mut site = SiteTotals {
+        calls: 1564,
+        bytes: 1564 * 1024,
+        frees: 1549,
+        freed_bytes: 1549 * 1024,
+        live_blocks: 15,
+        live_bytes: 15 * 1024,
+        ..Default::default()
+    };
+    site.sizes[heaptrace_common::log2_bucket(1024)] = 1564;
+    r.sites.insert((4242, 7, 0), site);
+    r.stacks.insert(
+        (4242, 7),
+        NewStack {
+            frames: vec![frame("alloc_a", "sites.c", 19, "sites")].into(),
+            ..Default::default()
+        },
+    );
+    let mut p = Profile::sampled(65536);
+    p.apply(&r);
+    let published = running(p);
+    let mut app = App::new(info("command"), published);
+    for s in [Screen::Sites, Screen::Functions] {
+        screen(&mut app, s);
+        let text = render(&app, 80, 24);
+        insta::assert_snapshot!(format!("sampled_{}", s.title().to_lowercase()), text);
+    }
+}
+
+#[test]
+fn help_overlay() {
+    let mut app = sites_app("command");
+    keys(&mut app, "?");
+    insta::assert_snapshot!("help", render(&app, 80, 24));
+}
+
+#[test]
+fn paused_reset_focused_and_filtered() {
+    let mut app = sites_app("all");
+    keys(&mut app, "5j");
+    app.on_key(KeyEvent::from(KeyCode::Enter)); // focus on the busiest: pid 7
+    keys(&mut app, "r");
+    app.update(published(4, true));
+    keys(&mut app, "p");
+    app.update(published(5, true));
+    keys(&mut app, "2/other");
+    insta::assert_snapshot!("states", render(&app, 100, 24));
+}
+
+#[test]
+fn ended_with_leaks_sorted_by_leaks() {
+    let mut p = (*published(3, false)).clone();
+    let mut leaks = std::collections::BTreeMap::new();
+    leaks.insert(
+        (4242, 2, 1),
+        crate::drain::round::Leak {
+            blocks: 3000,
+            bytes: 300_000,
+        },
+    );
+    p.profile.leaks = Some(leaks);
+    p.ended = Some("pid 4242 exited with status 0".into());
+    p.exit_code = Some(0);
+    let mut app = App::new(info("command"), Arc::new(p));
+    keys(&mut app, "ssss");
+    insta::assert_snapshot!("ended_narrow", render(&app, 80, 24));
+    insta::assert_snapshot!("ended_wide", render(&app, 120, 24));
+}
+
+/// C++ names of a few hundred characters: one line per site in the list (shortened), the
+/// whole name, wrapped, in the stack.
+#[test]
+fn very_long_cxx_symbols() {
+    let long = "std::vector<std::unordered_map<std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >, std::shared_ptr<myapp::detail::Node<int, std::less<int> > > >, std::allocator<std::unordered_map<std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >, std::shared_ptr<myapp::detail::Node<int, std::less<int> > > > > >::_M_realloc_insert<std::unordered_map<std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >, std::shared_ptr<myapp::detail::Node<int, std::less<int> > > > const&>(__gnu_cxx::__normal_iterator<std::unordered_map<std::__cxx11::basic_string<char> >*, std::vector<std::unordered_map<std::__cxx11::basic_string<char> > > >, std::unordered_map<std::__cxx11::basic_string<char> > const&)";
+    let mut r = Round {
+        index: 1,
+        elapsed_ms: 1000,
+        ..Default::default()
+    };
+    r.procs.insert(
+        9,
+        crate::drain::round::ProcRound {
+            comm: "cxx".into(),
+            delta: sites_round(1, 10, false).procs[&4242].delta,
+            cgroup: String::new(),
+        },
+    );
+    r.sites.insert(
+        (9, 1, 0),
+        SiteTotals {
+            calls: 10,
+            bytes: 12_345,
+            live_blocks: 2,
+            live_bytes: 2469,
+            ..Default::default()
+        },
+    );
+    r.stacks.insert(
+        (9, 1),
+        NewStack {
+            locations: Vec::new(),
+            ips: vec![],
+            frames: vec![
+                frame("operator new(unsigned long)", "", 0, "libstdc++.so.6.0.33"),
+                frame(
+                    "__gnu_cxx::new_allocator<std::unordered_map<std::__cxx11::basic_string<char> > >::allocate(unsigned long, void const*)",
+                    "/usr/include/c++/12/ext/new_allocator.h",
+                    127,
+                    "cxx",
+                ),
+                frame(long, "/usr/include/c++/12/bits/vector.tcc", 440, "cxx"),
+                frame("main", "/src/templates.cpp", 21, "cxx"),
+            ]
+            .into(),
+        },
+    );
+    let mut p = Profile::default();
+    p.apply(&r);
+    let mut app = App::new(
+        info("command"),
+        Arc::new(Published {
+            profile: p,
+            elapsed_ms: 1000,
+            ..Default::default()
+        }),
+    );
+    insta::assert_snapshot!("cxx_sites", render(&app, 80, 24));
+    app.on_key(KeyEvent::from(KeyCode::Enter));
+    insta::assert_snapshot!("cxx_stack", render(&app, 80, 24));
+}
+
+/// The traced process exec'ed: the status line says so while the trace runs.
+#[test]
+fn an_exec_is_said_in_the_status_line() {
+    let mut app = sites_app("command");
+    let mut p = (*published(4, false)).clone();
+    p.notice = Some("pid 4242 exec'ed python3: its counts start over".into());
+    app.update(Arc::new(p));
+    let text = format!("{}", render(&app, 160, 24));
+    assert!(
+        text.contains("pid 4242 exec'ed python3: its counts start over"),
+        "{text}"
+    );
+}
+
+/// Under `--all`, processes that ended keep the blocks they had not freed: the header counts
+/// them apart from the live ones, and the processes screen marks them.
+#[test]
+fn ended_processes_are_told_apart_from_the_live_ones() {
+    let mut p = Profile::default();
+    for (pid, comm, blocks, bytes, exited) in
+        [(10, "alive", 3, 300, false), (11, "gone", 5, 5000, true)]
+    {
+        let mut totals = crate::drain::round::Totals::default();
+        totals.funcs[heaptrace_common::Func::Malloc as usize].calls = 10;
+        (totals.live_blocks, totals.live_bytes) = (blocks, bytes);
+        p.procs.insert(
+            pid,
+            crate::profile::ProcProfile {
+                comm: comm.into(),
+                totals,
+                exited,
+                leaks_at_exit: exited,
+                ..Default::default()
+            },
+        );
+    }
+    let mut app = App::new(info("all"), running(p));
+    screen(&mut app, Screen::Processes);
+    let text = format!("{:?}", render(&app, 160, 24));
+    assert!(
+        text.contains("live 3 blocks / 300 B (+4.9 KiB left by ended processes)"),
+        "{text}"
+    );
+    assert!(text.contains("gone (ended)"), "{text}");
+    assert!(!text.contains("alive (ended)"), "{text}");
+    // Sorted by live bytes, the running ones come first: what the ended hold is not live.
+    app.proc_sort = crate::view::tui::app::ProcSort::Live;
+    let order: Vec<u32> = app.proc_rows().iter().map(|r| r.pid).collect();
+    assert_eq!(order, [10, 11]);
+    // One process in focus: its own figure, as it is.
+    app.set_focus(Some(11));
+    let text = format!("{:?}", render(&app, 160, 24));
+    assert!(text.contains("live 5 blocks / 4.9 KiB"), "{text}");
+    assert!(!text.contains("left by ended"), "{text}");
+}
