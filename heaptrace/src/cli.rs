@@ -3,66 +3,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-/// What the probes collect (from counts on, each mode adds to the one before, and costs more).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Mode {
-    /// The cheapest: per-function calls and bytes and the exact size histogram, malloc counted
-    /// at its entry (no return probe); no live blocks, leaks, latency or reservations.
-    Calls,
-    /// Per-function calls, bytes, failures; live blocks and leaks.
-    Counts,
-    /// + the exact size histogram and per-function latency.
-    Sizes,
-    /// + the user stack of each allocation: sites, leaks, temporaries, peak and lifetimes.
-    Stacks,
-    /// Benchmark baseline: the same probes, programs that only walk the stack and count.
-    #[value(hide = true)]
-    Bare,
-    /// Benchmark baseline: the probes of counts and sizes modes, programs that only count.
-    #[value(hide = true)]
-    BareTraps,
-    /// Benchmark baseline: the probes of calls mode (no return probe on malloc), programs that
-    /// only count.
-    #[value(hide = true)]
-    BareEntry,
-}
-
-impl Mode {
-    pub fn kernel(self) -> u32 {
-        match self {
-            // The size histogram is sizes mode's; the CALLS_MODE global does the rest.
-            Mode::Calls => heaptrace_common::mode::SIZES,
-            Mode::Counts => heaptrace_common::mode::COUNTS,
-            Mode::Sizes => heaptrace_common::mode::SIZES,
-            Mode::Stacks => heaptrace_common::mode::STACKS,
-            Mode::Bare | Mode::BareTraps | Mode::BareEntry => heaptrace_common::mode::BARE,
-        }
-    }
-
-    /// Whether malloc is counted at its entry, with no return probe (calls mode, and its
-    /// benchmark floor).
-    pub fn at_entry(self) -> bool {
-        matches!(self, Mode::Calls | Mode::BareEntry)
-    }
-
-    /// Whether the memory behind malloc is traced (it needs each call's return, and is no part
-    /// of the benchmark floors).
-    pub fn traces_reservations(self) -> bool {
-        matches!(self, Mode::Counts | Mode::Sizes | Mode::Stacks)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Calls => "calls",
-            Mode::Counts => "counts",
-            Mode::Sizes => "sizes",
-            Mode::Stacks => "stacks",
-            Mode::Bare => "bare",
-            Mode::BareTraps => "bare-traps",
-            Mode::BareEntry => "bare-entry",
-        }
-    }
-}
+use crate::run_info::{Floor, Mode};
 
 /// Tracing is the default command, given by its flags alone; other commands are subcommands.
 /// `args_conflicts_with_subcommands` keeps the two apart: `heaptrace -p 1` traces,
@@ -133,6 +74,11 @@ pub struct TraceArgs {
     /// What to collect.
     #[arg(long, value_enum, default_value = "stacks")]
     pub mode: Mode,
+
+    /// Benchmarks only: a mode's probes with programs that only count (or walk the stack):
+    /// the floor heaptrace's own programs are measured against. Overrides --mode.
+    #[arg(long, value_enum, hide = true)]
+    pub floor: Option<Floor>,
 
     /// Stacks mode: sample allocations, on average one per N bytes allocated (a Poisson
     /// process over the allocated bytes, as tcmalloc and jemalloc sample). Only sampled
@@ -218,9 +164,9 @@ pub struct TraceArgs {
     /// PFXfree, ...), `rust` (__rust_alloc, __rust_dealloc, __rust_realloc,
     /// __rust_alloc_zeroed) or `FUNC=SYMBOL,...` (e.g. malloc=my_alloc,free=my_free). With -p
     /// or a command; malloc and free are required.
-    #[arg(long, value_name = "SPEC", value_parser = crate::target::custom_symbols::parse,
+    #[arg(long, value_name = "SPEC", value_parser = crate::targets::custom_symbols::parse,
           conflicts_with = "all")]
-    pub allocator_symbols: Option<crate::target::custom_symbols::Custom>,
+    pub allocator_symbols: Option<crate::targets::custom_symbols::Custom>,
 
     /// Capacity of the kernel's in-flight call map (threads with a call recorded). For tests:
     /// a small one shows that exited threads give their entries back.
@@ -395,8 +341,8 @@ pub struct ProbesArgs {
     pub pid: Option<u32>,
 
     /// The custom allocator functions to look for, as when tracing.
-    #[arg(long, value_name = "SPEC", value_parser = crate::target::custom_symbols::parse)]
-    pub allocator_symbols: Option<crate::target::custom_symbols::Custom>,
+    #[arg(long, value_name = "SPEC", value_parser = crate::targets::custom_symbols::parse)]
+    pub allocator_symbols: Option<crate::targets::custom_symbols::Custom>,
 
     /// The mode to plan for: in calls mode malloc has no return probe.
     #[arg(long, value_enum, default_value = "stacks")]

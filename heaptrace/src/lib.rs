@@ -1,16 +1,23 @@
 //! heaptrace: a system-wide heap tracer.
 //!
-//! The folders follow the data flow, and each imports only the stages before it:
+//! The folders follow the data flow, and each imports only the ones before it:
 //!
 //! ```text
-//! target -> probe -> drain -> symbolize -> profile -> record -> view -> daemon -> cmd
-//! (what)    (attach)  (read     (name       (fold      (write    (text,  (the      (sub-
-//!                     maps)     stacks)     rounds)    rounds)   json,   rounds)   commands)
-//!                                                                tui)
+//! bpf        the kernel interface: bpf(2), links, mappable arrays, BTF, kfuncs
+//! targets    which processes, which allocator file, a command started stopped
+//! probe      load the programs, place and attach the probes
+//! symbolize  stacks of addresses to named frames
+//! reserve    the memory behind malloc (mmap, brk), from the syscall events
+//! drain      each round: the kernel maps read, minus the last read
+//! profile    the rounds folded into the one Profile every view reads
+//! record     rounds to a file, and back
+//! view       round lines, summary, site tables, JSON, live view, exports
+//! daemon     the loop of rounds and the events between them
+//! cmd        the subcommands; `main` only parses and dispatches
 //! ```
 //!
-//! `bpf` is the kernel interface every stage below it uses; `reserve` is the memory behind
-//! malloc, read beside the rounds. `docs/architecture.md` draws it.
+//! `run_info` (the mode, the target, one description of a run) and `error` are shared by all.
+//! `docs/architecture.md` draws the flow.
 pub mod bpf;
 pub mod cli;
 pub mod cmd;
@@ -21,8 +28,9 @@ pub mod probe;
 pub mod profile;
 pub mod record;
 pub mod reserve;
+pub mod run_info;
 pub mod symbolize;
-pub mod target;
+pub mod targets;
 pub mod view;
 
 pub use error::{Error, Result};

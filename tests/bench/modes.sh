@@ -31,7 +31,7 @@ out=$(mktemp)
 for _ in $(seq "$REPS"); do
     echo "native $("$pairs" "$N")" >>"$out"
     for m in bare-entry bare-traps bare calls counts sizes stacks; do
-        echo "$m $("$ht" -q --mode "$m" -- "$pairs" "$N" 2>/dev/null)" >>"$out"
+        echo "$m $("$ht" -q $(modeflag "$m") -- "$pairs" "$N" 2>/dev/null)" >>"$out"
     done
     echo "stacks-s64k $("$ht" -q --mode stacks --sample-bytes 65536 -- "$pairs" "$N" 2>/dev/null)" >>"$out"
     for m in counts stacks; do

@@ -9,3 +9,11 @@ ht=target/release/heaptrace
 pairs=target/fixtures/pairs
 exec 9>/tmp/heaptrace-tests.lock
 flock 9
+# The flag for a mode name: the floors (bare, bare-traps, bare-entry) are `--floor`, the rest
+# `--mode`. Unquoted where used, so that it gives two arguments.
+modeflag() {
+    case $1 in
+    bare*) echo "--floor $1" ;;
+    *) echo "--mode $1" ;;
+    esac
+}

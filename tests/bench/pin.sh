@@ -13,10 +13,10 @@ out=$(mktemp)
 for _ in $(seq "$REPS"); do
     echo "native $("$pairs" "$N")" >>"$out"
     for m in bare-traps bare; do
-        echo "$m $("$ht" -q --mode "$m" -- "$pairs" "$N" 2>/dev/null)" >>"$out"
+        echo "$m $("$ht" -q $(modeflag "$m") -- "$pairs" "$N" 2>/dev/null)" >>"$out"
     done
     for m in counts sizes stacks; do
-        echo "$m $("$ht" -q --mode "$m" -- "$pairs" "$N" 2>/dev/null)" >>"$out"
+        echo "$m $("$ht" -q $(modeflag "$m") -- "$pairs" "$N" 2>/dev/null)" >>"$out"
         echo "$m-atomic $("$ht" -q --mode "$m" --atomic-counters -- "$pairs" "$N" 2>/dev/null)" >>"$out"
     done
 done

@@ -18,7 +18,7 @@ REPS=${2:-3}
 dir=$(mktemp -d)
 for r in $(seq "$REPS"); do
     for m in bare-entry bare-traps bare calls counts sizes stacks; do
-        "$ht" -q --probe-stats --mode "$m" --json "$dir/$m.$r.json" -- "$pairs" "$N" >/dev/null 2>&1
+        "$ht" -q --probe-stats $(modeflag "$m") --json "$dir/$m.$r.json" -- "$pairs" "$N" >/dev/null 2>&1
     done
 done
 python3 - "$dir" "$N" "$REPS" <<'PY'

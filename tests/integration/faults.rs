@@ -102,7 +102,7 @@ fn launched_command_exit_status_is_heaptraces() {
 
 /// The address of `func`+`at` in process `pid`'s memory and the byte its file has there.
 pub(crate) fn code_byte(pid: u32, func: &str, at: u64) -> (u64, u8) {
-    let provider = heaptrace::target::allocator::for_pid(pid).unwrap();
+    let provider = heaptrace::targets::allocator::for_pid(pid).unwrap();
     let site = provider
         .sites
         .iter()
@@ -134,7 +134,7 @@ fn file_byte(pid: u32, path: &std::path::Path, file_offset: u64) -> (u64, u8) {
 /// The memory syscalls' probe points in the process's libc: after each syscall, and munmap's
 /// and mremap's entries.
 fn syscall_bytes(pid: u32) -> Vec<(u64, u8)> {
-    let provider = heaptrace::target::allocator::for_pid(pid).unwrap();
+    let provider = heaptrace::targets::allocator::for_pid(pid).unwrap();
     let sites = heaptrace::probe::syscall_sites::find(&provider.path)
         .unwrap()
         .expect("glibc's wrappers");

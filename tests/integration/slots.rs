@@ -14,7 +14,7 @@ use heaptrace::{
     drain::proc_slots::ProcSlots,
     drain::round::{SiteTotals, Totals},
     probe::{self, Probes, Scope},
-    target::allocator,
+    targets::allocator,
 };
 use heaptrace_common::{Func, SiteCounters, SiteKey, SizeKey, maps};
 

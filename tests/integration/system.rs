@@ -165,7 +165,7 @@ fn all_attaches_a_private_libc_in_another_mount_namespace() {
         return;
     }
     let _g = exclusive();
-    let host_libc = heaptrace::target::allocator::host_libc_path().unwrap();
+    let host_libc = heaptrace::targets::allocator::host_libc_path().unwrap();
     let copy = workspace().join("target/fixtures/libc-copy.so.6");
     std::fs::copy(&host_libc, &copy).unwrap();
     let bin = fixture("allocs", "", &[]);

@@ -5,7 +5,7 @@ use crate::{
     cli::ProbesArgs,
     error::Result,
     probe::{self, Planned},
-    target::allocator::{self, Provider},
+    targets::allocator::{self, Provider},
 };
 
 pub fn run(args: &ProbesArgs) -> Result<i32> {
@@ -21,14 +21,14 @@ pub fn run(args: &ProbesArgs) -> Result<i32> {
     };
     let plan = probe::plan(&provider, false, args.mode.at_entry())?;
     super::out(&table(&provider, &whose, &plan))?;
-    if args.mode.traces_reservations() {
+    if !args.mode.at_entry() {
         super::out(&syscalls(wrappers(&provider, args.pid)?))?;
     }
     Ok(0)
 }
 
 /// The memory syscalls' wrappers that would be probed, and their file: the allocator's file's,
-/// else the libc of the process (heaptrace's own for a command, as `run` does).
+/// else the libc of the process (heaptrace's own for a command, as `cmd::trace` does).
 fn wrappers(
     provider: &Provider,
     pid: Option<u32>,

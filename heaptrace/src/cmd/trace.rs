@@ -1,36 +1,29 @@
-//! A trace from start to end: pick the target, load and attach, start the daemon (`daemon`:
-//! a round every interval until the target exits or we are told to stop), then detach, take
-//! the last round and the leaks, and print, write and record what was seen.
-use std::{
-    collections::{BTreeMap, HashSet},
-    time::{Duration, Instant},
-};
+//! A trace from start to end, in phases: check the arguments, find the target, load and
+//! attach, start the watchers and the daemon (a round every interval until the target exits
+//! or heaptrace is told to stop), then detach, take the last round and the leaks, and print,
+//! write and record what was seen.
+use std::{collections::HashSet, os::fd::OwnedFd, path::Path, time::Duration};
 
 use heaptrace_common::Func;
 
 use crate::{
     bpf::prog_stats,
     cli::TraceArgs,
-    daemon::exec_watch::ProcWatch,
+    daemon::{Daemon, End, Filter, Start, exec_watch::ProcWatch},
     drain::KernelMaps,
-    drain::round::Snapshot,
     error::{Error, Result},
     probe::{self, LoadOptions, Probes, Scope},
     profile::Profile,
-    profile::temporary::Temporary,
     record::{Header, Recorder, format::EndRec},
-    reserve::{Tracker, ring::MemRing},
-    symbolize::Symbolizer,
+    reserve::ring::MemRing,
+    run_info::{RunInfo, TargetKind, Temporary},
     symbolize::modules::Modules,
-    target::allocator::{self, Provider},
-    target::launch,
-    target::procfs,
-    view::json,
-    view::summary,
-    view::tui,
+    targets::{
+        allocator::{self, Provider},
+        launch, procfs,
+    },
+    view::{json, site_tables, summary, tui},
 };
-
-use crate::daemon::{CpuMeter, Daemon, End, Filter};
 
 enum Target {
     Pid(u32),
@@ -51,11 +44,11 @@ impl Target {
         }
     }
 
-    fn mode(&self) -> &'static str {
+    fn kind(&self) -> TargetKind {
         match self {
-            Target::Pid(_) => "pid",
-            Target::All => "all",
-            Target::Command(_) => "command",
+            Target::Pid(_) => TargetKind::Pid,
+            Target::All => TargetKind::All,
+            Target::Command(_) => TargetKind::Command,
         }
     }
 }
@@ -64,9 +57,98 @@ impl Target {
 /// freed memory from then on (see main.rs).
 pub static STARTED: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
 
-pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
+pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     let target = Target::from_cli(cli)?;
-    if cli.sample_bytes > 0 && cli.mode != crate::cli::Mode::Stacks {
+    check(cli)?;
+    probe::preflight()?;
+    let live_view = !cli.no_tui && tui::wanted();
+    // Find the target and its allocator; a launched command waits, stopped, until attached.
+    let (provider, scope, stopped) = find_target(cli, &target, live_view)?;
+    let attached = match attach(cli, &provider, scope) {
+        Ok(a) => a,
+        Err(e) => {
+            if let Some(child) = stopped {
+                child.abort();
+            }
+            return Err(e);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    // The process watch registers its ring buffer with this runtime's reactor.
+    let _in_runtime = rt.enter();
+    let Attached {
+        mut probes,
+        maps,
+        opts,
+        stats_fd,
+        first,
+    } = attached;
+    let (procwatch, memring) = watchers(cli, &mut probes, &provider, scope, &opts)?;
+    announce(cli, &probes, first, &provider, scope);
+    let (pid, child) = match (stopped, scope) {
+        (Some(stopped), _) => {
+            let child = stopped.resume()?;
+            (Some(child.pid), Some(child))
+        }
+        (None, Scope::Process(pid)) => (Some(pid), None),
+        (None, Scope::All) => (None, None),
+    };
+    let info = run_info(cli, &target, pid, &provider, &opts);
+    let recorder = match record {
+        Some(path) => Some(start_recording(path, &info)?),
+        None => None,
+    };
+    let mut modules = Modules::default();
+    if let (Target::Command(_), Some(pid)) = (&target, pid) {
+        modules.settle(pid, &provider.path, Duration::from_millis(200));
+    }
+    let (view, live) = open_view(live_view, cli, &target, &info, &probes);
+    let mut daemon = Daemon::new(Start {
+        maps,
+        probes,
+        profile: Profile::of_mode(info.mode, cli.sample_bytes)
+            .with_latency_every(cli.latency_every),
+        pid,
+        child,
+        modules,
+        recorder,
+        procwatch,
+        memring,
+        live,
+        filter: Filter::from_cli(cli),
+        quiet: cli.quiet,
+        stack_depth: cli.stack_depth as usize,
+        keep_exited: cli.keep_exited,
+    });
+    let end = rt.block_on(daemon.watch(cli.interval))?;
+    // Exit status of a launched command: it may still be finishing after a signal.
+    let exit_code = match &target {
+        Target::Command(_) => Some(rt.block_on(daemon.child_exit(&end))?),
+        _ => None,
+    };
+    let done = finish(&mut daemon, stats_fd, pid, &end, exit_code)?;
+    // The live view stays up on the final figures after the target exited, until quit.
+    if daemon.live.is_some() && matches!(end, End::TargetExited) {
+        daemon.publish(Some(done.reason.clone()), exit_code);
+        rt.block_on(daemon.until_quit())?;
+    }
+    let view_error = view.map(|v| v.close()).and_then(|r| r.err());
+    let own = procfs::own_rss_kb();
+    print_summary(cli, &daemon.profile, &info, &done, own);
+    if let Some(path) = &cli.json {
+        write_json(path, &daemon.profile, &info, exit_code, &done, own)?;
+    }
+    if let Some(e) = view_error {
+        return Err(Error::Io(std::io::Error::other(e)));
+    }
+    Ok(exit_code.unwrap_or(0))
+}
+
+/// Arguments that cannot work together, said before anything is started or attached.
+fn check(cli: &TraceArgs) -> Result<()> {
+    if cli.sample_bytes > 0 && !cli.mode.has_stacks() {
         return Err(Error::Usage(
             "--sample-bytes samples stacks: it needs --mode stacks (counts and sizes are exact \
              and cheap already)"
@@ -81,10 +163,24 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
              none can contain this"
         )));
     }
-    probe::preflight()?;
-    let live_view = !cli.no_tui && tui::wanted();
+    Ok(())
+}
+
+/// The programs loaded, their probes attached, and the kernel maps taken.
+struct Attached {
+    probes: Probes,
+    maps: KernelMaps,
+    opts: LoadOptions,
+    /// Holds the kernel's BPF run-time statistics on (`--probe-stats`).
+    stats_fd: Option<OwnedFd>,
+    /// The probes on the target's allocator, before any other file is probed.
+    first: usize,
+}
+
+fn load_options(cli: &TraceArgs, scope: Scope) -> LoadOptions {
     let mut opts = LoadOptions {
-        mode: cli.mode.kernel(),
+        mode: cli.mode,
+        floor: cli.floor,
         temporary_allocs: cli.temporary_allocs,
         live_map_size: cli.live_map_size,
         size_map_size: cli.size_map_size,
@@ -96,14 +192,9 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             .unwrap_or_else(|| probe::default_site_map_size(cli.stack_map_size)),
         sample_bytes: cli.sample_bytes,
         latency_every: cli.latency_every,
-        calls: cli.mode.at_entry(),
-        bare_stack: cli.mode == crate::cli::Mode::Bare,
         pin: !cli.atomic_counters,
         ..LoadOptions::default()
     };
-
-    // Find the target and its allocator; a launched command waits, stopped, until attached.
-    let (provider, scope, stopped) = find_target(cli, &target, live_view)?;
     match scope {
         Scope::Process(pid) => opts.watch_tgid = pid,
         Scope::All => {
@@ -111,80 +202,72 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             opts.cgroup = cli
                 .cgroup
                 .clone()
-                .filter(|_| crate::target::cgroups::CgroupNames::default().has_hierarchy());
+                .filter(|_| crate::targets::cgroups::CgroupNames::default().has_hierarchy());
         }
     }
-
-    // Before any probe fires, so that every run is counted.
-    let stats_fd = match cli.probe_stats.then(prog_stats::enable).transpose() {
-        Ok(fd) => fd,
-        Err(e) => {
-            if let Some(child) = stopped {
-                child.abort();
-            }
-            return Err(Error::Load(format!("BPF run-time statistics: {e}")));
-        }
-    };
-    // The memory behind malloc; not part of the bare benchmark floor. Calls mode does not see
+    // The memory behind malloc; not part of the benchmark floors. Calls mode does not see
     // malloc's calls end, so it could not tell which call made a mapping.
-    let reservations = cli.mode.traces_reservations() && !cli.no_reservations;
-    opts.reservations = reservations;
-    let attached = probe::load(&opts).and_then(|loaded| {
-        let mut probes = Probes::new(
-            loaded,
-            !cli.perf_uprobes,
-            opts.calls,
-            reservations && !cli.syscall_tracepoints,
-        )?;
-        probes.attach(&provider, scope, cli.probe_at_entry)?;
-        if let Scope::Process(pid) = scope
-            && !probes.syscalls_probed()
-        {
-            // The allocator is another file; the memory syscalls still go through libc's
-            // wrappers. A command not started yet maps heaptrace's own libc, the one it will
-            // run on (as `allocator::for_command` assumes).
-            if let Some((shown, path)) = allocator::libc_of(pid)? {
-                probes.attach_syscalls_in(&shown, &path, scope);
-            }
-        }
-        Ok(probes)
-    });
-    let mut probes = match attached {
-        Ok(p) => p,
-        Err(e) => {
-            if let Some(child) = stopped {
-                child.abort();
-            }
-            return Err(e);
-        }
-    };
-    let maps = KernelMaps::take(&mut probes.ebpf)?;
-    let what = match scope {
-        Scope::All => summary::all_processes(cli.comm.as_deref(), cli.cgroup.as_deref()),
-        Scope::Process(pid) => format!("pid {pid}"),
-    };
-    let first = probes.probe_count();
+    opts.reservations = opts.floor.is_none() && !opts.at_entry() && !cli.no_reservations;
+    opts
+}
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    // The process watch registers its ring buffer with this runtime's reactor.
-    let _in_runtime = rt.enter();
-    // Execs: system-wide, processes that start later (their allocator may be another file),
-    // looked at as the ones already running are; one process traced starts over at its exec.
-    let mut procwatch = match (
-        ProcWatch::start(
-            &mut probes,
-            &provider,
-            cli.probe_at_entry,
-            scope,
-            cli.comm.clone(),
-            opts.cgroup.clone(),
-        ),
+fn attach(cli: &TraceArgs, provider: &Provider, scope: Scope) -> Result<Attached> {
+    let opts = load_options(cli, scope);
+    // Before any probe fires, so that every run is counted.
+    let stats_fd = cli
+        .probe_stats
+        .then(prog_stats::enable)
+        .transpose()
+        .map_err(|e| Error::Load(format!("BPF run-time statistics: {e}")))?;
+    let loaded = probe::load(&opts)?;
+    let mut probes = Probes::new(
+        loaded,
+        !cli.perf_uprobes,
+        opts.at_entry(),
+        opts.reservations && !cli.syscall_tracepoints,
+    )?;
+    probes.attach(provider, scope, cli.probe_at_entry)?;
+    if let Scope::Process(pid) = scope
+        && !probes.syscalls_probed()
+    {
+        // The allocator is another file; the memory syscalls still go through libc's
+        // wrappers. A command not started yet maps heaptrace's own libc, the one it will run
+        // on (as `allocator::for_command` assumes).
+        if let Some((shown, path)) = allocator::libc_of(pid)? {
+            probes.attach_syscalls_in(&shown, &path, scope);
+        }
+    }
+    let maps = KernelMaps::take(&mut probes.ebpf)?;
+    Ok(Attached {
+        first: probes.probe_count(),
+        probes,
+        maps,
+        opts,
+        stats_fd,
+    })
+}
+
+/// Execs (system-wide: processes that start later, whose allocator may be another file,
+/// looked at as the ones already running are; one process traced starts over at its exec),
+/// and the memory syscalls.
+fn watchers(
+    cli: &TraceArgs,
+    probes: &mut Probes,
+    provider: &Provider,
+    scope: Scope,
+    opts: &LoadOptions,
+) -> Result<(Option<ProcWatch>, Option<MemRing>)> {
+    let started = ProcWatch::start(
+        probes,
+        provider,
+        cli.probe_at_entry,
         scope,
-    ) {
+        cli.comm.clone(),
+        opts.cgroup.clone(),
+    );
+    let procwatch = match (started, scope) {
         (Ok(mut w), Scope::All) => {
-            w.scan(&mut probes);
+            w.scan(probes);
             Some(w)
         }
         (Ok(w), Scope::Process(_)) => Some(w),
@@ -197,122 +280,148 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             None
         }
     };
-    let memring = if !reservations {
-        None
-    } else {
-        match MemRing::start(&mut probes) {
-            Ok(r) => Some(r),
-            Err(e) => {
-                eprintln!("heaptrace: warning: memory syscalls not traced: {e}");
-                None
-            }
+    let memring = match opts.reservations.then(|| MemRing::start(probes)) {
+        Some(Ok(r)) => Some(r),
+        Some(Err(e)) => {
+            eprintln!("heaptrace: warning: memory syscalls not traced: {e}");
+            None
         }
+        None => None,
     };
+    Ok((procwatch, memring))
+}
 
-    // Said once everything is in place (the scan of running processes included): tests and
-    // scripts start their targets on this line.
+/// Said once everything is in place (the scan of running processes included): tests and
+/// scripts start their targets on this line.
+fn announce(cli: &TraceArgs, probes: &Probes, first: usize, provider: &Provider, scope: Scope) {
+    let what = match scope {
+        Scope::All => summary::all_processes(cli.comm.as_deref(), cli.cgroup.as_deref()),
+        Scope::Process(pid) => format!("pid {pid}"),
+    };
     eprintln!(
         "heaptrace: attached {first} probes to {} ({what})",
         provider.path.display()
     );
     if cli.verbose {
-        print_probes(&probes);
+        print_probes(probes);
     }
     if let Some(settled) = STARTED.get() {
         settled();
     }
+}
 
-    let (pid, child) = match (stopped, scope) {
-        (Some(stopped), _) => {
-            let child = stopped.resume()?;
-            (Some(child.pid), Some(child))
-        }
-        (None, Scope::Process(pid)) => (Some(pid), None),
-        (None, Scope::All) => (None, None),
-    };
-
-    let recorder = match record {
-        Some(path) => {
-            let header = record_header(cli, &target, pid, &provider);
-            let r = Recorder::create(path, &header).map_err(|e| Error::Read {
-                path: path.to_path_buf(),
-                source: e,
-            })?;
-            eprintln!("heaptrace: recording to {}", path.display());
-            Some(r)
-        }
-        None => None,
-    };
-
-    let mut modules = Modules::default();
-    if let (Target::Command(_), Some(pid)) = (&target, pid) {
-        modules.settle(pid, &provider.path, Duration::from_millis(200));
+fn run_info(
+    cli: &TraceArgs,
+    target: &Target,
+    pid: Option<u32>,
+    provider: &Provider,
+    opts: &LoadOptions,
+) -> RunInfo {
+    RunInfo {
+        mode: opts.probes(),
+        target: target.kind(),
+        pids: pid.into_iter().collect(),
+        command: match target {
+            Target::Command(argv) => argv.clone(),
+            _ => Vec::new(),
+        },
+        comm: cli.comm.clone(),
+        cgroup: cli.cgroup.clone(),
+        interval_ms: cli.interval.as_millis() as u64,
+        provider: provider.path.display().to_string(),
+        aliases: aliases(provider),
+        temporary: Temporary::Allocs(cli.temporary_allocs),
+        sample_bytes: cli.sample_bytes,
+        latency_every: cli.latency_every,
     }
-    let aliases = aliases(&provider);
-    let temporary = Temporary::Allocs(cli.temporary_allocs);
-    let (view, link) = if live_view {
-        let info = view_info(cli, &target, pid, &provider, &probes, &aliases, temporary);
-        match tui::Tui::start(info, tui::Published::default()) {
-            Ok((view, link)) => (Some(view), Some(link)),
-            Err(e) => {
-                eprintln!("heaptrace: cannot open the live view ({e}); printing rounds instead");
-                (None, None)
-            }
+}
+
+fn start_recording(path: &Path, info: &RunInfo) -> Result<Recorder> {
+    let header = Header::new(info, cmdlines(&info.pids));
+    let r = Recorder::create(path, &header).map_err(|e| Error::Read {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    eprintln!("heaptrace: recording to {}", path.display());
+    Ok(r)
+}
+
+/// The command lines of `pids`, as /proc shows them now.
+fn cmdlines(pids: &[u32]) -> Vec<(u32, String)> {
+    pids.iter()
+        .map(|&p| {
+            let raw = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            let line = raw
+                .split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect::<Vec<_>>()
+                .join(" ");
+            (p, line)
+        })
+        .collect()
+}
+
+/// The live view, when wanted and the terminal allows it.
+fn open_view(
+    wanted: bool,
+    cli: &TraceArgs,
+    target: &Target,
+    info: &RunInfo,
+    probes: &Probes,
+) -> (Option<tui::Tui>, Option<tui::Link>) {
+    if !wanted {
+        return (None, None);
+    }
+    let pid = info.pids.first().copied();
+    let info = tui::Info {
+        target: match target {
+            Target::Pid(p) => format!(
+                "pid {p} ({})",
+                procfs::comm(*p).unwrap_or_else(|| "?".into())
+            ),
+            Target::All => summary::all_processes(cli.comm.as_deref(), cli.cgroup.as_deref()),
+            Target::Command(argv) => format!("{} (pid {})", argv.join(" "), pid.unwrap_or(0)),
+        },
+        run: info.clone(),
+        attached: probes.attached.clone(),
+        output: match (target, &cli.command_output) {
+            (Target::Command(_), Some(p)) => Some(p.display().to_string()),
+            (Target::Command(_), None) => Some("/dev/null".into()),
+            _ => None,
+        },
+    };
+    match tui::Tui::start(info, tui::Published::default()) {
+        Ok((view, link)) => (Some(view), Some(link)),
+        Err(e) => {
+            eprintln!("heaptrace: cannot open the live view ({e}); printing rounds instead");
+            (None, None)
         }
-    } else {
-        (None, None)
-    };
-    let mut daemon = Daemon {
-        maps,
-        prev: Snapshot::default(),
-        profile: Profile::of_mode(cli.mode.name(), cli.sample_bytes)
-            .with_latency_every(cli.latency_every),
-        start: Instant::now(),
-        pid,
-        quiet: cli.quiet,
-        modules,
-        stack_depth: cli.stack_depth as usize,
-        symbolizer: Symbolizer::default(),
-        recorder,
-        child,
-        exit_code: None,
-        probes: Some(probes),
-        execs: procwatch.as_mut().and_then(|w| w.events.take()),
-        exec_first: None,
-        procwatch,
-        exited_leaks: BTreeMap::new(),
-        same: Default::default(),
-        freed: Default::default(),
-        incarnations: Default::default(),
-        keep_exited: cli.keep_exited,
-        exited_order: Default::default(),
-        folded_stacks: Vec::new(),
-        restarted: Default::default(),
-        notice: None,
-        stale: HashSet::new(),
-        filter: Filter::from_cli(cli),
-        matched: std::collections::HashMap::new(),
-        live: link,
-        cpu: CpuMeter::default(),
-        memring,
-        reserves: Tracker::default(),
-        reserves_lost: 0,
-        unjudged_said: false,
-    };
-    let end = rt.block_on(daemon.watch(cli.interval))?;
+    }
+}
 
-    // Exit status of a launched command: it may still be finishing after a signal.
-    let exit_code = match &target {
-        Target::Command(_) => Some(rt.block_on(daemon.child_exit(&end))?),
-        _ => None,
-    };
+/// What the end of a trace knows that the Profile does not.
+struct Done {
+    reason: String,
+    attached: Vec<probe::Attached>,
+    syscall_probes: Vec<serde_json::Value>,
+    counting: probe::Counting,
+    prog_stats: Option<Vec<prog_stats::ProgStats>>,
+}
 
+/// Detaches, takes the last round and the leaks, and finishes the recording.
+fn finish(
+    daemon: &mut Daemon,
+    stats_fd: Option<OwnedFd>,
+    pid: Option<u32>,
+    end: &End,
+    exit_code: Option<i32>,
+) -> Result<Done> {
     // Detach first so the final read is of a state nothing changes any more.
     let probes = daemon.probes.take().expect("probes");
-    let attached_list = probes.attached.clone();
+    let attached = probes.attached.clone();
     let syscall_probes = syscall_probes_json(&probes);
-    // How the programs added to their CPU's counters (`pin`).
-    let pinned = probes.pinned;
+    let counting = probes.counting();
     let prog_stats = stats_fd.map(|fd| {
         let stats = probes.program_stats();
         drop(fd);
@@ -332,8 +441,7 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
     let mut leaks = daemon.incarnations.rekey_sites(live);
     leaks.append(&mut daemon.exited_leaks);
     daemon.profile.set_leaks(leaks);
-
-    let reason = end_reason(&end, pid, exit_code);
+    let reason = end_reason(end, pid, exit_code);
     if let Some(r) = daemon.recorder.take() {
         let end = EndRec {
             elapsed_ms: daemon.start.elapsed().as_millis() as u64,
@@ -344,96 +452,93 @@ pub fn run(cli: &TraceArgs, record: Option<&std::path::Path>) -> Result<i32> {
             Ok(bytes) => eprintln!(
                 "heaptrace: recorded {} rounds, {}",
                 daemon.profile.round_count(),
-                summary::bytes(bytes as i64)
+                crate::view::units::bytes(bytes as i64)
             ),
             Err(e) => eprintln!("heaptrace: warning: finishing the recording: {e}"),
         }
     }
-    // The live view stays up on the final figures after the target exited, until quit.
-    if daemon.live.is_some() && matches!(end, End::TargetExited) {
-        daemon.publish(Some(reason.clone()), exit_code);
-        rt.block_on(daemon.until_quit())?;
-    }
-    let view_error = view.map(|v| v.close()).and_then(|r| r.err());
+    Ok(Done {
+        reason,
+        attached,
+        syscall_probes,
+        counting,
+        prog_stats,
+    })
+}
 
-    let profile = &daemon.profile;
-    eprintln!("heaptrace: {reason}");
-    eprint!("{}", summary::summary(profile, pid, &aliases));
+/// The `--json` document, whole, to `path` ("-": stdout).
+fn write_json(
+    path: &str,
+    profile: &Profile,
+    info: &RunInfo,
+    exit_code: Option<i32>,
+    done: &Done,
+    own: Option<(u64, u64)>,
+) -> Result<()> {
+    let programs = done
+        .prog_stats
+        .as_ref()
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(|e| Error::Io(std::io::Error::other(e)))?;
+    let run = json::Run {
+        info,
+        exit_code,
+        probes: &done.attached,
+        syscall_probes: Some(done.syscall_probes.clone()),
+        own_rss_kb: own,
+        programs,
+        counting: Some(done.counting),
+    };
+    let doc = json::document(profile, &run);
+    if path == "-" {
+        doc.write_pretty(std::io::stdout().lock())?;
+    } else {
+        doc.write_pretty(std::fs::File::create(path)?)?;
+    }
+    Ok(())
+}
+
+/// The summary on stderr: the end, the functions, the sites (stacks mode), the programs' cost
+/// (`--probe-stats`), heaptrace's own memory and the memory behind malloc.
+fn print_summary(
+    cli: &TraceArgs,
+    profile: &Profile,
+    info: &RunInfo,
+    done: &Done,
+    own: Option<(u64, u64)>,
+) {
+    let pid = info.pids.first().copied();
+    eprintln!("heaptrace: {}", done.reason);
+    eprint!("{}", summary::summary(profile, pid, &info.aliases));
     if pid.is_none() {
         eprint!("{}", summary::processes(profile, 20));
     }
-    if cli.mode == crate::cli::Mode::Stacks {
-        eprint!(
-            "{}",
-            crate::view::site_tables::sites(profile, cli.top, temporary)
-        );
+    if info.mode.has_stacks() && cli.floor.is_none() {
+        eprint!("{}", site_tables::sites(profile, cli.top, info.temporary));
     }
-    eprint!("{}", crate::view::site_tables::latency(profile));
-    if let Some(stats) = &prog_stats {
+    eprint!("{}", site_tables::latency(profile));
+    if let Some(stats) = &done.prog_stats {
         eprint!("{}", prog_stats::text(stats));
         eprintln!(
             "  counters: {}",
-            match pinned {
-                true => "plain adds with preemption off (bpf_preempt_disable), where they count",
-                false => "atomic adds",
+            match done.counting {
+                probe::Counting::PreemptionOff =>
+                    "plain adds with preemption off (bpf_preempt_disable), where they count",
+                probe::Counting::Atomic => "atomic adds",
             }
         );
     }
     // What tracing cost in memory, read once everything is gathered: the kernel maps are
     // bounded by their sizes, this is the daemon's side (profile, stacks, symbols).
-    let own = procfs::own_rss_kb();
     if let Some((rss, peak)) = own {
         eprintln!(
             "heaptrace itself: RSS {}, peak {}",
-            summary::bytes(rss as i64 * 1024),
-            summary::bytes(peak as i64 * 1024)
+            crate::view::units::bytes(rss as i64 * 1024),
+            crate::view::units::bytes(peak as i64 * 1024)
         );
     }
     eprint!("{}", summary::memory(profile, 10));
-    if let Some(path) = &cli.json {
-        let pids: Vec<u32> = pid.into_iter().collect();
-        let info = json::RunInfo {
-            mode: target.mode(),
-            comm: cli.comm.as_deref(),
-            cgroup: cli.cgroup.as_deref(),
-            pids: &pids,
-            command: match &target {
-                Target::Command(argv) => argv,
-                _ => &[],
-            },
-            exit_code,
-            interval_ms: cli.interval.as_millis() as u64,
-            provider: &provider.path.display().to_string(),
-            probes: &attached_list,
-            aliases: &aliases,
-            collect: cli.mode.name(),
-            temporary,
-        };
-        let mut doc = json::document(profile, &info);
-        if let Some(h) = doc.value_mut("heaptrace") {
-            if let Some((rss, peak)) = own {
-                h["rss_kb"] = rss.into();
-                h["peak_rss_kb"] = peak.into();
-            }
-            if let Some(stats) = &prog_stats {
-                h["programs"] =
-                    serde_json::to_value(stats).map_err(|e| Error::Io(std::io::Error::other(e)))?;
-            }
-            h["counters"] = if pinned { "preemption_off" } else { "atomic" }.into();
-        }
-        if let Some(p) = doc.value_mut("provider") {
-            p["syscall_probes"] = syscall_probes.into();
-        }
-        if path == "-" {
-            doc.write_pretty(std::io::stdout().lock())?;
-        } else {
-            doc.write_pretty(std::fs::File::create(path)?)?;
-        }
-    }
-    if let Some(e) = view_error {
-        return Err(Error::Io(std::io::Error::other(e)));
-    }
-    Ok(exit_code.unwrap_or(0))
 }
 
 /// The target's allocator file and the probes' scope. A command is started here, stopped
@@ -528,47 +633,6 @@ fn print_probes(probes: &Probes) {
     }
 }
 
-/// What the live view's header and export say about the trace.
-fn view_info(
-    cli: &TraceArgs,
-    target: &Target,
-    pid: Option<u32>,
-    provider: &Provider,
-    probes: &Probes,
-    aliases: &[(Func, Func)],
-    temporary: Temporary,
-) -> tui::Info {
-    tui::Info {
-        target: match target {
-            Target::Pid(p) => format!(
-                "pid {p} ({})",
-                procfs::comm(*p).unwrap_or_else(|| "?".into())
-            ),
-            Target::All => summary::all_processes(cli.comm.as_deref(), cli.cgroup.as_deref()),
-            Target::Command(argv) => format!("{} (pid {})", argv.join(" "), pid.unwrap_or(0)),
-        },
-        mode: target.mode(),
-        comm: cli.comm.clone(),
-        cgroup: cli.cgroup.clone(),
-        collect: cli.mode.name(),
-        interval_ms: cli.interval.as_millis() as u64,
-        provider: provider.path.display().to_string(),
-        pids: pid.into_iter().collect(),
-        command: match target {
-            Target::Command(argv) => argv.clone(),
-            _ => Vec::new(),
-        },
-        attached: probes.attached.clone(),
-        aliases: aliases.to_vec(),
-        temporary,
-        output: match (target, &cli.command_output) {
-            (Target::Command(_), Some(p)) => Some(p.display().to_string()),
-            (Target::Command(_), None) => Some("/dev/null".into()),
-            _ => None,
-        },
-    }
-}
-
 /// The JSON document's `provider.syscall_probes`: each memory syscall wrapper probed.
 fn syscall_probes_json(probes: &Probes) -> Vec<serde_json::Value> {
     probes
@@ -586,62 +650,6 @@ fn syscall_probes_json(probes: &Probes) -> Vec<serde_json::Value> {
             })
         })
         .collect()
-}
-
-fn first_line(path: &str) -> String {
-    std::fs::read_to_string(path)
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
-fn record_header(
-    cli: &TraceArgs,
-    target: &Target,
-    pid: Option<u32>,
-    provider: &Provider,
-) -> Header {
-    let cmdlines = pid
-        .into_iter()
-        .map(|p| {
-            let raw = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-            let line = raw
-                .split(|b| *b == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect::<Vec<_>>()
-                .join(" ");
-            (p, line)
-        })
-        .collect();
-    Header {
-        heaptrace_version: env!("CARGO_PKG_VERSION").into(),
-        host: first_line("/proc/sys/kernel/hostname"),
-        kernel: first_line("/proc/sys/kernel/osrelease"),
-        start_unix_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
-        interval_ms: cli.interval.as_millis() as u64,
-        mode: cli.mode.name().into(),
-        target_mode: target.mode().into(),
-        pids: pid.into_iter().collect(),
-        command: match target {
-            Target::Command(argv) => argv.clone(),
-            _ => Vec::new(),
-        },
-        provider: provider.path.display().to_string(),
-        temporary_ms: 0,
-        cmdlines,
-        aliases: aliases(provider)
-            .iter()
-            .map(|(a, of)| (a.name().to_string(), of.name().to_string()))
-            .collect(),
-        sample_bytes: cli.sample_bytes,
-        latency_every: cli.latency_every,
-        temporary_allocs: cli.temporary_allocs,
-        comm: cli.comm.clone(),
-        cgroup: cli.cgroup.clone(),
-    }
 }
 
 /// (alias, probed as): family members defined at the address of another one.

@@ -23,7 +23,7 @@ use tokio::{io::unix::AsyncFd, sync::mpsc};
 use crate::{
     error::{Error, Result},
     probe::{Probes, Scope},
-    target::allocator::{self, Provider},
+    targets::allocator::{self, Provider},
 };
 
 /// Mappings of new processes as the reader read them right after their exec, by pid, until
@@ -64,7 +64,7 @@ pub struct ProcWatch {
     /// that ends within a round is still named and placed. Entries go when the process is
     /// forgotten.
     pub seen: std::collections::HashMap<u32, (String, String)>,
-    cgroups: crate::target::cgroups::CgroupNames,
+    cgroups: crate::targets::cgroups::CgroupNames,
     /// The kernel's cgroup verdicts, under `--all --cgroup`.
     verdicts: Option<crate::probe::cgroup_filter::CgroupVerdicts>,
     /// `--all --comm` and `--all --cgroup`: the processes whose allocator files are looked at.
@@ -83,7 +83,7 @@ impl ProcWatch {
     /// Attaches the exec tracepoint; `first` is the file already probed. With one process in
     /// `scope`, the kernel reports that process's execs only (`LoadOptions::watch_tgid`).
     /// `comm`: the `--comm` filter; the reader reads only the matching processes' mappings.
-    /// `cgroup`: the `--cgroup` filter, when the kernel judges by cgroup (`cgroupfilter`).
+    /// `cgroup`: the `--cgroup` filter, when the kernel judges by cgroup (`probe::cgroup_filter`).
     pub fn start(
         probes: &mut Probes,
         first: &Provider,
@@ -99,14 +99,7 @@ impl ProcWatch {
             p.attach(tp)
                 .map_err(|e| Error::Load(format!("{prog} on {tp}: {e}")))?;
         }
-        let map = probes
-            .ebpf
-            .take_map(maps::EVENTS)
-            .ok_or_else(|| Error::Load("map EVENTS missing".into()))?;
-        let ring = RingBuf::try_from(map).map_err(|e| Error::Map {
-            map: maps::EVENTS,
-            reason: e.to_string(),
-        })?;
+        let ring = probes.take_ring(maps::EVENTS)?;
         let mut known = allocator::Known::default();
         if let Some(id) = allocator::file_id(&first.attach_path) {
             known.attached.insert(id);
@@ -149,7 +142,7 @@ impl ProcWatch {
             },
             Scope::Process(_) => Wanted::default(),
         };
-        let mut cgroups = crate::target::cgroups::CgroupNames::default();
+        let mut cgroups = crate::targets::cgroups::CgroupNames::default();
         let verdicts = match cgroup {
             Some(pattern) if scope == Scope::All => {
                 let mut v =
@@ -221,7 +214,7 @@ impl ProcWatch {
         // to read and attach), and a short-lived process may be gone before /proc is read.
         for e in events.iter().filter(|e| e.kind == PROC_EXEC) {
             let comm = comm_str(&e.comm)
-                .or_else(|| crate::target::procfs::comm(e.tgid))
+                .or_else(|| crate::targets::procfs::comm(e.tgid))
                 .unwrap_or_default();
             let known = self.cgroups.path(e.cgroup_id);
             // Before its first allocations, at best: until then the kernel traces it.
@@ -229,7 +222,7 @@ impl ProcWatch {
                 v.judge(e.cgroup_id, path);
             }
             let cgroup = known
-                .or_else(|| crate::target::procfs::cgroup(e.tgid))
+                .or_else(|| crate::targets::procfs::cgroup(e.tgid))
                 .unwrap_or_default();
             self.seen.insert(e.tgid, (comm, cgroup));
         }
@@ -333,11 +326,11 @@ impl Wanted {
         let comm = self
             .comm
             .as_ref()
-            .and_then(|_| crate::target::procfs::comm(pid));
+            .and_then(|_| crate::targets::procfs::comm(pid));
         let cgroup = self
             .cgroup
             .as_ref()
-            .and_then(|_| crate::target::procfs::cgroup(pid));
+            .and_then(|_| crate::targets::procfs::cgroup(pid));
         self.judge(comm.as_deref(), cgroup.as_deref())
     }
 }

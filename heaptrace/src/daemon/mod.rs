@@ -19,7 +19,7 @@ use crate::{
     daemon::exec_watch::ProcWatch,
     drain::KernelMaps,
     drain::round::Leak,
-    drain::round::{SiteId, Snapshot},
+    drain::round::{Round, SiteId, Snapshot},
     error::Result,
     probe::Probes,
     profile::Profile,
@@ -27,14 +27,14 @@ use crate::{
     reserve::{Tracker, ring::MemRing},
     symbolize::modules::Modules,
     symbolize::{Frame, Symbolizer},
-    target::launch,
-    target::procfs,
+    targets::launch,
+    targets::procfs,
     view::summary,
     view::tui,
 };
 
 /// Why the main loop ended.
-pub(super) enum End {
+pub enum End {
     TargetExited,
     Interrupted,
     Terminated,
@@ -42,70 +42,130 @@ pub(super) enum End {
     Quit,
 }
 
-/// Everything a trace holds between rounds. `run` builds it once the probes are attached, and
+/// Everything a trace holds between rounds. `cmd::trace` builds it once the probes are attached, and
 /// takes it apart at the end.
-pub(super) struct Daemon {
-    pub(super) maps: KernelMaps,
-    pub(super) prev: Snapshot,
-    pub(super) profile: Profile,
-    pub(super) start: Instant,
+pub struct Daemon {
+    pub maps: KernelMaps,
+    pub prev: Snapshot,
+    pub profile: Profile,
+    pub start: Instant,
     /// The one traced process, or None for all.
-    pub(super) pid: Option<u32>,
-    pub(super) quiet: bool,
-    pub(super) modules: Modules,
-    pub(super) stack_depth: usize,
-    pub(super) symbolizer: Symbolizer,
-    pub(super) recorder: Option<Recorder>,
+    pub pid: Option<u32>,
+    pub quiet: bool,
+    pub modules: Modules,
+    pub stack_depth: usize,
+    pub symbolizer: Symbolizer,
+    pub recorder: Option<Recorder>,
     /// A launched command, held at its exit by its tracer thread.
-    pub(super) child: Option<launch::Child>,
-    pub(super) exit_code: Option<i32>,
+    pub child: Option<launch::Child>,
+    pub exit_code: Option<i32>,
     /// Detached (dropped) before the final round.
-    pub(super) probes: Option<Probes>,
+    pub probes: Option<Probes>,
     /// System-wide mode: process starts and exits.
-    pub(super) procwatch: Option<ProcWatch>,
+    pub procwatch: Option<ProcWatch>,
     /// Its execs, as its reader thread forwards them, and one received but not yet handled.
-    pub(super) execs: Option<tokio::sync::mpsc::Receiver<heaptrace_common::ProcEvent>>,
-    pub(super) exec_first: Option<heaptrace_common::ProcEvent>,
+    pub execs: Option<tokio::sync::mpsc::Receiver<heaptrace_common::ProcEvent>>,
+    pub exec_first: Option<heaptrace_common::ProcEvent>,
     /// Blocks that processes ended without freeing, taken out of the live map when they ended.
-    pub(super) exited_leaks: BTreeMap<SiteId, Leak>,
+    pub exited_leaks: BTreeMap<SiteId, Leak>,
     /// Kernel stacks shown the same, counted as one site.
-    pub(super) same: crate::profile::same_stacks::SameStacks,
+    pub same: crate::profile::same_stacks::SameStacks,
     /// Stacks of processes gone, freed after the last round's read (`KernelMaps::free_stacks`).
-    pub(super) freed: crate::drain::Freed,
+    pub freed: crate::drain::Freed,
     /// Processes that had the pid of one gone before: the figures' process keys.
-    pub(super) incarnations: crate::profile::incarnation::Incarnations,
+    pub incarnations: crate::profile::incarnation::Incarnations,
     /// Ended processes kept one by one (`--keep-exited`), oldest first; older ones are folded.
-    pub(super) keep_exited: usize,
-    pub(super) exited_order: std::collections::VecDeque<u32>,
+    pub keep_exited: usize,
+    pub exited_order: std::collections::VecDeque<u32>,
     /// Folded stacks made since the last round was recorded: the recording names them too.
-    pub(super) folded_stacks: Vec<(i32, std::sync::Arc<[Frame]>)>,
+    pub folded_stacks: Vec<(i32, std::sync::Arc<[Frame]>)>,
     /// Processes that exec'ed since the last round (`Round::restarted`).
-    pub(super) restarted: std::collections::BTreeSet<u32>,
+    pub restarted: std::collections::BTreeSet<u32>,
     /// What the live view says beside the figures (`tui::Published::notice`).
-    pub(super) notice: Option<String>,
+    pub notice: Option<String>,
     /// Processes that exec'ed since the last round: what their earlier images left in the
     /// kernel maps is dropped once a round, after its read (a read of the whole live map for
     /// each exec would be too much for a host that runs many commands); until then their
     /// epoch keeps it out.
-    pub(super) stale: HashSet<u32>,
+    pub stale: HashSet<u32>,
     /// --comm/--cgroup, and each process's verdict, taken while it lived.
-    pub(super) filter: Option<Filter>,
-    pub(super) matched: std::collections::HashMap<u32, bool>,
+    pub filter: Option<Filter>,
+    pub matched: std::collections::HashMap<u32, bool>,
     /// The live view's channels, when it is up.
-    pub(super) live: Option<tui::Link>,
-    pub(super) cpu: CpuMeter,
+    pub live: Option<tui::Link>,
+    pub cpu: CpuMeter,
     /// Memory syscalls of traced processes, and what they tell about reserved memory.
-    pub(super) memring: Option<MemRing>,
-    pub(super) reserves: Tracker,
+    pub memring: Option<MemRing>,
+    pub reserves: Tracker,
     /// `reserves.lost` already reported in a round.
-    pub(super) reserves_lost: u64,
+    pub reserves_lost: u64,
     /// The warning that the kernel's cgroup verdicts are full was given.
-    pub(super) unjudged_said: bool,
+    pub unjudged_said: bool,
+}
+
+/// What a trace hands its daemon once the probes are attached; the rest starts empty.
+pub struct Start {
+    pub maps: KernelMaps,
+    pub probes: Probes,
+    pub profile: Profile,
+    pub pid: Option<u32>,
+    pub child: Option<launch::Child>,
+    pub modules: Modules,
+    pub recorder: Option<Recorder>,
+    pub procwatch: Option<ProcWatch>,
+    pub memring: Option<MemRing>,
+    pub live: Option<tui::Link>,
+    pub filter: Option<Filter>,
+    pub quiet: bool,
+    pub stack_depth: usize,
+    pub keep_exited: usize,
+}
+
+impl Daemon {
+    pub fn new(s: Start) -> Daemon {
+        let mut procwatch = s.procwatch;
+        Daemon {
+            maps: s.maps,
+            prev: Snapshot::default(),
+            profile: s.profile,
+            start: Instant::now(),
+            pid: s.pid,
+            quiet: s.quiet,
+            modules: s.modules,
+            stack_depth: s.stack_depth,
+            symbolizer: Symbolizer::default(),
+            recorder: s.recorder,
+            child: s.child,
+            exit_code: None,
+            probes: Some(s.probes),
+            execs: procwatch.as_mut().and_then(|w| w.events.take()),
+            exec_first: None,
+            procwatch,
+            exited_leaks: BTreeMap::new(),
+            same: Default::default(),
+            freed: Default::default(),
+            incarnations: Default::default(),
+            keep_exited: s.keep_exited,
+            exited_order: Default::default(),
+            folded_stacks: Vec::new(),
+            restarted: Default::default(),
+            notice: None,
+            stale: HashSet::new(),
+            filter: s.filter,
+            matched: std::collections::HashMap::new(),
+            live: s.live,
+            cpu: CpuMeter::default(),
+            memring: s.memring,
+            reserves: Tracker::default(),
+            reserves_lost: 0,
+            unjudged_said: false,
+        }
+    }
 }
 
 /// heaptrace's own CPU use between two reads, from /proc/self/stat.
 #[derive(Default)]
-pub(super) struct CpuMeter {
+pub struct CpuMeter {
     last: Option<(Instant, f64)>,
 }
 
@@ -136,13 +196,13 @@ async fn view_quit(live: Option<&mut tui::Link>) {
 /// the processes that do not match (`heaptrace_common::filter`) but judges a thread at its
 /// first call, and traces where it cannot judge: the rounds judge what it shows them again and
 /// keep only the matching ones, so every view agrees.
-pub(super) struct Filter {
+pub struct Filter {
     comm: Option<String>,
     cgroup: Option<String>,
 }
 
 impl Filter {
-    pub(super) fn from_cli(cli: &TraceArgs) -> Option<Filter> {
+    pub fn from_cli(cli: &TraceArgs) -> Option<Filter> {
         (cli.comm.is_some() || cli.cgroup.is_some()).then(|| Filter {
             comm: cli.comm.clone(),
             cgroup: cli.cgroup.clone(),
@@ -188,7 +248,7 @@ const EARLY_MAPS: Duration = Duration::from_secs(2);
 const EARLY_MAPS_EVERY: Duration = Duration::from_millis(20);
 
 impl Daemon {
-    pub(super) async fn watch(&mut self, interval: Duration) -> Result<End> {
+    pub async fn watch(&mut self, interval: Duration) -> Result<End> {
         // A launched command reports its end through its tracer; any other process, through a
         // pidfd (readable once it exits).
         let exited = match self.pid {
@@ -293,7 +353,7 @@ impl Daemon {
 
     /// Leaks (by pid) of the processes `--comm`/`--cgroup` keep: the kernel's live map holds
     /// every process's blocks.
-    pub(super) fn matching<V>(&self, leaks: BTreeMap<SiteId, V>) -> BTreeMap<SiteId, V> {
+    pub fn matching<V>(&self, leaks: BTreeMap<SiteId, V>) -> BTreeMap<SiteId, V> {
         if self.filter.is_none() {
             return leaks;
         }
@@ -339,7 +399,7 @@ impl Daemon {
 
     /// A launched command's exit status. After a signal it may still be finishing (a
     /// terminal's Ctrl-C reaches it too; SIGTERM is passed on): wait a short while at most.
-    pub(super) async fn child_exit(&mut self, end: &End) -> Result<i32> {
+    pub async fn child_exit(&mut self, end: &End) -> Result<i32> {
         if let Some(code) = self.exit_code {
             return Ok(code);
         }
@@ -473,29 +533,23 @@ impl Daemon {
         }
         for p in &pids {
             // By range: exec events come many a second on a busy host.
-            crate::profile::take_range(&mut self.prev.sizes, crate::profile::size_keys(*p));
-            crate::profile::take_range(&mut self.prev.sites, crate::profile::site_ids(*p));
+            crate::drain::round::take_range(
+                &mut self.prev.sizes,
+                crate::drain::round::size_keys(*p),
+            );
+            crate::drain::round::take_range(
+                &mut self.prev.sites,
+                crate::drain::round::site_ids(*p),
+            );
         }
         self.stale.extend(pids);
     }
 
-    pub(super) fn round(&mut self) -> Result<()> {
+    pub fn round(&mut self) -> Result<()> {
         // Execs reported so far are applied before the read, so that it starts their new
         // counts from zero (the read counts only each process's current image).
         self.process_events();
-        // Who is gone is decided before the snapshot, so that it holds their final counts (a
-        // process found gone after it could still have counted something in between). Those
-        // seen starting since the last read count too: one that lived within a round ends in
-        // it, rather than a round later, its blocks live meanwhile.
-        let gone: HashSet<u32> = if self.pid.is_none() {
-            // Each pid looked at once: a read of /proc, and most are in both.
-            let mut known: HashSet<u32> = self.prev.procs.keys().copied().collect();
-            known.extend(self.procwatch.iter().flat_map(|w| w.seen.keys()));
-            known.retain(|p| !procfs::alive(*p));
-            known
-        } else {
-            HashSet::new()
-        };
+        let gone = self.gone();
         self.drain_mem();
         let snap = self.maps.snapshot()?;
         // Started over at an exec whose event is not read yet: the read says so by its epoch.
@@ -510,65 +564,12 @@ impl Daemon {
             self.maps.restarted(&stale)?
         };
         let mut round = snap.since(&self.prev);
-        // A pid whose process is gone, back in the kernel's maps: another process has it.
-        let back: Vec<u32> = snap
-            .procs
-            .keys()
-            .chain(self.restarted.iter())
-            .copied()
-            .filter(|p| {
-                let key = self.incarnations.key(*p);
-                self.profile.procs.get(&key).is_some_and(|pp| pp.exited)
-            })
-            .collect();
-        for p in back {
-            self.incarnations.next(p);
-        }
+        self.reincarnate(&snap);
         round.reservations = self.reserves.take();
         round.restarted = std::mem::take(&mut self.restarted).into_iter().collect();
         round.index = self.profile.rounds.last().map_or(0, |r| r.index) + 1;
         round.elapsed_ms = self.start.elapsed().as_millis() as u64;
-        let pids: Vec<u32> = match self.pid {
-            Some(p) => vec![p],
-            None => snap.procs.keys().copied().collect(),
-        };
-        // Processes gone already: named as they were seen starting.
-        if let Some(w) = &self.procwatch {
-            for (p, pr) in round.procs.iter_mut() {
-                if let Some((comm, cgroup)) = w.seen.get(p) {
-                    pr.comm.clone_from(comm);
-                    pr.cgroup.clone_from(cgroup);
-                }
-            }
-        }
-        for p in pids {
-            if procfs::alive(p)
-                && let Some(m) = procfs::mem(p)
-            {
-                round.mem.insert(p, m);
-                if self.memring.is_some()
-                    && let Some((start, brk)) = procfs::heap(p)
-                {
-                    if !self.reserves.knows(p) {
-                        self.reserves.seed_brk(p, brk);
-                    }
-                    let mut r = self.reserves.reserved(p);
-                    r.heap = brk - start;
-                    round.reserved.insert(p, r);
-                }
-                // The kernel names a process at its first allocation, which may be before
-                // its exec (a shell's fork): the current name wins while it lives.
-                if let Some(pr) = round.procs.get_mut(&p) {
-                    if let Some(comm) = procfs::comm(p) {
-                        pr.comm = comm;
-                    }
-                    // A process ending right now keeps the cgroup it was seen starting in.
-                    if let Some(cgroup) = procfs::cgroup(p) {
-                        pr.cgroup = cgroup;
-                    }
-                }
-            }
-        }
+        self.describe_processes(&mut round, &snap);
         let lost = self.reserves.lost - self.reserves_lost;
         round.losses[heaptrace_common::Loss::MemEvents as usize] += lost;
         self.reserves_lost = self.reserves.lost;
@@ -597,18 +598,7 @@ impl Daemon {
         self.freed.clear();
         let theirs = snap.stacks_only_of(&gone, dropped);
         (round.ended, round.folded) = self.forget_exited(ending)?;
-        // Every one gone, also those that never allocated: no name of theirs is needed again.
-        if let Some(w) = self.procwatch.as_mut() {
-            w.seen.retain(|p, _| !gone.contains(p));
-            let unjudged = w.judge_cgroups();
-            if unjudged > 0 && !self.unjudged_said {
-                self.unjudged_said = true;
-                eprintln!(
-                    "heaptrace: warning: {unjudged} cgroups had no room in the kernel's \
-                     verdicts: their processes are traced in full and left out in user space"
-                );
-            }
-        }
+        self.forget_gone(&gone);
         if !theirs.is_empty() {
             self.freed = self.maps.free_stacks(theirs);
         }
@@ -621,8 +611,109 @@ impl Daemon {
                 .stacks
                 .insert((crate::profile::exited::FOLDED, id), stack);
         }
+        self.emit(&round);
+        self.prev = snap;
+        self.publish(None, None);
+        Ok(())
+    }
+
+    /// The processes found gone. Decided before the snapshot, so that it holds their final
+    /// counts (a process found gone after it could still have counted something in between).
+    /// Those seen starting since the last read count too: one that lived within a round ends
+    /// in it, rather than a round later, its blocks live meanwhile.
+    fn gone(&self) -> HashSet<u32> {
+        if self.pid.is_some() {
+            return HashSet::new();
+        }
+        // Each pid looked at once: a read of /proc, and most are in both.
+        let mut known: HashSet<u32> = self.prev.procs.keys().copied().collect();
+        known.extend(self.procwatch.iter().flat_map(|w| w.seen.keys()));
+        known.retain(|p| !procfs::alive(*p));
+        known
+    }
+
+    /// A pid whose process is gone, back in the kernel's maps: another process has it.
+    fn reincarnate(&mut self, snap: &Snapshot) {
+        let back: Vec<u32> = snap
+            .procs
+            .keys()
+            .chain(self.restarted.iter())
+            .copied()
+            .filter(|p| {
+                let key = self.incarnations.key(*p);
+                self.profile.procs.get(&key).is_some_and(|pp| pp.exited)
+            })
+            .collect();
+        for p in back {
+            self.incarnations.next(p);
+        }
+    }
+
+    /// Each process's name, cgroup, memory and what its allocator holds, as /proc shows them
+    /// at the end of the round; processes gone already are named as they were seen starting.
+    fn describe_processes(&mut self, round: &mut Round, snap: &Snapshot) {
+        let pids: Vec<u32> = match self.pid {
+            Some(p) => vec![p],
+            None => snap.procs.keys().copied().collect(),
+        };
+        if let Some(w) = &self.procwatch {
+            for (p, pr) in round.procs.iter_mut() {
+                if let Some((comm, cgroup)) = w.seen.get(p) {
+                    pr.comm.clone_from(comm);
+                    pr.cgroup.clone_from(cgroup);
+                }
+            }
+        }
+        for p in pids {
+            if !procfs::alive(p) {
+                continue;
+            }
+            let Some(m) = procfs::mem(p) else { continue };
+            round.mem.insert(p, m);
+            if self.memring.is_some()
+                && let Some((start, brk)) = procfs::heap(p)
+            {
+                if !self.reserves.knows(p) {
+                    self.reserves.seed_brk(p, brk);
+                }
+                let mut r = self.reserves.reserved(p);
+                r.heap = brk - start;
+                round.reserved.insert(p, r);
+            }
+            // The kernel names a process at its first allocation, which may be before its
+            // exec (a shell's fork): the current name wins while it lives.
+            if let Some(pr) = round.procs.get_mut(&p) {
+                if let Some(comm) = procfs::comm(p) {
+                    pr.comm = comm;
+                }
+                // A process ending right now keeps the cgroup it was seen starting in.
+                if let Some(cgroup) = procfs::cgroup(p) {
+                    pr.cgroup = cgroup;
+                }
+            }
+        }
+    }
+
+    /// Every one gone, also those that never allocated: no name of theirs is needed again.
+    fn forget_gone(&mut self, gone: &HashSet<u32>) {
+        let Some(w) = self.procwatch.as_mut() else {
+            return;
+        };
+        w.seen.retain(|p, _| !gone.contains(p));
+        let unjudged = w.judge_cgroups();
+        if unjudged > 0 && !self.unjudged_said {
+            self.unjudged_said = true;
+            eprintln!(
+                "heaptrace: warning: {unjudged} cgroups had no room in the kernel's \
+                 verdicts: their processes are traced in full and left out in user space"
+            );
+        }
+    }
+
+    /// The round to the recording, and its line to stderr when no live view is up.
+    fn emit(&mut self, round: &Round) {
         if let Some(r) = &mut self.recorder
-            && let Err(e) = r.round(&round)
+            && let Err(e) = r.round(round)
         {
             // A full disk ends the recording, not the trace; what was written stays readable.
             eprintln!("heaptrace: warning: recording stopped: {e}");
@@ -634,13 +725,10 @@ impl Daemon {
         {
             eprintln!("heaptrace: {}", summary::round_line(row, &self.profile));
         }
-        self.prev = snap;
-        self.publish(None, None);
-        Ok(())
     }
 
     /// Hands the live view a copy of the Profile; it never waits for the view.
-    pub(super) fn publish(&mut self, ended: Option<String>, exit_code: Option<i32>) {
+    pub fn publish(&mut self, ended: Option<String>, exit_code: Option<i32>) {
         if let Some(live) = &self.live {
             let cpu_percent = self.cpu.sample();
             live.publish(tui::Published {
@@ -655,7 +743,7 @@ impl Daemon {
     }
 
     /// After the target exited: waits until the live view is quit, or a signal.
-    pub(super) async fn until_quit(&mut self) -> Result<()> {
+    pub async fn until_quit(&mut self) -> Result<()> {
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sigterm = signal(SignalKind::terminate())?;
         tokio::select! {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use heaptrace_common::{FUNC_COUNT, Func, LOG2_BUCKETS, LOSS_COUNT, ProcCounters, SiteCounters};
 use serde::{Deserialize, Serialize};
 
-use crate::target::procfs::Mem;
+use crate::targets::procfs::Mem;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FnTotals {
@@ -29,67 +29,66 @@ pub struct Totals {
 }
 
 impl Totals {
-    /// Sums one process's per-CPU kernel values. Live counters are wrapping deltas per CPU.
-    pub fn from_per_cpu<'a>(cpus: impl IntoIterator<Item = &'a ProcCounters>) -> Totals {
-        let mut t = Totals::default();
-        for c in cpus {
-            for (acc, f) in t.funcs.iter_mut().zip(c.funcs.iter()) {
-                acc.calls = acc.calls.wrapping_add(f.calls);
-                acc.bytes = acc.bytes.wrapping_add(f.bytes);
-                acc.failed = acc.failed.wrapping_add(f.failed);
-            }
-            t.live_blocks = t.live_blocks.wrapping_add(c.live_blocks as i64);
-            t.live_bytes = t.live_bytes.wrapping_add(c.live_bytes as i64);
-            t.untracked_frees = t.untracked_frees.wrapping_add(c.untracked_frees);
-            t.realloc_moves = t.realloc_moves.wrapping_add(c.realloc_moves);
-            t.realloc_in_place = t.realloc_in_place.wrapping_add(c.realloc_in_place);
-            t.realloc_frees = t.realloc_frees.wrapping_add(c.realloc_frees);
-            t.realloc_released_bytes = t
-                .realloc_released_bytes
-                .wrapping_add(c.realloc_released_bytes);
+    /// Every counter of `self` and `other` put through `op`, field by field. The arithmetic
+    /// wraps on the bits: the kernel's live counters are wrapping sums per CPU, signed here.
+    fn zip(&self, other: &Totals, op: fn(u64, u64) -> u64) -> Totals {
+        let signed = |a: i64, b: i64| op(a as u64, b as u64) as i64;
+        let mut t = *self;
+        for (a, b) in t.funcs.iter_mut().zip(other.funcs.iter()) {
+            a.calls = op(a.calls, b.calls);
+            a.bytes = op(a.bytes, b.bytes);
+            a.failed = op(a.failed, b.failed);
+        }
+        t.live_blocks = signed(t.live_blocks, other.live_blocks);
+        t.live_bytes = signed(t.live_bytes, other.live_bytes);
+        t.untracked_frees = op(t.untracked_frees, other.untracked_frees);
+        t.realloc_moves = op(t.realloc_moves, other.realloc_moves);
+        t.realloc_in_place = op(t.realloc_in_place, other.realloc_in_place);
+        t.realloc_frees = op(t.realloc_frees, other.realloc_frees);
+        t.realloc_released_bytes = op(t.realloc_released_bytes, other.realloc_released_bytes);
+        t
+    }
+
+    /// One CPU's kernel values.
+    fn of_cpu(c: &ProcCounters) -> Totals {
+        let mut t = Totals {
+            live_blocks: c.live_blocks as i64,
+            live_bytes: c.live_bytes as i64,
+            untracked_frees: c.untracked_frees,
+            realloc_moves: c.realloc_moves,
+            realloc_in_place: c.realloc_in_place,
+            realloc_frees: c.realloc_frees,
+            realloc_released_bytes: c.realloc_released_bytes,
+            ..Totals::default()
+        };
+        for (acc, f) in t.funcs.iter_mut().zip(c.funcs.iter()) {
+            *acc = FnTotals {
+                calls: f.calls,
+                bytes: f.bytes,
+                failed: f.failed,
+            };
         }
         t
+    }
+
+    /// Sums one process's per-CPU kernel values.
+    pub fn from_per_cpu<'a>(cpus: impl IntoIterator<Item = &'a ProcCounters>) -> Totals {
+        cpus.into_iter().fold(Totals::default(), |t, c| {
+            t.zip(&Totals::of_cpu(c), u64::wrapping_add)
+        })
     }
 
     /// `self - prev`, field by field (counters only grow, so a delta is never negative except
     /// for the live figures).
     pub fn minus(&self, prev: &Totals) -> Totals {
-        let mut d = *self;
-        for (a, b) in d.funcs.iter_mut().zip(prev.funcs.iter()) {
-            a.calls = a.calls.wrapping_sub(b.calls);
-            a.bytes = a.bytes.wrapping_sub(b.bytes);
-            a.failed = a.failed.wrapping_sub(b.failed);
-        }
-        d.live_blocks -= prev.live_blocks;
-        d.live_bytes -= prev.live_bytes;
-        d.untracked_frees = d.untracked_frees.wrapping_sub(prev.untracked_frees);
-        d.realloc_moves = d.realloc_moves.wrapping_sub(prev.realloc_moves);
-        d.realloc_in_place = d.realloc_in_place.wrapping_sub(prev.realloc_in_place);
-        d.realloc_frees = d.realloc_frees.wrapping_sub(prev.realloc_frees);
-        d.realloc_released_bytes = d
-            .realloc_released_bytes
-            .wrapping_sub(prev.realloc_released_bytes);
-        d
+        self.zip(prev, u64::wrapping_sub)
     }
 
     /// Adds a delta. Wrapping, like the deltas: a round read while a process exec'ed can see
     /// its counters lower than the round before (the kernel reset them), and the restart that
     /// follows puts its figures right.
     pub fn plus(&mut self, d: &Totals) {
-        for (a, b) in self.funcs.iter_mut().zip(d.funcs.iter()) {
-            a.calls = a.calls.wrapping_add(b.calls);
-            a.bytes = a.bytes.wrapping_add(b.bytes);
-            a.failed = a.failed.wrapping_add(b.failed);
-        }
-        self.live_blocks = self.live_blocks.wrapping_add(d.live_blocks);
-        self.live_bytes = self.live_bytes.wrapping_add(d.live_bytes);
-        self.untracked_frees = self.untracked_frees.wrapping_add(d.untracked_frees);
-        self.realloc_moves = self.realloc_moves.wrapping_add(d.realloc_moves);
-        self.realloc_in_place = self.realloc_in_place.wrapping_add(d.realloc_in_place);
-        self.realloc_frees = self.realloc_frees.wrapping_add(d.realloc_frees);
-        self.realloc_released_bytes = self
-            .realloc_released_bytes
-            .wrapping_add(d.realloc_released_bytes);
+        *self = self.zip(d, u64::wrapping_add);
     }
 
     pub fn func(&self, f: Func) -> &FnTotals {
@@ -137,6 +136,34 @@ pub type SizeKey = (u32, u32, u64, i32);
 /// stack (its errno), `heaptrace_common::NO_SITE` a block allocated outside stacks mode.
 pub type SiteId = (u32, i32, u32);
 
+/// The keys of process `pid`'s sites (and samples, weights, leaks).
+pub fn site_ids(pid: u32) -> std::ops::RangeInclusive<SiteId> {
+    (pid, i32::MIN, 0)..=(pid, i32::MAX, u32::MAX)
+}
+
+/// The keys of process `pid`'s sizes.
+pub fn size_keys(pid: u32) -> std::ops::RangeInclusive<SizeKey> {
+    (pid, 0, 0, i32::MIN)..=(pid, u32::MAX, u64::MAX, i32::MAX)
+}
+
+/// The keys of process `pid`'s reservations.
+pub fn reservation_keys(pid: u32) -> std::ops::RangeInclusive<crate::reserve::ResKey> {
+    use crate::reserve::{Area, Kind};
+    let last = Kind::Munmap { of: Area::Brk };
+    (pid, Kind::Arena, i32::MIN, 0)..=(pid, last, i32::MAX, u32::MAX)
+}
+
+/// Removes and returns the entries of `map` in `range`.
+pub fn take_range<K: Ord + Copy, V>(
+    map: &mut BTreeMap<K, V>,
+    range: std::ops::RangeInclusive<K>,
+) -> Vec<(K, V)> {
+    let keys: Vec<K> = map.range(range).map(|(k, _)| *k).collect();
+    keys.into_iter()
+        .filter_map(|k| map.remove(&k).map(|v| (k, v)))
+        .collect()
+}
+
 /// Power-of-two histogram buckets (see `heaptrace_common::log2_bucket`).
 pub type Log2 = [u64; LOG2_BUCKETS];
 
@@ -156,32 +183,45 @@ pub struct SiteTotals {
     pub lifetimes: Log2,
 }
 
-fn log2_add(a: &mut Log2, b: &Log2) {
-    for (x, y) in a.iter_mut().zip(b) {
-        *x = x.wrapping_add(*y);
-    }
-}
-
-fn log2_sub(a: &mut Log2, b: &Log2) {
-    for (x, y) in a.iter_mut().zip(b) {
-        *x = x.wrapping_sub(*y);
-    }
+fn log2_zip(a: &Log2, b: &Log2, op: fn(u64, u64) -> u64) -> Log2 {
+    std::array::from_fn(|i| op(a[i], b[i]))
 }
 
 impl SiteTotals {
+    /// Every counter put through `op`, field by field, wrapping on the bits as `Totals::zip`.
+    fn zip(&self, other: &SiteTotals, op: fn(u64, u64) -> u64) -> SiteTotals {
+        let signed = |a: i64, b: i64| op(a as u64, b as u64) as i64;
+        SiteTotals {
+            calls: op(self.calls, other.calls),
+            bytes: op(self.bytes, other.bytes),
+            frees: op(self.frees, other.frees),
+            freed_bytes: op(self.freed_bytes, other.freed_bytes),
+            live_blocks: signed(self.live_blocks, other.live_blocks),
+            live_bytes: signed(self.live_bytes, other.live_bytes),
+            temp_blocks: op(self.temp_blocks, other.temp_blocks),
+            temp_bytes: op(self.temp_bytes, other.temp_bytes),
+            sizes: log2_zip(&self.sizes, &other.sizes, op),
+            lifetimes: log2_zip(&self.lifetimes, &other.lifetimes, op),
+        }
+    }
+
     pub fn from_per_cpu<'a>(cpus: impl IntoIterator<Item = &'a SiteCounters>) -> SiteTotals {
         let mut t = SiteTotals::default();
         let (mut untracked, mut untracked_bytes) = (0u64, 0u64);
         for c in cpus {
             untracked = untracked.wrapping_add(c.untracked);
             untracked_bytes = untracked_bytes.wrapping_add(c.untracked_bytes);
-            t.calls = t.calls.wrapping_add(c.calls);
-            t.bytes = t.bytes.wrapping_add(c.bytes);
-            t.frees = t.frees.wrapping_add(c.frees);
-            t.freed_bytes = t.freed_bytes.wrapping_add(c.freed_bytes);
-            t.temp_blocks = t.temp_blocks.wrapping_add(c.temp_blocks);
-            t.temp_bytes = t.temp_bytes.wrapping_add(c.temp_bytes);
-            log2_add(&mut t.lifetimes, &c.lifetimes);
+            let cpu = SiteTotals {
+                calls: c.calls,
+                bytes: c.bytes,
+                frees: c.frees,
+                freed_bytes: c.freed_bytes,
+                temp_blocks: c.temp_blocks,
+                temp_bytes: c.temp_bytes,
+                lifetimes: c.lifetimes,
+                ..SiteTotals::default()
+            };
+            t = t.zip(&cpu, u64::wrapping_add);
         }
         // The kernel keeps no live counters per site: what was allocated minus what was freed,
         // minus what the live map refused (its frees are not seen as this site's).
@@ -194,32 +234,25 @@ impl SiteTotals {
     }
 
     pub fn minus(&self, prev: &SiteTotals) -> SiteTotals {
-        let mut d = *self;
-        d.calls = d.calls.wrapping_sub(prev.calls);
-        d.bytes = d.bytes.wrapping_sub(prev.bytes);
-        d.frees = d.frees.wrapping_sub(prev.frees);
-        d.freed_bytes = d.freed_bytes.wrapping_sub(prev.freed_bytes);
-        d.live_blocks -= prev.live_blocks;
-        d.live_bytes -= prev.live_bytes;
-        d.temp_blocks = d.temp_blocks.wrapping_sub(prev.temp_blocks);
-        d.temp_bytes = d.temp_bytes.wrapping_sub(prev.temp_bytes);
-        log2_sub(&mut d.sizes, &prev.sizes);
-        log2_sub(&mut d.lifetimes, &prev.lifetimes);
-        d
+        self.zip(prev, u64::wrapping_sub)
     }
 
     pub fn plus(&mut self, d: &SiteTotals) {
-        self.calls += d.calls;
-        self.bytes += d.bytes;
-        self.frees += d.frees;
-        self.freed_bytes += d.freed_bytes;
-        self.live_blocks += d.live_blocks;
-        self.live_bytes += d.live_bytes;
-        self.temp_blocks += d.temp_blocks;
-        self.temp_bytes += d.temp_bytes;
-        log2_add(&mut self.sizes, &d.sizes);
-        log2_add(&mut self.lifetimes, &d.lifetimes);
+        *self = self.zip(d, u64::wrapping_add);
     }
+}
+
+/// The entries of `cur` that differ from `base`'s (`minus`), those new in `cur` whole; an
+/// entry that did not change is left out.
+pub fn map_delta<K: Ord + Copy, V: Copy + PartialEq + Default>(
+    cur: &BTreeMap<K, V>,
+    base: &BTreeMap<K, V>,
+    minus: impl Fn(&V, &V) -> V,
+) -> BTreeMap<K, V> {
+    cur.iter()
+        .map(|(k, v)| (*k, base.get(k).map_or(*v, |b| minus(v, b))))
+        .filter(|(_, d)| *d != V::default())
+        .collect()
 }
 
 /// What the kernel maps held at one instant, summed over CPUs.
@@ -280,7 +313,7 @@ pub struct Round {
     /// an empty list appended, see `record::format::decode_round`).
     pub restarted: Vec<u32>,
     /// Processes seen ended this round (process keys), and then those folded into
-    /// `[N exited processes]`, oldest first (see `fold`): a report replays both as the live
+    /// `[N exited processes]`, oldest first (see `profile::exited`): a report replays both as the live
     /// trace did them. Recording format 5; earlier rounds read with none.
     pub ended: Vec<u32>,
     pub folded: Vec<u32>,
@@ -366,27 +399,13 @@ impl Snapshot {
                 );
             }
         }
-        for (key, count) in &self.sizes {
-            let d = count.wrapping_sub(prev.sizes.get(key).copied().unwrap_or(0));
-            if d != 0 {
-                round.sizes.insert(*key, d);
-            }
-        }
+        round.sizes = map_delta(&self.sizes, &prev.sizes, |a, b| a.wrapping_sub(*b));
         for (i, l) in self.losses.iter().enumerate() {
             round.losses[i] = l.wrapping_sub(prev.losses[i]);
         }
-        for (id, site) in &self.sites {
-            let d = match prev.sites.get(id) {
-                Some(p) => site.minus(p),
-                None => *site,
-            };
-            if d != SiteTotals::default() {
-                round.sites.insert(*id, d);
-            }
-        }
+        round.sites = map_delta(&self.sites, &prev.sites, SiteTotals::minus);
         for (f, hist) in self.latency.iter().enumerate() {
-            round.latency[f] = *hist;
-            log2_sub(&mut round.latency[f], &prev.latency[f]);
+            round.latency[f] = log2_zip(hist, &prev.latency[f], u64::wrapping_sub);
         }
         round
     }

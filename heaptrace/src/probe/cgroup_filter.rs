@@ -1,5 +1,5 @@
 //! `--all --cgroup X` in the kernel. Only user space knows a cgroup's path: it judges each
-//! cgroup as it judges processes (`cgroup path contains X`, `run::daemon::Filter`) and writes
+//! cgroup as it judges processes (`cgroup path contains X`, `daemon::Filter`) and writes
 //! the verdict under the cgroup's id, where the programs look a thread's up at its first call
 //! (`heaptrace_common::filter`). A cgroup not judged yet leaves its threads traced (and judged
 //! again at their next call) until it is: every cgroup of the hierarchy at the start, then each
@@ -19,7 +19,7 @@ use heaptrace_common::{
 
 use crate::{
     error::{Error, Result},
-    target::cgroups::CgroupNames,
+    targets::cgroups::CgroupNames,
 };
 
 /// The hierarchy is walked again this often even when its root says no cgroup came or went.

@@ -5,7 +5,7 @@
 //!
 //! Detaching is the slow part. Closing a perf-event uprobe waits for grace periods under a
 //! kernel-wide mutex: about 0.1 s per probe here, one after the other. So the probes go on as
-//! uprobe_multi links (`multi`) where the kernel has them: one per program, each unregistered
+//! uprobe_multi links (`bpf::uprobe_multi`) where the kernel has them: one per program, each unregistered
 //! behind one grace period. `Probes` owns its links and closes them from one thread each, so
 //! those waits overlap too. Perf-event uprobes remain the fallback.
 pub mod cgroup_filter;
@@ -33,9 +33,10 @@ use crate::{
     bpf::uprobe_multi::MultiPrograms,
     error::{Error, Result},
     probe::placement::Placement,
-    target::allocator::Provider,
-    target::custom_symbols::Abi,
-    target::elf::{self, FuncSite},
+    run_info::{Floor, Mode},
+    targets::allocator::Provider,
+    targets::custom_symbols::Abi,
+    targets::elf::{self, FuncSite},
 };
 
 /// Which processes the probes fire for.
@@ -49,8 +50,10 @@ pub enum Scope {
 
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
-    /// One of `heaptrace_common::mode`.
-    pub mode: u32,
+    /// What the probes collect.
+    pub mode: Mode,
+    /// A benchmark floor instead: its mode's probes, programs that only count.
+    pub floor: Option<Floor>,
     /// `--temporary-allocs`.
     pub temporary_allocs: u32,
     pub live_map_size: u32,
@@ -65,11 +68,6 @@ pub struct LoadOptions {
     pub sample_bytes: u64,
     /// `--latency-every`: one call in this many, on average, is timed (1: every call).
     pub latency_every: u32,
-    /// Calls mode: malloc is counted at its entry (no return probe), nothing is kept in the
-    /// live map. `mode` is then SIZES, for the size histogram.
-    pub calls: bool,
-    /// Bare mode: walk the stack at the return (the floor of stacks mode) or only count.
-    pub bare_stack: bool,
     /// The one process traced, whose execs alone the kernel reports (0: every process's).
     pub watch_tgid: u32,
     /// The memory syscalls are traced: the kernel marks execs among their events.
@@ -77,9 +75,9 @@ pub struct LoadOptions {
     /// `--all --comm`: the kernel leaves out the processes whose name does not contain this.
     pub comm: Option<String>,
     /// `--all --cgroup` on a host with a cgroup2 hierarchy: the kernel leaves out the threads
-    /// of the cgroups user space judges not to match (`cgroupfilter`).
+    /// of the cgroups user space judges not to match (`probe::cgroup_filter`).
     pub cgroup: Option<String>,
-    /// Count with preemption off and plain adds where the kernel allows it (`pin`); false
+    /// Count with preemption off and plain adds where the kernel allows it (`bpf::kfunc`); false
     /// (`--atomic-counters`): atomic adds throughout.
     pub pin: bool,
 }
@@ -87,7 +85,8 @@ pub struct LoadOptions {
 impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
-            mode: heaptrace_common::mode::STACKS,
+            mode: Mode::Stacks,
+            floor: None,
             temporary_allocs: 1,
             live_map_size: 1 << 20,
             size_map_size: 65536,
@@ -98,13 +97,36 @@ impl Default for LoadOptions {
             site_map_size: 16384,
             sample_bytes: 0,
             latency_every: 1,
-            calls: false,
-            bare_stack: true,
             watch_tgid: 0,
             comm: None,
             cgroup: None,
             reservations: false,
             pin: true,
+        }
+    }
+}
+
+impl LoadOptions {
+    /// The mode whose probes go on: a floor's, or the mode's.
+    pub fn probes(&self) -> Mode {
+        self.floor.map_or(self.mode, Floor::probes_of)
+    }
+
+    /// Whether malloc is counted at its entry, with no return probe and no live map (calls
+    /// mode and its floor).
+    pub fn at_entry(&self) -> bool {
+        self.probes().at_entry()
+    }
+
+    /// The programs' MODE global (`heaptrace_common::mode`). Calls mode collects the size
+    /// histogram, as sizes mode does; the CALLS_MODE global does the rest.
+    fn kernel_mode(&self) -> u32 {
+        use heaptrace_common::mode;
+        match (self.floor, self.mode) {
+            (Some(_), _) => mode::BARE,
+            (None, Mode::Calls | Mode::Sizes) => mode::SIZES,
+            (None, Mode::Counts) => mode::COUNTS,
+            (None, Mode::Stacks) => mode::STACKS,
         }
     }
 }
@@ -205,9 +227,19 @@ pub fn plan(provider: &Provider, at_entry: bool, calls: bool) -> Result<Vec<Plan
         .collect()
 }
 
+/// How the return and free programs add to their CPU's counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Counting {
+    /// Plain adds with preemption off (`bpf_preempt_disable`), where the kernel allows it.
+    PreemptionOff,
+    /// Atomic adds throughout.
+    Atomic,
+}
+
 pub struct Probes {
     pub ebpf: Ebpf,
-    /// The return and free programs count with preemption off (`pin`).
+    /// The return and free programs count with preemption off (`bpf::kfunc`).
     pub pinned: bool,
     pub attached: Vec<Attached>,
     /// Every uprobe link, owned here (not by its program) so that Drop can close them at once.
@@ -218,7 +250,7 @@ pub struct Probes {
     calls: bool,
     /// Probe the memory syscalls' wrappers of each allocator file that has them.
     reservations: bool,
-    /// The memory syscalls' wrappers probed, by file (see `elf::syscall_sites`).
+    /// The memory syscalls' wrappers probed, by file (see `syscall_sites::find`).
     pub syscall_sites: Vec<(PathBuf, Vec<crate::probe::syscall_sites::SyscallSite>)>,
 }
 
@@ -267,7 +299,7 @@ fn has_bpf_caps() -> bool {
 pub(crate) static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/heaptrace"));
 
-/// The object as loaded: its placeholders rewritten for this kernel (`pin`), once a process.
+/// The object as loaded: its placeholders rewritten for this kernel (`bpf::kfunc`), once a process.
 fn object(pin: bool) -> Result<&'static crate::bpf::kfunc::Patched> {
     static PINNED: OnceLock<crate::bpf::kfunc::Patched> = OnceLock::new();
     static ATOMIC: OnceLock<crate::bpf::kfunc::Patched> = OnceLock::new();
@@ -284,7 +316,7 @@ pub struct Loaded {
     pub ebpf: Ebpf,
     /// The bytes aya loaded, for the uprobe_multi copies of the programs.
     object: &'static [u8],
-    /// The return and free programs count with preemption off (`pin`).
+    /// The return and free programs count with preemption off (`bpf::kfunc`).
     pub pinned: bool,
 }
 
@@ -294,7 +326,7 @@ pub struct Loaded {
 /// the frame's hash: half the capacity, and a power of two is asked for one more, which gives
 /// twice the buckets for one more frame's memory.
 pub fn stack_maps(opts: &LoadOptions) -> (u32, u32) {
-    if opts.mode < heaptrace_common::mode::STACKS {
+    if opts.kernel_mode() < heaptrace_common::mode::STACKS {
         return (1, 1);
     }
     let half = (opts.stack_map_size / 2).max(1);
@@ -309,7 +341,7 @@ pub fn stack_maps(opts: &LoadOptions) -> (u32, u32) {
 /// The live slots in front of the live map (`heaptrace_common::live`): one where no mode
 /// keeps live blocks (calls mode, the floors).
 pub fn live_slots(opts: &LoadOptions) -> u32 {
-    if opts.calls || opts.mode == heaptrace_common::mode::BARE {
+    if opts.at_entry() || opts.floor.is_some() {
         1
     } else {
         heaptrace_common::live::slots(opts.live_map_size)
@@ -349,7 +381,7 @@ pub fn slot_rows(opts: &LoadOptions) -> Result<SlotRows> {
             procs::MAX_SLOTS
         )));
     }
-    if opts.mode == mode::BARE || cpus > procs::MAX_CPUS {
+    if opts.floor.is_some() || cpus > procs::MAX_CPUS {
         return Ok(SlotRows {
             cpus: 0,
             procs: 0,
@@ -359,7 +391,7 @@ pub fn slot_rows(opts: &LoadOptions) -> Result<SlotRows> {
         });
     }
     // Tables a mode does not use get a slot a row.
-    let (sites, stacks) = if opts.mode >= mode::STACKS {
+    let (sites, stacks) = if opts.kernel_mode() >= mode::STACKS {
         (
             keyed::shift(opts.site_map_size, size_of::<keyed::SiteSlot>(), cpus),
             heaptrace_common::stack::cache_shift(opts.stack_map_size),
@@ -367,7 +399,7 @@ pub fn slot_rows(opts: &LoadOptions) -> Result<SlotRows> {
     } else {
         (0, 0)
     };
-    let sizes = if opts.mode >= mode::SIZES {
+    let sizes = if opts.kernel_mode() >= mode::SIZES {
         keyed::shift(opts.size_map_size, size_of::<keyed::SizeSlot>(), cpus)
     } else {
         0
@@ -385,12 +417,12 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
     let me = std::process::id();
     let object = object(opts.pin)?;
     // Maps a mode does not use get one entry: a stack map is preallocated at full size.
-    let stacks = opts.mode >= heaptrace_common::mode::STACKS;
-    let sizes = opts.mode >= heaptrace_common::mode::SIZES;
+    let stacks = opts.kernel_mode() >= heaptrace_common::mode::STACKS;
+    let sizes = opts.kernel_mode() >= heaptrace_common::mode::SIZES;
     let (frames, callers) = stack_maps(opts);
     let scale = sampling::gap_scale(opts.sample_bytes);
     let live_slots = live_slots(opts);
-    let inflight_slots = if opts.mode == heaptrace_common::mode::BARE {
+    let inflight_slots = if opts.floor.is_some() {
         1
     } else {
         heaptrace_common::inflight_slots(opts.inflight_map_size)
@@ -412,14 +444,18 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
         .override_global(globals::SAMPLE_BYTES, &opts.sample_bytes, true)
         .override_global(globals::SAMPLE_SCALE, &scale, true)
         .override_global(globals::LATENCY_EVERY, &opts.latency_every.max(1), true)
-        .override_global(globals::MODE, &opts.mode, true)
+        .override_global(globals::MODE, &opts.kernel_mode(), true)
         .override_global(
             globals::TEMPORARY_ALLOCS,
             &opts.temporary_allocs.max(1),
             true,
         )
-        .override_global(globals::CALLS_MODE, &u32::from(opts.calls), true)
-        .override_global(globals::BARE_STACK, &u32::from(opts.bare_stack), true)
+        .override_global(globals::CALLS_MODE, &u32::from(opts.at_entry()), true)
+        .override_global(
+            globals::BARE_STACK,
+            &u32::from(opts.floor == Some(Floor::Bare)),
+            true,
+        )
         .override_global(globals::WATCH_TGID, &opts.watch_tgid, true)
         .override_global(globals::RESERVATIONS, &u32::from(opts.reservations), true)
         .override_global(globals::LIVE_SLOTS_MASK, &(live_slots - 1), true)
@@ -613,9 +649,31 @@ fn own(prog: &mut UProbe, id: aya::programs::uprobe::UProbeLinkId) -> Result<UPr
 }
 
 impl Probes {
+    /// The ring buffer `name`, taken from the loaded object: its reader owns it from now on.
+    pub fn take_ring(
+        &mut self,
+        name: &'static str,
+    ) -> Result<aya::maps::RingBuf<aya::maps::MapData>> {
+        let map = self
+            .ebpf
+            .take_map(name)
+            .ok_or_else(|| Error::Load(format!("map {name} missing")))?;
+        aya::maps::RingBuf::try_from(map).map_err(|e| Error::Map {
+            map: name,
+            reason: e.to_string(),
+        })
+    }
+
+    pub fn counting(&self) -> Counting {
+        match self.pinned {
+            true => Counting::PreemptionOff,
+            false => Counting::Atomic,
+        }
+    }
+
     /// Loads every program once (the uprobe_multi copies where the kernel has them, aya's
     /// otherwise); `attach` then puts them on as many allocator files as needed.
-    /// `multi` asks for uprobe_multi links where the kernel has them. Call before any map is
+    /// `bpf::uprobe_multi` asks for uprobe_multi links where the kernel has them. Call before any map is
     /// taken out of `ebpf`: the uprobe_multi copies of the programs are pointed at its maps.
     /// `reservations`: also probe the memory syscalls' wrappers where the file has them.
     pub fn new(loaded: Loaded, multi: bool, calls: bool, reservations: bool) -> Result<Probes> {
@@ -865,7 +923,7 @@ impl Probes {
 mod tests {
     use super::*;
 
-    fn maps(mode: u32, stack_map_size: u32) -> (u32, u32) {
+    fn maps(mode: Mode, stack_map_size: u32) -> (u32, u32) {
         stack_maps(&LoadOptions {
             mode,
             stack_map_size,
@@ -897,7 +955,7 @@ mod tests {
                     crate::probe::placement::reads(func),
                 );
                 let planned = Planned {
-                    site: crate::target::elf::FuncSite {
+                    site: crate::targets::elf::FuncSite {
                         func,
                         symbol: func.name().into(),
                         vaddr: 0x1000,
@@ -932,11 +990,10 @@ mod tests {
     /// (whole stacks, callers): the callers' stack map gets one more for a power of two.
     #[test]
     fn the_callers_map_is_half_and_a_power_of_two_half_gets_one_more() {
-        use heaptrace_common::mode::{COUNTS, STACKS};
-        assert_eq!(maps(STACKS, 16384), (16384, 8193));
-        assert_eq!(maps(STACKS, 65536), (65536, 32769));
-        assert_eq!(maps(STACKS, 20000), (20000, 10000));
-        assert_eq!(maps(STACKS, 2), (2, 1));
-        assert_eq!(maps(COUNTS, 16384), (1, 1));
+        assert_eq!(maps(Mode::Stacks, 16384), (16384, 8193));
+        assert_eq!(maps(Mode::Stacks, 65536), (65536, 32769));
+        assert_eq!(maps(Mode::Stacks, 20000), (20000, 10000));
+        assert_eq!(maps(Mode::Stacks, 2), (2, 1));
+        assert_eq!(maps(Mode::Counts, 16384), (1, 1));
     }
 }

@@ -703,9 +703,9 @@ mod tests {
 
     #[test]
     fn the_host_libc_places_its_probes_on_instruction_boundaries_with_the_return_address_at_rsp() {
-        let libc = crate::target::allocator::host_libc_path().unwrap();
-        for site in crate::target::elf::alloc_sites(&libc).unwrap() {
-            let code = crate::target::elf::code(&libc, &site, WINDOW).unwrap();
+        let libc = crate::targets::allocator::host_libc_path().unwrap();
+        for site in crate::targets::elf::alloc_sites(&libc).unwrap() {
+            let code = crate::targets::elf::code(&libc, &site, WINDOW).unwrap();
             let uret = site.func != Func::Free;
             let p = choose(&code, site.func, uret, reads(site.func));
             if uret {

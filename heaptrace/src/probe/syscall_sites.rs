@@ -5,7 +5,7 @@ use std::path::Path;
 use super::placement;
 use crate::{
     error::{Error, Result},
-    target::elf,
+    targets::elf,
 };
 
 /// Where the memory syscalls' wrappers of `path` are probed (see `placement::after_syscall`).
@@ -83,7 +83,7 @@ mod tests {
 
     #[test]
     fn host_libc_has_its_memory_syscalls_probed_after_the_syscall() {
-        let libc = crate::target::allocator::host_libc_path().expect("host libc");
+        let libc = crate::targets::allocator::host_libc_path().expect("host libc");
         let sites = find(&libc).unwrap().expect("glibc's wrappers");
         assert_eq!(sites.len(), 4);
         for s in &sites {

@@ -11,9 +11,8 @@ use std::{
 };
 
 use crate::{
-    drain::round::Leak,
-    drain::round::SiteId,
-    profile::{Profile, reservation_keys, site_ids, size_keys, take_range},
+    drain::round::{Leak, SiteId, reservation_keys, site_ids, size_keys, take_range},
+    profile::Profile,
     symbolize::Frame,
 };
 
@@ -24,13 +23,6 @@ pub const FOLDED: u32 = u32::MAX;
 const STACKS: usize = 65_536;
 /// The folded stack of the stacks past [`STACKS`], and of those never named.
 const OTHER: i32 = 0;
-
-/// What folding keeps: how many processes, and each folded stack's id by its frames.
-#[derive(Clone, Debug, Default)]
-pub struct Folded {
-    pub processes: u64,
-    ids: HashMap<Arc<[Frame]>, i32>,
-}
 
 impl Profile {
     /// Marks process `key` ended: its figures are final, and its blocks still live were taken

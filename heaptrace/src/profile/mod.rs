@@ -5,17 +5,20 @@ pub mod histogram;
 pub mod incarnation;
 pub mod same_stacks;
 pub mod sampling;
-pub mod temporary;
 use std::{collections::BTreeMap, sync::Arc};
 
 use heaptrace_common::{FUNC_COUNT, LOSS_COUNT, Loss};
 use serde::Serialize;
 
 use crate::{
-    drain::round::{Leak, Log2, Round, SiteId, SiteTotals, Totals},
+    drain::round::{
+        Leak, Log2, Round, SiteId, SiteTotals, Totals, map_delta, reservation_keys, site_ids,
+        size_keys, take_range,
+    },
     reserve::{ResKey, ResTotals, Reserved},
+    run_info::Mode,
     symbolize::Frame,
-    target::procfs::Mem,
+    targets::procfs::Mem,
 };
 
 /// How many sites the peak remembers.
@@ -66,37 +69,17 @@ pub struct Profile {
     /// `--latency-every`: one call in this many was timed for `latency`; 0 or 1 when every
     /// call was (recordings before format 6 say 0).
     pub latency_every: u32,
-    /// Processes folded into one (`fold`).
+    /// Processes folded into one (`profile::exited`).
     #[serde(skip)]
-    pub folded: crate::profile::exited::Folded,
+    pub folded: Folded,
 }
 
-/// The keys of process `pid`'s sites (and samples, weights, leaks).
-pub fn site_ids(pid: u32) -> std::ops::RangeInclusive<SiteId> {
-    (pid, i32::MIN, 0)..=(pid, i32::MAX, u32::MAX)
-}
-
-/// The keys of process `pid`'s sizes.
-pub fn size_keys(pid: u32) -> std::ops::RangeInclusive<crate::drain::round::SizeKey> {
-    (pid, 0, 0, i32::MIN)..=(pid, u32::MAX, u64::MAX, i32::MAX)
-}
-
-/// The keys of process `pid`'s reservations.
-pub fn reservation_keys(pid: u32) -> std::ops::RangeInclusive<ResKey> {
-    use crate::reserve::{Area, Kind};
-    let last = Kind::Munmap { of: Area::Brk };
-    (pid, Kind::Arena, i32::MIN, 0)..=(pid, last, i32::MAX, u32::MAX)
-}
-
-/// Removes and returns the entries of `map` in `range`.
-pub fn take_range<K: Ord + Copy, V>(
-    map: &mut BTreeMap<K, V>,
-    range: std::ops::RangeInclusive<K>,
-) -> Vec<(K, V)> {
-    let keys: Vec<K> = map.range(range).map(|(k, _)| *k).collect();
-    keys.into_iter()
-        .filter_map(|k| map.remove(&k).map(|v| (k, v)))
-        .collect()
+/// What folding ended processes keeps (`exited`): how many processes, and each folded stack's
+/// id by its frames.
+#[derive(Clone, Debug, Default)]
+pub struct Folded {
+    pub processes: u64,
+    ids: std::collections::HashMap<Arc<[Frame]>, i32>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -204,10 +187,10 @@ impl Profile {
         (self.latency_every > 1).then_some(self.latency_every)
     }
 
-    /// An empty Profile of a trace in `mode` (its `--mode` name), sampled at `sample_bytes`.
-    pub fn of_mode(mode: &str, sample_bytes: u64) -> Profile {
+    /// An empty Profile of a trace in `mode`, sampled at `sample_bytes`.
+    pub fn of_mode(mode: Mode, sample_bytes: u64) -> Profile {
         Profile {
-            calls: mode == "calls",
+            calls: mode.at_entry(),
             ..Profile::sampled(sample_bytes)
         }
     }
@@ -526,15 +509,7 @@ impl Profile {
             latency_every: self.latency_every,
             ..Profile::default()
         };
-        for (id, s) in &self.samples {
-            let d = match base.samples.get(id) {
-                Some(b) => s.minus(b),
-                None => *s,
-            };
-            if d != SiteTotals::default() {
-                out.samples.insert(*id, d);
-            }
-        }
+        out.samples = map_delta(&self.samples, &base.samples, SiteTotals::minus);
         for (pid, p) in &self.procs {
             let mut p = p.clone();
             if let Some(b) = base.procs.get(pid) {
@@ -542,41 +517,20 @@ impl Profile {
             }
             out.procs.insert(*pid, p);
         }
-        for (key, n) in &self.sizes {
-            let d = n.saturating_sub(base.sizes.get(key).copied().unwrap_or(0));
-            if d > 0 {
-                out.sizes.insert(*key, d);
-            }
-        }
+        out.sizes = map_delta(&self.sizes, &base.sizes, |a, b| a.saturating_sub(*b));
         for (i, l) in self.losses.iter().enumerate() {
             out.losses[i] = l.saturating_sub(base.losses[i]);
         }
-        for (id, s) in &self.sites {
-            let d = match base.sites.get(id) {
-                Some(b) => s.minus(b),
-                None => *s,
-            };
-            if d != SiteTotals::default() {
-                out.sites.insert(*id, d);
-            }
-        }
+        out.sites = map_delta(&self.sites, &base.sites, SiteTotals::minus);
         for (f, h) in self.latency.iter().enumerate() {
             for (b, n) in h.iter().enumerate() {
                 out.latency[f][b] = n.saturating_sub(base.latency[f][b]);
             }
         }
-        for (key, t) in &self.reservations {
-            let b = base.reservations.get(key).copied().unwrap_or_default();
-            if *t != b {
-                out.reservations.insert(
-                    *key,
-                    ResTotals {
-                        calls: t.calls - b.calls,
-                        bytes: t.bytes - b.bytes,
-                    },
-                );
-            }
-        }
+        out.reservations = map_delta(&self.reservations, &base.reservations, |t, b| ResTotals {
+            calls: t.calls - b.calls,
+            bytes: t.bytes - b.bytes,
+        });
         out
     }
 
@@ -588,61 +542,21 @@ impl Profile {
         Profile {
             rounds: self.rounds.clone(),
             timeline_step: self.timeline_step,
-            procs: self
-                .procs
-                .iter()
-                .filter(|(p, _)| **p == pid)
-                .map(|(p, v)| (*p, v.clone()))
-                .collect(),
-            sizes: self
-                .sizes
-                .iter()
-                .filter(|(k, _)| k.0 == pid)
-                .map(|(k, v)| (*k, *v))
-                .collect(),
+            procs: of_pid(&self.procs, pid),
+            sizes: of_pid(&self.sizes, pid),
             losses: self.losses,
-            sites: self
-                .sites
-                .iter()
-                .filter(|(k, _)| k.0 == pid)
-                .map(|(k, v)| (*k, *v))
-                .collect(),
-            stacks: self
-                .stacks
-                .iter()
-                .filter(|(k, _)| k.0 == pid)
-                .map(|(k, v)| (*k, v.clone()))
-                .collect(),
+            sites: of_pid(&self.sites, pid),
+            stacks: of_pid(&self.stacks, pid),
             latency: self.latency,
             peak: None,
             sample_bytes: self.sample_bytes,
             calls: self.calls,
             latency_every: self.latency_every,
             folded: Default::default(),
-            samples: self
-                .samples
-                .iter()
-                .filter(|(k, _)| k.0 == pid)
-                .map(|(k, v)| (*k, *v))
-                .collect(),
-            weights: self
-                .weights
-                .iter()
-                .filter(|(k, _)| k.0 == pid)
-                .map(|(k, v)| (*k, *v))
-                .collect(),
-            leaks: self.leaks.as_ref().map(|l| {
-                l.iter()
-                    .filter(|(k, _)| k.0 == pid)
-                    .map(|(k, v)| (*k, *v))
-                    .collect()
-            }),
-            reservations: self
-                .reservations
-                .iter()
-                .filter(|(k, _)| k.0 == pid)
-                .map(|(k, v)| (*k, *v))
-                .collect(),
+            samples: of_pid(&self.samples, pid),
+            weights: of_pid(&self.weights, pid),
+            leaks: self.leaks.as_ref().map(|l| of_pid(l, pid)),
+            reservations: of_pid(&self.reservations, pid),
         }
     }
 
@@ -687,6 +601,43 @@ impl Profile {
         v.truncate(top);
         v
     }
+}
+
+/// A key whose first field is the process (key) it belongs to.
+trait OfPid {
+    fn pid(&self) -> u32;
+}
+
+impl OfPid for u32 {
+    fn pid(&self) -> u32 {
+        *self
+    }
+}
+
+impl<A> OfPid for (u32, A) {
+    fn pid(&self) -> u32 {
+        self.0
+    }
+}
+
+impl<A, B> OfPid for (u32, A, B) {
+    fn pid(&self) -> u32 {
+        self.0
+    }
+}
+
+impl<A, B, C> OfPid for (u32, A, B, C) {
+    fn pid(&self) -> u32 {
+        self.0
+    }
+}
+
+/// The entries of `m` that belong to process `pid`.
+fn of_pid<K: OfPid + Ord + Clone, V: Clone>(m: &BTreeMap<K, V>, pid: u32) -> BTreeMap<K, V> {
+    m.iter()
+        .filter(|(k, _)| k.pid() == pid)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -900,7 +851,7 @@ mod tests {
 
     #[test]
     fn since_gives_the_differences_and_only_one_process() {
-        let mut p = Profile::of_mode("calls", 0).with_latency_every(16);
+        let mut p = Profile::of_mode(crate::run_info::Mode::Calls, 0).with_latency_every(16);
         p.apply(&round(1, 10, 4, 400, 1, 300));
         p.losses[0] = 2;
         let base = p.clone();

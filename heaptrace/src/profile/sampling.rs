@@ -43,7 +43,7 @@ pub struct Weighted {
 }
 
 impl Weighted {
-    /// Another site's, added: the weights of sites folded into one (`fold`).
+    /// Another site's, added: the weights of sites folded into one (`profile::exited`).
     pub fn plus(&mut self, o: &Weighted) {
         self.calls += o.calls;
         self.bytes += o.bytes;

@@ -11,7 +11,9 @@ use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
-use crate::profile::temporary::Temporary;
+use heaptrace_common::Func;
+
+use crate::run_info::{Mode, RunInfo, TargetKind, Temporary};
 
 pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
 /// What each version added:
@@ -22,7 +24,7 @@ pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
 ///   (their `temporary_ms` rule).
 /// - 6: the header's `latency_every` (`--latency-every`); version 3 to 5 headers read with 0
 ///   (every call timed).
-/// - 5: rounds end with the processes that ended and those folded into one (`fold`); version
+/// - 5: rounds end with the processes that ended and those folded into one (`profile::exited`); version
 ///   4 and earlier rounds read with none.
 /// - 4: rounds end with the processes that exec'ed (their earlier figures dropped, as live);
 ///   version 2 and 3 rounds read with none.
@@ -95,10 +97,10 @@ pub struct Header {
     pub kernel: String,
     pub start_unix_ms: u64,
     pub interval_ms: u64,
-    /// counts, sizes or stacks.
-    pub mode: String,
-    /// pid, all or command.
-    pub target_mode: String,
+    #[serde(with = "by_name")]
+    pub mode: Mode,
+    #[serde(with = "by_name")]
+    pub target_mode: TargetKind,
     pub pids: Vec<u32>,
     pub command: Vec<String>,
     pub provider: String,
@@ -123,6 +125,75 @@ pub struct Header {
 }
 
 impl Header {
+    /// Family members probed as another at the same address: (alias, probed as).
+    pub fn aliases(&self) -> Vec<(Func, Func)> {
+        let by_name = |name: &str| Func::ALL.into_iter().find(|f| f.name() == name);
+        self.aliases
+            .iter()
+            .filter_map(|(a, of)| Some((by_name(a)?, by_name(of)?)))
+            .collect()
+    }
+
+    /// The run as the recording describes it.
+    pub fn run_info(&self) -> RunInfo {
+        RunInfo {
+            mode: self.mode,
+            target: self.target_mode,
+            pids: self.pids.clone(),
+            command: self.command.clone(),
+            comm: self.comm.clone(),
+            cgroup: self.cgroup.clone(),
+            interval_ms: self.interval_ms,
+            provider: self.provider.clone(),
+            aliases: self.aliases(),
+            temporary: self.temporary(),
+            sample_bytes: self.sample_bytes,
+            latency_every: self.latency_every,
+        }
+    }
+
+    /// The header of a recording of `run`, started now on this host.
+    pub fn new(run: &RunInfo, cmdlines: Vec<(u32, String)>) -> Header {
+        let first_line = |path: &str| {
+            std::fs::read_to_string(path)
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default()
+        };
+        Header {
+            heaptrace_version: env!("CARGO_PKG_VERSION").into(),
+            host: first_line("/proc/sys/kernel/hostname"),
+            kernel: first_line("/proc/sys/kernel/osrelease"),
+            start_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            interval_ms: run.interval_ms,
+            mode: run.mode,
+            target_mode: run.target,
+            pids: run.pids.clone(),
+            command: run.command.clone(),
+            provider: run.provider.clone(),
+            temporary_ms: match run.temporary {
+                Temporary::WithinMs(ms) => ms,
+                Temporary::Allocs(_) => 0,
+            },
+            cmdlines,
+            aliases: run
+                .aliases
+                .iter()
+                .map(|(a, of)| (a.name().to_string(), of.name().to_string()))
+                .collect(),
+            sample_bytes: run.sample_bytes,
+            latency_every: run.latency_every,
+            temporary_allocs: match run.temporary {
+                Temporary::Allocs(n) => n,
+                Temporary::WithinMs(_) => 0,
+            },
+            comm: run.comm.clone(),
+            cgroup: run.cgroup.clone(),
+        }
+    }
+
     /// The rule this recording's temporaries were counted by: formats before 7 counted a
     /// block freed within a time of its allocation.
     pub fn temporary(&self) -> Temporary {
@@ -133,47 +204,43 @@ impl Header {
     }
 }
 
-/// The header of format 2: postcard is not self-describing, so a field added at the end is
-/// read by decoding the old layout and converting.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HeaderV2 {
-    pub heaptrace_version: String,
-    pub host: String,
-    pub kernel: String,
-    pub start_unix_ms: u64,
-    pub interval_ms: u64,
-    pub mode: String,
-    pub target_mode: String,
-    pub pids: Vec<u32>,
-    pub command: Vec<String>,
-    pub provider: String,
-    pub temporary_ms: u64,
-    pub cmdlines: Vec<(u32, String)>,
-    pub aliases: Vec<(String, String)>,
-}
+/// The mode and the target kind are written by name, as every format has written them
+/// (postcard would write an enum's index); a name this build does not know is corruption.
+mod by_name {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
 
-impl From<HeaderV2> for Header {
-    fn from(h: HeaderV2) -> Header {
-        Header {
-            heaptrace_version: h.heaptrace_version,
-            host: h.host,
-            kernel: h.kernel,
-            start_unix_ms: h.start_unix_ms,
-            interval_ms: h.interval_ms,
-            mode: h.mode,
-            target_mode: h.target_mode,
-            pids: h.pids,
-            command: h.command,
-            provider: h.provider,
-            temporary_ms: h.temporary_ms,
-            cmdlines: h.cmdlines,
-            aliases: h.aliases,
-            sample_bytes: 0,
-            latency_every: 0,
-            temporary_allocs: 0,
-            comm: None,
-            cgroup: None,
+    use crate::run_info::{Mode, TargetKind};
+
+    pub trait Named: Sized + Copy {
+        fn name(self) -> &'static str;
+        fn from_name(name: &str) -> Option<Self>;
+    }
+
+    impl Named for Mode {
+        fn name(self) -> &'static str {
+            Mode::name(self)
         }
+        fn from_name(name: &str) -> Option<Self> {
+            Mode::from_name(name)
+        }
+    }
+
+    impl Named for TargetKind {
+        fn name(self) -> &'static str {
+            TargetKind::name(self)
+        }
+        fn from_name(name: &str) -> Option<Self> {
+            TargetKind::from_name(name)
+        }
+    }
+
+    pub fn serialize<T: Named, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(v.name())
+    }
+
+    pub fn deserialize<'de, T: Named, D: Deserializer<'de>>(d: D) -> Result<T, D::Error> {
+        let name = String::deserialize(d)?;
+        T::from_name(&name).ok_or_else(|| D::Error::custom(format!("unknown name {name:?}")))
     }
 }
 
@@ -375,15 +442,17 @@ pub fn decode_round(
     decode_padded(frame, missing)
 }
 
-/// The header of a file of `version` 3 or later. Those of 3 to 5 end before `latency_every`,
-/// those of 6 before `temporary_allocs`: a zero byte is a varint 0.
+/// The header of a file of `version`. Those of 2 end before `sample_bytes`, 3 to 5 before
+/// `latency_every`, 6 before `temporary_allocs`, 7 before `comm`: a zero byte is a varint 0,
+/// an empty string or None.
 pub fn decode_header(frame: &RawFrame, version: u16) -> Result<Header, FormatError> {
     // Fields are only ever added at the end; a missing one decodes from a zero byte.
     let missing = match version {
         8.. => 0,
         7 => 2,
         6 => 3,
-        _ => 4,
+        3..=5 => 4,
+        _ => 5,
     };
     decode_padded(frame, missing)
 }
@@ -455,7 +524,7 @@ mod tests {
             folded: vec![43],
             ..Default::default()
         };
-        round.mem.insert(1, crate::target::procfs::Mem::default());
+        round.mem.insert(1, crate::targets::procfs::Mem::default());
         let frame = |payload: Vec<u8>| RawFrame {
             kind: Kind::Round,
             offset: 0,

@@ -7,8 +7,8 @@ use std::{
 };
 
 use super::format::{
-    EndRec, FRAME_HEAD, FormatError, FrameRec, Header, HeaderV2, Kind, ModuleRec, Next, StackRec,
-    decode, decode_header, decode_round, read_frame, read_preamble,
+    EndRec, FRAME_HEAD, FormatError, FrameRec, Header, Kind, ModuleRec, Next, StackRec, decode,
+    decode_header, decode_round, read_frame, read_preamble,
 };
 use crate::{
     drain::round::Leak,
@@ -88,11 +88,7 @@ impl Recording {
                     if seen_header {
                         return Err(corrupt("a second header".into()));
                     }
-                    rec.header = if version == 2 {
-                        decode::<HeaderV2>(&frame)?.into()
-                    } else {
-                        decode_header(&frame, version)?
-                    };
+                    rec.header = decode_header(&frame, version)?;
                     seen_header = true;
                 }
                 Kind::String => {
@@ -302,7 +298,7 @@ mod tests {
         let header = Header {
             heaptrace_version: "test".into(),
             interval_ms: 1000,
-            mode: "stacks".into(),
+            mode: crate::run_info::Mode::Stacks,
             ..Default::default()
         };
         let mut w = Recorder::create(&path, &header).unwrap();
@@ -339,7 +335,7 @@ mod tests {
         let dir = tempdir("rt");
         let rec = Recording::open(&sample_file(&dir)).unwrap();
         assert!(!rec.truncated);
-        assert_eq!(rec.header.mode, "stacks");
+        assert_eq!(rec.header.mode, crate::run_info::Mode::Stacks);
         assert_eq!(rec.rounds.len(), 2);
         let p = rec.profile();
         let mut live = Profile::default();
@@ -382,26 +378,44 @@ mod tests {
         Recording::open(&path).unwrap()
     }
 
+    /// `h` in the layout of an older format, which ended `dropped` fields earlier: its payload
+    /// without those fields (zero in `h`, one byte each), written byte by byte.
+    struct OldLayout(Vec<u8>);
+
+    impl serde::Serialize for OldLayout {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeTuple;
+            let mut t = s.serialize_tuple(self.0.len())?;
+            for b in &self.0 {
+                t.serialize_element(b)?;
+            }
+            t.end()
+        }
+    }
+
+    fn old_layout(h: &Header, dropped: usize) -> OldLayout {
+        let mut bytes = postcard::to_stdvec(h).unwrap();
+        let keep = bytes.len() - dropped;
+        assert!(
+            bytes[keep..].iter().all(|b| *b == 0),
+            "dropped fields are zero"
+        );
+        bytes.truncate(keep);
+        OldLayout(bytes)
+    }
+
     /// A format 5 header ends before `latency_every`: it reads as every call timed, and the
     /// current format keeps the rate.
     #[test]
     fn format_5_recordings_read_with_every_call_timed() {
-        #[derive(serde::Serialize)]
-        struct HeaderV5<'a> {
-            v2: &'a HeaderV2,
-            sample_bytes: u64,
-        }
-        let v2 = HeaderV2 {
+        let old = Header {
             heaptrace_version: "0.1.0".into(),
             interval_ms: 250,
-            mode: "sizes".into(),
+            mode: crate::run_info::Mode::Sizes,
+            sample_bytes: 512,
             ..Default::default()
         };
-        let old = HeaderV5 {
-            v2: &v2,
-            sample_bytes: 512,
-        };
-        let rec = read_version(5, &old);
+        let rec = read_version(5, &old_layout(&old, 4));
         assert_eq!(rec.header.interval_ms, 250);
         assert_eq!(rec.header.sample_bytes, 512);
         assert_eq!(rec.header.latency_every, 0);
@@ -420,25 +434,15 @@ mod tests {
     /// and are shown by that rule; the current format keeps the allocation count.
     #[test]
     fn format_6_recordings_keep_their_time_rule_for_temporaries() {
-        use crate::profile::temporary::Temporary;
-        #[derive(serde::Serialize)]
-        struct HeaderV6<'a> {
-            v2: &'a HeaderV2,
-            sample_bytes: u64,
-            latency_every: u32,
-        }
-        let v2 = HeaderV2 {
+        use crate::run_info::Temporary;
+        let old = Header {
             heaptrace_version: "0.1.0".into(),
-            mode: "stacks".into(),
+            mode: crate::run_info::Mode::Stacks,
             temporary_ms: 250,
+            latency_every: 16,
             ..Default::default()
         };
-        let old = HeaderV6 {
-            v2: &v2,
-            sample_bytes: 0,
-            latency_every: 16,
-        };
-        let rec = read_version(6, &old);
+        let rec = read_version(6, &old_layout(&old, 3));
         assert_eq!(rec.header.latency_every, 16);
         assert_eq!(rec.header.temporary_allocs, 0);
         assert_eq!(rec.header.temporary(), Temporary::WithinMs(250));
@@ -454,29 +458,18 @@ mod tests {
     /// process; the current format keeps what `--comm` and `--cgroup` narrowed it to.
     #[test]
     fn format_7_recordings_read_as_not_narrowed() {
-        #[derive(serde::Serialize)]
-        struct HeaderV7<'a> {
-            v2: &'a HeaderV2,
-            sample_bytes: u64,
-            latency_every: u32,
-            temporary_allocs: u32,
-        }
-        let v2 = HeaderV2 {
+        let old = Header {
             heaptrace_version: "0.1.0".into(),
-            target_mode: "all".into(),
-            ..Default::default()
-        };
-        let old = HeaderV7 {
-            v2: &v2,
-            sample_bytes: 0,
+            target_mode: crate::run_info::TargetKind::All,
             latency_every: 16,
             temporary_allocs: 2,
+            ..Default::default()
         };
-        let rec = read_version(7, &old);
+        let rec = read_version(7, &old_layout(&old, 2));
         assert_eq!(rec.header.temporary_allocs, 2);
         assert_eq!((rec.header.comm, rec.header.cgroup), (None, None));
         let header = Header {
-            target_mode: "all".into(),
+            target_mode: crate::run_info::TargetKind::All,
             comm: Some("nginx".into()),
             cgroup: Some("/system.slice".into()),
             ..Default::default()
@@ -488,13 +481,13 @@ mod tests {
 
     #[test]
     fn format_2_recordings_still_read_as_unsampled() {
-        let old = HeaderV2 {
+        let old = Header {
             heaptrace_version: "0.1.0".into(),
             interval_ms: 500,
-            mode: "stacks".into(),
+            mode: crate::run_info::Mode::Stacks,
             ..Default::default()
         };
-        let rec = read_version(2, &old);
+        let rec = read_version(2, &old_layout(&old, 5));
         assert_eq!(rec.header.interval_ms, 500);
         assert_eq!(rec.header.sample_bytes, 0);
         assert_eq!(rec.profile().sample_bytes, 0);
@@ -516,7 +509,7 @@ mod tests {
         let dir = tempdir("calls");
         let path = dir.join("c.bin");
         let header = Header {
-            mode: "calls".into(),
+            mode: crate::run_info::Mode::Calls,
             ..Default::default()
         };
         Recorder::create(&path, &header).unwrap();

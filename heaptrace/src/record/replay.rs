@@ -1,6 +1,6 @@
 //! Rounds of a recording replayed into a Profile as the live trace applied them: each round's
 //! figures, then the processes it saw end, then those it folded into `[N exited processes]`
-//! (see `fold`), so a report of a system-wide recording shows what the live trace showed and
+//! (see `profile::exited`), so a report of a system-wide recording shows what the live trace showed and
 //! keeps no more processes than it did.
 use std::collections::{BTreeMap, HashSet};
 
@@ -16,13 +16,13 @@ impl Replay {
     /// A replay of `rec`, whose header is read.
     pub fn new(rec: &Recording) -> Replay {
         Replay {
-            profile: Profile::of_mode(&rec.header.mode, rec.header.sample_bytes)
+            profile: Profile::of_mode(rec.header.mode, rec.header.sample_bytes)
                 .with_latency_every(rec.header.latency_every),
             folded: HashSet::new(),
         }
     }
 
-    /// Applies a round; `fold`: fold the processes it folded too (not when one process is
+    /// Applies a round; `profile::exited`: fold the processes it folded too (not when one process is
     /// picked out of the recording: its figures are kept its own).
     pub fn round(&mut self, rec: &Recording, r: &Round, fold: bool) {
         // It ends the round's ended processes too.
@@ -112,7 +112,7 @@ mod tests {
     ) -> std::path::PathBuf {
         let path = dir.join("fold.bin");
         let header = Header {
-            mode: "stacks".into(),
+            mode: crate::run_info::Mode::Stacks,
             ..Default::default()
         };
         let mut w = Recorder::create(&path, &header).unwrap();

@@ -26,7 +26,7 @@ pub struct Recorder {
 pub fn build_id(path: &Path) -> Option<Vec<u8>> {
     use object::Object as _;
     // Mapped, not read whole: a program with debug info is a hundred megabytes and more.
-    let data = crate::target::elf::map(path).ok()?;
+    let data = crate::targets::elf::map(path).ok()?;
     let file = object::File::parse(&*data).ok()?;
     file.build_id().ok().flatten().map(<[u8]>::to_vec)
 }

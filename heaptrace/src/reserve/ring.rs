@@ -26,14 +26,7 @@ impl MemRing {
         if !probes.syscalls_probed() {
             tracepoints(probes)?;
         }
-        let map = probes
-            .ebpf
-            .take_map(maps::MEMEVENTS)
-            .ok_or_else(|| Error::Load("map MEMEVENTS missing".into()))?;
-        let ring = RingBuf::try_from(map).map_err(|e| Error::Map {
-            map: maps::MEMEVENTS,
-            reason: e.to_string(),
-        })?;
+        let ring = probes.take_ring(maps::MEMEVENTS)?;
         // SAFETY: the ring buffer owns its map fd and keeps it open while it is registered.
         let ring = unsafe { AsyncFd::register(ring) }.map_err(|e| e.into_parts().1)?;
         Ok(MemRing { ring })

@@ -101,7 +101,7 @@ impl Frame {
     }
 
     /// The folded stack of the ended processes' stacks past the folded ones' bound, or never
-    /// named (`fold`).
+    /// named (`profile::exited`).
     pub fn folded_other() -> Frame {
         Frame::placeholder("[other stacks of exited processes]", "[folded]", 0)
     }

@@ -41,12 +41,12 @@ const HIGHEST: u64 = 0x7fff_ffff_ffff;
 impl Modules {
     /// Reads the process's mappings again (if it is still alive); keeps the last good read.
     pub fn refresh(&mut self, pid: u32) {
-        if let Ok(maps) = crate::target::procfs::maps(pid) {
+        if let Ok(maps) = crate::targets::procfs::maps(pid) {
             self.keep(pid, &maps);
         }
     }
 
-    /// Keeps the mappings of a process read right after its exec (`watch`): its executable
+    /// Keeps the mappings of a process read right after its exec (`daemon::exec_watch`): its executable
     /// and the dynamic loader, its libraries not yet. A process of a few milliseconds may be
     /// gone before a later read; with this one its executable's frames are named all the same.
     /// The read is not the whole picture: `knows` says no until another read, and `not_code`
@@ -75,7 +75,7 @@ impl Modules {
         let start = std::time::Instant::now();
         let mut last: Option<String> = None;
         while start.elapsed() < budget {
-            let Ok(maps) = crate::target::procfs::maps(pid) else {
+            let Ok(maps) = crate::targets::procfs::maps(pid) else {
                 return; // gone
             };
             if maps.contains(&*lib.to_string_lossy()) && last.as_deref() == Some(&maps) {

@@ -6,3 +6,4 @@ pub mod site_tables;
 pub mod summary;
 pub mod tree;
 pub mod tui;
+pub mod units;

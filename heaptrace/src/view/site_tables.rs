@@ -5,8 +5,12 @@ use std::fmt::Write as _;
 use heaptrace_common::Func;
 
 use crate::{
-    drain::round::SiteId, profile::Profile, profile::histogram::percentiles,
-    profile::temporary::Temporary, symbolize::Frame, view::summary::bytes,
+    drain::round::SiteId,
+    profile::Profile,
+    profile::histogram::percentiles,
+    run_info::Temporary,
+    symbolize::Frame,
+    view::units::{bytes, nanos},
 };
 
 /// How frames are named: in full, or shortened (`report --just-function-name`,
@@ -112,15 +116,6 @@ fn pid_prefix(profile: &Profile, site: &SiteId) -> String {
         format!("[{}] ", crate::profile::incarnation::Pid(site.0))
     } else {
         String::new()
-    }
-}
-
-pub fn nanos(ns: u64) -> String {
-    match ns {
-        0..1_000 => format!("{ns} ns"),
-        1_000..1_000_000 => format!("{:.1} us", ns as f64 / 1e3),
-        1_000_000..1_000_000_000 => format!("{:.1} ms", ns as f64 / 1e6),
-        _ => format!("{:.2} s", ns as f64 / 1e9),
     }
 }
 

@@ -5,25 +5,7 @@ use heaptrace_common::{Func, Loss};
 
 use crate::drain::round::Totals;
 use crate::profile::{Profile, TimelineRow};
-
-pub fn bytes(n: i64) -> String {
-    let neg = n < 0;
-    let mut v = n.unsigned_abs() as f64;
-    let mut unit = "B";
-    for u in ["KiB", "MiB", "GiB", "TiB"] {
-        if v < 1024.0 {
-            break;
-        }
-        v /= 1024.0;
-        unit = u;
-    }
-    let sign = if neg { "-" } else { "" };
-    if unit == "B" {
-        format!("{sign}{v} B")
-    } else {
-        format!("{sign}{v:.1} {unit}")
-    }
-}
+use crate::view::units::bytes;
 
 /// A system-wide trace's target, with what `--comm` and `--cgroup` narrowed it to: the words
 /// every output (the attach line, the live view, a recording's report) gives it.
@@ -420,7 +402,7 @@ mod tests {
     /// show no live figures, rather than zeros.
     #[test]
     fn calls_mode_shows_no_live_figures() {
-        let mut p = Profile::of_mode("calls", 0);
+        let mut p = Profile::of_mode(crate::run_info::Mode::Calls, 0);
         assert!(p.calls);
         let mut t = crate::drain::round::Totals::default();
         t.funcs[Func::Malloc as usize].calls = 7;
@@ -443,6 +425,9 @@ mod tests {
         );
         let row = TimelineRow::default();
         assert!(!round_line(&row, &p).contains("live"));
-        assert!(round_line(&row, &Profile::of_mode("counts", 0)).contains("live 0 blocks"));
+        assert!(
+            round_line(&row, &Profile::of_mode(crate::run_info::Mode::Counts, 0))
+                .contains("live 0 blocks")
+        );
     }
 }

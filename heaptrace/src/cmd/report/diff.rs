@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use heaptrace_common::Func;
 use serde_json::json;
 
-use crate::{cli::Format, profile::Profile, view::site_tables::Names, view::summary::bytes};
+use crate::{cli::Format, profile::Profile, view::site_tables::Names, view::units::bytes};
 
 #[derive(Default, Clone, Copy)]
 struct Figures {

@@ -72,7 +72,7 @@ fn round(index: u64, a: u64, b: u64, with_stacks: bool) -> Round {
     );
     r.mem.insert(
         7,
-        crate::target::procfs::Mem {
+        crate::targets::procfs::Mem {
             rss_kb: 1024 * index,
             virt_kb: 4096,
         },
@@ -135,6 +135,10 @@ fn round(index: u64, a: u64, b: u64, with_stacks: bool) -> Round {
 }
 
 fn recording() -> (Recording, Profile) {
+    recording_in(crate::run_info::Mode::Stacks)
+}
+
+fn recording_in(mode: crate::run_info::Mode) -> (Recording, Profile) {
     // A directory per call: the tests run at once, and one writing the file while another
     // read it made the reader's recording "cut short" (a golden test failed 1 run in 6).
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -147,8 +151,8 @@ fn recording() -> (Recording, Profile) {
         host: "host".into(),
         kernel: "6.18".into(),
         interval_ms: 1000,
-        mode: "stacks".into(),
-        target_mode: "command".into(),
+        mode,
+        target_mode: crate::run_info::TargetKind::Command,
         pids: vec![7],
         command: vec!["./app".into(), "input.json".into()],
         provider: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
@@ -241,12 +245,37 @@ fn golden_views() {
     insta::assert_snapshot!("massif", massif);
 }
 
+/// A recording says the mode it was made in, whichever: a calls-mode recording once read as
+/// stacks mode.
+#[test]
+fn a_recording_reports_its_own_mode() {
+    for mode in crate::run_info::Mode::ALL {
+        let (rec, p) = recording_in(mode);
+        let mut tree = None;
+        let args = args(View::Overview);
+        let doc = render::json(
+            View::Overview,
+            &rec,
+            &p,
+            &Names::default(),
+            &args,
+            &mut tree,
+        )
+        .unwrap()
+        .to_value();
+        assert_eq!(doc["mode"], mode.name());
+        assert_eq!(doc["target"]["mode"], "command");
+        let text = render::text(View::Overview, &rec, &p, &Names::default(), &args).unwrap();
+        assert!(text.contains(&format!("mode {mode}\n")), "{text}");
+    }
+}
+
 /// A timeline past `TIMELINE_ROWS` rounds is coarsened: the peak's round may end up inside a
 /// row. massif still gets one peak snapshot, with the peak's own bytes and time.
 #[test]
 fn massif_keeps_the_peak_inside_a_coarsened_row() {
     let (rec, _) = recording();
-    let mut p = Profile::of_mode("stacks", 0);
+    let mut p = Profile::of_mode(crate::run_info::Mode::Stacks, 0);
     let n = crate::profile::TIMELINE_ROWS as u64 + 10;
     // Odd: once rows hold two rounds, the peak is the first round of its row, not its last.
     let top = 2 * (n / 3) + 1;

@@ -7,8 +7,6 @@ mod render;
 
 use std::{collections::HashSet, path::Path};
 
-use heaptrace_common::Func;
-
 use crate::{
     cli::{Format, ReportArgs},
     drain::round::Round,
@@ -209,15 +207,6 @@ fn resymbolize(rec: &Recording, p: &mut Profile) {
 }
 
 /// The function names a recording's header says were probed as another.
-fn aliases(rec: &Recording) -> Vec<(Func, Func)> {
-    let by_name = |n: &str| Func::ALL.into_iter().find(|f| f.name() == n);
-    rec.header
-        .aliases
-        .iter()
-        .filter_map(|(a, of)| Some((by_name(a)?, by_name(of)?)))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

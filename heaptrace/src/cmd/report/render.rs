@@ -3,16 +3,17 @@ use std::fmt::Write as _;
 
 use serde_json::{Value, json};
 
-use super::aliases;
 use crate::view::{export::folded, tree};
 use crate::{
     cli::{ReportArgs, View},
     error::{Error, Result},
     profile::Profile,
     record::Recording,
+    run_info::TargetKind,
     view::json as doc,
     view::site_tables::{self, Names},
-    view::summary::{bytes, processes, summary},
+    view::summary::{processes, summary},
+    view::units::bytes,
 };
 
 fn need_size(args: &ReportArgs) -> Result<u64> {
@@ -28,8 +29,8 @@ fn overview_head(rec: &Recording) -> String {
         .map(|e| e.elapsed_ms)
         .or(rec.last_elapsed_ms)
         .unwrap_or(0);
-    let target = match h.target_mode.as_str() {
-        "command" => format!(
+    let target = match h.target_mode {
+        TargetKind::Command => format!(
             "command `{}` (pid {})",
             h.command.join(" "),
             h.pids
@@ -38,12 +39,14 @@ fn overview_head(rec: &Recording) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-        "pid" => format!(
+        TargetKind::Pid => format!(
             "pid {} ({})",
             h.pids.first().copied().unwrap_or(0),
             h.cmdlines.first().map(|c| c.1.as_str()).unwrap_or("?")
         ),
-        _ => crate::view::summary::all_processes(h.comm.as_deref(), h.cgroup.as_deref()),
+        TargetKind::All => {
+            crate::view::summary::all_processes(h.comm.as_deref(), h.cgroup.as_deref())
+        }
     };
     let mut s = String::new();
     let _ = writeln!(s, "target: {target}");
@@ -85,7 +88,7 @@ pub fn text(
         + &match view {
             View::Overview => {
                 let mut s = overview_head(rec);
-                s += &summary(p, args.pid, &aliases(rec));
+                s += &summary(p, args.pid, &rec.header.aliases());
                 if p.procs.len() > 1 {
                     s += &processes(p, top);
                 }
@@ -134,29 +137,9 @@ pub fn json<'a>(
     let h = &rec.header;
     Ok(match view {
         View::Overview => {
-            let info = doc::RunInfo {
-                mode: match h.target_mode.as_str() {
-                    "pid" => "pid",
-                    "command" => "command",
-                    _ => "all",
-                },
-                comm: h.comm.as_deref(),
-                cgroup: h.cgroup.as_deref(),
-                pids: &h.pids,
-                command: &h.command,
-                exit_code: rec.end.as_ref().and_then(|e| e.exit_code),
-                interval_ms: h.interval_ms,
-                provider: &h.provider,
-                probes: &[],
-                aliases: &aliases(rec),
-                collect: match h.mode.as_str() {
-                    "counts" => "counts",
-                    "sizes" => "sizes",
-                    _ => "stacks",
-                },
-                temporary: h.temporary(),
-            };
-            return Ok(doc::document(p, &info));
+            let info = h.run_info();
+            let exit_code = rec.end.as_ref().and_then(|e| e.exit_code);
+            return Ok(doc::document(p, &doc::Run::described(&info, exit_code)));
         }
         View::Timeline => serde_json::to_value(&p.rounds).unwrap_or(Value::Null),
         View::Histogram => return Ok(doc::sizes(p, args.pid)),

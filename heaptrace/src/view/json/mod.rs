@@ -1,4 +1,4 @@
-//! The `--json` document: one object written at exit. Its schema is documented in README.md;
+//! The `--json` document: one object written at exit. Its schema is in docs/formats.md;
 //! keys are only ever added, never renamed.
 use heaptrace_common::{Func, Loss};
 use serde_json::{Map, Value, json};
@@ -8,29 +8,66 @@ pub use node::Node;
 
 use crate::{
     drain::round::{SiteId, Totals},
-    probe::Attached,
+    probe::{Attached, Counting},
     profile::Profile,
     profile::histogram::percentiles,
-    profile::temporary::Temporary,
+    run_info::{RunInfo, Temporary},
 };
 
-/// What the document says about the run itself.
-pub struct RunInfo<'a> {
-    pub mode: &'static str,
-    /// `--comm` and `--cgroup`: what a system-wide trace was narrowed to.
-    pub comm: Option<&'a str>,
-    pub cgroup: Option<&'a str>,
-    pub pids: &'a [u32],
-    pub command: &'a [String],
+/// What the document says about the run: its description, and what only a live trace knows
+/// (a report of a recording leaves those out).
+pub struct Run<'a> {
+    pub info: &'a RunInfo,
     pub exit_code: Option<i32>,
-    pub interval_ms: u64,
-    pub provider: &'a str,
     pub probes: &'a [Attached],
-    /// (alias, probed as).
-    pub aliases: &'a [(Func, Func)],
-    /// What was collected: counts, sizes or stacks.
-    pub collect: &'static str,
-    pub temporary: Temporary,
+    /// Each memory syscall wrapper probed (`provider.syscall_probes`).
+    pub syscall_probes: Option<Vec<Value>>,
+    /// heaptrace's own RSS and peak RSS, in KiB.
+    pub own_rss_kb: Option<(u64, u64)>,
+    /// `--probe-stats`: each program's runs, run time and verified instructions.
+    pub programs: Option<Value>,
+    /// How the programs added to their counters.
+    pub counting: Option<Counting>,
+}
+
+impl<'a> Run<'a> {
+    /// A run known only from its description (a recording).
+    pub fn described(info: &'a RunInfo, exit_code: Option<i32>) -> Run<'a> {
+        Run {
+            info,
+            exit_code,
+            probes: &[],
+            syscall_probes: None,
+            own_rss_kb: None,
+            programs: None,
+            counting: None,
+        }
+    }
+
+    /// The document's `heaptrace` object.
+    fn heaptrace(&self) -> Value {
+        let mut h = json!({ "version": env!("CARGO_PKG_VERSION"), "format": 1 });
+        if let Some((rss, peak)) = self.own_rss_kb {
+            h["rss_kb"] = rss.into();
+            h["peak_rss_kb"] = peak.into();
+        }
+        if let Some(p) = &self.programs {
+            h["programs"] = p.clone();
+        }
+        if let Some(c) = self.counting {
+            h["counters"] = json!(c);
+        }
+        h
+    }
+
+    /// The document's `provider` object.
+    fn provider(&self) -> Value {
+        let mut p = json!({ "path": self.info.provider, "probes": self.probes });
+        if let Some(s) = &self.syscall_probes {
+            p["syscall_probes"] = s.clone().into();
+        }
+        p
+    }
 }
 
 /// A site's identity and frames, the common part of every per-stack entry.
@@ -281,7 +318,8 @@ fn totals_summary(t: &Totals) -> Value {
     })
 }
 
-pub fn document<'a>(profile: &'a Profile, info: &RunInfo<'_>) -> Node<'a> {
+pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
+    let info = run.info;
     let totals = profile.totals();
     // Of the processes shown; the kernel's stack loss for every process traced beside it.
     let mut lost = Map::new();
@@ -337,23 +375,23 @@ pub fn document<'a>(profile: &'a Profile, info: &RunInfo<'_>) -> Node<'a> {
         leaks(profile, None)
     };
     let plain = json!({
-        "heaptrace": { "version": env!("CARGO_PKG_VERSION"), "format": 1 },
+        "heaptrace": run.heaptrace(),
         "target": {
-            "mode": info.mode,
+            "mode": info.target.name(),
             "comm": info.comm,
             "cgroup": info.cgroup,
             "pids": info.pids,
             "command": info.command,
-            "exit_code": info.exit_code,
+            "exit_code": run.exit_code,
         },
         "interval_ms": info.interval_ms,
-        "mode": info.collect,
+        "mode": info.mode.name(),
         "sample_bytes": profile.sample_bytes,
         "latency_every": profile.latency_every.max(1),
         "rounds": profile.round_count(),
-        "provider": { "path": info.provider, "probes": info.probes },
+        "provider": run.provider(),
         "aliases": alias_names,
-        "functions": functions(&totals, info.aliases, profile),
+        "functions": functions(&totals, &info.aliases, profile),
         "totals": totals_summary(&totals),
         "live": live_all(profile, &totals),
         "lost": lost,
@@ -497,20 +535,17 @@ mod tests {
         );
         p.sizes.insert((42, Func::Malloc as u32, 100, 5), 3);
         let info = RunInfo {
-            mode: "command",
-            comm: None,
-            cgroup: None,
-            pids: &[42],
-            command: &["./fx".into()],
-            exit_code: Some(0),
+            mode: crate::run_info::Mode::Stacks,
+            target: crate::run_info::TargetKind::Command,
+            pids: vec![42],
+            command: vec!["./fx".into()],
             interval_ms: 1000,
-            provider: "/lib/libc.so.6",
-            probes: &[],
-            aliases: &[(Func::Memalign, Func::AlignedAlloc)],
-            collect: "stacks",
+            provider: "/lib/libc.so.6".into(),
+            aliases: vec![(Func::Memalign, Func::AlignedAlloc)],
             temporary: Temporary::Allocs(2),
+            ..RunInfo::default()
         };
-        let node = document(&p, &info);
+        let node = document(&p, &Run::described(&info, Some(0)));
         // The lists that grow with the stacks are made while the document is written.
         let Node::Object(parts) = &node else {
             panic!("the document is an object")

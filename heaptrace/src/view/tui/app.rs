@@ -17,6 +17,7 @@ use crate::{
     probe::Attached,
     profile::histogram::{Percentiles, percentiles},
     profile::{Profile, TimelineRow},
+    run_info::{RunInfo, TargetKind},
     symbolize::Frame,
     view::json as doc,
     view::summary::shown_funcs,
@@ -25,34 +26,15 @@ use crate::{
 /// What the view knows about the run from the start.
 #[derive(Clone, Debug, Default)]
 pub struct Info {
-    /// "pid 1234", "all processes", "./prog arg".
+    /// "pid 1234 (prog)", "all processes", "./prog arg (pid 1234)".
     pub target: String,
-    /// "pid", "all" or "command" (as in the JSON document).
-    pub mode: &'static str,
-    /// `--comm` and `--cgroup`: what a system-wide trace was narrowed to.
-    pub comm: Option<String>,
-    pub cgroup: Option<String>,
-    /// What the probes collect: counts, sizes or stacks.
-    pub collect: &'static str,
-    pub interval_ms: u64,
-    /// The allocator's file, as the target sees it.
-    pub provider: String,
-    pub pids: Vec<u32>,
-    pub command: Vec<String>,
+    pub run: RunInfo,
     pub attached: Vec<Attached>,
-    /// (alias, probed as).
-    pub aliases: Vec<(Func, Func)>,
-    pub temporary: crate::profile::temporary::Temporary,
     /// Where a launched command's output goes while the view is up.
     pub output: Option<String>,
 }
 
 impl Info {
-    /// The base name of the allocator's file: frames in it are the allocator's own.
-    pub fn allocator_module(&self) -> &str {
-        self.provider.rsplit('/').next().unwrap_or(&self.provider)
-    }
-
     pub fn probe_count(&self) -> usize {
         self.attached
             .iter()
@@ -443,7 +425,7 @@ impl App {
             history: BTreeMap::new(),
             last_totals: BTreeMap::new(),
         };
-        if app.info.collect != "stacks" {
+        if !app.info.run.mode.has_stacks() {
             app.screen = Screen::Timeline;
         }
         app.record_history();
@@ -455,7 +437,7 @@ impl App {
     pub fn screens(&self) -> Vec<Screen> {
         Screen::ALL
             .into_iter()
-            .filter(|s| *s != Screen::Processes || self.info.mode == "all")
+            .filter(|s| *s != Screen::Processes || self.info.run.target == TargetKind::All)
             .collect()
     }
 
@@ -631,7 +613,7 @@ impl App {
         let rounds = &self.all().rounds;
         let prev = rounds.len().checked_sub(2).and_then(|i| rounds.get(i));
         rounds.last().map_or(0, |last| {
-            per_second(last.allocations, last, prev, self.info.interval_ms)
+            per_second(last.allocations, last, prev, self.info.run.interval_ms)
         })
     }
 
@@ -646,7 +628,7 @@ impl App {
         })
     }
 
-    /// Losses so far, of the processes on screen (see `report::losses`).
+    /// Losses so far, of the processes on screen (see `summary::losses`).
     pub fn losses(&self) -> Vec<String> {
         crate::view::summary::losses(self.view(), None)
     }
@@ -657,7 +639,7 @@ impl App {
 
     pub fn site_rows(&self) -> Vec<SiteRow> {
         let needle = self.filter.to_lowercase();
-        let module = self.info.allocator_module();
+        let module = self.info.run.allocator_module();
         let view = self.view();
         let leaks = view.leaks.as_ref();
         let mut rows: Vec<SiteRow> = view
@@ -709,11 +691,11 @@ impl App {
 
     pub fn func_rows(&self) -> Vec<FuncRow> {
         let t = self.view().totals();
-        let hidden: Vec<Func> = self.info.aliases.iter().map(|(a, _)| *a).collect();
+        let hidden: Vec<Func> = self.info.run.aliases.iter().map(|(a, _)| *a).collect();
         let mut rows: Vec<FuncRow> = shown_funcs(&hidden)
             .map(|f| {
                 let mut name = f.name().to_string();
-                for (a, of) in &self.info.aliases {
+                for (a, of) in &self.info.run.aliases {
                     if *of == f {
                         name.push('/');
                         name.push_str(a.name());
@@ -766,7 +748,7 @@ impl App {
                 rate: self.history.get(pid).map_or(0, |h| {
                     let prev = h.len().checked_sub(2).and_then(|i| h.get(i));
                     h.back().map_or(0, |last| {
-                        per_second(last.allocations, last, prev, self.info.interval_ms)
+                        per_second(last.allocations, last, prev, self.info.run.interval_ms)
                     })
                 }),
             })
@@ -1114,20 +1096,9 @@ impl App {
                 .map(|r| serde_json::to_value(r).unwrap_or(Value::Null))
                 .collect(),
         };
-        let info = &self.info;
-        let run = doc::RunInfo {
-            mode: info.mode,
-            comm: info.comm.as_deref(),
-            cgroup: info.cgroup.as_deref(),
-            pids: &info.pids,
-            command: &info.command,
-            exit_code: self.shown.exit_code,
-            interval_ms: info.interval_ms,
-            provider: &info.provider,
-            probes: &info.attached,
-            aliases: &info.aliases,
-            collect: info.collect,
-            temporary: info.temporary,
+        let run = doc::Run {
+            probes: &self.info.attached,
+            ..doc::Run::described(&self.info.run, self.shown.exit_code)
         };
         let view = json!({
             "screen": self.screen.title().to_lowercase(),

@@ -1,6 +1,6 @@
 //! The live view: a terminal UI over the same Profile every other view reads.
 //!
-//! The daemon (`run.rs`) publishes a snapshot after each round into a `tokio::sync::watch`
+//! The daemon (`daemon`) publishes a snapshot after each round into a `tokio::sync::watch`
 //! channel and goes on draining; the view runs on a thread of its own and only ever clones the
 //! newest snapshot's `Arc`, so it never holds anything the daemon waits for. Quitting the view
 //! sends one message back, and the daemon detaches.

@@ -12,8 +12,11 @@ use ratatui::{
 
 use super::app::{App, Screen, SiteSort, meaningful_frame, short_symbol};
 use crate::{
-    profile::histogram::percentiles, symbolize::Frame as StackFrame, view::site_tables::nanos,
-    view::summary::bytes,
+    profile::histogram::percentiles,
+    run_info::{Mode, TargetKind},
+    symbolize::Frame as StackFrame,
+    view::units::bytes,
+    view::units::nanos,
 };
 
 const SELECTED: &str = "> ";
@@ -64,7 +67,7 @@ fn kib(kb: u64) -> String {
 fn draw_header(f: &mut Frame, app: &App, area: Rect) {
     let info = &app.info;
     let shown = app.shown();
-    let interval = nanos(info.interval_ms * 1_000_000)
+    let interval = nanos(info.run.interval_ms * 1_000_000)
         .replace(".0 ", " ")
         .replace(".00 ", " ");
     let mut l1 = vec![
@@ -72,13 +75,13 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
         Span::raw(info.target.clone()),
         Span::raw(format!(
             "  {} mode{}, every {interval}, {} probes in {}",
-            info.collect,
+            info.run.mode,
             match app.view().sample_bytes {
                 0 => String::new(),
                 n => format!(" sampled 1/{n} B (~: estimated)"),
             },
             info.probe_count(),
-            info.allocator_module()
+            info.run.allocator_module()
         )),
     ];
     if let Some(out) = &info.output {
@@ -251,7 +254,7 @@ fn draw_timeline(f: &mut Frame, app: &App, area: Rect) {
     }
     let rate = |n: u64, i: usize| -> u64 {
         let prev = i.checked_sub(1).map(|p| &rows[p]);
-        crate::view::tui::app::per_second(n, &rows[i], prev, app.info.interval_ms)
+        crate::view::tui::app::per_second(n, &rows[i], prev, app.info.run.interval_ms)
     };
     let by = |n: u64| bytes(n as i64);
     let plain = |n: u64| n.to_string();
@@ -344,11 +347,11 @@ fn draw_sites(f: &mut Frame, app: &App, area: Rect) {
         app.site_sort.name(),
         crate::view::site_tables::estimated(app.view())
     ));
-    if app.info.collect != "stacks" {
+    if !app.info.run.mode.has_stacks() {
         f.render_widget(
             Paragraph::new(format!(
                 "no stacks in {} mode: run with --mode stacks",
-                app.info.collect
+                app.info.run.mode
             ))
             .block(block),
             area,
@@ -358,7 +361,7 @@ fn draw_sites(f: &mut Frame, app: &App, area: Rect) {
     let wide = area.width >= 100;
     let temp = wide || app.site_sort == SiteSort::Temporary;
     let leaks = wide || app.site_sort == SiteSort::Leaks;
-    let pid = app.info.mode == "all";
+    let pid = app.info.run.target == TargetKind::All;
     let mut header = vec![
         format!("{:>10}", "bytes"),
         format!("{:>9}", "calls"),
@@ -447,7 +450,7 @@ fn draw_sites(f: &mut Frame, app: &App, area: Rect) {
 fn draw_stack(f: &mut Frame, app: &App, area: Rect) {
     let Some(id) = app.detail else { return };
     let frames = app.site_frames(&id);
-    let named = meaningful_frame(&frames, app.info.allocator_module());
+    let named = meaningful_frame(&frames, app.info.run.allocator_module());
     let func = heaptrace_common::Func::from_u32(id.2).map_or("?", |f| f.name());
     let mut lines: Vec<Line> = Vec::new();
     if let Some(t) = app.view().sites.get(&id) {
@@ -502,7 +505,7 @@ fn draw_stack(f: &mut Frame, app: &App, area: Rect) {
             (Some(file), None) => file.to_string(),
             _ => String::new(),
         };
-        let style = if *fr.module == *app.info.allocator_module() {
+        let style = if *fr.module == *app.info.run.allocator_module() {
             Style::new().dim()
         } else {
             Style::new()
@@ -550,7 +553,7 @@ fn draw_sizes(f: &mut Frame, app: &App, area: Rect) {
     let classes = app.size_classes();
     let block = Block::bordered().title("Requests by size class (all functions but free)");
     if classes.is_empty() {
-        let msg = if app.info.collect == "counts" {
+        let msg = if app.info.run.mode == Mode::Counts {
             "no sizes in counts mode: run with --mode sizes or stacks"
         } else {
             "no request yet"
@@ -701,9 +704,9 @@ fn draw_functions(f: &mut Frame, app: &App, area: Rect) {
         )),
         Line::from("times come from power-of-two buckets: good to a factor of 1.5".dim()),
     ];
-    if app.info.collect == "counts" || app.info.collect == "calls" {
+    if app.info.run.mode <= Mode::Counts {
         notes.push(Line::from(
-            format!("no times in {} mode", app.info.collect).dim(),
+            format!("no times in {} mode", app.info.run.mode).dim(),
         ));
     }
     if app.focus().is_some() {

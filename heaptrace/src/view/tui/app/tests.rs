@@ -1,10 +1,11 @@
 use ratatui::crossterm::event::KeyEvent;
 
 use super::*;
+use crate::run_info::{Mode, RunInfo, TargetKind};
 use crate::{
     drain::round::{FnTotals, Round},
     profile::ProcProfile,
-    target::procfs::Mem,
+    targets::procfs::Mem,
 };
 
 pub fn frame(function: &str, file: &str, line: u32, module: &str) -> Frame {
@@ -19,24 +20,26 @@ pub fn frame(function: &str, file: &str, line: u32, module: &str) -> Frame {
     .into()
 }
 
-pub fn info(mode: &'static str) -> Info {
+pub fn info(target: TargetKind) -> Info {
+    let all = target == TargetKind::All;
     Info {
-        target: if mode == "all" {
+        target: if all {
             "all processes".into()
         } else {
             "./sites 1000 (pid 4242)".into()
         },
-        mode,
-        comm: None,
-        cgroup: None,
-        collect: "stacks",
-        interval_ms: 1000,
-        provider: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
-        pids: if mode == "all" { vec![] } else { vec![4242] },
-        command: vec!["./sites".into(), "1000".into()],
+        run: RunInfo {
+            mode: Mode::Stacks,
+            target,
+            interval_ms: 1000,
+            provider: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
+            pids: if all { vec![] } else { vec![4242] },
+            command: vec!["./sites".into(), "1000".into()],
+            aliases: vec![(Func::Memalign, Func::AlignedAlloc)],
+            temporary: crate::run_info::Temporary::Allocs(1),
+            ..RunInfo::default()
+        },
         attached: vec![],
-        aliases: vec![(Func::Memalign, Func::AlignedAlloc)],
-        temporary: crate::profile::temporary::Temporary::Allocs(1),
         output: None,
     }
 }
@@ -217,7 +220,7 @@ fn names(app: &App) -> Vec<String> {
 
 #[test]
 fn sites_sort_by_each_key_and_name_the_meaningful_frame() {
-    let mut app = App::new(info("command"), published(2, false));
+    let mut app = App::new(info(TargetKind::Command), published(2, false));
     assert_eq!(app.screen, Screen::Sites);
     // helper_c's first frame is in libc.so.6 (the allocator's module): skipped.
     assert_eq!(names(&app), ["helper_c", "alloc_a", "alloc_b"]);
@@ -241,7 +244,7 @@ fn sites_sort_by_each_key_and_name_the_meaningful_frame() {
 
 #[test]
 fn figures_are_the_profiles() {
-    let app = App::new(info("command"), published(3, false));
+    let app = App::new(info(TargetKind::Command), published(3, false));
     let rows = app.site_rows();
     assert_eq!(rows[0].totals.calls, 3000);
     assert_eq!(rows[0].totals.bytes, 999_000);
@@ -264,7 +267,7 @@ fn figures_are_the_profiles() {
 
 #[test]
 fn filter_matches_function_or_module_substrings() {
-    let mut app = App::new(info("command"), published(1, false));
+    let mut app = App::new(info(TargetKind::Command), published(1, false));
     app.on_key(key('/'));
     assert!(app.editing_filter);
     for c in "ALLOC_b".chars() {
@@ -297,7 +300,7 @@ fn filter_matches_function_or_module_substrings() {
 
 #[test]
 fn selection_moves_clamps_and_follows_its_site() {
-    let mut app = App::new(info("command"), published(1, false));
+    let mut app = App::new(info(TargetKind::Command), published(1, false));
     assert_eq!(app.selected(Screen::Sites), 0);
     app.on_key(code(KeyCode::Up));
     assert_eq!(app.selected(Screen::Sites), 0);
@@ -330,7 +333,7 @@ fn selection_moves_clamps_and_follows_its_site() {
 
 #[test]
 fn pause_freezes_the_view_while_snapshots_arrive() {
-    let mut app = App::new(info("command"), published(1, false));
+    let mut app = App::new(info(TargetKind::Command), published(1, false));
     app.on_key(key('p'));
     assert!(app.paused);
     assert!(app.status.contains("paused at round 1"), "{}", app.status);
@@ -352,7 +355,7 @@ fn pause_freezes_the_view_while_snapshots_arrive() {
 
 #[test]
 fn reset_counts_from_the_baseline() {
-    let mut app = App::new(info("command"), published(2, false));
+    let mut app = App::new(info(TargetKind::Command), published(2, false));
     app.on_key(key('r'));
     assert_eq!(app.baseline_round(), Some(2));
     assert_eq!(app.totals().allocations(), 0);
@@ -371,7 +374,7 @@ fn reset_counts_from_the_baseline() {
 #[test]
 fn focusing_a_process_narrows_every_screen() {
     // The view sees each round as it comes: its per-process timeline is made of them.
-    let mut app = App::new(info("all"), published(1, true));
+    let mut app = App::new(info(TargetKind::All), published(1, true));
     app.update(published(2, true));
     assert!(app.screens().contains(&Screen::Processes));
     app.on_key(key('5'));
@@ -397,13 +400,13 @@ fn focusing_a_process_narrows_every_screen() {
     assert_eq!(app.focus(), None);
     assert_eq!(app.totals().func(Func::Malloc).calls, 14000);
     // Without --all there is no processes screen.
-    let one = App::new(info("pid"), published(1, false));
+    let one = App::new(info(TargetKind::Pid), published(1, false));
     assert!(!one.screens().contains(&Screen::Processes));
 }
 
 #[test]
 fn tab_cycles_screens_and_help_closes_on_any_key() {
-    let mut app = App::new(info("pid"), published(1, false));
+    let mut app = App::new(info(TargetKind::Pid), published(1, false));
     let seen: Vec<Screen> = (0..4)
         .map(|_| {
             app.on_key(code(KeyCode::Tab));
@@ -431,7 +434,7 @@ fn tab_cycles_screens_and_help_closes_on_any_key() {
 
 #[test]
 fn export_holds_the_rows_and_the_json_document_of_the_view() {
-    let mut app = App::new(info("command"), published(2, false));
+    let mut app = App::new(info(TargetKind::Command), published(2, false));
     let v = app.export().to_value();
     assert_eq!(v["view"]["screen"], "sites");
     assert_eq!(v["rows"][0]["frame"]["function"], "helper_c");
@@ -466,7 +469,7 @@ fn long_cxx_symbols_are_shortened_for_one_line() {
 
 #[test]
 fn per_process_history_is_bounded() {
-    let mut app = App::new(info("all"), published(1, true));
+    let mut app = App::new(info(TargetKind::All), published(1, true));
     let mut p = app.latest.profile.clone();
     for i in 2..(PROC_HISTORY as u64 + 10) {
         p.apply(&sites_round(i, 1, true));
@@ -492,7 +495,7 @@ fn leaks_show_once_the_trace_has_ended() {
     );
     end.profile.leaks = Some(leaks);
     end.ended = Some("pid 4242 exited with status 0".into());
-    let mut app = App::new(info("command"), Arc::new(end));
+    let mut app = App::new(info(TargetKind::Command), Arc::new(end));
     app.site_sort = SiteSort::Leaks;
     let rows = app.site_rows();
     assert_eq!(&*rows[0].frame().function, "alloc_b");

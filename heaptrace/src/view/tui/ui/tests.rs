@@ -32,9 +32,10 @@ fn screen(app: &mut App, s: Screen) {
     app.screen = s;
 }
 
-fn sites_app(mode: &'static str) -> App {
-    let mut app = App::new(info(mode), published(1, mode == "all"));
-    app.update(published(3, mode == "all"));
+fn sites_app(target: TargetKind) -> App {
+    let all = target == TargetKind::All;
+    let mut app = App::new(info(target), published(1, all));
+    app.update(published(3, all));
     app
 }
 
@@ -52,7 +53,7 @@ fn running(profile: Profile) -> Arc<Published> {
 
 #[test]
 fn every_screen_at_80x24() {
-    let mut app = sites_app("command");
+    let mut app = sites_app(TargetKind::Command);
     for s in [
         Screen::Timeline,
         Screen::Sites,
@@ -69,7 +70,7 @@ fn every_screen_at_80x24() {
 
 #[test]
 fn every_screen_wide() {
-    let mut app = sites_app("all");
+    let mut app = sites_app(TargetKind::All);
     for s in Screen::ALL {
         screen(&mut app, s);
         insta::assert_snapshot!(
@@ -81,7 +82,7 @@ fn every_screen_wide() {
 
 #[test]
 fn every_screen_of_an_empty_profile() {
-    let mut app = App::new(info("all"), Arc::new(Published::default()));
+    let mut app = App::new(info(TargetKind::All), Arc::new(Published::default()));
     for s in Screen::ALL {
         screen(&mut app, s);
         insta::assert_snapshot!(
@@ -93,7 +94,7 @@ fn every_screen_of_an_empty_profile() {
 
 #[test]
 fn stack_of_a_site_with_inlined_frames() {
-    let mut app = sites_app("command");
+    let mut app = sites_app(TargetKind::Command);
     app.on_key(KeyEvent::from(KeyCode::Enter));
     insta::assert_snapshot!("stack_narrow", render(&app, 80, 24));
     insta::assert_snapshot!("stack_wide", render(&app, 140, 30));
@@ -113,14 +114,15 @@ fn long_tables_format_only_the_rows_on_screen() {
 /// timeline say so or show a rate instead, never a live figure of zero.
 #[test]
 fn a_calls_mode_trace_shows_no_live_figures() {
-    let info = crate::view::tui::app::Info {
-        collect: "calls",
-        ..info("all")
-    };
-    let mut app = App::new(info, running(Profile::of_mode("calls", 0)));
+    let mut info = info(TargetKind::All);
+    info.run.mode = crate::run_info::Mode::Calls;
+    let mut app = App::new(
+        info,
+        running(Profile::of_mode(crate::run_info::Mode::Calls, 0)),
+    );
     // Each round is published as it ends, as a trace does: the processes screen's rate is
     // of the last one (3000 allocations in 1 s).
-    let mut p = Profile::of_mode("calls", 0);
+    let mut p = Profile::of_mode(crate::run_info::Mode::Calls, 0);
     for index in 1..=3u64 {
         let mut r = Round {
             index,
@@ -201,7 +203,7 @@ fn a_sampled_trace_says_its_rate_and_marks_estimates() {
     let mut p = Profile::sampled(65536);
     p.apply(&r);
     let published = running(p);
-    let mut app = App::new(info("command"), published);
+    let mut app = App::new(info(TargetKind::Command), published);
     for s in [Screen::Sites, Screen::Functions] {
         screen(&mut app, s);
         let text = render(&app, 80, 24);
@@ -211,14 +213,14 @@ fn a_sampled_trace_says_its_rate_and_marks_estimates() {
 
 #[test]
 fn help_overlay() {
-    let mut app = sites_app("command");
+    let mut app = sites_app(TargetKind::Command);
     keys(&mut app, "?");
     insta::assert_snapshot!("help", render(&app, 80, 24));
 }
 
 #[test]
 fn paused_reset_focused_and_filtered() {
-    let mut app = sites_app("all");
+    let mut app = sites_app(TargetKind::All);
     keys(&mut app, "5j");
     app.on_key(KeyEvent::from(KeyCode::Enter)); // focus on the busiest: pid 7
     keys(&mut app, "r");
@@ -243,7 +245,7 @@ fn ended_with_leaks_sorted_by_leaks() {
     p.profile.leaks = Some(leaks);
     p.ended = Some("pid 4242 exited with status 0".into());
     p.exit_code = Some(0);
-    let mut app = App::new(info("command"), Arc::new(p));
+    let mut app = App::new(info(TargetKind::Command), Arc::new(p));
     keys(&mut app, "ssss");
     insta::assert_snapshot!("ended_narrow", render(&app, 80, 24));
     insta::assert_snapshot!("ended_wide", render(&app, 120, 24));
@@ -299,7 +301,7 @@ fn very_long_cxx_symbols() {
     let mut p = Profile::default();
     p.apply(&r);
     let mut app = App::new(
-        info("command"),
+        info(TargetKind::Command),
         Arc::new(Published {
             profile: p,
             elapsed_ms: 1000,
@@ -314,7 +316,7 @@ fn very_long_cxx_symbols() {
 /// The traced process exec'ed: the status line says so while the trace runs.
 #[test]
 fn an_exec_is_said_in_the_status_line() {
-    let mut app = sites_app("command");
+    let mut app = sites_app(TargetKind::Command);
     let mut p = (*published(4, false)).clone();
     p.notice = Some("pid 4242 exec'ed python3: its counts start over".into());
     app.update(Arc::new(p));
@@ -347,7 +349,7 @@ fn ended_processes_are_told_apart_from_the_live_ones() {
             },
         );
     }
-    let mut app = App::new(info("all"), running(p));
+    let mut app = App::new(info(TargetKind::All), running(p));
     screen(&mut app, Screen::Processes);
     let text = format!("{:?}", render(&app, 160, 24));
     assert!(

@@ -107,7 +107,7 @@ mod tests {
 
     #[test]
     fn names_this_processs_cgroup_by_its_directorys_inode() {
-        let Some(mine) = crate::target::procfs::cgroup(std::process::id()) else {
+        let Some(mine) = crate::targets::procfs::cgroup(std::process::id()) else {
             eprintln!("SKIPPED no cgroup v2 line in /proc/self/cgroup");
             return;
         };
@@ -125,7 +125,7 @@ mod tests {
         assert_eq!(names.path(u64::MAX), None);
     }
 
-    /// What `cgroupfilter` walks the hierarchy again on.
+    /// What `probe::cgroup_filter` walks the hierarchy again on.
     #[test]
     fn the_roots_stat_changes_when_a_cgroup_is_made_and_removed() {
         let mut names = CgroupNames::default();

@@ -9,8 +9,8 @@ use heaptrace_common::Func;
 
 use crate::{
     error::{Error, Result},
-    target::custom_symbols::{Abi, Custom},
-    target::elf::{self, FuncSite},
+    targets::custom_symbols::{Abi, Custom},
+    targets::elf::{self, FuncSite},
 };
 
 /// The object whose malloc family heaptrace probes.
@@ -245,7 +245,7 @@ pub fn libc_of(pid: u32) -> Result<Option<(PathBuf, PathBuf)>> {
 /// order, libc and the dynamic loader's neighbours last), and its root directory.
 fn candidates(pid: u32) -> Result<(Vec<PathBuf>, PathBuf)> {
     // A running thread's, when the leader has exited (its files are empty then).
-    let dir = crate::target::procfs::space_dir(pid);
+    let dir = crate::targets::procfs::space_dir(pid);
     let maps_path = PathBuf::from(format!("{dir}/maps"));
     let maps = fs::read_to_string(&maps_path).map_err(|source| {
         if source.kind() == std::io::ErrorKind::NotFound {

@@ -45,7 +45,7 @@ pub fn named_sites(path: &Path, names: &[(Func, String)]) -> Result<Vec<FuncSite
     for_each_function(&file, |name, addr, size| {
         if let Some((func, _)) = names
             .iter()
-            .find(|(_, want)| crate::target::custom_symbols::matches(name, want))
+            .find(|(_, want)| crate::targets::custom_symbols::matches(name, want))
         {
             by_func.entry(*func).or_insert((addr, size));
         }
@@ -171,7 +171,7 @@ mod tests {
     use super::*;
 
     fn host_libc() -> std::path::PathBuf {
-        crate::target::allocator::host_libc_path().expect("host libc")
+        crate::targets::allocator::host_libc_path().expect("host libc")
     }
 
     #[test]
