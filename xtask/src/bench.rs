@@ -1201,46 +1201,7 @@ fn describe(meta: &Value) -> String {
 
 /// Medians per (workload, P, kind) and the three tables of BENCHMARKS.md.
 pub fn summary(runs: &[Run], meta: &Value) -> String {
-    type Key = (usize, u32);
-    let order = |w: &str| WORKLOADS.iter().position(|x| *x == w).unwrap_or(usize::MAX);
-    let mut by: BTreeMap<(Key, Kind), Vec<&Run>> = BTreeMap::new();
-    for r in runs {
-        by.entry(((order(&r.workload), r.threads), r.kind()))
-            .or_default()
-            .push(r);
-    }
-    let batches: Vec<(Key, String)> = {
-        let mut v: Vec<(Key, String)> = runs
-            .iter()
-            .map(|r| ((order(&r.workload), r.threads), r.workload.clone()))
-            .collect();
-        v.sort();
-        v.dedup();
-        v
-    };
-    let kinds: Vec<Kind> = {
-        let mut v: Vec<Kind> = runs.iter().filter_map(|r| r.kind).collect();
-        v.sort();
-        v.dedup();
-        v
-    };
-    let med = |k: Key, kind: Kind, f: &dyn Fn(&Run) -> Option<f64>| -> Option<f64> {
-        let v: Vec<f64> = by.get(&(k, kind))?.iter().filter_map(|r| f(r)).collect();
-        median(&v)
-    };
-    // Calls per batch: the median over heaptrace's counted runs (the others make the same
-    // calls: the workloads are deterministic).
-    let calls = |k: Key| -> Option<f64> {
-        let v: Vec<f64> = kinds
-            .iter()
-            .filter(|kd| kd.counted())
-            .filter_map(|kd| by.get(&(k, *kd)))
-            .flatten()
-            .filter_map(|r| r.calls.map(|c| c as f64))
-            .collect();
-        median(&v)
-    };
-
+    let m = Medians::new(runs);
     let mut t = String::new();
     let _ = writeln!(
         t,
@@ -1252,35 +1213,110 @@ pub fn summary(runs: &[Run], meta: &Value) -> String {
         meta["duration_s"].as_f64().unwrap_or(0.0),
         meta["waited_s"].as_f64().unwrap_or(0.0)
     );
+    slowdown_table(&mut t, &m);
+    added_time_table(&mut t, &m);
+    own_cost_table(&mut t, &m);
+    t
+}
 
-    // 1. Slowdown.
+/// A batch: its workload's place in `WORKLOADS`, and P.
+type Key = (usize, u32);
+
+/// The runs grouped by batch and kind, for their medians.
+struct Medians<'a> {
+    by: BTreeMap<(Key, Kind), Vec<&'a Run>>,
+    /// Every batch, in table order, with its workload's name.
+    batches: Vec<(Key, String)>,
+    /// The traced kinds that ran, in table order.
+    kinds: Vec<Kind>,
+}
+
+impl<'a> Medians<'a> {
+    fn new(runs: &'a [Run]) -> Medians<'a> {
+        let order = |w: &str| WORKLOADS.iter().position(|x| *x == w).unwrap_or(usize::MAX);
+        let mut by: BTreeMap<(Key, Kind), Vec<&Run>> = BTreeMap::new();
+        for r in runs {
+            by.entry(((order(&r.workload), r.threads), r.kind()))
+                .or_default()
+                .push(r);
+        }
+        let mut batches: Vec<(Key, String)> = runs
+            .iter()
+            .map(|r| ((order(&r.workload), r.threads), r.workload.clone()))
+            .collect();
+        batches.sort();
+        batches.dedup();
+        let mut kinds: Vec<Kind> = runs.iter().filter_map(|r| r.kind).collect();
+        kinds.sort();
+        kinds.dedup();
+        Medians { by, batches, kinds }
+    }
+
+    /// The median of `f` over a batch's runs of `kind`.
+    fn med(&self, k: Key, kind: Kind, f: &dyn Fn(&Run) -> Option<f64>) -> Option<f64> {
+        let v: Vec<f64> = self
+            .by
+            .get(&(k, kind))?
+            .iter()
+            .filter_map(|r| f(r))
+            .collect();
+        median(&v)
+    }
+
+    /// Calls per batch: the median over heaptrace's counted runs (the others make the same
+    /// calls: the workloads are deterministic).
+    fn calls(&self, k: Key) -> Option<f64> {
+        let v: Vec<f64> = self
+            .kinds
+            .iter()
+            .filter(|kd| kd.counted())
+            .filter_map(|kd| self.by.get(&(k, *kd)))
+            .flatten()
+            .filter_map(|r| r.calls.map(|c| c as f64))
+            .collect();
+        median(&v)
+    }
+
+    /// A table's header: the `first` columns (and their `rule`), then one per kind.
+    fn header(&self, t: &mut String, first: &str, rule: &str) {
+        let _ = write!(t, "{first}");
+        for k in &self.kinds {
+            let _ = write!(t, " {} |", k.name());
+        }
+        let _ = write!(t, "\n{rule}");
+        for _ in &self.kinds {
+            let _ = write!(t, "---|");
+        }
+        t.push('\n');
+    }
+}
+
+/// 1. Slowdown: each kind's elapsed time over the natives', per batch and its mean per P.
+fn slowdown_table(t: &mut String, m: &Medians) {
     let _ = writeln!(
         t,
         "Slowdown: the workload's own elapsed time (median) over the median of the native runs \
          interleaved in the same batch.\n"
     );
-    let _ = write!(t, "| workload | P | calls | native elapsed (cpu) |");
-    for k in &kinds {
-        let _ = write!(t, " {} |", k.name());
-    }
-    let _ = write!(t, "\n|---|---|---|---|");
-    for _ in &kinds {
-        let _ = write!(t, "---|");
-    }
-    t.push('\n');
+    m.header(
+        t,
+        "| workload | P | calls | native elapsed (cpu) |",
+        "|---|---|---|---|",
+    );
     let mut sums: BTreeMap<(u32, Kind), (f64, usize)> = BTreeMap::new();
-    for (k, w) in &batches {
-        let native = med(*k, Kind::Native, &|r| Some(r.elapsed));
+    for (k, w) in &m.batches {
+        let native = m.med(*k, Kind::Native, &|r| Some(r.elapsed));
         let _ = write!(
             t,
             "| {w} | {} | {} | {} ({}) |",
             k.1,
-            count(calls(*k).map(|c| c as u64)),
+            count(m.calls(*k).map(|c| c as u64)),
             native.map_or("-".into(), |n| format!("{n:.3} s")),
-            med(*k, Kind::Native, &|r| Some(r.cpu)).map_or("-".into(), |n| format!("{n:.3} s")),
+            m.med(*k, Kind::Native, &|r| Some(r.cpu))
+                .map_or("-".into(), |n| format!("{n:.3} s")),
         );
-        for kind in &kinds {
-            match (med(*k, *kind, &|r| Some(r.elapsed)), native) {
+        for kind in &m.kinds {
+            match (m.med(*k, *kind, &|r| Some(r.elapsed)), native) {
                 (Some(e), Some(n)) if n > 0.0 => {
                     let _ = write!(t, " {} |", ratio(e / n));
                     let s = sums.entry((k.1, *kind)).or_default();
@@ -1292,12 +1328,12 @@ pub fn summary(runs: &[Run], meta: &Value) -> String {
         }
         t.push('\n');
     }
-    let mut ps: Vec<u32> = batches.iter().map(|(k, _)| k.1).collect();
+    let mut ps: Vec<u32> = m.batches.iter().map(|(k, _)| k.1).collect();
     ps.sort();
     ps.dedup();
     for p in ps {
         let _ = write!(t, "| **mean** | {p} | | |");
-        for kind in &kinds {
+        for kind in &m.kinds {
             match sums.get(&(p, *kind)) {
                 Some((s, n)) if *n > 0 => {
                     let _ = write!(t, " **{}** |", ratio(s / *n as f64));
@@ -1307,31 +1343,25 @@ pub fn summary(runs: &[Run], meta: &Value) -> String {
         }
         t.push('\n');
     }
+}
 
-    // 2. Added time per call.
+/// 2. Added time per call, from the elapsed time and from the CPU time.
+fn added_time_table(t: &mut String, m: &Medians) {
     let _ = writeln!(
         t,
         "\nAdded time per malloc-family call, ns: (median elapsed - native median) / calls, and \
          in parentheses the same from the workload's CPU time (all its threads, kernel time in \
          the probes included).\n"
     );
-    let _ = write!(t, "| workload | P |");
-    for k in &kinds {
-        let _ = write!(t, " {} |", k.name());
-    }
-    let _ = write!(t, "\n|---|---|");
-    for _ in &kinds {
-        let _ = write!(t, "---|");
-    }
-    t.push('\n');
-    for (k, w) in &batches {
+    m.header(t, "| workload | P |", "|---|---|");
+    for (k, w) in &m.batches {
         let _ = write!(t, "| {w} | {} |", k.1);
-        let n_el = med(*k, Kind::Native, &|r| Some(r.elapsed));
-        let n_cpu = med(*k, Kind::Native, &|r| Some(r.cpu));
-        for kind in &kinds {
-            let el = med(*k, *kind, &|r| Some(r.elapsed));
-            let cpu = med(*k, *kind, &|r| Some(r.cpu));
-            match (el, cpu, n_el, n_cpu, calls(*k)) {
+        let n_el = m.med(*k, Kind::Native, &|r| Some(r.elapsed));
+        let n_cpu = m.med(*k, Kind::Native, &|r| Some(r.cpu));
+        for kind in &m.kinds {
+            let el = m.med(*k, *kind, &|r| Some(r.elapsed));
+            let cpu = m.med(*k, *kind, &|r| Some(r.cpu));
+            match (el, cpu, n_el, n_cpu, m.calls(*k)) {
                 (Some(e), Some(c), Some(ne), Some(nc), Some(n)) if n > 0.0 => {
                     let _ = write!(
                         t,
@@ -1345,8 +1375,10 @@ pub fn summary(runs: &[Run], meta: &Value) -> String {
         }
         t.push('\n');
     }
+}
 
-    // 3. The daemon and the files.
+/// 3. The daemon's own cost and the files, heaptrack's beside.
+fn own_cost_table(t: &mut String, m: &Medians) {
     let _ = writeln!(
         t,
         "\nheaptrace's own cost (medians): CPU seconds (user+system) and peak RSS (VmHWM, \
@@ -1369,29 +1401,28 @@ pub fn summary(runs: &[Run], meta: &Value) -> String {
     let secs = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2} s"));
     let mib = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.0} MiB", v / 1024.0));
     let int = |v: Option<f64>| count(v.map(|v| v as u64));
-    for (k, w) in &batches {
-        let m = |kind: Kind, f: &dyn Fn(&Run) -> Option<f64>| med(*k, kind, f);
+    for (k, w) in &m.batches {
+        let med = |kind: Kind, f: &dyn Fn(&Run) -> Option<f64>| m.med(*k, kind, f);
         let rss = |r: &Run| r.daemon_rss_kb.map(|v| v as f64);
         let _ = writeln!(
             t,
             "| {w} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             k.1,
-            secs(m(Kind::Stacks, &|r| r.daemon_cpu)),
-            mib(m(Kind::Stacks, &rss)),
-            secs(m(Kind::Stacks, &|r| Some(r.wall - r.elapsed))),
-            secs(m(Kind::Attach, &|r| r.daemon_cpu)),
-            mib(m(Kind::Attach, &rss)),
-            secs(m(Kind::Record, &|r| r.daemon_cpu)),
-            mib(m(Kind::Record, &rss)),
-            int(m(Kind::Record, &|r| r.rounds.map(|v| v as f64))),
-            int(m(Kind::Record, &|r| r.stacks.map(|v| v as f64))),
-            int(m(Kind::Record, &|r| r.lost_stack.map(|v| v as f64))),
-            bytes(m(Kind::Record, &|r| r.file_bytes.map(|v| v as f64)).map(|v| v as u64)),
-            bytes(m(Kind::Heaptrack, &|r| r.file_bytes.map(|v| v as f64)).map(|v| v as u64)),
-            secs(m(Kind::Heaptrack, &|r| r.daemon_cpu)),
+            secs(med(Kind::Stacks, &|r| r.daemon_cpu)),
+            mib(med(Kind::Stacks, &rss)),
+            secs(med(Kind::Stacks, &|r| Some(r.wall - r.elapsed))),
+            secs(med(Kind::Attach, &|r| r.daemon_cpu)),
+            mib(med(Kind::Attach, &rss)),
+            secs(med(Kind::Record, &|r| r.daemon_cpu)),
+            mib(med(Kind::Record, &rss)),
+            int(med(Kind::Record, &|r| r.rounds.map(|v| v as f64))),
+            int(med(Kind::Record, &|r| r.stacks.map(|v| v as f64))),
+            int(med(Kind::Record, &|r| r.lost_stack.map(|v| v as f64))),
+            bytes(med(Kind::Record, &|r| r.file_bytes.map(|v| v as f64)).map(|v| v as u64)),
+            bytes(med(Kind::Heaptrack, &|r| r.file_bytes.map(|v| v as f64)).map(|v| v as u64)),
+            secs(med(Kind::Heaptrack, &|r| r.daemon_cpu)),
         );
     }
-    t
 }
 
 #[cfg(test)]
