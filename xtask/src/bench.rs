@@ -575,16 +575,8 @@ impl Bench {
 
     /// One run of `kind`; `seconds` loops the workload (the size runs).
     fn run(&self, w: &str, p: u32, kind: Kind, rep: usize, seconds: Option<f64>) -> Result<Run> {
-        let name = if seconds.is_some() {
-            format!("{}-loop", kind.name())
-        } else {
-            kind.name().to_string()
-        };
-        let out = self.log(w, p, &name, rep, "out");
-        let err = self.log(w, p, &name, rep, "err");
-        let jpath = self.log(w, p, &name, rep, "json");
-        let file = self.logs.join(format!("{w}-P{p}-{name}.rec"));
-        let _ = fs::remove_file(&jpath);
+        let files = self.files(w, p, kind, rep, seconds);
+        let _ = fs::remove_file(&files.json);
         let mut run = Run {
             workload: w.to_string(),
             threads: p,
@@ -592,86 +584,19 @@ impl Bench {
             rep,
             ..Run::default()
         };
-        let exe = self.workload(w);
-        let args = self.args(w, p, seconds);
-        // The JSON document is asked for in calls, counts and sizes modes only, where it is small.
-        // In stacks mode it holds every stack with its frames (over 100 MB for binary-trees),
-        // and writing it would count in the daemon's cost; the record run's figures come from
-        // `heaptrace report` on the recording after the run instead.
-        let ht_flags = |mode: &str| -> Vec<String> {
-            let mut f = vec!["-q".into(), "--mode".into(), mode.into()];
-            if mode != "stacks" {
-                f.extend(["--json".into(), jpath.display().to_string()]);
-            }
-            f
-        };
-        let exited = match kind {
-            Kind::Native => finish(spawn(
-                Command::new(&exe)
-                    .args(&args)
-                    .stdout(file_out(&out)?)
-                    .stderr(file_out(&err)?),
-            )?)?,
-            Kind::Calls | Kind::Counts | Kind::Sizes | Kind::Stacks | Kind::Record => {
-                let mut c = Command::new(&self.heaptrace);
-                if kind == Kind::Record {
-                    let _ = fs::remove_file(&file);
-                    c.arg("record")
-                        .arg("-o")
-                        .arg(&file)
-                        .args(ht_flags("stacks"));
-                } else {
-                    c.args(ht_flags(kind.name()));
-                }
-                c.arg("--").arg(&exe).args(&args);
-                let e = finish(spawn(c.stdout(file_out(&out)?).stderr(file_out(&err)?))?)?;
-                run.daemon_cpu = Some(e.self_cpu);
-                run.daemon_rss_kb = Some(e.hwm_kb);
-                e
-            }
-            Kind::AttachCalls | Kind::AttachCounts | Kind::AttachSizes | Kind::Attach => {
-                let mode = kind.attach_mode().expect("an attached kind");
-                let (e, wl) = self.attach(&exe, &args, &out, &err, ht_flags(mode))?;
-                if wl != 0 {
-                    bail!("{w} exited with {wl} under attach (see {})", out.display());
-                }
-                run.daemon_cpu = Some(e.self_cpu);
-                run.daemon_rss_kb = Some(e.hwm_kb);
-                e
-            }
-            Kind::Heaptrack => {
-                let base = self.logs.join(format!("{w}-P{p}-heaptrack"));
-                for ext in ["zst", "gz", ""] {
-                    let _ = fs::remove_file(with_ext(&base, ext));
-                }
-                let e = finish(spawn(
-                    Command::new("heaptrack")
-                        .arg("-o")
-                        .arg(&base)
-                        .arg(&exe)
-                        .args(&args)
-                        .stdout(file_out(&out)?)
-                        .stderr(file_out(&err)?),
-                )?)?;
-                run.file_bytes = ["zst", "gz", ""]
-                    .iter()
-                    .find_map(|ext| fs::metadata(with_ext(&base, ext)).ok())
-                    .map(|m| m.len());
-                run.daemon_cpu = Some(e.self_cpu + e.children_cpu);
-                e
-            }
-        };
-        let stdout = fs::read_to_string(&out).unwrap_or_default();
+        let exited = self.launch(w, p, kind, seconds, &files, &mut run)?;
+        let stdout = fs::read_to_string(&files.out).unwrap_or_default();
         if exited.code != 0 {
             bail!(
-                "{w} P={p} {name} exited with {} (see {} and {})",
+                "{w} P={p} {} exited with {} (see {} and {})",
+                files.name,
                 exited.code,
-                out.display(),
-                err.display()
+                files.out.display(),
+                files.err.display()
             );
         }
         let (elapsed, cpu) = parse_summary(&stdout)
-            .with_context(|| format!("no summary line in {}", out.display()))?;
+            .with_context(|| format!("no summary line in {}", files.out.display()))?;
         run.elapsed = elapsed;
         run.cpu = cpu;
         run.wall = exited.wall;
@@ -681,35 +606,129 @@ impl Bench {
             run.daemon_cpu = run.daemon_cpu.map(|c| (c - cpu).max(0.0));
         }
         if kind == Kind::Record {
-            let rep = Command::new(&self.heaptrace)
-                .arg("report")
-                .arg(&file)
-                .args(["--format", "json"])
-                .stdout(file_out(&jpath)?)
-                .status()?;
-            if !rep.success() {
-                bail!("heaptrace report {} failed: {rep}", file.display());
-            }
+            self.report(&files)?;
         }
         if kind.counted() {
-            let f =
-                File::open(&jpath).with_context(|| format!("cannot read {}", jpath.display()))?;
-            let (calls, rounds, lost, lost_stack, stacks) = parse_heaptrace_json(f)
-                .with_context(|| format!("bad JSON in {}", jpath.display()))?;
-            // Keep the logs small: binary-trees' documents are over 100 MB each.
-            if fs::metadata(&jpath).is_ok_and(|m| m.len() > 16 << 20) {
-                let _ = fs::remove_file(&jpath);
-            }
-            run.calls = Some(calls);
-            run.rounds = Some(rounds);
-            run.lost = Some(lost);
-            run.lost_stack = Some(lost_stack);
-            run.stacks = Some(stacks);
+            read_counts(&files.json, &mut run)?;
         }
         if kind == Kind::Record {
-            run.file_bytes = Some(fs::metadata(&file)?.len());
+            run.file_bytes = Some(fs::metadata(&files.rec)?.len());
         }
         Ok(run)
+    }
+
+    /// Where one run's output goes.
+    fn files(&self, w: &str, p: u32, kind: Kind, rep: usize, seconds: Option<f64>) -> RunFiles {
+        let name = if seconds.is_some() {
+            format!("{}-loop", kind.name())
+        } else {
+            kind.name().to_string()
+        };
+        RunFiles {
+            out: self.log(w, p, &name, rep, "out"),
+            err: self.log(w, p, &name, rep, "err"),
+            json: self.log(w, p, &name, rep, "json"),
+            rec: self.logs.join(format!("{w}-P{p}-{name}.rec")),
+            name,
+        }
+    }
+
+    /// Runs the workload as `kind` runs it, to its end; heaptrace's (or heaptrack's) own cost
+    /// goes into `run`.
+    fn launch(
+        &self,
+        w: &str,
+        p: u32,
+        kind: Kind,
+        seconds: Option<f64>,
+        files: &RunFiles,
+        run: &mut Run,
+    ) -> Result<Exited> {
+        let exe = self.workload(w);
+        let args = self.args(w, p, seconds);
+        let (out, err) = (&files.out, &files.err);
+        Ok(match kind {
+            Kind::Native => finish(spawn(
+                Command::new(&exe)
+                    .args(&args)
+                    .stdout(file_out(out)?)
+                    .stderr(file_out(err)?),
+            )?)?,
+            Kind::Calls | Kind::Counts | Kind::Sizes | Kind::Stacks | Kind::Record => {
+                let mut c = Command::new(&self.heaptrace);
+                if kind == Kind::Record {
+                    let _ = fs::remove_file(&files.rec);
+                    c.arg("record")
+                        .arg("-o")
+                        .arg(&files.rec)
+                        .args(files.ht_flags("stacks"));
+                } else {
+                    c.args(files.ht_flags(kind.name()));
+                }
+                c.arg("--").arg(&exe).args(&args);
+                let e = finish(spawn(c.stdout(file_out(out)?).stderr(file_out(err)?))?)?;
+                run.daemon_cpu = Some(e.self_cpu);
+                run.daemon_rss_kb = Some(e.hwm_kb);
+                e
+            }
+            Kind::AttachCalls | Kind::AttachCounts | Kind::AttachSizes | Kind::Attach => {
+                let mode = kind.attach_mode().expect("an attached kind");
+                let (e, wl) = self.attach(&exe, &args, out, err, files.ht_flags(mode))?;
+                if wl != 0 {
+                    bail!("{w} exited with {wl} under attach (see {})", out.display());
+                }
+                run.daemon_cpu = Some(e.self_cpu);
+                run.daemon_rss_kb = Some(e.hwm_kb);
+                e
+            }
+            Kind::Heaptrack => self.heaptrack(w, p, &exe, &args, files, run)?,
+        })
+    }
+
+    /// The workload under heaptrack; its file's size goes into `run`, and the whole command's
+    /// CPU time (the workload's is taken off once known).
+    fn heaptrack(
+        &self,
+        w: &str,
+        p: u32,
+        exe: &Path,
+        args: &[String],
+        files: &RunFiles,
+        run: &mut Run,
+    ) -> Result<Exited> {
+        let base = self.logs.join(format!("{w}-P{p}-heaptrack"));
+        for ext in ["zst", "gz", ""] {
+            let _ = fs::remove_file(with_ext(&base, ext));
+        }
+        let e = finish(spawn(
+            Command::new("heaptrack")
+                .arg("-o")
+                .arg(&base)
+                .arg(exe)
+                .args(args)
+                .stdout(file_out(&files.out)?)
+                .stderr(file_out(&files.err)?),
+        )?)?;
+        run.file_bytes = ["zst", "gz", ""]
+            .iter()
+            .find_map(|ext| fs::metadata(with_ext(&base, ext)).ok())
+            .map(|m| m.len());
+        run.daemon_cpu = Some(e.self_cpu + e.children_cpu);
+        Ok(e)
+    }
+
+    /// A record run's figures: `heaptrace report` of its recording, as JSON.
+    fn report(&self, files: &RunFiles) -> Result<()> {
+        let rep = Command::new(&self.heaptrace)
+            .arg("report")
+            .arg(&files.rec)
+            .args(["--format", "json"])
+            .stdout(file_out(&files.json)?)
+            .status()?;
+        if !rep.success() {
+            bail!("heaptrace report {} failed: {rep}", files.rec.display());
+        }
+        Ok(())
     }
 
     /// The workload starts with HEAPTRACE_BENCH_STOP and stops itself before its timer; once
@@ -768,6 +787,51 @@ impl Bench {
         let code = target.wait()?.code().unwrap_or(128);
         Ok((finish(ht)?, code))
     }
+}
+
+/// The files of one run.
+struct RunFiles {
+    /// The kind's name, with `-loop` for a looped run.
+    name: String,
+    /// The command's stdout and stderr.
+    out: PathBuf,
+    err: PathBuf,
+    /// heaptrace's JSON document.
+    json: PathBuf,
+    /// A record run's recording.
+    rec: PathBuf,
+}
+
+impl RunFiles {
+    /// heaptrace's flags in `mode`. The JSON document is asked for in calls, counts and sizes
+    /// modes only, where it is small. In stacks mode it holds every stack with its frames
+    /// (over 100 MB for binary-trees), and writing it would count in the daemon's cost; the
+    /// record run's figures come from `heaptrace report` on the recording after the run
+    /// instead.
+    fn ht_flags(&self, mode: &str) -> Vec<String> {
+        let mut f = vec!["-q".into(), "--mode".into(), mode.into()];
+        if mode != "stacks" {
+            f.extend(["--json".into(), self.json.display().to_string()]);
+        }
+        f
+    }
+}
+
+/// A counted run's figures, from heaptrace's JSON document at `path`.
+fn read_counts(path: &Path, run: &mut Run) -> Result<()> {
+    let f = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let (calls, rounds, lost, lost_stack, stacks) =
+        parse_heaptrace_json(f).with_context(|| format!("bad JSON in {}", path.display()))?;
+    // Keep the logs small: binary-trees' documents are over 100 MB each.
+    if fs::metadata(path).is_ok_and(|m| m.len() > 16 << 20) {
+        let _ = fs::remove_file(path);
+    }
+    run.calls = Some(calls);
+    run.rounds = Some(rounds);
+    run.lost = Some(lost);
+    run.lost_stack = Some(lost_stack);
+    run.stacks = Some(stacks);
+    Ok(())
 }
 
 fn with_ext(base: &Path, ext: &str) -> PathBuf {
