@@ -575,16 +575,8 @@ impl Bench {
 
     /// One run of `kind`; `seconds` loops the workload (the size runs).
     fn run(&self, w: &str, p: u32, kind: Kind, rep: usize, seconds: Option<f64>) -> Result<Run> {
-        let name = if seconds.is_some() {
-            format!("{}-loop", kind.name())
-        } else {
-            kind.name().to_string()
-        };
-        let out = self.log(w, p, &name, rep, "out");
-        let err = self.log(w, p, &name, rep, "err");
-        let jpath = self.log(w, p, &name, rep, "json");
-        let file = self.logs.join(format!("{w}-P{p}-{name}.rec"));
-        let _ = fs::remove_file(&jpath);
+        let files = self.files(w, p, kind, rep, seconds);
+        let _ = fs::remove_file(&files.json);
         let mut run = Run {
             workload: w.to_string(),
             threads: p,
@@ -592,86 +584,19 @@ impl Bench {
             rep,
             ..Run::default()
         };
-        let exe = self.workload(w);
-        let args = self.args(w, p, seconds);
-        // The JSON document is asked for in calls, counts and sizes modes only, where it is small.
-        // In stacks mode it holds every stack with its frames (over 100 MB for binary-trees),
-        // and writing it would count in the daemon's cost; the record run's figures come from
-        // `heaptrace report` on the recording after the run instead.
-        let ht_flags = |mode: &str| -> Vec<String> {
-            let mut f = vec!["-q".into(), "--mode".into(), mode.into()];
-            if mode != "stacks" {
-                f.extend(["--json".into(), jpath.display().to_string()]);
-            }
-            f
-        };
-        let exited = match kind {
-            Kind::Native => finish(spawn(
-                Command::new(&exe)
-                    .args(&args)
-                    .stdout(file_out(&out)?)
-                    .stderr(file_out(&err)?),
-            )?)?,
-            Kind::Calls | Kind::Counts | Kind::Sizes | Kind::Stacks | Kind::Record => {
-                let mut c = Command::new(&self.heaptrace);
-                if kind == Kind::Record {
-                    let _ = fs::remove_file(&file);
-                    c.arg("record")
-                        .arg("-o")
-                        .arg(&file)
-                        .args(ht_flags("stacks"));
-                } else {
-                    c.args(ht_flags(kind.name()));
-                }
-                c.arg("--").arg(&exe).args(&args);
-                let e = finish(spawn(c.stdout(file_out(&out)?).stderr(file_out(&err)?))?)?;
-                run.daemon_cpu = Some(e.self_cpu);
-                run.daemon_rss_kb = Some(e.hwm_kb);
-                e
-            }
-            Kind::AttachCalls | Kind::AttachCounts | Kind::AttachSizes | Kind::Attach => {
-                let mode = kind.attach_mode().expect("an attached kind");
-                let (e, wl) = self.attach(&exe, &args, &out, &err, ht_flags(mode))?;
-                if wl != 0 {
-                    bail!("{w} exited with {wl} under attach (see {})", out.display());
-                }
-                run.daemon_cpu = Some(e.self_cpu);
-                run.daemon_rss_kb = Some(e.hwm_kb);
-                e
-            }
-            Kind::Heaptrack => {
-                let base = self.logs.join(format!("{w}-P{p}-heaptrack"));
-                for ext in ["zst", "gz", ""] {
-                    let _ = fs::remove_file(with_ext(&base, ext));
-                }
-                let e = finish(spawn(
-                    Command::new("heaptrack")
-                        .arg("-o")
-                        .arg(&base)
-                        .arg(&exe)
-                        .args(&args)
-                        .stdout(file_out(&out)?)
-                        .stderr(file_out(&err)?),
-                )?)?;
-                run.file_bytes = ["zst", "gz", ""]
-                    .iter()
-                    .find_map(|ext| fs::metadata(with_ext(&base, ext)).ok())
-                    .map(|m| m.len());
-                run.daemon_cpu = Some(e.self_cpu + e.children_cpu);
-                e
-            }
-        };
-        let stdout = fs::read_to_string(&out).unwrap_or_default();
+        let exited = self.launch(w, p, kind, seconds, &files, &mut run)?;
+        let stdout = fs::read_to_string(&files.out).unwrap_or_default();
         if exited.code != 0 {
             bail!(
-                "{w} P={p} {name} exited with {} (see {} and {})",
+                "{w} P={p} {} exited with {} (see {} and {})",
+                files.name,
                 exited.code,
-                out.display(),
-                err.display()
+                files.out.display(),
+                files.err.display()
             );
         }
         let (elapsed, cpu) = parse_summary(&stdout)
-            .with_context(|| format!("no summary line in {}", out.display()))?;
+            .with_context(|| format!("no summary line in {}", files.out.display()))?;
         run.elapsed = elapsed;
         run.cpu = cpu;
         run.wall = exited.wall;
@@ -681,35 +606,129 @@ impl Bench {
             run.daemon_cpu = run.daemon_cpu.map(|c| (c - cpu).max(0.0));
         }
         if kind == Kind::Record {
-            let rep = Command::new(&self.heaptrace)
-                .arg("report")
-                .arg(&file)
-                .args(["--format", "json"])
-                .stdout(file_out(&jpath)?)
-                .status()?;
-            if !rep.success() {
-                bail!("heaptrace report {} failed: {rep}", file.display());
-            }
+            self.report(&files)?;
         }
         if kind.counted() {
-            let f =
-                File::open(&jpath).with_context(|| format!("cannot read {}", jpath.display()))?;
-            let (calls, rounds, lost, lost_stack, stacks) = parse_heaptrace_json(f)
-                .with_context(|| format!("bad JSON in {}", jpath.display()))?;
-            // Keep the logs small: binary-trees' documents are over 100 MB each.
-            if fs::metadata(&jpath).is_ok_and(|m| m.len() > 16 << 20) {
-                let _ = fs::remove_file(&jpath);
-            }
-            run.calls = Some(calls);
-            run.rounds = Some(rounds);
-            run.lost = Some(lost);
-            run.lost_stack = Some(lost_stack);
-            run.stacks = Some(stacks);
+            read_counts(&files.json, &mut run)?;
         }
         if kind == Kind::Record {
-            run.file_bytes = Some(fs::metadata(&file)?.len());
+            run.file_bytes = Some(fs::metadata(&files.rec)?.len());
         }
         Ok(run)
+    }
+
+    /// Where one run's output goes.
+    fn files(&self, w: &str, p: u32, kind: Kind, rep: usize, seconds: Option<f64>) -> RunFiles {
+        let name = if seconds.is_some() {
+            format!("{}-loop", kind.name())
+        } else {
+            kind.name().to_string()
+        };
+        RunFiles {
+            out: self.log(w, p, &name, rep, "out"),
+            err: self.log(w, p, &name, rep, "err"),
+            json: self.log(w, p, &name, rep, "json"),
+            rec: self.logs.join(format!("{w}-P{p}-{name}.rec")),
+            name,
+        }
+    }
+
+    /// Runs the workload as `kind` runs it, to its end; heaptrace's (or heaptrack's) own cost
+    /// goes into `run`.
+    fn launch(
+        &self,
+        w: &str,
+        p: u32,
+        kind: Kind,
+        seconds: Option<f64>,
+        files: &RunFiles,
+        run: &mut Run,
+    ) -> Result<Exited> {
+        let exe = self.workload(w);
+        let args = self.args(w, p, seconds);
+        let (out, err) = (&files.out, &files.err);
+        Ok(match kind {
+            Kind::Native => finish(spawn(
+                Command::new(&exe)
+                    .args(&args)
+                    .stdout(file_out(out)?)
+                    .stderr(file_out(err)?),
+            )?)?,
+            Kind::Calls | Kind::Counts | Kind::Sizes | Kind::Stacks | Kind::Record => {
+                let mut c = Command::new(&self.heaptrace);
+                if kind == Kind::Record {
+                    let _ = fs::remove_file(&files.rec);
+                    c.arg("record")
+                        .arg("-o")
+                        .arg(&files.rec)
+                        .args(files.ht_flags("stacks"));
+                } else {
+                    c.args(files.ht_flags(kind.name()));
+                }
+                c.arg("--").arg(&exe).args(&args);
+                let e = finish(spawn(c.stdout(file_out(out)?).stderr(file_out(err)?))?)?;
+                run.daemon_cpu = Some(e.self_cpu);
+                run.daemon_rss_kb = Some(e.hwm_kb);
+                e
+            }
+            Kind::AttachCalls | Kind::AttachCounts | Kind::AttachSizes | Kind::Attach => {
+                let mode = kind.attach_mode().expect("an attached kind");
+                let (e, wl) = self.attach(&exe, &args, out, err, files.ht_flags(mode))?;
+                if wl != 0 {
+                    bail!("{w} exited with {wl} under attach (see {})", out.display());
+                }
+                run.daemon_cpu = Some(e.self_cpu);
+                run.daemon_rss_kb = Some(e.hwm_kb);
+                e
+            }
+            Kind::Heaptrack => self.heaptrack(w, p, &exe, &args, files, run)?,
+        })
+    }
+
+    /// The workload under heaptrack; its file's size goes into `run`, and the whole command's
+    /// CPU time (the workload's is taken off once known).
+    fn heaptrack(
+        &self,
+        w: &str,
+        p: u32,
+        exe: &Path,
+        args: &[String],
+        files: &RunFiles,
+        run: &mut Run,
+    ) -> Result<Exited> {
+        let base = self.logs.join(format!("{w}-P{p}-heaptrack"));
+        for ext in ["zst", "gz", ""] {
+            let _ = fs::remove_file(with_ext(&base, ext));
+        }
+        let e = finish(spawn(
+            Command::new("heaptrack")
+                .arg("-o")
+                .arg(&base)
+                .arg(exe)
+                .args(args)
+                .stdout(file_out(&files.out)?)
+                .stderr(file_out(&files.err)?),
+        )?)?;
+        run.file_bytes = ["zst", "gz", ""]
+            .iter()
+            .find_map(|ext| fs::metadata(with_ext(&base, ext)).ok())
+            .map(|m| m.len());
+        run.daemon_cpu = Some(e.self_cpu + e.children_cpu);
+        Ok(e)
+    }
+
+    /// A record run's figures: `heaptrace report` of its recording, as JSON.
+    fn report(&self, files: &RunFiles) -> Result<()> {
+        let rep = Command::new(&self.heaptrace)
+            .arg("report")
+            .arg(&files.rec)
+            .args(["--format", "json"])
+            .stdout(file_out(&files.json)?)
+            .status()?;
+        if !rep.success() {
+            bail!("heaptrace report {} failed: {rep}", files.rec.display());
+        }
+        Ok(())
     }
 
     /// The workload starts with HEAPTRACE_BENCH_STOP and stops itself before its timer; once
@@ -768,6 +787,51 @@ impl Bench {
         let code = target.wait()?.code().unwrap_or(128);
         Ok((finish(ht)?, code))
     }
+}
+
+/// The files of one run.
+struct RunFiles {
+    /// The kind's name, with `-loop` for a looped run.
+    name: String,
+    /// The command's stdout and stderr.
+    out: PathBuf,
+    err: PathBuf,
+    /// heaptrace's JSON document.
+    json: PathBuf,
+    /// A record run's recording.
+    rec: PathBuf,
+}
+
+impl RunFiles {
+    /// heaptrace's flags in `mode`. The JSON document is asked for in calls, counts and sizes
+    /// modes only, where it is small. In stacks mode it holds every stack with its frames
+    /// (over 100 MB for binary-trees), and writing it would count in the daemon's cost; the
+    /// record run's figures come from `heaptrace report` on the recording after the run
+    /// instead.
+    fn ht_flags(&self, mode: &str) -> Vec<String> {
+        let mut f = vec!["-q".into(), "--mode".into(), mode.into()];
+        if mode != "stacks" {
+            f.extend(["--json".into(), self.json.display().to_string()]);
+        }
+        f
+    }
+}
+
+/// A counted run's figures, from heaptrace's JSON document at `path`.
+fn read_counts(path: &Path, run: &mut Run) -> Result<()> {
+    let f = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let (calls, rounds, lost, lost_stack, stacks) =
+        parse_heaptrace_json(f).with_context(|| format!("bad JSON in {}", path.display()))?;
+    // Keep the logs small: binary-trees' documents are over 100 MB each.
+    if fs::metadata(path).is_ok_and(|m| m.len() > 16 << 20) {
+        let _ = fs::remove_file(path);
+    }
+    run.calls = Some(calls);
+    run.rounds = Some(rounds);
+    run.lost = Some(lost);
+    run.lost_stack = Some(lost_stack);
+    run.stacks = Some(stacks);
+    Ok(())
 }
 
 fn with_ext(base: &Path, ext: &str) -> PathBuf {
@@ -1201,46 +1265,7 @@ fn describe(meta: &Value) -> String {
 
 /// Medians per (workload, P, kind) and the three tables of BENCHMARKS.md.
 pub fn summary(runs: &[Run], meta: &Value) -> String {
-    type Key = (usize, u32);
-    let order = |w: &str| WORKLOADS.iter().position(|x| *x == w).unwrap_or(usize::MAX);
-    let mut by: BTreeMap<(Key, Kind), Vec<&Run>> = BTreeMap::new();
-    for r in runs {
-        by.entry(((order(&r.workload), r.threads), r.kind()))
-            .or_default()
-            .push(r);
-    }
-    let batches: Vec<(Key, String)> = {
-        let mut v: Vec<(Key, String)> = runs
-            .iter()
-            .map(|r| ((order(&r.workload), r.threads), r.workload.clone()))
-            .collect();
-        v.sort();
-        v.dedup();
-        v
-    };
-    let kinds: Vec<Kind> = {
-        let mut v: Vec<Kind> = runs.iter().filter_map(|r| r.kind).collect();
-        v.sort();
-        v.dedup();
-        v
-    };
-    let med = |k: Key, kind: Kind, f: &dyn Fn(&Run) -> Option<f64>| -> Option<f64> {
-        let v: Vec<f64> = by.get(&(k, kind))?.iter().filter_map(|r| f(r)).collect();
-        median(&v)
-    };
-    // Calls per batch: the median over heaptrace's counted runs (the others make the same
-    // calls: the workloads are deterministic).
-    let calls = |k: Key| -> Option<f64> {
-        let v: Vec<f64> = kinds
-            .iter()
-            .filter(|kd| kd.counted())
-            .filter_map(|kd| by.get(&(k, *kd)))
-            .flatten()
-            .filter_map(|r| r.calls.map(|c| c as f64))
-            .collect();
-        median(&v)
-    };
-
+    let m = Medians::new(runs);
     let mut t = String::new();
     let _ = writeln!(
         t,
@@ -1252,35 +1277,110 @@ pub fn summary(runs: &[Run], meta: &Value) -> String {
         meta["duration_s"].as_f64().unwrap_or(0.0),
         meta["waited_s"].as_f64().unwrap_or(0.0)
     );
+    slowdown_table(&mut t, &m);
+    added_time_table(&mut t, &m);
+    own_cost_table(&mut t, &m);
+    t
+}
 
-    // 1. Slowdown.
+/// A batch: its workload's place in `WORKLOADS`, and P.
+type Key = (usize, u32);
+
+/// The runs grouped by batch and kind, for their medians.
+struct Medians<'a> {
+    by: BTreeMap<(Key, Kind), Vec<&'a Run>>,
+    /// Every batch, in table order, with its workload's name.
+    batches: Vec<(Key, String)>,
+    /// The traced kinds that ran, in table order.
+    kinds: Vec<Kind>,
+}
+
+impl<'a> Medians<'a> {
+    fn new(runs: &'a [Run]) -> Medians<'a> {
+        let order = |w: &str| WORKLOADS.iter().position(|x| *x == w).unwrap_or(usize::MAX);
+        let mut by: BTreeMap<(Key, Kind), Vec<&Run>> = BTreeMap::new();
+        for r in runs {
+            by.entry(((order(&r.workload), r.threads), r.kind()))
+                .or_default()
+                .push(r);
+        }
+        let mut batches: Vec<(Key, String)> = runs
+            .iter()
+            .map(|r| ((order(&r.workload), r.threads), r.workload.clone()))
+            .collect();
+        batches.sort();
+        batches.dedup();
+        let mut kinds: Vec<Kind> = runs.iter().filter_map(|r| r.kind).collect();
+        kinds.sort();
+        kinds.dedup();
+        Medians { by, batches, kinds }
+    }
+
+    /// The median of `f` over a batch's runs of `kind`.
+    fn med(&self, k: Key, kind: Kind, f: &dyn Fn(&Run) -> Option<f64>) -> Option<f64> {
+        let v: Vec<f64> = self
+            .by
+            .get(&(k, kind))?
+            .iter()
+            .filter_map(|r| f(r))
+            .collect();
+        median(&v)
+    }
+
+    /// Calls per batch: the median over heaptrace's counted runs (the others make the same
+    /// calls: the workloads are deterministic).
+    fn calls(&self, k: Key) -> Option<f64> {
+        let v: Vec<f64> = self
+            .kinds
+            .iter()
+            .filter(|kd| kd.counted())
+            .filter_map(|kd| self.by.get(&(k, *kd)))
+            .flatten()
+            .filter_map(|r| r.calls.map(|c| c as f64))
+            .collect();
+        median(&v)
+    }
+
+    /// A table's header: the `first` columns (and their `rule`), then one per kind.
+    fn header(&self, t: &mut String, first: &str, rule: &str) {
+        let _ = write!(t, "{first}");
+        for k in &self.kinds {
+            let _ = write!(t, " {} |", k.name());
+        }
+        let _ = write!(t, "\n{rule}");
+        for _ in &self.kinds {
+            let _ = write!(t, "---|");
+        }
+        t.push('\n');
+    }
+}
+
+/// 1. Slowdown: each kind's elapsed time over the natives', per batch and its mean per P.
+fn slowdown_table(t: &mut String, m: &Medians) {
     let _ = writeln!(
         t,
         "Slowdown: the workload's own elapsed time (median) over the median of the native runs \
          interleaved in the same batch.\n"
     );
-    let _ = write!(t, "| workload | P | calls | native elapsed (cpu) |");
-    for k in &kinds {
-        let _ = write!(t, " {} |", k.name());
-    }
-    let _ = write!(t, "\n|---|---|---|---|");
-    for _ in &kinds {
-        let _ = write!(t, "---|");
-    }
-    t.push('\n');
+    m.header(
+        t,
+        "| workload | P | calls | native elapsed (cpu) |",
+        "|---|---|---|---|",
+    );
     let mut sums: BTreeMap<(u32, Kind), (f64, usize)> = BTreeMap::new();
-    for (k, w) in &batches {
-        let native = med(*k, Kind::Native, &|r| Some(r.elapsed));
+    for (k, w) in &m.batches {
+        let native = m.med(*k, Kind::Native, &|r| Some(r.elapsed));
         let _ = write!(
             t,
             "| {w} | {} | {} | {} ({}) |",
             k.1,
-            count(calls(*k).map(|c| c as u64)),
+            count(m.calls(*k).map(|c| c as u64)),
             native.map_or("-".into(), |n| format!("{n:.3} s")),
-            med(*k, Kind::Native, &|r| Some(r.cpu)).map_or("-".into(), |n| format!("{n:.3} s")),
+            m.med(*k, Kind::Native, &|r| Some(r.cpu))
+                .map_or("-".into(), |n| format!("{n:.3} s")),
         );
-        for kind in &kinds {
-            match (med(*k, *kind, &|r| Some(r.elapsed)), native) {
+        for kind in &m.kinds {
+            match (m.med(*k, *kind, &|r| Some(r.elapsed)), native) {
                 (Some(e), Some(n)) if n > 0.0 => {
                     let _ = write!(t, " {} |", ratio(e / n));
                     let s = sums.entry((k.1, *kind)).or_default();
@@ -1292,12 +1392,12 @@ pub fn summary(runs: &[Run], meta: &Value) -> String {
         }
         t.push('\n');
     }
-    let mut ps: Vec<u32> = batches.iter().map(|(k, _)| k.1).collect();
+    let mut ps: Vec<u32> = m.batches.iter().map(|(k, _)| k.1).collect();
     ps.sort();
     ps.dedup();
     for p in ps {
         let _ = write!(t, "| **mean** | {p} | | |");
-        for kind in &kinds {
+        for kind in &m.kinds {
             match sums.get(&(p, *kind)) {
                 Some((s, n)) if *n > 0 => {
                     let _ = write!(t, " **{}** |", ratio(s / *n as f64));
@@ -1307,31 +1407,25 @@ pub fn summary(runs: &[Run], meta: &Value) -> String {
         }
         t.push('\n');
     }
+}
 
-    // 2. Added time per call.
+/// 2. Added time per call, from the elapsed time and from the CPU time.
+fn added_time_table(t: &mut String, m: &Medians) {
     let _ = writeln!(
         t,
         "\nAdded time per malloc-family call, ns: (median elapsed - native median) / calls, and \
          in parentheses the same from the workload's CPU time (all its threads, kernel time in \
          the probes included).\n"
     );
-    let _ = write!(t, "| workload | P |");
-    for k in &kinds {
-        let _ = write!(t, " {} |", k.name());
-    }
-    let _ = write!(t, "\n|---|---|");
-    for _ in &kinds {
-        let _ = write!(t, "---|");
-    }
-    t.push('\n');
-    for (k, w) in &batches {
+    m.header(t, "| workload | P |", "|---|---|");
+    for (k, w) in &m.batches {
         let _ = write!(t, "| {w} | {} |", k.1);
-        let n_el = med(*k, Kind::Native, &|r| Some(r.elapsed));
-        let n_cpu = med(*k, Kind::Native, &|r| Some(r.cpu));
-        for kind in &kinds {
-            let el = med(*k, *kind, &|r| Some(r.elapsed));
-            let cpu = med(*k, *kind, &|r| Some(r.cpu));
-            match (el, cpu, n_el, n_cpu, calls(*k)) {
+        let n_el = m.med(*k, Kind::Native, &|r| Some(r.elapsed));
+        let n_cpu = m.med(*k, Kind::Native, &|r| Some(r.cpu));
+        for kind in &m.kinds {
+            let el = m.med(*k, *kind, &|r| Some(r.elapsed));
+            let cpu = m.med(*k, *kind, &|r| Some(r.cpu));
+            match (el, cpu, n_el, n_cpu, m.calls(*k)) {
                 (Some(e), Some(c), Some(ne), Some(nc), Some(n)) if n > 0.0 => {
                     let _ = write!(
                         t,
@@ -1345,8 +1439,10 @@ pub fn summary(runs: &[Run], meta: &Value) -> String {
         }
         t.push('\n');
     }
+}
 
-    // 3. The daemon and the files.
+/// 3. The daemon's own cost and the files, heaptrack's beside.
+fn own_cost_table(t: &mut String, m: &Medians) {
     let _ = writeln!(
         t,
         "\nheaptrace's own cost (medians): CPU seconds (user+system) and peak RSS (VmHWM, \
@@ -1369,29 +1465,28 @@ pub fn summary(runs: &[Run], meta: &Value) -> String {
     let secs = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2} s"));
     let mib = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.0} MiB", v / 1024.0));
     let int = |v: Option<f64>| count(v.map(|v| v as u64));
-    for (k, w) in &batches {
-        let m = |kind: Kind, f: &dyn Fn(&Run) -> Option<f64>| med(*k, kind, f);
+    for (k, w) in &m.batches {
+        let med = |kind: Kind, f: &dyn Fn(&Run) -> Option<f64>| m.med(*k, kind, f);
         let rss = |r: &Run| r.daemon_rss_kb.map(|v| v as f64);
         let _ = writeln!(
             t,
             "| {w} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             k.1,
-            secs(m(Kind::Stacks, &|r| r.daemon_cpu)),
-            mib(m(Kind::Stacks, &rss)),
-            secs(m(Kind::Stacks, &|r| Some(r.wall - r.elapsed))),
-            secs(m(Kind::Attach, &|r| r.daemon_cpu)),
-            mib(m(Kind::Attach, &rss)),
-            secs(m(Kind::Record, &|r| r.daemon_cpu)),
-            mib(m(Kind::Record, &rss)),
-            int(m(Kind::Record, &|r| r.rounds.map(|v| v as f64))),
-            int(m(Kind::Record, &|r| r.stacks.map(|v| v as f64))),
-            int(m(Kind::Record, &|r| r.lost_stack.map(|v| v as f64))),
-            bytes(m(Kind::Record, &|r| r.file_bytes.map(|v| v as f64)).map(|v| v as u64)),
-            bytes(m(Kind::Heaptrack, &|r| r.file_bytes.map(|v| v as f64)).map(|v| v as u64)),
-            secs(m(Kind::Heaptrack, &|r| r.daemon_cpu)),
+            secs(med(Kind::Stacks, &|r| r.daemon_cpu)),
+            mib(med(Kind::Stacks, &rss)),
+            secs(med(Kind::Stacks, &|r| Some(r.wall - r.elapsed))),
+            secs(med(Kind::Attach, &|r| r.daemon_cpu)),
+            mib(med(Kind::Attach, &rss)),
+            secs(med(Kind::Record, &|r| r.daemon_cpu)),
+            mib(med(Kind::Record, &rss)),
+            int(med(Kind::Record, &|r| r.rounds.map(|v| v as f64))),
+            int(med(Kind::Record, &|r| r.stacks.map(|v| v as f64))),
+            int(med(Kind::Record, &|r| r.lost_stack.map(|v| v as f64))),
+            bytes(med(Kind::Record, &|r| r.file_bytes.map(|v| v as f64)).map(|v| v as u64)),
+            bytes(med(Kind::Heaptrack, &|r| r.file_bytes.map(|v| v as f64)).map(|v| v as u64)),
+            secs(med(Kind::Heaptrack, &|r| r.daemon_cpu)),
         );
     }
-    t
 }
 
 #[cfg(test)]

@@ -103,6 +103,14 @@ fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
     }
 }
 
+/// The error of a batched read of `map`.
+fn read_err(map: &'static str) -> impl Fn(std::io::Error) -> Error {
+    move |e| Error::Map {
+        map,
+        reason: e.to_string(),
+    }
+}
+
 fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
     ebpf: &mut Ebpf,
     name: &'static str,
@@ -203,22 +211,26 @@ impl KernelMaps {
         freed
     }
 
+    /// Every counter the kernel keeps, read once: processes, sizes, losses, sites, latency.
     pub fn snapshot(&mut self) -> Result<Snapshot> {
         let mut snap = Snapshot::default();
-        let (mut size_keys, mut site_keys) = (
-            std::mem::take(&mut self.size_keys),
-            std::mem::take(&mut self.site_keys),
-        );
-        size_keys.clear();
-        site_keys.clear();
-        let read_err = |map: &'static str| {
-            move |e: std::io::Error| Error::Map {
-                map,
-                reason: e.to_string(),
-            }
-        };
-        // Each process's current image: only its entries count (an earlier image's wait to be
-        // dropped, see `restarted`). A process without counters has no current entries yet.
+        let epochs = self.read_procs(&mut snap)?;
+        self.read_sizes(&mut snap, &epochs)?;
+        self.read_losses(&mut snap)?;
+        self.read_sites(&mut snap, &epochs)?;
+        snap.fold_site_sizes();
+        // Every round too, not only after frees: a word written for a copy that its program
+        // then removed as torn (full preemption, `stacks::intact`) names an id with no stack,
+        // and is taken until the generation moves on. It lives a round at most.
+        next_stack_generation(&self.stack_cache, &self.stack_gen);
+        self.read_latency(&mut snap)?;
+        Ok(snap)
+    }
+
+    /// The processes' counters; returns each one's current image: only its entries count (an
+    /// earlier image's wait to be dropped, see `restarted`). A process without counters has
+    /// no current entries yet.
+    fn read_procs(&self, snap: &mut Snapshot) -> Result<StdHashMap<u32, u32>> {
         let mut epochs: StdHashMap<u32, u32> = StdHashMap::new();
         // A process counts in its slots and, on CPUs where another owns its slot, in the map:
         // its figures are the sum of both.
@@ -255,8 +267,16 @@ impl KernelMaps {
         for (tgid, slots) in in_slots {
             add_proc(tgid, &[], &slots);
         }
-        // A size or site counts in its slots and, on CPUs where another holds its slot, in the
-        // map: its figures are the sum of both. Only the current images' count.
+        Ok(epochs)
+    }
+
+    /// The size counters of the current images (`epochs`), and every image's keys for
+    /// `size_keys`.
+    fn read_sizes(&mut self, snap: &mut Snapshot, epochs: &StdHashMap<u32, u32>) -> Result<()> {
+        let mut size_keys = std::mem::take(&mut self.size_keys);
+        size_keys.clear();
+        // A size counts in its slots and, on CPUs where another holds its slot, in the map:
+        // its figures are the sum of both. Only the current images' count.
         let mut count_size = |key: &SizeKey, n: u64| {
             if epochs.get(&key.tgid) == Some(&key.epoch) {
                 let c = snap
@@ -274,6 +294,11 @@ impl KernelMaps {
             count_size(key, per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b)));
         })
         .map_err(read_err(maps::SIZES))?;
+        self.size_keys = size_keys;
+        Ok(())
+    }
+
+    fn read_losses(&self, snap: &mut Snapshot) -> Result<()> {
         for kind in Loss::ALL {
             let per_cpu = self
                 .losses
@@ -281,6 +306,15 @@ impl KernelMaps {
                 .map_err(map_err(maps::LOSSES))?;
             snap.losses[kind as usize] = per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b));
         }
+        Ok(())
+    }
+
+    /// The site counters of the current images (`epochs`), and every image's keys for
+    /// `site_keys`.
+    fn read_sites(&mut self, snap: &mut Snapshot, epochs: &StdHashMap<u32, u32>) -> Result<()> {
+        let mut site_keys = std::mem::take(&mut self.site_keys);
+        site_keys.clear();
+        // As sizes: the slots' figures and the map's, summed.
         let mut site_slots: StdHashMap<SiteKey, Vec<SiteCounters>> = StdHashMap::new();
         for (key, counters) in self.site_slots.held() {
             site_slots.entry(key).or_default().push(counters);
@@ -306,12 +340,12 @@ impl KernelMaps {
         for (key, slots) in site_slots {
             add_site(&key, &[], &slots);
         }
-        snap.fold_site_sizes();
-        // Every round too, not only after frees: a word written for a copy that its program
-        // then removed as torn (full preemption, `stacks::intact`) names an id with no stack,
-        // and is taken until the generation moves on. It lives a round at most.
-        next_stack_generation(&self.stack_cache, &self.stack_gen);
-        (self.size_keys, self.site_keys) = (size_keys, site_keys);
+        self.site_keys = site_keys;
+        Ok(())
+    }
+
+    /// The call-time histograms, each function's summed over the CPUs.
+    fn read_latency(&self, snap: &mut Snapshot) -> Result<()> {
         for f in 0..FUNC_COUNT {
             let per_cpu = self
                 .latency
@@ -323,7 +357,7 @@ impl KernelMaps {
                 }
             }
         }
-        Ok(snap)
+        Ok(())
     }
 
     /// Blocks still live, grouped by site. Reads the whole live map: for the end of a trace,

@@ -191,6 +191,46 @@ fn tracer(
     events: tokio::sync::mpsc::UnboundedSender<Event>,
     ack: mpsc::Receiver<()>,
 ) {
+    let held = match fork_held(&p) {
+        Ok(held) => held,
+        Err(e) => {
+            let _ = pid_tx.send(Err(e.to_string()));
+            return;
+        }
+    };
+    let pid = held.pid;
+    let seized = seize(pid);
+    let _ = pid_tx.send(Ok(pid as u32));
+    if !release(held.go, pid, &resume, &started) {
+        return;
+    }
+    let status = std::fs::File::from(held.status);
+    if seized {
+        Tracee {
+            pid,
+            status,
+            started: Some(started),
+            events,
+            ack,
+            execs: 0,
+        }
+        .run();
+    } else {
+        untraced(pid, status, started, &events);
+    }
+}
+
+/// A forked child waiting on its go pipe, and our ends of its two pipes.
+struct Held {
+    pid: i32,
+    /// Written to (a byte) to let the child exec, closed to make it leave.
+    go: OwnedFd,
+    /// Close-on-exec in the child: EOF once exec succeeded, an errno if it failed.
+    status: OwnedFd,
+}
+
+/// Forks the child, which waits on the go pipe before it execs.
+fn fork_held(p: &Prepared) -> io::Result<Held> {
     let mut argv: Vec<*const libc::c_char> = p.args.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
     // Two pipes: "go" (the child waits on it before exec, so the probes are in place first)
@@ -201,49 +241,66 @@ fn tracer(
     if unsafe { libc::pipe2(go.as_mut_ptr(), libc::O_CLOEXEC) } != 0
         || unsafe { libc::pipe2(st.as_mut_ptr(), libc::O_CLOEXEC) } != 0
     {
-        let _ = pid_tx.send(Err(io::Error::last_os_error().to_string()));
-        return;
+        return Err(io::Error::last_os_error());
     }
     // SAFETY: the child only calls async-signal-safe functions before exec or _exit.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        let _ = pid_tx.send(Err(io::Error::last_os_error().to_string()));
-        return;
+        return Err(io::Error::last_os_error());
     }
     if pid == 0 {
-        // SAFETY: async-signal-safe calls only; arguments were prepared before fork.
-        unsafe {
-            libc::close(go[1]);
-            libc::close(st[0]);
-            let mut b = 0u8;
-            loop {
-                let n = libc::read(go[0], (&mut b as *mut u8).cast(), 1);
-                if n == 1 {
-                    break;
-                }
-                if n == 0 || *libc::__errno_location() != libc::EINTR {
-                    libc::_exit(127); // heaptrace gave up (attach failed) or died
-                }
-            }
-            if let Some((out, input)) = p.redirect {
-                // dup2 leaves the copies open across exec (the originals are close-on-exec).
-                libc::dup2(out, 1);
-                libc::dup2(out, 2);
-                libc::dup2(input, 0);
-            }
-            libc::execv(p.exe.as_ptr(), argv.as_ptr());
-            let errno = *libc::__errno_location();
-            libc::write(st[1], (&errno as *const i32).cast(), 4);
-            libc::_exit(127);
-        }
+        // SAFETY: in the child just forked, with arguments prepared before fork.
+        unsafe { exec_when_told(go, st, p, &argv) }
     }
     // SAFETY: the child's ends are its own now; ours become owned descriptors.
-    let (go_w, status_pipe) = unsafe {
+    let (go, status) = unsafe {
         libc::close(go[0]);
         libc::close(st[1]);
         (OwnedFd::from_raw_fd(go[1]), OwnedFd::from_raw_fd(st[0]))
     };
-    // Without ptrace (not permitted here), everything but the hold at exit still works.
+    Ok(Held { pid, go, status })
+}
+
+/// The child's side: waits for the go byte, then execs, or writes why it could not.
+///
+/// # Safety
+/// Only in the child just forked: async-signal-safe calls only, on the pipes `fork_held` made.
+unsafe fn exec_when_told(
+    go: [i32; 2],
+    st: [i32; 2],
+    p: &Prepared,
+    argv: &[*const libc::c_char],
+) -> ! {
+    // SAFETY: async-signal-safe calls only; arguments were prepared before fork.
+    unsafe {
+        libc::close(go[1]);
+        libc::close(st[0]);
+        let mut b = 0u8;
+        loop {
+            let n = libc::read(go[0], (&mut b as *mut u8).cast(), 1);
+            if n == 1 {
+                break;
+            }
+            if n == 0 || *libc::__errno_location() != libc::EINTR {
+                libc::_exit(127); // heaptrace gave up (attach failed) or died
+            }
+        }
+        if let Some((out, input)) = p.redirect {
+            // dup2 leaves the copies open across exec (the originals are close-on-exec).
+            libc::dup2(out, 1);
+            libc::dup2(out, 2);
+            libc::dup2(input, 0);
+        }
+        libc::execv(p.exe.as_ptr(), argv.as_ptr());
+        let errno = *libc::__errno_location();
+        libc::write(st[1], (&errno as *const i32).cast(), 4);
+        libc::_exit(127);
+    }
+}
+
+/// Seizes the child to hold it at its exit and at later execs; whether that worked. Without
+/// ptrace (not permitted here), everything but the holds still works.
+fn seize(pid: i32) -> bool {
     // SAFETY: seizing our own child, which is waiting on the go pipe.
     let seized = unsafe {
         libc::ptrace(
@@ -259,94 +316,140 @@ fn tracer(
             io::Error::last_os_error()
         );
     }
-    let _ = pid_tx.send(Ok(pid as u32));
-    let mut go_w = std::fs::File::from(go_w);
+    seized
+}
+
+/// Waits for the daemon's word and lets the child exec; false if it gave up (attach failed),
+/// in which case the child was made to leave, reaped, and `started` told.
+fn release(
+    go: OwnedFd,
+    pid: i32,
+    resume: &mpsc::Receiver<bool>,
+    started: &mpsc::Sender<std::result::Result<(), i32>>,
+) -> bool {
+    let mut go = std::fs::File::from(go);
     if resume.recv() != Ok(true) {
-        drop(go_w); // the child reads EOF and leaves
+        drop(go); // the child reads EOF and leaves
         wait_exit(pid);
         let _ = started.send(Err(libc::ECANCELED));
+        return false;
+    }
+    let _ = std::io::Write::write_all(&mut go, b"g");
+    true
+}
+
+/// A child that could not be seized: tells how its exec went, then its exit.
+fn untraced(
+    pid: i32,
+    mut status_pipe: std::fs::File,
+    started: mpsc::Sender<std::result::Result<(), i32>>,
+    events: &tokio::sync::mpsc::UnboundedSender<Event>,
+) {
+    let mut buf = [0u8; 4];
+    if let Ok(4) = status_pipe.read(&mut buf) {
+        wait_exit(pid);
+        let _ = started.send(Err(i32::from_ne_bytes(buf)));
         return;
     }
-    let _ = std::io::Write::write_all(&mut go_w, b"g");
-    drop(go_w);
-    let mut f = std::fs::File::from(status_pipe);
-    if !seized {
-        let mut buf = [0u8; 4];
-        if let Ok(4) = f.read(&mut buf) {
-            wait_exit(pid);
-            let _ = started.send(Err(i32::from_ne_bytes(buf)));
-            return;
+    let _ = started.send(Ok(()));
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+        && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+    {}
+    let _ = events.send(Event::Exited(exit_code(status)));
+}
+
+/// A seized child, followed until it is gone: the state its stops share.
+struct Tracee {
+    pid: i32,
+    /// The close-on-exec status pipe, watched until exec's outcome is known.
+    status: std::fs::File,
+    /// Told how exec went, once; None after.
+    started: Option<mpsc::Sender<std::result::Result<(), i32>>>,
+    events: tokio::sync::mpsc::UnboundedSender<Event>,
+    ack: mpsc::Receiver<()>,
+    /// Execs seen: the first is the command's own.
+    execs: u32,
+}
+
+impl Tracee {
+    /// Waits for the child's stops until it is gone.
+    fn run(mut self) {
+        loop {
+            if self.exec_failed() {
+                return;
+            }
+            let mut status = 0;
+            let wait_flags = if self.started.is_some() {
+                libc::__WALL | libc::WNOHANG
+            } else {
+                libc::__WALL
+            };
+            // SAFETY: waiting for our own (traced) child.
+            let r = unsafe { libc::waitpid(self.pid, &mut status, wait_flags) };
+            if r == 0 {
+                continue; // WNOHANG, nothing yet
+            }
+            if r < 0 {
+                if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                let _ = self.events.send(Event::Exited(1));
+                return;
+            }
+            if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+                self.exec_done();
+                let _ = self.events.send(Event::Exited(exit_code(status)));
+                return;
+            }
+            if libc::WIFSTOPPED(status) {
+                self.stopped(status);
+            }
         }
-        let _ = started.send(Ok(()));
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
-            && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
-        {}
-        let _ = events.send(Event::Exited(exit_code(status)));
-        return;
     }
-    let mut started = Some(started);
-    let mut execs = 0u32;
-    loop {
-        // Until exec succeeded (the close-on-exec pipe hangs up) or failed (an errno on it).
-        if let Some(tx) = started.take() {
-            match exec_outcome(&mut f) {
+
+    /// Until exec succeeded (the close-on-exec pipe hangs up) or failed (an errno on it).
+    /// True if it failed: the child is reaped and `started` told.
+    fn exec_failed(&mut self) -> bool {
+        if let Some(tx) = self.started.take() {
+            match exec_outcome(&mut self.status) {
                 Some(Ok(())) => {
                     let _ = tx.send(Ok(()));
                 }
                 Some(Err(errno)) => {
-                    wait_exit(pid);
+                    wait_exit(self.pid);
                     let _ = tx.send(Err(errno));
-                    return;
+                    return true;
                 }
-                None => started = Some(tx),
+                None => self.started = Some(tx),
             }
         }
-        let mut status = 0;
-        let wait_flags = if started.is_some() {
-            libc::__WALL | libc::WNOHANG
-        } else {
-            libc::__WALL
-        };
-        // SAFETY: waiting for our own (traced) child.
-        let r = unsafe { libc::waitpid(pid, &mut status, wait_flags) };
-        if r == 0 {
-            continue; // WNOHANG, nothing yet
+        false
+    }
+
+    /// The child got past exec (it is exiting, or gone) before the pipe said so.
+    fn exec_done(&mut self) {
+        if let Some(tx) = self.started.take() {
+            let _ = tx.send(Ok(()));
         }
-        if r < 0 {
-            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            let _ = events.send(Event::Exited(1));
-            return;
-        }
-        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
-            if let Some(tx) = started.take() {
-                let _ = tx.send(Ok(()));
-            }
-            let _ = events.send(Event::Exited(exit_code(status)));
-            return;
-        }
-        if !libc::WIFSTOPPED(status) {
-            continue;
-        }
-        let sig = libc::WSTOPSIG(status);
-        let event = status >> 16;
+    }
+
+    /// A ptrace stop: holds the child at its exit and at later execs, passes signals on.
+    fn stopped(&mut self, status: i32) {
+        let (pid, sig, event) = (self.pid, libc::WSTOPSIG(status), status >> 16);
         // SAFETY (all three): ptrace requests on our own seized, stopped child.
         match event {
             libc::PTRACE_EVENT_EXIT => {
-                if let Some(tx) = started.take() {
-                    let _ = tx.send(Ok(()));
-                }
-                hold(&events, Event::Exiting, &ack, EXIT_HOLD);
+                self.exec_done();
+                hold(&self.events, Event::Exiting, &self.ack, EXIT_HOLD);
                 unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
             }
             libc::PTRACE_EVENT_EXEC => {
-                execs += 1;
+                self.execs += 1;
                 // The first is the command's own, attached for already.
-                if execs > 1 {
-                    hold(&events, Event::Exec, &ack, EXEC_HOLD);
+                if self.execs > 1 {
+                    hold(&self.events, Event::Exec, &self.ack, EXEC_HOLD);
                 }
                 unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
             }

@@ -208,68 +208,106 @@ impl Strings {
 /// alloc_objects/count, alloc_space/bytes, inuse_objects/count, inuse_space/bytes (the default,
 /// like Go heap profiles). "In use" is what was not freed at the end of the recording.
 pub fn pprof(rec: &Recording, p: &Profile, names: &Names) -> PProfile {
-    let mut strings = Strings::new();
-    let mut out = PProfile::default();
-    for (t, u) in [
-        ("alloc_objects", "count"),
-        ("alloc_space", "bytes"),
-        ("inuse_objects", "count"),
-        ("inuse_space", "bytes"),
-    ] {
-        out.sample_type.push(ValueType {
-            r#type: strings.id(t),
-            unit: strings.id(u),
-        });
-    }
-    out.default_sample_type = strings.id("inuse_space");
-    // As Go heap profiles say their sampling: one sample per `period` bytes allocated, the
-    // values already scaled to estimates (pprof does not scale them again).
-    if p.sample_bytes > 0 {
-        out.period_type = Some(ValueType {
-            r#type: strings.id("space"),
-            unit: strings.id("bytes"),
-        });
-        out.period = p.sample_bytes as i64;
-        let note = format!(
-            "heaptrace: sampled {}; values are unbiased estimates",
-            crate::profile::sampling::describe(p.sample_bytes)
-        );
-        out.comment.push(strings.id(&note));
-    }
-    for m in &rec.modules {
-        let build_id = m
-            .build_id
-            .as_ref()
-            .map(|b| b.iter().map(|x| format!("{x:02x}")).collect::<String>())
-            .unwrap_or_default();
-        out.mapping.push(Mapping {
-            id: u64::from(m.id) + 1,
-            memory_start: 0,
-            memory_limit: u64::MAX,
-            file_offset: 0,
-            filename: strings.id(&m.path),
-            build_id: strings.id(&build_id),
-            has_functions: true,
-            has_filenames: true,
-            has_line_numbers: true,
-            has_inline_frames: true,
-        });
-    }
-    let module_ids: HashMap<String, u64> = rec
-        .modules
-        .iter()
-        .map(|m| {
-            let base = m.path.rsplit('/').next().unwrap_or(&m.path).to_string();
-            (base, u64::from(m.id) + 1)
-        })
-        .collect();
-    let mut functions: HashMap<(String, String), u64> = HashMap::new();
-    let mut locations: HashMap<Vec<(u64, i64)>, u64> = HashMap::new();
+    let mut b = Pprof::new(rec, p);
     let mut ids: Vec<SiteId> = p.sites.keys().copied().collect();
     if let Some(l) = &p.leaks {
         ids.extend(l.keys().copied().filter(|k| !p.sites.contains_key(k)));
     }
     for id in ids {
+        b.sample(p, names, id);
+    }
+    b.finish(rec)
+}
+
+/// A pprof profile being built: the tables its samples point into, each entry added once.
+struct Pprof {
+    out: PProfile,
+    strings: Strings,
+    /// A module's file name -> its mapping's id.
+    module_ids: HashMap<String, u64>,
+    /// (name, file) -> the function's id.
+    functions: HashMap<(String, String), u64>,
+    /// A location's lines -> its id.
+    locations: HashMap<Vec<(u64, i64)>, u64>,
+}
+
+impl Pprof {
+    /// The sample types, the sampling, and a mapping per module.
+    fn new(rec: &Recording, p: &Profile) -> Pprof {
+        let mut b = Pprof {
+            out: PProfile::default(),
+            strings: Strings::new(),
+            module_ids: HashMap::new(),
+            functions: HashMap::new(),
+            locations: HashMap::new(),
+        };
+        b.sample_types(p);
+        b.mappings(rec);
+        b
+    }
+
+    fn sample_types(&mut self, p: &Profile) {
+        let (out, strings) = (&mut self.out, &mut self.strings);
+        for (t, u) in [
+            ("alloc_objects", "count"),
+            ("alloc_space", "bytes"),
+            ("inuse_objects", "count"),
+            ("inuse_space", "bytes"),
+        ] {
+            out.sample_type.push(ValueType {
+                r#type: strings.id(t),
+                unit: strings.id(u),
+            });
+        }
+        out.default_sample_type = strings.id("inuse_space");
+        // As Go heap profiles say their sampling: one sample per `period` bytes allocated, the
+        // values already scaled to estimates (pprof does not scale them again).
+        if p.sample_bytes > 0 {
+            out.period_type = Some(ValueType {
+                r#type: strings.id("space"),
+                unit: strings.id("bytes"),
+            });
+            out.period = p.sample_bytes as i64;
+            let note = format!(
+                "heaptrace: sampled {}; values are unbiased estimates",
+                crate::profile::sampling::describe(p.sample_bytes)
+            );
+            out.comment.push(strings.id(&note));
+        }
+    }
+
+    fn mappings(&mut self, rec: &Recording) {
+        for m in &rec.modules {
+            let build_id = m
+                .build_id
+                .as_ref()
+                .map(|b| b.iter().map(|x| format!("{x:02x}")).collect::<String>())
+                .unwrap_or_default();
+            self.out.mapping.push(Mapping {
+                id: u64::from(m.id) + 1,
+                memory_start: 0,
+                memory_limit: u64::MAX,
+                file_offset: 0,
+                filename: self.strings.id(&m.path),
+                build_id: self.strings.id(&build_id),
+                has_functions: true,
+                has_filenames: true,
+                has_line_numbers: true,
+                has_inline_frames: true,
+            });
+        }
+        self.module_ids = rec
+            .modules
+            .iter()
+            .map(|m| {
+                let base = m.path.rsplit('/').next().unwrap_or(&m.path).to_string();
+                (base, u64::from(m.id) + 1)
+            })
+            .collect();
+    }
+
+    /// One site: its stack as locations, and its four values.
+    fn sample(&mut self, p: &Profile, names: &Names, id: SiteId) {
         let site = p.sites.get(&id).copied().unwrap_or_default();
         let leak = p
             .leaks
@@ -278,56 +316,12 @@ pub fn pprof(rec: &Recording, p: &Profile, names: &Names) -> PProfile {
             .copied()
             .unwrap_or_default();
         let frames = p.frames(&id);
-        let mut loc_ids = Vec::new();
-        for group in per_address(&frames) {
-            // pprof: a location's lines run from the innermost inlined function to the caller.
-            let mut lines = Vec::new();
-            for f in group {
-                let name = names.function(f);
-                let file = f.file.as_deref().unwrap_or_default().to_string();
-                let next = functions.len() as u64 + 1;
-                let fid = *functions
-                    .entry((name.clone(), file.clone()))
-                    .or_insert_with(|| {
-                        let name_id = strings.id(&name);
-                        let system = strings.id(&f.function);
-                        let file_id = strings.id(&file);
-                        out.function.push(Function {
-                            id: next,
-                            name: name_id,
-                            system_name: system,
-                            filename: file_id,
-                        });
-                        next
-                    });
-                lines.push((fid, i64::from(f.line.unwrap_or(0))));
-            }
-            let mapping = group
-                .last()
-                .and_then(|f| module_ids.get(&*f.module))
-                .copied()
-                .unwrap_or(0);
-            let address = group.last().map(|f| f.offset).unwrap_or(0);
-            let next = locations.len() as u64 + 1;
-            let lid = *locations.entry(lines.clone()).or_insert_with(|| {
-                out.location.push(Location {
-                    id: next,
-                    mapping_id: mapping,
-                    address,
-                    line: lines
-                        .iter()
-                        .map(|(f, l)| Line {
-                            function_id: *f,
-                            line: *l,
-                        })
-                        .collect(),
-                });
-                next
-            });
-            loc_ids.push(lid);
-        }
-        out.sample.push(Sample {
-            location_id: loc_ids,
+        let location_id = per_address(&frames)
+            .into_iter()
+            .map(|group| self.location(group, names))
+            .collect();
+        self.out.sample.push(Sample {
+            location_id,
             value: vec![
                 site.calls as i64,
                 site.bytes as i64,
@@ -336,13 +330,71 @@ pub fn pprof(rec: &Recording, p: &Profile, names: &Names) -> PProfile {
             ],
         });
     }
-    out.time_nanos = rec.header.start_unix_ms as i64 * 1_000_000;
-    out.duration_nanos = rec
-        .last_elapsed_ms
-        .map(|ms| ms as i64 * 1_000_000)
-        .unwrap_or(0);
-    out.string_table = strings.table;
-    out
+
+    /// The location of one return address's frames (inlined ones first), added if new.
+    fn location(&mut self, group: &[Frame], names: &Names) -> u64 {
+        // pprof: a location's lines run from the innermost inlined function to the caller.
+        let lines: Vec<(u64, i64)> = group
+            .iter()
+            .map(|f| (self.function(f, names), i64::from(f.line.unwrap_or(0))))
+            .collect();
+        let mapping = group
+            .last()
+            .and_then(|f| self.module_ids.get(&*f.module))
+            .copied()
+            .unwrap_or(0);
+        let address = group.last().map(|f| f.offset).unwrap_or(0);
+        let next = self.locations.len() as u64 + 1;
+        *self.locations.entry(lines.clone()).or_insert_with(|| {
+            self.out.location.push(Location {
+                id: next,
+                mapping_id: mapping,
+                address,
+                line: lines
+                    .iter()
+                    .map(|(f, l)| Line {
+                        function_id: *f,
+                        line: *l,
+                    })
+                    .collect(),
+            });
+            next
+        })
+    }
+
+    /// The function a frame is in, by name and file, added if new.
+    fn function(&mut self, f: &Frame, names: &Names) -> u64 {
+        let name = names.function(f);
+        let file = f.file.as_deref().unwrap_or_default().to_string();
+        let next = self.functions.len() as u64 + 1;
+        let (out, strings) = (&mut self.out, &mut self.strings);
+        *self
+            .functions
+            .entry((name.clone(), file.clone()))
+            .or_insert_with(|| {
+                let name_id = strings.id(&name);
+                let system = strings.id(&f.function);
+                let file_id = strings.id(&file);
+                out.function.push(Function {
+                    id: next,
+                    name: name_id,
+                    system_name: system,
+                    filename: file_id,
+                });
+                next
+            })
+    }
+
+    /// The recording's start and length, and the string table.
+    fn finish(mut self, rec: &Recording) -> PProfile {
+        self.out.time_nanos = rec.header.start_unix_ms as i64 * 1_000_000;
+        self.out.duration_nanos = rec
+            .last_elapsed_ms
+            .map(|ms| ms as i64 * 1_000_000)
+            .unwrap_or(0);
+        self.out.string_table = self.strings.table;
+        self.out
+    }
 }
 
 /// Massif's text format: a snapshot per round (live heap), detailed at the peak and at the end.

@@ -10,7 +10,9 @@ use ratatui::{
     },
 };
 
-use super::app::{App, Screen, SiteSort, meaningful_frame, short_symbol};
+use super::app::{
+    App, ProcRow, Published, Screen, SiteRow, SiteSort, meaningful_frame, short_symbol,
+};
 use crate::{
     profile::histogram::percentiles,
     run_info::{Mode, TargetKind},
@@ -87,6 +89,15 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
     if let Some(out) = &info.output {
         l1.push(Span::raw(format!(", output to {out}")));
     }
+    let l2 = status_line(app, shown);
+    let l3 = totals_line(app);
+    let text = vec![Line::from(l1), Line::from(l2), Line::from(l3)];
+    f.render_widget(Paragraph::new(text), area);
+}
+
+/// The header's second line: the round, the time, heaptrace's cost, what was lost, and what
+/// the view is showing (paused, since a reset, one process, the end).
+fn status_line(app: &App, shown: &Published) -> Vec<Span<'static>> {
     let cpu = shown
         .cpu_percent
         .map_or("-".to_string(), |c| format!("{c:.1}%"));
@@ -103,7 +114,7 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
         .memory()
         .map(|(rss, virt)| format!("RSS {}  VIRT {}  ", kib(rss), kib(virt)))
         .unwrap_or_default();
-    let mut l2 = vec![
+    let mut line = vec![
         Span::raw(format!(
             "round {}  {:.1}s  {mem}heaptrace cpu {cpu}  ",
             shown.round(),
@@ -112,13 +123,13 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
         lost,
     ];
     if app.paused {
-        l2.push(Span::styled(
+        line.push(Span::styled(
             format!("  PAUSED (at round {})", app.latest_round()),
             Style::new().black().on_yellow(),
         ));
     }
     if let Some(r) = app.baseline_round() {
-        l2.push(Span::styled(
+        line.push(Span::styled(
             format!("  since round {r}"),
             Style::new().cyan().bold(),
         ));
@@ -130,7 +141,7 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
             .get(&pid)
             .map(|p| p.comm.clone())
             .unwrap_or_default();
-        l2.push(Span::styled(
+        line.push(Span::styled(
             format!(
                 "  pid {} {comm} only",
                 crate::profile::incarnation::Pid(pid)
@@ -139,24 +150,29 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
         ));
     }
     if let Some(notice) = shown.notice.as_ref().filter(|_| shown.ended.is_none()) {
-        l2.push(Span::styled(format!("  {notice}"), Style::new().cyan()));
+        line.push(Span::styled(format!("  {notice}"), Style::new().cyan()));
     }
     if let Some(end) = &shown.ended {
-        l2.push(Span::styled(
+        line.push(Span::styled(
             format!("  {end}; q quits"),
             Style::new().green().bold(),
         ));
     }
+    line
+}
+
+/// The header's third line: the totals of what is shown.
+fn totals_line(app: &App) -> String {
     let t = app.totals();
     let sample_bytes = app.view().sample_bytes;
-    let mut l3 = format!(
+    let mut line = format!(
         "allocs {}  frees {}  allocated {}",
         t.allocations(),
         t.frees(),
         bytes(t.bytes_allocated() as i64),
     );
     if app.view().calls {
-        l3.push_str("  live: not tracked in calls mode");
+        line.push_str("  live: not tracked in calls mode");
     } else {
         // One process in focus keeps its own figure; all of them tell the ended ones apart,
         // last, where a narrow terminal cuts the line.
@@ -165,21 +181,19 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
             Some(_) => (0, 0),
         };
         let e = crate::view::summary::est(sample_bytes);
-        l3.push_str(&format!(
+        line.push_str(&format!(
             "  live {e}{} blocks / {e}{}",
             t.live_blocks - ended.0,
             bytes(t.live_bytes - ended.1)
         ));
         if ended != (0, 0) {
-            l3.push_str(&format!(
+            line.push_str(&format!(
                 " (+{e}{} left by ended processes)",
                 bytes(ended.1)
             ));
         }
     }
-
-    let text = vec![Line::from(l1), Line::from(l2), Line::from(l3)];
-    f.render_widget(Paragraph::new(text), area);
+    line
 }
 
 /// The processes screen's live column: live bytes, or in calls mode, which keeps no live map,
@@ -389,32 +403,7 @@ fn draw_sites(f: &mut Frame, app: &App, area: Rect) {
     let (shown, selected) = window(rows.len(), app.selected(Screen::Sites), area);
     let body: Vec<Row> = rows[shown]
         .iter()
-        .map(|r| {
-            let t = &r.totals;
-            let mut cells = vec![
-                Cell::from(format!("{:>10}", bytes(t.bytes as i64))),
-                Cell::from(format!("{:>9}", t.calls)),
-                Cell::from(format!("{:>10}", bytes(t.live_bytes))),
-            ];
-            if temp {
-                cells.push(Cell::from(format!("{:>9}", t.temp_blocks)));
-            }
-            if leaks {
-                cells.push(Cell::from(format!(
-                    "{:>10}",
-                    r.leak.map_or("-".into(), |l| bytes(l.bytes as i64))
-                )));
-            }
-            if pid {
-                cells.push(Cell::from(format!(
-                    "{:>7}",
-                    crate::profile::incarnation::Pid(r.id.0)
-                )));
-            }
-            cells.push(Cell::from(r.func()));
-            cells.push(Cell::from(site_label(r.frame())));
-            Row::new(cells)
-        })
+        .map(|r| site_row(r, temp, leaks, pid))
         .collect();
     let header_row = Row::new(header).style(Style::new().bold().underlined());
     let empty = rows.is_empty();
@@ -426,22 +415,55 @@ fn draw_sites(f: &mut Frame, app: &App, area: Rect) {
     let mut state = TableState::default().with_selected(selected);
     f.render_stateful_widget(table, area, &mut state);
     if empty {
-        let msg = if app.filter.is_empty() {
-            "no allocation site yet"
-        } else {
-            "no site matches the filter"
-        };
-        let inner = Block::bordered().inner(area);
-        if inner.height > 2 {
-            f.render_widget(
-                Paragraph::new(msg).italic(),
-                Rect {
-                    y: inner.y + 2,
-                    height: 1,
-                    ..inner
-                },
-            );
-        }
+        draw_no_site(f, app, area);
+    }
+}
+
+/// A site's row; the optional columns as the sites screen shows them.
+fn site_row(r: &SiteRow, temp: bool, leaks: bool, pid: bool) -> Row<'static> {
+    let t = &r.totals;
+    let mut cells = vec![
+        Cell::from(format!("{:>10}", bytes(t.bytes as i64))),
+        Cell::from(format!("{:>9}", t.calls)),
+        Cell::from(format!("{:>10}", bytes(t.live_bytes))),
+    ];
+    if temp {
+        cells.push(Cell::from(format!("{:>9}", t.temp_blocks)));
+    }
+    if leaks {
+        cells.push(Cell::from(format!(
+            "{:>10}",
+            r.leak.map_or("-".into(), |l| bytes(l.bytes as i64))
+        )));
+    }
+    if pid {
+        cells.push(Cell::from(format!(
+            "{:>7}",
+            crate::profile::incarnation::Pid(r.id.0)
+        )));
+    }
+    cells.push(Cell::from(r.func()));
+    cells.push(Cell::from(site_label(r.frame())));
+    Row::new(cells)
+}
+
+/// Why the sites table is empty, under its header.
+fn draw_no_site(f: &mut Frame, app: &App, area: Rect) {
+    let msg = if app.filter.is_empty() {
+        "no allocation site yet"
+    } else {
+        "no site matches the filter"
+    };
+    let inner = Block::bordered().inner(area);
+    if inner.height > 2 {
+        f.render_widget(
+            Paragraph::new(msg).italic(),
+            Rect {
+                y: inner.y + 2,
+                height: 1,
+                ..inner
+            },
+        );
     }
 }
 
@@ -721,20 +743,41 @@ fn draw_processes(f: &mut Frame, app: &App, area: Rect) {
     // Hundreds at most: every row is formatted.
     let rows = app.proc_rows();
     let wide = area.width >= 110;
+    let mut body = vec![all_processes_row(app, wide)];
+    body.extend(rows.iter().map(|r| process_row(app, r, wide)));
+    let (widths, header) = process_columns(app, wide);
+    // Without room for VIRT, rows keep their last cell: a table draws as many as it has columns.
+    let table = Table::new(body, widths)
+        .header(Row::new(header).style(Style::new().bold().underlined()))
+        .block(Block::bordered().title(format!(
+            "Processes: {} (sorted by {}; Enter: show only this one)",
+            rows.len(),
+            app.proc_sort_name()
+        )))
+        .row_highlight_style(Style::new().reversed())
+        .highlight_symbol(SELECTED);
+    let mut state = TableState::default().with_selected(Some(app.selected(Screen::Processes)));
+    f.render_stateful_widget(table, area, &mut state);
+}
+
+/// A count in the processes table, a column wider on a wide terminal.
+fn count_cell(v: u64, wide: bool) -> String {
+    if wide {
+        format!("{v:>11}")
+    } else {
+        format!("{v:>10}")
+    }
+}
+
+/// The processes table's first row: every process together, selected when none is in focus.
+fn all_processes_row(app: &App, wide: bool) -> Row<'static> {
     let all = app.all_totals();
-    let n = |v: u64| {
-        if wide {
-            format!("{v:>11}")
-        } else {
-            format!("{v:>10}")
-        }
-    };
-    let mut body = vec![Row::new(vec![
+    Row::new(vec![
         Cell::from(if app.focus().is_none() { "*" } else { " " }),
         Cell::from(""),
         Cell::from("all processes"),
-        Cell::from(n(all.allocations())),
-        Cell::from(n(all.frees())),
+        Cell::from(count_cell(all.allocations(), wide)),
+        Cell::from(count_cell(all.frees(), wide)),
         Cell::from(format!("{:>10}", bytes(all.bytes_allocated() as i64))),
         Cell::from(format!(
             "{:>10}",
@@ -742,38 +785,43 @@ fn draw_processes(f: &mut Frame, app: &App, area: Rect) {
         )),
         Cell::from(""),
         Cell::from(""),
-    ])];
-    body.extend(rows.iter().map(|r| {
-        // Ended ones stay listed (their figures are final), dimmed.
-        let style = if r.exited {
-            Style::new().dim()
+    ])
+}
+
+fn process_row(app: &App, r: &ProcRow, wide: bool) -> Row<'static> {
+    // Ended ones stay listed (their figures are final), dimmed.
+    let style = if r.exited {
+        Style::new().dim()
+    } else {
+        Style::new()
+    };
+    Row::new(vec![
+        Cell::from(if app.focus() == Some(r.pid) { "*" } else { " " }),
+        Cell::from(format!("{:>7}", crate::profile::incarnation::Pid(r.pid))),
+        Cell::from(if r.exited {
+            format!("{} (ended)", r.comm)
         } else {
-            Style::new()
-        };
-        Row::new(vec![
-            Cell::from(if app.focus() == Some(r.pid) { "*" } else { " " }),
-            Cell::from(format!("{:>7}", crate::profile::incarnation::Pid(r.pid))),
-            Cell::from(if r.exited {
-                format!("{} (ended)", r.comm)
-            } else {
-                r.comm.clone()
-            }),
-            Cell::from(n(r.totals.allocations())),
-            Cell::from(n(r.totals.frees())),
-            Cell::from(format!("{:>10}", bytes(r.totals.bytes_allocated() as i64))),
-            Cell::from(format!(
-                "{:>10}",
-                live_or_rate(app, r.totals.live_bytes, r.rate)
-            )),
-            Cell::from(format!("{:>10}", r.rss_kb.map_or("-".into(), kib))),
-            Cell::from(format!("{:>10}", r.virt_kb.map_or("-".into(), kib))),
-            Cell::from(format!(
-                "{:>10}",
-                r.reserved.map_or("-".into(), |b| bytes(b as i64))
-            )),
-        ])
-        .style(style)
-    }));
+            r.comm.clone()
+        }),
+        Cell::from(count_cell(r.totals.allocations(), wide)),
+        Cell::from(count_cell(r.totals.frees(), wide)),
+        Cell::from(format!("{:>10}", bytes(r.totals.bytes_allocated() as i64))),
+        Cell::from(format!(
+            "{:>10}",
+            live_or_rate(app, r.totals.live_bytes, r.rate)
+        )),
+        Cell::from(format!("{:>10}", r.rss_kb.map_or("-".into(), kib))),
+        Cell::from(format!("{:>10}", r.virt_kb.map_or("-".into(), kib))),
+        Cell::from(format!(
+            "{:>10}",
+            r.reserved.map_or("-".into(), |b| bytes(b as i64))
+        )),
+    ])
+    .style(style)
+}
+
+/// The processes table's widths and header: VIRT and reserved only on a wide terminal.
+fn process_columns(app: &App, wide: bool) -> (Vec<Constraint>, Vec<String>) {
     let num = if wide { 11 } else { 10 };
     let mut widths = vec![
         Constraint::Length(1),
@@ -806,18 +854,7 @@ fn draw_processes(f: &mut Frame, app: &App, area: Rect) {
         widths.push(Constraint::Length(10));
         header.push(format!("{:>10}", "reserved"));
     }
-    // Without room for VIRT, rows keep their last cell: a table draws as many as it has columns.
-    let table = Table::new(body, widths)
-        .header(Row::new(header).style(Style::new().bold().underlined()))
-        .block(Block::bordered().title(format!(
-            "Processes: {} (sorted by {}; Enter: show only this one)",
-            rows.len(),
-            app.proc_sort_name()
-        )))
-        .row_highlight_style(Style::new().reversed())
-        .highlight_symbol(SELECTED);
-    let mut state = TableState::default().with_selected(Some(app.selected(Screen::Processes)));
-    f.render_stateful_widget(table, area, &mut state);
+    (widths, header)
 }
 
 const HELP: &[(&str, &str)] = &[
