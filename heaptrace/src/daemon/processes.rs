@@ -1,0 +1,236 @@
+//! Processes that start, exec and end while traced: a launched command's events, execs
+//! reported by the kernel, and what ended processes leave behind (their leaks, their map
+//! space, their place among the ones kept whole).
+use super::*;
+
+impl Daemon {
+    /// Processes that ended before the round just applied (and not before an earlier one),
+    /// so their final counts are in it: keep their leaks and free their map space. Returns the
+    /// processes marked ended, and those then folded, for the recording.
+    pub(super) fn forget_exited(&mut self, gone: HashSet<u32>) -> Result<(Vec<u32>, Vec<u32>)> {
+        if gone.is_empty() {
+            return Ok(Default::default());
+        }
+        let left = self.maps.forget(&gone)?;
+        let leaks = self.matching(self.same.leaks(left));
+        let mut leaks = self.incarnations.rekey_sites(leaks);
+        self.exited_leaks.append(&mut leaks);
+        let (mut ended, mut folded) = (Vec::new(), Vec::new());
+        for p in &gone {
+            self.reserves.forget(*p);
+            self.same.forget(*p);
+            // Its stacks were named in the round just applied; no more will come.
+            self.modules.forget(*p);
+            // A process that gets the pid next is judged anew.
+            self.matched.remove(p);
+            let key = self.incarnations.key(*p);
+            if self.profile.end(key) {
+                self.exited_order.push_back(key);
+                ended.push(key);
+            }
+        }
+        while self.exited_order.len() > self.keep_exited {
+            let Some(key) = self.exited_order.pop_front() else {
+                break;
+            };
+            let made = self.profile.fold(key, &mut self.exited_leaks);
+            self.folded_stacks.extend(made);
+            folded.push(key);
+        }
+        Ok((ended, folded))
+    }
+
+    /// Leaks (by pid) of the processes `--comm`/`--cgroup` keep: the kernel's live map holds
+    /// every process's blocks.
+    pub fn matching<V>(&self, leaks: BTreeMap<SiteId, V>) -> BTreeMap<SiteId, V> {
+        if self.filter.is_none() {
+            return leaks;
+        }
+        leaks
+            .into_iter()
+            .filter(|(k, _)| self.matched.get(&k.0).copied().unwrap_or(false))
+            .collect()
+    }
+
+    /// Handles an event of a launched command; true once it is gone. At its exit, while it is
+    /// held with its mappings intact, a round is drained so its new stacks get names.
+    pub(super) fn child_event(&mut self, ev: Option<launch::Event>) -> Result<bool> {
+        match ev {
+            Some(launch::Event::Exiting) => {
+                if let Some(pid) = self.pid {
+                    self.modules.refresh(pid);
+                }
+                self.round()?;
+                if let Some(c) = &self.child {
+                    let _ = c.ack.send(());
+                }
+                Ok(false)
+            }
+            Some(launch::Event::Exec) => {
+                // Its executable may be its allocator: probed before it runs.
+                if let (Some(w), Some(p), Some(pid)) =
+                    (self.procwatch.as_mut(), self.probes.as_mut(), self.pid)
+                {
+                    w.look_at(p, pid);
+                }
+                if let Some(c) = &self.child {
+                    let _ = c.ack.send(());
+                }
+                Ok(false)
+            }
+            Some(launch::Event::Exited(code)) => {
+                self.exit_code = Some(code);
+                Ok(true)
+            }
+            None => Ok(true),
+        }
+    }
+
+    /// A launched command's exit status. After a signal it may still be finishing (a
+    /// terminal's Ctrl-C reaches it too; SIGTERM is passed on): wait a short while at most.
+    pub async fn child_exit(&mut self, end: &End) -> Result<i32> {
+        if let Some(code) = self.exit_code {
+            return Ok(code);
+        }
+        // Quitting the live view interrupts the command as Ctrl-C would without it, and kills
+        // it if it is still there after that while.
+        let sig = match end {
+            End::Terminated => Some(libc::SIGTERM),
+            End::Quit => Some(libc::SIGINT),
+            _ => None,
+        };
+        if let (Some(sig), Some(pid)) = (sig, self.pid) {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(pid as i32, sig) };
+        }
+        let mut killed = false;
+        loop {
+            let deadline = tokio::time::sleep(Duration::from_secs(2));
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    ev = child_event(self.child.as_mut()) => {
+                        if self.child_event(ev)? {
+                            return Ok(self.exit_code.unwrap_or(1));
+                        }
+                    }
+                    _ = &mut deadline => break,
+                }
+            }
+            match (end, self.pid, killed) {
+                (End::Quit, Some(pid), false) => {
+                    // SAFETY: killing our own child; its tracer reaps it.
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                    killed = true;
+                }
+                (End::Terminated, _, _) => return Ok(128 + libc::SIGTERM),
+                (End::Quit, _, _) => return Ok(128 + libc::SIGKILL),
+                _ => return Ok(128 + libc::SIGINT),
+            }
+        }
+    }
+
+    /// Reads the process events: attaches the allocators of new processes, and starts the
+    /// processes that exec'ed over as their new command.
+    pub(super) fn process_events(&mut self) {
+        let Some(w) = self.procwatch.as_mut() else {
+            return;
+        };
+        let mut got: Vec<_> = self.exec_first.take().into_iter().collect();
+        if let Some(rx) = self.execs.as_mut() {
+            while let Ok(e) = rx.try_recv() {
+                got.push(e);
+            }
+        }
+        let execs = w.drain(got, self.probes.as_mut());
+        self.restart(execs);
+    }
+
+    /// The mappings the exec watch read right after new processes' execs: the stacks read
+    /// next may be theirs (a process of a millisecond, gone by now).
+    pub(super) fn early_maps(&mut self) {
+        let Some(w) = self.procwatch.as_ref() else {
+            return;
+        };
+        let early = match w.early.lock() {
+            Ok(mut m) => std::mem::take(&mut *m),
+            Err(_) => return,
+        };
+        // The exec markers among the memory events first: they drop what was read of the
+        // image before.
+        self.drain_mem();
+        for (pid, maps) in early {
+            self.modules.keep_early(pid, &maps);
+        }
+    }
+
+    /// Processes that exec'ed: the kernel reset their counters at the exec, so their figures
+    /// are now those of the new command alone. What the image before the exec did (a shell's
+    /// fork between fork and exec; with one process traced, the wrapper script that exec'ed
+    /// the program) is dropped from every figure: it belonged to neither the parent nor the
+    /// new command.
+    pub(super) fn restart(&mut self, execs: Vec<u32>) {
+        // The kernel moves a process's epoch on only when it had counters: only those have
+        // anything to drop. One read already may hold the new image's counters (this event
+        // comes through the exec watch, later than the counters at times): then the epoch it
+        // read is the current one, and nothing is dropped (that dropped a launched command's
+        // reservations, and counted its work twice in the timeline).
+        let pids: HashSet<u32> = execs
+            .into_iter()
+            .filter(|p| match self.prev.procs.get(p) {
+                Some(read) => read.epoch != self.maps.epoch(*p),
+                None => {
+                    self.profile
+                        .procs
+                        .get(&self.incarnations.key(*p))
+                        .is_some_and(|pp| !pp.exited)
+                        || self.maps.has_restarted(*p)
+                }
+            })
+            .collect();
+        self.start_over(pids);
+    }
+
+    /// Drops what processes `pids` counted before their exec, everywhere: the previous read's
+    /// entries now, the Profile's as the next round is applied, the kernel maps' after the next
+    /// read.
+    pub(super) fn start_over(&mut self, pids: HashSet<u32>) {
+        if pids.is_empty() {
+            return;
+        }
+        if self.pid.is_some() {
+            for p in &pids {
+                let comm = procfs::comm(*p).unwrap_or_default();
+                let says = format!("pid {p} exec'ed {comm}: its counts start over");
+                if !self.quiet && self.live.is_none() {
+                    eprintln!("heaptrace: {says}");
+                }
+                self.notice = Some(says);
+            }
+        }
+        for p in &pids {
+            self.prev.procs.remove(p);
+            // Dropped from the profile as the next round is added, and so from a recording's.
+            self.restarted.insert(*p);
+            // Its new image's stacks are named by its new mappings, even at the same addresses.
+            self.same.forget(*p);
+            // Its memory tracker state is not dropped here: this event and the memory events
+            // come on two rings, and the new image's may be read already. The kernel marks
+            // the exec among the memory events (`mem::EXEC`).
+            // Judged again under its new name.
+            self.matched.remove(p);
+        }
+        for p in &pids {
+            // By range: exec events come many a second on a busy host.
+            crate::drain::round::take_range(
+                &mut self.prev.sizes,
+                crate::drain::round::size_keys(*p),
+            );
+            crate::drain::round::take_range(
+                &mut self.prev.sites,
+                crate::drain::round::site_ids(*p),
+            );
+        }
+        self.stale.extend(pids);
+    }
+}

@@ -1,0 +1,279 @@
+//! One round: the kernel's maps read, the previous read subtracted, the processes described,
+//! the new stacks named, the difference folded into the Profile, recorded and printed.
+use super::*;
+
+impl Daemon {
+    pub fn round(&mut self) -> Result<()> {
+        // Execs reported so far are applied before the read, so that it starts their new
+        // counts from zero (the read counts only each process's current image).
+        self.process_events();
+        let gone = self.gone();
+        self.drain_mem();
+        let snap = self.maps.snapshot()?;
+        // Started over at an exec whose event is not read yet: the read says so by its epoch.
+        self.start_over(snap.restarted_since(&self.prev).into_iter().collect());
+        // The earlier images of the processes that exec'ed go from the maps (the snapshot
+        // counted their current images only), and their stacks are freed below unless others
+        // hold them: a shell's forks that exec leave theirs (a pyenv shim's ~35 bash a run).
+        let dropped = if self.stale.is_empty() {
+            Default::default()
+        } else {
+            let stale = std::mem::take(&mut self.stale);
+            self.maps.restarted(&stale)?
+        };
+        let mut round = snap.since(&self.prev);
+        self.reincarnate(&snap);
+        round.reservations = self.reserves.take();
+        round.restarted = std::mem::take(&mut self.restarted).into_iter().collect();
+        round.index = self.profile.rounds.last().map_or(0, |r| r.index) + 1;
+        round.elapsed_ms = self.start.elapsed().as_millis() as u64;
+        self.describe_processes(&mut round, &snap);
+        let lost = self.reserves.lost - self.reserves_lost;
+        round.losses[heaptrace_common::Loss::MemEvents as usize] += lost;
+        self.reserves_lost = self.reserves.lost;
+        if let Some(filter) = &self.filter {
+            filter.apply(&mut round, &mut self.matched);
+        }
+        // After the filter: the stacks of processes left out are never symbolized (in --all,
+        // those of every other program on the host, and their debug info would stay loaded).
+        self.new_stacks(&mut round);
+        self.same.round(&mut round);
+        self.incarnations.rekey(&mut round);
+        // Those not ended already; the Profile ends them as it applies the round, so that its
+        // timeline row and peak leave their blocks out.
+        let ending: HashSet<u32> = gone
+            .iter()
+            .copied()
+            .filter(|p| {
+                let key = self.incarnations.key(*p);
+                self.profile.procs.get(&key).is_none_or(|pp| !pp.exited)
+            })
+            .collect();
+        round.ended = ending.iter().map(|p| self.incarnations.key(*p)).collect();
+        self.profile.apply(&round);
+        // Sites first seen from now on were counted after this round's read: the stacks
+        // freed before it are no one's now.
+        self.freed.clear();
+        let theirs = snap.stacks_only_of(&gone, dropped);
+        (round.ended, round.folded) = self.forget_exited(ending)?;
+        self.forget_gone(&gone);
+        if !theirs.is_empty() {
+            self.freed = self.maps.free_stacks(theirs);
+        }
+        for (id, frames) in std::mem::take(&mut self.folded_stacks) {
+            let stack = crate::drain::round::NewStack {
+                frames,
+                ..Default::default()
+            };
+            round
+                .stacks
+                .insert((crate::profile::exited::FOLDED, id), stack);
+        }
+        self.emit(&round);
+        self.prev = snap;
+        self.publish(None, None);
+        Ok(())
+    }
+
+    /// The processes found gone. Decided before the snapshot, so that it holds their final
+    /// counts (a process found gone after it could still have counted something in between).
+    /// Those seen starting since the last read count too: one that lived within a round ends
+    /// in it, rather than a round later, its blocks live meanwhile.
+    pub(super) fn gone(&self) -> HashSet<u32> {
+        if self.pid.is_some() {
+            return HashSet::new();
+        }
+        // Each pid looked at once: a read of /proc, and most are in both.
+        let mut known: HashSet<u32> = self.prev.procs.keys().copied().collect();
+        known.extend(self.procwatch.iter().flat_map(|w| w.seen.keys()));
+        known.retain(|p| !procfs::alive(*p));
+        known
+    }
+
+    /// A pid whose process is gone, back in the kernel's maps: another process has it.
+    pub(super) fn reincarnate(&mut self, snap: &Snapshot) {
+        let back: Vec<u32> = snap
+            .procs
+            .keys()
+            .chain(self.restarted.iter())
+            .copied()
+            .filter(|p| {
+                let key = self.incarnations.key(*p);
+                self.profile.procs.get(&key).is_some_and(|pp| pp.exited)
+            })
+            .collect();
+        for p in back {
+            self.incarnations.next(p);
+        }
+    }
+
+    /// Each process's name, cgroup, memory and what its allocator holds, as /proc shows them
+    /// at the end of the round; processes gone already are named as they were seen starting.
+    pub(super) fn describe_processes(&mut self, round: &mut Round, snap: &Snapshot) {
+        let pids: Vec<u32> = match self.pid {
+            Some(p) => vec![p],
+            None => snap.procs.keys().copied().collect(),
+        };
+        if let Some(w) = &self.procwatch {
+            for (p, pr) in round.procs.iter_mut() {
+                if let Some((comm, cgroup)) = w.seen.get(p) {
+                    pr.comm.clone_from(comm);
+                    pr.cgroup.clone_from(cgroup);
+                }
+            }
+        }
+        for p in pids {
+            if !procfs::alive(p) {
+                continue;
+            }
+            let Some(m) = procfs::mem(p) else { continue };
+            round.mem.insert(p, m);
+            if self.memring.is_some()
+                && let Some((start, brk)) = procfs::heap(p)
+            {
+                if !self.reserves.knows(p) {
+                    self.reserves.seed_brk(p, brk);
+                }
+                let mut r = self.reserves.reserved(p);
+                r.heap = brk - start;
+                round.reserved.insert(p, r);
+            }
+            // The kernel names a process at its first allocation, which may be before its
+            // exec (a shell's fork): the current name wins while it lives.
+            if let Some(pr) = round.procs.get_mut(&p) {
+                if let Some(comm) = procfs::comm(p) {
+                    pr.comm = comm;
+                }
+                // A process ending right now keeps the cgroup it was seen starting in.
+                if let Some(cgroup) = procfs::cgroup(p) {
+                    pr.cgroup = cgroup;
+                }
+            }
+        }
+    }
+
+    /// Every one gone, also those that never allocated: no name of theirs is needed again.
+    pub(super) fn forget_gone(&mut self, gone: &HashSet<u32>) {
+        let Some(w) = self.procwatch.as_mut() else {
+            return;
+        };
+        w.seen.retain(|p, _| !gone.contains(p));
+        let unjudged = w.judge_cgroups();
+        if unjudged > 0 && !self.unjudged_said {
+            self.unjudged_said = true;
+            eprintln!(
+                "heaptrace: warning: {unjudged} cgroups had no room in the kernel's \
+                 verdicts: their processes are traced in full and left out in user space"
+            );
+        }
+    }
+
+    /// The round to the recording, and its line to stderr when no live view is up.
+    pub(super) fn emit(&mut self, round: &Round) {
+        if let Some(r) = &mut self.recorder
+            && let Err(e) = r.round(round)
+        {
+            // A full disk ends the recording, not the trace; what was written stays readable.
+            eprintln!("heaptrace: warning: recording stopped: {e}");
+            self.recorder = None;
+        }
+        if !self.quiet
+            && self.live.is_none()
+            && let Some(row) = self.profile.rounds.last()
+        {
+            eprintln!("heaptrace: {}", summary::round_line(row, &self.profile));
+        }
+    }
+
+    /// Folds the memory syscalls reported so far into the reservation tracker.
+    pub(super) fn drain_mem(&mut self) {
+        let Some(r) = self.memring.as_mut() else {
+            return;
+        };
+        let mut first_seen = Vec::new();
+        for ev in r.drain() {
+            self.reserves.event(&ev);
+            // A process's first memory syscall is in its first allocations, its libraries
+            // mapped: read its mappings now, while it surely lives (a command of a few
+            // milliseconds may be gone at the next round, its stacks then unnamed). An exec
+            // makes them the new image's to read.
+            if ev.kind == heaptrace_common::mem::EXEC {
+                self.modules.forget(ev.tgid);
+            } else if !self.modules.knows(ev.tgid) {
+                first_seen.push(ev.tgid);
+            }
+        }
+        first_seen.dedup();
+        for pid in first_seen {
+            if !self.modules.knows(pid) {
+                self.modules.refresh(pid);
+            }
+        }
+    }
+
+    /// Symbolizes the stacks first seen this round, while their processes are (maybe) alive.
+    pub(super) fn new_stacks(&mut self, round: &mut crate::drain::round::Round) {
+        self.early_maps();
+        let new: Vec<(u32, i32)> = round
+            .sites
+            .keys()
+            .map(|(pid, id, _)| (*pid, *id))
+            .chain(round.reservations.keys().map(|(pid, _, id, _)| (*pid, *id)))
+            .filter(|(pid, id)| *id >= 0 && !self.same.knows(*pid, *id))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut refreshed = HashSet::new();
+        for (pid, id) in new {
+            if refreshed.insert(pid) && procfs::alive(pid) {
+                self.modules.refresh(pid);
+            }
+            let stack = self.read_stack(pid, id);
+            // Not when shown as a stack seen before: its counts go there.
+            if self.same.add(pid, id, &stack.frames) == id {
+                round.stacks.insert((pid, id), stack);
+            }
+        }
+        // After the stacks are named: a process gone before this round's read may have
+        // stacks in the next one.
+        self.modules.prune_early(procfs::alive);
+    }
+
+    /// A stack as stored in the kernel, cut to what is shown, and named.
+    pub(super) fn read_stack(&mut self, pid: u32, id: i32) -> crate::drain::round::NewStack {
+        // A stack that cannot be read has no frames, and says nothing of lost ones.
+        let now = self.maps.stack(id);
+        let read = match self.freed.get(&id) {
+            None => Some(now.unwrap_or((Vec::new(), true))),
+            Some(held) => {
+                crate::drain::freed_stack(held.clone(), now, |ip| !self.modules.not_code(pid, ip))
+            }
+        };
+        let Some((mut ips, whole)) = read else {
+            return crate::drain::round::NewStack {
+                frames: [Frame::taken()].into(),
+                ..Default::default()
+            };
+        };
+        ips.truncate(self.stack_depth);
+        // The first frame is the return address the probe saw; past a function built
+        // without frame pointers, the walk read on through data.
+        if let Some(i) = ips
+            .iter()
+            .skip(1)
+            .position(|ip| self.modules.not_code(pid, *ip))
+        {
+            ips.truncate(i + 1);
+        }
+        if !whole && ips.len() < self.stack_depth {
+            ips.push(crate::symbolize::MORE_FRAMES_LOST);
+        }
+        let locations = Symbolizer::locations(&self.modules, pid, &ips);
+        let frames = self.symbolizer.frames(&ips, &locations).into();
+        crate::drain::round::NewStack {
+            ips,
+            locations,
+            frames,
+        }
+    }
+}
