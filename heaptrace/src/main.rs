@@ -9,10 +9,10 @@ use clap::Parser as _;
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 // mimalloc keeps freed pages a second before it returns them (its purge delay). Start-up
-// (symbols, ELF files) is a burst, and tracing a small program the peak RSS was 31.8 MiB
-// against the system allocator's 23.5; returned at once during start-up, 24.8. Afterwards the
-// delay is back to its default: returned at once, each round's maps were given back and
-// faulted in again, and the daemon took more CPU (BENCHMARKS, *The daemon's own allocations*).
+// (symbols, ELF files) is a burst whose pages would raise the peak RSS, so they are returned
+// at once until the probes are attached; afterwards the delay is back to its default, or each
+// round's maps would be given back and faulted in again (BENCHMARKS.md, *The daemon's own
+// allocations*).
 unsafe extern "C" {
     fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
 }

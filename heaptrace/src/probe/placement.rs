@@ -70,7 +70,7 @@ pub fn entry(code: &[u8], why: impl Into<String>) -> Placement {
 /// instruction has moved rsp, and an entry probe at the same address shares its trap: both go
 /// on the first emulated instruction before anything writes rsp (or the arguments). glibc's
 /// posix_memalign, aligned_alloc, valloc and pvalloc begin with a `cmpb` the kernel
-/// single-steps, a second trap that cost about 19 us a call here (BENCHMARKS.md).
+/// single-steps, a second trap (BENCHMARKS.md, *Probe placement*).
 ///
 /// `free` may skip a leading `test %rdi,%rdi; je` NULL check: free(NULL) is not counted, so a
 /// probe that only fires on the non-NULL path loses nothing.

@@ -1,7 +1,6 @@
 //! Processes that ended long ago, folded into one. A system-wide trace of a busy host meets
-//! thousands of processes a minute; each one's sites, sizes and stacks stayed in the Profile,
-//! and the daemon grew by about 1 MB a second (python in a loop beside a shell: 5,561
-//! processes in 60 s, 72 -> 128 MB). Past `--keep-exited` ended processes, the oldest one's
+//! thousands of processes a minute; were each one's sites, sizes and stacks kept, the daemon
+//! would grow without bound. Past `--keep-exited` ended processes, the oldest one's
 //! figures move to one pseudo-process, `[N exited processes]` (key [`FOLDED`]): its counts,
 //! sizes, reservations and leaks add up there, and its sites go under the folded stack with
 //! the same frames, so the same code in many short processes is one site. Totals stay exact.

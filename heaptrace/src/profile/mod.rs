@@ -373,7 +373,7 @@ impl Profile {
 
     /// The processes that have not ended, summed: the live memory of the timeline and the
     /// peak. An ended process's blocks went with it; its own figures keep them, as not freed
-    /// at its end. (Under `--all` a host's ended processes left 83 MB "live" after 20 s.)
+    /// at its end; counted as live, a host's ended processes would pile up under `--all`.
     fn live_now(&self) -> Totals {
         let mut t = Totals::default();
         for p in self.procs.values().filter(|p| !p.exited) {

@@ -98,7 +98,7 @@ pub fn parse(spec: &str) -> Result<Custom, String> {
 pub fn matches(symbol: &str, want: &str) -> bool {
     // Called for every symbol of a file, with each name looked for: no allocation unless the
     // symbol is a v0 one ending in the name (under --all each would trap into heaptrace's own
-    // probes: a 128 MB binary's symbols stalled the daemon for 1.4 s).
+    // probes, and a large binary's symbols would stall the daemon).
     symbol == want
         || (symbol.starts_with("_R")
             && symbol.strip_suffix(want).is_some_and(|head| {

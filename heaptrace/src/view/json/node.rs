@@ -2,8 +2,8 @@
 //!
 //! The `--json` document of a program with many stacks lists every stack with its frames,
 //! several times over (stacks, temporary, peak, leaks, per process). Built whole as one
-//! `serde_json::Value` tree and then printed to a string, binary-trees' 137 MB document took
-//! the daemon from 97 MB to 1.1 GB at exit. Here each element of a long list is made when the
+//! `serde_json::Value` tree and then printed, such a document costs several times its own size
+//! at exit. Here each element of a long list is made when the
 //! writer reaches it and dropped after: the document costs what its largest element does.
 use std::{collections::BTreeMap, io::Write};
 
