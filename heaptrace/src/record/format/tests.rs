@@ -1,0 +1,134 @@
+use super::*;
+
+fn roundtrip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(kind: Kind, v: &T) {
+    let mut buf = Vec::new();
+    write_frame(&mut buf, kind, v).unwrap();
+    let Next::Frame(f) = read_frame(&mut &buf[..], 12).unwrap() else {
+        panic!("no frame")
+    };
+    assert_eq!(f.kind, kind);
+    assert_eq!(&decode::<T>(&f).unwrap(), v);
+}
+
+#[test]
+fn frames_round_trip_plain_and_deflated() {
+    roundtrip(Kind::String, &(7u32, "malloc".to_string()));
+    roundtrip(
+        Kind::Stack,
+        &StackRec {
+            pid: 1,
+            stack_id: 3,
+            ips: vec![1, 2, 3],
+            locations: vec![Some((0, 10)), None, Some((1, 30))],
+            frames: vec![],
+        },
+    );
+}
+
+/// A round of an earlier version is a version 5 round without the fields added since:
+/// a version 4 round reads with its restarts and no ends or folds, a version 3 round with
+/// none of them; a version 5 round keeps all.
+#[test]
+fn rounds_of_earlier_versions_read_without_the_later_fields() {
+    let mut round = crate::drain::round::Round {
+        index: 7,
+        restarted: vec![42],
+        ended: vec![43, 44],
+        folded: vec![43],
+        ..Default::default()
+    };
+    round.mem.insert(1, crate::targets::procfs::Mem::default());
+    let frame = |payload: Vec<u8>| RawFrame {
+        kind: Kind::Round,
+        offset: 0,
+        stored_len: 0,
+        payload,
+    };
+    let v5 = postcard::to_allocvec(&round).unwrap();
+    assert_eq!(decode_round(&frame(v5), 5).unwrap(), round);
+    round.ended.clear();
+    round.folded.clear();
+    let mut v4 = postcard::to_allocvec(&round).unwrap();
+    assert_eq!(v4.split_off(v4.len() - 2), [0, 0], "empty lists, last");
+    assert_eq!(decode_round(&frame(v4.clone()), 4).unwrap(), round);
+    round.restarted.clear();
+    let mut v3 = postcard::to_allocvec(&round).unwrap();
+    assert_eq!(v3.split_off(v3.len() - 3), [0, 0, 0]);
+    assert_eq!(decode_round(&frame(v3), 3).unwrap(), round);
+}
+
+#[test]
+fn preamble_rejects_what_it_does_not_know() {
+    let mut ok = Vec::new();
+    write_preamble(&mut ok).unwrap();
+    assert!(read_preamble(&mut &ok[..]).is_ok());
+    assert!(matches!(
+        read_preamble(&mut &b""[..]),
+        Err(FormatError::Empty)
+    ));
+    assert!(matches!(
+        read_preamble(&mut &b"ELF\x7fxxxxxxxx"[..]),
+        Err(FormatError::BadMagic)
+    ));
+    let mut future = ok.clone();
+    future[8] = 99;
+    assert!(matches!(
+        read_preamble(&mut &future[..]),
+        Err(FormatError::FutureVersion(99))
+    ));
+    let mut old = ok.clone();
+    old[8] = 1;
+    assert!(matches!(
+        read_preamble(&mut &old[..]),
+        Err(FormatError::OldVersion(1))
+    ));
+}
+
+#[test]
+fn damaged_frames_are_detected() {
+    let mut buf = Vec::new();
+    write_frame(&mut buf, Kind::String, &(1u32, "x".to_string())).unwrap();
+    // Cut short: truncated, not an error.
+    assert!(matches!(
+        read_frame(&mut &buf[..buf.len() - 1], 0).unwrap(),
+        Next::Truncated
+    ));
+    // A flipped payload bit: checksum mismatch.
+    let mut bad = buf.clone();
+    *bad.last_mut().unwrap() ^= 1;
+    let err = read_frame(&mut &bad[..], 0).err().unwrap();
+    assert!(err.to_string().contains("checksum"), "{err}");
+    // A hostile length: refused before any allocation.
+    let mut huge = buf.clone();
+    huge[1..5].copy_from_slice(&u32::MAX.to_le_bytes());
+    let err = read_frame(&mut &huge[..], 0).err().unwrap();
+    assert!(err.to_string().contains("exceeds"), "{err}");
+    // An unknown kind.
+    let mut kind = buf;
+    kind[0] = 200;
+    let err = read_frame(&mut &kind[..], 0).err().unwrap();
+    assert!(err.to_string().contains("unknown record kind"), "{err}");
+}
+
+#[test]
+fn recordings_before_format_7_keep_their_time_rule() {
+    let old = Header {
+        temporary_ms: 250,
+        ..Default::default()
+    };
+    assert_eq!(old.temporary(), Temporary::WithinMs(250));
+    assert_eq!(old.temporary().to_string(), "freed within 250 ms");
+    let new = Header {
+        temporary_allocs: 4,
+        ..Default::default()
+    };
+    assert_eq!(new.temporary(), Temporary::Allocs(4));
+    assert_eq!(
+        new.temporary().to_string(),
+        "freed with fewer than 4 allocations of its thread in between"
+    );
+    assert_eq!(
+        Temporary::default().to_string(),
+        "freed before its thread's next allocation"
+    );
+}

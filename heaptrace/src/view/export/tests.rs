@@ -1,0 +1,49 @@
+use super::*;
+
+fn fr(name: &str, inlined: bool) -> Frame {
+    crate::symbolize::FrameInfo {
+        function: name.into(),
+        file: None,
+        line: None,
+        module: "m".into(),
+        offset: 0,
+        inlined,
+    }
+    .into()
+}
+
+#[test]
+fn inlined_frames_group_with_the_address_they_belong_to() {
+    let frames = [fr("inner", true), fr("outer", false), fr("main", false)];
+    let groups = per_address(&frames);
+    assert_eq!(groups.len(), 2);
+    assert_eq!(groups[0].len(), 2);
+    assert_eq!(&*groups[1][0].function, "main");
+}
+
+#[test]
+fn a_sampled_profile_gives_pprof_its_period() {
+    let rec = Recording::default();
+    let mut p = Profile::sampled(65536);
+    p.sites.insert(
+        (1, 3, 0),
+        crate::drain::round::SiteTotals {
+            calls: 640,
+            bytes: 655360,
+            ..Default::default()
+        },
+    );
+    let out = pprof(&rec, &p, &Names::default());
+    let name = |i: i64| out.string_table[i as usize].as_str();
+    let period_type = out.period_type.clone().expect("a period type");
+    assert_eq!(
+        (name(period_type.r#type), name(period_type.unit)),
+        ("space", "bytes")
+    );
+    assert_eq!(out.period, 65536);
+    assert!(name(out.comment[0]).contains("1 per 65536 bytes"));
+    // The values are the Profile's estimates, not scaled again.
+    assert_eq!(out.sample[0].value[..2], [640, 655360]);
+    let exact = pprof(&rec, &Profile::default(), &Names::default());
+    assert_eq!((exact.period_type, exact.period), (None, 0));
+}
