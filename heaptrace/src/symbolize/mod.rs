@@ -58,6 +58,42 @@ pub struct FrameInfo {
     pub inlined: bool,
 }
 
+/// Frames for tests: `FrameInfo::named("f")` is `f` in module "m" at offset 0, then each
+/// builder sets one more field.
+#[cfg(test)]
+impl FrameInfo {
+    pub fn named(function: &str) -> FrameInfo {
+        FrameInfo {
+            function: function.into(),
+            file: None,
+            line: None,
+            module: "m".into(),
+            offset: 0,
+            inlined: false,
+        }
+    }
+
+    pub fn at(self, file: &str, line: u32) -> FrameInfo {
+        FrameInfo {
+            file: Some(file.into()),
+            line: Some(line),
+            ..self
+        }
+    }
+
+    pub fn in_module(self, module: &str, offset: u64) -> FrameInfo {
+        FrameInfo {
+            module: module.into(),
+            offset,
+            ..self
+        }
+    }
+
+    pub fn inlined(self, inlined: bool) -> FrameInfo {
+        FrameInfo { inlined, ..self }
+    }
+}
+
 impl Frame {
     /// A frame standing for blocks allocated while stacks were not collected.
     pub fn not_collected() -> Frame {

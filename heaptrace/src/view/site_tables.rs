@@ -326,12 +326,9 @@ mod tests {
 
     fn frame(function: &str, file: Option<&str>, line: Option<u32>) -> Frame {
         crate::symbolize::FrameInfo {
-            function: function.into(),
             file: file.map(Into::into),
             line,
-            module: "m".into(),
-            offset: 0,
-            inlined: false,
+            ..crate::symbolize::FrameInfo::named(function)
         }
         .into()
     }

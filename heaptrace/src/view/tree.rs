@@ -105,15 +105,7 @@ mod tests {
     use crate::{drain::round::SiteTotals, symbolize::Frame};
 
     fn f(name: &str) -> Frame {
-        crate::symbolize::FrameInfo {
-            function: name.into(),
-            file: None,
-            line: None,
-            module: "m".into(),
-            offset: 0,
-            inlined: false,
-        }
-        .into()
+        crate::symbolize::FrameInfo::named(name).into()
     }
 
     #[test]

@@ -14,15 +14,11 @@ use crate::{
 };
 
 fn frame(function: &str, file: &str, line: u32, inlined: bool) -> Frame {
-    crate::symbolize::FrameInfo {
-        function: function.into(),
-        file: Some(format!("/src/{file}").into()),
-        line: Some(line),
-        module: "app".into(),
-        offset: 0x1000 + u64::from(line),
-        inlined,
-    }
-    .into()
+    crate::symbolize::FrameInfo::named(function)
+        .at(&format!("/src/{file}"), line)
+        .in_module("app", 0x1000 + u64::from(line))
+        .inlined(inlined)
+        .into()
 }
 
 fn round(index: u64, a: u64, b: u64, with_stacks: bool) -> Round {

@@ -1,15 +1,9 @@
 use super::*;
 
 fn fr(name: &str, inlined: bool) -> Frame {
-    crate::symbolize::FrameInfo {
-        function: name.into(),
-        file: None,
-        line: None,
-        module: "m".into(),
-        offset: 0,
-        inlined,
-    }
-    .into()
+    crate::symbolize::FrameInfo::named(name)
+        .inlined(inlined)
+        .into()
 }
 
 #[test]

@@ -75,15 +75,10 @@ fn stacks_carry_frames_and_counters() {
     p.stacks.insert(
         (7, 3),
         vec![
-            crate::symbolize::FrameInfo {
-                function: "alloc_a".into(),
-                file: Some("fx.c".into()),
-                line: Some(9),
-                module: "fx".into(),
-                offset: 0x1139,
-                inlined: false,
-            }
-            .into(),
+            crate::symbolize::FrameInfo::named("alloc_a")
+                .at("fx.c", 9)
+                .in_module("fx", 0x1139)
+                .into(),
         ]
         .into(),
     );

@@ -146,11 +146,10 @@ pub fn sites_round(index: u64, scale: u64, two: bool) -> Round {
             mk(vec![
                 frame("__libc_strdup", "", 0, "libc.so.6"),
                 frame("helper_c", "/src/sites.c", 31, "sites"),
-                crate::symbolize::FrameInfo {
-                    inlined: true,
-                    ..(*frame("inlined_c", "/src/sites.h", 3, "sites")).clone()
-                }
-                .into(),
+                (*frame("inlined_c", "/src/sites.h", 3, "sites"))
+                    .clone()
+                    .inlined(true)
+                    .into(),
                 frame("alloc_c", "/src/sites.c", 36, "sites"),
                 frame("main", "/src/sites.c", 50, "sites"),
             ]),
