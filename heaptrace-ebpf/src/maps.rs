@@ -16,7 +16,7 @@ use heaptrace_common::{
     sampling,
 };
 
-use crate::pin::Count;
+use crate::preempt::Count;
 
 /// Create only: two CPUs adding the same new key must not overwrite each other's counts.
 pub const BPF_NOEXIST: u64 = 1;

@@ -9,7 +9,7 @@ use heaptrace_common::{CALLER_ID_BASE, Func, LiveBlock, Loss, SiteKey, log2_buck
 
 use crate::{
     maps::{CALLERS, lose, site_counters, temporary_allocs},
-    pin::Count,
+    preempt::Count,
 };
 
 const BPF_F_USER_STACK: u64 = 1 << 8;

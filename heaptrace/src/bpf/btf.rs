@@ -1,5 +1,5 @@
 //! Where `group_leader` and `comm` sit in the running kernel's `struct task_struct`, and the
-//! ids of the kernel functions the programs call (kfuncs, `pin`).
+//! ids of the kernel functions the programs call (kfuncs, `kfunc.rs`).
 //!
 //! The eBPF side judges a process by its main thread's name, the `comm` of its group leader
 //! (a worker thread renaming itself does not rename the process), and aya cannot relocate
