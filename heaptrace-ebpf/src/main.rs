@@ -20,6 +20,7 @@ mod mem;
 mod preempt;
 mod procs;
 mod sites;
+mod sizes;
 mod stacks;
 mod threads;
 
@@ -167,7 +168,7 @@ fn count_at_entry(id: u64, func: Func, size: u64, sp: u64) {
         return;
     }
     add(&mut fc.bytes, size);
-    maps::count_size(&Atomic, tgid, pc.epoch as u32, func, size, NO_SITE);
+    sizes::count(&Atomic, tgid, pc.epoch as u32, func, size, NO_SITE);
 }
 
 #[uprobe]
@@ -360,7 +361,7 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
     let now = if rec.ts_ns != 0 {
         // SAFETY: no preconditions.
         let now = unsafe { bpf_ktime_get_ns() };
-        maps::latency(&count, func, now.wrapping_sub(rec.ts_ns));
+        sizes::latency(&count, func, now.wrapping_sub(rec.ts_ns));
         now
     } else {
         0
@@ -414,7 +415,7 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64, (stack_id, whole): (i32, bool
         sites::allocated(call.count, call.tgid, call.epoch, call.func, size, stack_id);
     }
     if mode() >= mode::SIZES {
-        maps::count_size(call.count, call.tgid, call.epoch, call.func, size, stack_id);
+        sizes::count(call.count, call.tgid, call.epoch, call.func, size, stack_id);
     }
     if !sampled || calls_mode() {
         return; // calls mode keeps no live map
