@@ -17,9 +17,10 @@ mod keyed;
 mod live;
 mod maps;
 mod mem;
-mod pin;
+mod preempt;
 mod procs;
 mod sites;
+mod sizes;
 mod stacks;
 mod threads;
 
@@ -39,7 +40,7 @@ use heaptrace_common::{
 
 use crate::{
     maps::{INFLIGHT, LIVE, add, calls_mode, lose, mode, proc_counters, self_tgid},
-    pin::{Atomic, Count, Pin},
+    preempt::{Atomic, Count, PreemptOff},
 };
 
 const BPF_ANY: u64 = 0;
@@ -167,7 +168,7 @@ fn count_at_entry(id: u64, func: Func, size: u64, sp: u64) {
         return;
     }
     add(&mut fc.bytes, size);
-    maps::count_size(&Atomic, tgid, pc.epoch as u32, func, size, NO_SITE);
+    sizes::count(&Atomic, tgid, pc.epoch as u32, func, size, NO_SITE);
 }
 
 #[uprobe]
@@ -278,7 +279,7 @@ pub fn alloc_return(ctx: RetProbeContext) -> u32 {
 /// What one completed call needs to account itself.
 struct Call<'a> {
     /// Preemption off from here on: the counters take plain adds.
-    pin: &'a Pin,
+    count: &'a PreemptOff,
     pc: &'a mut ProcCounters,
     tgid: u32,
     epoch: u32,
@@ -352,22 +353,22 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
         mem::call_end(tgid, id as u32, func, stack.0);
     }
     // After the walk: its reads may fault in pages, and need not run with preemption off.
-    let pin = Pin::take();
+    let count = PreemptOff::take();
     let Some(pc) = proc_counters(tgid) else {
         return Ok(());
     };
-    pin.add(&mut pc.funcs[func as usize].calls, 1);
+    count.add(&mut pc.funcs[func as usize].calls, 1);
     let now = if rec.ts_ns != 0 {
         // SAFETY: no preconditions.
         let now = unsafe { bpf_ktime_get_ns() };
-        maps::latency(&pin, func, now.wrapping_sub(rec.ts_ns));
+        sizes::latency(&count, func, now.wrapping_sub(rec.ts_ns));
         now
     } else {
         0
     };
     let epoch = pc.epoch as u32;
     let mut call = Call {
-        pin: &pin,
+        count: &count,
         pc,
         tgid,
         epoch,
@@ -392,10 +393,10 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
 fn allocated(call: &mut Call<'_>, size: u64, ptr: u64) -> Option<u64> {
     let fc = &mut call.pc.funcs[call.func as usize];
     if ptr == 0 {
-        call.pin.add(&mut fc.failed, 1);
+        call.count.add(&mut fc.failed, 1);
         return None;
     }
-    call.pin.add(&mut fc.bytes, size);
+    call.count.add(&mut fc.bytes, size);
     Some(ptr)
 }
 
@@ -411,10 +412,10 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64, (stack_id, whole): (i32, bool
         if !whole {
             lose(Loss::Stack);
         }
-        sites::allocated(call.pin, call.tgid, call.epoch, call.func, size, stack_id);
+        sites::allocated(call.count, call.tgid, call.epoch, call.func, size, stack_id);
     }
     if mode() >= mode::SIZES {
-        maps::count_size(call.pin, call.tgid, call.epoch, call.func, size, stack_id);
+        sizes::count(call.count, call.tgid, call.epoch, call.func, size, stack_id);
     }
     if !sampled || calls_mode() {
         return; // calls mode keeps no live map
@@ -437,12 +438,12 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64, (stack_id, whole): (i32, bool
     if !live::insert(&key, &block) && LIVE.insert(key, block, BPF_ANY).is_err() {
         lose(Loss::LiveMap);
         if mode() >= mode::STACKS {
-            sites::untracked(call.pin, call.tgid, call.epoch, call.func, stack_id, size);
+            sites::untracked(call.count, call.tgid, call.epoch, call.func, stack_id, size);
         }
         return;
     }
-    call.pin.add(&mut call.pc.live_blocks, 1);
-    call.pin.add(&mut call.pc.live_bytes, size);
+    call.count.add(&mut call.pc.live_blocks, 1);
+    call.count.add(&mut call.pc.live_bytes, size);
 }
 
 /// Forgets a block; returns its size if it was known (never in calls mode: no live map).
@@ -493,26 +494,26 @@ fn realloc_return(call: &mut Call<'_>, rec: InFlight, ret: u64) -> Option<u64> {
     let freer = (call.tid, call.seq);
     if ret == 0 {
         if old != 0 && rec.size == 0 {
-            call.pin.add(&mut call.pc.realloc_frees, 1);
-            if let Some(sz) = untrack(call.pin, call.pc, tgid, old, freer) {
-                call.pin.add(&mut call.pc.realloc_released_bytes, sz);
+            call.count.add(&mut call.pc.realloc_frees, 1);
+            if let Some(sz) = untrack(call.count, call.pc, tgid, old, freer) {
+                call.count.add(&mut call.pc.realloc_released_bytes, sz);
             }
         } else {
-            call.pin
+            call.count
                 .add(&mut call.pc.funcs[Func::Realloc as usize].failed, 1);
         }
         return None;
     }
-    call.pin
+    call.count
         .add(&mut call.pc.funcs[Func::Realloc as usize].bytes, rec.size);
     if old != 0 {
         if ret == old {
-            call.pin.add(&mut call.pc.realloc_in_place, 1);
+            call.count.add(&mut call.pc.realloc_in_place, 1);
         } else {
-            call.pin.add(&mut call.pc.realloc_moves, 1);
+            call.count.add(&mut call.pc.realloc_moves, 1);
         }
-        if let Some(sz) = untrack(call.pin, call.pc, tgid, old, freer) {
-            call.pin.add(&mut call.pc.realloc_released_bytes, sz);
+        if let Some(sz) = untrack(call.count, call.pc, tgid, old, freer) {
+            call.count.add(&mut call.pc.realloc_released_bytes, sz);
         }
     }
     Some(ret)
@@ -550,13 +551,13 @@ fn try_free(ctx: &ProbeContext, ptr: u64) -> Result<(), i64> {
     }
     // Not an Option: two states of the rest of the program for the verifier.
     let freer = rec.map_or((0, 0), |f| (id as u32, f.seq));
-    let pin = Pin::take();
+    let count = PreemptOff::take();
     let Some(pc) = proc_counters(tgid) else {
         return Ok(());
     };
-    pin.add(&mut pc.funcs[Func::Free as usize].calls, 1);
-    if let Some(sz) = untrack(&pin, pc, tgid, ptr, freer) {
-        pin.add(&mut pc.funcs[Func::Free as usize].bytes, sz);
+    count.add(&mut pc.funcs[Func::Free as usize].calls, 1);
+    if let Some(sz) = untrack(&count, pc, tgid, ptr, freer) {
+        count.add(&mut pc.funcs[Func::Free as usize].bytes, sz);
     }
     Ok(())
 }

@@ -7,16 +7,13 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use heaptrace_common::{
-    FUNC_COUNT, Func, InFlight, InFlightSlot, LOSS_COUNT, LatencyHist, LiveBlock, LiveKey, Loss,
-    MemCall, ProcCounters, SiteCounters, SiteKey, SizeKey, StoredStack,
+    FUNC_COUNT, InFlight, InFlightSlot, LOSS_COUNT, LatencyHist, LiveBlock, LiveKey, Loss, MemCall,
+    ProcCounters, SiteCounters, SiteKey, SizeKey, StoredStack,
     keyed::{SiteSlot, SizeSlot},
     live::LiveSlot,
-    log2_bucket,
     procs::{self, ProcSlot},
     sampling,
 };
-
-use crate::pin::Count;
 
 /// Create only: two CPUs adding the same new key must not overwrite each other's counts.
 pub const BPF_NOEXIST: u64 = 1;
@@ -120,6 +117,12 @@ pub static SITE_SLOTS: Array<SiteSlot> = Array::with_max_entries(1, BPF_F_MMAPAB
 #[unsafe(no_mangle)]
 static SITE_SLOTS_SHIFT: u32 = 0;
 
+#[inline(always)]
+pub fn site_slots_shift() -> u32 {
+    // SAFETY: a plain read of a global the loader wrote before load.
+    unsafe { core::ptr::read_volatile(&SITE_SLOTS_SHIFT) }
+}
+
 /// Size counts in slots, a row per CPU, before SIZES (`heaptrace_common::keyed`).
 #[map(name = "SIZE_SLOTS")]
 pub static SIZE_SLOTS: Array<SizeSlot> = Array::with_max_entries(1, BPF_F_MMAPABLE);
@@ -128,6 +131,12 @@ pub static SIZE_SLOTS: Array<SizeSlot> = Array::with_max_entries(1, BPF_F_MMAPAB
 #[unsafe(no_mangle)]
 static SIZE_SLOTS_SHIFT: u32 = 0;
 
+#[inline(always)]
+pub fn size_slots_shift() -> u32 {
+    // SAFETY: a plain read of a global the loader wrote before load.
+    unsafe { core::ptr::read_volatile(&SIZE_SLOTS_SHIFT) }
+}
+
 /// Values a new map entry starts from, in memory the programs never write: built on the stack,
 /// a struct of 300 bytes is zeroed by a memset, a loop over its bytes that the verifier follows
 /// through wherever a program may create an entry (start-up time). Mutable, so that LLVM merges
@@ -135,17 +144,10 @@ static SIZE_SLOTS_SHIFT: u32 = 0;
 static mut PROC_ZERO: ProcCounters = ProcCounters::ZERO;
 static mut SITE_ZERO: SiteCounters = SiteCounters::ZERO;
 
-/// `key`'s site counters on this CPU: in its slot, or in the map, created where missing. None
-/// where the map is full.
 #[inline(always)]
-pub fn site_counters(key: &SiteKey) -> Option<&'static mut SiteCounters> {
-    // SAFETY: as above.
-    let shift = unsafe { core::ptr::read_volatile(&SITE_SLOTS_SHIFT) };
-    match crate::keyed::counters(&SITE_SLOTS, shift, key) {
-        Some(c) => Some(c),
-        // SAFETY: a value nothing writes.
-        None => get_or_insert(&SITES, key, unsafe { &*(&raw const SITE_ZERO) }),
-    }
+pub fn site_zero() -> &'static SiteCounters {
+    // SAFETY: a value nothing writes.
+    unsafe { &*(&raw const SITE_ZERO) }
 }
 
 #[map(name = "SIZES")]
@@ -220,11 +222,15 @@ pub fn stack_cache_shift() -> u32 {
 #[map(name = "STACK_SCRATCH")]
 pub static STACK_SCRATCH: PerCpuArray<StoredStack> = PerCpuArray::with_max_entries(1, 0);
 
-/// The user stack a walk reads its frames from (`stacks::walk`), 512 bytes at a time, and the
-/// count of the reads into it on this CPU.
+/// Words of user stack a walk reads at once (`stacks::walk`): a frame is two words, and nested
+/// frames lie close, so one read serves several (one helper call each before, ~20 ns here plus
+/// the copy).
+pub const CHUNK_WORDS: usize = 64;
+
+/// The user stack a walk reads its frames from, 512 bytes at a time, and the count of the reads
+/// into it on this CPU.
 #[map(name = "STACK_CHUNK")]
-pub static STACK_CHUNK: PerCpuArray<[u64; crate::stacks::CHUNK_WORDS + 1]> =
-    PerCpuArray::with_max_entries(1, 0);
+pub static STACK_CHUNK: PerCpuArray<[u64; CHUNK_WORDS + 1]> = PerCpuArray::with_max_entries(1, 0);
 
 /// Stacks of one frame, the caller (the kernel walks no deeper than a map's value holds): where
 /// FRAMES takes no whole stack (full, or both of a stack's ids taken), the allocation keeps
@@ -562,34 +568,4 @@ pub fn stale_proc_slots(tgid: u32) -> bool {
         }
     }
     had
-}
-
-#[inline(always)]
-pub fn count_size(c: &impl Count, tgid: u32, epoch: u32, func: Func, size: u64, stack_id: i32) {
-    let key = SizeKey {
-        tgid,
-        func: func as u32,
-        size,
-        stack_id,
-        epoch,
-    };
-    // SAFETY: a plain read of a global the loader wrote before load.
-    let shift = unsafe { core::ptr::read_volatile(&SIZE_SLOTS_SHIFT) };
-    let n = match crate::keyed::counters(&SIZE_SLOTS, shift, &key) {
-        Some(n) => Some(n),
-        None => get_or_insert(&SIZES, &key, &0u64),
-    };
-    match n {
-        Some(n) => c.add(n, 1),
-        None => lose(Loss::SizeHistogram),
-    }
-}
-
-#[inline(always)]
-pub fn latency(c: &impl Count, func: Func, ns: u64) {
-    if let Some(h) = LATENCY.get_ptr_mut(func as u32) {
-        let b = log2_bucket(ns);
-        // SAFETY: map value pointer; b < LOG2_BUCKETS.
-        c.add(unsafe { &mut (*h).buckets[b] }, 1);
-    }
 }

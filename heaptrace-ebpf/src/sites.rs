@@ -5,11 +5,15 @@
 //! starts at the caller. (At malloc's entry the walk would miss it: glibc's malloc does not
 //! begin with `push %rbp`.) Only successful allocations pay for a stack.
 use aya_ebpf::{EbpfContext as _, programs::RetProbeContext};
-use heaptrace_common::{CALLER_ID_BASE, Func, LiveBlock, Loss, SiteKey, log2_bucket};
+use heaptrace_common::{CALLER_ID_BASE, Func, LiveBlock, Loss, SiteCounters, SiteKey, log2_bucket};
 
 use crate::{
-    maps::{CALLERS, lose, site_counters, temporary_allocs},
-    pin::Count,
+    keyed,
+    maps::{
+        CALLERS, SITE_SLOTS, SITES, get_or_insert, lose, site_slots_shift, site_zero,
+        temporary_allocs,
+    },
+    preempt::Count,
 };
 
 const BPF_F_USER_STACK: u64 = 1 << 8;
@@ -21,6 +25,16 @@ pub fn stack_id(ctx: &RetProbeContext) -> (i32, bool) {
     match store_stack(ctx) {
         Ok((id, whole)) => (id as i32, whole),
         Err(e) => (if e < 0 { e } else { -1 }, false),
+    }
+}
+
+/// `key`'s site counters on this CPU: in its slot, or in the map, created where missing. None
+/// where the map is full.
+#[inline(always)]
+fn site_counters(key: &SiteKey) -> Option<&'static mut SiteCounters> {
+    match keyed::counters(&SITE_SLOTS, site_slots_shift(), key) {
+        Some(c) => Some(c),
+        None => get_or_insert(&SITES, key, site_zero()),
     }
 }
 

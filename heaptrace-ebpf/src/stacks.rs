@@ -19,16 +19,13 @@ use heaptrace_common::{
 };
 
 use crate::maps::{
-    BPF_NOEXIST, FRAMES, STACK_CACHE, STACK_CHUNK, STACK_GEN, STACK_SCRATCH, add, slot_cpus,
-    stack_cache_shift,
+    BPF_NOEXIST, CHUNK_WORDS, FRAMES, STACK_CACHE, STACK_CHUNK, STACK_GEN, STACK_SCRATCH, add,
+    slot_cpus, stack_cache_shift,
 };
 
 const EEXIST: i32 = 17;
 const EBUSY: i32 = 16;
 
-/// Words of user stack read at once: a frame is two words, and nested frames lie close, so
-/// one read serves several (one helper call each before, ~20 ns here plus the copy).
-pub const CHUNK_WORDS: usize = 64;
 const CHUNK_BYTES: u64 = 8 * CHUNK_WORDS as u64;
 
 /// Walks the user stack into this CPU's scratch: the return address the probe returns to, then

@@ -1,5 +1,5 @@
 //! Where `group_leader` and `comm` sit in the running kernel's `struct task_struct`, and the
-//! ids of the kernel functions the programs call (kfuncs, `pin`).
+//! ids of the kernel functions the programs call (kfuncs, `kfunc.rs`).
 //!
 //! The eBPF side judges a process by its main thread's name, the `comm` of its group leader
 //! (a worker thread renaming itself does not rename the process), and aya cannot relocate
@@ -8,6 +8,10 @@
 //!
 //! Format: <https://docs.kernel.org/bpf/btf.html>. The programs read kernel memory at these
 //! offsets, so a wrong one silently misjudges every process: anything unexpected is an error.
+//!
+//! Parsed here, not by aya-obj 0.3.0: its `Btf` finds a type id by name and kind, but keeps
+//! lookups by id, names and struct members crate-private, and it panics on a name offset past
+//! the strings.
 use crate::error::Error;
 
 const VMLINUX: &str = "/sys/kernel/btf/vmlinux";

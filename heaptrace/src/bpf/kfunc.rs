@@ -1,8 +1,8 @@
-//! The programs' placeholder calls (`heaptrace_common::pin`) made real: calls of the running
-//! kernel's `bpf_preempt_disable` and `bpf_preempt_enable`, so that the return and free
-//! programs count on their CPU with plain adds (the eBPF side's `pin.rs` says why). aya cannot
-//! call kfuncs, so the object's bytes are patched before aya or `multi` parse them: both
-//! copies of the programs then carry the same calls.
+//! The programs' placeholder calls (`heaptrace_common::preempt`) made real: calls of the
+//! running kernel's `bpf_preempt_disable` and `bpf_preempt_enable`, so that the return and
+//! free programs count on their CPU with plain adds (the eBPF side's `preempt.rs` says why).
+//! aya cannot call kfuncs, so the object's bytes are patched before aya or `multi` parse them:
+//! both copies of the programs then carry the same calls.
 //!
 //! Where the kernel lacks the kfuncs (before 6.10), or refuses them in a kprobe program, or
 //! `--atomic-counters` asks, the placeholders become no-ops and the PINNED global stays 0:
@@ -10,7 +10,7 @@
 use std::os::fd::OwnedFd;
 
 use aya_obj::generated::bpf_insn;
-use heaptrace_common::pin::{PREEMPT_DISABLE, PREEMPT_ENABLE};
+use heaptrace_common::preempt::{PREEMPT_DISABLE, PREEMPT_ENABLE};
 use object::{Object as _, ObjectSection as _, SectionKind};
 
 /// BPF_JMP | BPF_CALL.
@@ -97,7 +97,7 @@ fn probe((disable, enable): Kfuncs) -> std::io::Result<OwnedFd> {
     ]
     // SAFETY: bpf_insn is an instruction's 8 bytes (repr(C), no padding), any value valid.
     .map(|i| unsafe { std::mem::transmute::<[u8; 8], bpf_insn>(i) });
-    crate::bpf::uprobe_multi::load_one("heaptrace_pin", &insns, &c"Dual MIT/GPL".into())
+    crate::bpf::uprobe_multi::load_one("heaptrace_kfunc", &insns, &c"Dual MIT/GPL".into())
 }
 
 fn insn(code: u8, regs: u8, imm: i32) -> [u8; 8] {

@@ -7,13 +7,13 @@
 //! malloc+free pair in stacks mode. Plain, a pair costs 36 ns less program time and 20-30 ns
 //! less wall time here (BENCHMARKS.md, *Counting with preemption off*).
 //!
-//! A [`Pin`] turns preemption off (the kernel's `bpf_preempt_disable` kfunc, Linux 6.10+) for
-//! its lifetime, and its adds are plain. Adds made elsewhere stay atomic, and the two mix
-//! safely: an atomic add is one instruction, and nothing runs on the CPU in the middle of a
-//! plain one while preemption is off. Where the kernel lacks the kfuncs, the loader sets
-//! PINNED to 0: the calls are no-ops and [`Pin::add`] is atomic. The verifier knows the
+//! A [`PreemptOff`] turns preemption off (the kernel's `bpf_preempt_disable` kfunc, Linux
+//! 6.10+) for its lifetime, and its adds are plain. Adds made elsewhere stay atomic, and the
+//! two mix safely: an atomic add is one instruction, and nothing runs on the CPU in the middle
+//! of a plain one while preemption is off. Where the kernel lacks the kfuncs, the loader sets
+//! PINNED to 0: the calls are no-ops and [`PreemptOff::add`] is atomic. The verifier knows the
 //! global's value (a frozen read-only map) and follows only the branch taken.
-use heaptrace_common::pin::{PREEMPT_DISABLE, PREEMPT_ENABLE};
+use heaptrace_common::preempt::{PREEMPT_DISABLE, PREEMPT_ENABLE};
 
 /// See `heaptrace_common::globals::PINNED`.
 #[unsafe(no_mangle)]
@@ -25,7 +25,7 @@ fn pinned() -> bool {
     unsafe { core::ptr::read_volatile(&PINNED) != 0 }
 }
 
-/// A call of helper number `id`, which the loader rewrites (`heaptrace_common::pin`).
+/// A call of helper number `id`, which the loader rewrites (`heaptrace_common::preempt`).
 #[inline(always)]
 fn placeholder(id: i32) {
     // SAFETY: no kernel runs this call as written: the loader makes it a kfunc call (no
@@ -52,19 +52,19 @@ impl Count for Atomic {
 }
 
 /// Preemption off while it lives (where PINNED), and plain adds.
-pub struct Pin(());
+pub struct PreemptOff(());
 
-impl Pin {
+impl PreemptOff {
     #[inline(always)]
-    pub fn take() -> Pin {
+    pub fn take() -> PreemptOff {
         if pinned() {
             placeholder(PREEMPT_DISABLE);
         }
-        Pin(())
+        PreemptOff(())
     }
 }
 
-impl Count for Pin {
+impl Count for PreemptOff {
     #[inline(always)]
     fn add(&self, counter: &mut u64, v: u64) {
         // The global is read again at each decision, never kept: the verifier then knows its
@@ -77,7 +77,7 @@ impl Count for Pin {
     }
 }
 
-impl Drop for Pin {
+impl Drop for PreemptOff {
     #[inline(always)]
     fn drop(&mut self) {
         if pinned() {
