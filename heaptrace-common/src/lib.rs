@@ -576,13 +576,13 @@ pub mod globals {
     /// 1 when the programs' [`super::preempt`] placeholders were rewritten into calls of the
     /// kernel's `bpf_preempt_disable`/`bpf_preempt_enable`: a program counts on its CPU with
     /// plain adds between them. 0: they are no-ops and every add is atomic.
-    pub const PINNED: &str = "PINNED";
+    pub const PREEMPT_OFF: &str = "PREEMPT_OFF";
 }
 
 /// Calls the loader rewrites before any kernel sees the programs: aya cannot call kfuncs, so
 /// a program calls these helper numbers, which no kernel has, and heaptrace's `bpf::kfunc`
 /// replaces each such call with a call of the kfunc named (its BTF id in vmlinux), or with a
-/// no-op where the kernel lacks it (then [`globals::PINNED`] is 0 and nothing is pinned).
+/// no-op where the kernel lacks it (then [`globals::PREEMPT_OFF`] is 0 and every add stays atomic).
 pub mod preempt {
     /// `bpf_preempt_disable` (Linux 6.10+).
     pub const PREEMPT_DISABLE: i32 = 0x6874_0001;

@@ -11,18 +11,18 @@
 //! 6.10+) for its lifetime, and its adds are plain. Adds made elsewhere stay atomic, and the
 //! two mix safely: an atomic add is one instruction, and nothing runs on the CPU in the middle
 //! of a plain one while preemption is off. Where the kernel lacks the kfuncs, the loader sets
-//! PINNED to 0: the calls are no-ops and [`PreemptOff::add`] is atomic. The verifier knows the
+//! PREEMPT_OFF to 0: the calls are no-ops and [`PreemptOff::add`] is atomic. The verifier knows the
 //! global's value (a frozen read-only map) and follows only the branch taken.
 use heaptrace_common::preempt::{PREEMPT_DISABLE, PREEMPT_ENABLE};
 
-/// See `heaptrace_common::globals::PINNED`.
+/// See `heaptrace_common::globals::PREEMPT_OFF`.
 #[unsafe(no_mangle)]
-static PINNED: u32 = 0;
+static PREEMPT_OFF: u32 = 0;
 
 #[inline(always)]
-fn pinned() -> bool {
+fn preempt_off() -> bool {
     // SAFETY: a plain read of a global the loader wrote before load.
-    unsafe { core::ptr::read_volatile(&PINNED) != 0 }
+    unsafe { core::ptr::read_volatile(&PREEMPT_OFF) != 0 }
 }
 
 /// A call of helper number `id`, which the loader rewrites (`heaptrace_common::preempt`).
@@ -51,13 +51,13 @@ impl Count for Atomic {
     }
 }
 
-/// Preemption off while it lives (where PINNED), and plain adds.
+/// Preemption off while it lives (where PREEMPT_OFF), and plain adds.
 pub struct PreemptOff(());
 
 impl PreemptOff {
     #[inline(always)]
     pub fn take() -> PreemptOff {
-        if pinned() {
+        if preempt_off() {
             placeholder(PREEMPT_DISABLE);
         }
         PreemptOff(())
@@ -69,7 +69,7 @@ impl Count for PreemptOff {
     fn add(&self, counter: &mut u64, v: u64) {
         // The global is read again at each decision, never kept: the verifier then knows its
         // value at every branch, and sees preemption turned back on on every path.
-        if pinned() {
+        if preempt_off() {
             *counter = counter.wrapping_add(v);
         } else {
             crate::maps::add(counter, v);
@@ -80,7 +80,7 @@ impl Count for PreemptOff {
 impl Drop for PreemptOff {
     #[inline(always)]
     fn drop(&mut self) {
-        if pinned() {
+        if preempt_off() {
             placeholder(PREEMPT_ENABLE);
         }
     }

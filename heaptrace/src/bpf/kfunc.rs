@@ -5,7 +5,7 @@
 //! both copies of the programs then carry the same calls.
 //!
 //! Where the kernel lacks the kfuncs (before 6.10), or refuses them in a kprobe program, or
-//! `--atomic-counters` asks, the placeholders become no-ops and the PINNED global stays 0:
+//! `--atomic-counters` asks, the placeholders become no-ops and the PREEMPT_OFF global stays 0:
 //! every add is atomic, as before.
 use std::os::fd::OwnedFd;
 
@@ -28,8 +28,8 @@ pub type Kfuncs = (u32, u32);
 pub struct Patched {
     words: Vec<u64>,
     len: usize,
-    /// The kfuncs are called: PINNED is 1.
-    pub pinned: bool,
+    /// The kfuncs are called: PREEMPT_OFF is 1.
+    pub preempt_off: bool,
 }
 
 impl Patched {
@@ -59,7 +59,7 @@ pub fn patched(object: &[u8], allow: bool) -> Result<Patched, String> {
     Ok(Patched {
         words,
         len: object.len(),
-        pinned: kfuncs.is_some(),
+        preempt_off: kfuncs.is_some(),
     })
 }
 
@@ -108,7 +108,7 @@ fn insn(code: u8, regs: u8, imm: i32) -> [u8; 8] {
 
 /// Rewrites every placeholder call in the object's code sections: into a call of its kfunc,
 /// or into a no-op where `kfuncs` is None. Returns how many it rewrote; an object whose code
-/// has none is an error (its programs would count with atomic adds under PINNED, unguarded).
+/// has none is an error (its programs would count with atomic adds under PREEMPT_OFF, unguarded).
 pub fn patch(elf: &mut [u8], kfuncs: Option<Kfuncs>) -> Result<usize, String> {
     let ranges: Vec<(usize, usize)> = {
         let file = object::File::parse(&*elf).map_err(|e| format!("parsing the object: {e}"))?;

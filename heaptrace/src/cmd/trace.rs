@@ -192,7 +192,7 @@ fn load_options(cli: &TraceArgs, scope: Scope) -> LoadOptions {
             .unwrap_or_else(|| probe::default_site_map_size(cli.stack_map_size)),
         sample_bytes: cli.sample_bytes,
         latency_every: cli.latency_every,
-        pin: !cli.atomic_counters,
+        preempt_off: !cli.atomic_counters,
         ..LoadOptions::default()
     };
     match scope {

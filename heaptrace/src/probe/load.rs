@@ -33,7 +33,7 @@ pub struct LoadOptions {
     pub cgroup: Option<String>,
     /// Count with preemption off and plain adds where the kernel allows it (`bpf::kfunc`); false
     /// (`--atomic-counters`): atomic adds throughout.
-    pub pin: bool,
+    pub preempt_off: bool,
 }
 
 impl Default for LoadOptions {
@@ -55,7 +55,7 @@ impl Default for LoadOptions {
             comm: None,
             cgroup: None,
             reservations: false,
-            pin: true,
+            preempt_off: true,
         }
     }
 }
@@ -134,14 +134,14 @@ fn has_bpf_caps() -> bool {
 }
 
 /// The object as loaded: its placeholders rewritten for this kernel (`bpf::kfunc`), once a process.
-fn object(pin: bool) -> Result<&'static crate::bpf::kfunc::Patched> {
-    static PINNED: OnceLock<crate::bpf::kfunc::Patched> = OnceLock::new();
+fn object(preempt_off: bool) -> Result<&'static crate::bpf::kfunc::Patched> {
+    static PREEMPT_OFF: OnceLock<crate::bpf::kfunc::Patched> = OnceLock::new();
     static ATOMIC: OnceLock<crate::bpf::kfunc::Patched> = OnceLock::new();
-    let cell = if pin { &PINNED } else { &ATOMIC };
+    let cell = if preempt_off { &PREEMPT_OFF } else { &ATOMIC };
     if let Some(p) = cell.get() {
         return Ok(p);
     }
-    let p = crate::bpf::kfunc::patched(EBPF_OBJECT, pin).map_err(Error::Load)?;
+    let p = crate::bpf::kfunc::patched(EBPF_OBJECT, preempt_off).map_err(Error::Load)?;
     Ok(cell.get_or_init(|| p))
 }
 
@@ -151,7 +151,7 @@ pub struct Loaded {
     /// The bytes aya loaded, for the uprobe_multi copies of the programs.
     pub(super) object: &'static [u8],
     /// The return and free programs count with preemption off (`bpf::kfunc`).
-    pub pinned: bool,
+    pub preempt_off: bool,
 }
 
 /// The capacities of the whole-stack map (FRAMES: `--stack-map-size` stacks, allocated as
@@ -249,7 +249,7 @@ pub fn slot_rows(opts: &LoadOptions) -> Result<SlotRows> {
 
 pub fn load(opts: &LoadOptions) -> Result<Loaded> {
     let me = std::process::id();
-    let object = object(opts.pin)?;
+    let object = object(opts.preempt_off)?;
     // Maps a mode does not use get one entry: a stack map is preallocated at full size.
     let stacks = opts.kernel_mode() >= heaptrace_common::mode::STACKS;
     let sizes = opts.kernel_mode() >= heaptrace_common::mode::SIZES;
@@ -274,7 +274,7 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
             true,
         )
         .override_global(globals::SELF_TGID, &me, true)
-        .override_global(globals::PINNED, &u32::from(object.pinned), true)
+        .override_global(globals::PREEMPT_OFF, &u32::from(object.preempt_off), true)
         .override_global(globals::SAMPLE_BYTES, &opts.sample_bytes, true)
         .override_global(globals::SAMPLE_SCALE, &scale, true)
         .override_global(globals::LATENCY_EVERY, &opts.latency_every.max(1), true)
@@ -338,7 +338,7 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
     Ok(Loaded {
         ebpf,
         object: object.bytes(),
-        pinned: object.pinned,
+        preempt_off: object.preempt_off,
     })
 }
 

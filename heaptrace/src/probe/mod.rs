@@ -85,7 +85,7 @@ pub enum Counting {
 pub struct Probes {
     pub ebpf: Ebpf,
     /// The return and free programs count with preemption off (`bpf::kfunc`).
-    pub pinned: bool,
+    pub preempt_off: bool,
     pub attached: Vec<Attached>,
     /// Every uprobe link, owned here (not by its program) so that Drop can close them at once.
     links: Vec<Link>,
@@ -235,7 +235,7 @@ impl Probes {
     }
 
     pub fn counting(&self) -> Counting {
-        match self.pinned {
+        match self.preempt_off {
             true => Counting::PreemptionOff,
             false => Counting::Atomic,
         }
@@ -250,7 +250,7 @@ impl Probes {
         let Loaded {
             mut ebpf,
             object,
-            pinned,
+            preempt_off,
         } = loaded;
         let names: Vec<&str> = [RETURN_PROGRAM, SYSCALL_PROGRAM]
             .into_iter()
@@ -277,7 +277,7 @@ impl Probes {
         }
         Ok(Probes {
             ebpf,
-            pinned,
+            preempt_off,
             attached: Vec::new(),
             links: Vec::new(),
             multi,
