@@ -92,183 +92,171 @@ fn launch_execfork(tag: &str, delay_ms: u64) {
     check(&doc, &String::from_utf8_lossy(&out.stderr));
 }
 
-#[test]
-fn a_launched_command_that_execs_is_counted_as_its_new_command() {
-    if !bpf_or_skip("a_launched_command_that_execs_is_counted_as_its_new_command") {
-        return;
+bpf_test!(
+    fn a_launched_command_that_execs_is_counted_as_its_new_command() {
+        launch_execfork("exec-launch", 0);
     }
-    launch_execfork("exec-launch", 0);
-}
+);
 
-/// The same with the exec's event read after the new image's counters: the read's epoch says
-/// the process started over (the event alone came too late: a round took the new image's
-/// counters less the old one's).
-#[test]
-fn an_exec_seen_first_in_the_counters_starts_the_process_over() {
-    if !bpf_or_skip("an_exec_seen_first_in_the_counters_starts_the_process_over") {
-        return;
+bpf_test!(
+    /// The same with the exec's event read after the new image's counters: the read's epoch says
+    /// the process started over (the event alone came too late: a round took the new image's
+    /// counters less the old one's).
+    fn an_exec_seen_first_in_the_counters_starts_the_process_over() {
+        launch_execfork("exec-launch-late", 800);
     }
-    launch_execfork("exec-launch-late", 800);
-}
+);
 
-#[test]
-fn an_attached_process_that_execs_is_counted_as_its_new_command() {
-    if !bpf_or_skip("an_attached_process_that_execs_is_counted_as_its_new_command") {
-        return;
+bpf_test!(
+    shared,
+    fn an_attached_process_that_execs_is_counted_as_its_new_command() {
+        let mut cmd = Command::new(fixture("execfork", "", &[]));
+        cmd.args(command()).env("EXECFORK_WAIT", "1");
+        let mut target = ready(cmd);
+        let json = json_path("exec-pid");
+        let mut cmd = heaptrace();
+        cmd.args(["--no-tui", "--interval", "200ms", "--json"])
+            .arg(&json)
+            .args(["-p", &target.id().to_string()]);
+        let tracer = start_attached(&mut cmd);
+        // A round passes with the 40 blocks before the exec counted, then the exec.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        target.stdin.take().unwrap().write_all(b"g").unwrap();
+        assert!(target.wait().unwrap().success());
+        let (code, stderr) = tracer.wait();
+        assert_eq!(code, 0, "{stderr}");
+        check(&read_json(&json), &stderr);
     }
-    let _g = shared();
-    let mut cmd = Command::new(fixture("execfork", "", &[]));
-    cmd.args(command()).env("EXECFORK_WAIT", "1");
-    let mut target = ready(cmd);
-    let json = json_path("exec-pid");
-    let mut cmd = heaptrace();
-    cmd.args(["--no-tui", "--interval", "200ms", "--json"])
-        .arg(&json)
-        .args(["-p", &target.id().to_string()]);
-    let tracer = start_attached(&mut cmd);
-    // A round passes with the 40 blocks before the exec counted, then the exec.
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    target.stdin.take().unwrap().write_all(b"g").unwrap();
-    assert!(target.wait().unwrap().success());
-    let (code, stderr) = tracer.wait();
-    assert_eq!(code, 0, "{stderr}");
-    check(&read_json(&json), &stderr);
-}
+);
 
-/// A launched command that execs a static binary (its own allocator, not probed yet): the
-/// launcher holds it at the exec until the executable is probed, so it counts exactly as the
-/// binary launched directly.
-#[test]
-fn a_launched_command_that_execs_a_static_binary_is_counted_whole() {
-    if !bpf_or_skip("a_launched_command_that_execs_a_static_binary_is_counted_whole") {
-        return;
+bpf_test!(
+    shared,
+    /// A launched command that execs a static binary (its own allocator, not probed yet): the
+    /// launcher holds it at the exec until the executable is probed, so it counts exactly as the
+    /// binary launched directly.
+    fn a_launched_command_that_execs_a_static_binary_is_counted_whole() {
+        let bin = fixture("allocs", "-static", &["-static"]);
+        let args = ["0", "300", "3"].map(String::from);
+        let direct = crate::counts::launch("exec-static-direct", &[], &bin, &args, &[]);
+        let mut wrapped_args = vec![
+            "-n".to_string(),
+            "40".to_string(),
+            bin.display().to_string(),
+        ];
+        wrapped_args.extend(args.iter().cloned());
+        let wrapped = crate::counts::launch(
+            "exec-static",
+            &[],
+            &fixture("execfork", "", &[]),
+            &wrapped_args,
+            &[],
+        );
+        assert_eq!(wrapped["functions"], direct["functions"]);
+        assert_eq!(wrapped["sizes"], direct["sizes"]);
+        for key in ["blocks", "bytes", "by_function"] {
+            assert_eq!(wrapped["leaks"][key], direct["leaks"][key], "leaks {key}");
+        }
+        assert_eq!(
+            wrapped["processes"][0]["comm"].as_str(),
+            Some("allocs-static")
+        );
     }
-    let _g = shared();
-    let bin = fixture("allocs", "-static", &["-static"]);
-    let args = ["0", "300", "3"].map(String::from);
-    let direct = crate::counts::launch("exec-static-direct", &[], &bin, &args, &[]);
-    let mut wrapped_args = vec![
-        "-n".to_string(),
-        "40".to_string(),
-        bin.display().to_string(),
-    ];
-    wrapped_args.extend(args.iter().cloned());
-    let wrapped = crate::counts::launch(
-        "exec-static",
-        &[],
-        &fixture("execfork", "", &[]),
-        &wrapped_args,
-        &[],
-    );
-    assert_eq!(wrapped["functions"], direct["functions"]);
-    assert_eq!(wrapped["sizes"], direct["sizes"]);
-    for key in ["blocks", "bytes", "by_function"] {
-        assert_eq!(wrapped["leaks"][key], direct["leaks"][key], "leaks {key}");
-    }
-    assert_eq!(
-        wrapped["processes"][0]["comm"].as_str(),
-        Some("allocs-static")
-    );
-}
+);
 
-/// A recording keeps the restart: its report counts the exec'ed command alone, as the live
-/// trace did.
-#[test]
-fn a_recording_of_a_command_that_execs_reports_its_new_command() {
-    if !bpf_or_skip("a_recording_of_a_command_that_execs_reports_its_new_command") {
-        return;
-    }
-    let _g = shared();
-    let live = json_path("exec-record");
-    let rec = live.with_extension("bin");
-    run_ok(
-        heaptrace()
-            .args(["record", "-o"])
+bpf_test!(
+    shared,
+    /// A recording keeps the restart: its report counts the exec'ed command alone, as the live
+    /// trace did.
+    fn a_recording_of_a_command_that_execs_reports_its_new_command() {
+        let live = json_path("exec-record");
+        let rec = live.with_extension("bin");
+        run_ok(
+            heaptrace()
+                .args(["record", "-o"])
+                .arg(&rec)
+                .args(["-q", "--interval", "200ms", "--json"])
+                .arg(&live)
+                .arg("--")
+                .arg(fixture("execfork", "", &[]))
+                .args(command()),
+        );
+        let out = heaptrace()
+            .arg("report")
             .arg(&rec)
-            .args(["-q", "--interval", "200ms", "--json"])
-            .arg(&live)
-            .arg("--")
-            .arg(fixture("execfork", "", &[]))
-            .args(command()),
-    );
-    let out = heaptrace()
-        .arg("report")
-        .arg(&rec)
-        .args(["--format", "json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let offline: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let live = read_json(&live);
-    let want = Expected::of(&fx());
-    assert_eq!(Expected::observed(&offline, &offline["sizes"], &want), want);
-    for key in ["functions", "sizes", "totals"] {
-        assert_eq!(offline[key], live[key], "{key}");
+            .args(["--format", "json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let offline: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let live = read_json(&live);
+        let want = Expected::of(&fx());
+        assert_eq!(Expected::observed(&offline, &offline["sizes"], &want), want);
+        for key in ["functions", "sizes", "totals"] {
+            assert_eq!(offline[key], live[key], "{key}");
+        }
+        for key in ["blocks", "bytes", "by_function"] {
+            assert_eq!(offline["leaks"][key], live["leaks"][key], "leaks {key}");
+        }
     }
-    for key in ["blocks", "bytes", "by_function"] {
-        assert_eq!(offline["leaks"][key], live["leaks"][key], "leaks {key}");
-    }
-}
+);
 
-/// An exec event that reaches the daemon after it read the new image's counters (the exec
-/// watch reads /proc before it hands an event on, and a loaded host delays it more) starts
-/// nothing over: the counters read are of the current image (the epoch the read saw is the
-/// kernel's). It used to drop them and read them again: the timeline counted the work twice
-/// and the reservations made meanwhile were lost (an empty list once failed
-/// `a_custom_allocators_reservations_are_seen_at_libcs_wrappers` in a full run). The event
-/// is held 500 ms here (`HEAPTRACE_DELAY_EXEC_EVENTS_MS`), rounds are of 100 ms.
-#[test]
-fn a_late_exec_event_starts_nothing_over() {
-    if !bpf_or_skip("a_late_exec_event_starts_nothing_over") {
-        return;
-    }
-    let _g = shared();
-    let allocs = fixture("allocs", "", &[]);
-    let json = json_path("exec-late-event");
-    let mut tracer = heaptrace()
-        .env("HEAPTRACE_DELAY_EXEC_EVENTS_MS", "500")
-        .args(["--no-tui", "--interval", "100ms", "--json"])
-        .arg(&json)
-        .arg("--")
-        .arg(&allocs)
-        .args(["0", "300", "3", "hold"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
+bpf_test!(
+    shared,
+    /// An exec event that reaches the daemon after it read the new image's counters (the exec
+    /// watch reads /proc before it hands an event on, and a loaded host delays it more) starts
+    /// nothing over: the counters read are of the current image (the epoch the read saw is the
+    /// kernel's). It used to drop them and read them again: the timeline counted the work twice
+    /// and the reservations made meanwhile were lost (an empty list once failed
+    /// `a_custom_allocators_reservations_are_seen_at_libcs_wrappers` in a full run). The event
+    /// is held 500 ms here (`HEAPTRACE_DELAY_EXEC_EVENTS_MS`), rounds are of 100 ms.
+    fn a_late_exec_event_starts_nothing_over() {
+        let allocs = fixture("allocs", "", &[]);
+        let json = json_path("exec-late-event");
+        let mut tracer = heaptrace()
+            .env("HEAPTRACE_DELAY_EXEC_EVENTS_MS", "500")
+            .args(["--no-tui", "--interval", "100ms", "--json"])
+            .arg(&json)
+            .arg("--")
+            .arg(&allocs)
+            .args(["0", "300", "3", "hold"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(tracer.stdout.take().unwrap()),
+            &mut line,
+        )
         .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(tracer.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    assert_eq!(line, "done\n");
-    // Rounds before the event comes and after.
-    std::thread::sleep(std::time::Duration::from_millis(1200));
-    drop(tracer.stdin.take());
-    let out = tracer.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(!stderr.contains("exec'ed"), "{stderr}");
-    let doc = read_json(&json);
-    let want = Expected::of(&fx());
-    assert_eq!(Expected::observed(&doc, &doc["sizes"], &want), want);
-    let rows: u64 = doc["timeline"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["allocations"].as_u64().unwrap())
-        .sum();
-    assert_eq!(
-        Some(rows),
-        doc["totals"]["allocations"].as_u64(),
-        "{stderr}"
-    );
-    let brk_by_malloc = doc["reservations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|r| r["kind"] == "brk" && r["function"] == "malloc");
-    assert!(brk_by_malloc, "{:#}", doc["reservations"]);
-}
+        assert_eq!(line, "done\n");
+        // Rounds before the event comes and after.
+        std::thread::sleep(std::time::Duration::from_millis(1200));
+        drop(tracer.stdin.take());
+        let out = tracer.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(!stderr.contains("exec'ed"), "{stderr}");
+        let doc = read_json(&json);
+        let want = Expected::of(&fx());
+        assert_eq!(Expected::observed(&doc, &doc["sizes"], &want), want);
+        let rows: u64 = doc["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["allocations"].as_u64().unwrap())
+            .sum();
+        assert_eq!(
+            Some(rows),
+            doc["totals"]["allocations"].as_u64(),
+            "{stderr}"
+        );
+        let brk_by_malloc = doc["reservations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["kind"] == "brk" && r["function"] == "malloc");
+        assert!(brk_by_malloc, "{:#}", doc["reservations"]);
+    }
+);

@@ -38,67 +38,64 @@ fn not_root_is_refused_with_a_clear_line() {
     assert!(error_line(&out).contains("must run as root"), "{out:?}");
 }
 
-#[test]
-fn missing_pid_and_missing_command_are_errors() {
-    if !bpf_or_skip("missing_pid_and_missing_command_are_errors") {
-        return;
-    }
-    let mut gone = Command::new("true").spawn().unwrap();
-    let pid = gone.id();
-    gone.wait().unwrap();
-    let out = heaptrace().args(["-p", &pid.to_string()]).output().unwrap();
-    assert!(!out.status.success());
-    assert!(
-        error_line(&out).contains(&format!("no such process: {pid}")),
-        "{out:?}"
-    );
-
-    // Said before anything is attached (the probes went on first before).
-    let plain = std::env::temp_dir().join(format!("heaptrace-plain-{}", std::process::id()));
-    std::fs::write(&plain, "not a program\n").unwrap();
-    let plain = plain.to_str().unwrap();
-    for (cmd, why) in [
-        (
-            "/nonexistent/prog",
-            "No such file or directory (os error 2)",
-        ),
-        (plain, "Permission denied (os error 13)"),
-        ("/etc", "Permission denied (os error 13)"),
-    ] {
-        let out = heaptrace().args(["--", cmd]).output().unwrap();
+bpf_test!(
+    fn missing_pid_and_missing_command_are_errors() {
+        let mut gone = Command::new("true").spawn().unwrap();
+        let pid = gone.id();
+        gone.wait().unwrap();
+        let out = heaptrace().args(["-p", &pid.to_string()]).output().unwrap();
         assert!(!out.status.success());
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(
-            stderr.trim(),
-            format!("heaptrace: error: cannot execute {cmd}: {why}"),
+        assert!(
+            error_line(&out).contains(&format!("no such process: {pid}")),
             "{out:?}"
         );
-    }
-    let _ = std::fs::remove_file(plain);
-    // Executable but no program: exec says so.
-    let script = std::env::temp_dir().join(format!("heaptrace-noexec-{}", std::process::id()));
-    std::fs::write(&script, "not a program\n").unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let out = heaptrace().arg("--").arg(&script).output().unwrap();
-    let _ = std::fs::remove_file(&script);
-    assert!(!out.status.success());
-    assert!(error_line(&out).contains("Exec format error"), "{out:?}");
-}
 
-#[test]
-fn launched_command_exit_status_is_heaptraces() {
-    if !bpf_or_skip("launched_command_exit_status_is_heaptraces") {
-        return;
+        // Said before anything is attached (the probes went on first before).
+        let plain = std::env::temp_dir().join(format!("heaptrace-plain-{}", std::process::id()));
+        std::fs::write(&plain, "not a program\n").unwrap();
+        let plain = plain.to_str().unwrap();
+        for (cmd, why) in [
+            (
+                "/nonexistent/prog",
+                "No such file or directory (os error 2)",
+            ),
+            (plain, "Permission denied (os error 13)"),
+            ("/etc", "Permission denied (os error 13)"),
+        ] {
+            let out = heaptrace().args(["--", cmd]).output().unwrap();
+            assert!(!out.status.success());
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                stderr.trim(),
+                format!("heaptrace: error: cannot execute {cmd}: {why}"),
+                "{out:?}"
+            );
+        }
+        let _ = std::fs::remove_file(plain);
+        // Executable but no program: exec says so.
+        let script = std::env::temp_dir().join(format!("heaptrace-noexec-{}", std::process::id()));
+        std::fs::write(&script, "not a program\n").unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let out = heaptrace().arg("--").arg(&script).output().unwrap();
+        let _ = std::fs::remove_file(&script);
+        assert!(!out.status.success());
+        assert!(error_line(&out).contains("Exec format error"), "{out:?}");
     }
-    let _g = shared();
-    let out = heaptrace()
-        .args(["--no-tui", "-q", "--", "sh", "-c", "exit 3"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(3), "{out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("exited with status 3"), "{stderr}");
-}
+);
+
+bpf_test!(
+    shared,
+    fn launched_command_exit_status_is_heaptraces() {
+        let out = heaptrace()
+            .args(["--no-tui", "-q", "--", "sh", "-c", "exit 3"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(3), "{out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("exited with status 3"), "{stderr}");
+    }
+);
 
 /// The address of `func`+`at` in process `pid`'s memory and the byte its file has there.
 pub(crate) fn code_byte(pid: u32, func: &str, at: u64) -> (u64, u8) {
@@ -158,23 +155,21 @@ pub(crate) fn read_byte(pid: u32, addr: u64) -> u8 {
 
 pub(crate) const INT3: u8 = 0xcc;
 
-/// Attach to a running process, SIGTERM heaptrace: the summary is printed and the target's code
-/// is byte-for-byte its file again (a uprobe is an int3 written into the target's text).
-/// free's probe is checked where placement put it (after its NULL check in glibc 2.36).
-#[test]
-fn sigterm_detaches_every_probe() {
-    if bpf_or_skip("sigterm_detaches_every_probe") {
+bpf_test!(
+    /// Attach to a running process, SIGTERM heaptrace: the summary is printed and the target's code
+    /// is byte-for-byte its file again (a uprobe is an int3 written into the target's text).
+    /// free's probe is checked where placement put it (after its NULL check in glibc 2.36).
+    fn sigterm_detaches_every_probe() {
         sigterm_detaches(&[]);
     }
-}
+);
 
-/// The same through perf-event uprobes, the fallback where the kernel has no uprobe_multi.
-#[test]
-fn sigterm_detaches_every_perf_event_probe() {
-    if bpf_or_skip("sigterm_detaches_every_perf_event_probe") {
+bpf_test!(
+    /// The same through perf-event uprobes, the fallback where the kernel has no uprobe_multi.
+    fn sigterm_detaches_every_perf_event_probe() {
         sigterm_detaches(&["--perf-uprobes"]);
     }
-}
+);
 
 fn sigterm_detaches(flags: &[&str]) {
     let _g = exclusive();
@@ -251,21 +246,19 @@ fn sigterm_detaches(flags: &[&str]) {
     spin.wait().unwrap();
 }
 
-#[test]
-fn process_without_malloc_is_an_error() {
-    if !bpf_or_skip("process_without_malloc_is_an_error") {
-        return;
+bpf_test!(
+    fn process_without_malloc_is_an_error() {
+        let bin = fixture("nomalloc", "", &["-static", "-nostdlib", "-O2"]);
+        let mut target = Command::new(&bin).spawn().unwrap();
+        let out = heaptrace()
+            .args(["-p", &target.id().to_string()])
+            .output()
+            .unwrap();
+        target.kill().unwrap();
+        target.wait().unwrap();
+        assert!(!out.status.success());
+        let line = error_line(&out);
+        assert!(line.contains("no malloc found in process"), "{line}");
+        assert!(line.contains(&bin.display().to_string()), "{line}");
     }
-    let bin = fixture("nomalloc", "", &["-static", "-nostdlib", "-O2"]);
-    let mut target = Command::new(&bin).spawn().unwrap();
-    let out = heaptrace()
-        .args(["-p", &target.id().to_string()])
-        .output()
-        .unwrap();
-    target.kill().unwrap();
-    target.wait().unwrap();
-    assert!(!out.status.success());
-    let line = error_line(&out);
-    assert!(line.contains("no malloc found in process"), "{line}");
-    assert!(line.contains(&bin.display().to_string()), "{line}");
-}
+);

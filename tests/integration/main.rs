@@ -1,5 +1,6 @@
 //! Integration tests: the real heaptrace binary, real uprobes, C fixtures with known calls.
-//! They need root, BTF and uprobes; in CI (`CI` set) a missing capability fails the test.
+//! Those declared with `bpf_test!` need root, BTF and uprobes: built where they are missing
+//! they are ignored, but in CI (`CI` set) a missing capability fails them.
 mod counts;
 mod custom;
 mod exec;

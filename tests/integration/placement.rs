@@ -121,85 +121,81 @@ fn pushfree(flags: &[&str]) -> Value {
     doc
 }
 
-/// tests/fixtures/pushfree.c: its free pushes before its NULL check, so its probe goes after one
-/// push; a free entered 8 bytes above a stale in-flight malloc is counted only if the program
-/// adds the cookie's 8 back to the stack pointer it sees.
-#[test]
-fn a_probe_after_pushes_recovers_the_entry_stack_pointer() {
-    if !bpf_or_skip("a_probe_after_pushes_recovers_the_entry_stack_pointer") {
-        return;
+bpf_test!(
+    shared,
+    /// tests/fixtures/pushfree.c: its free pushes before its NULL check, so its probe goes after
+    /// one push; a free entered 8 bytes above a stale in-flight malloc is counted only if the
+    /// program adds the cookie's 8 back to the stack pointer it sees.
+    fn a_probe_after_pushes_recovers_the_entry_stack_pointer() {
+        let free = |doc: &Value| {
+            let probes = doc["provider"]["probes"].as_array().unwrap();
+            let p = probes.iter().find(|p| p["func"] == "free").unwrap();
+            (
+                p["placement"]["offset"].as_u64(),
+                p["placement"]["pushes"].as_u64(),
+            )
+        };
+        assert_eq!(free(&pushfree(&[])), (Some(6), Some(1)));
+        assert_eq!(free(&pushfree(&["--probe-at-entry"])), (Some(0), Some(0)));
+        // The cookie reaches the program through perf-event uprobes (the fallback) too.
+        assert_eq!(free(&pushfree(&["--perf-uprobes"])), (Some(6), Some(1)));
     }
-    let _g = shared();
-    let free = |doc: &Value| {
-        let probes = doc["provider"]["probes"].as_array().unwrap();
-        let p = probes.iter().find(|p| p["func"] == "free").unwrap();
-        (
-            p["placement"]["offset"].as_u64(),
-            p["placement"]["pushes"].as_u64(),
-        )
-    };
-    assert_eq!(free(&pushfree(&[])), (Some(6), Some(1)));
-    assert_eq!(free(&pushfree(&["--probe-at-entry"])), (Some(0), Some(0)));
-    // The cookie reaches the program through perf-event uprobes (the fallback) too.
-    assert_eq!(free(&pushfree(&["--perf-uprobes"])), (Some(6), Some(1)));
-}
+);
 
-/// glibc 2.36's posix_memalign, aligned_alloc and valloc begin with a `cmpb` the kernel
-/// single-steps; their probes, entry and return in one trap, go past it onto a push or `je`.
-/// Pairs of each count exactly, and their one site starts at main's call: the uretprobe
-/// planted there found the return address at [rsp], and the block reached the live map and
-/// left it at its free.
-#[test]
-fn aligned_pairs_count_exactly_with_their_probes_past_a_leading_cmpb() {
-    if !bpf_or_skip("aligned_pairs_count_exactly_with_their_probes_past_a_leading_cmpb") {
-        return;
+bpf_test!(
+    shared,
+    /// glibc 2.36's posix_memalign, aligned_alloc and valloc begin with a `cmpb` the kernel
+    /// single-steps; their probes, entry and return in one trap, go past it onto a push or `je`.
+    /// Pairs of each count exactly, and their one site starts at main's call: the uretprobe
+    /// planted there found the return address at [rsp], and the block reached the live map and
+    /// left it at its free.
+    fn aligned_pairs_count_exactly_with_their_probes_past_a_leading_cmpb() {
+        const N: u64 = 5000;
+        let bin = fixture("pairs", "", &[]);
+        for func in ["posix_memalign", "aligned_alloc", "valloc"] {
+            let doc = launch(
+                &format!("aligned-{func}"),
+                &[],
+                &bin,
+                &[N.to_string(), func.to_string()],
+                &[],
+            );
+            let probe = doc["provider"]["probes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["func"] == func)
+                .unwrap_or_else(|| panic!("no {func} probe: {}", doc["provider"]));
+            assert_eq!(probe["uretprobe"], true, "{probe}");
+            assert_eq!(probe["placement"]["pushes"], 0, "{probe}");
+            let f = &doc["functions"][func];
+            assert_eq!(
+                (
+                    f["calls"].as_u64(),
+                    f["bytes"].as_u64(),
+                    f["failed"].as_u64()
+                ),
+                (Some(N), Some(64 * N), Some(0)),
+                "{func}: {f}"
+            );
+            let sites: Vec<&Value> = doc["stacks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|s| s["function"] == func)
+                .collect();
+            assert_eq!(sites.len(), 1, "{func}: {sites:?}");
+            let s = sites[0];
+            assert_eq!(s["frames"][0]["function"], "main", "{s}");
+            assert_eq!(
+                (
+                    s["calls"].as_u64(),
+                    s["frees"].as_u64(),
+                    s["live_blocks"].as_u64()
+                ),
+                (Some(N), Some(N), Some(0)),
+                "{s}"
+            );
+        }
     }
-    let _g = shared();
-    const N: u64 = 5000;
-    let bin = fixture("pairs", "", &[]);
-    for func in ["posix_memalign", "aligned_alloc", "valloc"] {
-        let doc = launch(
-            &format!("aligned-{func}"),
-            &[],
-            &bin,
-            &[N.to_string(), func.to_string()],
-            &[],
-        );
-        let probe = doc["provider"]["probes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["func"] == func)
-            .unwrap_or_else(|| panic!("no {func} probe: {}", doc["provider"]));
-        assert_eq!(probe["uretprobe"], true, "{probe}");
-        assert_eq!(probe["placement"]["pushes"], 0, "{probe}");
-        let f = &doc["functions"][func];
-        assert_eq!(
-            (
-                f["calls"].as_u64(),
-                f["bytes"].as_u64(),
-                f["failed"].as_u64()
-            ),
-            (Some(N), Some(64 * N), Some(0)),
-            "{func}: {f}"
-        );
-        let sites: Vec<&Value> = doc["stacks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| s["function"] == func)
-            .collect();
-        assert_eq!(sites.len(), 1, "{func}: {sites:?}");
-        let s = sites[0];
-        assert_eq!(s["frames"][0]["function"], "main", "{s}");
-        assert_eq!(
-            (
-                s["calls"].as_u64(),
-                s["frees"].as_u64(),
-                s["live_blocks"].as_u64()
-            ),
-            (Some(N), Some(N), Some(0)),
-            "{s}"
-        );
-    }
-}
+);

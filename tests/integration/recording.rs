@@ -56,129 +56,125 @@ fn report_json(args: &[&str]) -> Value {
     serde_json::from_str(&report_ok(&a)).unwrap()
 }
 
-/// The same numbers live and offline, and the fixture's exact ones.
-#[test]
-fn a_recording_reports_what_the_live_trace_saw() {
-    if !bpf_or_skip("a_recording_reports_what_the_live_trace_saw") {
-        return;
+bpf_test!(
+    shared,
+    /// The same numbers live and offline, and the fixture's exact ones.
+    fn a_recording_reports_what_the_live_trace_saw() {
+        let (rec, live) = record_sites("rec-agree", N);
+        let r = rec.to_str().unwrap();
+        let off = report_json(&[r]);
+        for key in [
+            "functions",
+            "sizes",
+            "live",
+            "leaks",
+            "totals",
+            "lost",
+            "temporary",
+        ] {
+            assert_eq!(off[key], live[key], "{key} differs between live and report");
+        }
+        let calls = |doc: &Value| -> Vec<(String, u64, u64)> {
+            let mut v: Vec<_> = doc["stacks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| {
+                    (
+                        s["frames"][0]["function"].as_str().unwrap().to_string(),
+                        s["calls"].as_u64().unwrap(),
+                        s["bytes"].as_u64().unwrap(),
+                    )
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(calls(&off), calls(&live));
+        // And the fixture's own numbers.
+        assert_eq!(off["functions"]["malloc"]["calls"].as_u64(), Some(2 * N));
+        assert_eq!(off["functions"]["calloc"]["calls"].as_u64(), Some(N));
+        assert_eq!(off["leaks"]["blocks"].as_u64(), Some(N + 3));
+        assert_eq!(off["leaks"]["bytes"].as_u64(), Some(100 * N + 3 * 444));
+        // The recording is small: strings and stacks once, rounds deflated.
+        let size = std::fs::metadata(&rec).unwrap().len();
+        assert!(size < 16 * 1024, "recording of {size} bytes");
     }
-    let _g = shared();
-    let (rec, live) = record_sites("rec-agree", N);
-    let r = rec.to_str().unwrap();
-    let off = report_json(&[r]);
-    for key in [
-        "functions",
-        "sizes",
-        "live",
-        "leaks",
-        "totals",
-        "lost",
-        "temporary",
-    ] {
-        assert_eq!(off[key], live[key], "{key} differs between live and report");
-    }
-    let calls = |doc: &Value| -> Vec<(String, u64, u64)> {
-        let mut v: Vec<_> = doc["stacks"]
+);
+
+bpf_test!(
+    shared,
+    fn every_view_answers_in_text_and_json() {
+        let (rec, _) = record_sites("rec-views", N);
+        let r = rec.to_str().unwrap();
+        for view in [
+            "overview",
+            "timeline",
+            "histogram",
+            "tree",
+            "hotspots",
+            "flame",
+            "leaks",
+            "temporary",
+            "peak",
+        ] {
+            let text = report_ok(&[r, view]);
+            assert!(!text.trim().is_empty(), "{view}: empty");
+            let _ = report_json(&[r, view]);
+        }
+        let filter = report_json(&[r, "filter", "--size", "444"]);
+        let f = filter.as_array().unwrap();
+        assert_eq!(f.len(), 1, "{filter}");
+        assert_eq!(
+            (f[0]["count"].as_u64(), f[0]["function"].as_str()),
+            (Some(3), Some("realloc"))
+        );
+        assert_eq!(f[0]["frames"][0]["function"], "leak_d");
+        let flame = report_ok(&[r, "flame", "--by", "count"]);
+        assert!(
+            flame
+                .lines()
+                .any(|l| l.ends_with(";main;alloc_c;helper_c;malloc 2000")),
+            "{flame}"
+        );
+        let live = report_ok(&[r, "flame", "--by", "live"]);
+        assert!(
+            live.lines()
+                .any(|l| l.ends_with(";main;alloc_b;calloc 200000")),
+            "{live}"
+        );
+        assert!(!live.contains("alloc_a"), "{live}");
+        let tree = report_ok(&[r, "tree", "--reverse"]);
+        assert!(tree.contains("main (sites.c:"), "{tree}");
+        let hist = report_json(&[r, "histogram"]);
+        let n111 = hist
             .as_array()
             .unwrap()
             .iter()
-            .map(|s| {
-                (
-                    s["frames"][0]["function"].as_str().unwrap().to_string(),
-                    s["calls"].as_u64().unwrap(),
-                    s["bytes"].as_u64().unwrap(),
-                )
-            })
-            .collect();
-        v.sort();
-        v
-    };
-    assert_eq!(calls(&off), calls(&live));
-    // And the fixture's own numbers.
-    assert_eq!(off["functions"]["malloc"]["calls"].as_u64(), Some(2 * N));
-    assert_eq!(off["functions"]["calloc"]["calls"].as_u64(), Some(N));
-    assert_eq!(off["leaks"]["blocks"].as_u64(), Some(N + 3));
-    assert_eq!(off["leaks"]["bytes"].as_u64(), Some(100 * N + 3 * 444));
-    // The recording is small: strings and stacks once, rounds deflated.
-    let size = std::fs::metadata(&rec).unwrap().len();
-    assert!(size < 16 * 1024, "recording of {size} bytes");
-}
-
-#[test]
-fn every_view_answers_in_text_and_json() {
-    if !bpf_or_skip("every_view_answers_in_text_and_json") {
-        return;
-    }
-    let _g = shared();
-    let (rec, _) = record_sites("rec-views", N);
-    let r = rec.to_str().unwrap();
-    for view in [
-        "overview",
-        "timeline",
-        "histogram",
-        "tree",
-        "hotspots",
-        "flame",
-        "leaks",
-        "temporary",
-        "peak",
-    ] {
-        let text = report_ok(&[r, view]);
-        assert!(!text.trim().is_empty(), "{view}: empty");
-        let _ = report_json(&[r, view]);
-    }
-    let filter = report_json(&[r, "filter", "--size", "444"]);
-    let f = filter.as_array().unwrap();
-    assert_eq!(f.len(), 1, "{filter}");
-    assert_eq!(
-        (f[0]["count"].as_u64(), f[0]["function"].as_str()),
-        (Some(3), Some("realloc"))
-    );
-    assert_eq!(f[0]["frames"][0]["function"], "leak_d");
-    let flame = report_ok(&[r, "flame", "--by", "count"]);
-    assert!(
-        flame
-            .lines()
-            .any(|l| l.ends_with(";main;alloc_c;helper_c;malloc 2000")),
-        "{flame}"
-    );
-    let live = report_ok(&[r, "flame", "--by", "live"]);
-    assert!(
-        live.lines()
-            .any(|l| l.ends_with(";main;alloc_b;calloc 200000")),
-        "{live}"
-    );
-    assert!(!live.contains("alloc_a"), "{live}");
-    let tree = report_ok(&[r, "tree", "--reverse"]);
-    assert!(tree.contains("main (sites.c:"), "{tree}");
-    let hist = report_json(&[r, "histogram"]);
-    let n111 = hist
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["size"] == 111)
-        .unwrap();
-    assert_eq!(n111["count"].as_u64(), Some(N));
-    // Window and process filters.
-    let none = report_json(&[r, "--pid", "1"]);
-    assert_eq!(none["functions"]["malloc"]["calls"], 0);
-    let early = report_json(&[r, "timeline", "--to", "1ms"]);
-    assert_eq!(early, serde_json::json!([]));
-    // A reader that is gone (`| head` having read enough) ends a report quietly; it was a
-    // panic with a backtrace in text, an error in JSON.
-    for args in [&[r, "tree"][..], &[r, "overview", "--format", "json"]] {
-        let (reader, writer) = std::io::pipe().unwrap();
-        drop(reader);
-        let o = heaptrace()
-            .arg("report")
-            .args(args)
-            .stdout(writer)
-            .output()
+            .find(|s| s["size"] == 111)
             .unwrap();
-        let stderr = String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success() && stderr.is_empty(), "{args:?}: {o:?}");
+        assert_eq!(n111["count"].as_u64(), Some(N));
+        // Window and process filters.
+        let none = report_json(&[r, "--pid", "1"]);
+        assert_eq!(none["functions"]["malloc"]["calls"], 0);
+        let early = report_json(&[r, "timeline", "--to", "1ms"]);
+        assert_eq!(early, serde_json::json!([]));
+        // A reader that is gone (`| head` having read enough) ends a report quietly; it was a
+        // panic with a backtrace in text, an error in JSON.
+        for args in [&[r, "tree"][..], &[r, "overview", "--format", "json"]] {
+            let (reader, writer) = std::io::pipe().unwrap();
+            drop(reader);
+            let o = heaptrace()
+                .arg("report")
+                .args(args)
+                .stdout(writer)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&o.stderr);
+            assert!(o.status.success() && stderr.is_empty(), "{args:?}: {o:?}");
+        }
     }
-}
+);
 
 fn tool(cmd: &str) -> bool {
     Command::new("sh")
@@ -187,161 +183,155 @@ fn tool(cmd: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-#[test]
-fn exports_are_read_by_pprof_ms_print_and_as_svg() {
-    if !bpf_or_skip("exports_are_read_by_pprof_ms_print_and_as_svg") {
-        return;
-    }
-    let _g = shared();
-    let (rec, _) = record_sites("rec-export", N);
-    let r = rec.to_str().unwrap();
-    let ci = std::env::var_os("CI").is_some();
+bpf_test!(
+    shared,
+    fn exports_are_read_by_pprof_ms_print_and_as_svg() {
+        let (rec, _) = record_sites("rec-export", N);
+        let r = rec.to_str().unwrap();
+        let ci = std::env::var_os("CI").is_some();
 
-    let pb = out("rec-export", "pb.gz");
-    report_ok(&[r, "--export", "pprof", "-o", pb.to_str().unwrap()]);
-    if tool("go") || ci {
-        let o = Command::new("go")
-            .args(["tool", "pprof", "-top", "-unit=B"])
-            .arg(&pb)
-            .output()
-            .expect("go tool pprof");
-        let text = String::from_utf8_lossy(&o.stdout);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        assert!(text.contains("Type: inuse_space"), "{text}");
-        let first = text
-            .lines()
-            .skip_while(|l| !l.trim_start().starts_with("flat"))
-            .nth(1)
-            .unwrap();
+        let pb = out("rec-export", "pb.gz");
+        report_ok(&[r, "--export", "pprof", "-o", pb.to_str().unwrap()]);
+        if tool("go") || ci {
+            let o = Command::new("go")
+                .args(["tool", "pprof", "-top", "-unit=B"])
+                .arg(&pb)
+                .output()
+                .expect("go tool pprof");
+            let text = String::from_utf8_lossy(&o.stdout);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            assert!(text.contains("Type: inuse_space"), "{text}");
+            let first = text
+                .lines()
+                .skip_while(|l| !l.trim_start().starts_with("flat"))
+                .nth(1)
+                .unwrap();
+            assert!(
+                first.contains("200000B") && first.ends_with("alloc_b"),
+                "{text}"
+            );
+            let o = Command::new("go")
+                .args([
+                    "tool",
+                    "pprof",
+                    "-top",
+                    "-unit=B",
+                    "-sample_index=alloc_space",
+                ])
+                .arg(&pb)
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&o.stdout);
+            let first = text
+                .lines()
+                .skip_while(|l| !l.trim_start().starts_with("flat"))
+                .nth(1)
+                .unwrap();
+            assert!(
+                first.contains(&format!("{}B", 333 * N)) && first.ends_with("helper_c"),
+                "{text}"
+            );
+        } else {
+            eprintln!("SKIPPED the pprof check: no go (cargo xtask setup installs golang-go)");
+        }
+
+        let massif = out("rec-export", "massif");
+        report_ok(&[r, "--export", "massif", "-o", massif.to_str().unwrap()]);
+        if tool("ms_print") || ci {
+            let o = Command::new("ms_print")
+                .arg(&massif)
+                .output()
+                .expect("ms_print");
+            let text = String::from_utf8_lossy(&o.stdout);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            assert!(text.contains("(200,000B) 0x"), "{text}");
+            assert!(text.contains("alloc_b (sites.c:"), "{text}");
+        } else {
+            eprintln!("SKIPPED the ms_print check: no valgrind");
+        }
+
+        let svg = out("rec-export", "svg");
+        report_ok(&[
+            r,
+            "--export",
+            "svg",
+            "--by",
+            "count",
+            "-o",
+            svg.to_str().unwrap(),
+        ]);
+        let text = std::fs::read_to_string(&svg).unwrap();
         assert!(
-            first.contains("200000B") && first.ends_with("alloc_b"),
+            text.starts_with("<?xml") && text.contains("<svg"),
+            "not an svg"
+        );
+        assert!(text.contains("helper_c") && text.contains("alloc_b"));
+
+        let folded = out("rec-export", "folded");
+        report_ok(&[
+            r,
+            "--export",
+            "folded",
+            "--by",
+            "count",
+            "-o",
+            folded.to_str().unwrap(),
+        ]);
+        let text = std::fs::read_to_string(&folded).unwrap();
+        assert!(
+            text.lines()
+                .any(|l| l.ends_with(";main;alloc_a;malloc 2000")),
             "{text}"
         );
-        let o = Command::new("go")
-            .args([
-                "tool",
-                "pprof",
-                "-top",
-                "-unit=B",
-                "-sample_index=alloc_space",
-            ])
-            .arg(&pb)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&o.stdout);
-        let first = text
-            .lines()
-            .skip_while(|l| !l.trim_start().starts_with("flat"))
-            .nth(1)
-            .unwrap();
-        assert!(
-            first.contains(&format!("{}B", 333 * N)) && first.ends_with("helper_c"),
-            "{text}"
-        );
-    } else {
-        eprintln!("SKIPPED the pprof check: no go (cargo xtask setup installs golang-go)");
     }
+);
 
-    let massif = out("rec-export", "massif");
-    report_ok(&[r, "--export", "massif", "-o", massif.to_str().unwrap()]);
-    if tool("ms_print") || ci {
-        let o = Command::new("ms_print")
-            .arg(&massif)
-            .output()
-            .expect("ms_print");
-        let text = String::from_utf8_lossy(&o.stdout);
+bpf_test!(
+    shared,
+    fn diff_compares_two_recordings_per_site() {
+        let (a, _) = record_sites("rec-diff-a", 2000);
+        let (b, _) = record_sites("rec-diff-b", 1000);
+        let d = report_json(&[a.to_str().unwrap(), "--diff", b.to_str().unwrap()]);
+        let sites = d["sites"].as_array().unwrap();
+        let a_site = sites
+            .iter()
+            .find(|s| {
+                s["site"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("malloc <- alloc_a <- main")
+            })
+            .unwrap();
+        assert_eq!(a_site["bytes"], serde_json::json!([111 * 2000, 111 * 1000]));
+        assert_eq!(a_site["calls"], serde_json::json!([2000, 1000]));
+    }
+);
+
+bpf_test!(
+    shared,
+    /// A recorder killed with SIGKILL leaves a file that reads up to its last complete round.
+    fn a_recording_cut_short_still_reads() {
+        let mut spin = spawn_with_libc(&mut Command::new(fixture("spin", "", &[])));
+        let rec = out("rec-killed", "bin");
+        let tracer = start_attached(heaptrace().args(["record", "-o"]).arg(&rec).args([
+            "-q",
+            "--interval",
+            "100ms",
+            "-p",
+            &spin.id().to_string(),
+        ]));
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        tracer.signal(libc::SIGKILL);
+        let _ = tracer.wait();
+        spin.kill().unwrap();
+        spin.wait().unwrap();
+        let o = report(&[rec.to_str().unwrap(), "timeline", "--format", "json"]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        assert!(text.contains("(200,000B) 0x"), "{text}");
-        assert!(text.contains("alloc_b (sites.c:"), "{text}");
-    } else {
-        eprintln!("SKIPPED the ms_print check: no valgrind");
+        let rows: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(rows.as_array().unwrap().len() >= 2, "{rows}");
+        assert!(rows[0]["allocations"].as_u64().unwrap() > 0);
     }
-
-    let svg = out("rec-export", "svg");
-    report_ok(&[
-        r,
-        "--export",
-        "svg",
-        "--by",
-        "count",
-        "-o",
-        svg.to_str().unwrap(),
-    ]);
-    let text = std::fs::read_to_string(&svg).unwrap();
-    assert!(
-        text.starts_with("<?xml") && text.contains("<svg"),
-        "not an svg"
-    );
-    assert!(text.contains("helper_c") && text.contains("alloc_b"));
-
-    let folded = out("rec-export", "folded");
-    report_ok(&[
-        r,
-        "--export",
-        "folded",
-        "--by",
-        "count",
-        "-o",
-        folded.to_str().unwrap(),
-    ]);
-    let text = std::fs::read_to_string(&folded).unwrap();
-    assert!(
-        text.lines()
-            .any(|l| l.ends_with(";main;alloc_a;malloc 2000")),
-        "{text}"
-    );
-}
-
-#[test]
-fn diff_compares_two_recordings_per_site() {
-    if !bpf_or_skip("diff_compares_two_recordings_per_site") {
-        return;
-    }
-    let _g = shared();
-    let (a, _) = record_sites("rec-diff-a", 2000);
-    let (b, _) = record_sites("rec-diff-b", 1000);
-    let d = report_json(&[a.to_str().unwrap(), "--diff", b.to_str().unwrap()]);
-    let sites = d["sites"].as_array().unwrap();
-    let a_site = sites
-        .iter()
-        .find(|s| {
-            s["site"]
-                .as_str()
-                .unwrap()
-                .starts_with("malloc <- alloc_a <- main")
-        })
-        .unwrap();
-    assert_eq!(a_site["bytes"], serde_json::json!([111 * 2000, 111 * 1000]));
-    assert_eq!(a_site["calls"], serde_json::json!([2000, 1000]));
-}
-
-/// A recorder killed with SIGKILL leaves a file that reads up to its last complete round.
-#[test]
-fn a_recording_cut_short_still_reads() {
-    if !bpf_or_skip("a_recording_cut_short_still_reads") {
-        return;
-    }
-    let _g = shared();
-    let mut spin = spawn_with_libc(&mut Command::new(fixture("spin", "", &[])));
-    let rec = out("rec-killed", "bin");
-    let tracer = start_attached(heaptrace().args(["record", "-o"]).arg(&rec).args([
-        "-q",
-        "--interval",
-        "100ms",
-        "-p",
-        &spin.id().to_string(),
-    ]));
-    std::thread::sleep(std::time::Duration::from_millis(700));
-    tracer.signal(libc::SIGKILL);
-    let _ = tracer.wait();
-    spin.kill().unwrap();
-    spin.wait().unwrap();
-    let o = report(&[rec.to_str().unwrap(), "timeline", "--format", "json"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let rows: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert!(rows.as_array().unwrap().len() >= 2, "{rows}");
-    assert!(rows[0]["allocations"].as_u64().unwrap() > 0);
-}
+);
 
 fn bad_file_is_rejected(tag: &str, bytes: &[u8], expect: &str) {
     let path = out(tag, "bin");
@@ -378,15 +368,13 @@ fn bad_recordings_give_one_line_and_exit_code_2() {
     assert_eq!(o.status.code(), Some(2));
 }
 
-#[test]
-fn a_flipped_byte_is_caught_by_the_checksum() {
-    if !bpf_or_skip("a_flipped_byte_is_caught_by_the_checksum") {
-        return;
+bpf_test!(
+    shared,
+    fn a_flipped_byte_is_caught_by_the_checksum() {
+        let (rec, _) = record_sites("rec-flip", 100);
+        let mut data = std::fs::read(&rec).unwrap();
+        let last = data.len() - 3;
+        data[last] ^= 0xff;
+        bad_file_is_rejected("flip", &data, "checksum mismatch");
     }
-    let _g = shared();
-    let (rec, _) = record_sites("rec-flip", 100);
-    let mut data = std::fs::read(&rec).unwrap();
-    let last = data.len() - 3;
-    data[last] ^= 0xff;
-    bad_file_is_rejected("flip", &data, "checksum mismatch");
-}
+);

@@ -75,29 +75,25 @@ fn sites_doc_with(tag: &str, opts: &[&str]) -> Value {
     doc
 }
 
-#[test]
-fn c_sites_are_named_with_exact_counts_and_lines() {
-    if !bpf_or_skip("c_sites_are_named_with_exact_counts_and_lines") {
-        return;
+bpf_test!(
+    shared,
+    fn c_sites_are_named_with_exact_counts_and_lines() {
+        check_sites(&sites_doc("sites"));
     }
-    let _g = shared();
-    check_sites(&sites_doc("sites"));
-}
+);
 
-/// One site slot and one size slot a CPU (maps of 16, `heaptrace_common::keyed`): one site
-/// counts in the slot, the others in the maps, and a block freed on another CPU than its
-/// allocation counts its free there. Every figure as exact as with room in the slots.
-#[test]
-fn sites_sharing_one_slot_count_exactly() {
-    if !bpf_or_skip("sites_sharing_one_slot_count_exactly") {
-        return;
+bpf_test!(
+    shared,
+    /// One site slot and one size slot a CPU (maps of 16, `heaptrace_common::keyed`): one site
+    /// counts in the slot, the others in the maps, and a block freed on another CPU than its
+    /// allocation counts its free there. Every figure as exact as with room in the slots.
+    fn sites_sharing_one_slot_count_exactly() {
+        check_sites(&sites_doc_with(
+            "sites-slot",
+            &["--site-map-size", "16", "--size-map-size", "16"],
+        ));
     }
-    let _g = shared();
-    check_sites(&sites_doc_with(
-        "sites-slot",
-        &["--site-map-size", "16", "--size-map-size", "16"],
-    ));
-}
+);
 
 fn check_sites(doc: &Value) {
     let a = sites_at(doc, "stacks", "alloc_a");
@@ -160,212 +156,199 @@ fn check_sites(doc: &Value) {
     );
 }
 
-/// The kernel's frame-pointer walk from malloc's entry misses its caller (glibc's malloc does not
-/// start with push %rbp); heaptrace's stacks must start at the function that called malloc.
-#[test]
-fn immediate_caller_of_malloc_is_the_first_frame() {
-    if !bpf_or_skip("immediate_caller_of_malloc_is_the_first_frame") {
-        return;
+bpf_test!(
+    shared,
+    /// The kernel's frame-pointer walk from malloc's entry misses its caller (glibc's malloc does
+    /// not start with push %rbp); heaptrace's stacks must start at the function that called malloc.
+    fn immediate_caller_of_malloc_is_the_first_frame() {
+        let doc = sites_doc("caller");
+        for (caller, marker) in [
+            ("alloc_a", "SITE_A"),
+            ("alloc_b", "SITE_B"),
+            ("helper_c", "SITE_C"),
+        ] {
+            let s = sites_at(&doc, "stacks", caller);
+            assert_eq!(s.len(), 1, "{caller} is not the first frame of one site");
+            assert_eq!(
+                s[0]["frames"][0]["line"].as_u64(),
+                Some(marker_line(marker))
+            );
+            assert!(
+                s[0]["frames"][0]["module"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("sites")
+            );
+        }
     }
-    let _g = shared();
-    let doc = sites_doc("caller");
-    for (caller, marker) in [
-        ("alloc_a", "SITE_A"),
-        ("alloc_b", "SITE_B"),
-        ("helper_c", "SITE_C"),
-    ] {
-        let s = sites_at(&doc, "stacks", caller);
-        assert_eq!(s.len(), 1, "{caller} is not the first frame of one site");
+);
+
+bpf_test!(
+    shared,
+    fn leaks_are_reported_exactly_by_site() {
+        let doc = sites_doc("leaks");
+        let leaks = &doc["leaks"];
+        assert_eq!(leaks["blocks"].as_u64(), Some(N + 3));
+        assert_eq!(leaks["bytes"].as_u64(), Some(100 * N + 3 * 444));
+        let b = sites_at(leaks, "by_stack", "alloc_b");
         assert_eq!(
-            s[0]["frames"][0]["line"].as_u64(),
-            Some(marker_line(marker))
+            (b.len(), sum(&b, "blocks"), sum(&b, "bytes")),
+            (1, N, 100 * N)
+        );
+        assert_eq!(b[0]["function"], "calloc");
+        let d = sites_at(leaks, "by_stack", "leak_d");
+        assert_eq!((sum(&d, "blocks"), sum(&d, "bytes")), (3, 3 * 444));
+        assert!(d.iter().all(|s| s["function"] == "realloc"));
+        assert_eq!(
+            leaks["by_stack"].as_array().unwrap().len(),
+            b.len() + d.len()
+        );
+        // The peak was held by the long-lived and the leaked blocks, never by alloc_a's.
+        let peak = &doc["peak"];
+        assert!(peak["live_bytes"].as_i64().unwrap() >= (100 * N + 3 * 444) as i64);
+        assert!(sites_at(peak, "by_stack", "alloc_a").is_empty());
+    }
+);
+
+bpf_test!(
+    shared,
+    fn stack_depth_limits_the_frames_kept() {
+        let bin = fixture("sites", "", &[]);
+        let doc = trace("depth", &bin, &["100"], &["--stack-depth", "2"]);
+        let c = sites_at(&doc, "stacks", "helper_c");
+        let frames: Vec<&str> = c[0]["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(fname)
+            .collect();
+        assert_eq!(frames, ["helper_c", "alloc_c"]);
+    }
+);
+
+bpf_test!(
+    shared,
+    /// Stacks that differ only past the frames kept are one site: `recurse 6` allocates once in
+    /// each of its 127 calls of `node`, each with a stack of its own; two frames keep three: the
+    /// root's call from main, and the left and right calls' 63 each.
+    fn stacks_the_same_within_the_depth_kept_are_one_site() {
+        let doc = trace(
+            "depth-merge",
+            &fixture("recurse", "", &[]),
+            &["6"],
+            &["--stack-depth", "2"],
+        );
+        assert_eq!(doc["functions"]["malloc"]["calls"].as_u64(), Some(127));
+        let sites = sites_at(&doc, "stacks", "node");
+        let mut by_caller: Vec<(String, u64)> = sites
+            .iter()
+            .map(|s| {
+                let f = &s["frames"][1];
+                (
+                    format!("{}:{}", fname(f), f["line"]),
+                    s["calls"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        by_caller.sort();
+        // The kernel may lose a stack in a hash collision (counted, and shown as a site of its
+        // own).
+        let lost = doc["lost"]["stack"].as_u64().unwrap();
+        let calls: Vec<u64> = by_caller.iter().map(|c| c.1).collect();
+        assert_eq!(calls.iter().sum::<u64>() + lost, 127, "{by_caller:?}");
+        assert_eq!(by_caller.len(), 3, "one site per caller: {by_caller:?}");
+        assert_eq!(
+            by_caller[0].0.split(':').next(),
+            Some("main"),
+            "{by_caller:?}"
+        );
+        if lost == 0 {
+            assert_eq!(calls, [1, 63, 63], "{by_caller:?}");
+        }
+    }
+);
+
+bpf_test!(
+    shared,
+    /// The programs' own walk (not the kernel's) goes as deep as a stack map keeps, 127 frames,
+    /// and ends at the outermost frame: `deepstack 200 50` mallocs at the bottom of 201 calls of
+    /// `down` (its innermost 127 kept) and of 51 (all of them, then main).
+    fn the_walk_keeps_127_frames_and_ends_past_main() {
+        let doc = trace("deep", &fixture("deepstack", "", &[]), &["200", "50"], &[]);
+        let names = |bytes: u64| -> Vec<String> {
+            let sites = sites_at(&doc, "stacks", "down");
+            let site = sites
+                .iter()
+                .find(|s| s["bytes"] == bytes)
+                .unwrap_or_else(|| panic!("no site of {bytes} bytes: {sites:?}"));
+            assert_eq!(site["calls"], 1);
+            site["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| fname(f).to_string())
+                .collect()
+        };
+        let deep = names(100);
+        assert_eq!(deep.len(), 127, "{deep:?}");
+        assert!(deep.iter().all(|f| f == "down"), "{deep:?}");
+        let shallow = names(200);
+        let downs = shallow.iter().take_while(|f| *f == "down").count();
+        assert_eq!(downs, 51, "{shallow:?}");
+        assert_eq!(shallow[51], "main", "{shallow:?}");
+        assert_eq!(doc["lost"]["stack"], 0);
+    }
+);
+
+bpf_test!(
+    shared,
+    /// A frame-pointer walk that went on through data (code without frame pointers) ends where it
+    /// left the code: `strayframe`'s two mallocs come through the same two functions, then the
+    /// walk reads a data address and a string as return addresses. One site, two frames.
+    fn a_walk_that_leaves_the_code_is_cut_there() {
+        let doc = trace("stray", &fixture("strayframe", "", &[]), &[], &[]);
+        let sites = sites_at(&doc, "stacks", "alloc_fp");
+        let shown: Vec<(Vec<&str>, u64)> = sites
+            .iter()
+            .map(|s| {
+                let frames = s["frames"].as_array().unwrap().iter().map(fname).collect();
+                (frames, s["calls"].as_u64().unwrap())
+            })
+            .collect();
+        assert_eq!(shown, [(vec!["alloc_fp", "through_data"], 2)]);
+        assert_eq!(doc["leaks"]["blocks"], 2);
+    }
+);
+
+bpf_test!(
+    shared,
+    fn cpp_template_sites_are_demangled() {
+        let doc = trace("cpp", &cpp_fixture("templates"), &[], &[]);
+        let find = |needle: &str| -> Vec<&Value> {
+            doc["stacks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|s| fname(&s["frames"][0]).contains(needle))
+                .collect()
+        };
+        let w = find("Pool<Widget>::make_raw");
+        assert_eq!(
+            (w.len(), sum(&w, "calls"), sum(&w, "bytes")),
+            (1, 500, 500 * 96)
+        );
+        let d = find("Pool<double>::make_raw");
+        assert_eq!(
+            (d.len(), sum(&d, "calls"), sum(&d, "bytes")),
+            (1, 300, 300 * 24)
         );
         assert!(
-            s[0]["frames"][0]["module"]
-                .as_str()
-                .unwrap()
-                .starts_with("sites")
+            !fname(&w[0]["frames"][0]).starts_with("_Z"),
+            "not demangled"
         );
+        assert_eq!(fname(&w[0]["frames"][1]), "main");
     }
-}
-
-#[test]
-fn leaks_are_reported_exactly_by_site() {
-    if !bpf_or_skip("leaks_are_reported_exactly_by_site") {
-        return;
-    }
-    let _g = shared();
-    let doc = sites_doc("leaks");
-    let leaks = &doc["leaks"];
-    assert_eq!(leaks["blocks"].as_u64(), Some(N + 3));
-    assert_eq!(leaks["bytes"].as_u64(), Some(100 * N + 3 * 444));
-    let b = sites_at(leaks, "by_stack", "alloc_b");
-    assert_eq!(
-        (b.len(), sum(&b, "blocks"), sum(&b, "bytes")),
-        (1, N, 100 * N)
-    );
-    assert_eq!(b[0]["function"], "calloc");
-    let d = sites_at(leaks, "by_stack", "leak_d");
-    assert_eq!((sum(&d, "blocks"), sum(&d, "bytes")), (3, 3 * 444));
-    assert!(d.iter().all(|s| s["function"] == "realloc"));
-    assert_eq!(
-        leaks["by_stack"].as_array().unwrap().len(),
-        b.len() + d.len()
-    );
-    // The peak was held by the long-lived and the leaked blocks, never by alloc_a's.
-    let peak = &doc["peak"];
-    assert!(peak["live_bytes"].as_i64().unwrap() >= (100 * N + 3 * 444) as i64);
-    assert!(sites_at(peak, "by_stack", "alloc_a").is_empty());
-}
-
-#[test]
-fn stack_depth_limits_the_frames_kept() {
-    if !bpf_or_skip("stack_depth_limits_the_frames_kept") {
-        return;
-    }
-    let _g = shared();
-    let bin = fixture("sites", "", &[]);
-    let doc = trace("depth", &bin, &["100"], &["--stack-depth", "2"]);
-    let c = sites_at(&doc, "stacks", "helper_c");
-    let frames: Vec<&str> = c[0]["frames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(fname)
-        .collect();
-    assert_eq!(frames, ["helper_c", "alloc_c"]);
-}
-
-/// Stacks that differ only past the frames kept are one site: `recurse 6` allocates once in
-/// each of its 127 calls of `node`, each with a stack of its own; two frames keep three: the
-/// root's call from main, and the left and right calls' 63 each.
-#[test]
-fn stacks_the_same_within_the_depth_kept_are_one_site() {
-    if !bpf_or_skip("stacks_the_same_within_the_depth_kept_are_one_site") {
-        return;
-    }
-    let _g = shared();
-    let doc = trace(
-        "depth-merge",
-        &fixture("recurse", "", &[]),
-        &["6"],
-        &["--stack-depth", "2"],
-    );
-    assert_eq!(doc["functions"]["malloc"]["calls"].as_u64(), Some(127));
-    let sites = sites_at(&doc, "stacks", "node");
-    let mut by_caller: Vec<(String, u64)> = sites
-        .iter()
-        .map(|s| {
-            let f = &s["frames"][1];
-            (
-                format!("{}:{}", fname(f), f["line"]),
-                s["calls"].as_u64().unwrap(),
-            )
-        })
-        .collect();
-    by_caller.sort();
-    // The kernel may lose a stack in a hash collision (counted, and shown as a site of its own).
-    let lost = doc["lost"]["stack"].as_u64().unwrap();
-    let calls: Vec<u64> = by_caller.iter().map(|c| c.1).collect();
-    assert_eq!(calls.iter().sum::<u64>() + lost, 127, "{by_caller:?}");
-    assert_eq!(by_caller.len(), 3, "one site per caller: {by_caller:?}");
-    assert_eq!(
-        by_caller[0].0.split(':').next(),
-        Some("main"),
-        "{by_caller:?}"
-    );
-    if lost == 0 {
-        assert_eq!(calls, [1, 63, 63], "{by_caller:?}");
-    }
-}
-
-/// The programs' own walk (not the kernel's) goes as deep as a stack map keeps, 127 frames,
-/// and ends at the outermost frame: `deepstack 200 50` mallocs at the bottom of 201 calls of
-/// `down` (its innermost 127 kept) and of 51 (all of them, then main).
-#[test]
-fn the_walk_keeps_127_frames_and_ends_past_main() {
-    if !bpf_or_skip("the_walk_keeps_127_frames_and_ends_past_main") {
-        return;
-    }
-    let _g = shared();
-    let doc = trace("deep", &fixture("deepstack", "", &[]), &["200", "50"], &[]);
-    let names = |bytes: u64| -> Vec<String> {
-        let sites = sites_at(&doc, "stacks", "down");
-        let site = sites
-            .iter()
-            .find(|s| s["bytes"] == bytes)
-            .unwrap_or_else(|| panic!("no site of {bytes} bytes: {sites:?}"));
-        assert_eq!(site["calls"], 1);
-        site["frames"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| fname(f).to_string())
-            .collect()
-    };
-    let deep = names(100);
-    assert_eq!(deep.len(), 127, "{deep:?}");
-    assert!(deep.iter().all(|f| f == "down"), "{deep:?}");
-    let shallow = names(200);
-    let downs = shallow.iter().take_while(|f| *f == "down").count();
-    assert_eq!(downs, 51, "{shallow:?}");
-    assert_eq!(shallow[51], "main", "{shallow:?}");
-    assert_eq!(doc["lost"]["stack"], 0);
-}
-
-/// A frame-pointer walk that went on through data (code without frame pointers) ends where it
-/// left the code: `strayframe`'s two mallocs come through the same two functions, then the
-/// walk reads a data address and a string as return addresses. One site, two frames.
-#[test]
-fn a_walk_that_leaves_the_code_is_cut_there() {
-    if !bpf_or_skip("a_walk_that_leaves_the_code_is_cut_there") {
-        return;
-    }
-    let _g = shared();
-    let doc = trace("stray", &fixture("strayframe", "", &[]), &[], &[]);
-    let sites = sites_at(&doc, "stacks", "alloc_fp");
-    let shown: Vec<(Vec<&str>, u64)> = sites
-        .iter()
-        .map(|s| {
-            let frames = s["frames"].as_array().unwrap().iter().map(fname).collect();
-            (frames, s["calls"].as_u64().unwrap())
-        })
-        .collect();
-    assert_eq!(shown, [(vec!["alloc_fp", "through_data"], 2)]);
-    assert_eq!(doc["leaks"]["blocks"], 2);
-}
-
-#[test]
-fn cpp_template_sites_are_demangled() {
-    if !bpf_or_skip("cpp_template_sites_are_demangled") {
-        return;
-    }
-    let _g = shared();
-    let doc = trace("cpp", &cpp_fixture("templates"), &[], &[]);
-    let find = |needle: &str| -> Vec<&Value> {
-        doc["stacks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| fname(&s["frames"][0]).contains(needle))
-            .collect()
-    };
-    let w = find("Pool<Widget>::make_raw");
-    assert_eq!(
-        (w.len(), sum(&w, "calls"), sum(&w, "bytes")),
-        (1, 500, 500 * 96)
-    );
-    let d = find("Pool<double>::make_raw");
-    assert_eq!(
-        (d.len(), sum(&d, "calls"), sum(&d, "bytes")),
-        (1, 300, 300 * 24)
-    );
-    assert!(
-        !fname(&w[0]["frames"][0]).starts_with("_Z"),
-        "not demangled"
-    );
-    assert_eq!(fname(&w[0]["frames"][1]), "main");
-}
+);
 
 fn rust_demangled(mangling: &str) {
     let _g = shared();
@@ -391,163 +374,153 @@ fn rust_demangled(mangling: &str) {
     assert_eq!(site[0]["live_blocks"].as_i64(), Some(400));
 }
 
-#[test]
-fn rust_v0_symbols_are_demangled() {
-    if bpf_or_skip("rust_v0_symbols_are_demangled") {
+bpf_test!(
+    fn rust_v0_symbols_are_demangled() {
         rust_demangled("v0");
     }
-}
+);
 
-#[test]
-fn rust_legacy_symbols_are_demangled() {
-    if bpf_or_skip("rust_legacy_symbols_are_demangled") {
+bpf_test!(
+    fn rust_legacy_symbols_are_demangled() {
         rust_demangled("legacy");
     }
-}
+);
 
-/// 2^15 - 1 allocations with as many distinct stacks, into a stack map of 1024: memory stays
-/// bounded by the maps, every call is still counted, and the lost stacks are reported. Each
-/// allocation whose whole stack was lost keeps its caller: `node`, then a frame saying more
-/// were lost.
-#[test]
-fn unique_stack_recursion_stays_bounded_and_reports_losses() {
-    if !bpf_or_skip("unique_stack_recursion_stays_bounded_and_reports_losses") {
-        return;
+bpf_test!(
+    shared,
+    /// 2^15 - 1 allocations with as many distinct stacks, into a stack map of 1024: memory stays
+    /// bounded by the maps, every call is still counted, and the lost stacks are reported. Each
+    /// allocation whose whole stack was lost keeps its caller: `node`, then a frame saying more
+    /// were lost.
+    fn unique_stack_recursion_stays_bounded_and_reports_losses() {
+        let depth = 14;
+        let calls = (1u64 << (depth + 1)) - 1;
+        let bin = fixture("recurse", "", &[]);
+        let doc = trace(
+            "recurse",
+            &bin,
+            &[&depth.to_string()],
+            &["--stack-map-size", "1024"],
+        );
+        assert_eq!(doc["functions"]["malloc"]["calls"].as_u64(), Some(calls));
+        let stacks = doc["stacks"].as_array().unwrap();
+        let names = |s: &Value| -> Vec<String> {
+            s["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| fname(f).to_string())
+                .collect()
+        };
+        let partial = |s: &&Value| {
+            names(s)
+                .last()
+                .is_some_and(|f| f.starts_with("[more frames"))
+        };
+        let whole = stacks
+            .iter()
+            .filter(|s| s["stack_id"].as_i64() >= Some(0) && !partial(s))
+            .count();
+        assert!(whole <= 1024, "{whole} stacks from a map of 1024");
+        let callers: Vec<&Value> = stacks.iter().filter(partial).collect();
+        assert_eq!(callers.len(), 1, "one caller: {callers:?}");
+        assert_eq!(
+            names(callers[0]),
+            ["node", "[more frames lost: no room in the stack maps]"]
+        );
+        let lost: u64 = stacks
+            .iter()
+            .filter(|s| s["stack_id"].as_i64() < Some(0) || partial(s))
+            .map(|s| s["calls"].as_u64().unwrap())
+            .sum();
+        assert!(lost > calls / 2, "{lost} of {calls} lost");
+        assert_eq!(doc["lost"]["stack"].as_u64(), Some(lost));
+        let all: u64 = stacks.iter().map(|s| s["calls"].as_u64().unwrap()).sum();
+        assert_eq!(all, calls, "every call is in some site, stored or lost");
     }
-    let _g = shared();
-    let depth = 14;
-    let calls = (1u64 << (depth + 1)) - 1;
-    let bin = fixture("recurse", "", &[]);
-    let doc = trace(
-        "recurse",
-        &bin,
-        &[&depth.to_string()],
-        &["--stack-map-size", "1024"],
-    );
-    assert_eq!(doc["functions"]["malloc"]["calls"].as_u64(), Some(calls));
-    let stacks = doc["stacks"].as_array().unwrap();
-    let names = |s: &Value| -> Vec<String> {
-        s["frames"]
+);
+
+bpf_test!(
+    shared,
+    /// With no room left even for a caller (stack maps of one stack each), an allocation is counted
+    /// under its process's "stack lost" site, which says why.
+    fn with_no_room_for_a_caller_the_stack_is_lost_whole() {
+        // Four allocating lines: two whole stacks and one caller fit.
+        let doc = trace(
+            "sites-tiny",
+            &fixture("sites", "", &[]),
+            &["10"],
+            &["--stack-map-size", "2"],
+        );
+        let stacks = doc["stacks"].as_array().unwrap();
+        let lost: Vec<&Value> = stacks
+            .iter()
+            .filter(|s| s["stack_id"].as_i64() < Some(0))
+            .collect();
+        assert!(!lost.is_empty(), "{stacks:?}");
+        assert!(fname(&lost[0]["frames"][0]).starts_with("[stack lost: errno"));
+        let all: u64 = stacks.iter().map(|s| s["calls"].as_u64().unwrap()).sum();
+        assert_eq!(all, 33, "every call is in some site, stored or lost");
+    }
+);
+
+bpf_test!(
+    shared,
+    fn counts_and_sizes_modes_collect_no_stacks() {
+        let bin = fixture("sites", "", &[]);
+        let counts = trace("mode-counts", &bin, &["500"], &["--mode", "counts"]);
+        let sizes = trace(
+            "mode-sizes",
+            &bin,
+            &["500"],
+            &["--mode", "sizes", "--latency-every", "1"],
+        );
+        for doc in [&counts, &sizes] {
+            assert_eq!(doc["stacks"], serde_json::json!([]));
+            assert_eq!(doc["functions"]["malloc"]["calls"].as_u64(), Some(1000));
+            assert_eq!(doc["functions"]["calloc"]["calls"].as_u64(), Some(500));
+            assert_eq!(doc["functions"]["realloc"]["calls"].as_u64(), Some(3));
+            assert_eq!(doc["leaks"]["blocks"].as_u64(), Some(503));
+            assert_eq!(doc["leaks"]["by_stack"], serde_json::json!([]));
+        }
+        assert_eq!(counts["mode"], "counts");
+        assert_eq!(counts["sizes"], serde_json::json!([]));
+        assert_eq!(counts["latency"], serde_json::json!({}));
+        assert_eq!(sizes["mode"], "sizes");
+        assert_eq!(sizes["latency_every"], 1);
+        assert_eq!(sizes["latency"]["malloc"]["count"].as_u64(), Some(1000));
+        let s111 = sizes["sizes"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|f| fname(f).to_string())
-            .collect()
-    };
-    let partial = |s: &&Value| {
-        names(s)
-            .last()
-            .is_some_and(|f| f.starts_with("[more frames"))
-    };
-    let whole = stacks
-        .iter()
-        .filter(|s| s["stack_id"].as_i64() >= Some(0) && !partial(s))
-        .count();
-    assert!(whole <= 1024, "{whole} stacks from a map of 1024");
-    let callers: Vec<&Value> = stacks.iter().filter(partial).collect();
-    assert_eq!(callers.len(), 1, "one caller: {callers:?}");
-    assert_eq!(
-        names(callers[0]),
-        ["node", "[more frames lost: no room in the stack maps]"]
-    );
-    let lost: u64 = stacks
-        .iter()
-        .filter(|s| s["stack_id"].as_i64() < Some(0) || partial(s))
-        .map(|s| s["calls"].as_u64().unwrap())
-        .sum();
-    assert!(lost > calls / 2, "{lost} of {calls} lost");
-    assert_eq!(doc["lost"]["stack"].as_u64(), Some(lost));
-    let all: u64 = stacks.iter().map(|s| s["calls"].as_u64().unwrap()).sum();
-    assert_eq!(all, calls, "every call is in some site, stored or lost");
-}
-
-/// With no room left even for a caller (stack maps of one stack each), an allocation is counted
-/// under its process's "stack lost" site, which says why.
-#[test]
-fn with_no_room_for_a_caller_the_stack_is_lost_whole() {
-    if !bpf_or_skip("with_no_room_for_a_caller_the_stack_is_lost_whole") {
-        return;
+            .find(|s| s["size"] == 111)
+            .unwrap();
+        assert_eq!(s111["count"], 500);
     }
-    let _g = shared();
-    // Four allocating lines: two whole stacks and one caller fit.
-    let doc = trace(
-        "sites-tiny",
-        &fixture("sites", "", &[]),
-        &["10"],
-        &["--stack-map-size", "2"],
-    );
-    let stacks = doc["stacks"].as_array().unwrap();
-    let lost: Vec<&Value> = stacks
-        .iter()
-        .filter(|s| s["stack_id"].as_i64() < Some(0))
-        .collect();
-    assert!(!lost.is_empty(), "{stacks:?}");
-    assert!(fname(&lost[0]["frames"][0]).starts_with("[stack lost: errno"));
-    let all: u64 = stacks.iter().map(|s| s["calls"].as_u64().unwrap()).sum();
-    assert_eq!(all, 33, "every call is in some site, stored or lost");
-}
+);
 
-#[test]
-fn counts_and_sizes_modes_collect_no_stacks() {
-    if !bpf_or_skip("counts_and_sizes_modes_collect_no_stacks") {
-        return;
-    }
-    let _g = shared();
-    let bin = fixture("sites", "", &[]);
-    let counts = trace("mode-counts", &bin, &["500"], &["--mode", "counts"]);
-    let sizes = trace(
-        "mode-sizes",
-        &bin,
-        &["500"],
-        &["--mode", "sizes", "--latency-every", "1"],
-    );
-    for doc in [&counts, &sizes] {
-        assert_eq!(doc["stacks"], serde_json::json!([]));
+bpf_test!(
+    shared,
+    /// By default one call in 16, at random, is timed: the latency percentiles come from about a
+    /// sixteenth of the calls, and every count stays exact.
+    fn latency_times_one_call_in_n() {
+        let bin = fixture("sites", "", &[]);
+        let doc = trace("latency-every", &bin, &["500"], &["--mode", "sizes"]);
+        assert_eq!(doc["latency_every"], 16);
         assert_eq!(doc["functions"]["malloc"]["calls"].as_u64(), Some(1000));
         assert_eq!(doc["functions"]["calloc"]["calls"].as_u64(), Some(500));
         assert_eq!(doc["functions"]["realloc"]["calls"].as_u64(), Some(3));
-        assert_eq!(doc["leaks"]["blocks"].as_u64(), Some(503));
-        assert_eq!(doc["leaks"]["by_stack"], serde_json::json!([]));
+        let timed: u64 = ["malloc", "calloc", "realloc"]
+            .iter()
+            .map(|f| doc["latency"][f]["count"].as_u64().unwrap_or(0))
+            .sum();
+        // 1,503 calls, gaps drawn uniform over 1..=31: ~94 timed (the first call on each CPU is
+        // timed too), a standard deviation of ~5.
+        assert!((50..=160).contains(&timed), "{timed} calls of 1503 timed");
+        let malloc = doc["latency"]["malloc"]["count"].as_u64().unwrap_or(0);
+        assert!(
+            (25..=120).contains(&malloc),
+            "{malloc} mallocs of 1000 timed"
+        );
     }
-    assert_eq!(counts["mode"], "counts");
-    assert_eq!(counts["sizes"], serde_json::json!([]));
-    assert_eq!(counts["latency"], serde_json::json!({}));
-    assert_eq!(sizes["mode"], "sizes");
-    assert_eq!(sizes["latency_every"], 1);
-    assert_eq!(sizes["latency"]["malloc"]["count"].as_u64(), Some(1000));
-    let s111 = sizes["sizes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["size"] == 111)
-        .unwrap();
-    assert_eq!(s111["count"], 500);
-}
-
-/// By default one call in 16, at random, is timed: the latency percentiles come from about a
-/// sixteenth of the calls, and every count stays exact.
-#[test]
-fn latency_times_one_call_in_n() {
-    if !bpf_or_skip("latency_times_one_call_in_n") {
-        return;
-    }
-    let _g = shared();
-    let bin = fixture("sites", "", &[]);
-    let doc = trace("latency-every", &bin, &["500"], &["--mode", "sizes"]);
-    assert_eq!(doc["latency_every"], 16);
-    assert_eq!(doc["functions"]["malloc"]["calls"].as_u64(), Some(1000));
-    assert_eq!(doc["functions"]["calloc"]["calls"].as_u64(), Some(500));
-    assert_eq!(doc["functions"]["realloc"]["calls"].as_u64(), Some(3));
-    let timed: u64 = ["malloc", "calloc", "realloc"]
-        .iter()
-        .map(|f| doc["latency"][f]["count"].as_u64().unwrap_or(0))
-        .sum();
-    // 1,503 calls, gaps drawn uniform over 1..=31: ~94 timed (the first call on each CPU is
-    // timed too), a standard deviation of ~5.
-    assert!((50..=160).contains(&timed), "{timed} calls of 1503 timed");
-    let malloc = doc["latency"]["malloc"]["count"].as_u64().unwrap_or(0);
-    assert!(
-        (25..=120).contains(&malloc),
-        "{malloc} mallocs of 1000 timed"
-    );
-}
+);

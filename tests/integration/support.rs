@@ -71,23 +71,59 @@ pub fn exclusive() -> SystemLock {
     lock
 }
 
-/// Whether this machine lets us load and attach BPF programs. In CI a missing capability is a
-/// failure, elsewhere the test is skipped with the reason printed.
-pub fn bpf_or_skip(test: &str) -> bool {
+/// A test that loads and attaches BPF programs, optionally holding the system lock:
+///
+/// ```ignore
+/// bpf_test!(
+///     exclusive, // or shared, or nothing: the lock held for the whole test
+///     /// Doc comments and attributes pass through.
+///     fn name() { ... }
+/// );
+/// ```
+///
+/// Where heaptrace/build.rs found no BPF (and CI is unset) the test is built ignored, so the
+/// runner counts it as such rather than as passed. Parentheses, not braces, keep the test
+/// under rustfmt.
+macro_rules! bpf_test {
+    (shared, $($test:tt)+) => {
+        $crate::support::bpf_test!(@lock $crate::support::shared(); $($test)+);
+    };
+    (exclusive, $($test:tt)+) => {
+        $crate::support::bpf_test!(@lock $crate::support::exclusive(); $($test)+);
+    };
+    ($(@lock $lock:expr;)? $(#[$attr:meta])* fn $name:ident() $body:block) => {
+        #[test]
+        #[cfg_attr(heaptrace_no_bpf, ignore = "needs root, BTF and uprobes")]
+        $(#[$attr])*
+        fn $name() {
+            $crate::support::require_bpf(stringify!($name));
+            $(let _lock = $lock;)?
+            $body
+        }
+    };
+}
+pub(crate) use bpf_test;
+
+/// Fails the test unless this machine lets us load and attach BPF programs. Tests built where
+/// it could not are ignored instead; one that gets here without BPF runs in CI, was built
+/// where BPF was, or was asked for with `--ignored`.
+pub fn require_bpf(test: &str) {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let btf = Path::new("/sys/kernel/btf/vmlinux").exists();
     let uprobe = Path::new("/sys/bus/event_source/devices/uprobe").exists();
     if root && btf && uprobe {
-        return true;
+        return;
     }
-    let why =
+    let what =
         format!("{test}: needs root, BTF and uprobes (root={root} btf={btf} uprobe={uprobe})");
     if std::env::var_os("CI").is_some() {
-        panic!("{why}; CI must run the BPF tests");
+        panic!("{what}; CI must run the BPF tests");
     }
-    eprintln!("SKIPPED {why}");
-    false
+    if cfg!(heaptrace_no_bpf) {
+        panic!("{what}");
+    }
+    panic!("{what}; built where they were present: touch heaptrace/build.rs to rebuild");
 }
 
 pub fn workspace() -> PathBuf {

@@ -105,302 +105,287 @@ fn check_fixture_sizes(p: &Value, fx: &Fixture) {
     }
 }
 
-#[test]
-fn all_attaches_a_static_binary_started_later() {
-    if !bpf_or_skip("all_attaches_a_static_binary_started_later") {
-        return;
-    }
-    let _g = exclusive();
-    let bin = fixture("allocs", "-static", &["-static"]);
-    let (tracer, json) = start_all("sys-static", &["--mode", "sizes"]);
-    let fx = Fixture::main_thread(300, 3);
-    let mut cmd = Command::new(&bin);
-    cmd.args(["0", "300", "3", "wait"]);
-    let child = ready(cmd);
-    let pid = child.id();
-    wait_for(&tracer, &format!("also tracing {}", bin.display()));
-    go(child);
-    std::thread::sleep(Duration::from_millis(500));
-    let (_, doc) = stop(tracer, &json);
-    let p = process(&doc, pid);
-    check_fixture_sizes(p, &fx);
-    assert_eq!(p["comm"], "allocs-static");
-    assert_eq!(p["exited"], true);
-    assert_eq!(p["leaks"]["blocks"].as_u64(), Some(4), "{}", p["leaks"]);
-}
-
-/// Under `--comm`, a static executable the filter leaves out gets no probes: they would trap in
-/// its every call and count nothing.
-#[test]
-fn all_with_a_comm_filter_leaves_the_allocators_of_the_others_unprobed() {
-    if !bpf_or_skip("all_with_a_comm_filter_leaves_the_allocators_of_the_others_unprobed") {
-        return;
-    }
-    let _g = exclusive();
-    let bin = fixture("allocs", "-static", &["-static"]);
-    let (tracer, json) = start_all("sys-static-out", &["--mode", "counts", "--comm", "recurse"]);
-    let mut cmd = Command::new(&bin);
-    cmd.args(["0", "20", "1", "wait"]);
-    let child = ready(cmd);
-    let pid = u64::from(child.id());
-    // Alive meanwhile: long enough to be looked at (`all_attaches_a_static_binary_started_later`
-    // waits for its probes).
-    std::thread::sleep(Duration::from_millis(500));
-    go(child);
-    std::thread::sleep(Duration::from_millis(300));
-    let (stderr, doc) = stop(tracer, &json);
-    assert!(!stderr.contains("also tracing"), "{stderr}");
-    let procs = doc["processes"].as_array().unwrap();
-    assert!(
-        procs.iter().all(|p| p["pid"].as_u64() != Some(pid)),
-        "{procs:?}"
-    );
-}
-
-/// A process in its own mount namespace, where libc.so.6 is another file (a bind-mounted copy):
-/// heaptrace finds it through /proc/PID/root and attaches that file too, once.
-#[test]
-fn all_attaches_a_private_libc_in_another_mount_namespace() {
-    if !bpf_or_skip("all_attaches_a_private_libc_in_another_mount_namespace") {
-        return;
-    }
-    let _g = exclusive();
-    let host_libc = heaptrace::targets::allocator::host_libc_path().unwrap();
-    let copy = workspace().join("target/fixtures/libc-copy.so.6");
-    std::fs::copy(&host_libc, &copy).unwrap();
-    let bin = fixture("allocs", "", &[]);
-    let (tracer, json) = start_all("sys-mntns", &["--mode", "sizes"]);
-    let fx = Fixture::main_thread(300, 3);
-    let script = format!(
-        "mount --bind {} {} && exec {} 0 300 3 wait",
-        copy.display(),
-        host_libc.display(),
-        bin.display()
-    );
-    let mut cmd = Command::new("unshare");
-    cmd.args(["-m", "--propagation", "private", "sh", "-c", &script]);
-    let child = ready(cmd);
-    let pid = child.id(); // unshare execs sh, which execs the fixture: the same pid
-    wait_for(
-        &tracer,
-        &format!("also tracing {} (first seen in pid", host_libc.display()),
-    );
-    go(child);
-    std::thread::sleep(Duration::from_millis(500));
-    tracer.signal(libc::SIGINT);
-    let (code, stderr) = tracer.wait();
-    assert_eq!(code, 0, "{stderr}");
-    assert_eq!(stderr.matches("also tracing").count(), 1, "{stderr}");
-    let doc = read_json(&json);
-    check_fixture_sizes(process(&doc, pid), &fx);
-}
-
-/// Processes that end give their live-map space back: the blocks of two processes that each
-/// leave 1500 behind are taken out of the live map when each ends (not found there at the
-/// end), with their leaks exact.
-#[test]
-fn exited_processes_free_their_map_space() {
-    if !bpf_or_skip("exited_processes_free_their_map_space") {
-        return;
-    }
-    let _g = exclusive();
-    let bin = fixture("allocs", "", &[]);
-    let (tracer, json) = start_all("sys-exit", &["--mode", "counts"]);
-    let mut pids = Vec::new();
-    for _ in 0..2 {
-        let mut child = Command::new(&bin).args(["0", "0", "1500"]).spawn().unwrap();
-        pids.push(child.id());
-        assert!(child.wait().unwrap().success());
-        // Two rounds: one sees it gone and forgets it.
-        std::thread::sleep(Duration::from_millis(600));
-    }
-    let (stderr, doc) = stop(tracer, &json);
-    assert_eq!(doc["lost"]["live_map"], 0, "{}", doc["lost"]);
-    for pid in &pids {
-        let p = process(&doc, *pid);
+bpf_test!(
+    exclusive,
+    fn all_attaches_a_static_binary_started_later() {
+        let bin = fixture("allocs", "-static", &["-static"]);
+        let (tracer, json) = start_all("sys-static", &["--mode", "sizes"]);
+        let fx = Fixture::main_thread(300, 3);
+        let mut cmd = Command::new(&bin);
+        cmd.args(["0", "300", "3", "wait"]);
+        let child = ready(cmd);
+        let pid = child.id();
+        wait_for(&tracer, &format!("also tracing {}", bin.display()));
+        go(child);
+        std::thread::sleep(Duration::from_millis(500));
+        let (_, doc) = stop(tracer, &json);
+        let p = process(&doc, pid);
+        check_fixture_sizes(p, &fx);
+        assert_eq!(p["comm"], "allocs-static");
         assert_eq!(p["exited"], true);
-        assert_eq!(
-            p["leaks_at_exit"], true,
-            "its live-map entries stayed until the end"
-        );
-        assert_eq!(p["leaks"]["blocks"].as_u64(), Some(1501), "{}", p["leaks"]);
-        assert_eq!(p["leaks"]["bytes"].as_u64(), Some(1500 * 777 + 555));
+        assert_eq!(p["leaks"]["blocks"].as_u64(), Some(4), "{}", p["leaks"]);
     }
-    // Their blocks went with them: the summary's live figure tells them apart.
-    let ended = |k: &str| -> i64 {
-        doc["processes"]
+);
+
+bpf_test!(
+    exclusive,
+    /// Under `--comm`, a static executable the filter leaves out gets no probes: they would trap in
+    /// its every call and count nothing.
+    fn all_with_a_comm_filter_leaves_the_allocators_of_the_others_unprobed() {
+        let bin = fixture("allocs", "-static", &["-static"]);
+        let (tracer, json) =
+            start_all("sys-static-out", &["--mode", "counts", "--comm", "recurse"]);
+        let mut cmd = Command::new(&bin);
+        cmd.args(["0", "20", "1", "wait"]);
+        let child = ready(cmd);
+        let pid = u64::from(child.id());
+        // Alive meanwhile: long enough to be looked at
+        // (`all_attaches_a_static_binary_started_later` waits for its probes).
+        std::thread::sleep(Duration::from_millis(500));
+        go(child);
+        std::thread::sleep(Duration::from_millis(300));
+        let (stderr, doc) = stop(tracer, &json);
+        assert!(!stderr.contains("also tracing"), "{stderr}");
+        let procs = doc["processes"].as_array().unwrap();
+        assert!(
+            procs.iter().all(|p| p["pid"].as_u64() != Some(pid)),
+            "{procs:?}"
+        );
+    }
+);
+
+bpf_test!(
+    exclusive,
+    /// A process in its own mount namespace, where libc.so.6 is another file (a bind-mounted copy):
+    /// heaptrace finds it through /proc/PID/root and attaches that file too, once.
+    fn all_attaches_a_private_libc_in_another_mount_namespace() {
+        let host_libc = heaptrace::targets::allocator::host_libc_path().unwrap();
+        let copy = workspace().join("target/fixtures/libc-copy.so.6");
+        std::fs::copy(&host_libc, &copy).unwrap();
+        let bin = fixture("allocs", "", &[]);
+        let (tracer, json) = start_all("sys-mntns", &["--mode", "sizes"]);
+        let fx = Fixture::main_thread(300, 3);
+        let script = format!(
+            "mount --bind {} {} && exec {} 0 300 3 wait",
+            copy.display(),
+            host_libc.display(),
+            bin.display()
+        );
+        let mut cmd = Command::new("unshare");
+        cmd.args(["-m", "--propagation", "private", "sh", "-c", &script]);
+        let child = ready(cmd);
+        let pid = child.id(); // unshare execs sh, which execs the fixture: the same pid
+        wait_for(
+            &tracer,
+            &format!("also tracing {} (first seen in pid", host_libc.display()),
+        );
+        go(child);
+        std::thread::sleep(Duration::from_millis(500));
+        tracer.signal(libc::SIGINT);
+        let (code, stderr) = tracer.wait();
+        assert_eq!(code, 0, "{stderr}");
+        assert_eq!(stderr.matches("also tracing").count(), 1, "{stderr}");
+        let doc = read_json(&json);
+        check_fixture_sizes(process(&doc, pid), &fx);
+    }
+);
+
+bpf_test!(
+    exclusive,
+    /// Processes that end give their live-map space back: the blocks of two processes that each
+    /// leave 1500 behind are taken out of the live map when each ends (not found there at the
+    /// end), with their leaks exact.
+    fn exited_processes_free_their_map_space() {
+        let bin = fixture("allocs", "", &[]);
+        let (tracer, json) = start_all("sys-exit", &["--mode", "counts"]);
+        let mut pids = Vec::new();
+        for _ in 0..2 {
+            let mut child = Command::new(&bin).args(["0", "0", "1500"]).spawn().unwrap();
+            pids.push(child.id());
+            assert!(child.wait().unwrap().success());
+            // Two rounds: one sees it gone and forgets it.
+            std::thread::sleep(Duration::from_millis(600));
+        }
+        let (stderr, doc) = stop(tracer, &json);
+        assert_eq!(doc["lost"]["live_map"], 0, "{}", doc["lost"]);
+        for pid in &pids {
+            let p = process(&doc, *pid);
+            assert_eq!(p["exited"], true);
+            assert_eq!(
+                p["leaks_at_exit"], true,
+                "its live-map entries stayed until the end"
+            );
+            assert_eq!(p["leaks"]["blocks"].as_u64(), Some(1501), "{}", p["leaks"]);
+            assert_eq!(p["leaks"]["bytes"].as_u64(), Some(1500 * 777 + 555));
+        }
+        // Their blocks went with them: the summary's live figure tells them apart.
+        let ended = |k: &str| -> i64 {
+            doc["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|p| p["exited"] == true && p["leaks_at_exit"] == true)
+                .map(|p| p["live"][k].as_i64().unwrap())
+                .sum()
+        };
+        let of_ended = &doc["live"]["of_ended_processes"];
+        assert_eq!(
+            of_ended["blocks"].as_i64(),
+            Some(ended("blocks")),
+            "{of_ended}"
+        );
+        assert_eq!(
+            of_ended["bytes"].as_i64(),
+            Some(ended("bytes")),
+            "{of_ended}"
+        );
+        assert!(ended("blocks") >= 2 * 1501, "{of_ended}");
+        let running = doc["live"]["blocks"].as_i64().unwrap() - ended("blocks");
+        let line = format!("live {running} blocks / ");
+        let total = stderr
+            .lines()
+            .find(|l| l.starts_with("total: "))
+            .unwrap_or_else(|| panic!("no total line: {stderr}"));
+        assert!(total.contains(&line), "{total}");
+        let left = format!(
+            "in running processes (ended ones left {} blocks / ",
+            ended("blocks")
+        );
+        assert!(total.contains(&left), "{total}");
+    }
+);
+
+bpf_test!(
+    exclusive,
+    /// A process that starts and ends between two reads is ended by the round that first sees it
+    /// (it was seen starting): the blocks it left (15 MB) are never live in the timeline, where
+    /// they used to be for a round. Rounds of 2 s; the fixture runs for milliseconds right after
+    /// one.
+    fn a_process_gone_within_a_round_is_never_live() {
+        let bin = fixture("allocs", "", &[]);
+        let json = json_path("sys-within-round");
+        let tracer = start_attached(
+            heaptrace()
+                .args(["--all", "--no-tui", "--mode", "counts", "--interval", "2s"])
+                .arg("--json")
+                .arg(&json),
+        );
+        wait_for(&tracer, "round 1:");
+        let mut child = Command::new(&bin)
+            .args(["0", "0", "20000"])
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        assert!(child.wait().unwrap().success());
+        wait_for(&tracer, "round 3:");
+        let (_, doc) = stop(tracer, &json);
+        let p = process(&doc, pid);
+        assert_eq!(
+            (&p["exited"], &p["leaks_at_exit"]),
+            (&true.into(), &true.into())
+        );
+        let left = 20000 * 777 + 555;
+        assert_eq!(p["leaks"]["bytes"].as_i64(), Some(left), "{}", p["leaks"]);
+        let rows = doc["timeline"].as_array().unwrap();
+        let live = |i: usize| rows[i]["live_bytes"].as_i64().unwrap();
+        assert!(
+            rows[1]["allocations"].as_u64().unwrap() > 20000,
+            "{}",
+            rows[1]
+        );
+        assert!(live(1) - live(0) < left / 2, "{} then {}", rows[0], rows[1]);
+    }
+);
+
+bpf_test!(
+    exclusive,
+    /// A process whose main thread ended first (pthread_exit) lives on in its other threads, its
+    /// leader a zombie with empty maps. It used to be taken for gone at every round: forgotten,
+    /// then seen again as another process, its counts read against nothing (2^64 - 1 allocations
+    /// in a round). Now it is one process, counted exactly, its memory and frames read through a
+    /// running thread.
+    fn a_process_whose_main_thread_ended_lives_on_in_its_threads() {
+        let bin = fixture("mainexit", "", &[]);
+        let (tracer, json) = start_all("sys-mainexit", &["--comm", "mainexit"]);
+        let n = 300u64;
+        let mut child = Command::new(&bin).arg(n.to_string()).spawn().unwrap();
+        let pid = child.id();
+        assert!(child.wait().unwrap().success());
+        std::thread::sleep(Duration::from_millis(600));
+        let (_, doc) = stop(tracer, &json);
+        let records: Vec<&Value> = doc["processes"]
             .as_array()
             .unwrap()
             .iter()
-            .filter(|p| p["exited"] == true && p["leaks_at_exit"] == true)
-            .map(|p| p["live"][k].as_i64().unwrap())
-            .sum()
-    };
-    let of_ended = &doc["live"]["of_ended_processes"];
-    assert_eq!(
-        of_ended["blocks"].as_i64(),
-        Some(ended("blocks")),
-        "{of_ended}"
-    );
-    assert_eq!(
-        of_ended["bytes"].as_i64(),
-        Some(ended("bytes")),
-        "{of_ended}"
-    );
-    assert!(ended("blocks") >= 2 * 1501, "{of_ended}");
-    let running = doc["live"]["blocks"].as_i64().unwrap() - ended("blocks");
-    let line = format!("live {running} blocks / ");
-    let total = stderr
-        .lines()
-        .find(|l| l.starts_with("total: "))
-        .unwrap_or_else(|| panic!("no total line: {stderr}"));
-    assert!(total.contains(&line), "{total}");
-    let left = format!(
-        "in running processes (ended ones left {} blocks / ",
-        ended("blocks")
-    );
-    assert!(total.contains(&left), "{total}");
-}
-
-/// A process that starts and ends between two reads is ended by the round that first sees it
-/// (it was seen starting): the blocks it left (15 MB) are never live in the timeline, where
-/// they used to be for a round. Rounds of 2 s; the fixture runs for milliseconds right after
-/// one.
-#[test]
-fn a_process_gone_within_a_round_is_never_live() {
-    if !bpf_or_skip("a_process_gone_within_a_round_is_never_live") {
-        return;
+            .filter(|p| p["pid"].as_u64() == Some(u64::from(pid)))
+            .collect();
+        assert_eq!(records.len(), 1, "{records:?}");
+        let p = records[0];
+        let sizes = sizes_of(p);
+        assert_eq!(sizes.get(&("malloc".into(), 4242)), Some(&n), "{sizes:?}");
+        assert_eq!(sizes.get(&("malloc".into(), 4343)), Some(&3), "{sizes:?}");
+        let mallocs = p["functions"]["malloc"]["calls"].as_u64().unwrap();
+        assert!(mallocs < n + 100, "{}", p["functions"]);
+        assert!(
+            p["memory"]["rss_bytes"].as_u64().unwrap_or(0) > 0,
+            "{}",
+            p["memory"]
+        );
+        assert!(whole_stack_calls(&doc, pid, Some("malloc")) >= n);
+        let named = doc["stacks"].as_array().unwrap().iter().any(|s| {
+            s["pid"].as_u64() == Some(u64::from(pid))
+                && s["frames"][0]["function"] == "work"
+                && s["calls"].as_u64() >= Some(n)
+        });
+        assert!(named, "{}", doc["stacks"]);
     }
-    let _g = exclusive();
-    let bin = fixture("allocs", "", &[]);
-    let json = json_path("sys-within-round");
-    let tracer = start_attached(
-        heaptrace()
-            .args(["--all", "--no-tui", "--mode", "counts", "--interval", "2s"])
-            .arg("--json")
-            .arg(&json),
-    );
-    wait_for(&tracer, "round 1:");
-    let mut child = Command::new(&bin)
-        .args(["0", "0", "20000"])
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    assert!(child.wait().unwrap().success());
-    wait_for(&tracer, "round 3:");
-    let (_, doc) = stop(tracer, &json);
-    let p = process(&doc, pid);
-    assert_eq!(
-        (&p["exited"], &p["leaks_at_exit"]),
-        (&true.into(), &true.into())
-    );
-    let left = 20000 * 777 + 555;
-    assert_eq!(p["leaks"]["bytes"].as_i64(), Some(left), "{}", p["leaks"]);
-    let rows = doc["timeline"].as_array().unwrap();
-    let live = |i: usize| rows[i]["live_bytes"].as_i64().unwrap();
-    assert!(
-        rows[1]["allocations"].as_u64().unwrap() > 20000,
-        "{}",
-        rows[1]
-    );
-    assert!(live(1) - live(0) < left / 2, "{} then {}", rows[0], rows[1]);
-}
+);
 
-/// A process whose main thread ended first (pthread_exit) lives on in its other threads, its
-/// leader a zombie with empty maps. It used to be taken for gone at every round: forgotten,
-/// then seen again as another process, its counts read against nothing (2^64 - 1 allocations
-/// in a round). Now it is one process, counted exactly, its memory and frames read through a
-/// running thread.
-#[test]
-fn a_process_whose_main_thread_ended_lives_on_in_its_threads() {
-    if !bpf_or_skip("a_process_whose_main_thread_ended_lives_on_in_its_threads") {
-        return;
+bpf_test!(
+    shared,
+    /// `-p` on a process whose main thread ended cannot see it (the kernel's per-process probe
+    /// filter compares the main thread's address space, which is gone): one clear error, where it
+    /// used to attach and count nothing.
+    fn pid_of_a_process_whose_main_thread_ended_is_a_clear_error() {
+        let mut child = Command::new(fixture("mainexit", "", &[]))
+            .arg("300")
+            .spawn()
+            .unwrap();
+        // Its main thread ends at once; its worker waits 400 ms before its work.
+        std::thread::sleep(Duration::from_millis(100));
+        let out = heaptrace()
+            .args(["-p", &child.id().to_string(), "--no-tui"])
+            .output()
+            .unwrap();
+        assert!(child.wait().unwrap().success());
+        assert!(!out.status.success());
+        let error = error_line(&out);
+        assert!(error.contains("main thread has ended"), "{error}");
+        assert!(error.contains("--all --comm mainexit"), "{error}");
     }
-    let _g = exclusive();
-    let bin = fixture("mainexit", "", &[]);
-    let (tracer, json) = start_all("sys-mainexit", &["--comm", "mainexit"]);
-    let n = 300u64;
-    let mut child = Command::new(&bin).arg(n.to_string()).spawn().unwrap();
-    let pid = child.id();
-    assert!(child.wait().unwrap().success());
-    std::thread::sleep(Duration::from_millis(600));
-    let (_, doc) = stop(tracer, &json);
-    let records: Vec<&Value> = doc["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["pid"].as_u64() == Some(u64::from(pid)))
-        .collect();
-    assert_eq!(records.len(), 1, "{records:?}");
-    let p = records[0];
-    let sizes = sizes_of(p);
-    assert_eq!(sizes.get(&("malloc".into(), 4242)), Some(&n), "{sizes:?}");
-    assert_eq!(sizes.get(&("malloc".into(), 4343)), Some(&3), "{sizes:?}");
-    let mallocs = p["functions"]["malloc"]["calls"].as_u64().unwrap();
-    assert!(mallocs < n + 100, "{}", p["functions"]);
-    assert!(
-        p["memory"]["rss_bytes"].as_u64().unwrap_or(0) > 0,
-        "{}",
-        p["memory"]
-    );
-    assert!(whole_stack_calls(&doc, pid, Some("malloc")) >= n);
-    let named = doc["stacks"].as_array().unwrap().iter().any(|s| {
-        s["pid"].as_u64() == Some(u64::from(pid))
-            && s["frames"][0]["function"] == "work"
-            && s["calls"].as_u64() >= Some(n)
-    });
-    assert!(named, "{}", doc["stacks"]);
-}
+);
 
-/// `-p` on a process whose main thread ended cannot see it (the kernel's per-process probe
-/// filter compares the main thread's address space, which is gone): one clear error, where it
-/// used to attach and count nothing.
-#[test]
-fn pid_of_a_process_whose_main_thread_ended_is_a_clear_error() {
-    if !bpf_or_skip("pid_of_a_process_whose_main_thread_ended_is_a_clear_error") {
-        return;
+bpf_test!(
+    exclusive,
+    /// The kernel keeps a stack until it is deleted. Processes that ended used to keep theirs, so
+    /// on a host that starts programs all the time the stack maps filled with the stacks of
+    /// processes gone, and every later one lost its stacks. `recurse 7` allocates from 255
+    /// stacks; eight runs one after the other take 2,040 (ASLR: each its own addresses). In maps
+    /// of 514, they kept 250, 204, 51, then 0 whole stacks; then each a few less than 255 (two
+    /// kernel stack maps, where a stack whose bucket was taken in both lost all but its caller);
+    /// now each all 255 (ids from the stack's hash, two choices in 2^30). The map holds 1,024
+    /// (`--stack-map-size 1024`): a run's stacks are freed a round or two after it ended, and in
+    /// 512 a slow round left a run without room (CI).
+    fn exited_processes_free_their_stacks() {
+        let bin = fixture("recurse", "", &[]);
+        let kept = recurse_one_after_another(&["--stack-map-size", "1024"], 8, || {
+            let mut c = Command::new(&bin);
+            c.arg("7");
+            c
+        });
+        assert_eq!(kept, [255; 8]);
     }
-    let _g = shared();
-    let mut child = Command::new(fixture("mainexit", "", &[]))
-        .arg("300")
-        .spawn()
-        .unwrap();
-    // Its main thread ends at once; its worker waits 400 ms before its work.
-    std::thread::sleep(Duration::from_millis(100));
-    let out = heaptrace()
-        .args(["-p", &child.id().to_string(), "--no-tui"])
-        .output()
-        .unwrap();
-    assert!(child.wait().unwrap().success());
-    assert!(!out.status.success());
-    let error = error_line(&out);
-    assert!(error.contains("main thread has ended"), "{error}");
-    assert!(error.contains("--all --comm mainexit"), "{error}");
-}
-
-/// The kernel keeps a stack until it is deleted. Processes that ended used to keep theirs, so
-/// on a host that starts programs all the time the stack maps filled with the stacks of
-/// processes gone, and every later one lost its stacks. `recurse 7` allocates from 255
-/// stacks; eight runs one after the other take 2,040 (ASLR: each its own addresses). In maps
-/// of 514, they kept 250, 204, 51, then 0 whole stacks; then each a few less than 255 (two
-/// kernel stack maps, where a stack whose bucket was taken in both lost all but its caller);
-/// now each all 255 (ids from the stack's hash, two choices in 2^30). The map holds 1,024
-/// (`--stack-map-size 1024`): a run's stacks are freed a round or two after it ended, and in
-/// 512 a slow round left a run without room (CI).
-#[test]
-fn exited_processes_free_their_stacks() {
-    if !bpf_or_skip("exited_processes_free_their_stacks") {
-        return;
-    }
-    let _g = exclusive();
-    let bin = fixture("recurse", "", &[]);
-    let kept = recurse_one_after_another(&["--stack-map-size", "1024"], 8, || {
-        let mut c = Command::new(&bin);
-        c.arg("7");
-        c
-    });
-    assert_eq!(kept, [255; 8]);
-}
+);
 
 /// Runs `cmd()` (a `recurse` fixture) `n` times one after the other under `--all --comm
 /// recurse` with `extra`; the malloc calls with whole stacks of each run.
@@ -451,27 +436,25 @@ fn recurse_one_after_another(extra: &[&str], n: usize, cmd: impl Fn() -> Command
     kept
 }
 
-/// The stack cache (`heaptrace_common::stack::cache_word`) names the ids of stacks seen
-/// before, and the stacks of a process gone are freed. Runs without address randomization
-/// (`setarch -R`) have the same stacks, so the same hashes: a run must not take the ids of
-/// the run before's from the cache once those were freed, or its sites name stacks no longer
-/// stored, or stored since by others. A build that kept the cache across frees (before the
-/// generation also moved on every round) lost the frames of the second and fourth runs' sites:
-/// [255, 13, 255, 12].
-#[test]
-fn a_stack_freed_is_not_taken_from_the_cache_again() {
-    if !bpf_or_skip("a_stack_freed_is_not_taken_from_the_cache_again") {
-        return;
+bpf_test!(
+    exclusive,
+    /// The stack cache (`heaptrace_common::stack::cache_word`) names the ids of stacks seen
+    /// before, and the stacks of a process gone are freed. Runs without address randomization
+    /// (`setarch -R`) have the same stacks, so the same hashes: a run must not take the ids of
+    /// the run before's from the cache once those were freed, or its sites name stacks no longer
+    /// stored, or stored since by others. A build that kept the cache across frees (before the
+    /// generation also moved on every round) lost the frames of the second and fourth runs' sites:
+    /// [255, 13, 255, 12].
+    fn a_stack_freed_is_not_taken_from_the_cache_again() {
+        let bin = fixture("recurse", "", &[]);
+        let kept = recurse_one_after_another(&[], 4, || {
+            let mut c = Command::new("setarch");
+            c.args(["x86_64", "-R"]).arg(&bin).arg("7");
+            c
+        });
+        assert_eq!(kept, [255; 4]);
     }
-    let _g = exclusive();
-    let bin = fixture("recurse", "", &[]);
-    let kept = recurse_one_after_another(&[], 4, || {
-        let mut c = Command::new("setarch");
-        c.args(["x86_64", "-R"]).arg(&bin).arg("7");
-        c
-    });
-    assert_eq!(kept, [255; 4]);
-}
+);
 
 /// Starts `cmd` as process `pid`: the kernel's last pid is set to the one before
 /// (`ns_last_pid`, root in the host's pid namespace), tried again while others take it first.
@@ -487,354 +470,344 @@ fn spawn_as(cmd: &mut Command, pid: u32) -> Child {
     panic!("pid {pid} was always taken first");
 }
 
-/// A long trace of a busy host meets pids given again (after 32,768 processes here). The
-/// second process with a pid is its own: its counts, sizes and leaks exactly the fixture's,
-/// beside the first one's, and shown as `PID#2`. Before, its counts were added to the first's,
-/// under one process that had exited.
-/// A process that execs drops its earlier image's sites, and the stacks only they held are
-/// freed, as an ended process's are. Before, they stayed: a shell's forks that exec (a pyenv
-/// shim is some 35 bash processes a run) filled the stack maps, and under `--all` 54 % of
-/// 1.9 M allocations lost their stacks in 20 s. Ten `execfork -n 100 sites 10` one after
-/// the other, each leaving some 100 stacks behind at its exec, in a stack map of 512 (1,050 in
-/// all; in 256, two runs' stacks not yet freed at a slow round left the next without room).
-#[test]
-fn exec_frees_the_stacks_of_the_image_it_drops() {
-    if !bpf_or_skip("exec_frees_the_stacks_of_the_image_it_drops") {
-        return;
-    }
-    let _g = exclusive();
-    let launcher = fixture("execfork", "", &[]);
-    let sites = fixture("sites", "", &[]);
-    let (tracer, json) = start_all(
-        "sys-exec-stacks",
-        &["--comm", "sites", "--stack-map-size", "512"],
-    );
-    let mut pids = Vec::new();
-    for _ in 0..10 {
-        let mut cmd = Command::new(&launcher);
-        cmd.env("EXECFORK_WAIT", "1")
-            .args(["-n", "100"])
-            .arg(&sites)
-            .arg("10");
-        let child = ready(cmd);
-        pids.push(child.id());
-        go(child);
-        // Two rounds: one reads its last counts, the next sees it gone and frees its stacks.
-        std::thread::sleep(Duration::from_millis(600));
-    }
-    let (_, doc) = stop(tracer, &json);
-    let kept: Vec<u64> = pids
-        .iter()
-        .map(|p| whole_stack_calls(&doc, *p, None))
-        .collect();
-    // `sites 10` makes 33 allocations from five stacks, all whole. Before, from the third
-    // run on none kept a whole stack: [33, 23, 0, 0, 0, 0, 0, 0, 0, 0]; then one of them
-    // at times kept its caller only (its buckets taken in both kernel stack maps).
-    assert_eq!(kept, [33; 10]);
-}
-
-#[test]
-fn all_keeps_apart_two_processes_with_one_pid() {
-    if !bpf_or_skip("all_keeps_apart_two_processes_with_one_pid") {
-        return;
-    }
-    let _g = exclusive();
-    let bin = fixture("allocs", "", &[]);
-    let (tracer, json) = start_all("sys-pid-again", &["--comm", "allocs"]);
-    let fx = Fixture::main_thread(100, 1);
-    let mut first = Command::new(&bin).args(["0", "100", "1"]).spawn().unwrap();
-    let pid = first.id();
-    assert!(first.wait().unwrap().success());
-    // Two rounds: one reads its last counts, the next sees it gone.
-    std::thread::sleep(Duration::from_millis(600));
-    let mut again = spawn_as(Command::new(&bin).args(["0", "100", "1"]), pid);
-    assert!(again.wait().unwrap().success());
-    std::thread::sleep(Duration::from_millis(600));
-    let (stderr, doc) = stop(tracer, &json);
-    let want = Expected::of(&fx);
-    let procs: Vec<&Value> = doc["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["pid"].as_u64() == Some(u64::from(pid)))
-        .collect();
-    assert_eq!(procs.len(), 2, "{}", doc["processes"]);
-    assert_eq!(
-        procs
+bpf_test!(
+    exclusive,
+    /// A long trace of a busy host meets pids given again (after 32,768 processes here). The
+    /// second process with a pid is its own: its counts, sizes and leaks exactly the fixture's,
+    /// beside the first one's, and shown as `PID#2`. Before, its counts were added to the first's,
+    /// under one process that had exited.
+    /// A process that execs drops its earlier image's sites, and the stacks only they held are
+    /// freed, as an ended process's are. Before, they stayed: a shell's forks that exec (a pyenv
+    /// shim is some 35 bash processes a run) filled the stack maps, and under `--all` 54 % of
+    /// 1.9 M allocations lost their stacks in 20 s. Ten `execfork -n 100 sites 10` one after
+    /// the other, each leaving some 100 stacks behind at its exec, in a stack map of 512 (1,050 in
+    /// all; in 256, two runs' stacks not yet freed at a slow round left the next without room).
+    fn exec_frees_the_stacks_of_the_image_it_drops() {
+        let launcher = fixture("execfork", "", &[]);
+        let sites = fixture("sites", "", &[]);
+        let (tracer, json) = start_all(
+            "sys-exec-stacks",
+            &["--comm", "sites", "--stack-map-size", "512"],
+        );
+        let mut pids = Vec::new();
+        for _ in 0..10 {
+            let mut cmd = Command::new(&launcher);
+            cmd.env("EXECFORK_WAIT", "1")
+                .args(["-n", "100"])
+                .arg(&sites)
+                .arg("10");
+            let child = ready(cmd);
+            pids.push(child.id());
+            go(child);
+            // Two rounds: one reads its last counts, the next sees it gone and frees its stacks.
+            std::thread::sleep(Duration::from_millis(600));
+        }
+        let (_, doc) = stop(tracer, &json);
+        let kept: Vec<u64> = pids
             .iter()
-            .map(|p| p["instance"].as_u64())
-            .collect::<Vec<_>>(),
-        [None, Some(2)]
-    );
-    for p in procs {
-        let got = Expected::observed(p, &p["sizes"], &want);
-        assert_eq!(got, want, "{p}");
-        assert_eq!(p["exited"], true);
-        assert_eq!(p["leaks"]["blocks"].as_u64(), Some(want.live_blocks));
-        assert_eq!(p["leaks"]["bytes"].as_u64(), Some(want.live_bytes));
-        // Its sites hold exactly its successful allocations' bytes.
-        let site_bytes: u64 = doc["stacks"]
+            .map(|p| whole_stack_calls(&doc, *p, None))
+            .collect();
+        // `sites 10` makes 33 allocations from five stacks, all whole. Before, from the third
+        // run on none kept a whole stack: [33, 23, 0, 0, 0, 0, 0, 0, 0, 0]; then one of them
+        // at times kept its caller only (its buckets taken in both kernel stack maps).
+        assert_eq!(kept, [33; 10]);
+    }
+);
+
+bpf_test!(
+    exclusive,
+    fn all_keeps_apart_two_processes_with_one_pid() {
+        let bin = fixture("allocs", "", &[]);
+        let (tracer, json) = start_all("sys-pid-again", &["--comm", "allocs"]);
+        let fx = Fixture::main_thread(100, 1);
+        let mut first = Command::new(&bin).args(["0", "100", "1"]).spawn().unwrap();
+        let pid = first.id();
+        assert!(first.wait().unwrap().success());
+        // Two rounds: one reads its last counts, the next sees it gone.
+        std::thread::sleep(Duration::from_millis(600));
+        let mut again = spawn_as(Command::new(&bin).args(["0", "100", "1"]), pid);
+        assert!(again.wait().unwrap().success());
+        std::thread::sleep(Duration::from_millis(600));
+        let (stderr, doc) = stop(tracer, &json);
+        let want = Expected::of(&fx);
+        let procs: Vec<&Value> = doc["processes"]
             .as_array()
             .unwrap()
             .iter()
-            .filter(|s| s["pid"] == p["pid"] && s["instance"] == p["instance"])
-            .map(|s| s["bytes"].as_u64().unwrap())
-            .sum();
+            .filter(|p| p["pid"].as_u64() == Some(u64::from(pid)))
+            .collect();
+        assert_eq!(procs.len(), 2, "{}", doc["processes"]);
         assert_eq!(
-            site_bytes,
-            want.funcs.values().map(|f| f.bytes).sum::<u64>()
+            procs
+                .iter()
+                .map(|p| p["instance"].as_u64())
+                .collect::<Vec<_>>(),
+            [None, Some(2)]
+        );
+        for p in procs {
+            let got = Expected::observed(p, &p["sizes"], &want);
+            assert_eq!(got, want, "{p}");
+            assert_eq!(p["exited"], true);
+            assert_eq!(p["leaks"]["blocks"].as_u64(), Some(want.live_blocks));
+            assert_eq!(p["leaks"]["bytes"].as_u64(), Some(want.live_bytes));
+            // Its sites hold exactly its successful allocations' bytes.
+            let site_bytes: u64 = doc["stacks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|s| s["pid"] == p["pid"] && s["instance"] == p["instance"])
+                .map(|s| s["bytes"].as_u64().unwrap())
+                .sum();
+            assert_eq!(
+                site_bytes,
+                want.funcs.values().map(|f| f.bytes).sum::<u64>()
+            );
+        }
+        assert!(stderr.contains(&format!("{pid}#2 allocs")), "{stderr}");
+    }
+);
+
+bpf_test!(
+    exclusive,
+    /// Bounded memory on a host that starts processes all the time: past `--keep-exited`, ended
+    /// processes fold into one, `[N exited processes]`, with their counts, sizes and leaks summed
+    /// exactly, and their sites by frames (the same code in five runs is one site).
+    fn all_folds_the_oldest_ended_processes_into_one() {
+        let bin = fixture("allocs", "", &[]);
+        let rec = json_path("sys-fold").with_extension("bin");
+        let json = json_path("sys-fold");
+        let tracer = start_attached(
+            heaptrace()
+                .args(["record", "-o"])
+                .arg(&rec)
+                .args(["--all", "--no-tui", "-q", "--interval", "200ms"])
+                .args(["--comm", "allocs", "--keep-exited", "2", "--json"])
+                .arg(&json),
+        );
+        let fx = Fixture::main_thread(100, 1);
+        let mut pids = Vec::new();
+        for _ in 0..5 {
+            // Held alive for a round after its work: its stacks are named then. A process of a few
+            // milliseconds may end before its libraries' mappings are read (best effort, see
+            // `all_names_the_executable_frames_of_millisecond_processes`), and its sites would
+            // then not be the others' to fold with; under load that happened in 2 runs of 8.
+            let mut c = Command::new(&bin)
+                .args(["0", "100", "1", "hold"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            pids.push(c.id());
+            let mut line = String::new();
+            BufReader::new(c.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            assert_eq!(line, "done\n");
+            std::thread::sleep(Duration::from_millis(300));
+            drop(c.stdin.take());
+            assert!(c.wait().unwrap().success());
+            // Two rounds: one reads its last counts, the next sees it gone.
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let (stderr, doc) = stop(tracer, &json);
+        let want = Expected::of(&fx);
+        let procs = doc["processes"].as_array().unwrap();
+        assert_eq!(procs.len(), 3, "{}", doc["processes"]);
+        // The last two as they were; the first three folded.
+        for pid in &pids[3..] {
+            let p = process(&doc, *pid);
+            assert_eq!(Expected::observed(p, &p["sizes"], &want), want, "{p}");
+        }
+        let folded = procs.iter().find(|p| p["folded"] == true).unwrap();
+        assert_eq!(folded["comm"], "[3 exited processes]");
+        assert_eq!(
+            folded["totals"]["allocations"].as_u64(),
+            Some(3 * doc["totals"]["allocations"].as_u64().unwrap() / 5)
+        );
+        assert_eq!(
+            folded["leaks"]["blocks"].as_u64(),
+            Some(3 * want.live_blocks),
+            "{}",
+            folded["leaks"]
+        );
+        // The fixture's loop mallocs 1001 bytes from one line 100 times a run, and leaks a
+        // 777-byte block: three runs, one site each.
+        let folded_malloc = |bytes: u64| -> Vec<&Value> {
+            doc["stacks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|s| s["folded"] == true && s["function"] == "malloc")
+                .filter(|s| s["bytes"].as_u64() == Some(bytes))
+                .collect()
+        };
+        let loop_site = folded_malloc(3 * 100 * 1001);
+        assert_eq!(loop_site.len(), 1, "{}", doc["stacks"]);
+        assert_eq!(loop_site[0]["calls"], 300);
+        assert_eq!(loop_site[0]["frames"][0]["module"], "allocs");
+        let leak_site = folded_malloc(3 * 777);
+        assert_eq!(leak_site.len(), 1, "{leak_site:?}");
+        assert_eq!(leak_site[0]["live_blocks"], 3);
+        assert!(stderr.contains("[3 exited processes]"), "{stderr}");
+
+        // The recording's report folds them as the live trace did: the same processes, figures
+        // and sites. Before, it listed all five, and the folded leaks under a process it lacked.
+        let out = heaptrace()
+            .arg("report")
+            .arg(&rec)
+            .args(["overview", "--format", "json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let off: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let procs = |d: &Value| -> Vec<Value> {
+            d["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| {
+                    serde_json::json!([p["pid"], p["comm"], p["totals"], p["leaks"], p["folded"]])
+                })
+                .collect()
+        };
+        assert_eq!(procs(&off), procs(&doc));
+        let sites = |d: &Value| -> Vec<Value> {
+            let mut v: Vec<Value> = d["stacks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| {
+                    let frames: Vec<&Value> = s["frames"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|f| &f["function"])
+                        .collect();
+                    serde_json::json!([s["pid"], s["function"], s["calls"], s["bytes"], frames])
+                })
+                .collect();
+            v.sort_by_key(|x| x.to_string());
+            v
+        };
+        assert_eq!(sites(&off), sites(&doc));
+        assert_eq!(off["totals"], doc["totals"]);
+        // Both say what the trace was narrowed to (a recording before format 8 could not: its
+        // report called these figures "all processes").
+        assert_eq!(doc["target"]["comm"], "allocs", "{}", doc["target"]);
+        assert!(doc["target"]["cgroup"].is_null(), "{}", doc["target"]);
+        assert_eq!(off["target"], doc["target"]);
+        let out = heaptrace().arg("report").arg(&rec).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("target: all processes whose name contains \"allocs\"\n"),
+            "{text}"
+        );
+        let _ = std::fs::remove_file(&rec);
+    }
+);
+
+bpf_test!(
+    exclusive,
+    /// `--comm` keeps only the matching processes, in every figure; each carries its cgroup.
+    fn all_with_a_comm_filter_reports_only_matching_processes() {
+        let bin = fixture("allocs", "", &[]);
+        let (tracer, json) = start_all("sys-comm", &["--mode", "sizes", "--comm", "allocs"]);
+        let fx = Fixture::main_thread(200, 2);
+        let mut cmd = Command::new(&bin);
+        cmd.args(["0", "200", "2", "wait"]);
+        let child = ready(cmd);
+        let pid = child.id();
+        go(child);
+        // Something else that allocates, and must not show.
+        assert!(
+            Command::new("sh")
+                .args(["-c", "ls / > /dev/null"])
+                .status()
+                .unwrap()
+                .success()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        let (_, doc) = stop(tracer, &json);
+        let procs = doc["processes"].as_array().unwrap();
+        assert!(procs.iter().all(|p| p["comm"] == "allocs"), "{procs:?}");
+        let p = process(&doc, pid);
+        assert!(
+            p["cgroup"].as_str().is_some_and(|c| c.starts_with('/')),
+            "{}",
+            p["cgroup"]
+        );
+        check_fixture_sizes(p, &fx);
+        // The top-level figures are those of the matching processes only, leaks too (those of
+        // `sh` and `ls` were in them, taken at their ends).
+        assert_eq!(doc["functions"], p["functions"]);
+        assert_eq!(
+            doc["leaks"]["blocks"], p["leaks"]["blocks"],
+            "{}",
+            doc["leaks"]
+        );
+        assert_eq!(
+            doc["leaks"]["bytes"], p["leaks"]["bytes"],
+            "{}",
+            doc["leaks"]
         );
     }
-    assert!(stderr.contains(&format!("{pid}#2 allocs")), "{stderr}");
-}
+);
 
-/// Bounded memory on a host that starts processes all the time: past `--keep-exited`, ended
-/// processes fold into one, `[N exited processes]`, with their counts, sizes and leaks summed
-/// exactly, and their sites by frames (the same code in five runs is one site).
-#[test]
-fn all_folds_the_oldest_ended_processes_into_one() {
-    if !bpf_or_skip("all_folds_the_oldest_ended_processes_into_one") {
-        return;
-    }
-    let _g = exclusive();
-    let bin = fixture("allocs", "", &[]);
-    let rec = json_path("sys-fold").with_extension("bin");
-    let json = json_path("sys-fold");
-    let tracer = start_attached(
-        heaptrace()
-            .args(["record", "-o"])
-            .arg(&rec)
-            .args(["--all", "--no-tui", "-q", "--interval", "200ms"])
-            .args(["--comm", "allocs", "--keep-exited", "2", "--json"])
-            .arg(&json),
-    );
-    let fx = Fixture::main_thread(100, 1);
-    let mut pids = Vec::new();
-    for _ in 0..5 {
-        // Held alive for a round after its work: its stacks are named then. A process of a few
-        // milliseconds may end before its libraries' mappings are read (best effort, see
-        // `all_names_the_executable_frames_of_millisecond_processes`), and its sites would
-        // then not be the others' to fold with; under load that happened in 2 runs of 8.
-        let mut c = Command::new(&bin)
-            .args(["0", "100", "1", "hold"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        pids.push(c.id());
-        let mut line = String::new();
-        BufReader::new(c.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line, "done\n");
-        std::thread::sleep(Duration::from_millis(300));
-        drop(c.stdin.take());
-        assert!(c.wait().unwrap().success());
-        // Two rounds: one reads its last counts, the next sees it gone.
+bpf_test!(
+    exclusive,
+    /// With `--comm`, the stacks said lost are the matching processes' own. The kernel counts
+    /// lost stacks for every process it traces, and the others' take the stack maps' room too:
+    /// `recurse 6` (127 mallocs, each its own stack) beside `sites 10` (33), in maps of two
+    /// stacks. Before, `lost.stack` was the kernel's count: more than `sites` allocated.
+    fn all_with_a_comm_filter_reports_only_matching_stack_losses() {
+        let (tracer, json) = start_all(
+            "sys-comm-lost",
+            &["--comm", "sites", "--stack-map-size", "2"],
+        );
+        run_ok(Command::new(fixture("recurse", "", &[])).arg("6"));
+        run_ok(Command::new(fixture("sites", "", &[])).arg("10"));
         std::thread::sleep(Duration::from_millis(500));
-    }
-    let (stderr, doc) = stop(tracer, &json);
-    let want = Expected::of(&fx);
-    let procs = doc["processes"].as_array().unwrap();
-    assert_eq!(procs.len(), 3, "{}", doc["processes"]);
-    // The last two as they were; the first three folded.
-    for pid in &pids[3..] {
-        let p = process(&doc, *pid);
-        assert_eq!(Expected::observed(p, &p["sizes"], &want), want, "{p}");
-    }
-    let folded = procs.iter().find(|p| p["folded"] == true).unwrap();
-    assert_eq!(folded["comm"], "[3 exited processes]");
-    assert_eq!(
-        folded["totals"]["allocations"].as_u64(),
-        Some(3 * doc["totals"]["allocations"].as_u64().unwrap() / 5)
-    );
-    assert_eq!(
-        folded["leaks"]["blocks"].as_u64(),
-        Some(3 * want.live_blocks),
-        "{}",
-        folded["leaks"]
-    );
-    // The fixture's loop mallocs 1001 bytes from one line 100 times a run, and leaks a
-    // 777-byte block: three runs, one site each.
-    let folded_malloc = |bytes: u64| -> Vec<&Value> {
-        doc["stacks"]
-            .as_array()
-            .unwrap()
+        let (_, doc) = stop(tracer, &json);
+        assert_eq!(doc["totals"]["allocations"], 33, "{}", doc["functions"]);
+        let stacks = doc["stacks"].as_array().unwrap();
+        let partial = |s: &Value| {
+            s["frames"]
+                .as_array()
+                .and_then(|f| f.last())
+                .and_then(|f| f["function"].as_str())
+                .is_some_and(|f| f.starts_with("[more frames lost"))
+        };
+        let lost: u64 = stacks
             .iter()
-            .filter(|s| s["folded"] == true && s["function"] == "malloc")
-            .filter(|s| s["bytes"].as_u64() == Some(bytes))
-            .collect()
-    };
-    let loop_site = folded_malloc(3 * 100 * 1001);
-    assert_eq!(loop_site.len(), 1, "{}", doc["stacks"]);
-    assert_eq!(loop_site[0]["calls"], 300);
-    assert_eq!(loop_site[0]["frames"][0]["module"], "allocs");
-    let leak_site = folded_malloc(3 * 777);
-    assert_eq!(leak_site.len(), 1, "{leak_site:?}");
-    assert_eq!(leak_site[0]["live_blocks"], 3);
-    assert!(stderr.contains("[3 exited processes]"), "{stderr}");
-
-    // The recording's report folds them as the live trace did: the same processes, figures
-    // and sites. Before, it listed all five, and the folded leaks under a process it lacked.
-    let out = heaptrace()
-        .arg("report")
-        .arg(&rec)
-        .args(["overview", "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let off: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let procs = |d: &Value| -> Vec<Value> {
-        d["processes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| serde_json::json!([p["pid"], p["comm"], p["totals"], p["leaks"], p["folded"]]))
-            .collect()
-    };
-    assert_eq!(procs(&off), procs(&doc));
-    let sites = |d: &Value| -> Vec<Value> {
-        let mut v: Vec<Value> = d["stacks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| {
-                let frames: Vec<&Value> = s["frames"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|f| &f["function"])
-                    .collect();
-                serde_json::json!([s["pid"], s["function"], s["calls"], s["bytes"], frames])
-            })
-            .collect();
-        v.sort_by_key(|x| x.to_string());
-        v
-    };
-    assert_eq!(sites(&off), sites(&doc));
-    assert_eq!(off["totals"], doc["totals"]);
-    // Both say what the trace was narrowed to (a recording before format 8 could not: its
-    // report called these figures "all processes").
-    assert_eq!(doc["target"]["comm"], "allocs", "{}", doc["target"]);
-    assert!(doc["target"]["cgroup"].is_null(), "{}", doc["target"]);
-    assert_eq!(off["target"], doc["target"]);
-    let out = heaptrace().arg("report").arg(&rec).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains("target: all processes whose name contains \"allocs\"\n"),
-        "{text}"
-    );
-    let _ = std::fs::remove_file(&rec);
-}
-
-/// `--comm` keeps only the matching processes, in every figure; each carries its cgroup.
-#[test]
-fn all_with_a_comm_filter_reports_only_matching_processes() {
-    if !bpf_or_skip("all_with_a_comm_filter_reports_only_matching_processes") {
-        return;
+            .filter(|s| s["stack_id"].as_i64() < Some(0) || partial(s))
+            .map(|s| s["calls"].as_u64().unwrap())
+            .sum();
+        assert!(lost > 0 && lost <= 33, "{lost}: {stacks:?}");
+        assert_eq!(doc["lost"]["stack"].as_u64(), Some(lost), "{}", doc["lost"]);
+        // The kernel judges the processes too: recurse, left out there, took no stack and lost
+        // none (before, the kernel's count was over 100 more: recurse's).
+        let all = doc["lost"]["stack_all_processes"].as_u64().unwrap();
+        assert_eq!(all, lost, "{}", doc["lost"]);
     }
-    let _g = exclusive();
-    let bin = fixture("allocs", "", &[]);
-    let (tracer, json) = start_all("sys-comm", &["--mode", "sizes", "--comm", "allocs"]);
-    let fx = Fixture::main_thread(200, 2);
-    let mut cmd = Command::new(&bin);
-    cmd.args(["0", "200", "2", "wait"]);
-    let child = ready(cmd);
-    let pid = child.id();
-    go(child);
-    // Something else that allocates, and must not show.
-    assert!(
-        Command::new("sh")
-            .args(["-c", "ls / > /dev/null"])
-            .status()
-            .unwrap()
-            .success()
-    );
-    std::thread::sleep(Duration::from_millis(500));
-    let (_, doc) = stop(tracer, &json);
-    let procs = doc["processes"].as_array().unwrap();
-    assert!(procs.iter().all(|p| p["comm"] == "allocs"), "{procs:?}");
-    let p = process(&doc, pid);
-    assert!(
-        p["cgroup"].as_str().is_some_and(|c| c.starts_with('/')),
-        "{}",
-        p["cgroup"]
-    );
-    check_fixture_sizes(p, &fx);
-    // The top-level figures are those of the matching processes only, leaks too (those of
-    // `sh` and `ls` were in them, taken at their ends).
-    assert_eq!(doc["functions"], p["functions"]);
-    assert_eq!(
-        doc["leaks"]["blocks"], p["leaks"]["blocks"],
-        "{}",
-        doc["leaks"]
-    );
-    assert_eq!(
-        doc["leaks"]["bytes"], p["leaks"]["bytes"],
-        "{}",
-        doc["leaks"]
-    );
-}
+);
 
-/// With `--comm`, the stacks said lost are the matching processes' own. The kernel counts
-/// lost stacks for every process it traces, and the others' take the stack maps' room too:
-/// `recurse 6` (127 mallocs, each its own stack) beside `sites 10` (33), in maps of two
-/// stacks. Before, `lost.stack` was the kernel's count: more than `sites` allocated.
-#[test]
-fn all_with_a_comm_filter_reports_only_matching_stack_losses() {
-    if !bpf_or_skip("all_with_a_comm_filter_reports_only_matching_stack_losses") {
-        return;
+bpf_test!(
+    exclusive,
+    /// The kernel leaves out the processes `--comm` does not match: `recurse 6`'s 127 stacks,
+    /// traced first, take no room in a stack map of 16, and the `sites 10` after it keeps its 4
+    /// whole (filtered in user space alone, recurse filled the map and sites lost every one).
+    fn all_with_a_comm_filter_keeps_the_others_out_of_the_kernel_maps() {
+        others_take_no_stack_room("sys-comm-kernel", &["--comm", "sites"], |bin| {
+            let mut cmd = Command::new(bin);
+            cmd.arg("10");
+            cmd
+        });
     }
-    let _g = exclusive();
-    let (tracer, json) = start_all(
-        "sys-comm-lost",
-        &["--comm", "sites", "--stack-map-size", "2"],
-    );
-    run_ok(Command::new(fixture("recurse", "", &[])).arg("6"));
-    run_ok(Command::new(fixture("sites", "", &[])).arg("10"));
-    std::thread::sleep(Duration::from_millis(500));
-    let (_, doc) = stop(tracer, &json);
-    assert_eq!(doc["totals"]["allocations"], 33, "{}", doc["functions"]);
-    let stacks = doc["stacks"].as_array().unwrap();
-    let partial = |s: &Value| {
-        s["frames"]
-            .as_array()
-            .and_then(|f| f.last())
-            .and_then(|f| f["function"].as_str())
-            .is_some_and(|f| f.starts_with("[more frames lost"))
-    };
-    let lost: u64 = stacks
-        .iter()
-        .filter(|s| s["stack_id"].as_i64() < Some(0) || partial(s))
-        .map(|s| s["calls"].as_u64().unwrap())
-        .sum();
-    assert!(lost > 0 && lost <= 33, "{lost}: {stacks:?}");
-    assert_eq!(doc["lost"]["stack"].as_u64(), Some(lost), "{}", doc["lost"]);
-    // The kernel judges the processes too: recurse, left out there, took no stack and lost
-    // none (before, the kernel's count was over 100 more: recurse's).
-    let all = doc["lost"]["stack_all_processes"].as_u64().unwrap();
-    assert_eq!(all, lost, "{}", doc["lost"]);
-}
-
-/// The kernel leaves out the processes `--comm` does not match: `recurse 6`'s 127 stacks,
-/// traced first, take no room in a stack map of 16, and the `sites 10` after it keeps its 4
-/// whole (filtered in user space alone, recurse filled the map and sites lost every one).
-#[test]
-fn all_with_a_comm_filter_keeps_the_others_out_of_the_kernel_maps() {
-    if !bpf_or_skip("all_with_a_comm_filter_keeps_the_others_out_of_the_kernel_maps") {
-        return;
-    }
-    let _g = exclusive();
-    others_take_no_stack_room("sys-comm-kernel", &["--comm", "sites"], |bin| {
-        let mut cmd = Command::new(bin);
-        cmd.arg("10");
-        cmd
-    });
-}
+);
 
 /// `recurse 6` (127 stacks; `filter` leaves it out), then `sites 10` (4 stacks, 33
 /// allocations; kept), in a stack map of 16: sites' every allocation at a whole stack, and no
@@ -860,55 +833,51 @@ fn others_take_no_stack_room(
     assert_eq!(whole, 33, "{}", doc["stacks"]);
 }
 
-/// The judging programs stay cheap to verify (start-up time): with `--comm`, malloc's entry
-/// program goes through ~3,200 instructions here and free's ~4,800 (230 and 1,900 without); a
-/// byte-by-byte matcher was ~5,500 and ~7,100, one whose compares LLVM turned into branches
-/// ~6,400 and ~8,000. Not a timing: the count is the kernel's, the same every load.
-#[test]
-fn all_with_a_comm_filter_verifies_the_judging_programs_within_bounds() {
-    if !bpf_or_skip("all_with_a_comm_filter_verifies_the_judging_programs_within_bounds") {
-        return;
+bpf_test!(
+    exclusive,
+    /// The judging programs stay cheap to verify (start-up time): with `--comm`, malloc's entry
+    /// program goes through ~3,200 instructions here and free's ~4,800 (230 and 1,900 without); a
+    /// byte-by-byte matcher was ~5,500 and ~7,100, one whose compares LLVM turned into branches
+    /// ~6,400 and ~8,000. Not a timing: the count is the kernel's, the same every load.
+    fn all_with_a_comm_filter_verifies_the_judging_programs_within_bounds() {
+        let bin = fixture("pairs", "", &[]);
+        let (tracer, json) = start_all("sys-comm-verified", &["--comm", "pairs", "--probe-stats"]);
+        run_ok(Command::new(&bin).arg("100"));
+        std::thread::sleep(Duration::from_millis(300));
+        let (_, doc) = stop(tracer, &json);
+        let verified = |name: &str| program(&doc, name)["verified_insns"].as_u64().unwrap();
+        let (entry, free) = (verified("malloc_entry"), verified("free_entry"));
+        assert!((1_000..=5_000).contains(&entry), "malloc_entry: {entry}");
+        assert!((2_000..=6_000).contains(&free), "free_entry: {free}");
     }
-    let _g = exclusive();
-    let bin = fixture("pairs", "", &[]);
-    let (tracer, json) = start_all("sys-comm-verified", &["--comm", "pairs", "--probe-stats"]);
-    run_ok(Command::new(&bin).arg("100"));
-    std::thread::sleep(Duration::from_millis(300));
-    let (_, doc) = stop(tracer, &json);
-    let verified = |name: &str| program(&doc, name)["verified_insns"].as_u64().unwrap();
-    let (entry, free) = (verified("malloc_entry"), verified("free_entry"));
-    assert!((1_000..=5_000).contains(&entry), "malloc_entry: {entry}");
-    assert!((2_000..=6_000).contains(&free), "free_entry: {free}");
-}
+);
 
-/// A process is judged by its main thread's name, in the kernel as in user space: threads
-/// that named themselves otherwise (`pthread_setname_np`) are counted, every call exact.
-#[test]
-fn all_with_a_comm_filter_counts_threads_named_otherwise() {
-    if !bpf_or_skip("all_with_a_comm_filter_counts_threads_named_otherwise") {
-        return;
+bpf_test!(
+    exclusive,
+    /// A process is judged by its main thread's name, in the kernel as in user space: threads
+    /// that named themselves otherwise (`pthread_setname_np`) are counted, every call exact.
+    fn all_with_a_comm_filter_counts_threads_named_otherwise() {
+        let bin = fixture("allocs", "", &[]);
+        let (tracer, json) = start_all("sys-comm-named", &["--comm", "allocs"]);
+        let fx = Fixture {
+            threads: 2,
+            ..Fixture::main_thread(100, 2)
+        };
+        let want = Expected::of(&fx).with_glibc_threads(2, 272);
+        let mut child = Command::new(&bin)
+            .args(["2", "100", "2", "named"])
+            .spawn()
+            .unwrap();
+        assert!(child.wait().unwrap().success());
+        std::thread::sleep(Duration::from_millis(500));
+        let (_, doc) = stop(tracer, &json);
+        let p = process(&doc, child.id());
+        let got = Expected::observed(p, &serde_json::json!([]), &want);
+        assert_eq!(got.funcs, want.funcs);
+        assert_eq!(got.free_calls, want.free_calls);
+        assert_eq!(p["leaks"]["blocks"].as_u64(), Some(want.live_blocks));
     }
-    let _g = exclusive();
-    let bin = fixture("allocs", "", &[]);
-    let (tracer, json) = start_all("sys-comm-named", &["--comm", "allocs"]);
-    let fx = Fixture {
-        threads: 2,
-        ..Fixture::main_thread(100, 2)
-    };
-    let want = Expected::of(&fx).with_glibc_threads(2, 272);
-    let mut child = Command::new(&bin)
-        .args(["2", "100", "2", "named"])
-        .spawn()
-        .unwrap();
-    assert!(child.wait().unwrap().success());
-    std::thread::sleep(Duration::from_millis(500));
-    let (_, doc) = stop(tracer, &json);
-    let p = process(&doc, child.id());
-    let got = Expected::observed(p, &serde_json::json!([]), &want);
-    assert_eq!(got.funcs, want.funcs);
-    assert_eq!(got.free_calls, want.free_calls);
-    assert_eq!(p["leaks"]["blocks"].as_u64(), Some(want.live_blocks));
-}
+);
 
 /// A name no process can have is refused: the kernel keeps at most 15 bytes of one.
 #[test]
@@ -923,26 +892,22 @@ fn all_with_a_comm_longer_than_any_name_is_refused() {
     assert_eq!(err.lines().count(), 1, "{err}");
 }
 
-/// 200 short-lived processes started during a system-wide trace (ten at a time) are all
-/// counted, each exactly, and each is marked ended.
-#[test]
-fn all_counts_every_one_of_200_short_lived_processes() {
-    if !bpf_or_skip("all_counts_every_one_of_200_short_lived_processes") {
-        return;
+bpf_test!(
+    /// 200 short-lived processes started during a system-wide trace (ten at a time) are all
+    /// counted, each exactly, and each is marked ended.
+    fn all_counts_every_one_of_200_short_lived_processes() {
+        count_200_short_lived_processes("sys-churn", &[]);
     }
-    count_200_short_lived_processes("sys-churn", &[]);
-}
+);
 
-/// One process slot per CPU (`--proc-slots 1`): of the ten processes running at once, one
-/// counts in the slot and the others in the process map, and a process that takes a slot freed
-/// by an ended one must start from zero.
-#[test]
-fn processes_sharing_one_slot_count_exactly() {
-    if !bpf_or_skip("processes_sharing_one_slot_count_exactly") {
-        return;
+bpf_test!(
+    /// One process slot per CPU (`--proc-slots 1`): of the ten processes running at once, one
+    /// counts in the slot and the others in the process map, and a process that takes a slot freed
+    /// by an ended one must start from zero.
+    fn processes_sharing_one_slot_count_exactly() {
+        count_200_short_lived_processes("sys-churn-slot", &["--proc-slots", "1"]);
     }
-    count_200_short_lived_processes("sys-churn-slot", &["--proc-slots", "1"]);
-}
+);
 
 /// 200 `allocs 0 20 1`, ten at a time, under `--all`: each one's counts exact.
 fn count_200_short_lived_processes(name: &str, extra: &[&str]) {
@@ -982,145 +947,140 @@ fn count_200_short_lived_processes(name: &str, extra: &[&str]) {
     assert_eq!(doc["processes"].as_array().unwrap().len(), pids.len());
 }
 
-/// `recurse 7` lives about a millisecond past its first allocation, often too short for its
-/// mappings to be read at its first memory syscall: 10 of 20 runs had every stack named, 10
-/// none (release build; this test's debug build missed 3-4 of 8). A thread now reads them
-/// right at its exec (the executable is mapped then), so its own frames are named in every
-/// run, its libraries' where the later read came in time. The read races the process, so one
-/// run of eight may miss it.
-#[test]
-fn all_names_the_executable_frames_of_millisecond_processes() {
-    if !bpf_or_skip("all_names_the_executable_frames_of_millisecond_processes") {
-        return;
-    }
-    let _g = exclusive();
-    let bin = fixture("recurse", "", &[]);
-    let (tracer, json) = start_all("sys-named-exec", &["--comm", "recurse"]);
-    let pids: Vec<u32> = (0..8)
-        .map(|_| {
-            let mut c = Command::new(&bin).arg("7").spawn().unwrap();
-            assert!(c.wait().unwrap().success());
-            std::thread::sleep(Duration::from_millis(100));
-            c.id()
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(500));
-    let (_, doc) = stop(tracer, &json);
-    let unnamed: Vec<u32> = pids
-        .iter()
-        .copied()
-        .filter(|pid| {
-            !doc["stacks"].as_array().unwrap().iter().any(|s| {
-                s["pid"].as_u64() == Some(u64::from(*pid)) && s["frames"][0]["function"] == "node"
+bpf_test!(
+    exclusive,
+    /// `recurse 7` lives about a millisecond past its first allocation, often too short for its
+    /// mappings to be read at its first memory syscall: 10 of 20 runs had every stack named, 10
+    /// none (release build; this test's debug build missed 3-4 of 8). A thread now reads them
+    /// right at its exec (the executable is mapped then), so its own frames are named in every
+    /// run, its libraries' where the later read came in time. The read races the process, so one
+    /// run of eight may miss it.
+    fn all_names_the_executable_frames_of_millisecond_processes() {
+        let bin = fixture("recurse", "", &[]);
+        let (tracer, json) = start_all("sys-named-exec", &["--comm", "recurse"]);
+        let pids: Vec<u32> = (0..8)
+            .map(|_| {
+                let mut c = Command::new(&bin).arg("7").spawn().unwrap();
+                assert!(c.wait().unwrap().success());
+                std::thread::sleep(Duration::from_millis(100));
+                c.id()
             })
-        })
-        .collect();
-    assert!(unnamed.len() <= 1, "unnamed: {unnamed:?} of {pids:?}");
-}
-
-/// Processes that live a few milliseconds, each ended before a round could read its mappings:
-/// their stacks are named all the same (the mappings are read at a process's first memory
-/// syscall, in its first allocations). Before, every frame read `[unknown] 0x...`.
-#[test]
-fn all_names_the_stacks_of_short_lived_processes() {
-    if !bpf_or_skip("all_names_the_stacks_of_short_lived_processes") {
-        return;
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        let (_, doc) = stop(tracer, &json);
+        let unnamed: Vec<u32> = pids
+            .iter()
+            .copied()
+            .filter(|pid| {
+                !doc["stacks"].as_array().unwrap().iter().any(|s| {
+                    s["pid"].as_u64() == Some(u64::from(*pid))
+                        && s["frames"][0]["function"] == "node"
+                })
+            })
+            .collect();
+        assert!(unnamed.len() <= 1, "unnamed: {unnamed:?} of {pids:?}");
     }
-    let _g = exclusive();
-    let bin = fixture("allocs", "", &[]);
-    let (tracer, json) = start_all("sys-named", &["--comm", "allocs"]);
-    let pids: Vec<u32> = (0..5)
-        .map(|_| {
-            let mut c = Command::new(&bin).args(["0", "20", "1"]).spawn().unwrap();
-            assert!(c.wait().unwrap().success());
-            c.id()
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(500));
-    let (_, doc) = stop(tracer, &json);
-    for pid in pids {
-        let sites: Vec<&Value> = doc["stacks"]
+);
+
+bpf_test!(
+    exclusive,
+    /// Processes that live a few milliseconds, each ended before a round could read its mappings:
+    /// their stacks are named all the same (the mappings are read at a process's first memory
+    /// syscall, in its first allocations). Before, every frame read `[unknown] 0x...`.
+    fn all_names_the_stacks_of_short_lived_processes() {
+        let bin = fixture("allocs", "", &[]);
+        let (tracer, json) = start_all("sys-named", &["--comm", "allocs"]);
+        let pids: Vec<u32> = (0..5)
+            .map(|_| {
+                let mut c = Command::new(&bin).args(["0", "20", "1"]).spawn().unwrap();
+                assert!(c.wait().unwrap().success());
+                c.id()
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        let (_, doc) = stop(tracer, &json);
+        for pid in pids {
+            let sites: Vec<&Value> = doc["stacks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|s| s["pid"].as_u64() == Some(u64::from(pid)))
+                .collect();
+            assert!(!sites.is_empty(), "pid {pid}");
+            for s in sites {
+                let f = &s["frames"][0];
+                assert_eq!(f["module"], "allocs", "pid {pid}: {s}");
+                assert!(
+                    !f["function"].as_str().unwrap().starts_with("[unknown]"),
+                    "pid {pid}: {s}"
+                );
+            }
+        }
+    }
+);
+
+bpf_test!(
+    exclusive,
+    /// A process whose fork allocated between fork and exec (as a shell's does) is counted, once it
+    /// exec'ed, as the new command alone: functions, sizes, sites and leaks exactly the fixture's.
+    /// The launcher's child allocates 2 x 40 blocks of 4242 bytes, a round or more before the exec
+    /// and right before it; none of them shows. `--comm allocs` judges it under its new name.
+    fn all_restarts_a_process_at_exec() {
+        let bin = fixture("allocs", "", &[]);
+        let launcher = fixture("execfork", "", &[]);
+        let (tracer, json) = start_all("sys-exec", &["--comm", "allocs"]);
+        let fx = Fixture::main_thread(300, 3);
+        let out = Command::new(&launcher)
+            .arg("40")
+            .arg(&bin)
+            .args(["0", "300", "3"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let pid: u32 = String::from_utf8(out.stdout)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let (_, doc) = stop(tracer, &json);
+        let want = Expected::of(&fx);
+        let p = process(&doc, pid);
+        assert_eq!(p["comm"], "allocs");
+        let got = Expected::observed(p, &p["sizes"], &want);
+        assert_eq!(got, want, "pid {pid}");
+        assert_eq!(p["exited"], true);
+        assert_eq!(
+            p["leaks"]["blocks"].as_u64(),
+            Some(want.live_blocks),
+            "{}",
+            p["leaks"]
+        );
+        assert_eq!(
+            p["leaks"]["bytes"].as_u64(),
+            Some(want.live_bytes),
+            "{}",
+            p["leaks"]
+        );
+        // Its sites hold exactly its successful allocations' bytes.
+        let site_bytes: u64 = doc["stacks"]
             .as_array()
             .unwrap()
             .iter()
             .filter(|s| s["pid"].as_u64() == Some(u64::from(pid)))
-            .collect();
-        assert!(!sites.is_empty(), "pid {pid}");
-        for s in sites {
-            let f = &s["frames"][0];
-            assert_eq!(f["module"], "allocs", "pid {pid}: {s}");
-            assert!(
-                !f["function"].as_str().unwrap().starts_with("[unknown]"),
-                "pid {pid}: {s}"
-            );
-        }
+            .map(|s| s["bytes"].as_u64().unwrap())
+            .sum();
+        let alloc_bytes: u64 = want.funcs.values().map(|f| f.bytes).sum();
+        assert_eq!(site_bytes, alloc_bytes);
+        crate::exec::check_brk(&doc, p);
+        assert_eq!(
+            doc["processes"].as_array().unwrap().len(),
+            1,
+            "{}",
+            doc["processes"]
+        );
     }
-}
-
-/// A process whose fork allocated between fork and exec (as a shell's does) is counted, once it
-/// exec'ed, as the new command alone: functions, sizes, sites and leaks exactly the fixture's.
-/// The launcher's child allocates 2 x 40 blocks of 4242 bytes, a round or more before the exec
-/// and right before it; none of them shows. `--comm allocs` judges it under its new name.
-#[test]
-fn all_restarts_a_process_at_exec() {
-    if !bpf_or_skip("all_restarts_a_process_at_exec") {
-        return;
-    }
-    let _g = exclusive();
-    let bin = fixture("allocs", "", &[]);
-    let launcher = fixture("execfork", "", &[]);
-    let (tracer, json) = start_all("sys-exec", &["--comm", "allocs"]);
-    let fx = Fixture::main_thread(300, 3);
-    let out = Command::new(&launcher)
-        .arg("40")
-        .arg(&bin)
-        .args(["0", "300", "3"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let pid: u32 = String::from_utf8(out.stdout)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    let (_, doc) = stop(tracer, &json);
-    let want = Expected::of(&fx);
-    let p = process(&doc, pid);
-    assert_eq!(p["comm"], "allocs");
-    let got = Expected::observed(p, &p["sizes"], &want);
-    assert_eq!(got, want, "pid {pid}");
-    assert_eq!(p["exited"], true);
-    assert_eq!(
-        p["leaks"]["blocks"].as_u64(),
-        Some(want.live_blocks),
-        "{}",
-        p["leaks"]
-    );
-    assert_eq!(
-        p["leaks"]["bytes"].as_u64(),
-        Some(want.live_bytes),
-        "{}",
-        p["leaks"]
-    );
-    // Its sites hold exactly its successful allocations' bytes.
-    let site_bytes: u64 = doc["stacks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["pid"].as_u64() == Some(u64::from(pid)))
-        .map(|s| s["bytes"].as_u64().unwrap())
-        .sum();
-    let alloc_bytes: u64 = want.funcs.values().map(|f| f.bytes).sum();
-    assert_eq!(site_bytes, alloc_bytes);
-    crate::exec::check_brk(&doc, p);
-    assert_eq!(
-        doc["processes"].as_array().unwrap().len(),
-        1,
-        "{}",
-        doc["processes"]
-    );
-}
+);
 
 /// The cgroup v2 mount point (a hybrid host mounts it at /sys/fs/cgroup/unified).
 fn cgroup2_root() -> Option<std::path::PathBuf> {
@@ -1131,40 +1091,38 @@ fn cgroup2_root() -> Option<std::path::PathBuf> {
     })
 }
 
-/// A process that lives for milliseconds in a cgroup of its own is named and placed from its
-/// exec event (taken in the kernel), not from /proc, which it may have left by the time
-/// heaptrace looks: `--cgroup` keeps it, with its exact counts.
-#[test]
-fn all_places_a_short_lived_process_in_its_cgroup() {
-    if !bpf_or_skip("all_places_a_short_lived_process_in_its_cgroup") {
-        return;
+bpf_test!(
+    exclusive,
+    /// A process that lives for milliseconds in a cgroup of its own is named and placed from its
+    /// exec event (taken in the kernel), not from /proc, which it may have left by the time
+    /// heaptrace looks: `--cgroup` keeps it, with its exact counts.
+    fn all_places_a_short_lived_process_in_its_cgroup() {
+        let root = cgroup2_root().expect("a cgroup2 mount");
+        let name = format!("heaptrace-test-{}", std::process::id());
+        let dir = root.join(&name);
+        std::fs::create_dir(&dir).expect("mkdir in the cgroup2 hierarchy");
+        let bin = fixture("allocs", "", &[]);
+        let (tracer, json) = start_all("sys-cgroup", &["--mode", "sizes", "--cgroup", &name]);
+        // The shell moves itself into the cgroup, then becomes the fixture.
+        let script = format!(
+            "echo $$ > {}/cgroup.procs && exec {} 0 50 2",
+            dir.display(),
+            bin.display()
+        );
+        let status = Command::new("sh").args(["-c", &script]).status().unwrap();
+        std::thread::sleep(Duration::from_millis(600));
+        let (stderr, doc) = stop(tracer, &json);
+        let _ = std::fs::remove_dir(&dir);
+        assert!(status.success());
+        let procs = doc["processes"].as_array().unwrap();
+        assert_eq!(procs.len(), 1, "{procs:?} {stderr}");
+        let p = &procs[0];
+        assert_eq!(p["comm"], "allocs");
+        assert_eq!(p["cgroup"], format!("/{name}"));
+        let fx = Fixture::main_thread(50, 2);
+        check_fixture_sizes(p, &fx);
     }
-    let _g = exclusive();
-    let root = cgroup2_root().expect("a cgroup2 mount");
-    let name = format!("heaptrace-test-{}", std::process::id());
-    let dir = root.join(&name);
-    std::fs::create_dir(&dir).expect("mkdir in the cgroup2 hierarchy");
-    let bin = fixture("allocs", "", &[]);
-    let (tracer, json) = start_all("sys-cgroup", &["--mode", "sizes", "--cgroup", &name]);
-    // The shell moves itself into the cgroup, then becomes the fixture.
-    let script = format!(
-        "echo $$ > {}/cgroup.procs && exec {} 0 50 2",
-        dir.display(),
-        bin.display()
-    );
-    let status = Command::new("sh").args(["-c", &script]).status().unwrap();
-    std::thread::sleep(Duration::from_millis(600));
-    let (stderr, doc) = stop(tracer, &json);
-    let _ = std::fs::remove_dir(&dir);
-    assert!(status.success());
-    let procs = doc["processes"].as_array().unwrap();
-    assert_eq!(procs.len(), 1, "{procs:?} {stderr}");
-    let p = &procs[0];
-    assert_eq!(p["comm"], "allocs");
-    assert_eq!(p["cgroup"], format!("/{name}"));
-    let fx = Fixture::main_thread(50, 2);
-    check_fixture_sizes(p, &fx);
-}
+);
 
 /// A cgroup of its own, made for one test (removed when dropped).
 struct TestCgroup {
@@ -1202,108 +1160,102 @@ impl Drop for TestCgroup {
     }
 }
 
-/// The kernel leaves out the threads of the cgroups `--cgroup` does not match: `recurse 6`'s
-/// 127 stacks in the test's cgroup take no room in a stack map of 16, and a `sites 10` in a
-/// cgroup of its own keeps its 4 whole (as `--comm` does, by name).
-#[test]
-fn all_with_a_cgroup_filter_keeps_the_others_out_of_the_kernel_maps() {
-    if !bpf_or_skip("all_with_a_cgroup_filter_keeps_the_others_out_of_the_kernel_maps") {
-        return;
+bpf_test!(
+    exclusive,
+    /// The kernel leaves out the threads of the cgroups `--cgroup` does not match: `recurse 6`'s
+    /// 127 stacks in the test's cgroup take no room in a stack map of 16, and a `sites 10` in a
+    /// cgroup of its own keeps its 4 whole (as `--comm` does, by name).
+    fn all_with_a_cgroup_filter_keeps_the_others_out_of_the_kernel_maps() {
+        let cg = TestCgroup::new("kernel");
+        others_take_no_stack_room("sys-cgroup-kernel", &["--cgroup", &cg.name], |bin| {
+            cg.exec_in(bin, "10")
+        });
     }
-    let _g = exclusive();
-    let cg = TestCgroup::new("kernel");
-    others_take_no_stack_room("sys-cgroup-kernel", &["--cgroup", &cg.name], |bin| {
-        cg.exec_in(bin, "10")
-    });
-}
+);
 
-/// A process left out by its cgroup, then moved into the one traced (no exec), is counted from
-/// its move: its threads are judged again in their new cgroup, made after heaptrace started
-/// (judged by user space once a round; traced meanwhile). The one malloc(1) before the move is
-/// not seen, the work after it exactly.
-#[test]
-fn all_with_a_cgroup_filter_counts_a_process_moved_into_it() {
-    if !bpf_or_skip("all_with_a_cgroup_filter_counts_a_process_moved_into_it") {
-        return;
+bpf_test!(
+    exclusive,
+    /// A process left out by its cgroup, then moved into the one traced (no exec), is counted from
+    /// its move: its threads are judged again in their new cgroup, made after heaptrace started
+    /// (judged by user space once a round; traced meanwhile). The one malloc(1) before the move is
+    /// not seen, the work after it exactly.
+    fn all_with_a_cgroup_filter_counts_a_process_moved_into_it() {
+        let bin = fixture("allocs", "", &[]);
+        let name = format!("heaptrace-test-moved-{}", std::process::id());
+        let (tracer, json) = start_all("sys-cgroup-moved", &["--mode", "sizes", "--cgroup", &name]);
+        let mut child = Command::new(&bin)
+            .args(["0", "100", "2", "wait", "early", "hold"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut stdin = child.stdin.take().unwrap();
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        let cg = TestCgroup::new("moved");
+        assert_eq!(cg.name, name);
+        std::fs::write(cg.dir.join("cgroup.procs"), pid.to_string()).unwrap();
+        // It lives on past a round: user space judges a process gone by the cgroup of its exec.
+        stdin.write_all(b"g").unwrap();
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, "done\n");
+        std::thread::sleep(Duration::from_millis(500));
+        drop(stdin);
+        assert!(child.wait().unwrap().success());
+        let (stderr, doc) = stop(tracer, &json);
+        let procs = doc["processes"].as_array().unwrap();
+        assert_eq!(procs.len(), 1, "{procs:?} {stderr}");
+        let p = process(&doc, pid);
+        assert_eq!(p["cgroup"], format!("/{name}"));
+        check_fixture_sizes(p, &Fixture::main_thread(100, 2));
     }
-    let _g = exclusive();
-    let bin = fixture("allocs", "", &[]);
-    let name = format!("heaptrace-test-moved-{}", std::process::id());
-    let (tracer, json) = start_all("sys-cgroup-moved", &["--mode", "sizes", "--cgroup", &name]);
-    let mut child = Command::new(&bin)
-        .args(["0", "100", "2", "wait", "early", "hold"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut stdin = child.stdin.take().unwrap();
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line, "ready\n");
-    let cg = TestCgroup::new("moved");
-    assert_eq!(cg.name, name);
-    std::fs::write(cg.dir.join("cgroup.procs"), pid.to_string()).unwrap();
-    // It lives on past a round: user space judges a process gone by the cgroup of its exec.
-    stdin.write_all(b"g").unwrap();
-    line.clear();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line, "done\n");
-    std::thread::sleep(Duration::from_millis(500));
-    drop(stdin);
-    assert!(child.wait().unwrap().success());
-    let (stderr, doc) = stop(tracer, &json);
-    let procs = doc["processes"].as_array().unwrap();
-    assert_eq!(procs.len(), 1, "{procs:?} {stderr}");
-    let p = process(&doc, pid);
-    assert_eq!(p["cgroup"], format!("/{name}"));
-    check_fixture_sizes(p, &Fixture::main_thread(100, 2));
-}
+);
 
-/// heaptrace's own allocations never reach the malloc family it probes. Under `--all` each of
-/// them would trap into its own probes (the programs return at once, the trap remains): with
-/// 10,000 live stacks that was some 23,000 calls a second, a third of the daemon's CPU time.
-/// Here one heaptrace traces another's `probes` command on this (large) test binary: with the
-/// system allocator the inner one made 46,772 allocation calls, now only what libc makes for
-/// itself (7).
-#[test]
-fn heaptraces_own_allocations_never_reach_the_probed_malloc() {
-    if !bpf_or_skip("heaptraces_own_allocations_never_reach_the_probed_malloc") {
-        return;
+bpf_test!(
+    shared,
+    /// heaptrace's own allocations never reach the malloc family it probes. Under `--all` each of
+    /// them would trap into its own probes (the programs return at once, the trap remains): with
+    /// 10,000 live stacks that was some 23,000 calls a second, a third of the daemon's CPU time.
+    /// Here one heaptrace traces another's `probes` command on this (large) test binary: with the
+    /// system allocator the inner one made 46,772 allocation calls, now only what libc makes for
+    /// itself (7).
+    fn heaptraces_own_allocations_never_reach_the_probed_malloc() {
+        let json = json_path("self-allocs");
+        let me = std::process::id().to_string();
+        let out = run_ok(
+            heaptrace()
+                .args(["--no-tui", "-q", "--mode", "calls", "--json"])
+                .arg(&json)
+                .arg("--")
+                .arg(env!("CARGO_BIN_EXE_heaptrace"))
+                .args(["probes", "-p", &me]),
+        );
+        let inner = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            inner.contains("malloc"),
+            "the inner heaptrace printed no plan: {inner}"
+        );
+        let doc = read_json(&json);
+        assert_eq!(doc["target"]["exit_code"], 0);
+        let f = &doc["functions"];
+        let calls: u64 = [
+            "malloc",
+            "calloc",
+            "realloc",
+            "posix_memalign",
+            "aligned_alloc",
+        ]
+        .iter()
+        .map(|name| f[name]["calls"].as_u64().unwrap_or(0))
+        .sum();
+        assert!(calls > 0, "libc's own calls not seen: {f}");
+        assert!(
+            calls < 50,
+            "heaptrace's allocations reach libc's malloc: {f}"
+        );
     }
-    let _g = shared();
-    let json = json_path("self-allocs");
-    let me = std::process::id().to_string();
-    let out = run_ok(
-        heaptrace()
-            .args(["--no-tui", "-q", "--mode", "calls", "--json"])
-            .arg(&json)
-            .arg("--")
-            .arg(env!("CARGO_BIN_EXE_heaptrace"))
-            .args(["probes", "-p", &me]),
-    );
-    let inner = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        inner.contains("malloc"),
-        "the inner heaptrace printed no plan: {inner}"
-    );
-    let doc = read_json(&json);
-    assert_eq!(doc["target"]["exit_code"], 0);
-    let f = &doc["functions"];
-    let calls: u64 = [
-        "malloc",
-        "calloc",
-        "realloc",
-        "posix_memalign",
-        "aligned_alloc",
-    ]
-    .iter()
-    .map(|name| f[name]["calls"].as_u64().unwrap_or(0))
-    .sum();
-    assert!(calls > 0, "libc's own calls not seen: {f}");
-    assert!(
-        calls < 50,
-        "heaptrace's allocations reach libc's malloc: {f}"
-    );
-}
+);

@@ -25,45 +25,41 @@ fn churn(tag: &str, flags: &[&str], threads: u64, batch: u64, calls: u64, size: 
     doc
 }
 
-#[test]
-fn exited_threads_give_back_their_in_flight_records() {
-    if !bpf_or_skip("exited_threads_give_back_their_in_flight_records") {
-        return;
+bpf_test!(
+    shared,
+    fn exited_threads_give_back_their_in_flight_records() {
+        // 8 threads alive at a time through a 64-entry map: it would be full after 64 threads
+        // (the daemon's purge runs once a round), and every later call lost.
+        churn(
+            "threadchurn",
+            &["--inflight-map-size", "64"],
+            5000,
+            8,
+            3,
+            4321,
+        );
     }
-    let _g = shared();
-    // 8 threads alive at a time through a 64-entry map: it would be full after 64 threads
-    // (the daemon's purge runs once a round), and every later call lost.
-    churn(
-        "threadchurn",
-        &["--inflight-map-size", "64"],
-        5000,
-        8,
-        3,
-        4321,
-    );
-}
+);
 
-/// One in-flight slot (`--inflight-map-size 1`: one slot, one map entry): whichever thread owns
-/// it, every other thread's record goes to the map, and each thread in turn must find its own.
-/// One worker alive at a time, so the map's one entry is enough when the threads give it back.
-#[test]
-fn threads_whose_slot_is_taken_keep_their_records_in_the_map() {
-    if !bpf_or_skip("threads_whose_slot_is_taken_keep_their_records_in_the_map") {
-        return;
+bpf_test!(
+    shared,
+    /// One in-flight slot (`--inflight-map-size 1`: one slot, one map entry): whichever thread owns
+    /// it, every other thread's record goes to the map, and each thread in turn must find its own.
+    /// One worker alive at a time, so the map's one entry is enough when the threads give it back.
+    fn threads_whose_slot_is_taken_keep_their_records_in_the_map() {
+        let (threads, calls, size) = (300u64, 3u64, 4321u64);
+        let doc = churn(
+            "threadslot",
+            &["--inflight-map-size", "1"],
+            threads,
+            1,
+            calls,
+            size,
+        );
+        // Each block found at its free: its malloc's return found the thread's record.
+        let f = &doc["functions"];
+        let bytes = threads * calls * size;
+        assert_eq!(f["malloc"]["bytes"].as_u64(), Some(bytes), "{f}");
+        assert_eq!(f["free"]["bytes"].as_u64(), Some(bytes), "{f}");
     }
-    let _g = shared();
-    let (threads, calls, size) = (300u64, 3u64, 4321u64);
-    let doc = churn(
-        "threadslot",
-        &["--inflight-map-size", "1"],
-        threads,
-        1,
-        calls,
-        size,
-    );
-    // Each block found at its free: its malloc's return found the thread's record.
-    let f = &doc["functions"];
-    let bytes = threads * calls * size;
-    assert_eq!(f["malloc"]["bytes"].as_u64(), Some(bytes), "{f}");
-    assert_eq!(f["free"]["bytes"].as_u64(), Some(bytes), "{f}");
-}
+);

@@ -189,278 +189,275 @@ fn wait_status(dir: &Path) -> String {
     }
 }
 
-/// A launched fixture with known sites: the view shows its functions with their exact counts,
-/// keys sort, open a stack, filter and write the view, and what `w` wrote agrees with `--json`.
-#[test]
-fn live_view_shows_the_sites_of_a_command_and_answers_keys() {
-    if !bpf_or_skip("live_view_shows_the_sites_of_a_command_and_answers_keys")
-        || !tmux_or_skip("live_view_shows_the_sites_of_a_command_and_answers_keys")
-    {
-        return;
-    }
-    let _g = shared();
-    let bin = fixture("sites", "", &[]);
-    let dir = out_dir("tui-sites");
-    let json = dir.join("run.json");
-    let t = Tmux::start(
-        "sites",
-        120,
-        40,
-        &shell(
-            &dir,
-            &[
-                "--interval",
-                "200ms",
-                "--json",
-                &json.display().to_string(),
-                "--",
-                &bin.display().to_string(),
-                "1000",
-            ],
-        ),
-    );
+bpf_test!(
+    shared,
+    /// A launched fixture with known sites: the view shows its functions with their exact counts,
+    /// keys sort, open a stack, filter and write the view, and what `w` wrote agrees with `--json`.
+    fn live_view_shows_the_sites_of_a_command_and_answers_keys() {
+        if !tmux_or_skip("live_view_shows_the_sites_of_a_command_and_answers_keys") {
+            return;
+        }
+        let bin = fixture("sites", "", &[]);
+        let dir = out_dir("tui-sites");
+        let json = dir.join("run.json");
+        let t = Tmux::start(
+            "sites",
+            120,
+            40,
+            &shell(
+                &dir,
+                &[
+                    "--interval",
+                    "200ms",
+                    "--json",
+                    &json.display().to_string(),
+                    "--",
+                    &bin.display().to_string(),
+                    "1000",
+                ],
+            ),
+        );
 
-    // The fixture exits within a second; the view stays on the final figures.
-    let s = t.wait_for("the end of the trace", 60, |s| {
-        s.contains("exited with status 0")
-    });
-    assert!(s.contains("2 Sites"), "{s}");
-    let c = line_with(&s, "helper_c (sites.c:31)");
-    assert!(c.contains(" 1000 ") && c.contains("325.2 KiB"), "{c}");
-    let a = line_with(&s, "alloc_a (sites.c:19)");
-    assert!(a.contains(" 1000 ") && a.contains("108.4 KiB"), "{a}");
-    let b = line_with(&s, "alloc_b (sites.c:27)");
-    assert!(b.contains(" 1000 ") && b.contains("97.7 KiB"), "{b}");
-    assert!(s.contains("leak_d (sites.c:"), "{s}");
-    // Sorted by bytes: helper_c's 333-byte blocks first.
-    assert!(selected_row(&s).contains("helper_c"), "{s}");
+        // The fixture exits within a second; the view stays on the final figures.
+        let s = t.wait_for("the end of the trace", 60, |s| {
+            s.contains("exited with status 0")
+        });
+        assert!(s.contains("2 Sites"), "{s}");
+        let c = line_with(&s, "helper_c (sites.c:31)");
+        assert!(c.contains(" 1000 ") && c.contains("325.2 KiB"), "{c}");
+        let a = line_with(&s, "alloc_a (sites.c:19)");
+        assert!(a.contains(" 1000 ") && a.contains("108.4 KiB"), "{a}");
+        let b = line_with(&s, "alloc_b (sites.c:27)");
+        assert!(b.contains(" 1000 ") && b.contains("97.7 KiB"), "{b}");
+        assert!(s.contains("leak_d (sites.c:"), "{s}");
+        // Sorted by bytes: helper_c's 333-byte blocks first.
+        assert!(selected_row(&s).contains("helper_c"), "{s}");
 
-    // s s: sorted by live bytes, where only the leaked calloc blocks of alloc_b remain first.
-    t.keys(&["s", "s"]);
-    let s = t.wait_for("sort by live", 5, |s| s.contains("sort: live"));
-    assert!(selected_row(&s).contains("alloc_b"), "{s}");
-    // Sorted by leaks (s s), alloc_b's 1000 blocks are the biggest leak.
-    t.keys(&["s", "s"]);
-    let s = t.wait_for("sort by leaks", 5, |s| s.contains("sort: leaks"));
-    assert!(selected_row(&s).contains("alloc_b"), "{s}");
-    assert!(selected_row(&s).contains("97.7 KiB"), "{s}");
+        // s s: sorted by live bytes, where only the leaked calloc blocks of alloc_b remain first.
+        t.keys(&["s", "s"]);
+        let s = t.wait_for("sort by live", 5, |s| s.contains("sort: live"));
+        assert!(selected_row(&s).contains("alloc_b"), "{s}");
+        // Sorted by leaks (s s), alloc_b's 1000 blocks are the biggest leak.
+        t.keys(&["s", "s"]);
+        let s = t.wait_for("sort by leaks", 5, |s| s.contains("sort: leaks"));
+        assert!(selected_row(&s).contains("alloc_b"), "{s}");
+        assert!(selected_row(&s).contains("97.7 KiB"), "{s}");
 
-    // Enter: the whole stack, with file:line and main at the bottom.
-    t.keys(&["Enter"]);
-    let s = t.wait_for("the stack", 5, |s| s.contains("Stack of calloc"));
-    assert!(s.contains("alloc_b"), "{s}");
-    assert!(s.contains("sites.c:27"), "{s}");
-    assert!(s.contains("main"), "{s}");
-    assert!(s.contains("called 1000 times"), "{s}");
+        // Enter: the whole stack, with file:line and main at the bottom.
+        t.keys(&["Enter"]);
+        let s = t.wait_for("the stack", 5, |s| s.contains("Stack of calloc"));
+        assert!(s.contains("alloc_b"), "{s}");
+        assert!(s.contains("sites.c:27"), "{s}");
+        assert!(s.contains("main"), "{s}");
+        assert!(s.contains("called 1000 times"), "{s}");
 
-    // Esc closes the stack; / filters by function name.
-    t.keys(&["Escape", "/", "h", "e", "l", "p", "Enter"]);
-    let s = t.wait_for("the filter", 5, |s| s.contains("filter: help"));
-    assert!(s.contains("Sites: 1 "), "{s}");
-    assert!(s.contains("helper_c"), "{s}");
-    assert!(!s.contains("alloc_a (sites"), "{s}");
+        // Esc closes the stack; / filters by function name.
+        t.keys(&["Escape", "/", "h", "e", "l", "p", "Enter"]);
+        let s = t.wait_for("the filter", 5, |s| s.contains("filter: help"));
+        assert!(s.contains("Sites: 1 "), "{s}");
+        assert!(s.contains("helper_c"), "{s}");
+        assert!(!s.contains("alloc_a (sites"), "{s}");
 
-    // Functions screen: malloc's exact calls (1000 + 1000 + 3 realloc(NULL) are realloc's).
-    t.keys(&["4"]);
-    let s = t.wait_for("the functions screen", 5, |s| {
-        s.contains("Functions (sorted")
-    });
-    let calloc = line_with(&s, " calloc ");
-    assert!(
-        calloc.contains(" 1000 ") && calloc.contains(" 100000 "),
-        "{calloc}"
-    );
+        // Functions screen: malloc's exact calls (1000 + 1000 + 3 realloc(NULL) are realloc's).
+        t.keys(&["4"]);
+        let s = t.wait_for("the functions screen", 5, |s| {
+            s.contains("Functions (sorted")
+        });
+        let calloc = line_with(&s, " calloc ");
+        assert!(
+            calloc.contains(" 1000 ") && calloc.contains(" 100000 "),
+            "{calloc}"
+        );
 
-    // w: what is on screen, as JSON, where the status line says.
-    t.keys(&["w"]);
-    let s = t.wait_for("the written view", 5, |s| s.contains("wrote /"));
-    let path = line_with(&s, "wrote /")
-        .split("wrote ")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string();
-    assert!(path.starts_with(&dir.display().to_string()), "{path}");
-    let view = read_json(Path::new(&path));
-    assert_eq!(view["view"]["screen"], "functions");
+        // w: what is on screen, as JSON, where the status line says.
+        t.keys(&["w"]);
+        let s = t.wait_for("the written view", 5, |s| s.contains("wrote /"));
+        let path = line_with(&s, "wrote /")
+            .split("wrote ")
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string();
+        assert!(path.starts_with(&dir.display().to_string()), "{path}");
+        let view = read_json(Path::new(&path));
+        assert_eq!(view["view"]["screen"], "functions");
 
-    t.keys(&["q"]);
-    assert_eq!(wait_status(&dir), "exit=0");
-    // Back on the normal screen: the summary.
-    let s = t.wait_history("the summary", 10, |s| s.contains("not freed at the end"));
-    assert!(s.contains("exited with status 0"), "{s}");
+        t.keys(&["q"]);
+        assert_eq!(wait_status(&dir), "exit=0");
+        // Back on the normal screen: the summary.
+        let s = t.wait_history("the summary", 10, |s| s.contains("not freed at the end"));
+        assert!(s.contains("exited with status 0"), "{s}");
 
-    // The view's figures are those of --json.
-    let doc = read_json(&json);
-    assert_eq!(view["document"]["functions"], doc["functions"]);
-    assert_eq!(view["document"]["totals"], doc["totals"]);
-    assert_eq!(view["document"]["leaks"], doc["leaks"]);
-    let calls = |d: &serde_json::Value| {
-        let mut v: Vec<(String, u64)> = d["stacks"]
+        // The view's figures are those of --json.
+        let doc = read_json(&json);
+        assert_eq!(view["document"]["functions"], doc["functions"]);
+        assert_eq!(view["document"]["totals"], doc["totals"]);
+        assert_eq!(view["document"]["leaks"], doc["leaks"]);
+        let calls = |d: &serde_json::Value| {
+            let mut v: Vec<(String, u64)> = d["stacks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| {
+                    (
+                        s["frames"][0]["function"].as_str().unwrap().to_string(),
+                        s["calls"].as_u64().unwrap(),
+                    )
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(calls(&view["document"]), calls(&doc));
+        let malloc = view["rows"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|s| {
-                (
-                    s["frames"][0]["function"].as_str().unwrap().to_string(),
-                    s["calls"].as_u64().unwrap(),
-                )
-            })
-            .collect();
-        v.sort();
-        v
-    };
-    assert_eq!(calls(&view["document"]), calls(&doc));
-    let malloc = view["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["function"] == "malloc")
-        .unwrap();
-    assert_eq!(malloc["calls"], doc["functions"]["malloc"]["calls"]);
-}
-
-/// Attached to a running process: the view refreshes round after round, pauses, and quitting
-/// it detaches every probe (the target's code is byte for byte its file again) and leaves the
-/// target running.
-#[test]
-fn quitting_the_live_view_detaches_every_probe() {
-    if !bpf_or_skip("quitting_the_live_view_detaches_every_probe")
-        || !tmux_or_skip("quitting_the_live_view_detaches_every_probe")
-    {
-        return;
+            .find(|r| r["function"] == "malloc")
+            .unwrap();
+        assert_eq!(malloc["calls"], doc["functions"]["malloc"]["calls"]);
     }
-    let _g = exclusive();
-    let mut spin = KillOnDrop(Command::new(fixture("spin", "", &[])).spawn().unwrap());
-    let pid = spin.0.id();
-    std::thread::sleep(Duration::from_millis(100));
-    let placed = planned_probes(Some(pid)).1["free"].entry;
-    let (malloc_at, malloc_byte) = code_byte(pid, "malloc", 0);
-    let (free_at, free_byte) = code_byte(pid, "free", placed);
-    assert_eq!(read_byte(pid, malloc_at), malloc_byte, "probed already");
+);
 
-    let dir = out_dir("tui-spin");
-    let t = Tmux::start(
-        "spin",
-        80,
-        24,
-        &shell(&dir, &["--interval", "200ms", "-p", &pid.to_string()]),
-    );
-    let round = |s: &str| -> u64 {
-        line_with(s, "round ")
-            .split("round ")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .and_then(|r| r.parse().ok())
-            .unwrap_or(0)
-    };
-    let s = t.wait_for("two rounds", 60, |s| {
-        s.contains("pid ") && s.contains("round ") && round(s) >= 2
-    });
-    assert!(s.contains(&format!("pid {pid} (spin)")), "{s}");
-    assert_eq!(read_byte(pid, malloc_at), INT3, "no uprobe on malloc");
-    assert_eq!(read_byte(pid, free_at), INT3, "no uprobe on free");
+bpf_test!(
+    exclusive,
+    /// Attached to a running process: the view refreshes round after round, pauses, and quitting
+    /// it detaches every probe (the target's code is byte for byte its file again) and leaves the
+    /// target running.
+    fn quitting_the_live_view_detaches_every_probe() {
+        if !tmux_or_skip("quitting_the_live_view_detaches_every_probe") {
+            return;
+        }
+        let mut spin = KillOnDrop(Command::new(fixture("spin", "", &[])).spawn().unwrap());
+        let pid = spin.0.id();
+        std::thread::sleep(Duration::from_millis(100));
+        let placed = planned_probes(Some(pid)).1["free"].entry;
+        let (malloc_at, malloc_byte) = code_byte(pid, "malloc", 0);
+        let (free_at, free_byte) = code_byte(pid, "free", placed);
+        assert_eq!(read_byte(pid, malloc_at), malloc_byte, "probed already");
 
-    // The functions screen counts spin's mallocs, and the count grows from round to round.
-    t.keys(&["4"]);
-    let s = t.wait_for("the functions screen", 5, |s| {
-        s.contains("Functions (sorted")
-    });
-    let calls = |s: &str| -> u64 {
-        line_with(s, "│> malloc")
-            .split_whitespace()
-            .nth(2)
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
-    let first = calls(&s);
-    let s = t.wait_for("more mallocs", 10, |s| calls(s) > first);
-    assert!(calls(&s) > 0, "{s}");
-
-    // p freezes the view while the kernel keeps counting; p again catches up.
-    t.keys(&["p"]);
-    // The header's "PAUSED" can be cut at 80 columns (its CPU figure varies in width); the
-    // status line says it in full.
-    let s = t.wait_for("pause", 5, |s| s.contains("paused at round"));
-    let frozen = round(&s);
-    std::thread::sleep(Duration::from_millis(700));
-    let s = t.screen();
-    assert_eq!(round(&s), frozen, "the view moved while paused:\n{s}");
-    t.keys(&["p"]);
-    t.wait_for("resume", 5, |s| !s.contains("PAUSE") && round(s) > frozen);
-
-    // r: figures since now; Tab cycles screens; ? shows the keys.
-    t.keys(&["r"]);
-    t.wait_for("reset", 5, |s| s.contains("since round"));
-    t.keys(&["Tab"]);
-    t.wait_for("the timeline", 5, |s| s.contains("allocations/s"));
-    t.keys(&["?"]);
-    t.wait_for("help", 5, |s| {
-        s.contains("Keys") && s.contains("pause the view")
-    });
-    t.keys(&["Escape"]);
-    t.wait_for("help closed", 5, |s| !s.contains("pause the view"));
-
-    t.keys(&["q"]);
-    assert_eq!(wait_status(&dir), "exit=0");
-    let s = t.wait_history("the summary", 10, |s| s.contains("quit; detached"));
-    assert!(s.contains("malloc"), "{s}");
-    assert_eq!(
-        read_byte(pid, malloc_at),
-        malloc_byte,
-        "malloc still probed"
-    );
-    assert_eq!(read_byte(pid, free_at), free_byte, "free still probed");
-    assert!(spin.0.try_wait().unwrap().is_none(), "the target died");
-}
-
-/// A panic in the view's thread: the terminal is restored (cooked mode, the normal screen),
-/// the panic is told, the probes are detached, the summary is printed and heaptrace fails.
-#[test]
-fn a_panic_in_the_live_view_restores_the_terminal() {
-    if !bpf_or_skip("a_panic_in_the_live_view_restores_the_terminal")
-        || !tmux_or_skip("a_panic_in_the_live_view_restores_the_terminal")
-    {
-        return;
-    }
-    let _g = shared();
-    let spin = KillOnDrop(Command::new(fixture("spin", "", &[])).spawn().unwrap());
-    let pid = spin.0.id();
-    let dir = out_dir("tui-panic");
-    let t = Tmux::start(
-        "panic",
-        100,
-        30,
-        &shell_env(
-            &dir,
-            "HEAPTRACE_TEST_VIEW_PANIC=1 ",
-            &["--interval", "200ms", "-p", &pid.to_string()],
-        ),
-    );
-    t.wait_for("the view", 60, |s| s.contains("1 Timeline"));
-    t.keys(&["j"]);
-    assert_eq!(wait_status(&dir), "exit=1");
-    let s = t.wait_history("the summary", 10, |s| s.contains("quit; detached"));
-    assert!(
-        s.contains("HEAPTRACE_TEST_VIEW_PANIC: a key was pressed"),
-        "{s}"
-    );
-    assert!(s.contains("error: the live view panicked"), "{s}");
-    assert!(
-        !s.contains("1 Timeline"),
-        "the view is still on screen:\n{s}"
-    );
-    let stty = std::fs::read_to_string(dir.join("stty")).unwrap();
-    let modes: Vec<&str> = stty.split_whitespace().collect();
-    for mode in ["icanon", "echo", "isig", "opost"] {
-        assert!(
-            modes.contains(&mode),
-            "terminal not restored ({mode}): {stty}"
+        let dir = out_dir("tui-spin");
+        let t = Tmux::start(
+            "spin",
+            80,
+            24,
+            &shell(&dir, &["--interval", "200ms", "-p", &pid.to_string()]),
         );
+        let round = |s: &str| -> u64 {
+            line_with(s, "round ")
+                .split("round ")
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(0)
+        };
+        let s = t.wait_for("two rounds", 60, |s| {
+            s.contains("pid ") && s.contains("round ") && round(s) >= 2
+        });
+        assert!(s.contains(&format!("pid {pid} (spin)")), "{s}");
+        assert_eq!(read_byte(pid, malloc_at), INT3, "no uprobe on malloc");
+        assert_eq!(read_byte(pid, free_at), INT3, "no uprobe on free");
+
+        // The functions screen counts spin's mallocs, and the count grows from round to round.
+        t.keys(&["4"]);
+        let s = t.wait_for("the functions screen", 5, |s| {
+            s.contains("Functions (sorted")
+        });
+        let calls = |s: &str| -> u64 {
+            line_with(s, "│> malloc")
+                .split_whitespace()
+                .nth(2)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        let first = calls(&s);
+        let s = t.wait_for("more mallocs", 10, |s| calls(s) > first);
+        assert!(calls(&s) > 0, "{s}");
+
+        // p freezes the view while the kernel keeps counting; p again catches up.
+        t.keys(&["p"]);
+        // The header's "PAUSED" can be cut at 80 columns (its CPU figure varies in width); the
+        // status line says it in full.
+        let s = t.wait_for("pause", 5, |s| s.contains("paused at round"));
+        let frozen = round(&s);
+        std::thread::sleep(Duration::from_millis(700));
+        let s = t.screen();
+        assert_eq!(round(&s), frozen, "the view moved while paused:\n{s}");
+        t.keys(&["p"]);
+        t.wait_for("resume", 5, |s| !s.contains("PAUSE") && round(s) > frozen);
+
+        // r: figures since now; Tab cycles screens; ? shows the keys.
+        t.keys(&["r"]);
+        t.wait_for("reset", 5, |s| s.contains("since round"));
+        t.keys(&["Tab"]);
+        t.wait_for("the timeline", 5, |s| s.contains("allocations/s"));
+        t.keys(&["?"]);
+        t.wait_for("help", 5, |s| {
+            s.contains("Keys") && s.contains("pause the view")
+        });
+        t.keys(&["Escape"]);
+        t.wait_for("help closed", 5, |s| !s.contains("pause the view"));
+
+        t.keys(&["q"]);
+        assert_eq!(wait_status(&dir), "exit=0");
+        let s = t.wait_history("the summary", 10, |s| s.contains("quit; detached"));
+        assert!(s.contains("malloc"), "{s}");
+        assert_eq!(
+            read_byte(pid, malloc_at),
+            malloc_byte,
+            "malloc still probed"
+        );
+        assert_eq!(read_byte(pid, free_at), free_byte, "free still probed");
+        assert!(spin.0.try_wait().unwrap().is_none(), "the target died");
     }
-}
+);
+
+bpf_test!(
+    shared,
+    /// A panic in the view's thread: the terminal is restored (cooked mode, the normal screen),
+    /// the panic is told, the probes are detached, the summary is printed and heaptrace fails.
+    fn a_panic_in_the_live_view_restores_the_terminal() {
+        if !tmux_or_skip("a_panic_in_the_live_view_restores_the_terminal") {
+            return;
+        }
+        let spin = KillOnDrop(Command::new(fixture("spin", "", &[])).spawn().unwrap());
+        let pid = spin.0.id();
+        let dir = out_dir("tui-panic");
+        let t = Tmux::start(
+            "panic",
+            100,
+            30,
+            &shell_env(
+                &dir,
+                "HEAPTRACE_TEST_VIEW_PANIC=1 ",
+                &["--interval", "200ms", "-p", &pid.to_string()],
+            ),
+        );
+        t.wait_for("the view", 60, |s| s.contains("1 Timeline"));
+        t.keys(&["j"]);
+        assert_eq!(wait_status(&dir), "exit=1");
+        let s = t.wait_history("the summary", 10, |s| s.contains("quit; detached"));
+        assert!(
+            s.contains("HEAPTRACE_TEST_VIEW_PANIC: a key was pressed"),
+            "{s}"
+        );
+        assert!(s.contains("error: the live view panicked"), "{s}");
+        assert!(
+            !s.contains("1 Timeline"),
+            "the view is still on screen:\n{s}"
+        );
+        let stty = std::fs::read_to_string(dir.join("stty")).unwrap();
+        let modes: Vec<&str> = stty.split_whitespace().collect();
+        for mode in ["icanon", "echo", "isig", "opost"] {
+            assert!(
+                modes.contains(&mode),
+                "terminal not restored ({mode}): {stty}"
+            );
+        }
+    }
+);
 
 /// A target that does not outlive its test, whatever the test's outcome.
 struct KillOnDrop(std::process::Child);
