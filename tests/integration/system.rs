@@ -184,7 +184,10 @@ bpf_test!(
         tracer.signal(libc::SIGINT);
         let (code, stderr) = tracer.wait();
         assert_eq!(code, 0, "{stderr}");
-        assert_eq!(stderr.matches("also tracing").count(), 1, "{stderr}");
+        // Once: other programs started meanwhile (a compiler with its own allocator) may be
+        // traced too, and say so on lines of their own.
+        let private = format!("also tracing {} (", host_libc.display());
+        assert_eq!(stderr.matches(&private).count(), 1, "{stderr}");
         let doc = read_json(&json);
         check_fixture_sizes(process(&doc, pid), &fx);
     }
