@@ -7,8 +7,8 @@ use std::{
 };
 
 use super::format::{
-    EndRec, FRAME_HEAD, FormatError, FrameRec, Header, Kind, ModuleRec, Next, StackRec, decode,
-    decode_header, decode_round, read_frame, read_preamble,
+    EndRec, FormatError, FrameReader, FrameRec, Header, Kind, ModuleRec, Next, StackRec, decode,
+    decode_header, decode_round, read_preamble,
 };
 use crate::{
     drain::round::Leak,
@@ -64,11 +64,11 @@ impl Recording {
         mut each: impl FnMut(&Recording, &Round),
     ) -> Result<Recording, FormatError> {
         let version = read_preamble(&mut r)?;
+        let mut frames = FrameReader::new(r, 12);
         let mut rec = Recording::default();
-        let mut offset = 12u64;
         let mut seen_header = false;
         loop {
-            let frame = match read_frame(&mut r, offset)? {
+            let frame = match frames.next_frame()? {
                 Next::Frame(f) => f,
                 Next::End => break,
                 Next::Truncated => {
@@ -123,7 +123,6 @@ impl Recording {
                 Kind::Leaks => rec.leaks = Some(decode(&frame)?),
                 Kind::End => rec.end = Some(decode(&frame)?),
             }
-            offset += FRAME_HEAD + frame.stored_len;
         }
         if !seen_header {
             return Err(FormatError::Corrupt {

@@ -361,3 +361,5 @@ fn flipped_bytes_give_an_error_not_a_panic() {
         let _ = Recording::read(&bad[..]);
     }
 }
+
+mod hostile;

@@ -1,0 +1,115 @@
+//! Recordings damaged or made up: every one is read as the writer wrote it, refused as
+//! corrupt, or read as cut short, and none reads more than was written.
+use super::*;
+use crate::record::format::Kind;
+
+/// A recording of `n` rounds as the writer writes it: the first round with a stack (its
+/// strings and module before it), then the leaks and the end.
+fn recording(tag: &str, n: u64) -> Vec<u8> {
+    let dir = tempdir(tag);
+    let path = dir.join("r.bin");
+    let mut w = Recorder::create(&path, &Header::default()).unwrap();
+    for i in 1..=n {
+        w.round(&sample_round(i, i == 1)).unwrap();
+    }
+    w.finish(Some(&BTreeMap::new()), &EndRec::default())
+        .unwrap();
+    let data = std::fs::read(&path).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    data
+}
+
+/// The frames of `data`: (offset, kind, length with the head).
+fn frames(data: &[u8]) -> Vec<(usize, Kind, usize)> {
+    let mut out = Vec::new();
+    let mut at = 12;
+    while at < data.len() {
+        let len = u32::from_le_bytes(data[at + 1..at + 5].try_into().unwrap()) as usize;
+        out.push((at, Kind::from_u8(data[at]).unwrap(), 9 + len));
+        at += 9 + len;
+    }
+    out
+}
+
+/// Where `data` is corrupt, and why; it must be.
+fn corrupt_at(data: &[u8]) -> (u64, String) {
+    match Recording::read(data) {
+        Err(FormatError::Corrupt { offset, reason }) => (offset, reason),
+        Err(e) => panic!("not corruption: {e}"),
+        Ok(rec) => panic!("read, {} rounds", rec.round_count),
+    }
+}
+
+/// One flipped bit in a middle frame's length claims more than the file holds; but the file
+/// holds that frame whole, and more frames after it: the length is wrong, the file not cut.
+#[test]
+fn a_length_past_the_end_of_a_whole_frame_is_corruption() {
+    let data = recording("length", 5);
+    let all = frames(&data);
+    let rounds: Vec<_> = all.iter().filter(|f| f.1 == Kind::Round).collect();
+    let at = rounds[2].0;
+    let mut bad = data.clone();
+    // Bit 20 of the length: a megabyte more than the file.
+    bad[at + 3] ^= 0x10;
+    let (offset, reason) = corrupt_at(&bad);
+    assert_eq!(offset, at as u64);
+    assert!(reason.contains("runs past the end"), "{reason}");
+    // Any bit of any frame's length: its checksum no longer matches, or the length runs past
+    // the end of a whole frame, or over the limit.
+    for (at, _, _) in &all {
+        for bit in 0..32 {
+            let mut bad = data.clone();
+            bad[at + 1 + bit / 8] ^= 1 << (bit % 8);
+            let (offset, reason) = corrupt_at(&bad);
+            assert_eq!(
+                offset, *at as u64,
+                "bit {bit} of the length at {at}: {reason}"
+            );
+        }
+    }
+}
+
+/// A file that ends inside its last frame (the writer killed mid-write) reads as cut short,
+/// with every round before it.
+#[test]
+fn a_file_cut_inside_its_last_frame_reads_the_rounds_before() {
+    let data = recording("cut", 5);
+    let all = frames(&data);
+    let &(at, _, len) = all.iter().rfind(|f| f.1 == Kind::Round).unwrap();
+    for cut in at + 1..at + len {
+        let rec = Recording::read(&data[..cut]).unwrap();
+        assert!(rec.truncated, "cut at {cut}");
+        assert_eq!(rec.round_count, 4, "cut at {cut}");
+    }
+}
+
+/// The reader's deterministic fuzz: every single-bit flip of a small recording is refused
+/// (but in the preamble's reserved bytes, which change nothing), and every cut reads up to
+/// its last whole frame. None panics, and none reads more rounds than were written.
+#[test]
+fn every_bit_flip_is_refused_and_every_cut_reads_short() {
+    let data = recording("fuzz", 3);
+    let whole = Recording::read(&data[..]).unwrap();
+    assert_eq!(whole.round_count, 3);
+    for bit in 0..data.len() * 8 {
+        let mut bad = data.clone();
+        bad[bit / 8] ^= 1 << (bit % 8);
+        if let Ok(rec) = Recording::read(&bad[..]) {
+            assert!((10..12).contains(&(bit / 8)), "bit {bit} flipped, read");
+            assert_eq!(rec.rounds, whole.rounds);
+        }
+    }
+    let header_end = frames(&data)[1].0;
+    let mut last = 0;
+    for cut in 0..data.len() {
+        match Recording::read(&data[..cut]) {
+            Ok(rec) => {
+                assert!((last..=3).contains(&rec.round_count), "cut at {cut}");
+                assert!(rec.end.is_none());
+                last = rec.round_count;
+            }
+            Err(e) => assert!(cut < header_end, "cut at {cut}: {e}"),
+        }
+    }
+    assert_eq!(last, 3);
+}
