@@ -7,8 +7,8 @@ use std::{
 };
 
 use super::format::{
-    EndRec, FormatError, FrameReader, FrameRec, Header, Kind, ModuleRec, Next, StackRec, decode,
-    decode_header, decode_round, read_preamble,
+    EndRec, FormatError, FrameReader, FrameRec, Header, Kind, ModuleRec, Next, RawFrame, StackRec,
+    decode, decode_header, decode_round, read_preamble,
 };
 use crate::{
     drain::round::Leak,
@@ -66,7 +66,7 @@ impl Recording {
         let version = read_preamble(&mut r)?;
         let mut frames = FrameReader::new(r, 12);
         let mut rec = Recording::default();
-        let mut seen_header = false;
+        let mut first = true;
         loop {
             let frame = match frames.next_frame()? {
                 Next::Frame(f) => f,
@@ -76,61 +76,93 @@ impl Recording {
                     break;
                 }
             };
-            let corrupt = |reason: String| FormatError::Corrupt {
-                offset: frame.offset,
-                reason,
-            };
-            if !seen_header && frame.kind != Kind::Header {
-                return Err(corrupt("the first record is not the header".into()));
+            if let Some(round) = rec.take(&frame, version, first)? {
+                each(&rec, &round);
+                if keep {
+                    rec.rounds.push(round);
+                }
             }
-            match frame.kind {
-                Kind::Header => {
-                    if seen_header {
-                        return Err(corrupt("a second header".into()));
-                    }
-                    rec.header = decode_header(&frame, version)?;
-                    seen_header = true;
-                }
-                Kind::String => {
-                    let (id, s): (u32, String) = decode(&frame)?;
-                    if id as usize != rec.strings.len() {
-                        return Err(corrupt(format!("string id {id} out of sequence")));
-                    }
-                    rec.strings.push(s.into());
-                }
-                Kind::Module => {
-                    let m: ModuleRec = decode(&frame)?;
-                    if m.id as usize != rec.modules.len() {
-                        return Err(corrupt(format!("module id {} out of sequence", m.id)));
-                    }
-                    rec.module_names.push(module_name(&m.path).into());
-                    rec.modules.push(m);
-                }
-                Kind::Stack => {
-                    let s: StackRec = decode(&frame)?;
-                    rec.check_stack(&s).map_err(corrupt)?;
-                    rec.stacks.insert((s.pid, s.stack_id), s);
-                }
-                Kind::Round => {
-                    let round = decode_round(&frame, version)?;
-                    rec.round_count += 1;
-                    rec.last_elapsed_ms = Some(round.elapsed_ms);
-                    each(&rec, &round);
-                    if keep {
-                        rec.rounds.push(round);
-                    }
-                }
-                Kind::Leaks => rec.leaks = Some(decode(&frame)?),
-                Kind::End => rec.end = Some(decode(&frame)?),
-            }
+            first = false;
         }
-        if !seen_header {
+        if first {
             return Err(FormatError::Corrupt {
                 offset: 12,
                 reason: "no header record".into(),
             });
         }
         Ok(rec)
+    }
+
+    /// Takes one frame in, in the order the writer writes them: the header first; strings and
+    /// modules numbered from 0 and stacks, each before what names it; rounds numbered from 1
+    /// without a gap or a repeat (a round read twice would count twice); then the leaks, and
+    /// the end last. A round is handed back.
+    fn take(
+        &mut self,
+        frame: &RawFrame,
+        version: u16,
+        first: bool,
+    ) -> Result<Option<Round>, FormatError> {
+        let corrupt = |reason: String| FormatError::Corrupt {
+            offset: frame.offset,
+            reason,
+        };
+        if first != (frame.kind == Kind::Header) {
+            let why = if first {
+                "the first record is not the header"
+            } else {
+                "a second header"
+            };
+            return Err(corrupt(why.into()));
+        }
+        if self.end.is_some() {
+            return Err(corrupt("a record after the end record".into()));
+        }
+        if self.leaks.is_some() && frame.kind != Kind::End {
+            return Err(corrupt(format!(
+                "a {:?} record after the leaks",
+                frame.kind
+            )));
+        }
+        match frame.kind {
+            Kind::Header => self.header = decode_header(frame, version)?,
+            Kind::String => {
+                let (id, s): (u32, String) = decode(frame)?;
+                if id as usize != self.strings.len() {
+                    return Err(corrupt(format!("string id {id} out of sequence")));
+                }
+                self.strings.push(s.into());
+            }
+            Kind::Module => {
+                let m: ModuleRec = decode(frame)?;
+                if m.id as usize != self.modules.len() {
+                    return Err(corrupt(format!("module id {} out of sequence", m.id)));
+                }
+                self.module_names.push(module_name(&m.path).into());
+                self.modules.push(m);
+            }
+            Kind::Stack => {
+                let s: StackRec = decode(frame)?;
+                self.check_stack(&s).map_err(corrupt)?;
+                self.stacks.insert((s.pid, s.stack_id), s);
+            }
+            Kind::Round => {
+                let round = decode_round(frame, version)?;
+                let due = self.round_count + 1;
+                if round.index != due {
+                    return Err(corrupt(format!(
+                        "round {} where round {due} was due",
+                        round.index
+                    )));
+                }
+                self.round_count = due;
+                self.last_elapsed_ms = Some(round.elapsed_ms);
+                return Ok(Some(round));
+            }
+            Kind::Leaks => self.leaks = Some(decode(frame)?),
+            Kind::End => self.end = Some(decode(frame)?),
+        }
+        Ok(None)
     }
 
     /// Every index a stack holds must point at a record already read.

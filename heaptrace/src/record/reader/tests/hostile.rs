@@ -40,6 +40,101 @@ fn corrupt_at(data: &[u8]) -> (u64, String) {
     }
 }
 
+/// A recording written frame by frame: the header, then these.
+enum Rec {
+    Round(u64),
+    Leaks,
+    End,
+}
+
+fn by_hand(recs: &[Rec]) -> Vec<u8> {
+    use crate::record::format::{write_frame, write_preamble};
+    let mut data = Vec::new();
+    write_preamble(&mut data).unwrap();
+    write_frame(&mut data, Kind::Header, &Header::default()).unwrap();
+    for r in recs {
+        match r {
+            Rec::Round(i) => write_frame(&mut data, Kind::Round, &sample_round(*i, false)),
+            Rec::Leaks => write_frame(&mut data, Kind::Leaks, &Vec::<(SiteId, Leak)>::new()),
+            Rec::End => write_frame(&mut data, Kind::End, &EndRec::default()),
+        }
+        .unwrap();
+    }
+    data
+}
+
+/// Every round frame written twice (a faulty copy, or a made-up file) read as valid, with
+/// every count doubled: the copy of the first round is refused where it stands.
+#[test]
+fn a_round_written_twice_is_corruption() {
+    let data = recording("twice", 3);
+    let mut twice = data[..12].to_vec();
+    let mut copy_at = None;
+    for (at, kind, len) in frames(&data) {
+        twice.extend(&data[at..at + len]);
+        if kind == Kind::Round {
+            copy_at.get_or_insert(twice.len());
+            twice.extend(&data[at..at + len]);
+        }
+    }
+    let (offset, reason) = corrupt_at(&twice);
+    assert_eq!(offset, copy_at.unwrap() as u64);
+    assert!(reason.contains("round 1 where round 2 was due"), "{reason}");
+}
+
+/// Rounds are numbered from 1 without a gap or a repeat, as the writer numbers them (a report
+/// picks its window later, by time).
+#[test]
+fn rounds_follow_one_another_from_1() {
+    use Rec::*;
+    let rec = Recording::read(&by_hand(&[Round(1), Round(2), Round(3), Leaks, End])[..]).unwrap();
+    assert_eq!((rec.round_count, rec.rounds.len()), (3, 3));
+    for (recs, why) in [
+        (&[Round(1), Round(1)][..], "round 1 where round 2 was due"),
+        (
+            &[Round(1), Round(2), Round(2)],
+            "round 2 where round 3 was due",
+        ),
+        (&[Round(2)], "round 2 where round 1 was due"),
+        (&[Round(0)], "round 0 where round 1 was due"),
+        (&[Round(1), Round(3)], "round 3 where round 2 was due"),
+        (&[Round(2), Round(1)], "round 2 where round 1 was due"),
+    ] {
+        let (_, reason) = corrupt_at(&by_hand(recs));
+        assert!(reason.contains(why), "{reason}");
+    }
+}
+
+/// The writer ends with the leaks and then the end record: only the end follows the leaks,
+/// and nothing follows the end.
+#[test]
+fn only_the_end_follows_the_leaks_and_nothing_the_end() {
+    use Rec::*;
+    for recs in [
+        &[Round(1), Leaks, End][..],
+        &[Round(1), End],
+        &[Round(1), Leaks],
+    ] {
+        assert_eq!(Recording::read(&by_hand(recs)[..]).unwrap().round_count, 1);
+    }
+    for (recs, why) in [
+        (
+            &[Round(1), Leaks, Leaks, End][..],
+            "a Leaks record after the leaks",
+        ),
+        (
+            &[Round(1), Leaks, Round(2), End],
+            "a Round record after the leaks",
+        ),
+        (&[Round(1), End, Round(2)], "a record after the end record"),
+        (&[Round(1), End, End], "a record after the end record"),
+        (&[Round(1), End, Leaks], "a record after the end record"),
+    ] {
+        let (_, reason) = corrupt_at(&by_hand(recs));
+        assert!(reason.contains(why), "{reason}");
+    }
+}
+
 /// One flipped bit in a middle frame's length claims more than the file holds; but the file
 /// holds that frame whole, and more frames after it: the length is wrong, the file not cut.
 #[test]
