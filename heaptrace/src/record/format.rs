@@ -40,6 +40,11 @@ pub const OLDEST: u16 = 2;
 pub const MAX_FRAME: u32 = 64 << 20;
 /// Nor may a deflated payload inflate beyond this.
 pub const MAX_INFLATED: u64 = 256 << 20;
+/// And the deflated payloads together inflate to at most this many times the bytes of the file
+/// read so far, so that what a made-up file has the reader hold grows with its size. Written
+/// frames inflate some 15 to 30 times at most (thousands of sites, their histograms mostly
+/// empty), whole files a few times.
+pub const INFLATE_RATIO: u64 = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -376,12 +381,18 @@ pub enum Next {
 pub struct FrameReader<R> {
     r: R,
     offset: u64,
+    /// What the deflated frames read so far inflated to.
+    inflated: u64,
 }
 
 impl<R: Read> FrameReader<R> {
     /// Frames read from `r`, whose first byte is the file's byte `offset`.
     pub fn new(r: R, offset: u64) -> FrameReader<R> {
-        FrameReader { r, offset }
+        FrameReader {
+            r,
+            offset,
+            inflated: 0,
+        }
     }
 
     /// The next frame. The file may end inside a frame only as a cut leaves it: a head cut
@@ -425,7 +436,7 @@ impl<R: Read> FrameReader<R> {
         }
         self.offset += FRAME_HEAD + u64::from(len);
         if kind.deflated() {
-            payload = inflate(&payload).map_err(corrupt)?;
+            payload = self.inflate(&payload).map_err(corrupt)?;
         }
         Ok(Next::Frame(RawFrame {
             kind,
@@ -434,19 +445,27 @@ impl<R: Read> FrameReader<R> {
             payload,
         }))
     }
-}
 
-/// A deflated payload inflated, within the limit.
-fn inflate(stored: &[u8]) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    flate2::read::DeflateDecoder::new(stored)
-        .take(MAX_INFLATED + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| format!("bad compressed data: {e}"))?;
-    if out.len() as u64 > MAX_INFLATED {
-        return Err("record inflates beyond the limit".into());
+    /// A deflated payload inflated, within what the file read so far allows: refused once it
+    /// inflates beyond, before it is held whole.
+    fn inflate(&mut self, stored: &[u8]) -> Result<Vec<u8>, String> {
+        let allowed = (INFLATE_RATIO.saturating_mul(self.offset))
+            .saturating_sub(self.inflated)
+            .min(MAX_INFLATED);
+        let mut out = Vec::new();
+        flate2::read::DeflateDecoder::new(stored)
+            .take(allowed + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| format!("bad compressed data: {e}"))?;
+        if out.len() as u64 > allowed {
+            return Err(format!(
+                "record inflates beyond the limit ({allowed} bytes: {INFLATE_RATIO} times \
+                 the file so far, at most {MAX_INFLATED})"
+            ));
+        }
+        self.inflated += out.len() as u64;
+        Ok(out)
     }
-    Ok(out)
 }
 
 /// Reads until `buf` is full or the file ends; returns how much was read.

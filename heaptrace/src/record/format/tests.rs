@@ -117,6 +117,28 @@ fn damaged_frames_are_detected() {
     assert!(err.to_string().contains("unknown record kind"), "{err}");
 }
 
+/// A count larger than the payload left is refused as it is read, not trusted: postcard gives
+/// serde no size hint then, so no vector is sized by it.
+#[test]
+fn counts_beyond_the_payload_are_refused() {
+    let mut raw = vec![0, 0];
+    // ips: 2^62 of them, then 3 bytes.
+    raw.extend([
+        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 1, 2, 3,
+    ]);
+    let frame = RawFrame {
+        kind: Kind::Stack,
+        offset: 0,
+        stored_len: 0,
+        payload: raw,
+    };
+    let err = decode::<StackRec>(&frame).err().unwrap();
+    assert!(
+        err.to_string().contains("undecodable Stack record"),
+        "{err}"
+    );
+}
+
 #[test]
 fn recordings_before_format_7_keep_their_time_rule() {
     let old = Header {

@@ -135,6 +135,39 @@ fn only_the_end_follows_the_leaks_and_nothing_the_end() {
     }
 }
 
+/// A round followed by `zeros` zero bytes, deflated: postcard reads the round and leaves the
+/// rest, so only the bound on inflating refuses it.
+fn inflating(zeros: usize) -> Vec<u8> {
+    use crate::record::format::{write_frame, write_preamble};
+    let mut raw = postcard::to_stdvec(&sample_round(1, false)).unwrap();
+    raw.resize(raw.len() + zeros, 0);
+    let mut data = Vec::new();
+    write_preamble(&mut data).unwrap();
+    write_frame(&mut data, Kind::Header, &Header::default()).unwrap();
+    write_frame(&mut data, Kind::Round, &OldLayout(raw)).unwrap();
+    data
+}
+
+/// A frame may inflate to 64 times the file read so far: a few kilobytes that inflate to
+/// megabytes are refused as they inflate, before they are held (the memory is measured by
+/// hand: a test cannot see it).
+#[test]
+fn a_frame_that_inflates_beyond_the_file_is_refused() {
+    let fits = inflating(4 << 10);
+    assert!(
+        fits.len() * 64 > (4 << 10) + 1000,
+        "{} bytes of file",
+        fits.len()
+    );
+    assert_eq!(Recording::read(&fits[..]).unwrap().round_count, 1);
+    let bomb = inflating(16 << 20);
+    assert!(bomb.len() * 64 < 16 << 20, "{} bytes of file", bomb.len());
+    let round_at = frames(&bomb)[1].0;
+    let (offset, reason) = corrupt_at(&bomb);
+    assert_eq!(offset, round_at as u64);
+    assert!(reason.contains("inflates beyond the limit"), "{reason}");
+}
+
 /// One flipped bit in a middle frame's length claims more than the file holds; but the file
 /// holds that frame whole, and more frames after it: the length is wrong, the file not cut.
 #[test]
