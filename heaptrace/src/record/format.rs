@@ -5,8 +5,9 @@
 //! frame  := KIND(u8) LEN(u32 LE) CRC32(u32 LE, of KIND and PAYLOAD) PAYLOAD(LEN)
 //! ```
 //! Payloads are postcard-encoded; round payloads are deflated (their counters are mostly zero).
-//! A reader accepts only versions it knows and stops at the first incomplete frame, so a file cut
-//! short (kill -9, full disk) reads up to its last complete frame.
+//! A reader accepts only versions it knows and stops at a frame the file ends inside, so a file
+//! cut short (kill -9, full disk) reads up to its last complete frame; a length that cannot be
+//! right is corruption, not a cut (see [`FrameReader::next_frame`]).
 use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
@@ -39,6 +40,11 @@ pub const OLDEST: u16 = 2;
 pub const MAX_FRAME: u32 = 64 << 20;
 /// Nor may a deflated payload inflate beyond this.
 pub const MAX_INFLATED: u64 = 256 << 20;
+/// And the deflated payloads together inflate to at most this many times the bytes of the file
+/// read so far, so that what a made-up file has the reader hold grows with its size. Written
+/// frames inflate some 15 to 30 times at most (thousands of sites, their histograms mostly
+/// empty), whole files a few times.
+pub const INFLATE_RATIO: u64 = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -296,13 +302,7 @@ pub fn write_preamble_version(w: &mut impl Write, version: u16) -> io::Result<()
 /// Checks the preamble; returns the file's format version.
 pub fn read_preamble(r: &mut impl Read) -> Result<u16, FormatError> {
     let mut buf = [0u8; 12];
-    let mut got = 0;
-    while got < buf.len() {
-        match r.read(&mut buf[got..])? {
-            0 => break,
-            n => got += n,
-        }
-    }
+    let got = read_full(r, &mut buf)?;
     if got == 0 {
         return Err(FormatError::Empty);
     }
@@ -377,54 +377,125 @@ pub enum Next {
     Truncated,
 }
 
-pub fn read_frame(r: &mut impl Read, offset: u64) -> Result<Next, FormatError> {
-    let mut head = [0u8; 9];
+/// The frames of a file, read one after another from `offset` on.
+pub struct FrameReader<R> {
+    r: R,
+    offset: u64,
+    /// What the deflated frames read so far inflated to.
+    inflated: u64,
+}
+
+impl<R: Read> FrameReader<R> {
+    /// Frames read from `r`, whose first byte is the file's byte `offset`.
+    pub fn new(r: R, offset: u64) -> FrameReader<R> {
+        FrameReader {
+            r,
+            offset,
+            inflated: 0,
+        }
+    }
+
+    /// The next frame. The file may end inside a frame only as a cut leaves it: a head cut
+    /// short, or a payload of which the file holds a part. When the file holds the whole
+    /// payload and more, but the length claims still more (a flipped bit), the length is
+    /// wrong: a prefix of what follows the head matches the checksum.
+    pub fn next_frame(&mut self) -> Result<Next, FormatError> {
+        let offset = self.offset;
+        let mut head = [0u8; 9];
+        let got = read_full(&mut self.r, &mut head)?;
+        if got == 0 {
+            return Ok(Next::End);
+        }
+        if got < head.len() {
+            return Ok(Next::Truncated);
+        }
+        let corrupt = |reason: String| FormatError::Corrupt { offset, reason };
+        let kind = Kind::from_u8(head[0])
+            .ok_or_else(|| corrupt(format!("unknown record kind {}", head[0])))?;
+        let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
+        if len > MAX_FRAME {
+            return Err(corrupt(format!("record length {len} exceeds {MAX_FRAME}")));
+        }
+        let crc = u32::from_le_bytes([head[5], head[6], head[7], head[8]]);
+        // Grows with what the file holds, not with what the length claims.
+        let mut payload = Vec::new();
+        (&mut self.r)
+            .take(u64::from(len))
+            .read_to_end(&mut payload)?;
+        if payload.len() < len as usize {
+            return match whole_payload(head[0], crc, &payload) {
+                Some(end) => Err(corrupt(format!(
+                    "record length {len} runs past the end of the file, but its payload \
+                     ends after {end} bytes"
+                ))),
+                None => Ok(Next::Truncated),
+            };
+        }
+        if checksum(head[0], &payload) != crc {
+            return Err(corrupt("checksum mismatch".into()));
+        }
+        self.offset += FRAME_HEAD + u64::from(len);
+        if kind.deflated() {
+            payload = self.inflate(&payload).map_err(corrupt)?;
+        }
+        Ok(Next::Frame(RawFrame {
+            kind,
+            offset,
+            stored_len: u64::from(len),
+            payload,
+        }))
+    }
+
+    /// A deflated payload inflated, within what the file read so far allows: refused once it
+    /// inflates beyond, before it is held whole.
+    fn inflate(&mut self, stored: &[u8]) -> Result<Vec<u8>, String> {
+        let allowed = (INFLATE_RATIO.saturating_mul(self.offset))
+            .saturating_sub(self.inflated)
+            .min(MAX_INFLATED);
+        let mut out = Vec::new();
+        flate2::read::DeflateDecoder::new(stored)
+            .take(allowed + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| format!("bad compressed data: {e}"))?;
+        if out.len() as u64 > allowed {
+            return Err(format!(
+                "record inflates beyond the limit ({allowed} bytes: {INFLATE_RATIO} times \
+                 the file so far, at most {MAX_INFLATED})"
+            ));
+        }
+        self.inflated += out.len() as u64;
+        Ok(out)
+    }
+}
+
+/// Reads until `buf` is full or the file ends; returns how much was read.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     let mut got = 0;
-    while got < head.len() {
-        match r.read(&mut head[got..])? {
+    while got < buf.len() {
+        match r.read(&mut buf[got..])? {
             0 => break,
             n => got += n,
         }
     }
-    if got == 0 {
-        return Ok(Next::End);
-    }
-    if got < head.len() {
-        return Ok(Next::Truncated);
-    }
-    let corrupt = |reason: String| FormatError::Corrupt { offset, reason };
-    let kind = Kind::from_u8(head[0])
-        .ok_or_else(|| corrupt(format!("unknown record kind {}", head[0])))?;
-    let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
-    if len > MAX_FRAME {
-        return Err(corrupt(format!("record length {len} exceeds {MAX_FRAME}")));
-    }
-    let crc = u32::from_le_bytes([head[5], head[6], head[7], head[8]]);
-    let mut payload = Vec::new();
-    let n = r.take(u64::from(len)).read_to_end(&mut payload)?;
-    if n < len as usize {
-        return Ok(Next::Truncated);
-    }
-    if checksum(head[0], &payload) != crc {
-        return Err(corrupt("checksum mismatch".into()));
-    }
-    if kind.deflated() {
-        let mut out = Vec::new();
-        flate2::read::DeflateDecoder::new(&payload[..])
-            .take(MAX_INFLATED + 1)
-            .read_to_end(&mut out)
-            .map_err(|e| corrupt(format!("bad compressed data: {e}")))?;
-        if out.len() as u64 > MAX_INFLATED {
-            return Err(corrupt("record inflates beyond the limit".into()));
+    Ok(got)
+}
+
+/// Where the payload of a frame ends in `rest`, the bytes after its head up to the end of the
+/// file, when its checksum says it is whole: a prefix matching it, followed by the end of the
+/// file or by a byte that starts a record. None when `rest` is a cut part of it.
+fn whole_payload(kind: u8, crc: u32, rest: &[u8]) -> Option<usize> {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[kind]);
+    for end in 0..=rest.len() {
+        let next_starts = rest.get(end).is_none_or(|b| Kind::from_u8(*b).is_some());
+        if next_starts && h.clone().finalize() == crc {
+            return Some(end);
         }
-        payload = out;
+        if let Some(b) = rest.get(end) {
+            h.update(std::slice::from_ref(b));
+        }
     }
-    Ok(Next::Frame(RawFrame {
-        kind,
-        offset,
-        stored_len: u64::from(len),
-        payload,
-    }))
+    None
 }
 
 /// A round of a file of `version`. Rounds of earlier versions end before the fields added

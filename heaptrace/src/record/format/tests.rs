@@ -3,7 +3,7 @@ use super::*;
 fn roundtrip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(kind: Kind, v: &T) {
     let mut buf = Vec::new();
     write_frame(&mut buf, kind, v).unwrap();
-    let Next::Frame(f) = read_frame(&mut &buf[..], 12).unwrap() else {
+    let Next::Frame(f) = FrameReader::new(&buf[..], 12).next_frame().unwrap() else {
         panic!("no frame")
     };
     assert_eq!(f.kind, kind);
@@ -90,24 +90,53 @@ fn damaged_frames_are_detected() {
     write_frame(&mut buf, Kind::String, &(1u32, "x".to_string())).unwrap();
     // Cut short: truncated, not an error.
     assert!(matches!(
-        read_frame(&mut &buf[..buf.len() - 1], 0).unwrap(),
+        FrameReader::new(&buf[..buf.len() - 1], 0)
+            .next_frame()
+            .unwrap(),
         Next::Truncated
     ));
+    // A length past the end of the file, with the whole payload there: wrong, not cut.
+    let mut long = buf.clone();
+    long[1..5].copy_from_slice(&(buf.len() as u32).to_le_bytes());
+    let err = FrameReader::new(&long[..], 0).next_frame().err().unwrap();
+    assert!(err.to_string().contains("runs past the end"), "{err}");
     // A flipped payload bit: checksum mismatch.
     let mut bad = buf.clone();
     *bad.last_mut().unwrap() ^= 1;
-    let err = read_frame(&mut &bad[..], 0).err().unwrap();
+    let err = FrameReader::new(&bad[..], 0).next_frame().err().unwrap();
     assert!(err.to_string().contains("checksum"), "{err}");
     // A hostile length: refused before any allocation.
     let mut huge = buf.clone();
     huge[1..5].copy_from_slice(&u32::MAX.to_le_bytes());
-    let err = read_frame(&mut &huge[..], 0).err().unwrap();
+    let err = FrameReader::new(&huge[..], 0).next_frame().err().unwrap();
     assert!(err.to_string().contains("exceeds"), "{err}");
     // An unknown kind.
     let mut kind = buf;
     kind[0] = 200;
-    let err = read_frame(&mut &kind[..], 0).err().unwrap();
+    let err = FrameReader::new(&kind[..], 0).next_frame().err().unwrap();
     assert!(err.to_string().contains("unknown record kind"), "{err}");
+}
+
+/// A count larger than the payload left is refused as it is read, not trusted: postcard gives
+/// serde no size hint then, so no vector is sized by it.
+#[test]
+fn counts_beyond_the_payload_are_refused() {
+    let mut raw = vec![0, 0];
+    // ips: 2^62 of them, then 3 bytes.
+    raw.extend([
+        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 1, 2, 3,
+    ]);
+    let frame = RawFrame {
+        kind: Kind::Stack,
+        offset: 0,
+        stored_len: 0,
+        payload: raw,
+    };
+    let err = decode::<StackRec>(&frame).err().unwrap();
+    assert!(
+        err.to_string().contains("undecodable Stack record"),
+        "{err}"
+    );
 }
 
 #[test]
