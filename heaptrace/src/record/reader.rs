@@ -301,7 +301,11 @@ mod tests {
             mode: crate::run_info::Mode::Stacks,
             ..Default::default()
         };
-        let mut w = Recorder::create(&path, &header).unwrap();
+        let mut w = Recorder::create(
+            crate::output::NewFile::create(&path, true).unwrap(),
+            &header,
+        )
+        .unwrap();
         w.round(&sample_round(1, true)).unwrap();
         w.round(&sample_round(2, false)).unwrap();
         let mut leaks = BTreeMap::new();
@@ -374,7 +378,7 @@ mod tests {
     /// A file of the current format with `header` and nothing else, written and opened.
     fn round_trip(tag: &str, header: &Header) -> Recording {
         let path = tempdir(tag).join("h.bin");
-        Recorder::create(&path, header).unwrap();
+        Recorder::create(crate::output::NewFile::create(&path, true).unwrap(), header).unwrap();
         Recording::open(&path).unwrap()
     }
 
@@ -512,7 +516,11 @@ mod tests {
             mode: crate::run_info::Mode::Calls,
             ..Default::default()
         };
-        Recorder::create(&path, &header).unwrap();
+        Recorder::create(
+            crate::output::NewFile::create(&path, true).unwrap(),
+            &header,
+        )
+        .unwrap();
         let rec = Recording::open(&path).unwrap();
         assert!(rec.profile().calls);
     }
