@@ -7,6 +7,7 @@ mod expect;
 mod faults;
 mod liveslots;
 mod memory;
+mod outputs;
 mod placement;
 mod recording;
 mod sampling;
