@@ -180,6 +180,11 @@ impl NewFile {
         }
     }
 
+    /// The final name.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// The file to write to.
     pub fn file(&self) -> &File {
         &self.file

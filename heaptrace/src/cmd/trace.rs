@@ -65,13 +65,9 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     probe::preflight()?;
     // Created now, not once the command runs: a recording that cannot be written leaves no
     // command running untraced. Removed again if tracing never starts.
-    let recording = match record {
-        Some(path) => Some((
-            path,
-            NewFile::create(path, cli.force).map_err(write_error(path))?,
-        )),
-        None => None,
-    };
+    let recording = record
+        .map(|path| NewFile::create(path, cli.force).map_err(write_error(path)))
+        .transpose()?;
     let live_view = !cli.no_tui && tui::wanted();
     // Find the target and its allocator; a launched command waits, stopped, until attached.
     let (provider, scope, stopped) = find_target(cli, &target, live_view)?;
@@ -107,10 +103,9 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         (None, Scope::All) => (None, None),
     };
     let info = run_info(cli, &target, pid, &provider, &opts);
-    let recorder = match recording {
-        Some((path, out)) => Some(start_recording(path, out, &info)?),
-        None => None,
-    };
+    let recorder = recording
+        .map(|out| start_recording(out, &info))
+        .transpose()?;
     let mut modules = Modules::default();
     if let (Target::Command(_), Some(pid)) = (&target, pid) {
         modules.settle(pid, &provider.path, Duration::from_millis(200));
@@ -377,9 +372,10 @@ fn run_info(
     }
 }
 
-fn start_recording(path: &Path, out: NewFile, info: &RunInfo) -> Result<Recorder> {
+fn start_recording(out: NewFile, info: &RunInfo) -> Result<Recorder> {
     let header = Header::new(info, cmdlines(&info.pids));
-    let r = Recorder::create(out, &header).map_err(write_error(path))?;
+    let path = out.path().to_path_buf();
+    let r = Recorder::create(out, &header).map_err(write_error(&path))?;
     eprintln!("heaptrace: recording to {}", path.display());
     Ok(r)
 }
