@@ -71,6 +71,11 @@ pub struct TraceArgs {
     #[arg(long, value_name = "FILE")]
     pub json: Option<String>,
 
+    /// Replace a file (or a symbolic link, never followed) already at an output path:
+    /// `record -o`, --json, --command-output. Without it, heaptrace refuses to start.
+    #[arg(long)]
+    pub force: bool,
+
     /// What to collect.
     #[arg(long, value_enum, default_value = "stacks")]
     pub mode: Mode,
@@ -332,6 +337,10 @@ pub struct ReportArgs {
     /// Where the export goes.
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<std::path::PathBuf>,
+
+    /// Replace a file (or a symbolic link, never followed) already at -o.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Args, Debug)]

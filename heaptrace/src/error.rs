@@ -54,6 +54,18 @@ pub enum Error {
     Map { map: &'static str, reason: String },
     #[error("{0}")]
     Usage(String),
+    /// An output path that cannot be written, found before anything is started.
+    #[error("{flag} {path}: {reason}")]
+    Output {
+        flag: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -62,6 +74,17 @@ impl Error {
     /// The reader of our output went away (`heaptrace report F | head`): not worth a word.
     pub fn is_broken_pipe(&self) -> bool {
         matches!(self, Error::Io(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+}
+
+impl Error {
+    /// The process's exit code: 2 for a command line that cannot work (as clap's usage
+    /// errors), 1 for the rest.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Output { .. } => 2,
+            _ => 1,
+        }
     }
 }
 

@@ -16,7 +16,8 @@
 //! cmd        the subcommands; `main` only parses and dispatches
 //! ```
 //!
-//! `run_info` (the mode, the target, one description of a run) and `error` are shared by all.
+//! `run_info` (the mode, the target, one description of a run), `error` and `output` (files
+//! created safely for a tracer run as root) are shared by all.
 //! `docs/architecture.md` draws the flow.
 pub mod bpf;
 pub mod cli;
@@ -24,6 +25,7 @@ pub mod cmd;
 pub mod daemon;
 pub mod drain;
 pub mod error;
+pub mod output;
 pub mod probe;
 pub mod profile;
 pub mod record;

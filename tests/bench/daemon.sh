@@ -53,7 +53,7 @@ def hwm(pid):
 pcts, rss, kmem, seen = [], [], [], []
 for _ in range(reps):
     out = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
-    args = [ht, "-q", "--mode", "stacks", "--json", out, *extra,
+    args = [ht, "-q", "--mode", "stacks", "--force", "--json", out, *extra,
             "--", work, str(stacks), str(seconds), str(rate)]
     if tui:
         pid, fd = pty.fork()

@@ -8,6 +8,7 @@ mod expect;
 mod faults;
 mod liveslots;
 mod memory;
+mod outputs;
 mod placement;
 mod recording;
 mod sampling;

@@ -290,10 +290,16 @@ pub fn planned_probes_with(
     (path, probes)
 }
 
+/// A new path for one output: heaptrace replaces no existing file without --force, and tests
+/// that share a tag run side by side (a leftover of an earlier run's same pid is removed).
 pub fn json_path(tag: &str) -> PathBuf {
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = workspace().join("target/test-out");
     std::fs::create_dir_all(&dir).unwrap();
-    dir.join(format!("{tag}-{}.json", std::process::id()))
+    let path = dir.join(format!("{tag}-{}-{n}.json", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    path
 }
 
 pub fn read_json(path: &Path) -> Value {

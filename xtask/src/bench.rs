@@ -811,7 +811,12 @@ impl RunFiles {
     fn ht_flags(&self, mode: &str) -> Vec<String> {
         let mut f = vec!["-q".into(), "--mode".into(), mode.into()];
         if mode != "stacks" {
-            f.extend(["--json".into(), self.json.display().to_string()]);
+            // A rerun writes over the last run's logs.
+            f.extend([
+                "--force".into(),
+                "--json".into(),
+                self.json.display().to_string(),
+            ]);
         }
         f
     }

@@ -12,6 +12,7 @@ use crate::{
     daemon::{Daemon, End, Filter, Start, exec_watch::ProcWatch},
     drain::KernelMaps,
     error::{Error, Result},
+    output::{self, NewFile},
     probe::{self, LoadOptions, Probes, Scope},
     profile::Profile,
     record::{Header, Recorder, format::EndRec},
@@ -60,7 +61,13 @@ pub static STARTED: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
 pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     let target = Target::from_cli(cli)?;
     check(cli)?;
+    check_outputs(cli, &target, record)?;
     probe::preflight()?;
+    // Created now, not once the command runs: a recording that cannot be written leaves no
+    // command running untraced. Removed again if tracing never starts.
+    let recording = record
+        .map(|path| NewFile::create(path, cli.force).map_err(write_error(path)))
+        .transpose()?;
     let live_view = !cli.no_tui && tui::wanted();
     // Find the target and its allocator; a launched command waits, stopped, until attached.
     let (provider, scope, stopped) = find_target(cli, &target, live_view)?;
@@ -96,10 +103,9 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         (None, Scope::All) => (None, None),
     };
     let info = run_info(cli, &target, pid, &provider, &opts);
-    let recorder = match record {
-        Some(path) => Some(start_recording(path, &info)?),
-        None => None,
-    };
+    let recorder = recording
+        .map(|out| start_recording(out, &info))
+        .transpose()?;
     let mut modules = Modules::default();
     if let (Target::Command(_), Some(pid)) = (&target, pid) {
         modules.settle(pid, &provider.path, Duration::from_millis(200));
@@ -138,7 +144,15 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     let own = procfs::own_rss_kb();
     print_summary(cli, &daemon.profile, &info, &done, own);
     if let Some(path) = &cli.json {
-        write_json(path, &daemon.profile, &info, exit_code, &done, own)?;
+        write_json(
+            path,
+            cli.force,
+            &daemon.profile,
+            &info,
+            exit_code,
+            &done,
+            own,
+        )?;
     }
     if let Some(e) = view_error {
         return Err(Error::Io(std::io::Error::other(e)));
@@ -164,6 +178,28 @@ fn check(cli: &TraceArgs) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Every output path, checked before anything is started or attached: a bad one is said in
+/// one line naming it, with exit code 2.
+fn check_outputs(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Result<()> {
+    if let Some(path) = record {
+        output::check("-o", path, cli.force)?;
+    }
+    if let Some(path) = cli.json.as_deref().filter(|p| *p != "-") {
+        output::check("--json", Path::new(path), cli.force)?;
+    }
+    if let (Target::Command(_), Some(path)) = (target, &cli.command_output) {
+        output::check("--command-output", path, cli.force)?;
+    }
+    Ok(())
+}
+
+fn write_error(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |source| Error::Write {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// The programs loaded, their probes attached, and the kernel maps taken.
@@ -336,12 +372,10 @@ fn run_info(
     }
 }
 
-fn start_recording(path: &Path, info: &RunInfo) -> Result<Recorder> {
+fn start_recording(out: NewFile, info: &RunInfo) -> Result<Recorder> {
     let header = Header::new(info, cmdlines(&info.pids));
-    let r = Recorder::create(path, &header).map_err(|e| Error::Read {
-        path: path.to_path_buf(),
-        source: e,
-    })?;
+    let path = out.path().to_path_buf();
+    let r = Recorder::create(out, &header).map_err(write_error(&path))?;
     eprintln!("heaptrace: recording to {}", path.display());
     Ok(r)
 }
@@ -469,6 +503,7 @@ fn finish(
 /// The `--json` document, whole, to `path` ("-": stdout).
 fn write_json(
     path: &str,
+    force: bool,
     profile: &Profile,
     info: &RunInfo,
     exit_code: Option<i32>,
@@ -493,9 +528,12 @@ fn write_json(
     let doc = json::document(profile, &run);
     if path == "-" {
         doc.write_pretty(std::io::stdout().lock())?;
-    } else {
-        doc.write_pretty(std::fs::File::create(path)?)?;
+        return Ok(());
     }
+    let path = Path::new(path);
+    let out = NewFile::create(path, force).map_err(write_error(path))?;
+    doc.write_pretty(out.file()).map_err(write_error(path))?;
+    out.persist().map_err(write_error(path))?;
     Ok(())
 }
 
@@ -584,8 +622,8 @@ fn find_target(
             };
             // With the live view on the terminal, the command's output would scribble over it.
             let redirect = match (&cli.command_output, live_view) {
-                (Some(path), _) => Some(launch::Redirect::to(path)?),
-                (None, true) => Some(launch::Redirect::to(std::path::Path::new("/dev/null"))?),
+                (Some(path), _) => Some(launch::Redirect::to(path, cli.force)?),
+                (None, true) => Some(launch::Redirect::to(Path::new("/dev/null"), false)?),
                 (None, false) => None,
             };
             let child = launch::spawn_stopped(&exe, argv, redirect.as_ref())?;

@@ -115,7 +115,11 @@ mod tests {
             mode: crate::run_info::Mode::Stacks,
             ..Default::default()
         };
-        let mut w = Recorder::create(&path, &header).unwrap();
+        let mut w = Recorder::create(
+            crate::output::NewFile::create(&path, true).unwrap(),
+            &header,
+        )
+        .unwrap();
         for r in rounds() {
             w.round(&r).unwrap();
         }

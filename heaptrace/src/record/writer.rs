@@ -12,6 +12,7 @@ use super::format::{
 use crate::{
     drain::round::Leak,
     drain::round::{Round, SiteId},
+    output::NewFile,
     symbolize::Frame,
     symbolize::modules::Location,
 };
@@ -32,18 +33,22 @@ pub fn build_id(path: &Path) -> Option<Vec<u8>> {
 }
 
 impl Recorder {
-    pub fn create(path: &Path, header: &Header) -> io::Result<Recorder> {
-        let mut w = BufWriter::new(File::create(path)?);
+    /// Writes the preamble and the header under `out`'s temporary name, then moves it to its
+    /// final name and goes on there: the final name never shows a file without a header, and
+    /// a recording cut short (a full disk, a signal, even SIGKILL) is already where it was
+    /// asked for, readable up to its last complete round.
+    pub fn create(out: NewFile, header: &Header) -> io::Result<Recorder> {
+        let mut w = BufWriter::new(out.file());
         write_preamble(&mut w)?;
-        let mut r = Recorder {
-            w,
+        write_frame(&mut w, Kind::Header, header)?;
+        w.flush()?;
+        drop(w);
+        Ok(Recorder {
+            w: BufWriter::new(out.persist()?),
             strings: HashMap::new(),
             modules: HashMap::new(),
             bytes: 0,
-        };
-        r.frame(Kind::Header, header)?;
-        r.w.flush()?;
-        Ok(r)
+        })
     }
 
     fn frame<T: serde::Serialize>(&mut self, kind: Kind, v: &T) -> io::Result<()> {

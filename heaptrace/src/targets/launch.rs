@@ -46,13 +46,12 @@ pub struct Redirect {
 }
 
 impl Redirect {
-    /// stdout and stderr to `path` (created or truncated), stdin from /dev/null.
-    pub fn to(path: &Path) -> Result<Redirect> {
-        let output = std::fs::File::create(path).map_err(|e| {
-            Error::Io(io::Error::new(
-                e.kind(),
-                format!("cannot write {}: {e}", path.display()),
-            ))
+    /// stdout and stderr to `path` (created 0600, never through a link; an existing file
+    /// replaced only with `force`), stdin from /dev/null.
+    pub fn to(path: &Path, force: bool) -> Result<Redirect> {
+        let output = crate::output::stream(path, force).map_err(|source| Error::Write {
+            path: path.to_path_buf(),
+            source,
         })?;
         let input = std::fs::File::open("/dev/null").map_err(|source| Error::Read {
             path: "/dev/null".into(),

@@ -1,6 +1,10 @@
 //! Exports for the tools people already use: pprof (`go tool pprof`), folded stacks and SVG
 //! flame graphs (inferno), and massif's text format (`ms_print`).
-use std::{collections::HashMap, fs::File, io::Write, path::Path};
+use std::{
+    collections::HashMap,
+    io::{BufWriter, Write},
+    path::Path,
+};
 
 use prost::Message as _;
 
@@ -8,6 +12,7 @@ use crate::{
     cli::{Export, FlameBy, ReportArgs},
     drain::round::SiteId,
     error::{Error, Result},
+    output::NewFile,
     profile::Profile,
     record::Recording,
     symbolize::Frame,
@@ -22,7 +27,28 @@ pub fn write(
     args: &ReportArgs,
     out: &Path,
 ) -> Result<()> {
-    let mut f = File::create(out)?;
+    let write_err = |source| Error::Write {
+        path: out.to_path_buf(),
+        source,
+    };
+    let file = NewFile::create(out, args.force).map_err(write_err)?;
+    let mut f = BufWriter::new(file.file());
+    write_kind(kind, rec, p, names, args, &mut f)
+        .and_then(|()| f.flush())
+        .map_err(write_err)?;
+    drop(f);
+    file.persist().map_err(write_err)?;
+    Ok(())
+}
+
+fn write_kind(
+    kind: Export,
+    rec: &Recording,
+    p: &Profile,
+    names: &Names,
+    args: &ReportArgs,
+    mut f: impl Write,
+) -> std::io::Result<()> {
     match kind {
         Export::Folded => {
             for line in folded(p, names, args.by) {
@@ -41,7 +67,7 @@ pub fn write(
                 _ => "bytes".into(),
             };
             inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut f)
-                .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
         }
         Export::Pprof => {
             let bytes = pprof(rec, p, names).encode_to_vec();

@@ -23,6 +23,10 @@ pub use crate::view::site_tables::Names;
 pub const BAD_FILE: i32 = 2;
 
 pub fn run(args: &ReportArgs) -> Result<i32> {
+    // Before the replay, which can take a while: a bad -o is said at once.
+    if let (Some(_), Some(out)) = (args.export, &args.output) {
+        crate::output::check("-o", out, args.force)?;
+    }
     let (rec, profile) = match open(&args.file, args) {
         Ok(r) => r,
         Err(e) => {

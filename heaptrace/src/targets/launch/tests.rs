@@ -57,7 +57,7 @@ fn redirects_output_to_a_file_and_input_from_dev_null() {
         "-c".into(),
         "echo to-out; echo to-err >&2; cat; echo done".into(),
     ];
-    let r = Redirect::to(&out).unwrap();
+    let r = Redirect::to(&out, true).unwrap();
     let child = spawn_stopped(Path::new("/bin/sh"), &argv, Some(&r)).unwrap();
     drop(r); // the child has its own copies since the fork
     let mut child = child.resume().unwrap();
