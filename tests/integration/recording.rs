@@ -40,6 +40,20 @@ fn report(args: &[&str]) -> std::process::Output {
     heaptrace().arg("report").args(args).output().unwrap()
 }
 
+/// `report REC --export KIND [EXTRA] -o FILE` (FILE named for the test and KIND); its text.
+fn export(rec: &str, tag: &str, kind: &str, extra: &[&str]) -> (PathBuf, String) {
+    let path = out(tag, kind);
+    let mut args = vec![rec, "--export", kind];
+    args.extend_from_slice(extra);
+    args.extend(["-o", path.to_str().unwrap()]);
+    report_ok(&args);
+    let text = std::fs::read(&path).map_or_else(
+        |_| String::new(),
+        |b| String::from_utf8_lossy(&b).into_owned(),
+    );
+    (path, text)
+}
+
 fn report_ok(args: &[&str]) -> String {
     let o = report(args);
     assert!(
@@ -190,8 +204,7 @@ bpf_test!(
         let r = rec.to_str().unwrap();
         let ci = std::env::var_os("CI").is_some();
 
-        let pb = out("rec-export", "pb.gz");
-        report_ok(&[r, "--export", "pprof", "-o", pb.to_str().unwrap()]);
+        let (pb, _) = export(r, "rec-export", "pprof", &[]);
         if tool("go") || ci {
             let o = Command::new("go")
                 .args(["tool", "pprof", "-top", "-unit=B"])
@@ -235,8 +248,7 @@ bpf_test!(
             eprintln!("SKIPPED the pprof check: no go (cargo xtask setup installs golang-go)");
         }
 
-        let massif = out("rec-export", "massif");
-        report_ok(&[r, "--export", "massif", "-o", massif.to_str().unwrap()]);
+        let (massif, _) = export(r, "rec-export", "massif", &[]);
         if tool("ms_print") || ci {
             let o = Command::new("ms_print")
                 .arg(&massif)
@@ -250,34 +262,14 @@ bpf_test!(
             eprintln!("SKIPPED the ms_print check: no valgrind");
         }
 
-        let svg = out("rec-export", "svg");
-        report_ok(&[
-            r,
-            "--export",
-            "svg",
-            "--by",
-            "count",
-            "-o",
-            svg.to_str().unwrap(),
-        ]);
-        let text = std::fs::read_to_string(&svg).unwrap();
+        let (_, text) = export(r, "rec-export", "svg", &["--by", "count"]);
         assert!(
             text.starts_with("<?xml") && text.contains("<svg"),
             "not an svg"
         );
         assert!(text.contains("helper_c") && text.contains("alloc_b"));
 
-        let folded = out("rec-export", "folded");
-        report_ok(&[
-            r,
-            "--export",
-            "folded",
-            "--by",
-            "count",
-            "-o",
-            folded.to_str().unwrap(),
-        ]);
-        let text = std::fs::read_to_string(&folded).unwrap();
+        let (_, text) = export(r, "rec-export", "folded", &["--by", "count"]);
         assert!(
             text.lines()
                 .any(|l| l.ends_with(";main;alloc_a;malloc 2000")),
