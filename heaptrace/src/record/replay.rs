@@ -115,11 +115,7 @@ mod tests {
             mode: crate::run_info::Mode::Stacks,
             ..Default::default()
         };
-        let mut w = Recorder::create(
-            crate::output::NewFile::create(&path, true).unwrap(),
-            &header,
-        )
-        .unwrap();
+        let mut w = Recorder::create_at(&path, &header).unwrap();
         for r in rounds() {
             w.round(&r).unwrap();
         }

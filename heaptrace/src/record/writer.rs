@@ -37,6 +37,12 @@ impl Recorder {
     /// final name and goes on there: the final name never shows a file without a header, and
     /// a recording cut short (a full disk, a signal, even SIGKILL) is already where it was
     /// asked for, readable up to its last complete round.
+    /// A recording at `path` for tests, replacing what is there.
+    #[cfg(test)]
+    pub fn create_at(path: &std::path::Path, header: &Header) -> io::Result<Recorder> {
+        Recorder::create(NewFile::create(path, true)?, header)
+    }
+
     pub fn create(out: NewFile, header: &Header) -> io::Result<Recorder> {
         let mut w = BufWriter::new(out.file());
         write_preamble(&mut w)?;

@@ -156,11 +156,7 @@ fn recording_in(mode: crate::run_info::Mode) -> (Recording, Profile) {
         aliases: vec![("memalign".into(), "aligned_alloc".into())],
         ..Default::default()
     };
-    let mut w = Recorder::create(
-        crate::output::NewFile::create(&path, true).unwrap(),
-        &header,
-    )
-    .unwrap();
+    let mut w = Recorder::create_at(&path, &header).unwrap();
     w.round(&round(1, 300, 2, true)).unwrap();
     w.round(&round(2, 200, 3, false)).unwrap();
     let mut leaks = BTreeMap::new();

@@ -81,11 +81,7 @@ fn sample_file(dir: &Path) -> std::path::PathBuf {
         mode: crate::run_info::Mode::Stacks,
         ..Default::default()
     };
-    let mut w = Recorder::create(
-        crate::output::NewFile::create(&path, true).unwrap(),
-        &header,
-    )
-    .unwrap();
+    let mut w = Recorder::create_at(&path, &header).unwrap();
     w.round(&sample_round(1, true)).unwrap();
     w.round(&sample_round(2, false)).unwrap();
     let mut leaks = BTreeMap::new();
@@ -158,7 +154,7 @@ fn read_version(version: u16, header: &impl serde::Serialize) -> Recording {
 /// A file of the current format with `header` and nothing else, written and opened.
 fn round_trip(tag: &str, header: &Header) -> Recording {
     let path = tempdir(tag).join("h.bin");
-    Recorder::create(crate::output::NewFile::create(&path, true).unwrap(), header).unwrap();
+    Recorder::create_at(&path, header).unwrap();
     Recording::open(&path).unwrap()
 }
 
@@ -296,11 +292,7 @@ fn a_calls_mode_recording_replays_as_calls_mode() {
         mode: crate::run_info::Mode::Calls,
         ..Default::default()
     };
-    Recorder::create(
-        crate::output::NewFile::create(&path, true).unwrap(),
-        &header,
-    )
-    .unwrap();
+    Recorder::create_at(&path, &header).unwrap();
     let rec = Recording::open(&path).unwrap();
     assert!(rec.profile().calls);
 }

@@ -8,11 +8,7 @@ use crate::record::format::Kind;
 fn recording(tag: &str, n: u64) -> Vec<u8> {
     let dir = tempdir(tag);
     let path = dir.join("r.bin");
-    let mut w = Recorder::create(
-        crate::output::NewFile::create(&path, true).unwrap(),
-        &Header::default(),
-    )
-    .unwrap();
+    let mut w = Recorder::create_at(&path, &Header::default()).unwrap();
     for i in 1..=n {
         w.round(&sample_round(i, i == 1)).unwrap();
     }
