@@ -1,0 +1,142 @@
+//! The header: the target, the mode, the totals and the state of the run.
+use super::*;
+
+pub(super) fn draw_header(f: &mut Frame, app: &App, area: Rect) {
+    let info = &app.info;
+    let shown = app.shown();
+    let interval = nanos(info.run.interval_ms * 1_000_000)
+        .replace(".0 ", " ")
+        .replace(".00 ", " ");
+    let mut l1 = vec![
+        Span::styled("heaptrace ", Style::new().bold()),
+        Span::raw(info.target.clone()),
+        Span::raw(format!(
+            "  {} mode{}, every {interval}, {} probes in {}",
+            info.run.mode,
+            match app.view().sample_bytes {
+                0 => String::new(),
+                n => format!(" sampled 1/{n} B (~: estimated)"),
+            },
+            info.probe_count(),
+            info.run.allocator_module()
+        )),
+    ];
+    if let Some(out) = &info.output {
+        l1.push(Span::raw(format!(", output to {out}")));
+    }
+    let l2 = status_line(app, shown);
+    let l3 = totals_line(app);
+    let text = vec![Line::from(l1), Line::from(l2), Line::from(l3)];
+    f.render_widget(Paragraph::new(text), area);
+}
+
+/// The header's second line: the round, the time, heaptrace's cost, what was lost, and what
+/// the view is showing (paused, since a reset, one process, the end).
+pub(super) fn status_line(app: &App, shown: &Published) -> Vec<Span<'static>> {
+    let cpu = shown
+        .cpu_percent
+        .map_or("-".to_string(), |c| format!("{c:.1}%"));
+    let losses = app.losses();
+    let lost = if losses.is_empty() {
+        Span::raw("lost: none")
+    } else {
+        Span::styled(
+            format!("lost: {}", losses.join(", ")),
+            Style::new().yellow().bold(),
+        )
+    };
+    let mem = app
+        .memory()
+        .map(|(rss, virt)| format!("RSS {}  VIRT {}  ", kib(rss), kib(virt)))
+        .unwrap_or_default();
+    let mut line = vec![
+        Span::raw(format!(
+            "round {}  {:.1}s  {mem}heaptrace cpu {cpu}  ",
+            shown.round(),
+            shown.elapsed_ms as f64 / 1000.0
+        )),
+        lost,
+    ];
+    if app.paused {
+        line.push(Span::styled(
+            format!("  PAUSED (at round {})", app.latest_round()),
+            Style::new().black().on_yellow(),
+        ));
+    }
+    if let Some(r) = app.baseline_round() {
+        line.push(Span::styled(
+            format!("  since round {r}"),
+            Style::new().cyan().bold(),
+        ));
+    }
+    if let Some(pid) = app.focus() {
+        let comm = app
+            .view()
+            .procs
+            .get(&pid)
+            .map(|p| p.comm.clone())
+            .unwrap_or_default();
+        line.push(Span::styled(
+            format!(
+                "  pid {} {comm} only",
+                crate::profile::incarnation::Pid(pid)
+            ),
+            Style::new().magenta().bold(),
+        ));
+    }
+    if let Some(notice) = shown.notice.as_ref().filter(|_| shown.ended.is_none()) {
+        line.push(Span::styled(format!("  {notice}"), Style::new().cyan()));
+    }
+    if let Some(end) = &shown.ended {
+        line.push(Span::styled(
+            format!("  {end}; q quits"),
+            Style::new().green().bold(),
+        ));
+    }
+    line
+}
+
+/// The header's third line: the totals of what is shown.
+pub(super) fn totals_line(app: &App) -> String {
+    let t = app.totals();
+    let sample_bytes = app.view().sample_bytes;
+    let mut line = format!(
+        "allocs {}  frees {}  allocated {}",
+        t.allocations(),
+        t.frees(),
+        bytes(t.bytes_allocated() as i64),
+    );
+    if app.view().calls {
+        line.push_str("  live: not tracked in calls mode");
+    } else {
+        // One process in focus keeps its own figure; all of them tell the ended ones apart,
+        // last, where a narrow terminal cuts the line.
+        let ended = match app.focus() {
+            None => app.view().ended_live(),
+            Some(_) => (0, 0),
+        };
+        let e = crate::view::summary::est(sample_bytes);
+        line.push_str(&format!(
+            "  live {e}{} blocks / {e}{}",
+            t.live_blocks - ended.0,
+            bytes(t.live_bytes - ended.1)
+        ));
+        if ended != (0, 0) {
+            line.push_str(&format!(
+                " (+{e}{} left by ended processes)",
+                bytes(ended.1)
+            ));
+        }
+    }
+    line
+}
+
+/// The processes screen's live column: live bytes, or in calls mode, which keeps no live map,
+/// the allocations per second of the last round.
+pub(super) fn live_or_rate(app: &App, live: i64, rate: u64) -> String {
+    if app.view().calls {
+        rate.to_string()
+    } else {
+        bytes(live)
+    }
+}
