@@ -1,0 +1,191 @@
+//! The programs loaded, the probes attached, the watchers of execs and memory syscalls started.
+use super::*;
+
+/// The programs loaded, their probes attached, and the kernel maps taken.
+pub(super) struct Attached {
+    pub(super) probes: Probes,
+    pub(super) maps: KernelMaps,
+    pub(super) opts: LoadOptions,
+    /// Holds the kernel's BPF run-time statistics on (`--probe-stats`).
+    pub(super) stats_fd: Option<OwnedFd>,
+    /// The probes on the target's allocator, before any other file is probed.
+    pub(super) first: usize,
+}
+
+pub(super) fn load_options(cli: &TraceArgs, scope: Scope) -> LoadOptions {
+    let mut opts = LoadOptions {
+        mode: cli.mode,
+        floor: cli.floor,
+        temporary_allocs: cli.temporary_allocs,
+        live_map_size: cli.live_map_size,
+        size_map_size: cli.size_map_size,
+        inflight_map_size: cli.inflight_map_size,
+        proc_slots: cli.proc_slots,
+        stack_map_size: cli.stack_map_size,
+        site_map_size: cli
+            .site_map_size
+            .unwrap_or_else(|| probe::default_site_map_size(cli.stack_map_size)),
+        sample_bytes: cli.sample_bytes,
+        latency_every: cli.latency_every,
+        preempt_off: !cli.atomic_counters,
+        ..LoadOptions::default()
+    };
+    match scope {
+        Scope::Process(pid) => opts.watch_tgid = pid,
+        Scope::All => {
+            opts.comm.clone_from(&cli.comm);
+            opts.cgroup = cli
+                .cgroup
+                .clone()
+                .filter(|_| crate::targets::cgroups::CgroupNames::default().has_hierarchy());
+        }
+    }
+    // The memory behind malloc; not part of the benchmark floors. Calls mode does not see
+    // malloc's calls end, so it could not tell which call made a mapping.
+    opts.reservations = opts.floor.is_none() && !opts.at_entry() && !cli.no_reservations;
+    opts
+}
+
+pub(super) fn attach(cli: &TraceArgs, provider: &Provider, scope: Scope) -> Result<Attached> {
+    let opts = load_options(cli, scope);
+    // Before any probe fires, so that every run is counted.
+    let stats_fd = cli
+        .probe_stats
+        .then(prog_stats::enable)
+        .transpose()
+        .map_err(|e| Error::Load(format!("BPF run-time statistics: {e}")))?;
+    let loaded = probe::load(&opts)?;
+    let mut probes = Probes::new(
+        loaded,
+        !cli.perf_uprobes,
+        opts.at_entry(),
+        opts.reservations && !cli.syscall_tracepoints,
+    )?;
+    probes.attach(provider, scope, cli.probe_at_entry)?;
+    if let Scope::Process(pid) = scope
+        && !probes.syscalls_probed()
+    {
+        // The allocator is another file; the memory syscalls still go through libc's
+        // wrappers. A command not started yet maps heaptrace's own libc, the one it will run
+        // on (as `allocator::for_command` assumes).
+        if let Some((shown, path)) = allocator::libc_of(pid)? {
+            probes.attach_syscalls_in(&shown, &path, scope);
+        }
+    }
+    let maps = KernelMaps::take(&mut probes.ebpf)?;
+    Ok(Attached {
+        first: probes.probe_count(),
+        probes,
+        maps,
+        opts,
+        stats_fd,
+    })
+}
+
+/// Execs (system-wide: processes that start later, whose allocator may be another file,
+/// looked at as the ones already running are; one process traced starts over at its exec),
+/// and the memory syscalls.
+pub(super) fn watchers(
+    cli: &TraceArgs,
+    probes: &mut Probes,
+    provider: &Provider,
+    scope: Scope,
+    opts: &LoadOptions,
+) -> Result<(Option<ProcWatch>, Option<MemRing>)> {
+    let started = ProcWatch::start(
+        probes,
+        provider,
+        cli.probe_at_entry,
+        scope,
+        cli.comm.clone(),
+        opts.cgroup.clone(),
+    );
+    let procwatch = match (started, scope) {
+        (Ok(mut w), Scope::All) => {
+            w.scan(probes);
+            Some(w)
+        }
+        (Ok(w), Scope::Process(_)) => Some(w),
+        (Err(e), Scope::All) => return Err(e),
+        (Err(e), Scope::Process(pid)) => {
+            eprintln!(
+                "heaptrace: warning: execs not followed ({e}): if pid {pid} execs, its new \
+                 command's counts add to the old one's"
+            );
+            None
+        }
+    };
+    let memring = match opts.reservations.then(|| MemRing::start(probes)) {
+        Some(Ok(r)) => Some(r),
+        Some(Err(e)) => {
+            eprintln!("heaptrace: warning: memory syscalls not traced: {e}");
+            None
+        }
+        None => None,
+    };
+    Ok((procwatch, memring))
+}
+
+/// Said once everything is in place (the scan of running processes included): tests and
+/// scripts start their targets on this line.
+pub(super) fn announce(
+    cli: &TraceArgs,
+    probes: &Probes,
+    first: usize,
+    provider: &Provider,
+    scope: Scope,
+) {
+    let what = match scope {
+        Scope::All => summary::all_processes(cli.comm.as_deref(), cli.cgroup.as_deref()),
+        Scope::Process(pid) => format!("pid {pid}"),
+    };
+    eprintln!(
+        "heaptrace: attached {first} probes to {} ({what})",
+        provider.path.display()
+    );
+    if cli.verbose {
+        print_probes(probes);
+    }
+    if let Some(settled) = STARTED.get() {
+        settled();
+    }
+}
+
+/// `--verbose`: every probe, where it went and why.
+pub(super) fn print_probes(probes: &Probes) {
+    for a in &probes.attached {
+        let p = &a.placement;
+        eprintln!(
+            "heaptrace:   {}{} at {:#x}+{} `{}`{}: {}",
+            if a.symbol == a.func {
+                a.func.to_string()
+            } else {
+                format!("{} ({})", a.symbol, a.func)
+            },
+            if a.aliases.is_empty() {
+                String::new()
+            } else {
+                format!(" (= {})", a.aliases.join(", "))
+            },
+            a.offset,
+            p.offset,
+            p.instruction,
+            if a.uretprobe { " + return" } else { "" },
+            p.why
+        );
+    }
+    for (path, sites) in &probes.syscall_sites {
+        for s in sites {
+            let p = &s.placement;
+            eprintln!(
+                "heaptrace:   {} in {} at {:#x}+{} `{}`: {}",
+                s.name,
+                path.display(),
+                s.file_offset,
+                p.offset,
+                p.instruction,
+                p.why
+            );
+        }
+    }
+}

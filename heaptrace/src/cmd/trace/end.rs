@@ -1,0 +1,182 @@
+//! The end of a trace: detach, the last round and the leaks, the summary and the JSON document.
+use super::*;
+
+/// What the end of a trace knows that the Profile does not.
+pub(super) struct Done {
+    pub(super) reason: String,
+    pub(super) attached: Vec<probe::Attached>,
+    pub(super) syscall_probes: Vec<serde_json::Value>,
+    pub(super) counting: probe::Counting,
+    pub(super) prog_stats: Option<Vec<prog_stats::ProgStats>>,
+}
+
+/// Detaches, takes the last round and the leaks, and finishes the recording.
+pub(super) fn finish(
+    daemon: &mut Daemon,
+    stats_fd: Option<OwnedFd>,
+    pid: Option<u32>,
+    end: &End,
+    exit_code: Option<i32>,
+) -> Result<Done> {
+    // Detach first so the final read is of a state nothing changes any more.
+    let probes = daemon.probes.take().expect("probes");
+    let attached = probes.attached.clone();
+    let syscall_probes = syscall_probes_json(&probes);
+    let counting = probes.counting();
+    let prog_stats = stats_fd.map(|fd| {
+        let stats = probes.program_stats();
+        drop(fd);
+        stats
+    });
+    drop(probes);
+    daemon.round()?;
+    let pids: Option<HashSet<u32>> = pid.map(|p| HashSet::from([p]));
+    // `-p` and a launched command too: its end is in `target`, and in its process's record.
+    for (p, pp) in daemon.profile.procs.iter_mut() {
+        if !procfs::alive(crate::profile::incarnation::Pid(*p).real()) {
+            pp.exited = true;
+        }
+    }
+    let live = daemon.maps.live_blocks(pids.as_ref())?;
+    let live = daemon.matching(daemon.same.leaks(live));
+    let mut leaks = daemon.incarnations.rekey_sites(live);
+    leaks.append(&mut daemon.exited_leaks);
+    daemon.profile.set_leaks(leaks);
+    let reason = end_reason(end, pid, exit_code);
+    if let Some(r) = daemon.recorder.take() {
+        let end = EndRec {
+            elapsed_ms: daemon.start.elapsed().as_millis() as u64,
+            exit_code,
+            reason: reason.clone(),
+        };
+        match r.finish(daemon.profile.leaks.as_ref(), &end) {
+            Ok(bytes) => eprintln!(
+                "heaptrace: recorded {} rounds, {}",
+                daemon.profile.round_count(),
+                crate::view::units::bytes(bytes as i64)
+            ),
+            Err(e) => eprintln!("heaptrace: warning: finishing the recording: {e}"),
+        }
+    }
+    Ok(Done {
+        reason,
+        attached,
+        syscall_probes,
+        counting,
+        prog_stats,
+    })
+}
+
+/// The `--json` document, whole, to `path` ("-": stdout).
+pub(super) fn write_json(
+    path: &str,
+    force: bool,
+    profile: &Profile,
+    info: &RunInfo,
+    exit_code: Option<i32>,
+    done: &Done,
+    own: Option<(u64, u64)>,
+) -> Result<()> {
+    let programs = done
+        .prog_stats
+        .as_ref()
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(|e| Error::Io(std::io::Error::other(e)))?;
+    let run = json::Run {
+        info,
+        exit_code,
+        probes: &done.attached,
+        syscall_probes: Some(done.syscall_probes.clone()),
+        own_rss_kb: own,
+        programs,
+        counting: Some(done.counting),
+    };
+    let doc = json::document(profile, &run);
+    if path == "-" {
+        doc.write_pretty(std::io::stdout().lock())?;
+        return Ok(());
+    }
+    let path = Path::new(path);
+    let out = NewFile::create(path, force).map_err(write_error(path))?;
+    doc.write_pretty(out.file()).map_err(write_error(path))?;
+    out.persist().map_err(write_error(path))?;
+    Ok(())
+}
+
+/// The summary on stderr: the end, the functions, the sites (stacks mode), the programs' cost
+/// (`--probe-stats`), heaptrace's own memory and the memory behind malloc.
+pub(super) fn print_summary(
+    cli: &TraceArgs,
+    profile: &Profile,
+    info: &RunInfo,
+    done: &Done,
+    own: Option<(u64, u64)>,
+) {
+    let pid = info.pids.first().copied();
+    eprintln!("heaptrace: {}", done.reason);
+    eprint!("{}", summary::summary(profile, pid, &info.aliases));
+    if pid.is_none() {
+        eprint!("{}", summary::processes(profile, 20));
+    }
+    if info.mode.has_stacks() && cli.floor.is_none() {
+        eprint!("{}", site_tables::sites(profile, cli.top, info.temporary));
+    }
+    eprint!("{}", site_tables::latency(profile));
+    if let Some(stats) = &done.prog_stats {
+        eprint!("{}", prog_stats::text(stats));
+        eprintln!(
+            "  counters: {}",
+            match done.counting {
+                probe::Counting::PreemptionOff =>
+                    "plain adds with preemption off (bpf_preempt_disable), where they count",
+                probe::Counting::Atomic => "atomic adds",
+            }
+        );
+    }
+    // What tracing cost in memory, read once everything is gathered: the kernel maps are
+    // bounded by their sizes, this is the daemon's side (profile, stacks, symbols).
+    if let Some((rss, peak)) = own {
+        eprintln!(
+            "heaptrace itself: RSS {}, peak {}",
+            crate::view::units::bytes(rss as i64 * 1024),
+            crate::view::units::bytes(peak as i64 * 1024)
+        );
+    }
+    eprint!("{}", summary::memory(profile, 10));
+}
+
+/// The JSON document's `provider.syscall_probes`: each memory syscall wrapper probed.
+pub(super) fn syscall_probes_json(probes: &Probes) -> Vec<serde_json::Value> {
+    probes
+        .syscall_sites
+        .iter()
+        .flat_map(|(path, sites)| {
+            sites.iter().map(move |s| {
+                serde_json::json!({
+                    "name": s.name,
+                    "path": path,
+                    "offset": s.file_offset,
+                    "begin_probe": s.releases(),
+                    "placement": s.placement,
+                })
+            })
+        })
+        .collect()
+}
+
+pub(super) fn end_reason(end: &End, pid: Option<u32>, exit_code: Option<i32>) -> String {
+    match (end, pid, exit_code) {
+        (End::TargetExited, Some(pid), Some(code)) => {
+            format!("pid {pid} exited with status {code}")
+        }
+        (End::TargetExited, Some(pid), None) => format!("pid {pid} exited"),
+        (End::Interrupted, _, _) => "interrupted; detached".into(),
+        (End::Quit, Some(pid), Some(code)) => {
+            format!("quit; detached; pid {pid} ended with status {code}")
+        }
+        (End::Quit, _, _) => "quit; detached".into(),
+        (End::Terminated, _, _) => "terminated; detached".into(),
+        (End::TargetExited, None, _) => "stopped".into(),
+    }
+}

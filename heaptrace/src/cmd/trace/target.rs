@@ -1,0 +1,91 @@
+//! Before anything is attached: the arguments checked, the outputs checked, the target found
+//! (a command is started here, stopped before its first instruction).
+use super::*;
+
+/// Arguments that cannot work together, said before anything is started or attached.
+pub(super) fn check(cli: &TraceArgs) -> Result<()> {
+    if cli.sample_bytes > 0 && !cli.mode.has_stacks() {
+        return Err(Error::Usage(
+            "--sample-bytes samples stacks: it needs --mode stacks (counts and sizes are exact \
+             and cheap already)"
+                .into(),
+        ));
+    }
+    if let Some(c) = &cli.comm
+        && heaptrace_common::filter::pattern(c).is_none()
+    {
+        return Err(Error::Usage(format!(
+            "--comm {c:?}: a command name has 1 to 15 bytes (the kernel's TASK_COMM_LEN), so \
+             none can contain this"
+        )));
+    }
+    Ok(())
+}
+
+/// Every output path, checked before anything is started or attached: a bad one is said in
+/// one line naming it, with exit code 2.
+pub(super) fn check_outputs(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Result<()> {
+    if let Some(path) = record {
+        output::check("-o", path, cli.force)?;
+    }
+    if let Some(path) = cli.json.as_deref().filter(|p| *p != "-") {
+        output::check("--json", Path::new(path), cli.force)?;
+    }
+    if let (Target::Command(_), Some(path)) = (target, &cli.command_output) {
+        output::check("--command-output", path, cli.force)?;
+    }
+    Ok(())
+}
+
+/// The target's allocator file and the probes' scope. A command is started here, stopped
+/// before its first instruction until the probes are attached.
+pub(super) fn find_target(
+    cli: &TraceArgs,
+    target: &Target,
+    live_view: bool,
+) -> Result<(Provider, Scope, Option<launch::Stopped>)> {
+    Ok(match target {
+        Target::Pid(pid) => {
+            if *pid == std::process::id() {
+                return Err(Error::SelfTarget(*pid));
+            }
+            if !procfs::alive(*pid) {
+                return Err(Error::NoSuchProcess(*pid));
+            }
+            if procfs::state(*pid) == Some('Z') {
+                let comm = procfs::comm(*pid).unwrap_or_default();
+                return Err(Error::LeaderExited(*pid, comm));
+            }
+            let provider = match &cli.allocator_symbols {
+                Some(c) => allocator::custom_for_pid(*pid, c)?,
+                None => allocator::for_pid(*pid)?,
+            };
+            (provider, Scope::Process(*pid), None)
+        }
+        Target::All => (allocator::host_libc()?, Scope::All, None),
+        Target::Command(argv) => {
+            let exe = allocator::resolve_command(&argv[0]).ok_or_else(|| Error::Exec {
+                cmd: argv[0].clone(),
+                reason: "command not found".into(),
+            })?;
+            // Said before anything is attached, as the shell would say it.
+            launch::check_executable(&exe).map_err(|e| Error::Exec {
+                cmd: argv[0].clone(),
+                reason: e.to_string(),
+            })?;
+            let preload = std::env::var("LD_PRELOAD").ok();
+            let provider = match &cli.allocator_symbols {
+                Some(c) => allocator::custom_for_command(&exe, preload.as_deref(), c)?,
+                None => allocator::for_command(&exe, preload.as_deref())?,
+            };
+            // With the live view on the terminal, the command's output would scribble over it.
+            let redirect = match (&cli.command_output, live_view) {
+                (Some(path), _) => Some(launch::Redirect::to(path, cli.force)?),
+                (None, true) => Some(launch::Redirect::to(Path::new("/dev/null"), false)?),
+                (None, false) => None,
+            };
+            let child = launch::spawn_stopped(&exe, argv, redirect.as_ref())?;
+            (provider, Scope::Process(child.pid), Some(child))
+        }
+    })
+}
