@@ -1,0 +1,166 @@
+//! One read of every counter map into a Snapshot, in the order the rounds need.
+use super::*;
+
+pub(super) fn comm_str(comm: &[u8; 16]) -> String {
+    let end = comm.iter().position(|b| *b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
+impl KernelMaps {
+    /// Every counter the kernel keeps, read once: processes, sizes, losses, sites, latency.
+    pub fn snapshot(&mut self) -> Result<Snapshot> {
+        let mut snap = Snapshot::default();
+        let epochs = self.read_procs(&mut snap)?;
+        self.read_sizes(&mut snap, &epochs)?;
+        self.read_losses(&mut snap)?;
+        self.read_sites(&mut snap, &epochs)?;
+        snap.fold_site_sizes();
+        // Every round too, not only after frees: a word written for a copy that its program
+        // then removed as torn (full preemption, `stacks::intact`) names an id with no stack,
+        // and is taken until the generation moves on. It lives a round at most.
+        next_stack_generation(&self.stack_cache, &self.stack_gen);
+        self.read_latency(&mut snap)?;
+        Ok(snap)
+    }
+
+    /// The processes' counters; returns each one's current image: only its entries count (an
+    /// earlier image's wait to be dropped, see `restarted`). A process without counters has
+    /// no current entries yet.
+    pub(super) fn read_procs(&self, snap: &mut Snapshot) -> Result<StdHashMap<u32, u32>> {
+        let mut epochs: StdHashMap<u32, u32> = StdHashMap::new();
+        // A process counts in its slots and, on CPUs where another owns its slot, in the map:
+        // its figures are the sum of both.
+        let mut in_slots: StdHashMap<u32, Vec<ProcCounters>> = StdHashMap::new();
+        for (tgid, counters) in self.proc_slots.owned() {
+            in_slots.entry(tgid).or_default().push(counters);
+        }
+        let mut add_proc = |tgid: u32, per_cpu: &[ProcCounters], slots: &[ProcCounters]| {
+            let all = || per_cpu.iter().chain(slots);
+            let epoch = all().map(|c| c.epoch).max().unwrap_or(0);
+            epochs.insert(tgid, epoch as u32);
+            let comm = all()
+                .map(|c| comm_str(&c.comm))
+                .find(|c| !c.is_empty())
+                .unwrap_or_default();
+            snap.procs.insert(
+                tgid,
+                ProcSnapshot {
+                    comm,
+                    totals: Totals::from_per_cpu(all()),
+                    epoch: epoch as u32,
+                },
+            );
+        };
+        batch::per_cpu_hash::<u32, ProcCounters>(
+            self.procs_fd.as_fd(),
+            self.cpus,
+            |&tgid, per_cpu| {
+                let slots = in_slots.remove(&tgid).unwrap_or_default();
+                add_proc(tgid, per_cpu, &slots);
+            },
+        )
+        .map_err(read_err(maps::PROCS))?;
+        for (tgid, slots) in in_slots {
+            add_proc(tgid, &[], &slots);
+        }
+        Ok(epochs)
+    }
+
+    /// The size counters of the current images (`epochs`), and every image's keys for
+    /// `size_keys`.
+    pub(super) fn read_sizes(
+        &mut self,
+        snap: &mut Snapshot,
+        epochs: &StdHashMap<u32, u32>,
+    ) -> Result<()> {
+        let mut size_keys = std::mem::take(&mut self.size_keys);
+        size_keys.clear();
+        // A size counts in its slots and, on CPUs where another holds its slot, in the map:
+        // its figures are the sum of both. Only the current images' count.
+        let mut count_size = |key: &SizeKey, n: u64| {
+            if epochs.get(&key.tgid) == Some(&key.epoch) {
+                let c = snap
+                    .sizes
+                    .entry((key.tgid, key.func, key.size, key.stack_id))
+                    .or_default();
+                *c = c.wrapping_add(n);
+            }
+        };
+        for (key, n) in self.size_slots.held() {
+            count_size(&key, n);
+        }
+        batch::per_cpu_hash::<SizeKey, u64>(self.sizes_fd.as_fd(), self.cpus, |key, per_cpu| {
+            size_keys.push(*key);
+            count_size(key, per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b)));
+        })
+        .map_err(read_err(maps::SIZES))?;
+        self.size_keys = size_keys;
+        Ok(())
+    }
+
+    pub(super) fn read_losses(&self, snap: &mut Snapshot) -> Result<()> {
+        for kind in Loss::ALL {
+            let per_cpu = self
+                .losses
+                .get(&(kind as u32), 0)
+                .map_err(map_err(maps::LOSSES))?;
+            snap.losses[kind as usize] = per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b));
+        }
+        Ok(())
+    }
+
+    /// The site counters of the current images (`epochs`), and every image's keys for
+    /// `site_keys`.
+    pub(super) fn read_sites(
+        &mut self,
+        snap: &mut Snapshot,
+        epochs: &StdHashMap<u32, u32>,
+    ) -> Result<()> {
+        let mut site_keys = std::mem::take(&mut self.site_keys);
+        site_keys.clear();
+        // As sizes: the slots' figures and the map's, summed.
+        let mut site_slots: StdHashMap<SiteKey, Vec<SiteCounters>> = StdHashMap::new();
+        for (key, counters) in self.site_slots.held() {
+            site_slots.entry(key).or_default().push(counters);
+        }
+        let mut add_site = |key: &SiteKey, per_cpu: &[SiteCounters], slots: &[SiteCounters]| {
+            if epochs.get(&key.tgid) == Some(&key.epoch) {
+                snap.sites.insert(
+                    (key.tgid, key.stack_id, key.func),
+                    SiteTotals::from_per_cpu(per_cpu.iter().chain(slots)),
+                );
+            }
+        };
+        batch::per_cpu_hash::<SiteKey, SiteCounters>(
+            self.sites_fd.as_fd(),
+            self.cpus,
+            |key, per_cpu| {
+                site_keys.push(*key);
+                let slots = site_slots.remove(key).unwrap_or_default();
+                add_site(key, per_cpu, &slots);
+            },
+        )
+        .map_err(read_err(maps::SITES))?;
+        for (key, slots) in site_slots {
+            add_site(&key, &[], &slots);
+        }
+        self.site_keys = site_keys;
+        Ok(())
+    }
+
+    /// The call-time histograms, each function's summed over the CPUs.
+    pub(super) fn read_latency(&self, snap: &mut Snapshot) -> Result<()> {
+        for f in 0..FUNC_COUNT {
+            let per_cpu = self
+                .latency
+                .get(&(f as u32), 0)
+                .map_err(map_err(maps::LATENCY))?;
+            for h in per_cpu.iter() {
+                for (acc, b) in snap.latency[f].iter_mut().zip(h.buckets.iter()) {
+                    *acc = acc.wrapping_add(*b);
+                }
+            }
+        }
+        Ok(())
+    }
+}
