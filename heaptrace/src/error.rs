@@ -33,8 +33,14 @@ pub enum Error {
     },
     #[error("no malloc found for {0}")]
     NoMallocFor(String),
+    /// `found`: the command exists (a shell exits 126 when it cannot run it, 127 when there is
+    /// no such command).
     #[error("cannot execute {cmd}: {reason}")]
-    Exec { cmd: String, reason: String },
+    Exec {
+        cmd: String,
+        reason: String,
+        found: bool,
+    },
     #[error("cannot read {path}: {source}")]
     Read {
         path: PathBuf,
@@ -83,6 +89,8 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Output { .. } => 2,
+            Error::Exec { found: true, .. } => 126,
+            Error::Exec { found: false, .. } => 127,
             _ => 1,
         }
     }

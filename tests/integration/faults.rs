@@ -54,16 +54,18 @@ bpf_test!(
         let plain = std::env::temp_dir().join(format!("heaptrace-plain-{}", std::process::id()));
         std::fs::write(&plain, "not a program\n").unwrap();
         let plain = plain.to_str().unwrap();
-        for (cmd, why) in [
+        // As a shell exits: 127 for no such command, 126 for one it cannot run.
+        for (cmd, why, code) in [
             (
                 "/nonexistent/prog",
                 "No such file or directory (os error 2)",
+                127,
             ),
-            (plain, "Permission denied (os error 13)"),
-            ("/etc", "Permission denied (os error 13)"),
+            (plain, "Permission denied (os error 13)", 126),
+            ("/etc", "Permission denied (os error 13)", 126),
         ] {
             let out = heaptrace().args(["--", cmd]).output().unwrap();
-            assert!(!out.status.success());
+            assert_eq!(out.status.code(), Some(code), "{out:?}");
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert_eq!(
                 stderr.trim(),
@@ -79,8 +81,14 @@ bpf_test!(
             .unwrap();
         let out = heaptrace().arg("--").arg(&script).output().unwrap();
         let _ = std::fs::remove_file(&script);
-        assert!(!out.status.success());
+        assert_eq!(out.status.code(), Some(126), "{out:?}");
         assert!(error_line(&out).contains("Exec format error"), "{out:?}");
+        let out = heaptrace()
+            .args(["--", "heaptrace-no-such-command"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(127), "{out:?}");
+        assert!(error_line(&out).contains("command not found"), "{out:?}");
     }
 );
 

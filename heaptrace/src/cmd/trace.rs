@@ -38,10 +38,9 @@ impl Target {
             (Some(pid), _, _) => Ok(Target::Pid(pid)),
             (None, true, _) => Ok(Target::All),
             (None, false, false) => Ok(Target::Command(cli.command.clone())),
-            (None, false, true) => Err(Error::Exec {
-                cmd: "nothing".into(),
-                reason: "give a target: -p PID, --all or -- COMMAND [ARGS]".into(),
-            }),
+            (None, false, true) => Err(Error::Usage(
+                "give a target: -p PID, --all or -- COMMAND [ARGS] (heaptrace --help)".into(),
+            )),
         }
     }
 

@@ -121,6 +121,7 @@ pub fn spawn_stopped(exe: &Path, argv: &[String], redirect: Option<&Redirect>) -
     let exec_err = |reason: String| Error::Exec {
         cmd: cmd.clone(),
         reason,
+        found: true,
     };
     let prepared = Prepared {
         exe: CString::new(exe.as_os_str().as_bytes()).map_err(|e| exec_err(e.to_string()))?,
@@ -166,10 +167,12 @@ impl Stopped {
             Ok(Err(errno)) => Err(Error::Exec {
                 cmd: self.cmd,
                 reason: io::Error::from_raw_os_error(errno).to_string(),
+                found: errno != libc::ENOENT,
             }),
             Err(_) => Err(Error::Exec {
                 cmd: self.cmd,
                 reason: "the tracer thread died".into(),
+                found: true,
             }),
         }
     }

@@ -67,11 +67,13 @@ pub(super) fn find_target(
             let exe = allocator::resolve_command(&argv[0]).ok_or_else(|| Error::Exec {
                 cmd: argv[0].clone(),
                 reason: "command not found".into(),
+                found: false,
             })?;
             // Said before anything is attached, as the shell would say it.
             launch::check_executable(&exe).map_err(|e| Error::Exec {
                 cmd: argv[0].clone(),
                 reason: e.to_string(),
+                found: e.kind() != std::io::ErrorKind::NotFound,
             })?;
             let preload = std::env::var("LD_PRELOAD").ok();
             let provider = match &cli.allocator_symbols {
