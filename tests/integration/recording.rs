@@ -1,7 +1,10 @@
 //! Recordings: a recorded trace reports the same numbers as the live one, every view and export
 //! works (checked by the tools people use: go tool pprof, ms_print), and bad files give one
 //! line and exit code 2.
-use std::{path::PathBuf, process::Command};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use serde_json::Value;
 
@@ -54,6 +57,25 @@ fn export(rec: &str, tag: &str, kind: &str, extra: &[&str]) -> (PathBuf, String)
     (path, text)
 }
 
+/// `go tool pprof -top -unit=B [EXTRA] FILE`: its text and the first row of its table.
+fn pprof_top(file: &Path, extra: &[&str]) -> (String, String) {
+    let o = Command::new("go")
+        .args(["tool", "pprof", "-top", "-unit=B"])
+        .args(extra)
+        .arg(file)
+        .output()
+        .expect("go tool pprof");
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let first = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("flat"))
+        .nth(1)
+        .unwrap()
+        .to_string();
+    (text, first)
+}
+
 fn report_ok(args: &[&str]) -> String {
     let o = report(args);
     assert!(
@@ -88,23 +110,7 @@ bpf_test!(
         ] {
             assert_eq!(off[key], live[key], "{key} differs between live and report");
         }
-        let calls = |doc: &Value| -> Vec<(String, u64, u64)> {
-            let mut v: Vec<_> = doc["stacks"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| {
-                    (
-                        s["frames"][0]["function"].as_str().unwrap().to_string(),
-                        s["calls"].as_u64().unwrap(),
-                        s["bytes"].as_u64().unwrap(),
-                    )
-                })
-                .collect();
-            v.sort();
-            v
-        };
-        assert_eq!(calls(&off), calls(&live));
+        assert_eq!(stacks_by_function(&off), stacks_by_function(&live));
         // And the fixture's own numbers.
         assert_eq!(off["functions"]["malloc"]["calls"].as_u64(), Some(2 * N));
         assert_eq!(off["functions"]["calloc"]["calls"].as_u64(), Some(N));
@@ -206,40 +212,13 @@ bpf_test!(
 
         let (pb, _) = export(r, "rec-export", "pprof", &[]);
         if tool("go") || ci {
-            let o = Command::new("go")
-                .args(["tool", "pprof", "-top", "-unit=B"])
-                .arg(&pb)
-                .output()
-                .expect("go tool pprof");
-            let text = String::from_utf8_lossy(&o.stdout);
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let (text, first) = pprof_top(&pb, &[]);
             assert!(text.contains("Type: inuse_space"), "{text}");
-            let first = text
-                .lines()
-                .skip_while(|l| !l.trim_start().starts_with("flat"))
-                .nth(1)
-                .unwrap();
             assert!(
                 first.contains("200000B") && first.ends_with("alloc_b"),
                 "{text}"
             );
-            let o = Command::new("go")
-                .args([
-                    "tool",
-                    "pprof",
-                    "-top",
-                    "-unit=B",
-                    "-sample_index=alloc_space",
-                ])
-                .arg(&pb)
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&o.stdout);
-            let first = text
-                .lines()
-                .skip_while(|l| !l.trim_start().starts_with("flat"))
-                .nth(1)
-                .unwrap();
+            let (text, first) = pprof_top(&pb, &["-sample_index=alloc_space"]);
             assert!(
                 first.contains(&format!("{}B", 333 * N)) && first.ends_with("helper_c"),
                 "{text}"

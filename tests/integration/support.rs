@@ -456,3 +456,22 @@ pub fn ready(mut cmd: Command) -> Child {
     assert_eq!(line, "ready\n");
     child
 }
+
+/// A document's stacks as (innermost function, calls, bytes), sorted: two documents of the
+/// same run compare equal whatever order their stacks came in.
+pub fn stacks_by_function(doc: &serde_json::Value) -> Vec<(String, u64, u64)> {
+    let mut v: Vec<_> = doc["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["frames"][0]["function"].as_str().unwrap().to_string(),
+                s["calls"].as_u64().unwrap(),
+                s["bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}

@@ -295,22 +295,10 @@ bpf_test!(
         assert_eq!(view["document"]["functions"], doc["functions"]);
         assert_eq!(view["document"]["totals"], doc["totals"]);
         assert_eq!(view["document"]["leaks"], doc["leaks"]);
-        let calls = |d: &serde_json::Value| {
-            let mut v: Vec<(String, u64)> = d["stacks"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| {
-                    (
-                        s["frames"][0]["function"].as_str().unwrap().to_string(),
-                        s["calls"].as_u64().unwrap(),
-                    )
-                })
-                .collect();
-            v.sort();
-            v
-        };
-        assert_eq!(calls(&view["document"]), calls(&doc));
+        assert_eq!(
+            stacks_by_function(&view["document"]),
+            stacks_by_function(&doc)
+        );
         let malloc = view["rows"]
             .as_array()
             .unwrap()
