@@ -6,6 +6,7 @@ mod custom;
 mod exec;
 mod expect;
 mod faults;
+mod filters;
 mod liveslots;
 mod memory;
 mod outputs;
