@@ -31,7 +31,7 @@ pub struct Totals {
 impl Totals {
     /// Every counter of `self` and `other` put through `op`, field by field. The arithmetic
     /// wraps on the bits: the kernel's live counters are wrapping sums per CPU, signed here.
-    fn zip(&self, other: &Totals, op: fn(u64, u64) -> u64) -> Totals {
+    fn zip(&self, other: &Totals, op: impl Fn(u64, u64) -> u64 + Copy) -> Totals {
         let signed = |a: i64, b: i64| op(a as u64, b as u64) as i64;
         let mut t = *self;
         for (a, b) in t.funcs.iter_mut().zip(other.funcs.iter()) {
@@ -183,13 +183,13 @@ pub struct SiteTotals {
     pub lifetimes: Log2,
 }
 
-fn log2_zip(a: &Log2, b: &Log2, op: fn(u64, u64) -> u64) -> Log2 {
+fn log2_zip(a: &Log2, b: &Log2, op: impl Fn(u64, u64) -> u64 + Copy) -> Log2 {
     std::array::from_fn(|i| op(a[i], b[i]))
 }
 
 impl SiteTotals {
     /// Every counter put through `op`, field by field, wrapping on the bits as `Totals::zip`.
-    fn zip(&self, other: &SiteTotals, op: fn(u64, u64) -> u64) -> SiteTotals {
+    fn zip(&self, other: &SiteTotals, op: impl Fn(u64, u64) -> u64 + Copy) -> SiteTotals {
         let signed = |a: i64, b: i64| op(a as u64, b as u64) as i64;
         SiteTotals {
             calls: op(self.calls, other.calls),
