@@ -16,8 +16,9 @@
 //! cmd        the subcommands; `main` only parses and dispatches
 //! ```
 //!
-//! `run_info` (the mode, the target, one description of a run), `error` and `output` (files
-//! created safely for a tracer run as root) are shared by all.
+//! `run_info` (the mode, the target, one description of a run), `exit_status` (how a process
+//! ended), `error` and `output` (files created safely for a tracer run as root) are shared by
+//! all.
 //! `docs/architecture.md` draws the flow.
 pub mod bpf;
 pub mod cli;
@@ -25,6 +26,7 @@ pub mod cmd;
 pub mod daemon;
 pub mod drain;
 pub mod error;
+pub mod exit_status;
 pub mod output;
 pub mod probe;
 pub mod profile;

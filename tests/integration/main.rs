@@ -14,6 +14,7 @@ mod placement;
 mod recording;
 mod sampling;
 mod scale;
+mod signals;
 mod slots;
 mod stacks;
 mod support;

@@ -9,9 +9,10 @@ use heaptrace_common::Func;
 use crate::{
     bpf::prog_stats,
     cli::TraceArgs,
-    daemon::{Daemon, End, Filter, Start, exec_watch::ProcWatch},
+    daemon::{Daemon, End, Filter, Sig, Start, exec_watch::ProcWatch, signals},
     drain::KernelMaps,
     error::{Error, Result},
+    exit_status::ExitStatus,
     output::{self, NewFile},
     probe::{self, LoadOptions, Probes, Scope},
     profile::Profile,
@@ -67,6 +68,9 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     check(cli)?;
     check_outputs(cli, &target, record)?;
     probe::preflight()?;
+    // From here on SIGINT, SIGTERM and SIGHUP are only recorded: one during the attach ends
+    // the trace once the attach is complete, and never leaves a probe behind.
+    signals::install()?;
     // Created now, not once the command runs: a recording that cannot be written leaves no
     // command running untraced. Removed again if tracing never starts.
     let recording = record
@@ -97,6 +101,12 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         first,
     } = attached;
     let (procwatch, memring) = watchers(cli, &mut probes, &provider, scope, &opts)?;
+    if let Some(got) = signals::take_pending() {
+        if let Some(child) = stopped {
+            child.abort();
+        }
+        return Err(Error::Signalled(got.sig.to_string(), got.sig.number()));
+    }
     announce(cli, &probes, first, &provider, scope);
     let (pid, child) = match (stopped, scope) {
         (Some(stopped), _) => {
@@ -132,36 +142,47 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         stack_depth: cli.stack_depth as usize,
         keep_exited: cli.keep_exited,
     });
-    let end = rt.block_on(daemon.watch(cli.interval))?;
-    // Exit status of a launched command: it may still be finishing after a signal.
-    let exit_code = match &target {
-        Target::Command(_) => Some(rt.block_on(daemon.child_exit(&end))?),
-        _ => None,
+    let end = match rt.block_on(daemon.watch(cli.interval)) {
+        Ok(end) => end,
+        Err(e) => {
+            // Never left to run on untraced: the tracer thread's end kills it
+            // (PTRACE_O_EXITKILL), but the summary should say so first.
+            if let (Target::Command(_), Some(pid)) = (&target, pid) {
+                eprintln!("heaptrace: stopping pid {pid}, which would run on untraced");
+            }
+            return Err(e);
+        }
     };
-    let done = finish(&mut daemon, stats_fd, pid, &end, exit_code)?;
-    // The live view stays up on the final figures after the target exited, until quit.
-    if daemon.live.is_some() && matches!(end, End::TargetExited) {
+    // How a launched command ended: it may still be finishing after a signal.
+    let exit = match &target {
+        Target::Command(_) => Some(rt.block_on(daemon.child_exit(&end))?),
+        _ => daemon.exit,
+    };
+    let exit_code = exit.map(|e| e.shell_code());
+    let done = finish(&mut daemon, stats_fd, pid, &end, exit)?;
+    // The live view stays up on the final figures after the target exited, until quit; not
+    // when a signal asked heaptrace to end.
+    if daemon.live.is_some() && matches!(end, End::TargetExited) && daemon.passed_on.is_none() {
         daemon.publish(Some(done.reason.clone()), exit_code);
         rt.block_on(daemon.until_quit())?;
     }
     let view_error = view.map(|v| v.close()).and_then(|r| r.err());
+    // A view that failed because its terminal hung up is no error of the trace.
+    let view_error = view_error.filter(|_| !matches!(end, End::Signal(Sig::Hup)));
     let own = procfs::own_rss_kb();
     print_summary(cli, &daemon.profile, &info, &done, own);
     if let Some(path) = &cli.json {
-        write_json(
-            path,
-            cli.force,
-            &daemon.profile,
-            &info,
-            exit_code,
-            &done,
-            own,
-        )?;
+        write_json(path, cli.force, &daemon.profile, &info, exit, &done, own)?;
     }
     if let Some(e) = view_error {
         return Err(Error::Io(std::io::Error::other(e)));
     }
-    Ok(exit_code.unwrap_or(0))
+    Ok(match &target {
+        // The command's own status, whatever made it end.
+        Target::Command(_) => exit_code.unwrap_or(1),
+        // Ending a trace of -p or --all with Ctrl-C is no failure.
+        _ => 0,
+    })
 }
 
 fn write_error(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {

@@ -9,8 +9,9 @@
 //! image's first instruction: an allocator in its executable (a static binary, jemalloc linked
 //! in) is probed before it runs. One thread,
 //! the tracer, forks, seizes and waits for the child; it passes every signal on and tells the
-//! daemon when the child is exiting and when it has exited. If heaptrace dies, the kernel
-//! releases the child, which goes on.
+//! daemon when the child is exiting and when it has exited. If heaptrace dies, even by
+//! SIGKILL, the kernel kills the child (`PTRACE_O_EXITKILL`): a launched command never runs on
+//! untraced.
 use std::{
     ffi::CString,
     io::{self, Read as _},
@@ -23,7 +24,10 @@ use std::{
     time::Duration,
 };
 
-use crate::error::{Error, Result};
+use crate::{
+    error::{Error, Result},
+    exit_status::ExitStatus,
+};
 
 /// What the tracer thread tells the daemon.
 #[derive(Debug, PartialEq, Eq)]
@@ -33,8 +37,8 @@ pub enum Event {
     /// Stopped just after an exec (not the command's own): the new executable and its loader
     /// are mapped, none of its code has run; it goes on when acknowledged (or after a timeout).
     Exec,
-    /// Gone, with this exit code (128 + signal when killed).
-    Exited(i32),
+    /// Gone; None if the wait for it failed.
+    Exited(Option<ExitStatus>),
 }
 
 /// Where a launched command's standard streams go.
@@ -300,7 +304,8 @@ unsafe fn exec_when_told(
     }
 }
 
-/// Seizes the child to hold it at its exit and at later execs; whether that worked. Without
+/// Seizes the child to hold it at its exit and at later execs, and to take it along if
+/// heaptrace dies; whether that worked. Without
 /// ptrace (not permitted here), everything but the holds still works.
 fn seize(pid: i32) -> bool {
     // SAFETY: seizing our own child, which is waiting on the go pipe.
@@ -309,7 +314,8 @@ fn seize(pid: i32) -> bool {
             libc::PTRACE_SEIZE,
             pid,
             0,
-            (libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC) as libc::c_ulong,
+            (libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC | libc::PTRACE_O_EXITKILL)
+                as libc::c_ulong,
         )
     } == 0;
     if !seized {
@@ -359,7 +365,7 @@ fn untraced(
     while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
         && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
     {}
-    let _ = events.send(Event::Exited(exit_code(status)));
+    let _ = events.send(Event::Exited(ExitStatus::from_wait(status)));
 }
 
 /// A seized child, followed until it is gone: the state its stops share.
@@ -397,12 +403,14 @@ impl Tracee {
                 if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                     continue;
                 }
-                let _ = self.events.send(Event::Exited(1));
+                let _ = self.events.send(Event::Exited(None));
                 return;
             }
             if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
                 self.exec_done();
-                let _ = self.events.send(Event::Exited(exit_code(status)));
+                let _ = self
+                    .events
+                    .send(Event::Exited(ExitStatus::from_wait(status)));
                 return;
             }
             if libc::WIFSTOPPED(status) {
@@ -500,17 +508,6 @@ fn wait_exit(pid: i32) {
         }
         // SAFETY: our own stopped child; fails harmlessly if it is not traced.
         unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
-    }
-}
-
-/// Shell convention: the exit code, or 128 + the signal that killed it.
-fn exit_code(status: i32) -> i32 {
-    if libc::WIFEXITED(status) {
-        libc::WEXITSTATUS(status)
-    } else if libc::WIFSIGNALED(status) {
-        128 + libc::WTERMSIG(status)
-    } else {
-        1
     }
 }
 

@@ -1,9 +1,10 @@
 //! Finding and starting targets: which object provides malloc to a process, its ELF symbols,
-//! custom allocator names, /proc and cgroups, and a command started before its first
-//! instruction.
+//! custom allocator names, /proc and cgroups, a command started before its first instruction,
+//! and how a process that is not our child ended.
 pub mod allocator;
 pub mod cgroups;
 pub mod custom_symbols;
 pub mod elf;
+pub mod exit_watch;
 pub mod launch;
 pub mod procfs;

@@ -19,6 +19,8 @@ use crate::{
 pub struct Run<'a> {
     pub info: &'a RunInfo,
     pub exit_code: Option<i32>,
+    /// The signal that killed the target (a live trace knows; a recording says only the code).
+    pub signal: Option<i32>,
     pub probes: &'a [Attached],
     /// Each memory syscall wrapper probed (`provider.syscall_probes`).
     pub syscall_probes: Option<Vec<Value>>,
@@ -36,6 +38,7 @@ impl<'a> Run<'a> {
         Run {
             info,
             exit_code,
+            signal: None,
             probes: &[],
             syscall_probes: None,
             own_rss_kb: None,
@@ -383,6 +386,7 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
             "pids": info.pids,
             "command": info.command,
             "exit_code": run.exit_code,
+            "signal": run.signal.map(crate::exit_status::signal_name),
         },
         "interval_ms": info.interval_ms,
         "mode": info.mode.name(),
