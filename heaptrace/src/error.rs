@@ -15,6 +15,8 @@ pub enum Error {
     NoUprobes,
     #[error("no such process: {0}")]
     NoSuchProcess(u32),
+    #[error("cannot look into process {pid}: {reason}")]
+    NoAccess { pid: u32, reason: String },
     #[error(
         "process {0}'s main thread has ended (its other threads run on); the kernel matches a \
          process's probes by its main thread's memory, gone now, so -p would see nothing: use \

@@ -21,6 +21,7 @@ use crate::{
     run_info::{RunInfo, TargetKind, Temporary},
     symbolize::modules::Modules,
     targets::{
+        access,
         allocator::{self, Provider},
         launch, procfs,
     },

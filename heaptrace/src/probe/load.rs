@@ -112,25 +112,7 @@ pub fn preflight() -> Result<()> {
 }
 
 fn has_bpf_caps() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    const CAP_SYS_ADMIN: u32 = 21;
-    const CAP_PERFMON: u32 = 38;
-    const CAP_BPF: u32 = 39;
-    let Some(eff) = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-    else {
-        return false;
-    };
-    let has = |c: u32| eff & (1 << c) != 0;
-    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+    crate::targets::access::Privileges::own().can_load()
 }
 
 /// The object as loaded: its placeholders rewritten for this kernel (`bpf::kfunc`), once a process.

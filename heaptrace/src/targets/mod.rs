@@ -1,6 +1,7 @@
-//! Finding and starting targets: which object provides malloc to a process, its ELF symbols,
+//! Finding and starting targets: what heaptrace may look into, which object provides malloc to a process, its ELF symbols,
 //! custom allocator names, /proc and cgroups, a command started before its first instruction,
 //! and how a process that is not our child ended.
+pub mod access;
 pub mod allocator;
 pub mod cgroups;
 pub mod custom_symbols;

@@ -52,6 +52,7 @@ pub(super) fn find_target(
             if !procfs::alive(*pid) {
                 return Err(Error::NoSuchProcess(*pid));
             }
+            access::Privileges::own().check_pid(*pid)?;
             if procfs::state(*pid) == Some('Z') {
                 let comm = procfs::comm(*pid).unwrap_or_default();
                 return Err(Error::LeaderExited(*pid, comm));
@@ -62,7 +63,12 @@ pub(super) fn find_target(
             };
             (provider, Scope::Process(*pid), None)
         }
-        Target::All => (allocator::host_libc()?, Scope::All, None),
+        Target::All => {
+            if let Some(w) = access::Privileges::own().all_warning() {
+                eprintln!("heaptrace: warning: {w}");
+            }
+            (allocator::host_libc()?, Scope::All, None)
+        }
         Target::Command(argv) => {
             let exe = allocator::resolve_command(&argv[0]).ok_or_else(|| Error::Exec {
                 cmd: argv[0].clone(),
