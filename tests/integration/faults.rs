@@ -9,9 +9,23 @@ use crate::support::*;
 
 #[test]
 fn no_target_is_a_usage_error() {
+    // Bare: the short usage and the examples, exit 2 as clap's usage errors.
     let out = heaptrace().output().unwrap();
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("Usage: heaptrace") && stderr.contains("Examples:"),
+        "{stderr}"
+    );
+    let out = heaptrace().arg("--no-tui").output().unwrap();
     assert!(error_line(&out).contains("give a target"), "{out:?}");
+    // A command where a target was expected: the line that traces it.
+    let out = heaptrace().args(["ls", "-l"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        error_line(&out).contains("did you mean `heaptrace -- ls -l`?"),
+        "{out:?}"
+    );
 }
 
 #[test]
