@@ -378,6 +378,9 @@ pub struct ReportArgs {
     pub to: Option<Duration>,
 
     /// Compare with another recording, per site.
+    ///
+    /// With the views overview and hotspots (ordered by the change in bytes allocated) or
+    /// leaks (by the change in bytes leaked); FILE is the before, B.bin the after.
     #[arg(long, value_name = "B.bin")]
     pub diff: Option<std::path::PathBuf>,
 

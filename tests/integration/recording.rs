@@ -177,8 +177,13 @@ bpf_test!(
         // Window and process filters.
         let none = report_json(&[r, "--pid", "1"]);
         assert_eq!(none["functions"]["malloc"]["calls"], 0);
-        let early = report_json(&[r, "timeline", "--to", "1ms"]);
-        assert_eq!(early, serde_json::json!([]));
+        // A window with no round in it is an error, not an empty answer.
+        let early = report(&[r, "timeline", "--to", "1ms"]);
+        assert_eq!(early.status.code(), Some(1));
+        assert!(
+            error_line(&early).contains("ends between the start and 1ms"),
+            "{early:?}"
+        );
         // A reader that is gone (`| head` having read enough) ends a report quietly; it was a
         // panic with a backtrace in text, an error in JSON.
         for args in [&[r, "tree"][..], &[r, "overview", "--format", "json"]] {
@@ -275,6 +280,36 @@ bpf_test!(
             .unwrap();
         assert_eq!(a_site["bytes"], serde_json::json!([111 * 2000, 111 * 1000]));
         assert_eq!(a_site["calls"], serde_json::json!([2000, 1000]));
+        // In text, the change in human units: 111,000 bytes fewer.
+        let text = report_ok(&[a.to_str().unwrap(), "--diff", b.to_str().unwrap()]);
+        let row = text
+            .lines()
+            .find(|l| l.contains("malloc <- alloc_a <- main"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(row.trim_start().starts_with("-108.4 KiB"), "{row}");
+        // A view that is not per site cannot be compared: one line, before anything is read.
+        let o = report(&[
+            a.to_str().unwrap(),
+            "timeline",
+            "--diff",
+            b.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(1));
+        let err = error_line(&o);
+        assert!(
+            err.contains("--diff compares sites: it works with the views overview, hotspots, leaks, not timeline"),
+            "{err}"
+        );
+        // A window that is inverted, or holds no round, is an error, not an empty report.
+        let o = report(&[a.to_str().unwrap(), "--from", "4s", "--to", "2s"]);
+        assert_eq!(o.status.code(), Some(1));
+        assert!(error_line(&o).contains("--from 4.0s is after --to 2.0s"));
+        let o = report(&[a.to_str().unwrap(), "--from", "3000s"]);
+        assert_eq!(o.status.code(), Some(1));
+        assert!(
+            error_line(&o).contains("ends between 3000.0s and the end (its last ends at"),
+            "{o:?}"
+        );
     }
 );
 

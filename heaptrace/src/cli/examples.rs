@@ -29,7 +29,7 @@ Examples:
   heaptrace report trace.bin --export svg -o flame.svg
   heaptrace report trace.bin --export pprof -o heap.pb.gz
   heaptrace report trace.bin --export massif -o massif.out
-  heaptrace report after.bin hotspots --diff before.bin";
+  heaptrace report before.bin hotspots --diff after.bin";
 
 pub const PROBES: &str = "\
 Examples:

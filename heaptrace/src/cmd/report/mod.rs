@@ -23,9 +23,13 @@ pub use crate::view::site_tables::Names;
 pub const BAD_FILE: i32 = 2;
 
 pub fn run(args: &ReportArgs) -> Result<i32> {
-    // Before the replay, which can take a while: a bad -o is said at once.
+    // Before the replay, which can take a while: a bad -o, window or view is said at once.
     if let (Some(_), Some(out)) = (args.export, &args.output) {
         crate::output::check("-o", out, args.force)?;
+    }
+    check_window(args)?;
+    if args.diff.is_some() {
+        diff::check_view(args.view)?;
     }
     let (rec, profile) = match open(&args.file, args) {
         Ok(r) => r,
@@ -34,6 +38,17 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
             return Ok(BAD_FILE);
         }
     };
+    if (args.from.is_some() || args.to.is_some()) && profile.round_count() == 0 {
+        return Err(Error::Usage(format!(
+            "no round of {} ends between {} and {} (its last ends at {})",
+            args.file.display(),
+            args.from.map(secs).unwrap_or_else(|| "the start".into()),
+            args.to.map(secs).unwrap_or_else(|| "the end".into()),
+            rec.last_elapsed_ms
+                .map(|ms| secs(std::time::Duration::from_millis(ms)))
+                .unwrap_or_else(|| "none: it has no round".into()),
+        )));
+    }
     if rec.truncated {
         eprintln!(
             "heaptrace: warning: {} was cut short; read up to its last complete record",
@@ -52,7 +67,14 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
                 return Ok(BAD_FILE);
             }
         };
-        super::out(&diff::render(&profile, &pb, &names, args.top, args.format))?;
+        super::out(&diff::render(
+            &profile,
+            &pb,
+            args.view,
+            &names,
+            args.top,
+            args.format,
+        ))?;
         return Ok(0);
     }
     if let Some(kind) = args.export {
@@ -70,6 +92,29 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
             .write_pretty(std::io::stdout().lock())?,
     }
     Ok(0)
+}
+
+/// `--from` after `--to` selects nothing: said before the file is read.
+fn check_window(args: &ReportArgs) -> Result<()> {
+    if let (Some(from), Some(to)) = (args.from, args.to)
+        && from > to
+    {
+        return Err(Error::Usage(format!(
+            "--from {} is after --to {}: no round can end in between",
+            secs(from),
+            secs(to)
+        )));
+    }
+    Ok(())
+}
+
+/// A time since the start as the options take it: `250ms`, `4.0s`.
+fn secs(d: std::time::Duration) -> String {
+    if d < std::time::Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
 }
 
 /// Reads a recording, turning every way it can be wrong into one message, and replays it.
