@@ -198,8 +198,11 @@ mod tests {
     fn a_signal_sent_by_kill_is_recorded_as_not_the_terminals() {
         install().unwrap();
         while take_pending().is_some() {}
+        // To this thread (tgkill), so the handler has run when raise returns; kill(2) to the
+        // process may be taken by another of the test binary's threads later. Its si_code is
+        // SI_TKILL: not the kernel's.
         // SAFETY: signalling ourselves; the handler is installed.
-        unsafe { libc::kill(libc::getpid(), libc::SIGHUP) };
+        unsafe { libc::raise(libc::SIGHUP) };
         assert_eq!(
             take_pending(),
             Some(Received {
