@@ -128,6 +128,13 @@ pub struct TraceArgs {
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub top: usize,
 
+    /// Name frames in full in the summary's site tables.
+    ///
+    /// They elide template arguments and parameters by default (`Pool<…>::make(…)`); the
+    /// JSON document always has the full names.
+    #[arg(long)]
+    pub full_names: bool,
+
     /// What counts as temporary.
     ///
     /// A block freed by the thread that allocated it, with fewer than N of that thread's
@@ -357,13 +364,24 @@ pub struct ReportArgs {
     #[arg(long, value_enum, default_value = "bytes")]
     pub by: FlameBy,
 
-    /// Show function names only (no file:line, no parameters).
-    #[arg(long)]
+    /// Name frames by their qualified function name only.
+    ///
+    /// No return type, template arguments, parameters or file:line:
+    /// `std::vector::_M_realloc_insert`.
+    #[arg(long, conflicts_with = "full_names")]
     pub just_function_name: bool,
 
-    /// Replace template and generic arguments with `<...>`.
-    #[arg(long)]
+    /// Elide template arguments and parameters: `Pool<…>::make(…)`.
+    ///
+    /// The default of the text views; for JSON and the exports, which keep names whole
+    /// otherwise.
+    #[arg(long, conflicts_with = "full_names")]
     pub shorten_templates: bool,
+
+    /// Name frames in full in the text views too (they elide template arguments and
+    /// parameters by default).
+    #[arg(long)]
+    pub full_names: bool,
 
     /// Only this process.
     #[arg(long, value_name = "PID")]

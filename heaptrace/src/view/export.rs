@@ -16,7 +16,7 @@ use crate::{
     profile::Profile,
     record::{Recording, format::ModuleRec},
     symbolize::Frame,
-    view::site_tables::Names,
+    view::names::Names,
 };
 
 pub fn write(

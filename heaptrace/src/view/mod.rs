@@ -2,6 +2,7 @@
 //! document, the live view, and the exports. Every view reads a Profile, never the kernel.
 pub mod export;
 pub mod json;
+pub mod names;
 pub mod site_tables;
 pub mod summary;
 pub mod tree;

@@ -11,7 +11,7 @@ use crate::{
     cli::{Format, View},
     error::{Error, Result},
     profile::Profile,
-    view::site_tables::Names,
+    view::names::Names,
     view::units::bytes,
 };
 

@@ -17,7 +17,22 @@ use crate::{
     symbolize::modules::Location,
 };
 
-pub use crate::view::site_tables::Names;
+use crate::view::names::NameStyle;
+pub use crate::view::names::Names;
+
+/// How frames are named: the text views shorten by default, JSON and the exports keep names
+/// whole unless asked.
+fn names(args: &ReportArgs) -> Names {
+    let whole_by_default = args.export.is_some() || args.format == Format::Json;
+    let style = if args.just_function_name {
+        NameStyle::Function
+    } else if args.full_names || (whole_by_default && !args.shorten_templates) {
+        NameStyle::Full
+    } else {
+        NameStyle::Short
+    };
+    Names { style }
+}
 
 /// Exit code for a recording that cannot be read (bad input), as the issue asks.
 pub const BAD_FILE: i32 = 2;
@@ -55,10 +70,7 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
             args.file.display()
         );
     }
-    let names = Names {
-        just_function_name: args.just_function_name,
-        shorten_templates: args.shorten_templates,
-    };
+    let names = names(args);
     if let Some(other) = &args.diff {
         let (_, pb) = match replayed(other, args) {
             Ok(r) => r,

@@ -124,7 +124,19 @@ pub(super) fn print_summary(
         eprint!("{}", summary::processes(profile, 20));
     }
     if info.mode.has_stacks() && cli.floor.is_none() {
-        eprint!("{}", site_tables::sites(profile, cli.top, info.temporary));
+        eprint!(
+            "{}",
+            site_tables::sites(
+                profile,
+                cli.top,
+                info.temporary,
+                if cli.full_names {
+                    crate::view::names::Names::FULL
+                } else {
+                    crate::view::names::Names::SHORT
+                }
+            )
+        );
     }
     eprint!("{}", site_tables::latency(profile));
     if let Some(stats) = &done.prog_stats {

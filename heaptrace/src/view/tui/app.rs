@@ -283,38 +283,7 @@ pub fn meaningful_frame(frames: &[Frame], allocator_module: &str) -> usize {
         .unwrap_or(0)
 }
 
-/// A long C++ name for one line: template arguments and parameter lists become `<…>` and
-/// `(…)`. Names with operators made of those brackets are left alone.
-pub fn short_symbol(name: &str) -> String {
-    if ["operator<", "operator>", "operator()", "operator-"]
-        .iter()
-        .any(|o| name.contains(o))
-    {
-        return name.to_string();
-    }
-    let mut out = String::with_capacity(name.len());
-    let mut depth = 0usize;
-    for c in name.chars() {
-        match c {
-            '<' | '(' => {
-                if depth == 0 {
-                    out.push(c);
-                    out.push('…');
-                }
-                depth += 1;
-            }
-            '>' | ')' if depth > 0 => {
-                depth -= 1;
-                if depth == 0 {
-                    out.push(c);
-                }
-            }
-            _ if depth == 0 => out.push(c),
-            _ => {}
-        }
-    }
-    out
-}
+pub use crate::view::names::short_symbol;
 
 fn matches(hay: &str, needle_lower: &str) -> bool {
     hay.to_lowercase().contains(needle_lower)

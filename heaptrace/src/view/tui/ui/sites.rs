@@ -58,11 +58,25 @@ pub(super) fn draw_sites(f: &mut Frame, app: &App, area: Rect) {
         widths.push(Constraint::Length(7));
     }
     header.extend(["func".into(), "site".into()]);
-    widths.extend([Constraint::Length(7), Constraint::Fill(1)]);
+    widths.push(Constraint::Length(7));
+    // The site column's width: what the fixed ones, the gaps between columns, the borders
+    // and the cursor leave. A longer name is cut at its start, keeping the function's name.
+    let fixed: u16 = widths
+        .iter()
+        .map(|c| match c {
+            Constraint::Length(n) => *n,
+            _ => 0,
+        })
+        .sum();
+    let site_width = area
+        .width
+        .saturating_sub(2 + SELECTED.len() as u16 + fixed + widths.len() as u16)
+        as usize;
+    widths.push(Constraint::Fill(1));
     let (shown, selected) = window(rows.len(), app.selected(Screen::Sites), area);
     let body: Vec<Row> = rows[shown]
         .iter()
-        .map(|r| site_row(r, temp, leaks, pid))
+        .map(|r| site_row(r, temp, leaks, pid, site_width))
         .collect();
     let header_row = Row::new(header).style(Style::new().bold().underlined());
     let empty = rows.is_empty();
@@ -79,7 +93,13 @@ pub(super) fn draw_sites(f: &mut Frame, app: &App, area: Rect) {
 }
 
 /// A site's row; the optional columns as the sites screen shows them.
-pub(super) fn site_row(r: &SiteRow, temp: bool, leaks: bool, pid: bool) -> Row<'static> {
+pub(super) fn site_row(
+    r: &SiteRow,
+    temp: bool,
+    leaks: bool,
+    pid: bool,
+    site_width: usize,
+) -> Row<'static> {
     let t = &r.totals;
     let mut cells = vec![
         Cell::from(format!("{:>10}", bytes(t.bytes as i64))),
@@ -102,7 +122,10 @@ pub(super) fn site_row(r: &SiteRow, temp: bool, leaks: bool, pid: bool) -> Row<'
         )));
     }
     cells.push(Cell::from(r.func()));
-    cells.push(Cell::from(site_label(r.frame())));
+    cells.push(Cell::from(crate::view::names::fit_end(
+        &site_label(r.frame()),
+        site_width,
+    )));
     Row::new(cells)
 }
 
