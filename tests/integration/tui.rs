@@ -368,7 +368,7 @@ bpf_test!(
         t.keys(&["p"]);
         // The header's "PAUSED" can be cut at 80 columns (its CPU figure varies in width); the
         // status line says it in full.
-        let s = t.wait_for("pause", 5, |s| s.contains("paused at round"));
+        let s = t.wait_for("pause", 5, |s| s.contains("paused: the figures stay"));
         let frozen = round(&s);
         std::thread::sleep(Duration::from_millis(700));
         let s = t.screen();

@@ -266,6 +266,7 @@ fn open_view(
         },
         run: info.clone(),
         attached: probes.attached.clone(),
+        probe_count: probes.probe_count(),
         output: match (target, &cli.command_output) {
             (Target::Command(_), Some(p)) => Some(p.display().to_string()),
             (Target::Command(_), None) => Some("/dev/null".into()),

@@ -504,6 +504,17 @@ impl Profile {
         v
     }
 
+    /// The exact sizes one site requested, (size, count) by size; empty where the mode keeps
+    /// no exact histogram. Under byte sampling the counts are of sampled calls.
+    pub fn sizes_of_site(&self, site: &SiteId) -> Vec<(u64, u64)> {
+        let &(pid, stack, func) = site;
+        self.sizes
+            .range((pid, func, 0, i32::MIN)..=(pid, func, u64::MAX, i32::MAX))
+            .filter(|((_, _, _, st), _)| *st == stack)
+            .map(|((_, _, size, _), n)| (*size, *n))
+            .collect()
+    }
+
     /// Sites that allocated exactly `size` bytes, and how often.
     pub fn sites_with_size(&self, size: u64) -> Vec<(SiteId, u64)> {
         let mut v: Vec<(SiteId, u64)> = self

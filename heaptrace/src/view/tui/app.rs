@@ -30,16 +30,15 @@ pub struct Info {
     pub target: String,
     pub run: RunInfo,
     pub attached: Vec<Attached>,
+    /// Every probe attached, the memory syscalls' included: the number stderr said.
+    pub probe_count: usize,
     /// Where a launched command's output goes while the view is up.
     pub output: Option<String>,
 }
 
 impl Info {
     pub fn probe_count(&self) -> usize {
-        self.attached
-            .iter()
-            .map(|a| if a.uretprobe { 2 } else { 1 })
-            .sum()
+        self.probe_count
     }
 }
 
