@@ -97,6 +97,8 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         first,
     } = attached;
     let (procwatch, memring) = watchers(cli, &mut probes, &provider, scope, &opts)?;
+    // Every probe of the start in place (the scan of `--all` included): count from here on.
+    probes.enable()?;
     announce(cli, &probes, first, &provider, scope);
     let (pid, child) = match (stopped, scope) {
         (Some(stopped), _) => {
