@@ -170,3 +170,45 @@ bpf_test!(
         busy("busyatomic", &["--mode", "stacks", "--atomic-counters"]);
     }
 );
+
+bpf_test!(
+    exclusive,
+    /// Under `--all`, a static binary's allocator is attached while its threads already run:
+    /// counting is on by then, and the file's entry probes go on releasing first, so no block
+    /// is counted whose free is not probed yet.
+    fn all_attaches_a_busy_static_binary_live_equals_leaks() {
+        let bin = fixture("busythreads", "-static", &["-static"]);
+        let json = json_path("busyall");
+        let mut ht = heaptrace();
+        ht.args([
+            "--all",
+            "--comm",
+            "busythreads",
+            "--no-tui",
+            "-q",
+            "--mode",
+            "stacks",
+        ])
+        .args(["--interval", "200ms", "--json"])
+        .arg(&json);
+        let tracer = start_attached(&mut ht);
+        let mut cmd = Command::new(&bin);
+        cmd.arg(THREADS.to_string());
+        let mut target = ready(cmd);
+        crate::system::wait_for(&tracer, &format!("also tracing {}", bin.display()));
+        std::thread::sleep(Duration::from_millis(800));
+        let (stderr, doc) = crate::system::stop(tracer, &json);
+        assert!(target.try_wait().unwrap().is_none(), "{stderr}");
+        target.stdin.take().unwrap().write_all(b"x").unwrap();
+        assert!(target.wait().unwrap().success());
+        let p = crate::system::process(&doc, target.id());
+        let (live, leaks) = (&p["live"], &p["leaks"]);
+        assert!(num(&p["totals"]["allocations"]) > 10_000, "not busy: {p}");
+        assert_eq!(
+            live["blocks"], leaks["blocks"],
+            "live {live}, leaks {leaks}"
+        );
+        assert_eq!(live["bytes"], leaks["bytes"], "live {live}, leaks {leaks}");
+        assert!(num(&live["blocks"]) <= THREADS as i64, "live {live}");
+    }
+);
