@@ -518,6 +518,9 @@ pub mod maps {
     pub const MEMEVENTS: &str = "MEMEVENTS";
     pub const EXECS: &str = "EXECS";
     pub const CGROUP_VERDICTS: &str = "CGROUP_VERDICTS";
+    /// One u32: 1 while the programs count, 0 before every probe is in place and from the
+    /// start of the detach (see heaptrace's `probe::Probes::enable`).
+    pub const COUNTING: &str = "COUNTING";
 }
 
 /// Globals set by the loader before the programs are loaded.

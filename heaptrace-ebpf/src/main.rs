@@ -39,7 +39,7 @@ use heaptrace_common::{
 };
 
 use crate::{
-    maps::{INFLIGHT, LIVE, add, calls_mode, lose, mode, proc_counters, self_tgid},
+    maps::{INFLIGHT, LIVE, add, calls_mode, counting, lose, mode, proc_counters, self_tgid},
     preempt::{Atomic, Count, PreemptOff},
 };
 
@@ -72,6 +72,9 @@ fn entry_sp(ctx: &ProbeContext, cookie: u64) -> u64 {
 /// means the recorded call's return was never seen; the stale record is replaced.
 #[inline(always)]
 fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64> {
+    if !counting() {
+        return Ok(()); // before every link is in place, or detaching: see maps::COUNTING
+    }
     if mode() == mode::BARE {
         maps::bare_count(0);
         return Ok(());
@@ -268,6 +271,11 @@ pub fn pvalloc_entry(ctx: ProbeContext) -> u32 {
 /// One return program for every allocating function: the in-flight record says which one.
 #[uretprobe]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
+    // Also here, not only at the entry: a call entered before the detach began and returning
+    // after it could be handed an address whose free was let pass, and count it twice.
+    if !counting() {
+        return 0;
+    }
     if mode() == mode::BARE {
         sites::bare_stack(&ctx);
         return 0;
@@ -521,6 +529,9 @@ fn realloc_return(call: &mut Call<'_>, rec: InFlight, ret: u64) -> Option<u64> {
 
 #[uprobe]
 pub fn free_entry(ctx: ProbeContext) -> u32 {
+    if !counting() {
+        return 0;
+    }
     if mode() == mode::BARE {
         maps::bare_count(2);
         return 0;

@@ -108,6 +108,8 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         }
         return Err(Error::Signalled(got.sig.to_string(), got.sig.number()));
     }
+    // Every probe of the start in place (the scan of `--all` included): count from here on.
+    probes.enable()?;
     announce(cli, &probes, first, &provider, scope);
     let (pid, child) = match (stopped, scope) {
         (Some(stopped), _) => {

@@ -3,6 +3,10 @@
 //! Drop detaches everything: every exit path (return, error, panic unwinding) that drops the
 //! `Probes` removes the uprobes, and the kernel removes them when the process dies anyway.
 //!
+//! The programs count only while the COUNTING switch is on (`Probes::enable`, `Probes::detach`):
+//! links go on one after the other, and a program that counted before the others were in place
+//! (or after the first was removed) would count allocations whose frees it cannot see.
+//!
 //! Detaching is the slow part. Closing a perf-event uprobe waits for grace periods under a
 //! kernel-wide mutex: about 0.1 s per probe here, one after the other. So the probes go on as
 //! uprobe_multi links (`bpf::uprobe_multi`) where the kernel has them: one per program, each unregistered
@@ -19,7 +23,7 @@ pub use load::{
     LoadOptions, Loaded, SlotRows, default_site_map_size, live_slots, load, preflight, slot_rows,
     stack_maps,
 };
-pub use plan::{Planned, plan};
+pub use plan::{Planned, plan, releasing_first};
 use std::{
     num::NonZeroU32,
     path::{Path, PathBuf},
@@ -97,11 +101,13 @@ pub struct Probes {
     reservations: bool,
     /// The memory syscalls' wrappers probed, by file (see `syscall_sites::find`).
     pub syscall_sites: Vec<(PathBuf, Vec<crate::probe::syscall_sites::SyscallSite>)>,
+    /// The programs' switch (`heaptrace_common::maps::COUNTING`), off until `enable`.
+    counting: aya::maps::Array<aya::maps::MapData, u32>,
 }
 
 impl Drop for Probes {
     fn drop(&mut self) {
-        links::detach_all(std::mem::take(&mut self.links));
+        self.detach();
     }
 }
 
@@ -234,6 +240,35 @@ impl Probes {
         })
     }
 
+    /// Turns counting on. Call once the probes of the start are all in place (the target's
+    /// allocator, the files of the processes already running under `--all`), before a
+    /// launched command runs: what any of them counts from then on has its release probed.
+    pub fn enable(&mut self) -> Result<()> {
+        self.switch(true)
+    }
+
+    fn switch(&mut self, on: bool) -> Result<()> {
+        self.counting
+            .set(0, u32::from(on), 0)
+            .map_err(|e| Error::Map {
+                map: maps::COUNTING,
+                reason: e.to_string(),
+            })
+    }
+
+    /// Ends tracing, in the one order that keeps the figures consistent: counting off first,
+    /// so that no program counts once any link is gone (a block counted before is live at the
+    /// end, in the live figures and among the leaks alike); then every link closed. Closing a
+    /// link waits for the programs running through it, so once this returns nothing changes
+    /// the maps and the final round reads a settled state. Safe to call again; Drop calls it.
+    pub fn detach(&mut self) {
+        if let Err(e) = self.switch(false) {
+            // Closing the links still ends tracing; only the last instants may be inconsistent.
+            eprintln!("heaptrace: warning: counting not stopped before detaching ({e})");
+        }
+        links::detach_all(std::mem::take(&mut self.links));
+    }
+
     pub fn counting(&self) -> Counting {
         match self.preempt_off {
             true => Counting::PreemptionOff,
@@ -275,7 +310,17 @@ impl Probes {
                 uprobe(&mut ebpf, name)?;
             }
         }
+        // After the uprobe_multi copies are pointed at the maps: taking it closes no fd.
+        let counting = ebpf
+            .take_map(maps::COUNTING)
+            .ok_or_else(|| Error::Load(format!("map {} missing", maps::COUNTING)))?
+            .try_into()
+            .map_err(|e| Error::Map {
+                map: maps::COUNTING,
+                reason: format!("{e}"),
+            })?;
         Ok(Probes {
+            counting,
             ebpf,
             preempt_off,
             attached: Vec::new(),
@@ -363,8 +408,9 @@ impl Probes {
         Ok(Some(WrapperLinks { links, sites }))
     }
 
-    /// One uprobe_multi link for every return probe, then one per entry program. All or
-    /// nothing: on an error, the links made so far are closed (detached) on return.
+    /// One uprobe_multi link for every return probe, then one per entry program, releasing
+    /// functions first (`releasing_first`). All or nothing: on an error, the links made so
+    /// far are closed (detached) on return.
     fn attach_multi(
         multi: &MultiPrograms,
         plan: &[Planned],
@@ -383,7 +429,7 @@ impl Probes {
             let fd = multi.attach(RETURN_PROGRAM, path, &returns, &cookies, true, pid)?;
             links.push(Link::Multi(fd));
         }
-        for p in plan {
+        for p in releasing_first(plan) {
             let offset = p.file_offset();
             let cookie = p.cookie();
             let name = entry_program(p.site.func, provider.abi);
@@ -409,7 +455,8 @@ impl Probes {
 
     /// Attaches every function the provider defines, entry probes where `plan` puts them.
     /// Return probes go first: an entry seen without its return probe in place would leave a
-    /// record that is never completed.
+    /// record that is never completed. Then the entries, releasing functions first: a file
+    /// attached while counting is on (`enable`) counts from its first link.
     pub fn attach(&mut self, provider: &Provider, scope: Scope, at_entry: bool) -> Result<()> {
         let plan = plan(provider, at_entry, self.calls)?;
         if let Some(multi) = &self.multi {
@@ -445,7 +492,7 @@ impl Probes {
                 .map_err(|e| attach_err(p.site.func, &e))?;
             self.links.push(Link::Perf(own(prog, id)?));
         }
-        for p in &plan {
+        for p in releasing_first(&plan) {
             let site = &p.site;
             let name = entry_program(site.func, provider.abi);
             // The cookie tells the program how many pushes ran before the probe point.

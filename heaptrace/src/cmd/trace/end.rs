@@ -19,7 +19,7 @@ pub(super) fn finish(
     exit: Option<ExitStatus>,
 ) -> Result<Done> {
     // Detach first so the final read is of a state nothing changes any more.
-    let probes = daemon.probes.take().expect("probes");
+    let mut probes = daemon.probes.take().expect("probes");
     let attached = probes.attached.clone();
     let syscall_probes = syscall_probes_json(&probes);
     let counting = probes.counting();
@@ -28,6 +28,7 @@ pub(super) fn finish(
         drop(fd);
         stats
     });
+    probes.detach();
     drop(probes);
     daemon.round()?;
     let pids: Option<HashSet<u32>> = pid.map(|p| HashSet::from([p]));
