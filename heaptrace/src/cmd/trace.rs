@@ -23,6 +23,7 @@ use crate::{
     targets::{
         access,
         allocator::{self, Provider},
+        exit_watch::ExitWatch,
         launch, procfs,
     },
     view::{json, site_tables, summary, tui},
@@ -78,6 +79,13 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         .map(|path| NewFile::create(path, cli.force).map_err(write_error(path)))
         .transpose()?;
     let live_view = !cli.no_tui && tui::wanted();
+    // Listening for a `-p` target's end before anything else: it may end at any moment.
+    let exit_watch = match target {
+        Target::Pid(pid) => ExitWatch::open(pid)
+            .inspect_err(|e| log::debug!("no exit status for pid {pid}: {e}"))
+            .ok(),
+        _ => None,
+    };
     // Find the target and its allocator; a launched command waits, stopped, until attached.
     let (provider, scope, stopped) = find_target(cli, &target, live_view)?;
     let attached = match attach(cli, &provider, scope) {
@@ -135,6 +143,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
             .with_latency_every(cli.latency_every),
         pid,
         child,
+        exit_watch,
         modules,
         recorder,
         procwatch,

@@ -119,6 +119,8 @@ pub struct Start {
     pub profile: Profile,
     pub pid: Option<u32>,
     pub child: Option<launch::Child>,
+    /// How a `-p` target ends: opened before the attach, so an end right after it is heard.
+    pub exit_watch: Option<ExitWatch>,
     pub modules: Modules,
     pub recorder: Option<Recorder>,
     pub procwatch: Option<ProcWatch>,
@@ -144,12 +146,7 @@ impl Daemon {
             stack_depth: s.stack_depth,
             symbolizer: Symbolizer::default(),
             recorder: s.recorder,
-            exit_watch: match (s.pid, &s.child) {
-                (Some(pid), None) => ExitWatch::open(pid)
-                    .inspect_err(|e| log::debug!("no exit status for pid {pid}: {e}"))
-                    .ok(),
-                _ => None,
-            },
+            exit_watch: s.exit_watch,
             child: s.child,
             exit: None,
             passed_on: None,
