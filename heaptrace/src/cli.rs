@@ -332,6 +332,8 @@ pub enum Export {
     Svg,
     /// Valgrind massif's text format, for ms_print.
     Massif,
+    /// One self-contained HTML page (charts, flame graph, tables) to open offline.
+    Html,
 }
 
 #[derive(Args, Debug)]

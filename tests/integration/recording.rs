@@ -384,3 +384,90 @@ bpf_test!(
         bad_file_is_rejected("flip", &data, "checksum mismatch");
     }
 );
+
+/// Opens `page` in Debian's headless chromium: the DOM once its script ran, and a screenshot
+/// beside the page. None (outside CI) where chromium is missing.
+fn chromium(page: &Path) -> Option<String> {
+    if !tool("chromium") {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "chromium is missing (cargo xtask setup installs it)"
+        );
+        eprintln!("SKIPPED the browser check: no chromium");
+        return None;
+    }
+    let profile = page.with_extension("chromium");
+    let _ = std::fs::remove_dir_all(&profile);
+    let flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1280,2400",
+    ];
+    let url = format!("file://{}", page.display());
+    let run = |extra: &[String]| {
+        let o = Command::new("chromium")
+            .args(flags)
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .args(extra)
+            .arg(&url)
+            .output()
+            .expect("chromium");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        o
+    };
+    let dom = String::from_utf8_lossy(&run(&["--dump-dom".into()]).stdout).into_owned();
+    let shot = page.with_extension("png");
+    run(&[format!("--screenshot={}", shot.display())]);
+    assert!(
+        std::fs::metadata(&shot).is_ok_and(|m| m.len() > 10_000),
+        "no screenshot at {}",
+        shot.display()
+    );
+    let _ = std::fs::remove_dir_all(&profile);
+    Some(dom)
+}
+
+bpf_test!(
+    shared,
+    /// `--export html`: one file a browser opens offline, whose script draws the run, the
+    /// charts, the flame graph and the tables from the recording's figures.
+    fn the_html_report_opens_in_a_browser_with_the_sites() {
+        let (rec, _) = record_sites("rec-html", N);
+        let (page, text) = export(rec.to_str().unwrap(), "rec-html", "html", &[]);
+        assert!(text.starts_with("<!DOCTYPE html>"), "not a page");
+        for needle in ["src=", "href=", "<link", "@import", "fetch("] {
+            assert!(!text.contains(needle), "the page would load {needle}");
+        }
+        let Some(dom) = chromium(&page) else {
+            return;
+        };
+        // The tables are built by the script: their rows are in the DOM, not in the file.
+        let row = |site: &str| {
+            dom.split("<tr>")
+                .find(|r| r.contains(site) && r.contains("class=\"site\""))
+                .unwrap_or_else(|| panic!("no row for {site} in the DOM"))
+                .to_string()
+        };
+        // alloc_a: 2000 x malloc(111), every one freed; alloc_b: 2000 x calloc(2, 50), leaked.
+        let a = row("malloc &lt;- alloc_a");
+        assert!(a.contains(">216.8 KiB<") && a.contains(">2,000<"), "{a}");
+        let leaks = dom.split("id=\"leaks\"").nth(1).unwrap();
+        let leaks = leaks.split("</table>").next().unwrap();
+        assert!(
+            leaks.contains("calloc &lt;- alloc_b") && leaks.contains(">195.3 KiB<"),
+            "{leaks}"
+        );
+        // The flame graph's frames and the charts' lines.
+        let frames = dom.matches("class=\"fr").count();
+        assert!(frames >= 6, "{frames} flame-graph frames");
+        assert!(dom.contains(">helper_c<") && dom.contains(">main<"));
+        assert!(dom.matches("<polyline").count() >= 3, "charts missing");
+        assert!(dom.contains("<td>command</td>"), "the run's header");
+    }
+);

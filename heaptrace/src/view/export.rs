@@ -50,6 +50,7 @@ fn write_kind(
     mut f: impl Write,
 ) -> std::io::Result<()> {
     match kind {
+        Export::Html => f.write_all(crate::view::html::report(rec, p, names).as_bytes())?,
         Export::Folded => {
             for line in folded(p, names, args.by) {
                 writeln!(f, "{line}")?;

@@ -20,10 +20,12 @@ use crate::{
 use crate::view::names::NameStyle;
 pub use crate::view::names::Names;
 
-/// How frames are named: the text views shorten by default, JSON and the exports keep names
-/// whole unless asked.
+/// How frames are named: the text views and the HTML page shorten by default, JSON and the
+/// other exports keep names whole unless asked.
 fn names(args: &ReportArgs) -> Names {
-    let whole_by_default = args.export.is_some() || args.format == Format::Json;
+    // The HTML page is read by people, as the text views.
+    let whole_by_default = matches!(args.export, Some(e) if e != crate::cli::Export::Html)
+        || (args.export.is_none() && args.format == Format::Json);
     let style = if args.just_function_name {
         NameStyle::Function
     } else if args.full_names || (whole_by_default && !args.shorten_templates) {
