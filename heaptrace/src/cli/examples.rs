@@ -8,7 +8,7 @@ Examples:
   sudo heaptrace --no-tui -q --json out.json -- python3 app.py
   sudo heaptrace --mode counts -p 1234     cheaper: no stacks
   sudo heaptrace record -o trace.bin -p 1234
-  heaptrace report trace.bin hotspots      then ask the recording
+  heaptrace report trace.bin --export html -o report.html
   heaptrace probes -p 1234                 where the probes would go";
 
 pub const RECORD: &str = "\
@@ -16,7 +16,7 @@ Examples:
   sudo heaptrace record -o trace.bin -- ./prog args
   sudo heaptrace record -o trace.bin -p 1234 --interval 500ms
   sudo heaptrace record -o host.bin --all --cgroup nginx.service
-  heaptrace report trace.bin               then read it";
+  heaptrace report trace.bin --export html -o report.html";
 
 pub const REPORT: &str = "\
 Examples:
@@ -26,6 +26,7 @@ Examples:
   heaptrace report trace.bin timeline --from 2s --to 10s
   heaptrace report trace.bin filter --size 4096
   heaptrace report trace.bin tree --reverse
+  heaptrace report trace.bin --export html -o report.html
   heaptrace report trace.bin --export svg -o flame.svg
   heaptrace report trace.bin --export pprof -o heap.pb.gz
   heaptrace report trace.bin --export massif -o massif.out
