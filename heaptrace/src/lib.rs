@@ -18,7 +18,7 @@
 //!
 //! `run_info` (the mode, the target, one description of a run), `exit_status` (how a process
 //! ended), `error` and `output` (files created safely for a tracer run as root) are shared by
-//! all.
+//! all, and `progress` (bars for long start-up work, on a terminal only).
 //! `docs/architecture.md` draws the flow.
 pub mod bpf;
 pub mod cli;
@@ -30,6 +30,7 @@ pub mod exit_status;
 pub mod output;
 pub mod probe;
 pub mod profile;
+pub mod progress;
 pub mod record;
 pub mod reserve;
 pub mod run_info;

@@ -188,16 +188,22 @@ impl ProcWatch {
         let Ok(dir) = fs::read_dir("/proc") else {
             return;
         };
-        for entry in dir.flatten() {
-            if let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-                && pid != me
-                && self.wanted.judge_pid(pid)
-            {
+        let pids: Vec<u32> = dir
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+            .filter(|&pid| pid != me)
+            .collect();
+        // A host of thousands of processes, each file read once: can take seconds.
+        let mut progress = crate::progress::Progress::new(
+            pids.len() as u64,
+            "looking at running processes",
+            false,
+        );
+        for pid in pids {
+            if self.wanted.judge_pid(pid) {
                 let _ = self.started(probes, pid);
             }
+            progress.inc(1);
         }
     }
 

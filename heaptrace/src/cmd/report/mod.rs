@@ -146,7 +146,12 @@ fn replayed(path: &Path, args: &ReportArgs) -> Result<(Recording, Profile), Form
     let from = args.from.map(|d| d.as_millis() as u64).unwrap_or(0);
     let to = args.to.map(|d| d.as_millis() as u64).unwrap_or(u64::MAX);
     let mut replay: Option<Replay> = None;
-    let file = std::io::BufReader::new(std::fs::File::open(path)?);
+    let file = std::fs::File::open(path)?;
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let file = std::io::BufReader::new(crate::progress::Counted {
+        inner: file,
+        progress: crate::progress::Progress::new(len, &format!("reading {}", path.display()), true),
+    });
     let rec = Recording::read_with(file, |rec, r| {
         if r.elapsed_ms < from || r.elapsed_ms > to {
             return;
