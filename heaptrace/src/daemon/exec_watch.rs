@@ -101,9 +101,7 @@ impl ProcWatch {
         }
         let ring = probes.take_ring(maps::EVENTS)?;
         let mut known = allocator::Known::default();
-        if let Some(id) = allocator::file_id(&first.attach_path) {
-            known.attached.insert(id);
-        }
+        known.attached.insert(first.file.id());
         let (tx, events) = mpsc::channel(QUEUED);
         let stop = Arc::new(AtomicBool::new(false));
         // SAFETY: no pointers; the new fd is owned at once.
@@ -278,10 +276,7 @@ impl ProcWatch {
             Err(crate::error::Error::NoSuchProcess(_)) => return true, // gone already
             Err(_) => return false,  // nothing with malloc mapped, maybe not yet
         };
-        let Some(id) = allocator::file_id(&provider.attach_path) else {
-            return true;
-        };
-        if !self.known.attached.insert(id) {
+        if !self.known.attached.insert(provider.file.id()) {
             return true;
         }
         match probes.attach(&provider, self.scope, self.at_entry) {

@@ -1,6 +1,18 @@
 //! Where code was: each traced process's executable mappings, remembered while it lives, so
 //! that its stacks can be turned into (module, file offset) and symbolized after it exits.
-use std::{collections::HashMap, path::Path, sync::Arc};
+//! Each mapped file is opened (safely: `targets::target_file`) when its mapping is first
+//! read, and held while a process known here maps it: its frames are named from that very
+//! file, which a process in a container or one that is gone no longer leads to by path.
+use std::{
+    collections::HashMap,
+    path::Path,
+    sync::{Arc, Weak},
+};
+
+use crate::targets::{
+    maps::MapsEntry,
+    target_file::{FileId, TargetFile},
+};
 
 /// One executable file mapping of a process.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -10,6 +22,8 @@ pub struct Mapping {
     /// File offset of `start`.
     pub offset: u64,
     pub path: Arc<Path>,
+    /// The file mapped, opened; None when it could not be (it is not named then).
+    pub file: Option<Arc<TargetFile>>,
 }
 
 /// A code address resolved to the file it belongs to. The path is shared with the mapping it
@@ -18,6 +32,10 @@ pub struct Mapping {
 pub struct Location {
     pub path: Arc<Path>,
     pub offset: u64,
+    /// The file itself, what its frames are named from (the same path in two containers is
+    /// two files).
+    #[serde(skip)]
+    pub file: Option<Arc<TargetFile>>,
 }
 
 /// Executable mappings per process, as last read while the process was alive.
@@ -31,6 +49,8 @@ pub struct Modules {
     /// found gone at the last `prune_early`.
     early: std::collections::HashSet<u32>,
     early_gone: std::collections::HashSet<u32>,
+    /// The files opened, while a mapping holds them.
+    held: HashMap<FileId, Weak<TargetFile>>,
 }
 
 /// The lowest address a mapping can have (the kernel's default `vm.mmap_min_addr`), and the
@@ -60,7 +80,7 @@ impl Modules {
     }
 
     fn keep(&mut self, pid: u32, maps: &str) {
-        let parsed = parse_maps(maps);
+        let parsed = self.parse_maps(pid, maps);
         if !parsed.is_empty() {
             self.procs.insert(pid, parsed);
             self.code.insert(pid, code_ranges(maps));
@@ -99,6 +119,7 @@ impl Modules {
             .map(|m| Location {
                 path: m.path.clone(),
                 offset: addr - m.start + m.offset,
+                file: m.file.clone(),
             })
     }
 
@@ -163,26 +184,50 @@ fn code_ranges(maps: &str) -> Vec<(u64, u64)> {
         .collect()
 }
 
-fn parse_maps(maps: &str) -> Vec<Mapping> {
-    maps.lines()
-        .filter_map(|line| {
-            let mut cols = line.split_whitespace();
-            let range = cols.next()?;
-            let perms = cols.next()?;
-            let offset = cols.next()?;
-            let path: Vec<&str> = cols.skip(2).collect();
-            if !perms.contains('x') || path.is_empty() || !path[0].starts_with('/') {
-                return None;
-            }
-            let (lo, hi) = range.split_once('-')?;
-            Some(Mapping {
-                start: u64::from_str_radix(lo, 16).ok()?,
-                end: u64::from_str_radix(hi, 16).ok()?,
-                offset: u64::from_str_radix(offset, 16).ok()?,
-                path: Path::new(path.join(" ").trim_end_matches(" (deleted)")).into(),
-            })
-        })
-        .collect()
+impl Modules {
+    /// The executable file mappings of `maps`, each with its file.
+    fn parse_maps(&mut self, pid: u32, maps: &str) -> Vec<Mapping> {
+        let mut dir = None;
+        let mut paths: HashMap<&Path, Arc<Path>> = HashMap::new();
+        let entries = crate::targets::maps::parse(maps);
+        let mut out = Vec::new();
+        for e in entries.iter().filter(|e| e.exec) {
+            let file = self.held.get(&e.id).and_then(Weak::upgrade).or_else(|| {
+                let dir = dir.get_or_insert_with(|| crate::targets::procfs::space_dir(pid));
+                let f = Arc::new(open(pid, dir, e)?);
+                self.held.insert(e.id, Arc::downgrade(&f));
+                Some(f)
+            });
+            let path = paths
+                .entry(&e.path)
+                .or_insert_with(|| e.path.as_path().into());
+            out.push(Mapping {
+                start: e.start,
+                end: e.end,
+                offset: e.offset,
+                path: path.clone(),
+                file,
+            });
+        }
+        self.held.retain(|_, f| f.strong_count() > 0);
+        out
+    }
+}
+
+/// The file of `entry`: through the process while it lives, else (gone) through its path
+/// here if that leads to the same file; a suspect one is skipped (said and counted).
+fn open(pid: u32, dir: &str, entry: &MapsEntry) -> Option<TargetFile> {
+    use crate::targets::target_file;
+    match TargetFile::mapped(dir, entry) {
+        Ok(f) => Some(f),
+        Err(e) if e.suspect() => {
+            target_file::skip(pid, &entry.path, Some(entry.id), &e);
+            None
+        }
+        Err(_) => TargetFile::host_as(entry)
+            .inspect_err(|e| log::debug!("pid {pid}: {} not named: {e}", entry.path.display()))
+            .ok(),
+    }
 }
 
 #[cfg(test)]
@@ -192,19 +237,19 @@ mod tests {
     #[test]
     fn resolves_addresses_to_file_offsets() {
         let mut m = Modules::default();
-        m.procs.insert(
+        let parsed = m.parse_maps(
             1,
-            parse_maps(
-                "55d0c0000000-55d0c0001000 r--p 00000000 fe:01 1 /bin/prog\n\
+            "55d0c0000000-55d0c0001000 r--p 00000000 fe:01 1 /bin/prog\n\
                  55d0c0001000-55d0c0003000 r-xp 00001000 fe:01 1 /bin/prog\n\
                  7f0000000000-7f0000001000 r-xp 00028000 fe:01 2 /lib/libc.so.6\n",
-            ),
         );
+        m.procs.insert(1, parsed);
         assert_eq!(
             m.resolve(1, 0x55d0c0001010),
             Some(Location {
                 path: Path::new("/bin/prog").into(),
-                offset: 0x1010
+                offset: 0x1010,
+                file: None,
             })
         );
         assert_eq!(m.resolve(1, 0x7f0000000100).unwrap().offset, 0x28100);
