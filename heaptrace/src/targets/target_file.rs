@@ -157,7 +157,11 @@ impl TargetFile {
     /// under the process's root; either way it must be the (device, inode) mapped.
     pub fn mapped(dir: &str, entry: &MapsEntry) -> Result<TargetFile, FileError> {
         let link = format!("{dir}/map_files/{:x}-{:x}", entry.start, entry.end);
-        let file = match open_nonblocking(Path::new(&link)) {
+        let opened = match map_files_refused() {
+            true => Err(io::Error::from_raw_os_error(libc::EPERM)),
+            false => open_nonblocking(Path::new(&link)),
+        };
+        let file = match opened {
             Ok(f) => f,
             Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
                 in_root(dir, &entry.path).map_err(FileError::Open)?
@@ -341,6 +345,12 @@ fn raise_fd_limit() {
             }
         }
     });
+}
+
+/// Tests only: `HEAPTRACE_NO_MAP_FILES` has mapped files opened by path under the process's
+/// root, as when map_files is refused, so that the checks on that way can be seen at work.
+fn map_files_refused() -> bool {
+    std::env::var_os("HEAPTRACE_NO_MAP_FILES").is_some()
 }
 
 /// open(O_NONBLOCK): a FIFO without a writer, a tty, a device, return at once instead of
