@@ -122,6 +122,15 @@ fn ldd(bin: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// A directory removed at the end of a test, passed or not.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
 fn mkfifo(path: &Path) {
     let _ = fs::remove_file(path);
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
@@ -221,7 +230,10 @@ bpf_test!(
         let own_too = ct.root.join("libc-own.so");
         fs::hard_link(&own, &own_too).unwrap();
         // A copy of libc on the host, at a path the container does not have.
-        let decoy = ct.root.with_extension("decoy.so");
+        let decoy = ct.root.with_extension("decoy");
+        let _gone = RemoveOnDrop(decoy.clone());
+        let decoy = decoy.join("libc.so.6");
+        fs::create_dir_all(decoy.parent().unwrap()).unwrap();
         let host_libc = heaptrace::targets::allocator::host_libc_path().unwrap();
         fs::copy(&host_libc, &decoy).unwrap();
 
@@ -251,7 +263,6 @@ bpf_test!(
         let (stderr, doc) = stop_soon(tracer, &json);
         check_exact(&doc, pid, &fx);
         assert_eq!(doc["lost"]["unsafe_files"], 0, "{stderr}");
-        let _ = fs::remove_file(&decoy);
     }
 );
 
@@ -266,6 +277,7 @@ bpf_test!(
     fn a_fifo_at_a_containers_executable_path_never_blocks_heaptrace() {
         let on_host = std::env::temp_dir().join(format!("heaptrace-fifo-{}", std::process::id()));
         fs::create_dir_all(&on_host).unwrap();
+        let _gone = RemoveOnDrop(on_host.clone());
         let exe = on_host.join("ctapp");
         let ct = Container::build("fifo", exe.to_str().unwrap());
         mkfifo(&exe);
@@ -325,7 +337,6 @@ bpf_test!(
                 );
             }
         }
-        let _ = fs::remove_dir_all(&on_host);
     }
 );
 
