@@ -19,8 +19,8 @@ use crate::{
     system::{process, start_all, wait_for},
 };
 
-/// A root directory holding the allocs fixture at `exe` (its path inside) and the files ldd
-/// lists for it, at their own paths.
+/// A root directory holding a fixture (allocs unless said) at `exe` (its path inside) and the
+/// files ldd lists for it, at their own paths.
 struct Container {
     root: PathBuf,
     exe: PathBuf,
@@ -30,7 +30,11 @@ struct Container {
 
 impl Container {
     fn build(tag: &str, exe: &str) -> Container {
-        let bin = fixture("allocs", "", &[]);
+        Container::of(&fixture("allocs", "", &[]), tag, exe)
+    }
+
+    /// A container holding the fixture `bin` at `exe`.
+    fn of(bin: &Path, tag: &str, exe: &str) -> Container {
         let root = workspace().join(format!("target/containers/{tag}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
         let mut c = Container {
@@ -38,8 +42,8 @@ impl Container {
             exe: PathBuf::from(exe),
             libc: PathBuf::new(),
         };
-        c.copy_in(&bin, &c.exe.clone());
-        for lib in ldd(&bin) {
+        c.copy_in(bin, &c.exe.clone());
+        for lib in ldd(bin) {
             if lib.file_name().unwrap().as_bytes().starts_with(b"libc.so") {
                 c.libc = lib.clone();
             }
@@ -366,5 +370,52 @@ bpf_test!(
                 .all(|(m, f)| m == "ctapp" && !f.starts_with("ctapp+")),
             "{callers:?}"
         );
+    }
+);
+
+bpf_test!(
+    exclusive,
+    /// Processes of a container that live a millisecond past their first allocation (`recurse
+    /// 7`), started after heaptrace: their executable, only in the container, is opened when
+    /// their mappings are read right at their exec, and their frames are named from it after
+    /// they are gone (without it, 8 of 8 runs read `ctapp+0x...`). Their libc is the host's,
+    /// bind-mounted in: probed before their first call. --no-reservations: the daemon's own
+    /// read at their first memory syscall often comes in time, and would hide a miss here.
+    fn millisecond_processes_of_a_container_have_their_frames_named() {
+        let ct = Container::of(&fixture("recurse", "", &[]), "shortlived", "/ctapp");
+        let host_libc = heaptrace::targets::allocator::host_libc_path().unwrap();
+        let (tracer, json) = start_all(
+            "ct-short",
+            &["--mode", "stacks", "--comm", "ctapp", "--no-reservations"],
+        );
+        let enter = fixture("enter", "", &[]);
+        let script = format!(
+            "mount --bind {} {} && exec {} {} /ctapp 7",
+            host_libc.display(),
+            ct.host(&ct.libc).display(),
+            enter.display(),
+            ct.root.display()
+        );
+        let pids: Vec<u32> = (0..8)
+            .map(|_| {
+                let mut c = Command::new("unshare")
+                    .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+                    .spawn()
+                    .unwrap();
+                assert!(c.wait().unwrap().success());
+                std::thread::sleep(Duration::from_millis(100));
+                c.id()
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        let (_, doc) = stop_soon(tracer, &json);
+        let unnamed: Vec<u32> = pids
+            .iter()
+            .copied()
+            .filter(|pid| !callers(&doc, *pid).contains(&("ctapp".into(), "node".into())))
+            .collect();
+        // The read at the exec races the process: one run of eight may miss it (as on the
+        // host: system.rs).
+        assert!(unnamed.len() <= 1, "unnamed: {unnamed:?} of {pids:?}");
     }
 );

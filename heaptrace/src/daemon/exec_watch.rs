@@ -23,12 +23,13 @@ use tokio::{io::unix::AsyncFd, sync::mpsc};
 use crate::{
     error::{Error, Result},
     probe::{Probes, Scope},
+    symbolize::modules::{EarlyRead, OpenFiles},
     targets::allocator::{self, Provider},
 };
 
 /// Mappings of new processes as the reader read them right after their exec, by pid, until
 /// the daemon takes them (`Modules::keep_early`); at most `EARLY_MAPS` of them.
-pub type EarlyMaps = Arc<std::sync::Mutex<std::collections::HashMap<u32, String>>>;
+pub type EarlyMaps = Arc<std::sync::Mutex<std::collections::HashMap<u32, EarlyRead>>>;
 const EARLY_MAPS: usize = 4096;
 /// Mappings read a second at most (about 0.1 ms each): a host that execs faster gets the rest
 /// of its processes named by the daemon's reads only.
@@ -120,6 +121,7 @@ impl ProcWatch {
             comm: comm.clone(),
             early: early.clone(),
             delay: delay_for_tests(),
+            files: OpenFiles::default(),
         };
         let reader = std::thread::Builder::new()
             .name("heaptrace-execs".into())
@@ -354,6 +356,9 @@ struct Reader {
     comm: Option<String>,
     early: EarlyMaps,
     delay: Option<Duration>,
+    /// The files of the mappings read, opened at once (a container's are reached through
+    /// the process alone).
+    files: OpenFiles,
 }
 
 /// Tests only: `HEAPTRACE_DELAY_EXEC_EVENTS_MS` holds each exec event that long before the
@@ -457,7 +462,7 @@ impl Reader {
 
     /// Reads a process's mappings for the daemon, if the budget allows; false if it is gone
     /// (or nothing could be read).
-    fn read(&self, pid: u32, budget: &mut u32) -> bool {
+    fn read(&mut self, pid: u32, budget: &mut u32) -> bool {
         if *budget == 0 {
             return false;
         }
@@ -468,9 +473,10 @@ impl Reader {
         if maps.is_empty() {
             return false; // ended, not reaped yet
         }
+        let read = self.files.read(pid, maps);
         match self.early.lock() {
             Ok(mut early) if early.len() < EARLY_MAPS || early.contains_key(&pid) => {
-                early.insert(pid, maps);
+                early.insert(pid, read);
                 true
             }
             _ => false,
