@@ -153,17 +153,23 @@ impl Ord for TargetFile {
 
 impl TargetFile {
     /// The file mapped at `entry` of the process whose /proc directory is `dir` (/proc/PID,
-    /// or a running thread's): through map_files, else (map_files refused) the mapped path
-    /// under the process's root; either way it must be the (device, inode) mapped.
+    /// or a running thread's): through map_files, else (map_files refused, or a thread's
+    /// directory) the mapped path under the process's root; either way it must be the
+    /// (device, inode) mapped.
     pub fn mapped(dir: &str, entry: &MapsEntry) -> Result<TargetFile, FileError> {
         let link = format!("{dir}/map_files/{:x}-{:x}", entry.start, entry.end);
         let opened = match map_files_refused() {
             true => Err(io::Error::from_raw_os_error(libc::EPERM)),
             false => open_nonblocking(Path::new(&link)),
         };
+        // A thread's directory (the leader has exited) has no map_files.
+        let no_map_files = dir.contains("/task/");
         let file = match opened {
             Ok(f) => f,
-            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            Err(e)
+                if e.raw_os_error() == Some(libc::EPERM)
+                    || no_map_files && e.raw_os_error() == Some(libc::ENOENT) =>
+            {
                 in_root(dir, &entry.path).map_err(FileError::Open)?
             }
             Err(e) => return Err(FileError::Open(e)),
@@ -516,6 +522,17 @@ mod tests {
             TargetFile::mapped(&me, &other),
             Err(FileError::Changed { .. })
         ));
+    }
+
+    #[test]
+    fn a_threads_directory_opens_by_path_in_the_root() {
+        let me = std::process::id();
+        let dir = format!("/proc/{me}/task/{me}");
+        let maps = fs::read_to_string(format!("/proc/{me}/maps")).unwrap();
+        let libc = crate::targets::allocator::host_libc_path().unwrap();
+        let entries = crate::targets::maps::parse(&maps);
+        let entry = entries.iter().find(|e| e.path == libc).unwrap();
+        assert_eq!(TargetFile::mapped(&dir, entry).unwrap().id(), entry.id);
     }
 
     #[test]
