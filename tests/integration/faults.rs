@@ -252,7 +252,7 @@ fn file_byte(pid: u32, path: &std::path::Path, file_offset: u64) -> (u64, u8) {
 /// and mremap's entries.
 fn syscall_bytes(pid: u32) -> Vec<(u64, u8)> {
     let provider = heaptrace::targets::allocator::for_pid(pid).unwrap();
-    let sites = heaptrace::probe::syscall_sites::find(&provider.path)
+    let sites = heaptrace::probe::syscall_sites::find(&provider.file)
         .unwrap()
         .expect("glibc's wrappers");
     let mut out = Vec::new();

@@ -2,6 +2,7 @@
 //! Those declared with `bpf_test!` need root, BTF and uprobes: built where they are missing
 //! they are ignored, but in CI (`CI` set) a missing capability fails them.
 mod busy_attach;
+mod containers;
 mod counts;
 mod custom;
 mod exec;

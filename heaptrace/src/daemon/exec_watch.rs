@@ -23,12 +23,13 @@ use tokio::{io::unix::AsyncFd, sync::mpsc};
 use crate::{
     error::{Error, Result},
     probe::{Probes, Scope},
+    symbolize::modules::{EarlyRead, OpenFiles},
     targets::allocator::{self, Provider},
 };
 
 /// Mappings of new processes as the reader read them right after their exec, by pid, until
 /// the daemon takes them (`Modules::keep_early`); at most `EARLY_MAPS` of them.
-pub type EarlyMaps = Arc<std::sync::Mutex<std::collections::HashMap<u32, String>>>;
+pub type EarlyMaps = Arc<std::sync::Mutex<std::collections::HashMap<u32, EarlyRead>>>;
 const EARLY_MAPS: usize = 4096;
 /// Mappings read a second at most (about 0.1 ms each): a host that execs faster gets the rest
 /// of its processes named by the daemon's reads only.
@@ -101,9 +102,7 @@ impl ProcWatch {
         }
         let ring = probes.take_ring(maps::EVENTS)?;
         let mut known = allocator::Known::default();
-        if let Some(id) = allocator::file_id(&first.attach_path) {
-            known.attached.insert(id);
-        }
+        known.attached.insert(first.file.id());
         let (tx, events) = mpsc::channel(QUEUED);
         let stop = Arc::new(AtomicBool::new(false));
         // SAFETY: no pointers; the new fd is owned at once.
@@ -122,6 +121,7 @@ impl ProcWatch {
             comm: comm.clone(),
             early: early.clone(),
             delay: delay_for_tests(),
+            files: OpenFiles::default(),
         };
         let reader = std::thread::Builder::new()
             .name("heaptrace-execs".into())
@@ -284,10 +284,7 @@ impl ProcWatch {
             Err(crate::error::Error::NoSuchProcess(_)) => return true, // gone already
             Err(_) => return false,  // nothing with malloc mapped, maybe not yet
         };
-        let Some(id) = allocator::file_id(&provider.attach_path) else {
-            return true;
-        };
-        if !self.known.attached.insert(id) {
+        if !self.known.attached.insert(provider.file.id()) {
             return true;
         }
         match probes.attach(&provider, self.scope, self.at_entry) {
@@ -365,6 +362,9 @@ struct Reader {
     comm: Option<String>,
     early: EarlyMaps,
     delay: Option<Duration>,
+    /// The files of the mappings read, opened at once (a container's are reached through
+    /// the process alone).
+    files: OpenFiles,
 }
 
 /// Tests only: `HEAPTRACE_DELAY_EXEC_EVENTS_MS` holds each exec event that long before the
@@ -468,7 +468,7 @@ impl Reader {
 
     /// Reads a process's mappings for the daemon, if the budget allows; false if it is gone
     /// (or nothing could be read).
-    fn read(&self, pid: u32, budget: &mut u32) -> bool {
+    fn read(&mut self, pid: u32, budget: &mut u32) -> bool {
         if *budget == 0 {
             return false;
         }
@@ -479,9 +479,10 @@ impl Reader {
         if maps.is_empty() {
             return false; // ended, not reaped yet
         }
+        let read = self.files.read(pid, maps);
         match self.early.lock() {
             Ok(mut early) if early.len() < EARLY_MAPS || early.contains_key(&pid) => {
-                early.insert(pid, maps);
+                early.insert(pid, read);
                 true
             }
             _ => false,

@@ -151,8 +151,8 @@ impl Daemon {
         // The exec markers among the memory events first: they drop what was read of the
         // image before.
         self.drain_mem();
-        for (pid, maps) in early {
-            self.modules.keep_early(pid, &maps);
+        for (pid, read) in early {
+            self.modules.keep_early(pid, &read);
         }
     }
 

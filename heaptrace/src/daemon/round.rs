@@ -31,6 +31,8 @@ impl Daemon {
         let lost = self.reserves.lost - self.reserves_lost;
         round.losses[heaptrace_common::Loss::MemEvents as usize] += lost;
         self.reserves_lost = self.reserves.lost;
+        // Since the start, the first provider's and the scan's skips included.
+        self.profile.unsafe_files = crate::targets::target_file::skipped();
         if let Some(filter) = &self.filter {
             filter.apply(&mut round, &mut self.matched);
         }

@@ -24,11 +24,7 @@ pub use load::{
     stack_maps,
 };
 pub use plan::{Planned, plan, releasing_first};
-use std::{
-    num::NonZeroU32,
-    path::{Path, PathBuf},
-    sync::OnceLock,
-};
+use std::{num::NonZeroU32, path::PathBuf, sync::OnceLock};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -49,6 +45,7 @@ use crate::{
     targets::allocator::Provider,
     targets::custom_symbols::Abi,
     targets::elf::{self, FuncSite},
+    targets::target_file::TargetFile,
 };
 
 /// Which processes the probes fire for.
@@ -340,36 +337,39 @@ impl Probes {
 
     /// Probes the memory syscalls' wrappers in `provider`'s file, when it has them all.
     fn attach_syscalls(&mut self, provider: &Provider, scope: Scope) {
-        self.attach_syscalls_in(&provider.path, &provider.attach_path, scope)
+        self.attach_syscalls_in(&provider.file, scope)
     }
 
-    /// Probes the memory syscalls' wrappers in the file at `path` (`shown` as), when it has
-    /// them all and reservations are traced. All or nothing: what cannot be probed is a
-    /// warning, and the syscall tracepoints trace the memory syscalls unless other wrappers
-    /// were probed (`reserve::ring`).
-    pub fn attach_syscalls_in(&mut self, shown: &Path, path: &Path, scope: Scope) {
+    /// Probes the memory syscalls' wrappers in `file`, when it has them all and reservations
+    /// are traced. All or nothing: what cannot be probed is a warning, and the syscall
+    /// tracepoints trace the memory syscalls unless other wrappers were probed
+    /// (`reserve::ring`).
+    pub fn attach_syscalls_in(&mut self, file: &TargetFile, scope: Scope) {
         if !self.reservations {
             return;
         }
-        match self.syscall_links(path, scope) {
+        match self.syscall_links(file, scope) {
             Ok(Some(mut w)) => {
                 self.links.append(&mut w.links);
-                self.syscall_sites.push((shown.to_path_buf(), w.sites));
+                self.syscall_sites
+                    .push((file.shown().to_path_buf(), w.sites));
             }
             Ok(None) => {}
             Err(e) => eprintln!(
                 "heaptrace: warning: memory syscalls not probed in {} ({e})",
-                shown.display()
+                file.shown().display()
             ),
         }
     }
 
     /// The wrapper probes' links, attached, and how many probes they hold (None: no wrappers to
     /// probe). On an error the links made so far are closed (detached) on return.
-    fn syscall_links(&mut self, path: &Path, scope: Scope) -> Result<Option<WrapperLinks>> {
-        let Some(sites) = crate::probe::syscall_sites::find(path)? else {
+    fn syscall_links(&mut self, file: &TargetFile, scope: Scope) -> Result<Option<WrapperLinks>> {
+        let Some(sites) = crate::probe::syscall_sites::find(file)? else {
             return Ok(None);
         };
+        // The file read, not whatever its path leads to now.
+        let path = &file.attach_path();
         // After each syscall; and at the entry of those that release a range (see mem::BEGIN).
         let mut offsets: Vec<u64> = sites.iter().map(|s| s.probe_offset()).collect();
         let mut cookies: Vec<u64> = sites.iter().map(|s| u64::from(s.nr)).collect();
@@ -417,7 +417,7 @@ impl Probes {
         provider: &Provider,
         pid: u32,
     ) -> std::result::Result<Vec<Link>, crate::bpf::uprobe_multi::MultiError> {
-        let path = &provider.attach_path;
+        let path = &provider.file.attach_path();
         let mut links = Vec::new();
         let returns: Vec<u64> = plan
             .iter()
@@ -479,7 +479,7 @@ impl Probes {
         }
         let family_scope = scope;
         let scope = uprobe_scope(scope)?;
-        let path = &provider.attach_path;
+        let path = &provider.file.attach_path();
         let attach_err = |func: Func, e: &dyn std::fmt::Display| Error::Attach {
             func: func.name(),
             path: provider.path.clone(),

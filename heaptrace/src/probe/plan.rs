@@ -50,7 +50,7 @@ pub fn plan(provider: &Provider, at_entry: bool, calls: bool) -> Result<Vec<Plan
         .iter()
         .map(|site| {
             let uretprobe = needs_uretprobe(provider, site, calls);
-            let code = elf::code(&provider.attach_path, site, placement::WINDOW)?;
+            let code = elf::code(&provider.file, site, placement::WINDOW)?;
             let placement = if at_entry {
                 placement::entry(&code, "entry: --probe-at-entry")
             } else {

@@ -73,6 +73,11 @@ pub struct Profile {
     /// Processes folded into one (`profile::exited`).
     #[serde(skip)]
     pub folded: Folded,
+    /// Files of traced processes skipped as suspect (`targets::target_file`): calls into them
+    /// were not counted, frames in them not named. A fact of the live trace: recordings do not
+    /// keep it.
+    #[serde(skip)]
+    pub unsafe_files: u64,
 }
 
 /// What folding ended processes keeps (`exited`): how many processes, and each folded stack's

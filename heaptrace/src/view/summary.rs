@@ -256,6 +256,8 @@ pub fn live(totals: &Totals, ended: (i64, i64), sample_bytes: u64) -> String {
 /// count for every process traced follows: the stack maps are shared, so theirs take room.
 pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
     let shown = profile.losses_of(pid);
+    let files =
+        (profile.unsafe_files > 0).then(|| format!("unsafe_files {}", profile.unsafe_files));
     Loss::ALL
         .iter()
         .filter(|l| shown[**l as usize] > 0 || profile.losses[**l as usize] > 0)
@@ -267,6 +269,7 @@ pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
                 format!("{} {n} ({all} in all processes traced)", l.name())
             }
         })
+        .chain(files)
         .collect()
 }
 

@@ -248,6 +248,15 @@ fn resymbolize(rec: &Recording, p: &mut Profile) {
         .iter()
         .map(|m| Path::new(&m.path).into())
         .collect();
+    // This host's files, opened as a trace opens them: without blocking, regular ones only.
+    let files: Vec<Option<std::sync::Arc<crate::targets::target_file::TargetFile>>> = paths
+        .iter()
+        .map(|p| {
+            crate::targets::target_file::TargetFile::host(p)
+                .ok()
+                .map(std::sync::Arc::new)
+        })
+        .collect();
     for (key, s) in &rec.stacks {
         // A folded stack holds frames only (its processes' addresses differed): kept.
         if !p.stacks.contains_key(key) || s.ips.is_empty() {
@@ -267,6 +276,7 @@ fn resymbolize(rec: &Recording, p: &mut Profile) {
                 l.map(|(m, offset)| Location {
                     path: paths[m as usize].clone(),
                     offset,
+                    file: files[m as usize].clone(),
                 })
             })
             .collect();

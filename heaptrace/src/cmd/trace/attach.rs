@@ -68,8 +68,8 @@ pub(super) fn attach(cli: &TraceArgs, provider: &Provider, scope: Scope) -> Resu
         // The allocator is another file; the memory syscalls still go through libc's
         // wrappers. A command not started yet maps heaptrace's own libc, the one it will run
         // on (as `allocator::for_command` assumes).
-        if let Some((shown, path)) = allocator::libc_of(pid)? {
-            probes.attach_syscalls_in(&shown, &path, scope);
+        if let Some(libc) = allocator::libc_of(pid)? {
+            probes.attach_syscalls_in(&libc, scope);
         }
     }
     let maps = KernelMaps::take(&mut probes.ebpf)?;

@@ -334,6 +334,7 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
         "stack_all_processes".into(),
         profile.losses[Loss::Stack as usize].into(),
     );
+    lost.insert("unsafe_files".into(), profile.unsafe_files.into());
     let aliases = info.aliases.to_vec();
     let processes = Node::list(move || {
         let aliases = aliases.clone();
