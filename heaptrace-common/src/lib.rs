@@ -418,11 +418,12 @@ impl Loss {
     }
 }
 
-/// A process started (exec), from the scheduler's tracepoint.
+/// A process started (exec) or forked (followed processes only), from the scheduler's
+/// tracepoints.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProcEvent {
-    /// [`PROC_EXEC`].
+    /// [`PROC_EXEC`] or [`PROC_FORK`].
     pub kind: u32,
     pub tgid: u32,
     /// Its cgroup (v2) id, read in the kernel: a process may be gone before user space could
@@ -433,6 +434,9 @@ pub struct ProcEvent {
 }
 
 pub const PROC_EXEC: u32 = 1;
+/// A followed process forked ([`globals::FOLLOW_FORKS`]): `tgid` is the new process, `comm`
+/// and `cgroup_id` its parent's, which it has until it execs.
+pub const PROC_FORK: u32 = 2;
 
 /// The memory syscalls heaptrace follows (x86-64 numbers), and the kinds of [`MemEvent`].
 pub mod mem {
@@ -518,6 +522,9 @@ pub mod maps {
     pub const MEMEVENTS: &str = "MEMEVENTS";
     pub const EXECS: &str = "EXECS";
     pub const CGROUP_VERDICTS: &str = "CGROUP_VERDICTS";
+    /// The followed processes (tgid -> the tgid that forked it, or itself for a root), under
+    /// [`super::globals::FOLLOW_FORKS`].
+    pub const FOLLOWED: &str = "FOLLOWED";
     /// One u32: 1 while the programs count, 0 before every probe is in place and from the
     /// start of the detach (see heaptrace's `probe::Probes::enable`).
     pub const COUNTING: &str = "COUNTING";
@@ -576,6 +583,13 @@ pub mod globals {
     /// `--all --cgroup`: 1 when the kernel judges threads by their cgroup, from the verdicts
     /// user space puts in `maps::CGROUP_VERDICTS` (see [`super::filter`]).
     pub const CGROUP_FILTER: &str = "CGROUP_FILTER";
+    /// 1 when only the processes in `maps::FOLLOWED` are traced, and each one they fork is
+    /// added there at its fork (`-- CMD`, `-p PID --follow-forks`).
+    pub const FOLLOW_FORKS: &str = "FOLLOW_FORKS";
+    /// Byte offsets of `pid` and `tgid` in the running kernel's `task_struct`: the fork
+    /// program reads the new task's.
+    pub const TASK_PID: &str = "TASK_PID";
+    pub const TASK_TGID: &str = "TASK_TGID";
     /// 1 when the programs' [`super::preempt`] placeholders were rewritten into calls of the
     /// kernel's `bpf_preempt_disable`/`bpf_preempt_enable`: a program counts on its CPU with
     /// plain adds between them. 0: they are no-ops and every add is atomic.

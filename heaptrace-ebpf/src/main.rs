@@ -12,6 +12,7 @@
 #![feature(core_intrinsics)]
 
 mod filter;
+mod forks;
 mod inflight;
 mod keyed;
 mod live;

@@ -69,6 +69,9 @@ pub fn on_exec(ctx: RawTracePointContext) -> i32 {
     if watched != 0 && tgid != watched {
         return 0; // one process traced: the host's other execs are not its business
     }
+    if crate::forks::following() && !crate::forks::followed(tgid) {
+        return 0; // a process tree traced: likewise
+    }
     if tgid != self_tgid() {
         restart(tgid);
         crate::filter::exec(bpf_get_current_pid_tgid());

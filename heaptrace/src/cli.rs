@@ -42,6 +42,14 @@ pub struct TraceArgs {
     #[arg(short, long, value_name = "PID", conflicts_with_all = ["all", "command"])]
     pub pid: Option<u32>,
 
+    /// With -p: also trace the processes it has forked and each one it (or they) fork later.
+    #[arg(long, requires = "pid")]
+    pub follow_forks: bool,
+
+    /// With a command: trace it alone, not the processes it forks (followed by default).
+    #[arg(long, conflicts_with_all = ["pid", "all"])]
+    pub no_follow_forks: bool,
+
     /// Trace every process on the host that uses the host's libc.
     #[arg(long, conflicts_with = "command")]
     pub all: bool,
