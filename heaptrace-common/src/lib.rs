@@ -418,6 +418,32 @@ impl Loss {
     }
 }
 
+/// A process's live heap as the kernel keeps it at each tracked allocation and release, and
+/// the highest it reached, with the allocation that reached it (`maps::PEAKS`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcPeak {
+    /// Live bytes now (wrapping adds: a release is an add of the negated size).
+    pub live: u64,
+    /// The highest `live` reached.
+    pub max: u64,
+    /// The size and stack id ([`NO_SITE`] outside stacks mode) of the allocation that
+    /// reached `max`.
+    pub max_size: u64,
+    pub max_stack: i32,
+    pub epoch: u32,
+}
+
+impl ProcPeak {
+    pub const ZERO: ProcPeak = ProcPeak {
+        live: 0,
+        max: 0,
+        max_size: 0,
+        max_stack: NO_SITE,
+        epoch: 0,
+    };
+}
+
 /// A process started (exec) or forked (followed processes only), from the scheduler's
 /// tracepoints.
 #[repr(C)]
@@ -525,6 +551,8 @@ pub mod maps {
     /// The followed processes (tgid -> the tgid that forked it, or itself for a root), under
     /// [`super::globals::FOLLOW_FORKS`].
     pub const FOLLOWED: &str = "FOLLOWED";
+    /// Each process's live heap and its highest ([`super::ProcPeak`]), by tgid.
+    pub const PEAKS: &str = "PEAKS";
     /// One u32: 1 while the programs count, 0 before every probe is in place and from the
     /// start of the detach (see heaptrace's `probe::Probes::enable`).
     pub const COUNTING: &str = "COUNTING";
@@ -648,6 +676,7 @@ mod pod {
     unsafe impl aya::Pod for keyed::SiteSlot {}
     unsafe impl aya::Pod for keyed::SizeSlot {}
     unsafe impl aya::Pod for InFlight {}
+    unsafe impl aya::Pod for ProcPeak {}
     unsafe impl aya::Pod for InFlightSlot {}
     unsafe impl aya::Pod for SiteKey {}
     unsafe impl aya::Pod for StoredStack {}

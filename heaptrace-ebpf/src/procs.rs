@@ -55,6 +55,7 @@ fn restart(tgid: u32) {
         lose(Loss::ProcessMap);
     }
     let _ = PROCS.remove(tgid);
+    crate::peak::exec(tgid);
     if reservations() {
         // In the memory events' own order: user space drops the earlier image's mappings and
         // break exactly between its events and the new image's.

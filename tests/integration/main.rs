@@ -12,6 +12,7 @@ mod forks;
 mod liveslots;
 mod memory;
 mod outputs;
+mod peak;
 mod placement;
 mod recording;
 mod sampling;

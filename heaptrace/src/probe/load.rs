@@ -303,6 +303,7 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
         .override_global(globals::STACK_CACHE_SHIFT, &rows.stacks, true)
         .map_max_entries(maps::STACK_CACHE, rows.entries(rows.stacks))
         .map_max_entries(maps::EXECS, opts.proc_map_size)
+        .map_max_entries(maps::PEAKS, opts.proc_map_size)
         .map_max_entries(maps::INFLIGHT, opts.inflight_map_size)
         .map_max_entries(maps::FRAMES, frames)
         .map_max_entries(maps::CALLERS, callers)
