@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use heaptrace_common::{
     Loss, PROC_FORK, ProcEvent,
-    filter::{EXCLUDED, TRACED, UNKNOWN},
+    filter::{TRACED, UNKNOWN},
 };
 
 use crate::{
@@ -45,22 +45,23 @@ pub fn followed(tgid: u32) -> bool {
     unsafe { FOLLOWED.get(&tgid) }.is_some()
 }
 
-/// Whether the calling thread's process is left out (`id`: its pid_tgid): not followed.
+/// Whether the calling thread's process is left out (`id`: its pid_tgid): not followed. A
+/// followed thread keeps its verdict in its record; a thread left out gets none (a lookup at
+/// each call instead): the host's other threads must not fill the in-flight records the
+/// followed ones need.
 #[inline(always)]
 pub fn excluded(id: u64) -> bool {
     let f = inflight::get(id);
-    match f.as_ref().map_or(UNKNOWN, |f| f.verdict) {
-        TRACED => return false,
-        EXCLUDED => return true,
-        _ => {}
+    if f.as_ref().is_some_and(|f| f.verdict == TRACED) {
+        return false;
     }
-    let verdict = if followed((id >> 32) as u32) {
-        TRACED
-    } else {
-        EXCLUDED
-    };
-    crate::filter::keep_verdict(id, f, verdict, 0);
-    verdict == EXCLUDED
+    if !followed((id >> 32) as u32) {
+        return true;
+    }
+    if let Some(f) = f {
+        f.verdict = TRACED;
+    }
+    false
 }
 
 /// A task's pid and tgid, read at the offsets the loader found in the kernel's BTF.

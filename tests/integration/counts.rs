@@ -500,12 +500,13 @@ bpf_test!(
     /// `--probe-stats`: the kernel's own run counts of heaptrace's programs agree with the counts
     /// heaptrace shows. `pairs` makes no nested allocator call and frees no NULL, so each malloc
     /// runs the malloc entry and the return program once and each free the free program once.
+    /// The command alone: a followed tree is probed in every process (`--no-follow-forks`).
     fn probe_stats_runs_agree_with_the_counts() {
         const N: u64 = 20_000;
         let bin = fixture("pairs", "", &[]);
         let doc = launch(
             "probestats",
-            &["--mode", "counts", "--probe-stats"],
+            &["--mode", "counts", "--probe-stats", "--no-follow-forks"],
             &bin,
             &[N.to_string()],
             &[],
