@@ -322,7 +322,7 @@ impl Daemon {
     /// kernel reported, which come through the process events).
     fn others_alive(&mut self) -> bool {
         self.process_events();
-        match (&self.followed, self.pid) {
+        match (&mut self.followed, self.pid) {
             (Some(f), Some(root)) => f.others_alive(root),
             _ => false,
         }

@@ -81,7 +81,10 @@ impl Followed {
     }
 
     /// The followed processes other than `root` that still run.
-    pub fn others_alive(&self, root: u32) -> bool {
+    /// The kernel's map is read too: a fork's event may not have come through yet.
+    pub fn others_alive(&mut self, root: u32) -> bool {
+        let in_kernel: Vec<u32> = self.map.keys().filter_map(|k| k.ok()).collect();
+        self.pids.extend(in_kernel);
         self.pids.iter().any(|p| *p != root && procfs::alive(*p))
     }
 
