@@ -12,11 +12,13 @@
 #![feature(core_intrinsics)]
 
 mod filter;
+mod forks;
 mod inflight;
 mod keyed;
 mod live;
 mod maps;
 mod mem;
+mod peak;
 mod preempt;
 mod procs;
 mod sites;
@@ -452,6 +454,7 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64, (stack_id, whole): (i32, bool
     }
     call.count.add(&mut call.pc.live_blocks, 1);
     call.count.add(&mut call.pc.live_bytes, size);
+    peak::grew(call.tgid, call.epoch, size, stack_id);
 }
 
 /// Forgets a block; returns its size if it was known (never in calls mode: no live map).
@@ -486,6 +489,7 @@ fn untrack(
     };
     c.add(&mut pc.live_blocks, u64::MAX); // -1, wrapping
     c.add(&mut pc.live_bytes, block.size.wrapping_neg());
+    peak::shrank(tgid, block.size);
     if block.stack_id != NO_SITE {
         sites::released(c, tgid, epoch, &block, freer);
     }

@@ -110,6 +110,15 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         first,
     } = attached;
     let (procwatch, memring) = watchers(cli, &mut probes, &provider, scope, &opts)?;
+    // The root (and, for -p, what it forked already) in the kernel's set before it counts.
+    let followed = match scope {
+        Scope::Tree(root) => Some(probe::follow::Followed::start(
+            &mut probes,
+            root,
+            stopped.is_none(),
+        )?),
+        _ => None,
+    };
     if let Some(got) = signals::take_pending() {
         if let Some(child) = stopped {
             child.abort();
@@ -124,7 +133,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
             let child = stopped.resume()?;
             (Some(child.pid), Some(child))
         }
-        (None, Scope::Process(pid)) => (Some(pid), None),
+        (None, Scope::Process(pid) | Scope::Tree(pid)) => (Some(pid), None),
         (None, Scope::All) => (None, None),
     };
     let info = run_info(cli, &target, pid, &provider, &opts);
@@ -144,6 +153,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         pid,
         child,
         exit_watch,
+        followed,
         modules,
         recorder,
         procwatch,

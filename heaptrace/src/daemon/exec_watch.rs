@@ -17,7 +17,7 @@ use aya::{
     maps::{MapData, RingBuf},
     programs::RawTracePoint,
 };
-use heaptrace_common::{PROC_EXEC, ProcEvent, maps};
+use heaptrace_common::{PROC_EXEC, PROC_FORK, ProcEvent, maps};
 use tokio::{io::unix::AsyncFd, sync::mpsc};
 
 use crate::{
@@ -73,6 +73,8 @@ pub struct ProcWatch {
     /// Processes just started whose allocator is not mapped yet (the exec tracepoint fires
     /// before the dynamic loader maps libc): looked at again shortly, a while at most.
     pending: Vec<(u32, std::time::Instant)>,
+    /// Processes the followed ones forked, reported since the daemon last took them.
+    pub forked: Vec<u32>,
 }
 
 /// How long a new process may take to map its allocator.
@@ -140,7 +142,7 @@ impl ProcWatch {
                 comm,
                 cgroup: cgroup.clone(),
             },
-            Scope::Process(_) => Wanted::default(),
+            Scope::Process(_) | Scope::Tree(_) => Wanted::default(),
         };
         let mut cgroups = crate::targets::cgroups::CgroupNames::default();
         let verdicts = match cgroup {
@@ -167,6 +169,7 @@ impl ProcWatch {
             verdicts,
             wanted,
             pending: Vec::new(),
+            forked: Vec::new(),
         })
     }
 
@@ -216,9 +219,10 @@ impl ProcWatch {
             .map(|e| e.tgid)
             .collect();
         // Names first, for every process of the batch, from the event itself (taken in the
-        // kernel at the exec): looking for a process's allocator can take long (a big new file
-        // to read and attach), and a short-lived process may be gone before /proc is read.
-        for e in events.iter().filter(|e| e.kind == PROC_EXEC) {
+        // kernel at the exec or fork): looking for a process's allocator can take long (a big
+        // new file to read and attach), and a short-lived process may be gone before /proc is
+        // read.
+        for e in &events {
             let comm = comm_str(&e.comm)
                 .or_else(|| crate::targets::procfs::comm(e.tgid))
                 .unwrap_or_default();
@@ -231,6 +235,9 @@ impl ProcWatch {
                 .or_else(|| crate::targets::procfs::cgroup(e.tgid))
                 .unwrap_or_default();
             self.seen.insert(e.tgid, (comm, cgroup));
+            if e.kind == PROC_FORK {
+                self.forked.push(e.tgid);
+            }
         }
         for e in events.iter().filter(|e| e.kind == PROC_EXEC) {
             let wanted = self
@@ -440,7 +447,8 @@ impl Reader {
                 budget = (Instant::now(), READS_PER_SECOND);
             }
             for event in events {
-                let wanted = event.kind == PROC_EXEC
+                // A fork's mappings are its parent's, and it may be gone at the next round.
+                let wanted = (event.kind == PROC_EXEC || event.kind == PROC_FORK)
                     && self.comm.as_ref().is_none_or(|c| {
                         comm_str(&event.comm).is_some_and(|n| n.contains(c.as_str()))
                     });

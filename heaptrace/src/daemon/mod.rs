@@ -66,6 +66,10 @@ pub struct Daemon {
     pub exit: Option<ExitStatus>,
     /// The signal passed on to a launched command, which heaptrace then waits for.
     pub passed_on: Option<Sig>,
+    /// A process tree traced (`probe::Scope::Tree`): its processes, `pid` its root.
+    pub followed: Option<crate::probe::follow::Followed>,
+    /// The root of a tree ended and others of it run on: the trace ends with the last.
+    pub root_ended: bool,
     /// How a `-p` target ends, from the kernel's process events.
     pub exit_watch: Option<ExitWatch>,
     /// Detached (dropped) before the final round.
@@ -121,6 +125,7 @@ pub struct Start {
     pub child: Option<launch::Child>,
     /// How a `-p` target ends: opened before the attach, so an end right after it is heard.
     pub exit_watch: Option<ExitWatch>,
+    pub followed: Option<crate::probe::follow::Followed>,
     pub modules: Modules,
     pub recorder: Option<Recorder>,
     pub procwatch: Option<ProcWatch>,
@@ -148,6 +153,8 @@ impl Daemon {
             recorder: s.recorder,
             exit_watch: s.exit_watch,
             child: s.child,
+            followed: s.followed,
+            root_ended: false,
             exit: None,
             passed_on: None,
             probes: Some(s.probes),
@@ -210,6 +217,8 @@ async fn view_quit(live: Option<&mut tui::Link>) {
 /// it was alive.
 const EARLY_MAPS: Duration = Duration::from_secs(2);
 const EARLY_MAPS_EVERY: Duration = Duration::from_millis(20);
+/// How often, once a tree's root ended, the trace looks whether the rest of it has.
+const LAST_CHECK_EVERY: Duration = Duration::from_millis(20);
 
 impl Daemon {
     pub async fn watch(&mut self, interval: Duration) -> Result<End> {
@@ -238,6 +247,7 @@ impl Daemon {
         ticks.tick().await; // the first tick is immediate
         let mut early = tokio::time::interval(EARLY_MAPS_EVERY);
         let mut retry = tokio::time::interval(crate::daemon::exec_watch::RETRY_EVERY);
+        let mut last_check = tokio::time::interval(LAST_CHECK_EVERY);
         loop {
             let pending = self.procwatch.as_ref().is_some_and(ProcWatch::has_pending);
             let early_maps = self.pid.is_some() && self.start.elapsed() < EARLY_MAPS;
@@ -248,18 +258,28 @@ impl Daemon {
                     }
                 }
                 _ = ticks.tick() => {
+                    if self.root_ended && !self.others_alive() {
+                        return Ok(End::TargetExited);
+                    }
                     self.round()?;
                     self.maps.purge_inflight(procfs::thread_alive)?;
                     if let Some(w) = self.exit_watch.as_mut() {
                         w.drain();
                     }
                 }
-                _ = target_exit(exited.as_ref()) => {
+                _ = target_exit(exited.as_ref()), if !self.root_ended => {
                     self.exit = self.exit_watch.as_mut().and_then(ExitWatch::status);
-                    return Ok(End::TargetExited);
+                    if !self.root_ends_trace() {
+                        return Ok(End::TargetExited);
+                    }
                 }
-                ev = child_event(self.child.as_mut()) => {
-                    if self.child_event(ev)? {
+                ev = child_event(self.child.as_mut()), if !self.root_ended => {
+                    if self.child_event(ev)? && !self.root_ends_trace() {
+                        return Ok(End::TargetExited);
+                    }
+                }
+                _ = last_check.tick(), if self.root_ended => {
+                    if !self.others_alive() {
                         return Ok(End::TargetExited);
                     }
                 }
@@ -285,6 +305,23 @@ impl Daemon {
                     }
                 }
             }
+        }
+    }
+
+    /// The root of a followed tree ended: true if the trace goes on (others of the tree run),
+    /// false if it ends now.
+    fn root_ends_trace(&mut self) -> bool {
+        self.root_ended = self.others_alive();
+        self.root_ended
+    }
+
+    /// Whether a followed process other than the root still runs (after their forks the
+    /// kernel reported, which come through the process events).
+    fn others_alive(&mut self) -> bool {
+        self.process_events();
+        match (&mut self.followed, self.pid) {
+            (Some(f), Some(root)) => f.others_alive(root),
+            _ => false,
         }
     }
 
@@ -324,7 +361,7 @@ impl Daemon {
         if got.sig == Sig::Hup {
             signals::leave_hung_up_terminal();
         }
-        let (Some(child), None) = (&self.child, self.passed_on) else {
+        let (Some(child), None, false) = (&self.child, self.passed_on, self.root_ended) else {
             return Some(End::Signal(got.sig));
         };
         let pid = child.pid as i32;

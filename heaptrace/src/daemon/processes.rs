@@ -135,6 +135,11 @@ impl Daemon {
             }
         }
         let execs = w.drain(got, self.probes.as_mut());
+        if let Some(f) = self.followed.as_mut() {
+            for p in w.forked.drain(..) {
+                f.forked(p);
+            }
+        }
         self.restart(execs);
     }
 

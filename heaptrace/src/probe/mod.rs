@@ -13,6 +13,7 @@
 //! behind one grace period. `Probes` owns its links and closes them from one thread each, so
 //! those waits overlap too. Perf-event uprobes remain the fallback.
 pub mod cgroup_filter;
+pub mod follow;
 mod load;
 pub mod placement;
 mod plan;
@@ -55,6 +56,27 @@ pub enum Scope {
     Process(u32),
     /// Every process that maps the provider's file.
     All,
+    /// A process and every process it forks, present (`-p --follow-forks`) and future: the
+    /// probes fire in every process, and the kernel counts the followed ones (`follow`).
+    Tree(u32),
+}
+
+impl Scope {
+    /// The process the probes' links are bound to; 0: none (every process).
+    pub fn probe_pid(self) -> u32 {
+        match self {
+            Scope::Process(pid) => pid,
+            Scope::All | Scope::Tree(_) => 0,
+        }
+    }
+
+    /// The process traced first: one's, a tree's root; None for all.
+    pub fn root(self) -> Option<u32> {
+        match self {
+            Scope::Process(pid) | Scope::Tree(pid) => Some(pid),
+            Scope::All => None,
+        }
+    }
 }
 
 /// One attached probe, for `--verbose` and the JSON document.
@@ -206,11 +228,9 @@ struct WrapperLinks {
 }
 
 fn uprobe_scope(scope: Scope) -> Result<UProbeScope> {
-    Ok(match scope {
-        Scope::All => UProbeScope::AllProcesses,
-        Scope::Process(pid) => {
-            UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(Error::NoSuchProcess(0))?)
-        }
+    Ok(match scope.probe_pid() {
+        0 => UProbeScope::AllProcesses,
+        pid => UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(Error::NoSuchProcess(0))?),
     })
 }
 
@@ -378,10 +398,7 @@ impl Probes {
             cookies.push(u64::from(s.nr) | heaptrace_common::mem::COOKIE_BEGIN);
         }
         if let Some(multi) = &self.multi {
-            let pid = match scope {
-                Scope::All => 0,
-                Scope::Process(pid) => pid,
-            };
+            let pid = scope.probe_pid();
             match multi.attach(SYSCALL_PROGRAM, path, &offsets, &cookies, false, pid) {
                 Ok(fd) => {
                     return Ok(Some(WrapperLinks {
@@ -460,10 +477,7 @@ impl Probes {
     pub fn attach(&mut self, provider: &Provider, scope: Scope, at_entry: bool) -> Result<()> {
         let plan = plan(provider, at_entry, self.calls)?;
         if let Some(multi) = &self.multi {
-            let pid = match scope {
-                Scope::All => 0,
-                Scope::Process(pid) => pid,
-            };
+            let pid = scope.probe_pid();
             match Self::attach_multi(multi, &plan, provider, pid) {
                 Ok(mut links) => {
                     self.links.append(&mut links);

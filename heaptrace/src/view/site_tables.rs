@@ -172,14 +172,30 @@ pub fn peak(profile: &Profile, top: usize, names: &Names) -> String {
     let Some(peak) = profile.peak.as_ref().filter(|p| p.live_bytes > 0) else {
         return String::new();
     };
-    let mut s = format!(
-        "peak: {} live in {} blocks at {:.1}s (round {}){}, held by:\n",
-        bytes(peak.live_bytes),
-        peak.live_blocks,
-        peak.elapsed_ms as f64 / 1000.0,
-        peak.round,
-        estimated(profile)
-    );
+    let mut s = match peak.reached_by {
+        // Taken by the kernel between two round ends: what held it then is known only for the
+        // allocation that reached it; the sites are those of the round's end.
+        Some((pid, stack_id, size)) => {
+            let label = labels(profile, &[(pid, stack_id, u32::MAX)], names);
+            format!(
+                "peak: {} live, reached in round {} by {} from {}; at that round's end ({:.1}s) \
+                 held by:\n",
+                bytes(peak.live_bytes),
+                peak.round,
+                bytes(size as i64),
+                label.first().map_or("?", |l| l.trim_start_matches("? <- ")),
+                peak.elapsed_ms as f64 / 1000.0,
+            )
+        }
+        None => format!(
+            "peak: {} live in {} blocks at {:.1}s (round {}){}, held by:\n",
+            bytes(peak.live_bytes),
+            peak.live_blocks,
+            peak.elapsed_ms as f64 / 1000.0,
+            peak.round,
+            estimated(profile)
+        ),
+    };
     let rows: Vec<_> = peak.sites.iter().take(top).collect();
     let ids: Vec<SiteId> = rows.iter().map(|r| r.0).collect();
     for ((_, blocks, b), label) in rows.iter().zip(labels(profile, &ids, names)) {

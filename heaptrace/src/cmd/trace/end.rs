@@ -31,7 +31,10 @@ pub(super) fn finish(
     probes.detach();
     drop(probes);
     daemon.round()?;
-    let pids: Option<HashSet<u32>> = pid.map(|p| HashSet::from([p]));
+    // Every followed process's blocks, not the root's alone.
+    let pids: Option<HashSet<u32>> = pid
+        .filter(|_| daemon.followed.is_none())
+        .map(|p| HashSet::from([p]));
     // `-p` and a launched command too: its end is in `target`, and in its process's record.
     for (p, pp) in daemon.profile.procs.iter_mut() {
         if !procfs::alive(crate::profile::incarnation::Pid(*p).real()) {
@@ -118,7 +121,12 @@ pub(super) fn print_summary(
     done: &Done,
     own: Option<(u64, u64)>,
 ) {
-    let pid = info.pids.first().copied();
+    // A followed tree of more than one process is summed, as `--all` is.
+    let pid = info
+        .pids
+        .first()
+        .copied()
+        .filter(|_| profile.procs.len() <= 1);
     eprintln!("heaptrace: {}", done.reason);
     eprint!("{}", summary::summary(profile, pid, &info.aliases));
     if pid.is_none() {

@@ -61,7 +61,11 @@ pub(super) fn find_target(
                 Some(c) => allocator::custom_for_pid(*pid, c)?,
                 None => allocator::for_pid(*pid)?,
             };
-            (provider, Scope::Process(*pid), None)
+            let scope = match cli.follow_forks {
+                true => Scope::Tree(*pid),
+                false => Scope::Process(*pid),
+            };
+            (provider, scope, None)
         }
         Target::All => {
             if let Some(w) = access::Privileges::own().all_warning() {
@@ -93,7 +97,11 @@ pub(super) fn find_target(
                 (None, false) => None,
             };
             let child = launch::spawn_stopped(&exe, argv, redirect.as_ref())?;
-            (provider, Scope::Process(child.pid), Some(child))
+            let scope = match cli.follow_forks {
+                true => Scope::Tree(child.pid),
+                false => Scope::Process(child.pid),
+            };
+            (provider, scope, Some(child))
         }
     })
 }

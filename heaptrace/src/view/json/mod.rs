@@ -203,6 +203,19 @@ pub(crate) fn peak(profile: &Profile) -> Node<'_> {
         ("live_blocks", json!(p.live_blocks).into()),
         ("round", json!(p.round).into()),
         ("elapsed_ms", json!(p.elapsed_ms).into()),
+        ("exact", json!(p.exact).into()),
+        (
+            "reached_by",
+            match p.reached_by {
+                Some((pid, stack_id, size)) => {
+                    let mut m = site(profile, &(pid, stack_id, u32::MAX));
+                    m.remove("function");
+                    m.insert("size".into(), size.into());
+                    Value::Object(m).into()
+                }
+                None => Value::Null.into(),
+            },
+        ),
         ("by_stack", by),
     ])
 }
@@ -353,6 +366,10 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
                 "rss_kb": p.mem.map(|m| m.rss_kb),
                 "virt_kb": p.mem.map(|m| m.virt_kb),
                 "peak_rss_kb": p.peak_rss_kb,
+                "peak": p.peak.map(|k| json!({
+                    "live_bytes": k.bytes,
+                    "reached_by": { "size": k.size, "stack_id": k.stack_id },
+                })),
                 "memory": memory(profile, p),
                 "exited": p.exited,
                 "leaks_at_exit": p.leaks_at_exit,
