@@ -66,6 +66,13 @@ pub struct TraceArgs {
     #[arg(long, default_value_t = 1000, value_name = "N")]
     pub keep_exited: usize,
 
+    /// With --all: write each OOM killer victim's report to DIR at once.
+    ///
+    /// A JSON document as --json's, of that process alone: its heap by site when it was
+    /// killed. Named oom-PID-COMM-UNIXTIME.json.
+    #[arg(long, requires = "all", value_name = "DIR")]
+    pub oom_dir: Option<std::path::PathBuf>,
+
     /// With --all: only processes whose cgroup path contains this.
     ///
     /// A container's or a systemd unit's cgroup, judged in the kernel.

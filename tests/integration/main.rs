@@ -12,6 +12,7 @@ mod filters;
 mod forks;
 mod liveslots;
 mod memory;
+mod oom;
 mod outputs;
 mod peak;
 mod placement;

@@ -17,7 +17,7 @@ use aya::{
     maps::{MapData, RingBuf},
     programs::RawTracePoint,
 };
-use heaptrace_common::{PROC_EXEC, PROC_FORK, ProcEvent, maps};
+use heaptrace_common::{PROC_EXEC, PROC_FORK, PROC_OOM, ProcEvent, maps};
 use tokio::{io::unix::AsyncFd, sync::mpsc};
 
 use crate::{
@@ -75,6 +75,8 @@ pub struct ProcWatch {
     pending: Vec<(u32, std::time::Instant)>,
     /// Processes the followed ones forked, reported since the daemon last took them.
     pub forked: Vec<u32>,
+    /// Victims of the OOM killer, reported since the daemon last took them.
+    pub oom_killed: Vec<u32>,
 }
 
 /// How long a new process may take to map its allocator.
@@ -101,6 +103,9 @@ impl ProcWatch {
             p.load().map_err(|e| Error::Load(format!("{prog}: {e}")))?;
             p.attach(tp)
                 .map_err(|e| Error::Load(format!("{prog} on {tp}: {e}")))?;
+        }
+        if let Err(e) = watch_oom(probes) {
+            eprintln!("heaptrace: warning: OOM kills not reported: {e}");
         }
         let ring = probes.take_ring(maps::EVENTS)?;
         let mut known = allocator::Known::default();
@@ -170,6 +175,7 @@ impl ProcWatch {
             wanted,
             pending: Vec::new(),
             forked: Vec::new(),
+            oom_killed: Vec::new(),
         })
     }
 
@@ -213,6 +219,9 @@ impl ProcWatch {
     /// Looks at each process that started among `events` (attaching its allocator when
     /// `probes` is given). Returns the processes that exec'ed.
     pub fn drain(&mut self, events: Vec<ProcEvent>, mut probes: Option<&mut Probes>) -> Vec<u32> {
+        let (oom, events): (Vec<ProcEvent>, Vec<ProcEvent>) =
+            events.into_iter().partition(|e| e.kind == PROC_OOM);
+        self.oom_killed.extend(oom.iter().map(|e| e.tgid));
         let execs: Vec<u32> = events
             .iter()
             .filter(|e| e.kind == PROC_EXEC)
@@ -303,6 +312,17 @@ impl ProcWatch {
         }
         true
     }
+}
+
+/// The OOM killer's victims, reported on the process-event ring (heaptrace-ebpf's oom.rs).
+fn watch_oom(probes: &mut Probes) -> Result<()> {
+    probes.oom_victim.clone().map_err(Error::Load)?;
+    let (prog, tp) = ("on_oom", "mark_victim");
+    let p: &mut RawTracePoint = crate::probe::program(&mut probes.ebpf, prog)?;
+    p.load().map_err(|e| Error::Load(format!("{prog}: {e}")))?;
+    p.attach(tp)
+        .map_err(|e| Error::Load(format!("{prog} on {tp}: {e}")))?;
+    Ok(())
 }
 
 /// Which processes' allocator files a system-wide trace probes: under `--comm`/`--cgroup`, only

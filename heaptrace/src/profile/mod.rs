@@ -106,6 +106,8 @@ pub struct ProcProfile {
     /// Its highest live heap, taken by the kernel at the allocation that reached it (None
     /// in calls mode and under `--sample-bytes`, and in recordings before format 9).
     pub peak: Option<KernelPeak>,
+    /// The kernel's OOM killer killed it (`oom/mark_victim`): its leaks are its heap then.
+    pub oom_killed: bool,
 }
 
 /// The highest live heap: at the allocation that reached it where the kernel took it (the

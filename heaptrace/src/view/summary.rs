@@ -332,7 +332,11 @@ pub fn processes(profile: &Profile, top: usize) -> String {
                 bytes(p.totals.live_bytes)
             },
             // Its live figure is what it had not freed when it ended.
-            if p.exited { "  ended" } else { "" }
+            match (p.oom_killed, p.exited) {
+                (true, _) => "  killed by the OOM killer",
+                (false, true) => "  ended",
+                (false, false) => "",
+            }
         );
     }
     if rows.len() > top {

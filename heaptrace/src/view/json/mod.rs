@@ -373,6 +373,7 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
                 "memory": memory(profile, p),
                 "exited": p.exited,
                 "leaks_at_exit": p.leaks_at_exit,
+                "oom_killed": p.oom_killed,
             });
             let Value::Object(mut fields) = fields else {
                 unreachable!("json! of an object")

@@ -41,6 +41,8 @@ pub struct ProcRow {
     pub rate: u64,
     /// It ended while traced: its live figure is what it had not freed then.
     pub exited: bool,
+    /// The OOM killer killed it.
+    pub oom_killed: bool,
 }
 
 /// `n` events of round `last` per second: the round ran from `prev`'s end (or one interval).
@@ -187,6 +189,7 @@ impl App {
                 peak_rss_kb: p.peak_rss_kb,
                 reserved: p.reserved.map(|r| r.total()),
                 exited: p.exited,
+                oom_killed: p.oom_killed,
                 rate: self.history.get(pid).map_or(0, |h| {
                     let prev = h.len().checked_sub(2).and_then(|i| h.get(i));
                     h.back().map_or(0, |last| {

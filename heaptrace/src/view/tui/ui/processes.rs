@@ -52,7 +52,9 @@ pub(super) fn all_processes_row(app: &App, wide: bool) -> Row<'static> {
 
 pub(super) fn process_row(app: &App, r: &ProcRow, wide: bool) -> Row<'static> {
     // Ended ones stay listed (their figures are final), dimmed.
-    let style = if r.exited {
+    let style = if r.oom_killed {
+        Style::new().red()
+    } else if r.exited {
         Style::new().dim()
     } else {
         Style::new()
@@ -60,10 +62,10 @@ pub(super) fn process_row(app: &App, r: &ProcRow, wide: bool) -> Row<'static> {
     Row::new(vec![
         Cell::from(if app.focus() == Some(r.pid) { "*" } else { " " }),
         Cell::from(format!("{:>7}", crate::profile::incarnation::Pid(r.pid))),
-        Cell::from(if r.exited {
-            format!("{} (ended)", r.comm)
-        } else {
-            r.comm.clone()
+        Cell::from(match (r.oom_killed, r.exited) {
+            (true, _) => format!("{} (killed by the OOM killer)", r.comm),
+            (false, true) => format!("{} (ended)", r.comm),
+            (false, false) => r.comm.clone(),
         }),
         Cell::from(count_cell(r.totals.allocations(), wide)),
         Cell::from(count_cell(r.totals.frees(), wide)),
