@@ -63,7 +63,8 @@ pub(super) fn process_row(app: &App, r: &ProcRow, wide: bool) -> Row<'static> {
         Cell::from(if app.focus() == Some(r.pid) { "*" } else { " " }),
         Cell::from(format!("{:>7}", crate::profile::incarnation::Pid(r.pid))),
         Cell::from(match (r.oom_killed, r.exited) {
-            (true, _) => format!("{} (killed by the OOM killer)", r.comm),
+            // The status line says it whole ("killed by the OOM killer"); the column is narrow.
+            (true, _) => format!("{} (OOM killed)", r.comm),
             (false, true) => format!("{} (ended)", r.comm),
             (false, false) => r.comm.clone(),
         }),

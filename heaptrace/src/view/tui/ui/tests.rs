@@ -369,6 +369,47 @@ fn ended_processes_are_told_apart_from_the_live_ones() {
     assert!(!text.contains("left by ended"), "{text}");
 }
 
+/// The header's peak: the kernel's (exact, at the allocation that reached it), the focused
+/// process's own in focus; a process the OOM killer killed is marked on the processes screen.
+#[test]
+fn the_header_shows_the_exact_peak_and_the_oom_victims_are_marked() {
+    let mut p = Profile::default();
+    for (pid, comm, peak, oom) in [(10, "alive", 2 << 20, false), (11, "leaky", 48 << 20, true)] {
+        p.procs.insert(
+            pid,
+            crate::profile::ProcProfile {
+                comm: comm.into(),
+                peak: Some(crate::drain::round::KernelPeak {
+                    bytes: peak,
+                    size: 1 << 20,
+                    stack_id: 1,
+                }),
+                exited: oom,
+                oom_killed: oom,
+                ..Default::default()
+            },
+        );
+    }
+    p.peak = Some(crate::profile::Peak {
+        live_bytes: 50 << 20,
+        exact: true,
+        ..Default::default()
+    });
+    let mut app = App::new(info(TargetKind::All), running(p));
+    screen(&mut app, Screen::Processes);
+    let text = format!("{:?}", render(&app, 160, 24));
+    assert!(text.contains("  peak 50.0 MiB (exact)"), "{text}");
+    assert!(text.contains("leaky (OOM killed)"), "{text}");
+    assert!(!text.contains("alive (OOM"), "{text}");
+    app.set_focus(Some(11));
+    let text = format!("{:?}", render(&app, 160, 24));
+    assert!(text.contains("  peak 48.0 MiB (exact)"), "{text}");
+    // No room: left out whole.
+    app.set_focus(None);
+    let text = format!("{:?}", render(&app, 60, 24));
+    assert!(!text.contains("peak"), "{text}");
+}
+
 /// A site's sizes in its stack pane: exact where the size histogram has them, an estimate
 /// (marked) only without it, and never outside the buckets hit.
 #[test]
