@@ -192,3 +192,43 @@ fn oom_dir_must_be_a_writable_directory() {
         error_line(&out)
     );
 }
+
+bpf_test!(
+    exclusive,
+    /// A host with a v1 memory hierarchy (this one's is hybrid: its unified hierarchy says `/`
+    /// for every process): a process in a v1 memory cgroup is reported with that path, and
+    /// `--all --cgroup` keeps it by that path.
+    fn a_process_in_a_v1_memory_cgroup_is_reported_with_its_path() {
+        let v2 = fs::read_to_string("/sys/fs/cgroup/cgroup.subtree_control")
+            .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"));
+        if v2 || !Path::new("/sys/fs/cgroup/memory").is_dir() {
+            eprintln!("SKIPPED no cgroup v1 memory hierarchy");
+            return;
+        }
+        let cg = MemCgroup::new("v1");
+        let name = cg.dir.file_name().unwrap().to_str().unwrap().to_string();
+        let (tracer, json) = start_all("oom-v1", &["--mode", "counts", "--cgroup", &name]);
+        let script = format!(
+            "echo $$ > {} && exec {} 0 100 3",
+            cg.procs().display(),
+            fixture("allocs", "", &[]).display()
+        );
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        assert!(child.wait().unwrap().success());
+        // Past a round: its end is seen.
+        std::thread::sleep(Duration::from_millis(500));
+        let (_, doc) = stop(tracer, &json);
+        let p = process(&doc, pid);
+        assert_eq!(p["cgroup"], format!("/{name}"), "{p}");
+        assert_eq!(p["comm"], "allocs");
+        assert!(p["totals"]["allocations"].as_u64().unwrap() >= 100, "{p}");
+        // Every process kept is in it.
+        for p in doc["processes"].as_array().unwrap() {
+            assert_eq!(p["cgroup"], format!("/{name}"), "{p}");
+        }
+    }
+);
