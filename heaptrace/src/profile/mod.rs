@@ -1,6 +1,7 @@
 //! Folds rounds into one Profile that every view reads, so the round lines, the summary and the
 //! JSON document can never disagree.
 pub mod exited;
+pub mod grouped;
 pub mod histogram;
 pub mod incarnation;
 mod narrow;

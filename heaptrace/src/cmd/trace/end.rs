@@ -122,6 +122,14 @@ pub(super) fn print_summary(
     done: &Done,
     own: Option<(u64, u64)>,
 ) {
+    let grouped;
+    let profile = match cli.group_by {
+        crate::cli::GroupBy::Command => {
+            grouped = profile.by_command();
+            &grouped
+        }
+        crate::cli::GroupBy::Process => profile,
+    };
     // A followed tree of more than one process is summed, as `--all` is.
     let pid = info
         .pids

@@ -11,11 +11,19 @@ pub(super) fn draw_processes(f: &mut Frame, app: &App, area: Rect) {
     // Without room for VIRT, rows keep their last cell: a table draws as many as it has columns.
     let table = Table::new(body, widths)
         .header(Row::new(header).style(Style::new().bold().underlined()))
-        .block(Block::bordered().title(format!(
-            "Processes: {} (sorted by {}; Enter: show only this one)",
-            rows.len(),
-            app.proc_sort_name()
-        )))
+        .block(Block::bordered().title(if app.by_command {
+            format!(
+                "Commands: {} (sorted by {}; c: a row per process)",
+                rows.len(),
+                app.proc_sort_name()
+            )
+        } else {
+            format!(
+                "Processes: {} (sorted by {}; Enter: show only this one; c: by command)",
+                rows.len(),
+                app.proc_sort_name()
+            )
+        }))
         .row_highlight_style(Style::new().reversed())
         .highlight_symbol(SELECTED);
     let mut state = TableState::default().with_selected(Some(app.selected(Screen::Processes)));

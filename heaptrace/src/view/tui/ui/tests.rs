@@ -410,6 +410,48 @@ fn the_header_shows_the_exact_peak_and_the_oom_victims_are_marked() {
     assert!(!text.contains("peak"), "{text}");
 }
 
+/// `c` on the processes screen: a row per command, 36 cc1 as one with their sums; `c` again
+/// a row per process. A command's row is no process to show alone.
+#[test]
+fn the_processes_screen_groups_by_command() {
+    let mut p = Profile::default();
+    for pid in 10..46 {
+        let mut totals = crate::drain::round::Totals::default();
+        totals.funcs[heaptrace_common::Func::Malloc as usize].calls = 100;
+        p.procs.insert(
+            pid,
+            crate::profile::ProcProfile {
+                comm: "cc1".into(),
+                totals,
+                ..Default::default()
+            },
+        );
+    }
+    p.procs.insert(
+        99,
+        crate::profile::ProcProfile {
+            comm: "ld".into(),
+            ..Default::default()
+        },
+    );
+    let mut app = App::new(info(TargetKind::All), running(p));
+    screen(&mut app, Screen::Processes);
+    assert_eq!(app.proc_rows().len(), 37);
+    keys(&mut app, "c");
+    let rows = app.proc_rows();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].comm, "cc1 (36 processes)");
+    assert_eq!(rows[0].totals.allocations(), 3600);
+    let text = format!("{:?}", render(&app, 160, 24));
+    assert!(text.contains("Commands: 2"), "{text}");
+    assert!(text.contains("group cc1 (36 processes)"), "{text}");
+    app.on_key(KeyEvent::from(KeyCode::Down));
+    app.on_key(KeyEvent::from(KeyCode::Enter));
+    assert_eq!(app.focus(), None);
+    keys(&mut app, "c");
+    assert_eq!(app.proc_rows().len(), 37);
+}
+
 /// A site's sizes in its stack pane: exact where the size histogram has them, an estimate
 /// (marked) only without it, and never outside the buckets hit.
 #[test]
