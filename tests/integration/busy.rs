@@ -120,3 +120,35 @@ bpf_test!(
         let _ = std::fs::remove_file(&rec);
     }
 );
+
+bpf_test!(
+    shared,
+    /// A pre-fork server's processes all have one command: grouped, they are one process of the
+    /// summary, whose figures are the whole tree's (100 blocks in the parent, 10 in each of
+    /// three workers), not those of the root's pid alone.
+    fn a_tree_of_one_command_grouped_is_summed_whole() {
+        let out = run_ok(
+            heaptrace()
+                .args(["--no-tui", "-q", "--follow-forks", "--group-by", "command"])
+                .arg("--")
+                .arg(fixture("forkers", "", &[]))
+                .arg("10"),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let total = stderr
+            .lines()
+            .find(|l| l.starts_with("total: "))
+            .unwrap_or_else(|| panic!("no total: {stderr}"));
+        assert!(total.starts_with("total: 130 allocations"), "{total}");
+        let rows: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.trim_start().starts_with("group forkers (4 processes)"))
+            .collect();
+        assert_eq!(rows.len(), 1, "{stderr}");
+        assert!(
+            rows[0].split_whitespace().nth(4) == Some("130"),
+            "{}",
+            rows[0]
+        );
+    }
+);

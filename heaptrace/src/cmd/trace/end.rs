@@ -122,6 +122,13 @@ pub(super) fn print_summary(
     done: &Done,
     own: Option<(u64, u64)>,
 ) {
+    // A followed tree of more than one process is summed, as `--all` is (and grouped, it
+    // may be one process of the Profile standing for several).
+    let pid = info
+        .pids
+        .first()
+        .copied()
+        .filter(|_| profile.procs.len() <= 1);
     let grouped;
     let profile = match cli.group_by {
         crate::cli::GroupBy::Command => {
@@ -130,12 +137,6 @@ pub(super) fn print_summary(
         }
         crate::cli::GroupBy::Process => profile,
     };
-    // A followed tree of more than one process is summed, as `--all` is.
-    let pid = info
-        .pids
-        .first()
-        .copied()
-        .filter(|_| profile.procs.len() <= 1);
     eprintln!("heaptrace: {}", done.reason);
     eprint!("{}", summary::summary(profile, pid, &info.aliases));
     if pid.is_none() {
