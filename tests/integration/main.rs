@@ -8,6 +8,7 @@ mod exec;
 mod expect;
 mod faults;
 mod filters;
+mod heap;
 mod liveslots;
 mod memory;
 mod outputs;

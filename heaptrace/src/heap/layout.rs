@@ -8,6 +8,8 @@ pub struct Layout {
     pub version: (u32, u32),
     /// `struct malloc_state`: its size and fields.
     pub arena_size: u64,
+    /// The arena's lock (an int), held by a thread inside malloc.
+    pub mutex: u64,
     pub fastbins: u64,
     pub nfastbins: u64,
     pub top: u64,
@@ -41,6 +43,7 @@ pub struct Layout {
 const GLIBC_2_36: Layout = Layout {
     version: (2, 36),
     arena_size: 2200,
+    mutex: 0,
     fastbins: 16,
     nfastbins: 10,
     top: 96,

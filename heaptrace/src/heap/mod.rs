@@ -15,7 +15,7 @@ pub mod walk;
 use std::path::{Path, PathBuf};
 
 use self::census::{About, Census, Source};
-use self::memory::Region;
+use self::memory::{Memory as _, Region};
 
 /// Why there is no census.
 #[derive(Debug, thiserror::Error)]
@@ -49,14 +49,36 @@ pub fn of_process(pid: u32, stop: bool, symbols: bool) -> Result<Census, HeapErr
     let base = base_of(&regions, &provider.path).ok_or_else(|| HeapError::NoGlibc(who.clone()))?;
     let at =
         locate::locate(&provider.attach_path, base, symbols).map_err(HeapError::Unsupported)?;
-    let _frozen = if stop {
-        Some(stop::freeze(pid).map_err(HeapError::Unreadable)?)
-    } else {
-        None
-    };
     let mem = memory::Live::new(pid);
     check_main_arena(&mem, &at)?;
-    let w = walk::walk(&mem, &at, &regions, !stop).map_err(HeapError::Unreadable)?;
+    let mut frozen = None;
+    let mut busy = 0;
+    if stop {
+        // A thread stopped inside malloc leaves its arena half updated: stop again until no
+        // arena's lock is held.
+        for _ in 0..STOP_ATTEMPTS {
+            let f = stop::freeze(pid).map_err(HeapError::Unreadable)?;
+            mem.refresh();
+            busy = walk::locked_arenas(&mem, &at);
+            frozen = Some(f);
+            if busy == 0 {
+                break;
+            }
+            frozen = None;
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        if frozen.is_none() {
+            frozen = Some(stop::freeze(pid).map_err(HeapError::Unreadable)?);
+        }
+    }
+    let mut w = walk::walk(&mem, &at, &regions, !stop).map_err(HeapError::Unreadable)?;
+    drop(frozen);
+    if busy > 0 {
+        w.warnings.push(format!(
+            "{busy} arenas were locked each time the process was stopped ({STOP_ATTEMPTS} \
+             times): a thread was inside malloc"
+        ));
+    }
     Ok(census::census(
         w,
         About {
@@ -99,6 +121,9 @@ pub fn of_core(path: &Path, symbols: bool) -> Result<Census, HeapError> {
         },
     ))
 }
+
+/// How many times `--stop` stops the process to find no arena locked.
+const STOP_ATTEMPTS: u32 = 50;
 
 fn is_glibc(path: &Path) -> bool {
     path.file_name()

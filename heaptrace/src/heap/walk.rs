@@ -180,6 +180,23 @@ pub fn walk(
     Ok(w)
 }
 
+/// How many arenas' mutexes are held now (a thread inside malloc or free).
+pub fn locked_arenas(mem: &dyn Memory, at: &Located) -> usize {
+    let mut locked = 0;
+    let mut arena = at.main_arena;
+    for _ in 0..MAX_ARENAS {
+        let mut m = [0u8; 4];
+        if mem.read(arena + at.layout.mutex, &mut m) && m != [0; 4] {
+            locked += 1;
+        }
+        match mem.u64_at(arena + at.layout.next) {
+            Some(next) if next != at.main_arena && next != 0 => arena = next,
+            _ => break,
+        }
+    }
+    locked
+}
+
 fn read_vec(mem: &dyn Memory, addr: u64, len: u64) -> Option<Vec<u8>> {
     let mut v = vec![0u8; len as usize];
     mem.read(addr, &mut v).then_some(v)
@@ -308,7 +325,8 @@ fn walk_span(
         let sane = size >= MINSIZE
             && size.is_multiple_of(16)
             && next <= end
-            && word & (IS_MMAPPED | NON_MAIN_ARENA) == arena_flag;
+            && word & IS_MMAPPED == 0
+            && (word & NON_MAIN_ARENA == 0 || arena_flag != 0);
         if !sane {
             fail(a, addr);
             break;
@@ -325,6 +343,11 @@ fn walk_span(
         let bit = (addr - start) / 16;
         starts[(bit / 64) as usize] |= 1 << (bit % 64);
         a.chunks += 1;
+        // Free chunks lose the arena flag (glibc rewrites their head); chunks in use keep it.
+        if nw & PREV_INUSE != 0 && word & NON_MAIN_ARENA != arena_flag {
+            fail(a, addr);
+            break;
+        }
         if nw & PREV_INUSE != 0 {
             *a.in_use.entry(size).or_default() += 1;
             if size == l.tcache_size + 16 {
