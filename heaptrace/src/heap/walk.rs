@@ -59,12 +59,37 @@ pub struct ArenaWalk {
     pub unreadable: u64,
     /// Chunks counted in the walk (bounds the list walks).
     chunks: u64,
-    /// Chunk starts, a bit per 16 bytes of each span (to check list entries).
-    starts: Vec<Vec<u64>>,
+    /// Chunk starts, a bit per 16 bytes of heap (to check list entries).
+    starts: Starts,
     /// Free chunks found by their neighbour's flag, not yet found in a bin.
     loose: HashMap<u64, u64>,
     /// tcache_perthread_struct candidates: (chunk address, first of its heap).
     tcache_candidates: Vec<(u64, bool)>,
+}
+
+/// A sparse bitmap of chunk starts: 64 words (64 KiB of heap) per page, made where a chunk
+/// is, so a hostile size that jumps far costs nothing.
+#[derive(Debug, Default)]
+struct Starts(HashMap<u64, Box<[u64; 64]>>);
+
+impl Starts {
+    fn set(&mut self, addr: u64) {
+        let bit = addr / 16;
+        let page = self
+            .0
+            .entry(bit / 4096)
+            .or_insert_with(|| Box::new([0; 64]));
+        page[(bit % 4096 / 64) as usize] |= 1 << (bit % 64);
+    }
+
+    fn get(&self, addr: u64) -> bool {
+        let bit = addr / 16;
+        addr.is_multiple_of(16)
+            && self
+                .0
+                .get(&(bit / 4096))
+                .is_some_and(|p| p[(bit % 4096 / 64) as usize] & (1 << (bit % 64)) != 0)
+    }
 }
 
 /// One thread's tcache.
@@ -148,7 +173,7 @@ pub fn walk(
             ));
         }
         let next = mem
-            .u64_at(arena + l.next)
+            .u64_at(arena.wrapping_add(l.next))
             .ok_or("cannot read an arena's next")?;
         w.arenas.push(a);
         if next == at.main_arena {
@@ -186,10 +211,10 @@ pub fn locked_arenas(mem: &dyn Memory, at: &Located) -> usize {
     let mut arena = at.main_arena;
     for _ in 0..MAX_ARENAS {
         let mut m = [0u8; 4];
-        if mem.read(arena + at.layout.mutex, &mut m) && m != [0; 4] {
+        if mem.read(arena.wrapping_add(at.layout.mutex), &mut m) && m != [0; 4] {
             locked += 1;
         }
-        match mem.u64_at(arena + at.layout.next) {
+        match mem.u64_at(arena.wrapping_add(at.layout.next)) {
             Some(next) if next != at.main_arena && next != 0 => arena = next,
             _ => break,
         }
@@ -231,25 +256,30 @@ fn walk_arena(
         ..Default::default()
     };
     let top = word(&state, l.top);
+    if address >= USER_END || top >= USER_END {
+        return Err(format!(
+            "arena {address:#x}: its top {top:#x} is not a user-space address"
+        ));
+    }
     // Before the first malloc, top is the unsorted bin's head: no heap yet.
-    if top == address + l.bins - 16 {
+    if top == address.wrapping_add(l.bins - 16) {
         return Ok(a);
     }
     let top_word = mem
-        .u64_at(top + 8)
+        .u64_at(top.wrapping_add(8))
         .ok_or_else(|| format!("cannot read arena {address:#x}'s top chunk"))?;
     a.top = layout::chunk_size(top_word);
     let top_end = top
         .checked_add(a.top)
         .ok_or("top chunk out of the address space")?;
-    a.trimmable += whole_pages(top + MINSIZE, top_end);
+    a.trimmable += whole_pages(top.saturating_add(MINSIZE), top_end);
     if main {
         if sbrk_base == 0 || sbrk_base > top {
             a.unreadable += a.system_mem;
             return Ok(a);
         }
         a.spans.push(Span {
-            start: (sbrk_base + 15) & !15,
+            start: sbrk_base.saturating_add(15) & !15,
             end: top_end,
         });
     } else {
@@ -264,16 +294,16 @@ fn walk_arena(
                 break;
             }
             let size = word(&info, l.heap_size).min(l.heap_max);
-            let first = address >= heap && address < heap + size;
+            let first = address >= heap && address < heap.saturating_add(size);
             let start = if first {
                 // The arena follows heap_info, its first chunk the arena (chunk2mem aligned).
-                (address + l.arena_size + 16).div_ceil(16) * 16 - 16
+                address.saturating_add(l.arena_size + 16).div_ceil(16) * 16 - 16
             } else {
                 heap + l.heap_info_size
             };
             a.spans.push(Span {
                 start,
-                end: heap + size,
+                end: heap.saturating_add(size),
             });
             let prev = word(&info, l.heap_prev);
             if first || prev == 0 {
@@ -292,6 +322,9 @@ fn walk_arena(
 }
 
 const MAX_HEAPS: usize = 1 << 16;
+/// x86-64 user space ends below 2^47 (2^56 with 5-level paging, which glibc heaps do not
+/// reach unasked): a pointer past it is not one the walk follows.
+const USER_END: u64 = 1 << 56;
 
 /// Walks span `i` chunk by chunk, up to the top chunk or its fence posts.
 fn walk_span(
@@ -302,11 +335,9 @@ fn walk_span(
     top: u64,
 ) -> Result<(), String> {
     let Span { start, end } = a.spans[i];
-    let len = end.saturating_sub(start);
-    let mut starts = vec![0u64; (len / 16 / 64 + 1) as usize];
     let arena_flag = if a.main { 0 } else { NON_MAIN_ARENA };
     let mut addr = start;
-    let mut header = mem.u64_at(addr + 8);
+    let mut header = mem.u64_at(addr.wrapping_add(8));
     let mut first = true;
     let fail = |a: &mut ArenaWalk, at: u64| a.unreadable += end.saturating_sub(at);
     while addr < end {
@@ -332,7 +363,7 @@ fn walk_span(
             break;
         }
         let next_word = if next < end {
-            mem.u64_at(next + 8)
+            mem.u64_at(next.wrapping_add(8))
         } else {
             None
         };
@@ -340,8 +371,7 @@ fn walk_span(
             fail(a, addr);
             break;
         };
-        let bit = (addr - start) / 16;
-        starts[(bit / 64) as usize] |= 1 << (bit % 64);
+        a.starts.set(addr);
         a.chunks += 1;
         // Free chunks lose the arena flag (glibc rewrites their head); chunks in use keep it.
         if nw & PREV_INUSE != 0 && word & NON_MAIN_ARENA != arena_flag {
@@ -360,20 +390,13 @@ fn walk_span(
         addr = next;
         header = next_word;
     }
-    a.starts.push(starts);
     Ok(())
 }
 
 impl ArenaWalk {
     /// Whether a chunk the walk counted starts at `addr`.
     fn is_start(&self, addr: u64) -> bool {
-        self.spans.iter().zip(&self.starts).any(|(s, bits)| {
-            addr >= s.start && addr < s.end && {
-                let bit = (addr - s.start) / 16;
-                (addr - s.start).is_multiple_of(16)
-                    && bits[(bit / 64) as usize] & (1 << (bit % 64)) != 0
-            }
-        })
+        self.starts.get(addr)
     }
 
     /// Moves an in-use chunk (by its neighbour's flag) to free `kind`, if the walk counted it.
@@ -414,7 +437,7 @@ fn fastbins(mem: &dyn Memory, l: &Layout, a: &mut ArenaWalk, state: &[u8]) {
         let mut n = 0u64;
         while p != 0 && n <= a.chunks {
             let ok = mem
-                .u64_at(p + 8)
+                .u64_at(p.wrapping_add(8))
                 .is_some_and(|w| layout::chunk_size(w) == size)
                 && a.take_in_use(p, size, FreeKind::Fastbin);
             if !ok {
@@ -422,8 +445,8 @@ fn fastbins(mem: &dyn Memory, l: &Layout, a: &mut ArenaWalk, state: &[u8]) {
                 break;
             }
             n += 1;
-            match mem.u64_at(p + 16) {
-                Some(s) => p = reveal(l, p + 16, s),
+            match mem.u64_at(p.wrapping_add(16)) {
+                Some(s) => p = reveal(l, p.wrapping_add(16), s),
                 None => break,
             }
         }
@@ -434,7 +457,7 @@ fn fastbins(mem: &dyn Memory, l: &Layout, a: &mut ArenaWalk, state: &[u8]) {
 fn bins(mem: &dyn Memory, l: &Layout, a: &mut ArenaWalk, state: &[u8]) {
     for i in 1..l.nbins - 1 {
         let fd_at = l.bins + (i - 1) * 16;
-        let head = a.address + fd_at - 16;
+        let head = a.address.wrapping_add(fd_at - 16);
         let kind = match i {
             1 => FreeKind::Unsorted,
             2..64 => FreeKind::Small,
@@ -449,9 +472,9 @@ fn bins(mem: &dyn Memory, l: &Layout, a: &mut ArenaWalk, state: &[u8]) {
             };
             a.free.entry(kind).or_default().add(size);
             // glibc's malloc_trim keeps the chunk's header and links (malloc_chunk's 48 bytes).
-            a.trimmable += whole_pages(p + 48, p + size);
+            a.trimmable += whole_pages(p.saturating_add(48), p.saturating_add(size));
             n += 1;
-            match mem.u64_at(p + 16) {
+            match mem.u64_at(p.wrapping_add(16)) {
                 Some(next) => p = next,
                 None => break,
             }
@@ -468,7 +491,7 @@ fn tcache_struct(
     bins: u64,
     count: u64,
 ) -> Option<Vec<(u64, u64)>> {
-    let b = read_vec(mem, chunk + 16, l.tcache_size)?;
+    let b = read_vec(mem, chunk.wrapping_add(16), l.tcache_size)?;
     let mut lists = Vec::new();
     for i in 0..l.tcache_bins {
         let c = u16::from_le_bytes([b[i as usize * 2], b[i as usize * 2 + 1]]) as u64;
@@ -515,7 +538,7 @@ fn tcaches(mem: &dyn Memory, l: &Layout, w: &mut Walk, bins: u64, count: u64) {
                 let owner = w.arenas.iter_mut().find(|a| a.is_start(p));
                 let ok = fresh
                     && mem
-                        .u64_at(p + 8)
+                        .u64_at(p.wrapping_add(8))
                         .is_some_and(|w| layout::chunk_size(w) == size)
                     && owner.is_some_and(|a| a.take_in_use(p, size, FreeKind::Tcache));
                 if !ok {
@@ -554,8 +577,9 @@ fn mmapped(mem: &dyn Memory, regions: &[Region], w: &mut Walk) {
             continue;
         }
         let mut addr = r.start;
-        while addr + 16 <= r.end {
-            let (Some(prev), Some(word)) = (mem.u64_at(addr), mem.u64_at(addr + 8)) else {
+        while addr.saturating_add(16) <= r.end {
+            let (Some(prev), Some(word)) = (mem.u64_at(addr), mem.u64_at(addr.wrapping_add(8)))
+            else {
                 break;
             };
             let size = layout::chunk_size(word);
@@ -580,4 +604,134 @@ fn mmapped(mem: &dyn Memory, regions: &[Region], w: &mut Walk) {
         ));
     }
     w.mmapped = found;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::heap::locate::FoundBy;
+
+    /// Memory made of one buffer at `base`.
+    struct Fake {
+        base: u64,
+        bytes: Vec<u8>,
+    }
+
+    impl Memory for Fake {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
+            let Some(at) = addr.checked_sub(self.base) else {
+                return false;
+            };
+            let at = at as usize;
+            match at
+                .checked_add(buf.len())
+                .and_then(|e| self.bytes.get(at..e))
+            {
+                Some(s) => {
+                    buf.copy_from_slice(s);
+                    true
+                }
+                None => false,
+            }
+        }
+    }
+
+    const BASE: u64 = 0x10_0000;
+    const ARENA: u64 = BASE;
+    const MP: u64 = BASE + 0x1000;
+    const HEAP: u64 = BASE + 0x2000;
+    const HEAP_LEN: u64 = 0x8000;
+
+    fn put(f: &mut Fake, addr: u64, v: u64) {
+        let at = (addr - f.base) as usize;
+        f.bytes[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    }
+
+    /// A main arena with `sizes` in use, then a top chunk; empty bins.
+    fn heap(sizes: &[u64]) -> (Fake, Located) {
+        let l = layout::for_version((2, 36)).unwrap();
+        let mut f = Fake {
+            base: BASE,
+            bytes: vec![0; (0x2000 + HEAP_LEN) as usize],
+        };
+        put(&mut f, ARENA + l.next, ARENA);
+        for i in 1..l.nbins {
+            let head = ARENA + l.bins + (i - 1) * 16 - 16;
+            put(&mut f, head + 16, head);
+            put(&mut f, head + 24, head);
+        }
+        put(&mut f, MP + l.mp_sbrk_base, HEAP);
+        put(&mut f, MP + l.mp_tcache_bins, 64);
+        put(&mut f, MP + l.mp_tcache_count, 7);
+        // A tcache_perthread_struct first, holding the next chunk (32 bytes) for size 32.
+        put(&mut f, HEAP + 8, 0x290 | PREV_INUSE);
+        put(&mut f, HEAP + 16, 1);
+        put(&mut f, HEAP + 16 + l.tcache_entries, HEAP + 0x290 + 16);
+        put(&mut f, HEAP + 0x290 + 8, 32 | PREV_INUSE);
+        let mut addr = HEAP + 0x290 + 32;
+        for s in sizes {
+            put(&mut f, addr + 8, s | PREV_INUSE);
+            addr += s;
+        }
+        put(&mut f, ARENA + l.top, addr);
+        put(&mut f, addr + 8, (HEAP + HEAP_LEN - addr) | PREV_INUSE);
+        let at = Located {
+            layout: l,
+            main_arena: ARENA,
+            mp: MP,
+            found_by: FoundBy::CodePatterns,
+        };
+        (f, at)
+    }
+
+    #[test]
+    fn a_synthetic_heap_is_counted_exactly() {
+        let (f, at) = heap(&[48, 48, 208, 1024]);
+        let w = walk(&f, &at, &[], false).unwrap();
+        let a = &w.arenas[0];
+        assert_eq!(a.in_use, BTreeMap::from([(48, 2), (208, 1), (1024, 1)]));
+        assert_eq!(a.top, HEAP_LEN - 0x290 - 32 - 48 * 2 - 208 - 1024);
+        assert_eq!(
+            a.free[&FreeKind::Tcache],
+            Tally {
+                blocks: 1,
+                bytes: 32
+            }
+        );
+        assert_eq!((w.tcaches.len(), w.internal.blocks), (1, 1));
+        assert_eq!(a.unreadable, 0);
+    }
+
+    /// Random words in chunk headers, bin and tcache pointers: the walk ends, without a
+    /// panic, every time.
+    #[test]
+    fn scribbled_heaps_never_panic_or_hang() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let sizes: Vec<u64> = (0..60).map(|i| 32 + 16 * (i % 20)).collect();
+        for _ in 0..3000 {
+            let (mut f, at) = heap(&sizes);
+            for _ in 0..1 + next() % 6 {
+                let addr = match next() % 3 {
+                    // a header, or a user word, in the heap
+                    0 | 1 => HEAP + (next() % (HEAP_LEN / 8)) * 8,
+                    // the arena: fastbins, top, bins, next
+                    _ => ARENA + (next() % (2200 / 8)) * 8,
+                };
+                let v = match next() % 4 {
+                    0 => next(),
+                    1 => HEAP + next() % HEAP_LEN,
+                    2 => ((next() % 64) * 16) | (next() % 8),
+                    _ => ARENA + (next() % 2200),
+                };
+                put(&mut f, addr, v);
+            }
+            let _ = walk(&f, &at, &[], false);
+        }
+    }
 }
