@@ -10,6 +10,7 @@ mod expect;
 mod faults;
 mod filters;
 mod forks;
+mod heap;
 mod liveslots;
 mod memory;
 mod outputs;
