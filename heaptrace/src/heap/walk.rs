@@ -261,8 +261,9 @@ fn walk_arena(
             "arena {address:#x}: its top {top:#x} is not a user-space address"
         ));
     }
-    // Before the first malloc, top is the unsorted bin's head: no heap yet.
-    if top == address.wrapping_add(l.bins - 16) {
+    // Before the first malloc, top is the unsorted bin's head (or, before malloc was ever
+    // initialized, the whole arena is still zero): no heap yet.
+    if top == 0 || top == address.wrapping_add(l.bins - 16) {
         return Ok(a);
     }
     let top_word = mem
@@ -682,6 +683,16 @@ mod tests {
             found_by: FoundBy::CodePatterns,
         };
         (f, at)
+    }
+
+    /// A process that never called malloc: glibc never initialized its arena, every word is
+    /// still zero. An empty census, not an error (it was "cannot read the top chunk").
+    #[test]
+    fn an_arena_malloc_never_initialized_is_an_empty_heap() {
+        let (mut f, at) = heap(&[]);
+        f.bytes[..0x1000].fill(0);
+        let w = walk(&f, &at, &[], false).unwrap();
+        assert!(w.arenas.iter().all(|a| a.in_use.is_empty() && a.top == 0));
     }
 
     #[test]
