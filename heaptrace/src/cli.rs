@@ -199,6 +199,14 @@ pub struct TraceArgs {
     #[arg(long)]
     pub no_reservations: bool,
 
+    /// With -p, leave out the blocks live before the attach.
+    ///
+    /// By default heaptrace reads the target's glibc heap, its threads stopped for a moment,
+    /// and takes the blocks in use into the live figures and leaks ("allocated before
+    /// attach"), so that their frees are of known blocks.
+    #[arg(long)]
+    pub no_census: bool,
+
     /// Trace the memory behind malloc with the syscall tracepoints even where the wrappers
     /// could be probed (to compare the two).
     #[arg(long, hide = true)]

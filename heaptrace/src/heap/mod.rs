@@ -50,34 +50,15 @@ pub fn of_process(pid: u32, stop: bool, symbols: bool) -> Result<Census, HeapErr
     let at = locate::locate_file(&provider.file, base, symbols).map_err(HeapError::Unsupported)?;
     let mem = memory::Live::new(pid);
     check_main_arena(&mem, &at)?;
-    let mut frozen = None;
-    let mut busy = 0;
-    if stop {
-        // A thread stopped inside malloc leaves its arena half updated: stop again until no
-        // arena's lock is held.
-        for _ in 0..STOP_ATTEMPTS {
-            let f = stop::freeze(pid).map_err(HeapError::Unreadable)?;
-            mem.refresh();
-            busy = walk::locked_arenas(&mem, &at);
-            frozen = Some(f);
-            if busy == 0 {
-                break;
-            }
-            frozen = None;
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        if frozen.is_none() {
-            frozen = Some(stop::freeze(pid).map_err(HeapError::Unreadable)?);
-        }
-    }
+    let (frozen, busy) = if stop {
+        let (f, busy) = freeze_unlocked(pid, &mem, &at)?;
+        (Some(f), busy)
+    } else {
+        (None, 0)
+    };
     let mut w = walk::walk(&mem, &at, &regions, !stop).map_err(HeapError::Unreadable)?;
     drop(frozen);
-    if busy > 0 {
-        w.warnings.push(format!(
-            "{busy} arenas were locked each time the process was stopped ({STOP_ATTEMPTS} \
-             times): a thread was inside malloc"
-        ));
-    }
+    warn_locked(&mut w, busy);
     Ok(census::census(
         w,
         About {
@@ -87,6 +68,84 @@ pub fn of_process(pid: u32, stop: bool, symbols: bool) -> Result<Census, HeapErr
             exact: stop,
         },
     ))
+}
+
+/// The blocks a process holds, read with every thread stopped; the process stays stopped
+/// until `Held::frozen` is dropped, so that nothing it allocates or frees is missed between
+/// this walk and what the caller does next (`heaptrace -p` puts the blocks in its live map
+/// and turns counting on meanwhile).
+pub struct Held {
+    pub frozen: stop::Frozen,
+    pub blocks: Vec<walk::Block>,
+    /// Arenas locked each time the process was stopped (a thread inside malloc): their walk
+    /// may have missed or miscounted a block.
+    pub locked_arenas: usize,
+    pub warnings: Vec<String>,
+}
+
+/// The blocks `pid` holds now, the process stopped (see [`Held`]).
+pub fn blocks_of_process(pid: u32, symbols: bool) -> Result<Held, HeapError> {
+    let who = format!("process {pid}");
+    let provider = crate::targets::allocator::for_pid(pid)
+        .map_err(|e| HeapError::Unreadable(e.to_string()))?;
+    if !is_glibc(&provider.path) {
+        return Err(HeapError::OtherAllocator {
+            who,
+            path: provider.path,
+        });
+    }
+    // Located before the stop: reading libc's file and its code takes a while.
+    let regions =
+        memory::live_regions(pid).map_err(|e| HeapError::Unreadable(format!("{who}: {e}")))?;
+    let base = base_of(&regions, &provider.path).ok_or_else(|| HeapError::NoGlibc(who.clone()))?;
+    let at = locate::locate_file(&provider.file, base, symbols).map_err(HeapError::Unsupported)?;
+    let mem = memory::Live::new(pid);
+    check_main_arena(&mem, &at)?;
+    let (frozen, busy) = freeze_unlocked(pid, &mem, &at)?;
+    // Mapped blocks come and go with their own mappings: read the map again, stopped.
+    let regions =
+        memory::live_regions(pid).map_err(|e| HeapError::Unreadable(format!("{who}: {e}")))?;
+    let mut w = walk::walk_blocks(&mem, &at, &regions, false).map_err(HeapError::Unreadable)?;
+    warn_locked(&mut w, busy);
+    Ok(Held {
+        frozen,
+        blocks: w.blocks,
+        locked_arenas: busy,
+        warnings: w.warnings,
+    })
+}
+
+/// Stops every thread of `pid`, again and again (a thread stopped inside malloc leaves its
+/// arena half updated) until no arena's lock is held, at most STOP_ATTEMPTS times; then
+/// the arenas still locked.
+fn freeze_unlocked(
+    pid: u32,
+    mem: &memory::Live,
+    at: &locate::Located,
+) -> Result<(stop::Frozen, usize), HeapError> {
+    let mut busy = 0;
+    for _ in 0..STOP_ATTEMPTS {
+        let f = stop::freeze(pid).map_err(HeapError::Unreadable)?;
+        mem.refresh();
+        busy = walk::locked_arenas(mem, at);
+        if busy == 0 {
+            return Ok((f, 0));
+        }
+        drop(f);
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let f = stop::freeze(pid).map_err(HeapError::Unreadable)?;
+    mem.refresh();
+    Ok((f, busy))
+}
+
+fn warn_locked(w: &mut walk::Walk, busy: usize) {
+    if busy > 0 {
+        w.warnings.push(format!(
+            "{busy} arenas were locked each time the process was stopped ({STOP_ATTEMPTS} \
+             times): a thread was inside malloc"
+        ));
+    }
 }
 
 /// The census of a core file (the kernel's or gdb's `gcore`), with the libc it names read

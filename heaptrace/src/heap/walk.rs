@@ -65,6 +65,10 @@ pub struct ArenaWalk {
     loose: HashMap<u64, u64>,
     /// tcache_perthread_struct candidates: (chunk address, first of its heap).
     tcache_candidates: Vec<(u64, bool)>,
+    /// Where asked (`walk_blocks`): the in-use chunks (address, size) by their neighbour's
+    /// flag, and those the lists then showed free or malloc's own (removed at the end).
+    kept: Option<Vec<(u64, u64)>>,
+    not_blocks: HashSet<u64>,
 }
 
 /// A sparse bitmap of chunk starts: 64 words (64 KiB of heap) per page, made where a chunk
@@ -108,8 +112,17 @@ pub struct MpFigures {
     pub tcache_count: u64,
 }
 
+/// A block in use: the address `malloc` returned and its usable size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub ptr: u64,
+    pub size: u64,
+}
+
 #[derive(Debug, Default)]
 pub struct Walk {
+    /// Every block in use, where asked for (`walk_blocks`); empty otherwise.
+    pub blocks: Vec<Block>,
     pub arenas: Vec<ArenaWalk>,
     pub tcaches: Vec<TcacheWalk>,
     /// Chunk size -> count.
@@ -130,6 +143,27 @@ pub fn walk(
     regions: &[Region],
     running: bool,
 ) -> Result<Walk, String> {
+    walk_with(mem, at, regions, running, false)
+}
+
+/// The walk, and each block in use (`Walk::blocks`): what `heaptrace -p` takes into its live
+/// figures. The plain census keeps no list (10 million blocks would be 160 MB).
+pub fn walk_blocks(
+    mem: &dyn Memory,
+    at: &Located,
+    regions: &[Region],
+    running: bool,
+) -> Result<Walk, String> {
+    walk_with(mem, at, regions, running, true)
+}
+
+fn walk_with(
+    mem: &dyn Memory,
+    at: &Located,
+    regions: &[Region],
+    running: bool,
+    keep: bool,
+) -> Result<Walk, String> {
     let l = at.layout;
     let mut w = Walk::default();
     let mp = read_vec(mem, at.mp, l.mp_size).ok_or("cannot read mp_")?;
@@ -149,7 +183,7 @@ pub fn walk(
         let mut done = None;
         for attempt in 0..ATTEMPTS {
             mem.refresh();
-            let a = walk_arena(mem, l, arena, main, sbrk_base)?;
+            let a = walk_arena(mem, l, arena, main, sbrk_base, keep)?;
             let clean = a.unreadable == 0;
             done = Some(a);
             if clean || !running {
@@ -201,8 +235,29 @@ pub fn walk(
             ));
         }
     }
-    mmapped(mem, regions, &mut w);
+    mmapped(mem, regions, &mut w, keep);
+    if keep {
+        kept_blocks(&mut w);
+    }
     Ok(w)
+}
+
+/// The arenas' blocks in use: the chunks in use by their neighbour's flag, less those the
+/// lists showed free (tcache, fastbins) and the tcache structs; usable size = chunk - 8.
+fn kept_blocks(w: &mut Walk) {
+    let mut blocks = std::mem::take(&mut w.blocks);
+    for a in &mut w.arenas {
+        let not = std::mem::take(&mut a.not_blocks);
+        for (chunk, size) in a.kept.take().unwrap_or_default() {
+            if !not.contains(&chunk) {
+                blocks.push(Block {
+                    ptr: chunk + 16,
+                    size: size - 8,
+                });
+            }
+        }
+    }
+    w.blocks = blocks;
 }
 
 /// How many arenas' mutexes are held now (a thread inside malloc or free).
@@ -246,6 +301,7 @@ fn walk_arena(
     address: u64,
     main: bool,
     sbrk_base: u64,
+    keep: bool,
 ) -> Result<ArenaWalk, String> {
     let state = read_vec(mem, address, l.arena_size)
         .ok_or_else(|| format!("cannot read the arena at {address:#x}"))?;
@@ -253,6 +309,7 @@ fn walk_arena(
         address,
         main,
         system_mem: word(&state, l.system_mem),
+        kept: keep.then(Vec::new),
         ..Default::default()
     };
     let top = word(&state, l.top);
@@ -381,6 +438,9 @@ fn walk_span(
         }
         if nw & PREV_INUSE != 0 {
             *a.in_use.entry(size).or_default() += 1;
+            if let Some(k) = a.kept.as_mut() {
+                k.push((addr, size));
+            }
             if size == l.tcache_size + 16 {
                 a.tcache_candidates.push((addr, first));
             }
@@ -405,8 +465,16 @@ impl ArenaWalk {
         if !self.is_start(addr) || !self.forget_in_use(size) {
             return false;
         }
+        self.not_block(addr);
         self.free.entry(kind).or_default().add(size);
         true
+    }
+
+    /// A chunk the walk found in use that is not the program's (free in a list, or a tcache).
+    fn not_block(&mut self, addr: u64) {
+        if self.kept.is_some() {
+            self.not_blocks.insert(addr);
+        }
     }
 
     /// Takes one chunk of `size` off the in-use counts, if there is one.
@@ -524,6 +592,7 @@ fn tcaches(mem: &dyn Memory, l: &Layout, w: &mut Walk, bins: u64, count: u64) {
         let struct_size = l.tcache_size + 16;
         if let Some(a) = w.arenas.iter_mut().find(|a| a.is_start(chunk)) {
             a.forget_in_use(struct_size);
+            a.not_block(chunk);
         }
         w.internal.add(struct_size);
         let mut t = TcacheWalk {
@@ -563,7 +632,7 @@ fn tcaches(mem: &dyn Memory, l: &Layout, w: &mut Walk, bins: u64, count: u64) {
 
 /// Chunks with their own mapping: anonymous writable regions outside the arenas whose first
 /// chunk header says mmapped (the kernel merges neighbouring ones into one region).
-fn mmapped(mem: &dyn Memory, regions: &[Region], w: &mut Walk) {
+fn mmapped(mem: &dyn Memory, regions: &[Region], w: &mut Walk, keep: bool) {
     let in_arena = |r: &Region| {
         w.arenas
             .iter()
@@ -594,6 +663,12 @@ fn mmapped(mem: &dyn Memory, regions: &[Region], w: &mut Walk) {
                 break;
             }
             *found.entry(size).or_insert(0u64) += 1;
+            if keep {
+                w.blocks.push(Block {
+                    ptr: addr + 16,
+                    size: size - 16,
+                });
+            }
             addr += size;
         }
     }
@@ -711,6 +786,24 @@ mod tests {
         );
         assert_eq!((w.tcaches.len(), w.internal.blocks), (1, 1));
         assert_eq!(a.unreadable, 0);
+        assert!(w.blocks.is_empty(), "a plain walk keeps no list");
+    }
+
+    /// The blocks a walk lists are the program's: not the tcache struct, not the chunk in
+    /// its tcache; their addresses are malloc's and their sizes usable sizes.
+    #[test]
+    fn a_walk_lists_each_block_in_use_with_its_usable_size() {
+        let (f, at) = heap(&[48, 48, 208, 1024]);
+        let w = walk_blocks(&f, &at, &[], false).unwrap();
+        let first = HEAP + 0x290 + 32;
+        let want: Vec<Block> = [(0, 40), (48, 40), (96, 200), (304, 1016)]
+            .iter()
+            .map(|&(off, size)| Block {
+                ptr: first + off + 16,
+                size,
+            })
+            .collect();
+        assert_eq!(w.blocks, want);
     }
 
     /// Random words in chunk headers, bin and tcache pointers: the walk ends, without a
