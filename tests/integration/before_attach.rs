@@ -44,7 +44,7 @@ fn attach_after(tag: &str, mode: &str) -> (Value, (u64, u64), (u64, u64)) {
     assert_eq!(line, "ready\n");
     let json = json_path(tag);
     let mut ht = heaptrace();
-    ht.args(["--no-tui", "-q", "--mode", mode, "--json"])
+    ht.args(["--no-tui", "-q", "--census", "--mode", mode, "--json"])
         .arg(&json)
         .args(["-p", &target.id().to_string()]);
     let tracer = start_attached(&mut ht);
@@ -115,7 +115,7 @@ bpf_test!(
 
 bpf_test!(
     shared,
-    fn no_census_leaves_the_blocks_before_attach_out() {
+    fn without_census_the_blocks_before_attach_are_left_out() {
         let bin = fixture("beforeattach", "", &[]);
         let mut target = Command::new(bin)
             .stdin(Stdio::piped())
@@ -130,7 +130,7 @@ bpf_test!(
         }
         let json = json_path("before-attach-none");
         let mut ht = heaptrace();
-        ht.args(["--no-tui", "-q", "--no-census", "--json"])
+        ht.args(["--no-tui", "-q", "--json"])
             .arg(&json)
             .args(["-p", &target.id().to_string()]);
         let tracer = start_attached(&mut ht);

@@ -27,19 +27,10 @@ fn attach_busy(tag: &str, flags: &[&str]) -> Vec<Value> {
         .map(|_| {
             let json = json_path(tag);
             let mut ht = heaptrace();
-            // Without the census of the blocks held at attach: it stops the process, and a
-            // call in flight across that stop is not exact (docs/heap-census.md).
-            ht.args([
-                "--no-tui",
-                "-q",
-                "--no-census",
-                "--interval",
-                "200ms",
-                "--json",
-            ])
-            .arg(&json)
-            .args(flags)
-            .args(["-p", &target.id().to_string()]);
+            ht.args(["--no-tui", "-q", "--interval", "200ms", "--json"])
+                .arg(&json)
+                .args(flags)
+                .args(["-p", &target.id().to_string()]);
             let tracer = start_attached(&mut ht);
             std::thread::sleep(Duration::from_millis(800));
             tracer.signal(libc::SIGINT);

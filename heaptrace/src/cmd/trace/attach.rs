@@ -204,7 +204,7 @@ pub(super) fn before_attach(
 ) -> Result<Option<(BeforeAttach, crate::heap::stop::Frozen)>> {
     // Calls mode and the floors keep no live map; sampled live figures are estimates of
     // sampled blocks, which a census's blocks are not.
-    if cli.no_census || opts.floor.is_some() || opts.at_entry() {
+    if !cli.census || opts.floor.is_some() || opts.at_entry() {
         return Ok(None);
     }
     if cli.sample_bytes > 0 {
