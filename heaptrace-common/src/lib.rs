@@ -182,6 +182,14 @@ pub const NO_SITE: i32 = i32::MIN;
 /// the per-function counters and the size histogram, under this id, and nowhere else.
 pub const NOT_SAMPLED: i32 = i32::MIN + 1;
 
+/// Stack id of a block that was live when heaptrace attached (`-p`): put in the live map by
+/// user space from a census of the heap, its size known, its site and function not. Its free
+/// is a free of a known block, counted at no site.
+pub const BEFORE_ATTACH: i32 = i32::MIN + 2;
+
+/// `LiveBlock::func` of a block live before attach: no function of the family.
+pub const BEFORE_ATTACH_FUNC: u32 = u32::MAX;
+
 /// What the probes collect; each mode adds to the one before and pays only for what it adds.
 pub mod mode {
     /// Per-function counters and the live-block map.

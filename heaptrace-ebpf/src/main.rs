@@ -37,8 +37,8 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use heaptrace_common::{
-    COOKIE_NO_RETURN, COOKIE_PUSHES, FUNC_COUNT, Func, INFLIGHT_RESERVED, InFlight, LiveBlock,
-    LiveKey, Loss, MAX_REQUEST, NO_SITE, NOT_SAMPLED, ProcCounters, mode,
+    BEFORE_ATTACH, COOKIE_NO_RETURN, COOKIE_PUSHES, FUNC_COUNT, Func, INFLIGHT_RESERVED, InFlight,
+    LiveBlock, LiveKey, Loss, MAX_REQUEST, NO_SITE, NOT_SAMPLED, ProcCounters, mode,
 };
 
 use crate::{
@@ -491,7 +491,8 @@ fn untrack(
     c.add(&mut pc.live_blocks, u64::MAX); // -1, wrapping
     c.add(&mut pc.live_bytes, block.size.wrapping_neg());
     peak::shrank(tgid, block.size);
-    if block.stack_id != NO_SITE {
+    // A block live before attach has no site to count its free at (`BEFORE_ATTACH`).
+    if block.stack_id != NO_SITE && block.stack_id != BEFORE_ATTACH {
         sites::released(c, tgid, epoch, &block, freer);
     }
     Some(block.size)

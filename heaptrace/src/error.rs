@@ -78,6 +78,8 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error("{0}")]
+    Heap(#[from] crate::heap::HeapError),
+    #[error("{0}")]
     Io(#[from] std::io::Error),
 }
 

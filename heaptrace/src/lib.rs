@@ -5,6 +5,7 @@
 //! ```text
 //! bpf        the kernel interface: bpf(2), links, mappable arrays, BTF, kfuncs
 //! targets    which processes, which allocator file, a command started stopped
+//! heap       a census of glibc's heap, read from a process's memory or a core file
 //! probe      load the programs, place and attach the probes
 //! symbolize  stacks of addresses to named frames
 //! reserve    the memory behind malloc (mmap, brk), from the syscall events
@@ -27,6 +28,7 @@ pub mod daemon;
 pub mod drain;
 pub mod error;
 pub mod exit_status;
+pub mod heap;
 pub mod output;
 pub mod probe;
 pub mod profile;

@@ -38,6 +38,7 @@ fn main() -> ExitCode {
     use heaptrace::cli::Command;
     let result = match &cli.subcommand {
         Some(Command::Probes(args)) => heaptrace::cmd::probes::run(args),
+        Some(Command::Heap(args)) => heaptrace::cmd::heap::run(args),
         Some(Command::Record(args)) => heaptrace::cmd::trace::run(&args.trace, Some(&args.output)),
         Some(Command::Report(args)) => heaptrace::cmd::report::run(args),
         Some(Command::Completions(args)) => heaptrace::cmd::help::completions(args),

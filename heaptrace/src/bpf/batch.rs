@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd as _, BorrowedFd};
 use aya::Pod;
 use aya_obj::generated::{
     bpf_attr,
-    bpf_cmd::{BPF_MAP_DELETE_BATCH, BPF_MAP_LOOKUP_BATCH},
+    bpf_cmd::{BPF_MAP_DELETE_BATCH, BPF_MAP_LOOKUP_BATCH, BPF_MAP_UPDATE_BATCH},
 };
 
 use crate::bpf::sys::bpf;
@@ -111,4 +111,44 @@ pub fn delete<K: Pod>(fd: BorrowedFd<'_>, keys: &[K]) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Writes `keys` and their values into the hash map `fd` with BPF_MAP_UPDATE_BATCH (`per_key`
+/// values a key: 1, or the possible CPUs of a per-CPU map). Returns how many went in: all, or
+/// those before the map was full (E2BIG).
+pub fn update<K: Pod, V: Pod>(
+    fd: BorrowedFd<'_>,
+    keys: &[K],
+    values: &[V],
+    per_key: usize,
+) -> std::io::Result<usize> {
+    assert_eq!(
+        keys.len() * per_key,
+        values.len(),
+        "a value per key (and CPU)"
+    );
+    let mut at = 0;
+    while at < keys.len() {
+        let n = (keys.len() - at).min(CHUNK);
+        // SAFETY: bpf_attr is plain data; all zeroes is its "unset" value.
+        let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: writing the batch member of a zeroed union; the slices outlive the call and
+        // the kernel only reads them.
+        unsafe {
+            let b = &mut attr.batch;
+            b.keys = keys[at..].as_ptr() as u64;
+            b.values = values[at * per_key..].as_ptr() as u64;
+            b.count = n as u32;
+            b.map_fd = fd.as_raw_fd() as u32;
+        }
+        let result = bpf(BPF_MAP_UPDATE_BATCH as u32, &mut attr);
+        // SAFETY: the kernel wrote back how many entries it wrote.
+        let done = (unsafe { attr.batch.count } as usize).min(n);
+        match result {
+            Ok(_) => at += n,
+            Err(e) if e.raw_os_error() == Some(libc::E2BIG) => return Ok(at + done),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(at)
 }

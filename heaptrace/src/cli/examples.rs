@@ -38,6 +38,13 @@ Examples:
   heaptrace probes -p 1234 --mode calls
   heaptrace probes -p 1234 --allocator-symbols prefix:je_";
 
+pub const HEAP: &str = "\
+Examples:
+  sudo heaptrace heap -p 1234              the census of a running process
+  sudo heaptrace heap -p 1234 --stop       held still: exact
+  heaptrace heap --core core.1234 --json heap.json
+  gcore -o core 1234 && heaptrace heap --core core.1234";
+
 pub const COMPLETIONS: &str = "\
 Examples:
   heaptrace completions bash > /etc/bash_completion.d/heaptrace

@@ -10,7 +10,7 @@ use crate::{
     bpf::prog_stats,
     cli::TraceArgs,
     daemon::{Daemon, End, Filter, OomReports, Sig, Start, exec_watch::ProcWatch, signals},
-    drain::KernelMaps,
+    drain::{KernelMaps, before_attach::BeforeAttach},
     error::{Error, Result},
     exit_status::ExitStatus,
     output::{self, NewFile},
@@ -104,7 +104,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     let _in_runtime = rt.enter();
     let Attached {
         mut probes,
-        maps,
+        mut maps,
         opts,
         stats_fd,
         first,
@@ -125,8 +125,15 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         }
         return Err(Error::Signalled(got.sig.to_string(), got.sig.number()));
     }
+    // The blocks the process holds now, taken in with the process stopped until counting is
+    // on: each of its frees is of a block known, each of its allocations counted.
+    let (before, held) = match target {
+        Target::Pid(pid) => before_attach(cli, &opts, &mut maps, pid)?.unzip(),
+        _ => (None, None),
+    };
     // Every probe of the start in place (the scan of `--all` included): count from here on.
     probes.enable()?;
+    drop(held);
     announce(cli, &probes, first, &provider, scope);
     let (pid, child) = match (stopped, scope) {
         (Some(stopped), _) => {
@@ -145,11 +152,13 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         modules.settle(pid, &provider.path, Duration::from_millis(200));
     }
     let (view, live) = open_view(live_view, cli, &target, &info, &probes);
+    let mut profile =
+        Profile::of_mode(info.mode, cli.sample_bytes).with_latency_every(cli.latency_every);
+    profile.before_attach = before;
     let mut daemon = Daemon::new(Start {
         maps,
         probes,
-        profile: Profile::of_mode(info.mode, cli.sample_bytes)
-            .with_latency_every(cli.latency_every),
+        profile,
         pid,
         child,
         exit_watch,

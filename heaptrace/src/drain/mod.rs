@@ -5,6 +5,7 @@
 //! swap because a read-and-subtract needs no coordination with the probes (no map swap, no
 //! flag the hot path must check) and cannot lose or double-count a call: an increment that lands
 //! after the read is simply in the next round's difference.
+pub mod before_attach;
 mod forget;
 pub mod keyed_slots;
 mod live;

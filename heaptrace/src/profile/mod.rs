@@ -79,6 +79,10 @@ pub struct Profile {
     /// keep it.
     #[serde(skip)]
     pub unsafe_files: u64,
+    /// `-p`: the blocks live at attach, taken into the live figures from a census of the
+    /// heap (`drain::before_attach`). A fact of the live trace: recordings do not keep it.
+    #[serde(skip)]
+    pub before_attach: Option<crate::drain::before_attach::BeforeAttach>,
 }
 
 /// What folding ended processes keeps (`exited`): how many processes, and each folded stack's
@@ -476,7 +480,9 @@ impl Profile {
             &self.sites
         };
         let lost = |(p, id, _): &SiteId| match *id {
-            heaptrace_common::NO_SITE | heaptrace_common::NOT_SAMPLED => false,
+            heaptrace_common::NO_SITE
+            | heaptrace_common::NOT_SAMPLED
+            | heaptrace_common::BEFORE_ATTACH => false,
             id if id < 0 => true,
             id => self
                 .stacks
@@ -524,6 +530,9 @@ impl Profile {
         }
         if stack_id == heaptrace_common::NOT_SAMPLED {
             return vec![Frame::not_sampled()];
+        }
+        if stack_id == heaptrace_common::BEFORE_ATTACH {
+            return vec![Frame::before_attach()];
         }
         if stack_id < 0 {
             return vec![Frame::lost(stack_id)];

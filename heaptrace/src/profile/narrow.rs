@@ -73,6 +73,7 @@ impl Profile {
             samples: of_pid(&self.samples, pid),
             weights: of_pid(&self.weights, pid),
             leaks: self.leaks.as_ref().map(|l| of_pid(l, pid)),
+            before_attach: self.before_attach.filter(|b| b.pid == pid),
             reservations: of_pid(&self.reservations, pid),
             unsafe_files: self.unsafe_files,
         }

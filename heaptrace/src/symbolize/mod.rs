@@ -107,6 +107,11 @@ impl Frame {
         Frame::placeholder(&format!("[unknown] {addr:#x}"), "[unknown]", addr)
     }
 
+    /// A frame standing for blocks live before heaptrace attached: no stack, no function.
+    pub fn before_attach() -> Frame {
+        Frame::placeholder("[allocated before attach]", "[none]", 0)
+    }
+
     /// A frame standing for an allocation left out by byte sampling.
     pub fn not_sampled() -> Frame {
         Frame::placeholder("[no stack: not sampled]", "[none]", 0)

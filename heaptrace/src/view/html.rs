@@ -89,13 +89,7 @@ fn data(rec: &Recording, p: &Profile, names: &Names) -> Value {
             "leaked_bytes": leaks.map(|l| l.bytes),
         },
         "timeline": timeline(p),
-        "flame": {
-            "bytes": stacks(p, names, |id| p.sites.get(id).map_or(0, |s| s.bytes)),
-            "count": stacks(p, names, |id| p.sites.get(id).map_or(0, |s| s.calls)),
-            "live": stacks(p, names, |id| {
-                p.leaks.as_ref().and_then(|l| l.get(id)).map_or(0, |l| l.bytes)
-            }),
-        },
+        "flame": stacks(p, names),
         "sites": p.top_sites(TOP, |s| s.bytes as i64).iter().map(|(id, s)| json!({
             "site": label(p, id, names),
             "calls": s.calls,
@@ -145,16 +139,24 @@ fn timeline(p: &Profile) -> Vec<Value> {
         .collect()
 }
 
-/// Each stack with a value: its frames outermost first, the allocating function last.
-fn stacks(p: &Profile, names: &Names, value: impl Fn(&SiteId) -> u64) -> Vec<Value> {
+/// Each stack once, `[frames, bytes, allocations, live bytes at the end]`: its frames
+/// outermost first, the allocating function last; the page picks the value for the width.
+fn stacks(p: &Profile, names: &Names) -> Vec<Value> {
     let mut ids: Vec<SiteId> = p.sites.keys().copied().collect();
     if let Some(l) = &p.leaks {
         ids.extend(l.keys().copied().filter(|k| !p.sites.contains_key(k)));
     }
     ids.iter()
         .filter_map(|id| {
-            let v = value(id);
-            if v == 0 {
+            let site = p.sites.get(id);
+            let bytes = site.map_or(0, |s| s.bytes);
+            let calls = site.map_or(0, |s| s.calls);
+            let live = p
+                .leaks
+                .as_ref()
+                .and_then(|l| l.get(id))
+                .map_or(0, |l| l.bytes);
+            if bytes == 0 && calls == 0 && live == 0 {
                 return None;
             }
             let mut frames: Vec<String> = p
@@ -169,7 +171,7 @@ fn stacks(p: &Profile, names: &Names, value: impl Fn(&SiteId) -> u64) -> Vec<Val
                     .unwrap_or("?")
                     .into(),
             );
-            Some(json!([frames, v]))
+            Some(json!([frames, bytes, calls, live]))
         })
         .collect()
 }

@@ -25,6 +25,9 @@ pub fn site_label(profile: &Profile, site: &SiteId, depth: usize) -> String {
 }
 
 pub fn site_label_with(profile: &Profile, site: &SiteId, depth: usize, names: &Names) -> String {
+    if site.1 == heaptrace_common::BEFORE_ATTACH {
+        return "allocated before attach".into();
+    }
     let func = Func::from_u32(site.2).map(|f| f.name()).unwrap_or("?");
     let frames: Vec<String> = profile
         .frames(site)

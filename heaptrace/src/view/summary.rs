@@ -208,6 +208,9 @@ pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) ->
             (0, 0)
         };
         let _ = writeln!(s, "; {}", live(&totals, ended, profile.sample_bytes));
+        if let Some(line) = before_attach_line(profile) {
+            s.push_str(&line);
+        }
         if let Some(line) = peak_line(profile, pid) {
             s.push_str(&line);
         }
@@ -232,6 +235,38 @@ pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) ->
         }
     );
     s
+}
+
+/// "live at attach ...": the blocks `-p` took in from a census of the heap, part of the live
+/// figures, and how many of them were still live at the end.
+pub fn before_attach_line(profile: &Profile) -> Option<String> {
+    let b = profile.before_attach?;
+    let mut line = format!(
+        "live at attach (heap census): {} blocks / {}",
+        b.blocks,
+        bytes(b.bytes as i64)
+    );
+    if let Some(leaks) = &profile.leaks {
+        let left = leaks
+            .iter()
+            .filter(|(id, _)| id.1 == heaptrace_common::BEFORE_ATTACH)
+            .fold((0, 0), |(n, y), (_, l)| (n + l.blocks, y + l.bytes));
+        let _ = write!(
+            line,
+            ", {} blocks / {} of them not freed at the end",
+            left.0,
+            bytes(left.1 as i64)
+        );
+    }
+    if b.lost_blocks > 0 {
+        let _ = write!(
+            line,
+            "; {} more did not fit in the live map (--live-map-size)",
+            b.lost_blocks
+        );
+    }
+    line.push('\n');
+    Some(line)
 }
 
 /// "peak live heap ..." of one process (the kernel's, exact) or of the trace.

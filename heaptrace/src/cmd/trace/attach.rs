@@ -191,3 +191,49 @@ pub(super) fn print_probes(probes: &Probes) {
         }
     }
 }
+
+/// `-p`: the blocks the process holds now, put in the live map before counting starts
+/// (`drain::before_attach`). Returns what was taken in, and the process, held still until the
+/// caller has turned counting on: nothing it allocates or frees in between is missed. None,
+/// with a line saying why, where the heap cannot be read (another allocator, an unknown glibc).
+pub(super) fn before_attach(
+    cli: &TraceArgs,
+    opts: &LoadOptions,
+    maps: &mut KernelMaps,
+    pid: u32,
+) -> Result<Option<(BeforeAttach, crate::heap::stop::Frozen)>> {
+    // Calls mode and the floors keep no live map; sampled live figures are estimates of
+    // sampled blocks, which a census's blocks are not.
+    if !cli.census || opts.floor.is_some() || opts.at_entry() {
+        return Ok(None);
+    }
+    if cli.sample_bytes > 0 {
+        eprintln!("heaptrace: blocks live before attach not counted (--sample-bytes)");
+        return Ok(None);
+    }
+    let started = std::time::Instant::now();
+    let held = match crate::heap::blocks_of_process(pid, true) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("heaptrace: blocks live before attach not counted: {e}");
+            return Ok(None);
+        }
+    };
+    for w in &held.warnings {
+        eprintln!("heaptrace: warning: heap of pid {pid} before attach: {w}");
+    }
+    let taken = maps.take_in_before_attach(pid, &held.blocks)?;
+    if taken.lost_blocks > 0 {
+        eprintln!(
+            "heaptrace: warning: {} blocks live before attach did not fit in the live map \
+             (--live-map-size {}): counted lost",
+            taken.lost_blocks, cli.live_map_size
+        );
+    }
+    log::debug!(
+        "{} blocks live before attach taken in, {:?} after the census began",
+        taken.blocks,
+        started.elapsed()
+    );
+    Ok(Some((taken, held.frozen)))
+}

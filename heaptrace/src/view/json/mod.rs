@@ -77,10 +77,11 @@ impl<'a> Run<'a> {
 pub(crate) fn site(profile: &Profile, id: &SiteId) -> Map<String, Value> {
     let mut m = Map::new();
     pid_fields(&mut m, id.0);
-    m.insert(
-        "function".into(),
-        Func::from_u32(id.2).map(|f| f.name()).unwrap_or("?").into(),
-    );
+    let function = match id.1 {
+        heaptrace_common::BEFORE_ATTACH => Value::Null, // allocated before attach: not known
+        _ => Func::from_u32(id.2).map(|f| f.name()).unwrap_or("?").into(),
+    };
+    m.insert("function".into(), function);
     m.insert("stack_id".into(), id.1.into());
     m.insert(
         "frames".into(),
@@ -458,6 +459,7 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
 /// mode): not freed at their end, gone with them.
 fn live_all(profile: &Profile, t: &Totals) -> Value {
     let mut v = live(profile, t);
+    before_attach(profile, &mut v);
     if let Value::Object(m) = &mut v {
         let (blocks, bytes) = profile.ended_live();
         m.insert(
@@ -478,6 +480,21 @@ fn live(profile: &Profile, t: &Totals) -> Value {
         "bytes": t.live_bytes,
         "estimated": profile.sample_bytes > 0,
     })
+}
+
+/// `-p`: the blocks live at attach (a census of the heap), part of the live figures.
+fn before_attach(profile: &Profile, v: &mut Value) {
+    if let (Some(b), Value::Object(m)) = (profile.before_attach, v) {
+        m.insert(
+            "before_attach".into(),
+            json!({
+                "blocks": b.blocks,
+                "bytes": b.bytes,
+                "lost_blocks": b.lost_blocks,
+                "lost_bytes": b.lost_bytes,
+            }),
+        );
+    }
 }
 
 /// Three different numbers side by side: what the program asked for and still holds, what its

@@ -138,6 +138,13 @@ pub(super) fn totals_line(app: &App) -> String {
                 bytes(ended.1)
             ));
         }
+        if let Some(b) = app.view().before_attach {
+            line.push_str(&format!(
+                "  (live at attach {} blocks / {})",
+                b.blocks,
+                bytes(b.bytes as i64)
+            ));
+        }
     }
     line
 }
