@@ -457,7 +457,7 @@ impl ProcPeak {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProcEvent {
-    /// [`PROC_EXEC`] or [`PROC_FORK`].
+    /// [`PROC_EXEC`], [`PROC_FORK`] or [`PROC_OOM`].
     pub kind: u32,
     pub tgid: u32,
     /// Its cgroup (v2) id, read in the kernel: a process may be gone before user space could
@@ -471,6 +471,14 @@ pub const PROC_EXEC: u32 = 1;
 /// A followed process forked ([`globals::FOLLOW_FORKS`]): `tgid` is the new process, `comm`
 /// and `cgroup_id` its parent's, which it has until it execs.
 pub const PROC_FORK: u32 = 2;
+/// The kernel's OOM killer chose `tgid` as its victim (`oom/mark_victim`; SIGKILL is sent
+/// already); `comm` and `cgroup_id` are zero: the task that ran into the limit is not it.
+pub const PROC_OOM: u32 = 3;
+
+/// `globals::OOM_VICTIM`: the victim's `task_struct` (newer kernels; its tgid read at
+/// `TASK_TGID`), or its pid (before).
+pub const OOM_TASK: u32 = 1;
+pub const OOM_PID: u32 = 2;
 
 /// The memory syscalls heaptrace follows (x86-64 numbers), and the kinds of [`MemEvent`].
 pub mod mem {
@@ -626,6 +634,9 @@ pub mod globals {
     /// program reads the new task's.
     pub const TASK_PID: &str = "TASK_PID";
     pub const TASK_TGID: &str = "TASK_TGID";
+    /// What the kernel's `oom/mark_victim` tracepoint passes first (its BTF says):
+    /// [`super::OOM_TASK`], [`super::OOM_PID`], or 0 where the victims are not reported.
+    pub const OOM_VICTIM: &str = "OOM_VICTIM";
     /// 1 when the programs' [`super::preempt`] placeholders were rewritten into calls of the
     /// kernel's `bpf_preempt_disable`/`bpf_preempt_enable`: a program counts on its CPU with
     /// plain adds between them. 0: they are no-ops and every add is atomic.

@@ -81,6 +81,12 @@ fn ids_of(task: u64) -> Option<(u32, u32)> {
     Some((pid, tgid))
 }
 
+/// A task's process id (tgid), as [`ids_of`] reads it.
+#[inline(always)]
+pub fn tgid_of(task: u64) -> Option<u32> {
+    ids_of(task).map(|(_, tgid)| tgid)
+}
+
 /// sched_process_fork(parent, child): runs in the parent, before the child is woken.
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
 pub fn on_fork(ctx: RawTracePointContext) -> i32 {

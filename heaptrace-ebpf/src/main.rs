@@ -18,6 +18,7 @@ mod keyed;
 mod live;
 mod maps;
 mod mem;
+mod oom;
 mod peak;
 mod preempt;
 mod procs;

@@ -66,6 +66,18 @@ pub struct TraceArgs {
     #[arg(long, default_value_t = 1000, value_name = "N")]
     pub keep_exited: usize,
 
+    /// The summary's processes and sites: one row per process, or per command (the
+    /// processes of a command run more than once as one, their sites merged by frames).
+    #[arg(long, value_enum, default_value = "process", value_name = "BY")]
+    pub group_by: GroupBy,
+
+    /// With --all: write each OOM killer victim's report to DIR at once.
+    ///
+    /// A JSON document as --json's, of that process alone: its heap by site when it was
+    /// killed. Named oom-PID-COMM-UNIXTIME.json.
+    #[arg(long, requires = "all", value_name = "DIR")]
+    pub oom_dir: Option<std::path::PathBuf>,
+
     /// With --all: only processes whose cgroup path contains this.
     ///
     /// A container's or a systemd unit's cgroup, judged in the kernel.
@@ -335,6 +347,12 @@ pub enum Format {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GroupBy {
+    Process,
+    Command,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum FlameBy {
     Count,
     Bytes,
@@ -423,6 +441,11 @@ pub struct ReportArgs {
     /// leaks (by the change in bytes leaked); FILE is the before, B.bin the after.
     #[arg(long, value_name = "B.bin")]
     pub diff: Option<std::path::PathBuf>,
+
+    /// One row per process, or per command (the processes of a command run more than once
+    /// as one, their sites merged by frames): every view.
+    #[arg(long, value_enum, default_value = "process", value_name = "BY")]
+    pub group_by: GroupBy,
 
     /// Symbolize the stored locations again (after installing debug info).
     #[arg(long)]

@@ -78,17 +78,10 @@ pub fn check(flag: &'static str, path: &Path, force: bool) -> Result<()> {
         reason,
     };
     let dir = parent(path);
-    match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => return Err(fail(format!("{} is not a directory", dir.display()))),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(fail(format!("no such directory {}", dir.display())));
-        }
-        Err(e) => return Err(fail(format!("{}: {e}", dir.display()))),
-    }
+    is_dir(dir).map_err(fail)?;
     let there = existing(path).map_err(fail)?;
     // Files there are the system's (/dev/stdout is a link): root must never replace one.
-    let system = ["/dev", "/proc", "/sys"].iter().any(|d| dir.starts_with(d));
+    let system = is_system(dir);
     if system && !matches!(there, Existing::CharDevice) {
         return Err(fail(
             "is in /dev, /proc or /sys, where only a character device is written to (- for \
@@ -107,12 +100,46 @@ pub fn check(flag: &'static str, path: &Path, force: bool) -> Result<()> {
             ));
         }
     }
+    writable(dir).map_err(fail)
+}
+
+/// Checks, before anything is launched or attached, that files can be made in directory
+/// `dir` (given with `flag`, e.g. `--oom-dir`), each with [`NewFile`] as it is written.
+pub fn check_dir(flag: &'static str, dir: &Path) -> Result<()> {
+    let fail = |reason: String| Error::Output {
+        flag,
+        path: dir.to_path_buf(),
+        reason,
+    };
+    is_dir(dir).map_err(fail)?;
+    if is_system(dir) {
+        return Err(fail("is in /dev, /proc or /sys".into()));
+    }
+    writable(dir).map_err(fail)
+}
+
+fn is_system(dir: &Path) -> bool {
+    ["/dev", "/proc", "/sys"].iter().any(|d| dir.starts_with(d))
+}
+
+fn is_dir(dir: &Path) -> std::result::Result<(), String> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(format!("{} is not a directory", dir.display())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            Err(format!("no such directory {}", dir.display()))
+        }
+        Err(e) => Err(format!("{}: {e}", dir.display())),
+    }
+}
+
+fn writable(dir: &Path) -> std::result::Result<(), String> {
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| fail("contains a NUL byte".into()))?;
+        .map_err(|_| "contains a NUL byte".to_string())?;
     // SAFETY: access(2) reads a NUL-terminated path we own.
     if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
         let e = io::Error::last_os_error();
-        return Err(fail(format!("cannot write in {}: {e}", dir.display())));
+        return Err(format!("cannot write in {}: {e}", dir.display()));
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! Those declared with `bpf_test!` need root, BTF and uprobes: built where they are missing
 //! they are ignored, but in CI (`CI` set) a missing capability fails them.
 mod before_attach;
+mod busy;
 mod busy_attach;
 mod containers;
 mod counts;
@@ -14,6 +15,7 @@ mod forks;
 mod heap;
 mod liveslots;
 mod memory;
+mod oom;
 mod outputs;
 mod peak;
 mod placement;

@@ -242,6 +242,8 @@ bpf_test!(
             assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
             assert!(text.contains("(200,000B) 0x"), "{text}");
             assert!(text.contains("alloc_b (sites.c:"), "{text}");
+            // The kernel's peak, and the allocation that reached it, in the description.
+            assert!(text.contains("(exact), reached by "), "{text}");
         } else {
             eprintln!("SKIPPED the ms_print check: no valgrind");
         }

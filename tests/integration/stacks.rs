@@ -426,7 +426,10 @@ bpf_test!(
         assert_eq!(callers.len(), 1, "one caller: {callers:?}");
         assert_eq!(
             names(callers[0]),
-            ["node", "[more frames lost: no room in the stack maps]"]
+            [
+                "node",
+                "[more frames lost: no room in the stack maps; raise --stack-map-size]"
+            ]
         );
         let lost: u64 = stacks
             .iter()

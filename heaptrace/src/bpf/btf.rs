@@ -136,6 +136,43 @@ pub fn parse_id_offsets(data: &[u8]) -> Result<IdOffsets, Error> {
     })
 }
 
+/// What the running kernel's `oom/mark_victim` tracepoint passes first:
+/// `heaptrace_common::OOM_TASK` or `OOM_PID`.
+pub fn oom_victim() -> Result<u32, Error> {
+    let data = std::fs::read(VMLINUX).map_err(|source| Error::Read {
+        path: VMLINUX.into(),
+        source,
+    })?;
+    parse_oom_victim(&data)
+}
+
+/// From the raw tracepoint's prototype, `btf_trace_mark_victim`: a pointer to a function of
+/// the context and the tracepoint's arguments.
+pub fn parse_oom_victim(data: &[u8]) -> Result<u32, Error> {
+    const NAME: &str = "btf_trace_mark_victim";
+    let btf = Btf::parse(data)?;
+    let id = (1..)
+        .zip(&btf.types)
+        .find_map(|(id, t)| (t.kind == TYPEDEF && btf.is_named(id, NAME)).then_some(id))
+        .ok_or_else(|| fail!(NAME, "no such tracepoint"))?;
+    let (_, ptr) = btf.resolve(id)?;
+    let (_, proto) = btf.resolve(ptr.size_or_type)?;
+    if ptr.kind != PTR || proto.kind != FUNC_PROTO {
+        return Err(fail!(NAME, "not a pointer to a function"));
+    }
+    // Parameter 0 is the context; 1 the first argument.
+    let first = proto.rest.chunks_exact(8).nth(1);
+    let first = first.ok_or_else(|| fail!(NAME, "no argument"))?;
+    match btf.resolve(u32_at(first, 4)?)?.1 {
+        t if t.kind == PTR => Ok(heaptrace_common::OOM_TASK),
+        t if t.kind == INT && t.size_or_type == 4 => Ok(heaptrace_common::OOM_PID),
+        _ => Err(fail!(
+            NAME,
+            "its first argument is neither a task nor a pid"
+        )),
+    }
+}
+
 /// The BTF ids of the running kernel's functions `names`, each None where it has no such
 /// function.
 pub fn func_ids<const N: usize>(names: [&str; N]) -> Result<[Option<u32>; N], Error> {
@@ -439,6 +476,34 @@ mod tests {
             &task("task_struct", 16, false),
             "group_leader (kind 1, not a pointer",
         );
+    }
+
+    /// `typedef void (*btf_trace_mark_victim)(void *, FIRST, unsigned int)`.
+    fn mark_victim(first_is_task: bool) -> Vec<u8> {
+        let mut b = Builder::default();
+        let int = b.ty("int", INT, 0, 4, &[32]);
+        let task = b.ty("task_struct", FWD, 0, 0, &[]);
+        let task_ptr = b.ty("", PTR, 0, task, &[]);
+        let void_ptr = b.ty("", PTR, 0, 0, &[]);
+        let first = if first_is_task { task_ptr } else { int };
+        let proto = b.ty("", FUNC_PROTO, 3, 0, &[0, void_ptr, 0, first, 0, int]);
+        let ptr = b.ty("", PTR, 0, proto, &[]);
+        b.ty("btf_trace_mark_victim", TYPEDEF, 0, ptr, &[]);
+        b.blob()
+    }
+
+    #[test]
+    fn finds_what_mark_victim_passes() {
+        assert_eq!(
+            parse_oom_victim(&mark_victim(true)).unwrap(),
+            heaptrace_common::OOM_TASK
+        );
+        assert_eq!(
+            parse_oom_victim(&mark_victim(false)).unwrap(),
+            heaptrace_common::OOM_PID
+        );
+        let none = parse_oom_victim(&task("task_struct", 16, true)).unwrap_err();
+        assert!(none.to_string().contains("no such tracepoint"), "{none}");
     }
 
     #[test]

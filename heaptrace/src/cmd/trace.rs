@@ -9,7 +9,7 @@ use heaptrace_common::Func;
 use crate::{
     bpf::prog_stats,
     cli::TraceArgs,
-    daemon::{Daemon, End, Filter, Sig, Start, exec_watch::ProcWatch, signals},
+    daemon::{Daemon, End, Filter, OomReports, Sig, Start, exec_watch::ProcWatch, signals},
     drain::{KernelMaps, before_attach::BeforeAttach},
     error::{Error, Result},
     exit_status::ExitStatus,
@@ -172,6 +172,10 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         quiet: cli.quiet,
         stack_depth: cli.stack_depth as usize,
         keep_exited: cli.keep_exited,
+        oom_reports: cli.oom_dir.clone().map(|dir| OomReports {
+            dir,
+            info: info.clone(),
+        }),
     });
     let end = match rt.block_on(daemon.watch(cli.interval)) {
         Ok(end) => end,

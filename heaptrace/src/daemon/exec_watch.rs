@@ -17,7 +17,7 @@ use aya::{
     maps::{MapData, RingBuf},
     programs::RawTracePoint,
 };
-use heaptrace_common::{PROC_EXEC, PROC_FORK, ProcEvent, maps};
+use heaptrace_common::{PROC_EXEC, PROC_FORK, PROC_OOM, ProcEvent, maps};
 use tokio::{io::unix::AsyncFd, sync::mpsc};
 
 use crate::{
@@ -30,6 +30,10 @@ use crate::{
 /// Mappings of new processes as the reader read them right after their exec, by pid, until
 /// the daemon takes them (`Modules::keep_early`); at most `EARLY_MAPS` of them.
 pub type EarlyMaps = Arc<std::sync::Mutex<std::collections::HashMap<u32, EarlyRead>>>;
+/// On a host with a v1 memory hierarchy, the cgroup paths of new processes as the reader read
+/// them right after their exec (the kernel's event has the unified cgroup's id only), until
+/// the daemon takes them; at most `EARLY_MAPS` of them.
+type EarlyCgroups = Arc<std::sync::Mutex<std::collections::HashMap<u32, String>>>;
 const EARLY_MAPS: usize = 4096;
 /// Mappings read a second at most (about 0.1 ms each): a host that execs faster gets the rest
 /// of its processes named by the daemon's reads only.
@@ -50,6 +54,7 @@ pub struct ProcWatch {
     /// Execs as the reader thread forwards them, until the daemon takes the receiver.
     pub events: Option<mpsc::Receiver<ProcEvent>>,
     pub early: EarlyMaps,
+    early_cgroups: Option<EarlyCgroups>,
     stop: Arc<AtomicBool>,
     /// Written to end the reader's wait at once.
     wake: Arc<OwnedFd>,
@@ -75,6 +80,8 @@ pub struct ProcWatch {
     pending: Vec<(u32, std::time::Instant)>,
     /// Processes the followed ones forked, reported since the daemon last took them.
     pub forked: Vec<u32>,
+    /// Victims of the OOM killer, reported since the daemon last took them.
+    pub oom_killed: Vec<u32>,
 }
 
 /// How long a new process may take to map its allocator.
@@ -102,6 +109,9 @@ impl ProcWatch {
             p.attach(tp)
                 .map_err(|e| Error::Load(format!("{prog} on {tp}: {e}")))?;
         }
+        if let Err(e) = watch_oom(probes) {
+            eprintln!("heaptrace: warning: OOM kills not reported: {e}");
+        }
         let ring = probes.take_ring(maps::EVENTS)?;
         let mut known = allocator::Known::default();
         known.attached.insert(first.file.id());
@@ -115,7 +125,10 @@ impl ProcWatch {
         // SAFETY: a valid fd that nothing else owns.
         let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(wake) });
         let early = EarlyMaps::default();
+        let early_cgroups =
+            crate::targets::cgroups::v1_memory_mount().map(|_| EarlyCgroups::default());
         let reader = Reader {
+            early_cgroups: early_cgroups.clone(),
             ring,
             tx,
             stop: stop.clone(),
@@ -157,6 +170,7 @@ impl ProcWatch {
         Ok(ProcWatch {
             events: Some(events),
             early,
+            early_cgroups,
             stop,
             wake,
             reader: Some(reader),
@@ -170,6 +184,7 @@ impl ProcWatch {
             wanted,
             pending: Vec::new(),
             forked: Vec::new(),
+            oom_killed: Vec::new(),
         })
     }
 
@@ -213,6 +228,9 @@ impl ProcWatch {
     /// Looks at each process that started among `events` (attaching its allocator when
     /// `probes` is given). Returns the processes that exec'ed.
     pub fn drain(&mut self, events: Vec<ProcEvent>, mut probes: Option<&mut Probes>) -> Vec<u32> {
+        let (oom, events): (Vec<ProcEvent>, Vec<ProcEvent>) =
+            events.into_iter().partition(|e| e.kind == PROC_OOM);
+        self.oom_killed.extend(oom.iter().map(|e| e.tgid));
         let execs: Vec<u32> = events
             .iter()
             .filter(|e| e.kind == PROC_EXEC)
@@ -231,9 +249,19 @@ impl ProcWatch {
             if let (Some(v), Some(path)) = (self.verdicts.as_mut(), known.as_deref()) {
                 v.judge(e.cgroup_id, path);
             }
-            let cgroup = known
-                .or_else(|| crate::targets::procfs::cgroup(e.tgid))
-                .unwrap_or_default();
+            // The unified root: on a hybrid host its v1 memory cgroup may say more, as read
+            // at its exec.
+            let early = self
+                .early_cgroups
+                .as_ref()
+                .and_then(|c| c.lock().ok()?.remove(&e.tgid));
+            let cgroup = match known {
+                Some(p) if p != "/" => Some(p),
+                root => early
+                    .or_else(|| crate::targets::procfs::cgroup(e.tgid))
+                    .or(root),
+            }
+            .unwrap_or_default();
             self.seen.insert(e.tgid, (comm, cgroup));
             if e.kind == PROC_FORK {
                 self.forked.push(e.tgid);
@@ -305,6 +333,17 @@ impl ProcWatch {
     }
 }
 
+/// The OOM killer's victims, reported on the process-event ring (heaptrace-ebpf's oom.rs).
+fn watch_oom(probes: &mut Probes) -> Result<()> {
+    probes.oom_victim.clone().map_err(Error::Load)?;
+    let (prog, tp) = ("on_oom", "mark_victim");
+    let p: &mut RawTracePoint = crate::probe::program(&mut probes.ebpf, prog)?;
+    p.load().map_err(|e| Error::Load(format!("{prog}: {e}")))?;
+    p.attach(tp)
+        .map_err(|e| Error::Load(format!("{prog} on {tp}: {e}")))?;
+    Ok(())
+}
+
 /// Which processes' allocator files a system-wide trace probes: under `--comm`/`--cgroup`, only
 /// those of the processes that match, judged at their exec (or at the start), as the kernel
 /// judges them. Probes on a file only the others map would trap in their every call and count
@@ -362,6 +401,7 @@ impl Drop for ProcWatch {
 /// process that lives a millisecond is gone by then; its executable is mapped at the exec,
 /// so read now its own frames can be named.
 struct Reader {
+    early_cgroups: Option<EarlyCgroups>,
     ring: RingBuf<MapData>,
     tx: mpsc::Sender<ProcEvent>,
     stop: Arc<AtomicBool>,
@@ -452,6 +492,9 @@ impl Reader {
                     && self.comm.as_ref().is_none_or(|c| {
                         comm_str(&event.comm).is_some_and(|n| n.contains(c.as_str()))
                     });
+                if event.kind == PROC_EXEC {
+                    self.read_cgroup(event.tgid);
+                }
                 if wanted && self.read(event.tgid, &mut budget.1) && again.len() < EARLY_MAPS {
                     again.push((Instant::now() + READ_AGAIN[0], event.tgid, 0));
                 }
@@ -471,6 +514,19 @@ impl Reader {
                     again.push((now + READ_AGAIN[n + 1] - READ_AGAIN[n], pid, n + 1));
                 }
             }
+        }
+    }
+
+    /// On a host with a v1 memory hierarchy, a new process's cgroup path for the daemon.
+    fn read_cgroup(&self, pid: u32) {
+        let Some(c) = &self.early_cgroups else {
+            return;
+        };
+        if let Some(path) = crate::targets::procfs::cgroup(pid)
+            && let Ok(mut c) = c.lock()
+            && c.len() < EARLY_MAPS
+        {
+            c.insert(pid, path);
         }
     }
 

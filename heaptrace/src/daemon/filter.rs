@@ -47,5 +47,6 @@ impl Filter {
         round.stacks.retain(|k, _| keep(&k.0));
         round.reservations.retain(|k, _| keep(&k.0));
         round.reserved.retain(|p, _| keep(p));
+        round.peaks.retain(|p, _| keep(p));
     }
 }

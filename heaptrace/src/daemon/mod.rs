@@ -4,11 +4,13 @@
 //! until the target exits or heaptrace is told to stop.
 pub mod exec_watch;
 mod filter;
+mod oom;
 mod processes;
 mod round;
 pub mod signals;
 
 pub use filter::Filter;
+pub use oom::OomReports;
 pub use signals::Sig;
 use std::{
     collections::{BTreeMap, HashSet},
@@ -114,6 +116,11 @@ pub struct Daemon {
     pub reserves_lost: u64,
     /// The warning that the kernel's cgroup verdicts are full was given.
     pub unjudged_said: bool,
+    /// OOM killer victims reported and not yet handled (`oom::killed`), and every one seen.
+    pub oom_pending: Vec<u32>,
+    pub oom_victims: HashSet<u32>,
+    /// `--oom-dir`: where each victim's report goes.
+    pub oom_reports: Option<OomReports>,
 }
 
 /// What a trace hands its daemon once the probes are attached; the rest starts empty.
@@ -135,6 +142,7 @@ pub struct Start {
     pub quiet: bool,
     pub stack_depth: usize,
     pub keep_exited: usize,
+    pub oom_reports: Option<OomReports>,
 }
 
 impl Daemon {
@@ -179,6 +187,9 @@ impl Daemon {
             reserves: Tracker::default(),
             reserves_lost: 0,
             unjudged_said: false,
+            oom_pending: Vec::new(),
+            oom_victims: HashSet::new(),
+            oom_reports: s.oom_reports,
         }
     }
 }

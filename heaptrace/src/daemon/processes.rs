@@ -25,7 +25,10 @@ impl Daemon {
             self.matched.remove(p);
             let key = self.incarnations.key(*p);
             if self.profile.end(key) {
-                self.exited_order.push_back(key);
+                // An OOM victim's heap is the evidence: kept whole, never folded.
+                if !self.profile.procs.get(&key).is_some_and(|pp| pp.oom_killed) {
+                    self.exited_order.push_back(key);
+                }
                 ended.push(key);
             }
         }
@@ -140,6 +143,7 @@ impl Daemon {
                 f.forked(p);
             }
         }
+        self.oom_pending.append(&mut w.oom_killed);
         self.restart(execs);
     }
 

@@ -53,6 +53,8 @@ impl Daemon {
             .collect();
         round.ended = ending.iter().map(|p| self.incarnations.key(*p)).collect();
         self.profile.apply(&round);
+        // Before the processes gone are forgotten: a victim's blocks are still in the map.
+        self.oom_killed()?;
         // Sites first seen from now on were counted after this round's read: the stacks
         // freed before it are no one's now.
         self.freed.clear();

@@ -34,6 +34,10 @@ pub struct CgroupVerdicts {
     /// Cgroups the map had no room for, at the last walk and since: their threads stay traced
     /// (user space drops them).
     pub unjudged: u64,
+    /// A hybrid host: whether a cgroup of the v1 memory hierarchy matches, at the last walk.
+    /// Processes in the unified root are then traced (user space judges them by their v1
+    /// paths, `procfs::cgroup_path`); else the root is judged as any cgroup.
+    v1_match: Option<bool>,
 }
 
 impl CgroupVerdicts {
@@ -51,6 +55,7 @@ impl CgroupVerdicts {
             judged: HashSet::new(),
             walked: None,
             unjudged: 0,
+            v1_match: None,
         })
     }
 
@@ -59,7 +64,8 @@ impl CgroupVerdicts {
         if self.judged.contains(&id) {
             return;
         }
-        let verdict = if path.contains(self.pattern.as_str()) {
+        let v1 = path == "/" && self.v1_match == Some(true);
+        let verdict = if path.contains(self.pattern.as_str()) || v1 {
             TRACED
         } else {
             EXCLUDED_CGROUP
@@ -91,6 +97,14 @@ impl CgroupVerdicts {
         self.walked = Some((names.root_stat(), Instant::now()));
         names.rescan();
         self.unjudged = 0;
+        let v1_match = crate::targets::cgroups::v1_memory_matches(&self.pattern);
+        if v1_match != self.v1_match {
+            // The unified root is judged again.
+            self.v1_match = v1_match;
+            if let Some((root, _)) = names.known().find(|(_, p)| *p == "/") {
+                self.judged.remove(&root);
+            }
+        }
         let now: Vec<(u64, String)> = names.known().map(|(id, p)| (id, p.to_owned())).collect();
         let live: HashSet<u64> = now.iter().map(|(id, _)| *id).collect();
         let gone: Vec<u64> = self.judged.difference(&live).copied().collect();

@@ -138,6 +138,8 @@ pub struct Loaded {
     pub(super) object: &'static [u8],
     /// The return and free programs count with preemption off (`bpf::kfunc`).
     pub preempt_off: bool,
+    /// See `Probes::oom_victim`.
+    pub oom_victim: std::result::Result<u32, String>,
 }
 
 /// The capacities of the whole-stack map (FRAMES: `--stack-map-size` stacks, allocated as
@@ -249,11 +251,20 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
     };
     let rows = slot_rows(opts)?;
     let (pattern, task) = comm_filter(opts);
+    // The OOM program reads a victim's tgid at these offsets too: without them it is off.
     let ids = if opts.follow_forks {
         crate::bpf::btf::id_offsets()?
     } else {
-        crate::bpf::btf::IdOffsets::default()
+        crate::bpf::btf::id_offsets().unwrap_or_default()
     };
+    let oom_victim = crate::bpf::btf::oom_victim()
+        .map_err(|e| e.to_string())
+        .and_then(|how| match how {
+            heaptrace_common::OOM_TASK if ids.tgid == 0 => {
+                Err("no tgid in the kernel's task_struct".to_string())
+            }
+            how => Ok(how),
+        });
     let mut ebpf = EbpfLoader::new()
         .override_global(globals::COMM_FILTER, &pattern.bytes, true)
         .override_global(globals::COMM_FILTER_MASK, &pattern.mask, true)
@@ -285,6 +296,7 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
         .override_global(globals::FOLLOW_FORKS, &u32::from(opts.follow_forks), true)
         .override_global(globals::TASK_PID, &ids.pid, true)
         .override_global(globals::TASK_TGID, &ids.tgid, true)
+        .override_global(globals::OOM_VICTIM, &oom_victim.clone().unwrap_or(0), true)
         .override_global(globals::RESERVATIONS, &u32::from(opts.reservations), true)
         .override_global(globals::LIVE_SLOTS_MASK, &(live_slots - 1), true)
         .map_max_entries(maps::LIVE, opts.live_map_size)
@@ -334,6 +346,7 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
         ebpf,
         object: object.bytes(),
         preempt_off: object.preempt_off,
+        oom_victim,
     })
 }
 

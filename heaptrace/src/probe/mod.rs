@@ -122,6 +122,9 @@ pub struct Probes {
     pub syscall_sites: Vec<(PathBuf, Vec<crate::probe::syscall_sites::SyscallSite>)>,
     /// The programs' switch (`heaptrace_common::maps::COUNTING`), off until `enable`.
     counting: aya::maps::Array<aya::maps::MapData, u32>,
+    /// How the OOM victims are read (`heaptrace_common::globals::OOM_VICTIM`), or why they
+    /// cannot be.
+    pub oom_victim: std::result::Result<u32, String>,
 }
 
 impl Drop for Probes {
@@ -303,6 +306,7 @@ impl Probes {
             mut ebpf,
             object,
             preempt_off,
+            oom_victim,
         } = loaded;
         let names: Vec<&str> = [RETURN_PROGRAM, SYSCALL_PROGRAM]
             .into_iter()
@@ -346,6 +350,7 @@ impl Probes {
             calls,
             reservations,
             syscall_sites: Vec::new(),
+            oom_victim,
         })
     }
 

@@ -54,7 +54,18 @@ impl Profile {
         f.exited = true;
         f.leaks_at_exit = true;
         f.peak_rss_kb = f.peak_rss_kb.max(p.peak_rss_kb);
+        self.move_sites(key, FOLDED, leaks)
+    }
 
+    /// Moves the figures of process `key` by site to process `into`, each site's stack by its
+    /// frames (stacks of one frames are one site there); `leaks` too. Returns the stacks made
+    /// under `into`. Its process entry is the caller's.
+    pub(super) fn move_sites(
+        &mut self,
+        key: u32,
+        into: u32,
+        leaks: &mut BTreeMap<SiteId, Leak>,
+    ) -> Vec<(i32, Arc<[Frame]>)> {
         let mut made = Vec::new();
         let mut to: HashMap<i32, i32> = HashMap::new();
         let mut id = |profile: &mut Profile, id: i32| -> i32 {
@@ -63,7 +74,7 @@ impl Profile {
             }
             *to.entry(id).or_insert_with(|| {
                 let frames = profile.stacks.remove(&(key, id));
-                let (fid, new) = profile.folded_id(frames);
+                let (fid, new) = profile.folded_id(into, frames);
                 if let Some(frames) = new {
                     made.push((fid, frames));
                 }
@@ -72,27 +83,27 @@ impl Profile {
         };
         let range = site_ids(key);
         for (k, v) in take_range(&mut self.sites, range.clone()) {
-            let k = (FOLDED, id(self, k.1), k.2);
+            let k = (into, id(self, k.1), k.2);
             self.sites.entry(k).or_default().plus(&v);
         }
         for (k, v) in take_range(&mut self.samples, range.clone()) {
-            let k = (FOLDED, id(self, k.1), k.2);
+            let k = (into, id(self, k.1), k.2);
             self.samples.entry(k).or_default().plus(&v);
         }
         for (k, w) in take_range(&mut self.weights, range.clone()) {
-            let k = (FOLDED, id(self, k.1), k.2);
+            let k = (into, id(self, k.1), k.2);
             self.weights.entry(k).or_default().plus(&w);
         }
         for ((_, func, size, st), n) in take_range(&mut self.sizes, size_keys(key)) {
-            let k = (FOLDED, func, size, id(self, st));
+            let k = (into, func, size, id(self, st));
             *self.sizes.entry(k).or_default() += n;
         }
         for (k, t) in take_range(&mut self.reservations, reservation_keys(key)) {
-            let k = (FOLDED, k.1, id(self, k.2), k.3);
+            let k = (into, k.1, id(self, k.2), k.3);
             self.reservations.entry(k).or_default().plus(&t);
         }
         for (k, l) in take_range(leaks, range.clone()) {
-            let e = leaks.entry((FOLDED, id(self, k.1), k.2)).or_default();
+            let e = leaks.entry((into, id(self, k.1), k.2)).or_default();
             e.blocks += l.blocks;
             e.bytes += l.bytes;
         }
@@ -107,7 +118,7 @@ impl Profile {
         for (i, (_, st, func)) in at_peak {
             let fid = id(self, st);
             if let Some(p) = self.peak.as_mut() {
-                p.sites[i].0 = (FOLDED, fid, func);
+                p.sites[i].0 = (into, fid, func);
             }
         }
         if moved && let Some(p) = self.peak.as_mut() {
@@ -127,30 +138,30 @@ impl Profile {
         made
     }
 
-    /// The folded stack with these frames (None: never named), and its frames if it is new.
-    fn folded_id(&mut self, frames: Option<Arc<[Frame]>>) -> (i32, Option<Arc<[Frame]>>) {
+    /// The folded stack with these frames (None: never named) under process `into`, and its
+    /// frames if it is new there. Ids are by frames, the same under every `into`.
+    fn folded_id(
+        &mut self,
+        into: u32,
+        frames: Option<Arc<[Frame]>>,
+    ) -> (i32, Option<Arc<[Frame]>>) {
         let known = frames
             .as_ref()
             .and_then(|f| self.folded.ids.get(f).copied());
-        if let Some(fid) = known {
-            return (fid, None);
-        }
-        match frames {
-            Some(f) if self.folded.ids.len() < STACKS => {
+        let (fid, f) = match (known, frames) {
+            (Some(fid), Some(f)) => (fid, f),
+            (None, Some(f)) if self.folded.ids.len() < STACKS => {
                 let fid = self.folded.ids.len() as i32 + 1;
                 self.folded.ids.insert(f.clone(), fid);
-                self.stacks.insert((FOLDED, fid), f.clone());
-                (fid, Some(f))
+                (fid, f)
             }
-            _ => {
-                if self.stacks.contains_key(&(FOLDED, OTHER)) {
-                    return (OTHER, None);
-                }
-                let f: Arc<[Frame]> = [Frame::folded_other()].into();
-                self.stacks.insert((FOLDED, OTHER), f.clone());
-                (OTHER, Some(f))
-            }
+            _ => (OTHER, [Frame::folded_other()].into()),
+        };
+        if self.stacks.contains_key(&(into, fid)) {
+            return (fid, None);
         }
+        self.stacks.insert((into, fid), f.clone());
+        (fid, Some(f))
     }
 }
 

@@ -33,6 +33,9 @@ impl std::fmt::Display for Pid {
         if self.0 == crate::profile::exited::FOLDED {
             return f.pad("exited");
         }
+        if crate::profile::grouped::is_group(self.0) {
+            return f.pad("group");
+        }
         match self.earlier() {
             0 => f.pad(&self.real().to_string()),
             n => f.pad(&format!("{}#{}", self.real(), n + 1)),

@@ -1,6 +1,7 @@
 //! Folds rounds into one Profile that every view reads, so the round lines, the summary and the
 //! JSON document can never disagree.
 pub mod exited;
+pub mod grouped;
 pub mod histogram;
 pub mod incarnation;
 mod narrow;
@@ -110,6 +111,8 @@ pub struct ProcProfile {
     /// Its highest live heap, taken by the kernel at the allocation that reached it (None
     /// in calls mode and under `--sample-bytes`, and in recordings before format 9).
     pub peak: Option<KernelPeak>,
+    /// The kernel's OOM killer killed it (`oom/mark_victim`): its leaks are its heap then.
+    pub oom_killed: bool,
 }
 
 /// The highest live heap: at the allocation that reached it where the kernel took it (the

@@ -384,6 +384,9 @@ fn stack_losses_are_those_of_the_processes_shown() {
     assert_eq!(p.losses_of(None)[Loss::Stack as usize], 1);
     assert_eq!(
         crate::view::summary::losses(&p, None),
-        ["stack 1 (100 in all processes traced)", "site_map 1"]
+        [
+            "stack 1 (100 in all processes traced, raise --stack-map-size)",
+            "site_map 1 (raise --site-map-size)"
+        ]
     );
 }

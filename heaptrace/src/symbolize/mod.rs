@@ -126,7 +126,12 @@ impl Frame {
     /// Whether this is [`Frame::more_lost`]: the stack it ends is its caller alone. By its
     /// text only: a recording keeps no module for a frame that is not code.
     pub fn is_more_lost(&self) -> bool {
-        &*self.function == MORE_LOST_FUNCTION
+        // Recordings made before the text named the flag hold the shorter one.
+        [
+            MORE_LOST_FUNCTION,
+            "[more frames lost: no room in the stack maps]",
+        ]
+        .contains(&&*self.function)
     }
 
     /// A frame standing for an allocation whose stack was lost (the errno says why).
@@ -163,7 +168,8 @@ impl Frame {
     }
 }
 
-const MORE_LOST_FUNCTION: &str = "[more frames lost: no room in the stack maps]";
+const MORE_LOST_FUNCTION: &str =
+    "[more frames lost: no room in the stack maps; raise --stack-map-size]";
 
 /// Not an address: the end of a stack whose frames past the caller were lost. Kept among a
 /// stack's return addresses (and in recordings) so that it symbolizes as [`Frame::more_lost`].

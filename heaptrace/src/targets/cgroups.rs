@@ -40,6 +40,48 @@ fn cgroup2_mount() -> Option<PathBuf> {
     })
 }
 
+/// On a host with a v1 memory hierarchy: whether a cgroup of it (not its root) has a path
+/// that contains `pattern`. None without one. Bounded: at most [`V1_DIRS`] directories.
+pub fn v1_memory_matches(pattern: &str) -> Option<bool> {
+    let root = v1_memory_mount()?;
+    let mut todo = vec![root.clone()];
+    let mut seen = 0;
+    while let Some(dir) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            seen += 1;
+            if seen > V1_DIRS {
+                return Some(false);
+            }
+            let path = e.path();
+            let rel = path.strip_prefix(&root).unwrap_or(&path);
+            if format!("/{}", rel.display()).contains(pattern) {
+                return Some(true);
+            }
+            todo.push(path);
+        }
+    }
+    Some(false)
+}
+
+/// Where the v1 memory hierarchy is mounted (a v1-only or hybrid host), from /proc/mounts.
+pub fn v1_memory_mount() -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
+    mounts.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (_, dir, fstype, opts) = (f.next()?, f.next()?, f.next()?, f.next()?);
+        (fstype == "cgroup" && opts.split(',').any(|o| o == "memory")).then(|| PathBuf::from(dir))
+    })
+}
+
+/// The most directories of a v1 memory hierarchy looked at.
+const V1_DIRS: usize = 100_000;
+
 impl CgroupNames {
     /// The path of cgroup `id` ("/" for the root), if it can be found.
     pub fn path(&mut self, id: u64) -> Option<String> {
@@ -107,7 +149,13 @@ mod tests {
 
     #[test]
     fn names_this_processs_cgroup_by_its_directorys_inode() {
-        let Some(mine) = crate::targets::procfs::cgroup(std::process::id()) else {
+        // The unified line itself: `procfs::cgroup` may give a v1 path on a hybrid host.
+        let text = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let Some(mine) = text
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .map(str::to_string)
+        else {
             eprintln!("SKIPPED no cgroup v2 line in /proc/self/cgroup");
             return;
         };

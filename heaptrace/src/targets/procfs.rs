@@ -103,12 +103,38 @@ pub fn thread_alive(tgid: u32, tid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{tgid}/task/{tid}")).exists()
 }
 
-/// The process's cgroup in the unified hierarchy ("0::/path"), e.g. a container's.
+/// The process's cgroup, e.g. a container's: see [`cgroup_path`].
 pub fn cgroup(pid: u32) -> Option<String> {
     let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(str::to_string)
+    cgroup_path(&text)
+}
+
+/// A cgroup path from /proc/PID/cgroup's text: the unified hierarchy's ("0::/path"), unless
+/// that is the root and the v1 memory controller's line (`N:memory:/path`, maybe among other
+/// controllers, `N:cpu,memory:/path`) has a path of its own: a hybrid host (systemd's, Docker on
+/// cgroup v1) places processes by their v1 hierarchies, and its unified one says `/` for all.
+/// On a v1-only host (no "0::" line) the memory controller's path, else `/`.
+pub fn cgroup_path(text: &str) -> Option<String> {
+    let mut v2 = None;
+    let mut memory = None;
+    for line in text.lines() {
+        let mut f = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        if controllers.is_empty() {
+            v2 = Some(path);
+        } else if controllers.split(',').any(|c| c == "memory") {
+            memory = Some(path);
+        }
+    }
+    let path = match (v2, memory) {
+        (Some("/") | None, Some(m)) if m != "/" => m,
+        (Some(v2), _) => v2,
+        (None, Some(m)) => m,
+        (None, None) => return None,
+    };
+    Some(path.to_string())
 }
 
 pub fn comm(pid: u32) -> Option<String> {
@@ -229,6 +255,33 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cgroup_is_the_unified_path_or_else_the_v1_memory_one() {
+        // Unified only (cgroup v2 host).
+        assert_eq!(
+            cgroup_path("0::/system.slice/nginx.service\n").as_deref(),
+            Some("/system.slice/nginx.service")
+        );
+        // Hybrid, placed by v1: the unified line says "/".
+        let hybrid = "9:name=systemd:/\n4:memory:/process_api/cf1d\n1:cpu:/\n0::/\n";
+        assert_eq!(cgroup_path(hybrid).as_deref(), Some("/process_api/cf1d"));
+        // Hybrid, placed in both: the unified path wins.
+        let both = "4:memory:/docker/abc\n0::/system.slice/docker-abc.scope\n";
+        assert_eq!(
+            cgroup_path(both).as_deref(),
+            Some("/system.slice/docker-abc.scope")
+        );
+        // v1 only, memory among other controllers on one hierarchy.
+        let v1 = "5:cpu,cpuacct:/x\n3:blkio,memory:/docker/abc\n2:name=systemd:/docker/abc\n";
+        assert_eq!(cgroup_path(v1).as_deref(), Some("/docker/abc"));
+        // In no memory cgroup of its own.
+        assert_eq!(cgroup_path("4:memory:/\n0::/\n").as_deref(), Some("/"));
+        assert_eq!(cgroup_path("3:cpu:/x\n").as_deref(), None);
+        // Hostile: a path with colons is whole; lines without fields are skipped.
+        assert_eq!(cgroup_path("0::/a:b\ngarbage\n").as_deref(), Some("/a:b"));
+        assert_eq!(cgroup_path(""), None);
+    }
 
     #[test]
     fn the_parent_follows_the_last_parenthesis() {

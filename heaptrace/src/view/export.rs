@@ -438,6 +438,7 @@ pub fn massif(rec: &Recording, p: &Profile, names: &Names) -> String {
             p.sample_bytes
         );
     }
+    s += &peak_desc(p, names);
     s += "\n";
     let cmd = if rec.header.command.is_empty() {
         rec.header
@@ -495,6 +496,27 @@ pub fn massif(rec: &Recording, p: &Profile, names: &Names) -> String {
         emit(&mut s, r.elapsed_ms, r.live_bytes, &tree);
     }
     s
+}
+
+/// The peak, for massif's description (its only free text ms_print shows): how high, how it
+/// was taken, and the allocation that reached it when the kernel took it.
+fn peak_desc(p: &Profile, names: &Names) -> String {
+    let Some(pk) = p.peak.as_ref().filter(|pk| pk.live_bytes > 0) else {
+        return String::new();
+    };
+    let b = crate::view::units::bytes;
+    match pk.reached_by {
+        Some((pid, stack_id, size)) => {
+            let label = crate::view::site_tables::labels(p, &[(pid, stack_id, u32::MAX)], names);
+            format!(
+                "; peak {} (exact), reached by {} from {}",
+                b(pk.live_bytes),
+                b(size as i64),
+                label.first().map_or("?", |l| l.trim_start_matches("? <- "))
+            )
+        }
+        None => format!("; peak {} (at a round's end)", b(pk.live_bytes)),
+    }
 }
 
 #[derive(Default)]

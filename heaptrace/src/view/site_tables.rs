@@ -39,6 +39,11 @@ pub fn site_label_with(profile: &Profile, site: &SiteId, depth: usize, names: &N
 }
 
 fn pid_prefix(profile: &Profile, site: &SiteId) -> String {
+    // A group (`--group-by command`) by its command and count.
+    if crate::profile::grouped::is_group(site.0) {
+        let comm = profile.procs.get(&site.0).map_or("", |p| p.comm.as_str());
+        return format!("[{comm}] ");
+    }
     if profile.procs.len() > 1 {
         format!("[{}] ", crate::profile::incarnation::Pid(site.0))
     } else {

@@ -321,14 +321,30 @@ pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
         .filter(|l| shown[**l as usize] > 0 || profile.losses[**l as usize] > 0)
         .map(|l| {
             let (n, all) = (shown[*l as usize], profile.losses[*l as usize]);
-            if n == all {
+            let more = room_flag(*l).map_or(String::new(), |f| format!(", raise {f}"));
+            if n == all && more.is_empty() {
                 format!("{} {n}", l.name())
+            } else if n == all {
+                format!("{} {n} ({})", l.name(), &more[2..])
             } else {
-                format!("{} {n} ({all} in all processes traced)", l.name())
+                format!("{} {n} ({all} in all processes traced{more})", l.name())
             }
         })
         .chain(files)
         .collect()
+}
+
+/// The option that gives the kernel map behind a loss more room, where one does (the
+/// guide: a loss names the flag that would have avoided it). The rings' and the process
+/// map's are fixed.
+pub fn room_flag(loss: Loss) -> Option<&'static str> {
+    match loss {
+        Loss::LiveMap => Some("--live-map-size"),
+        Loss::SizeHistogram => Some("--size-map-size"),
+        Loss::Stack => Some("--stack-map-size"),
+        Loss::SiteMap => Some("--site-map-size"),
+        Loss::InFlight | Loss::ProcessMap | Loss::ProcessEvents | Loss::MemEvents => None,
+    }
 }
 
 /// The first line of a calls-mode summary: what it did not track.
@@ -367,7 +383,11 @@ pub fn processes(profile: &Profile, top: usize) -> String {
                 bytes(p.totals.live_bytes)
             },
             // Its live figure is what it had not freed when it ended.
-            if p.exited { "  ended" } else { "" }
+            match (p.oom_killed, p.exited) {
+                (true, _) => "  killed by the OOM killer",
+                (false, true) => "  ended",
+                (false, false) => "",
+            }
         );
     }
     if rows.len() > top {
@@ -422,7 +442,10 @@ mod tests {
         let s = summary(&p, None, &[(Func::Memalign, Func::AlignedAlloc)]);
         assert!(s.contains("aligned_alloc/memalign"), "{s}");
         assert!(!s.lines().any(|l| l.starts_with("memalign")), "{s}");
-        assert!(s.contains("lost: live_map 5"), "{s}");
+        assert!(
+            s.contains("lost: live_map 5 (raise --live-map-size)"),
+            "{s}"
+        );
     }
 
     /// Under `--all` the blocks of processes that ended went with them: the total line counts

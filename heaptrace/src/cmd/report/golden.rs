@@ -197,6 +197,7 @@ fn args(view: View) -> ReportArgs {
         from: None,
         to: None,
         diff: None,
+        group_by: crate::cli::GroupBy::Process,
         resymbolize: false,
         export: None,
         output: None,

@@ -175,6 +175,9 @@ fn replayed(path: &Path, args: &ReportArgs) -> Result<(Recording, Profile), Form
                 .collect(),
         );
     }
+    if args.group_by == crate::cli::GroupBy::Command {
+        p = p.by_command();
+    }
     Ok((rec, p))
 }
 

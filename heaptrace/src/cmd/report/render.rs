@@ -89,7 +89,12 @@ pub fn text(
             View::Overview => {
                 let mut s = overview_head(rec);
                 s += &summary(p, args.pid, &rec.header.aliases());
-                if p.procs.len() > 1 {
+                // A group (`--group-by command`) stands for several processes.
+                if p.procs.len() > 1
+                    || p.procs
+                        .keys()
+                        .any(|k| crate::profile::grouped::is_group(*k))
+                {
                     s += &processes(p, top);
                 }
                 s

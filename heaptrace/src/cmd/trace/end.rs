@@ -46,7 +46,8 @@ pub(super) fn finish(
     let mut leaks = daemon.incarnations.rekey_sites(live);
     leaks.append(&mut daemon.exited_leaks);
     daemon.profile.set_leaks(leaks);
-    let reason = end_reason(end, pid, exit, daemon.passed_on);
+    let oom = pid.is_some_and(|p| daemon.oom_victims.contains(&p));
+    let reason = end_reason(end, pid, exit.map(|e| (e, oom)), daemon.passed_on);
     if let Some(r) = daemon.recorder.take() {
         let end = EndRec {
             elapsed_ms: daemon.start.elapsed().as_millis() as u64,
@@ -121,12 +122,21 @@ pub(super) fn print_summary(
     done: &Done,
     own: Option<(u64, u64)>,
 ) {
-    // A followed tree of more than one process is summed, as `--all` is.
+    // A followed tree of more than one process is summed, as `--all` is (and grouped, it
+    // may be one process of the Profile standing for several).
     let pid = info
         .pids
         .first()
         .copied()
         .filter(|_| profile.procs.len() <= 1);
+    let grouped;
+    let profile = match cli.group_by {
+        crate::cli::GroupBy::Command => {
+            grouped = profile.by_command();
+            &grouped
+        }
+        crate::cli::GroupBy::Process => profile,
+    };
     eprintln!("heaptrace: {}", done.reason);
     eprint!("{}", summary::summary(profile, pid, &info.aliases));
     if pid.is_none() {
@@ -190,12 +200,14 @@ pub(super) fn syscall_probes_json(probes: &Probes) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// `exit`: how the target ended, and whether the OOM killer killed it.
 pub(super) fn end_reason(
     end: &End,
     pid: Option<u32>,
-    exit: Option<ExitStatus>,
+    exit: Option<(ExitStatus, bool)>,
     passed_on: Option<Sig>,
 ) -> String {
+    let exit = exit.map(|(status, oom)| Ended(status, oom));
     let after = passed_on
         .map(|s| format!(" after {s}, passed on by heaptrace"))
         .unwrap_or_default();
@@ -211,5 +223,23 @@ pub(super) fn end_reason(
         (End::Signal(Sig::Hup), _, _) => "hung up; detached".into(),
         (End::Quit, Some(pid), Some(status)) => format!("quit; detached; pid {pid} {status}"),
         (End::Quit, _, _) => "quit; detached".into(),
+    }
+}
+
+/// How the target ended, and whether the OOM killer killed it: "was killed by the OOM killer
+/// (SIGKILL)".
+struct Ended(ExitStatus, bool);
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.0, self.1) {
+            (ExitStatus::Signal { signal, .. }, true) => write!(
+                f,
+                "was killed by the OOM killer ({})",
+                crate::exit_status::signal_name(signal)
+            ),
+            (status, true) => write!(f, "{status}, after the OOM killer chose it"),
+            (status, false) => write!(f, "{status}"),
+        }
     }
 }

@@ -34,6 +34,9 @@ pub(super) fn check_outputs(cli: &TraceArgs, target: &Target, record: Option<&Pa
     if let (Target::Command(_), Some(path)) = (target, &cli.command_output) {
         output::check("--command-output", path, cli.force)?;
     }
+    if let Some(dir) = &cli.oom_dir {
+        output::check_dir("--oom-dir", dir)?;
+    }
     Ok(())
 }
 

@@ -107,6 +107,15 @@ pub(crate) fn pid_fields(m: &mut Map<String, Value>, key: u32) {
         m.insert("folded".into(), true.into());
         return;
     }
+    if crate::profile::grouped::is_group(key) {
+        // The processes of one command as one (`--group-by command`): `comm` says how many.
+        m.insert("pid".into(), 0.into());
+        m.insert(
+            "group".into(),
+            (key - crate::profile::grouped::GROUPS).into(),
+        );
+        return;
+    }
     let pid = crate::profile::incarnation::Pid(key);
     m.insert("pid".into(), pid.real().into());
     if pid.earlier() > 0 {
@@ -374,6 +383,7 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
                 "memory": memory(profile, p),
                 "exited": p.exited,
                 "leaks_at_exit": p.leaks_at_exit,
+                "oom_killed": p.oom_killed,
             });
             let Value::Object(mut fields) = fields else {
                 unreachable!("json! of an object")

@@ -244,6 +244,8 @@ pub struct App {
     pub editing_filter: bool,
     pub site_sort: SiteSort,
     pub proc_sort: ProcSort,
+    /// The processes screen shows a row per command (`c`): the processes of one as one.
+    pub by_command: bool,
     pub func_sort: FuncSort,
     pub size_sort: SizeSort,
     /// Selected row per screen.
@@ -307,6 +309,7 @@ impl App {
             editing_filter: false,
             site_sort: SiteSort::Bytes,
             proc_sort: ProcSort::Busiest,
+            by_command: false,
             func_sort: FuncSort::Family,
             size_sort: SizeSort::Count,
             selected: [0; 5],

@@ -156,6 +156,7 @@ const HELP: &[(&str, &str)] = &[
     ("j k  arrows", "move; PgUp PgDn g G jump"),
     ("Enter", "site: open its stack; process: show only it"),
     ("s", "cycle the sort order of this screen"),
+    ("c", "processes: a row per command, or per process"),
     ("/", "filter by function or module substring"),
     ("p  Space", "pause the view (the kernel keeps counting)"),
     ("r", "reset: count from what is on screen now"),

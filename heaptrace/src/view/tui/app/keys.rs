@@ -70,6 +70,7 @@ impl App {
             KeyCode::Enter | KeyCode::Right => self.enter(),
             KeyCode::Left | KeyCode::Backspace => self.detail = None,
             KeyCode::Char('s') => self.cycle_sort(),
+            KeyCode::Char('c') => self.by_command = !self.by_command,
             KeyCode::Char('/') => {
                 self.editing_filter = true;
                 self.filter.clear();
@@ -100,6 +101,10 @@ impl App {
                 let pid = sel
                     .checked_sub(1)
                     .and_then(|i| self.proc_rows().get(i).map(|r| r.pid));
+                // A command's row stands for several processes: none to show alone.
+                if pid.is_some_and(crate::profile::grouped::is_group) {
+                    return;
+                }
                 if pid.is_some() && pid == self.focus {
                     self.set_focus(None);
                 } else {

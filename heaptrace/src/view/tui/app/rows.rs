@@ -41,6 +41,42 @@ pub struct ProcRow {
     pub rate: u64,
     /// It ended while traced: its live figure is what it had not freed then.
     pub exited: bool,
+    /// The OOM killer killed it.
+    pub oom_killed: bool,
+}
+
+/// The processes of each command run more than once as one row (`GROUPS + n`), named
+/// `cc1 (36 processes)`, its figures their sums; a command run once keeps its row.
+fn by_command(rows: Vec<ProcRow>) -> Vec<ProcRow> {
+    let mut groups: std::collections::BTreeMap<String, Vec<ProcRow>> = Default::default();
+    for r in rows {
+        groups.entry(r.comm.clone()).or_default().push(r);
+    }
+    let mut out = Vec::new();
+    for (n, (comm, mut g)) in groups.into_iter().enumerate() {
+        if g.len() == 1 {
+            out.append(&mut g);
+            continue;
+        }
+        let sum = |f: fn(&ProcRow) -> Option<u64>| g.iter().filter_map(f).reduce(|a, b| a + b);
+        let mut totals = Totals::default();
+        for r in &g {
+            totals.plus(&r.totals);
+        }
+        out.push(ProcRow {
+            pid: crate::profile::grouped::GROUPS + n as u32,
+            comm: format!("{comm} ({} processes)", g.len()),
+            totals,
+            rss_kb: sum(|r| r.rss_kb),
+            virt_kb: sum(|r| r.virt_kb),
+            peak_rss_kb: g.iter().map(|r| r.peak_rss_kb).max().unwrap_or(0),
+            reserved: sum(|r| r.reserved),
+            rate: g.iter().map(|r| r.rate).sum(),
+            exited: g.iter().all(|r| r.exited),
+            oom_killed: g.iter().any(|r| r.oom_killed),
+        });
+    }
+    out
 }
 
 /// `n` events of round `last` per second: the round ran from `prev`'s end (or one interval).
@@ -187,6 +223,7 @@ impl App {
                 peak_rss_kb: p.peak_rss_kb,
                 reserved: p.reserved.map(|r| r.total()),
                 exited: p.exited,
+                oom_killed: p.oom_killed,
                 rate: self.history.get(pid).map_or(0, |h| {
                     let prev = h.len().checked_sub(2).and_then(|i| h.get(i));
                     h.back().map_or(0, |last| {
@@ -195,6 +232,9 @@ impl App {
                 }),
             })
             .collect();
+        if self.by_command {
+            rows = by_command(rows);
+        }
         match self.proc_sort {
             ProcSort::Busiest => rows.sort_by_key(|r| {
                 (

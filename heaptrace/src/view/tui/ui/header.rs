@@ -31,7 +31,12 @@ pub(super) fn draw_header(f: &mut Frame, app: &App, area: Rect) {
         l1.push(Span::raw(format!(", output to {out}")));
     }
     let l2 = status_line(app, shown);
-    let l3 = totals_line(app);
+    let mut l3 = totals_line(app);
+    // Whole or not at all: a cut figure would read as another.
+    let peak = peak(app);
+    if l3.chars().count() + peak.chars().count() <= area.width as usize {
+        l3.push_str(&peak);
+    }
     let text = vec![Line::from(l1), Line::from(l2), Line::from(l3)];
     f.render_widget(Paragraph::new(text), area);
 }
@@ -142,6 +147,31 @@ pub(super) fn totals_line(app: &App) -> String {
         }
     }
     line
+}
+
+/// The highest live heap so far: the trace's, or the process's in focus (the kernel's, at
+/// the allocation that reached it; "exact"), else the highest at a round's end.
+pub(super) fn peak(app: &App) -> String {
+    let view = app.view();
+    let (live, exact) = match app.focus() {
+        Some(pid) => match view.procs.get(&pid).and_then(|p| p.peak) {
+            Some(k) => (k.bytes as i64, true),
+            None => return String::new(),
+        },
+        None => match view.peak.as_ref() {
+            Some(p) => (p.live_bytes, p.exact),
+            None => return String::new(),
+        },
+    };
+    if live <= 0 {
+        return String::new();
+    }
+    let how = if exact { " (exact)" } else { "" };
+    format!(
+        "  peak {}{}{how}",
+        crate::view::summary::est(view.sample_bytes),
+        bytes(live)
+    )
 }
 
 /// The processes screen's live column: live bytes, or in calls mode, which keeps no live map,

@@ -11,11 +11,19 @@ pub(super) fn draw_processes(f: &mut Frame, app: &App, area: Rect) {
     // Without room for VIRT, rows keep their last cell: a table draws as many as it has columns.
     let table = Table::new(body, widths)
         .header(Row::new(header).style(Style::new().bold().underlined()))
-        .block(Block::bordered().title(format!(
-            "Processes: {} (sorted by {}; Enter: show only this one)",
-            rows.len(),
-            app.proc_sort_name()
-        )))
+        .block(Block::bordered().title(if app.by_command {
+            format!(
+                "Commands: {} (sorted by {}; c: a row per process)",
+                rows.len(),
+                app.proc_sort_name()
+            )
+        } else {
+            format!(
+                "Processes: {} (sorted by {}; Enter: show only this one; c: by command)",
+                rows.len(),
+                app.proc_sort_name()
+            )
+        }))
         .row_highlight_style(Style::new().reversed())
         .highlight_symbol(SELECTED);
     let mut state = TableState::default().with_selected(Some(app.selected(Screen::Processes)));
@@ -52,7 +60,9 @@ pub(super) fn all_processes_row(app: &App, wide: bool) -> Row<'static> {
 
 pub(super) fn process_row(app: &App, r: &ProcRow, wide: bool) -> Row<'static> {
     // Ended ones stay listed (their figures are final), dimmed.
-    let style = if r.exited {
+    let style = if r.oom_killed {
+        Style::new().red()
+    } else if r.exited {
         Style::new().dim()
     } else {
         Style::new()
@@ -60,10 +70,11 @@ pub(super) fn process_row(app: &App, r: &ProcRow, wide: bool) -> Row<'static> {
     Row::new(vec![
         Cell::from(if app.focus() == Some(r.pid) { "*" } else { " " }),
         Cell::from(format!("{:>7}", crate::profile::incarnation::Pid(r.pid))),
-        Cell::from(if r.exited {
-            format!("{} (ended)", r.comm)
-        } else {
-            r.comm.clone()
+        Cell::from(match (r.oom_killed, r.exited) {
+            // The status line says it whole ("killed by the OOM killer"); the column is narrow.
+            (true, _) => format!("{} (OOM killed)", r.comm),
+            (false, true) => format!("{} (ended)", r.comm),
+            (false, false) => r.comm.clone(),
         }),
         Cell::from(count_cell(r.totals.allocations(), wide)),
         Cell::from(count_cell(r.totals.frees(), wide)),

@@ -369,6 +369,89 @@ fn ended_processes_are_told_apart_from_the_live_ones() {
     assert!(!text.contains("left by ended"), "{text}");
 }
 
+/// The header's peak: the kernel's (exact, at the allocation that reached it), the focused
+/// process's own in focus; a process the OOM killer killed is marked on the processes screen.
+#[test]
+fn the_header_shows_the_exact_peak_and_the_oom_victims_are_marked() {
+    let mut p = Profile::default();
+    for (pid, comm, peak, oom) in [(10, "alive", 2 << 20, false), (11, "leaky", 48 << 20, true)] {
+        p.procs.insert(
+            pid,
+            crate::profile::ProcProfile {
+                comm: comm.into(),
+                peak: Some(crate::drain::round::KernelPeak {
+                    bytes: peak,
+                    size: 1 << 20,
+                    stack_id: 1,
+                }),
+                exited: oom,
+                oom_killed: oom,
+                ..Default::default()
+            },
+        );
+    }
+    p.peak = Some(crate::profile::Peak {
+        live_bytes: 50 << 20,
+        exact: true,
+        ..Default::default()
+    });
+    let mut app = App::new(info(TargetKind::All), running(p));
+    screen(&mut app, Screen::Processes);
+    let text = format!("{:?}", render(&app, 160, 24));
+    assert!(text.contains("  peak 50.0 MiB (exact)"), "{text}");
+    assert!(text.contains("leaky (OOM killed)"), "{text}");
+    assert!(!text.contains("alive (OOM"), "{text}");
+    app.set_focus(Some(11));
+    let text = format!("{:?}", render(&app, 160, 24));
+    assert!(text.contains("  peak 48.0 MiB (exact)"), "{text}");
+    // No room: left out whole.
+    app.set_focus(None);
+    let text = format!("{:?}", render(&app, 60, 24));
+    assert!(!text.contains("peak"), "{text}");
+}
+
+/// `c` on the processes screen: a row per command, 36 cc1 as one with their sums; `c` again
+/// a row per process. A command's row is no process to show alone.
+#[test]
+fn the_processes_screen_groups_by_command() {
+    let mut p = Profile::default();
+    for pid in 10..46 {
+        let mut totals = crate::drain::round::Totals::default();
+        totals.funcs[heaptrace_common::Func::Malloc as usize].calls = 100;
+        p.procs.insert(
+            pid,
+            crate::profile::ProcProfile {
+                comm: "cc1".into(),
+                totals,
+                ..Default::default()
+            },
+        );
+    }
+    p.procs.insert(
+        99,
+        crate::profile::ProcProfile {
+            comm: "ld".into(),
+            ..Default::default()
+        },
+    );
+    let mut app = App::new(info(TargetKind::All), running(p));
+    screen(&mut app, Screen::Processes);
+    assert_eq!(app.proc_rows().len(), 37);
+    keys(&mut app, "c");
+    let rows = app.proc_rows();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].comm, "cc1 (36 processes)");
+    assert_eq!(rows[0].totals.allocations(), 3600);
+    let text = format!("{:?}", render(&app, 160, 24));
+    assert!(text.contains("Commands: 2"), "{text}");
+    assert!(text.contains("group cc1 (36 processes)"), "{text}");
+    app.on_key(KeyEvent::from(KeyCode::Down));
+    app.on_key(KeyEvent::from(KeyCode::Enter));
+    assert_eq!(app.focus(), None);
+    keys(&mut app, "c");
+    assert_eq!(app.proc_rows().len(), 37);
+}
+
 /// A site's sizes in its stack pane: exact where the size histogram has them, an estimate
 /// (marked) only without it, and never outside the buckets hit.
 #[test]
