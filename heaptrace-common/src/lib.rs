@@ -569,6 +569,8 @@ pub mod globals {
     pub const LIVE_SLOTS_MASK: &str = "LIVE_SLOTS_MASK";
     /// The in-flight slots' count less one (see [`super::InFlightSlot`]).
     pub const INFLIGHT_SLOTS_MASK: &str = "INFLIGHT_SLOTS_MASK";
+    /// 1 when unwind tables are loaded for code without frame pointers (see [`super::unwind`]).
+    pub const UNWIND: &str = "UNWIND";
     /// log2 of the process slots per CPU (see [`super::procs`]).
     pub const PROC_SLOTS_SHIFT: &str = "PROC_SLOTS_SHIFT";
     /// log2 of the site slots per CPU (see [`super::keyed`]).

@@ -22,6 +22,7 @@ pub(super) fn load_options(cli: &TraceArgs, scope: Scope) -> LoadOptions {
         inflight_map_size: cli.inflight_map_size,
         proc_slots: cli.proc_slots,
         stack_map_size: cli.stack_map_size,
+        unwind_rows: cli.unwind_table_size,
         site_map_size: cli
             .site_map_size
             .unwrap_or_else(|| probe::default_site_map_size(cli.stack_map_size)),
