@@ -95,6 +95,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         opts,
         stats_fd,
         first,
+        unwind,
     } = attached;
     let (procwatch, memring) = watchers(cli, &mut probes, &provider, scope, &opts)?;
     announce(cli, &probes, first, &provider, scope);
@@ -111,6 +112,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         .map(|out| start_recording(out, &info))
         .transpose()?;
     let mut modules = Modules::default();
+    modules.unwind = unwind;
     if let (Target::Command(_), Some(pid)) = (&target, pid) {
         modules.settle(pid, &provider.path, Duration::from_millis(200));
     }

@@ -31,6 +31,8 @@ pub struct Modules {
     /// found gone at the last `prune_early`.
     early: std::collections::HashSet<u32>,
     early_gone: std::collections::HashSet<u32>,
+    /// The kernel's unwind tables, kept in step with every read of a process's mappings.
+    pub unwind: Option<crate::unwind::loaded::Tables>,
 }
 
 /// The lowest address a mapping can have (the kernel's default `vm.mmap_min_addr`), and the
@@ -61,6 +63,11 @@ impl Modules {
 
     fn keep(&mut self, pid: u32, maps: &str) {
         let parsed = parse_maps(maps);
+        if let Some(t) = &mut self.unwind
+            && !parsed.is_empty()
+        {
+            t.sync(pid, maps);
+        }
         if !parsed.is_empty() {
             self.procs.insert(pid, parsed);
             self.code.insert(pid, code_ranges(maps));
@@ -120,6 +127,9 @@ impl Modules {
     }
 
     pub fn forget(&mut self, pid: u32) {
+        if let Some(t) = &mut self.unwind {
+            t.forget(pid);
+        }
         self.procs.remove(&pid);
         self.code.remove(&pid);
         self.early.remove(&pid);
@@ -133,6 +143,9 @@ impl Modules {
         let gone: std::collections::HashSet<u32> =
             self.early.iter().copied().filter(|p| !alive(*p)).collect();
         for p in gone.intersection(&self.early_gone) {
+            if let Some(t) = &mut self.unwind {
+                t.forget(*p);
+            }
             self.procs.remove(p);
             self.code.remove(p);
             self.early.remove(p);

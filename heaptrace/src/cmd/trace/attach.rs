@@ -5,6 +5,8 @@ use super::*;
 pub(super) struct Attached {
     pub(super) probes: Probes,
     pub(super) maps: KernelMaps,
+    /// The kernel's unwind tables, where the walk uses them (`LoadOptions::unwinds`).
+    pub(super) unwind: Option<crate::unwind::loaded::Tables>,
     pub(super) opts: LoadOptions,
     /// Holds the kernel's BPF run-time statistics on (`--probe-stats`).
     pub(super) stats_fd: Option<OwnedFd>,
@@ -74,8 +76,13 @@ pub(super) fn attach(cli: &TraceArgs, provider: &Provider, scope: Scope) -> Resu
         }
     }
     let maps = KernelMaps::take(&mut probes.ebpf)?;
+    let unwind = opts
+        .unwinds()
+        .then(|| crate::unwind::loaded::Tables::take(&mut probes.ebpf))
+        .transpose()?;
     Ok(Attached {
         first: probes.probe_count(),
+        unwind,
         probes,
         maps,
         opts,
