@@ -99,6 +99,14 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     } = attached;
     let (procwatch, memring) = watchers(cli, &mut probes, &provider, scope, &opts)?;
     announce(cli, &probes, first, &provider, scope);
+    let mut unwind = unwind;
+    if let (Some(t), Target::Command(argv)) = (&mut unwind, &target) {
+        // Read before it runs, so that its entry takes no reading as it starts.
+        if let Some(exe) = crate::targets::allocator::resolve_command(&argv[0]) {
+            t.preload(&exe);
+        }
+        t.preload(&provider.path);
+    }
     let (pid, child) = match (stopped, scope) {
         (Some(stopped), _) => {
             let child = stopped.resume()?;

@@ -122,21 +122,73 @@ impl Tables {
     }
 
     /// Brings `pid`'s entry in step with its mappings (`/proc/PID/maps`), loading the tables of
-    /// files not seen before. Nothing is done while its code mappings stay the same.
+    /// files not seen before. Nothing is done while its code mappings stay the same. The
+    /// files known already go in first: a process starting up allocates while the others
+    /// are read.
     pub fn sync(&mut self, pid: u32, maps: &str) {
         let code = code_mappings(maps);
         if self.pids.get(&pid).is_some_and(|p| p.signature == code) {
             return;
         }
-        let mut modules = Vec::new();
-        let mut files = Vec::new();
-        for m in &code {
-            if !self.files.contains_key(&m.file) {
-                let entry = self.read_file(pid, m);
-                self.files.insert(m.file, entry);
+        let unknown: Vec<&CodeMapping> = code
+            .iter()
+            .filter(|m| !self.files.contains_key(&m.file))
+            .collect();
+        if !unknown.is_empty() {
+            self.write_entry(pid, &code);
+            for m in unknown {
+                if !self.files.contains_key(&m.file) {
+                    let path = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+                    let entry = self.read_file(&path);
+                    self.files.insert(m.file, entry);
+                }
             }
-            files.push(m.file);
-            let entry = &self.files[&m.file];
+        }
+        self.write_entry(pid, &code);
+        let mut files: Vec<FileKey> = code.iter().map(|m| m.file).collect();
+        files.sort();
+        files.dedup();
+        for f in &files {
+            if let Some(e) = self.files.get_mut(f) {
+                e.users += 1;
+            }
+        }
+        let old = self.pids.insert(
+            pid,
+            Proc {
+                signature: code,
+                files,
+            },
+        );
+        for f in old.map(|p| p.files).unwrap_or_default() {
+            self.release(f);
+        }
+    }
+
+    /// Loads the table of the file at `path` before any traced process maps it (a launched
+    /// command's executable and allocator): its entry then takes no reading when it starts.
+    pub fn preload(&mut self, path: &std::path::Path) {
+        let Ok(meta) = std::fs::metadata(path) else {
+            return;
+        };
+        let dev = meta.dev();
+        let key = FileKey {
+            dev: u64::from(libc::major(dev)) << 32 | u64::from(libc::minor(dev)),
+            inode: meta.ino(),
+        };
+        if !self.files.contains_key(&key) {
+            let entry = self.read_file(&path.to_string_lossy());
+            self.files.insert(key, entry);
+        }
+    }
+
+    /// Writes `pid`'s entry: its mappings of files with a table (or whose table did not fit).
+    fn write_entry(&mut self, pid: u32, code: &[CodeMapping]) {
+        let mut modules = Vec::new();
+        for m in code {
+            let Some(entry) = self.files.get(&m.file) else {
+                continue;
+            };
             let module = match entry.placement {
                 Placement::Rows { first, rows } => match bias(&entry.segments, m) {
                     Some(bias) => Module {
@@ -172,23 +224,6 @@ impl Tables {
         if let Err(e) = self.procs.insert(pid, entry, 0) {
             log::debug!("unwind tables of {pid}: {e}");
         }
-        files.sort();
-        files.dedup();
-        for f in &files {
-            if let Some(e) = self.files.get_mut(f) {
-                e.users += 1;
-            }
-        }
-        let old = self.pids.insert(
-            pid,
-            Proc {
-                signature: code,
-                files,
-            },
-        );
-        for f in old.map(|p| p.files).unwrap_or_default() {
-            self.release(f);
-        }
     }
 
     /// Drops `pid`'s entry (it ended or exec'ed), and the tables no process maps any more.
@@ -220,17 +255,17 @@ impl Tables {
         self.files.remove(&f);
     }
 
-    /// Reads the file of mapping `m` of `pid` through `/proc/PID/map_files`: the very file
-    /// the process maps, whatever its path says now (a container's, one replaced since).
-    fn read_file(&mut self, pid: u32, m: &CodeMapping) -> FileEntry {
+    /// Reads the file at `path` and places its table. A mapped file is read through
+    /// `/proc/PID/map_files`: the very file the process maps, whatever its path says now (a
+    /// container's, one replaced since).
+    fn read_file(&mut self, path: &str) -> FileEntry {
         let start = Instant::now();
         let unusable = FileEntry {
             placement: Placement::Unusable,
             segments: Vec::new(),
             users: 0,
         };
-        let path = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
-        let Some(data) = read_bounded(&path) else {
+        let Some(data) = read_bounded(path) else {
             self.stats.unusable += 1;
             return unusable;
         };
