@@ -21,3 +21,4 @@ mod system;
 mod temporaries;
 mod threads;
 mod tui;
+mod unwinding;
