@@ -158,3 +158,62 @@ bpf_test!(
         );
     }
 );
+
+bpf_test!(
+    shared,
+    /// Through libstdc++ (no frame pointers) from a program built without them:
+    /// operator new <- (inlined allocator frames) <- vector::_M_realloc_insert <- main, 400
+    /// calls of 60 bytes a vector.
+    fn cpp_stacks_through_libstdcxx_reach_main() {
+        let bin = cpp_fixture_with("cppvector", "-nofp", &["-O2", "-fomit-frame-pointer", "-g"]);
+        let doc = trace("unwind-cpp", &bin, &[]);
+        let site = doc["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["calls"] == 400)
+            .unwrap_or_else(|| panic!("no site of 400 calls: {}", doc["stacks"]));
+        assert_eq!(site["bytes"], 6000);
+        let f = names(site);
+        assert_eq!(f[0], "operator new(unsigned long)", "{f:?}");
+        let realloc = f.iter().position(|n| n.contains("_M_realloc_insert"));
+        let main = f.iter().position(|n| n == "main");
+        assert!(
+            matches!((realloc, main), (Some(r), Some(m)) if r < m),
+            "{f:?}"
+        );
+        assert_eq!(f.last().map(String::as_str), Some("_start"), "{f:?}");
+    }
+);
+
+bpf_test!(
+    shared,
+    /// Debian's python3 (stripped, no frame pointers): at least 95 % of its allocation calls
+    /// have stacks that reach `Py_BytesMain` or `main`.
+    fn python3_stacks_reach_main() {
+        let python = std::path::Path::new("/usr/bin/python3");
+        if !python.exists() {
+            panic!("/usr/bin/python3 missing");
+        }
+        let json = json_path("unwind-python");
+        let mut cmd = heaptrace();
+        cmd.args(["--no-tui", "-q", "--json"]).arg(&json).args([
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            "import json\nx = [json.dumps({'a': i, 'b': [i] * 3}) for i in range(20000)]",
+        ]);
+        run_ok(&mut cmd);
+        let doc = read_json(&json);
+        let (mut all, mut whole) = (0, 0);
+        for s in doc["stacks"].as_array().unwrap() {
+            let calls = s["calls"].as_u64().unwrap();
+            all += calls;
+            if names(s).iter().any(|n| n == "Py_BytesMain" || n == "main") {
+                whole += calls;
+            }
+        }
+        assert!(all > 1000, "{all} calls");
+        assert!(whole * 100 >= all * 95, "{whole} of {all} calls reach main");
+    }
+);
