@@ -217,3 +217,42 @@ bpf_test!(
         assert!(whole * 100 >= all * 95, "{whole} of {all} calls reach main");
     }
 );
+
+bpf_test!(
+    shared,
+    /// A thread's stack ends cleanly where its start routine was called: work <- libc's
+    /// start_thread <- clone3, whose table marks the outermost frame. (Threads started in the
+    /// first milliseconds, before the process's entry is written, are walked by frame pointer.)
+    fn thread_stacks_end_at_their_start() {
+        let bin = fixture("threadchurn", "-O2-nofp", &["-O2", "-fomit-frame-pointer"]);
+        let json = json_path("unwind-threads");
+        let mut cmd = heaptrace();
+        cmd.args(["--no-tui", "-q", "--json"])
+            .arg(&json)
+            .arg("--")
+            .arg(&bin)
+            .args(["4", "2", "50000", "64"]);
+        run_ok(&mut cmd);
+        let doc = read_json(&json);
+        let (mut all, mut whole) = (0, 0);
+        for s in doc["stacks"].as_array().unwrap() {
+            let calls = s["calls"].as_u64().unwrap();
+            if names(s).first().map(String::as_str) != Some("work") {
+                continue; // the C library's own, starting threads
+            }
+            all += calls;
+            let modules: Vec<&str> = s["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["module"].as_str().unwrap_or(""))
+                .collect();
+            if modules[1..] == ["libc.so.6", "libc.so.6"] {
+                whole += calls;
+            }
+        }
+        assert_eq!(all, 200_000, "4 threads x 50000");
+        assert!(whole * 100 >= all * 95, "{whole} of {all}");
+        assert_eq!(doc["lost"]["unwind_no_rule"], 0);
+    }
+);
