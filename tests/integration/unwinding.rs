@@ -4,15 +4,17 @@ use serde_json::Value;
 
 use crate::support::*;
 
+/// Unwinding on (off by default for now), unless the test's options size it.
+const UNWIND: [&str; 2] = ["--unwind-table-size", "1048576"];
+
 fn trace(tag: &str, bin: &std::path::Path, opts: &[&str]) -> Value {
     let json = json_path(tag);
     let mut cmd = heaptrace();
-    cmd.args(["--no-tui", "-q"])
-        .args(opts)
-        .arg("--json")
-        .arg(&json)
-        .arg("--")
-        .arg(bin);
+    cmd.args(["--no-tui", "-q"]);
+    if !opts.contains(&"--unwind-table-size") {
+        cmd.args(UNWIND);
+    }
+    cmd.args(opts).arg("--json").arg(&json).arg("--").arg(bin);
     run_ok(&mut cmd);
     read_json(&json)
 }
@@ -197,12 +199,16 @@ bpf_test!(
         }
         let json = json_path("unwind-python");
         let mut cmd = heaptrace();
-        cmd.args(["--no-tui", "-q", "--json"]).arg(&json).args([
-            "--",
-            "/usr/bin/python3",
-            "-c",
-            "import json\nx = [json.dumps({'a': i, 'b': [i] * 3}) for i in range(20000)]",
-        ]);
+        cmd.args(["--no-tui", "-q"])
+            .args(UNWIND)
+            .arg("--json")
+            .arg(&json)
+            .args([
+                "--",
+                "/usr/bin/python3",
+                "-c",
+                "import json\nx = [json.dumps({'a': i, 'b': [i] * 3}) for i in range(20000)]",
+            ]);
         run_ok(&mut cmd);
         let doc = read_json(&json);
         let (mut all, mut whole) = (0, 0);
@@ -227,7 +233,9 @@ bpf_test!(
         let bin = fixture("threadchurn", "-O2-nofp", &["-O2", "-fomit-frame-pointer"]);
         let json = json_path("unwind-threads");
         let mut cmd = heaptrace();
-        cmd.args(["--no-tui", "-q", "--json"])
+        cmd.args(["--no-tui", "-q"])
+            .args(UNWIND)
+            .arg("--json")
             .arg(&json)
             .arg("--")
             .arg(&bin)
