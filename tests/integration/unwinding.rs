@@ -143,6 +143,34 @@ bpf_test!(
 
 bpf_test!(
     shared,
+    /// A running process traced with -p: its entry is written before the probes go on.
+    fn a_running_process_gets_whole_stacks() {
+        use std::io::Write as _;
+        let mut cmd = std::process::Command::new(unwinddeep(false, false));
+        cmd.arg("wait");
+        let mut target = ready(cmd);
+        let json = json_path("unwind-pid");
+        let mut cmd = heaptrace();
+        cmd.args(["--no-tui", "-q", "--interval", "200ms"])
+            .args(UNWIND)
+            .arg("--json")
+            .arg(&json)
+            .args(["-p", &target.id().to_string()]);
+        let tracer = start_attached(&mut cmd);
+        let mut stdin = target.stdin.take().unwrap();
+        stdin.write_all(b"g").unwrap();
+        // Alive for a few rounds: its stacks are named from its mappings while it lives.
+        std::thread::sleep(std::time::Duration::from_millis(800));
+        drop(stdin);
+        assert!(target.wait().unwrap().success());
+        let (code, stderr) = tracer.wait();
+        assert_eq!(code, 0, "{stderr}");
+        check_whole(&read_json(&json));
+    }
+);
+
+bpf_test!(
+    shared,
     /// `--unwind-table-size 0` walks by frame pointer only: without them, a stack stops at
     /// the allocating function, its counts still exact.
     fn without_tables_a_walk_stops_where_frame_pointers_end() {

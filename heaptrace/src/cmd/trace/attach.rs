@@ -64,6 +64,18 @@ pub(super) fn attach(cli: &TraceArgs, provider: &Provider, scope: Scope) -> Resu
         opts.at_entry(),
         opts.reservations && !cli.syscall_tracepoints,
     )?;
+    // Taken before any probe is attached: a running process (`-p`) has its entry before its
+    // first allocation is seen, so none of them walks by frame pointer alone.
+    let mut unwind = opts
+        .unwinds()
+        .then(|| crate::unwind::loaded::Tables::take(&mut probes.ebpf))
+        .transpose()?;
+    // (A launched command is not running its own image yet: its tables come as it starts.)
+    if let (Some(t), Scope::Process(pid), Some(_)) = (&mut unwind, scope, cli.pid)
+        && let Ok(maps) = crate::targets::procfs::maps(pid)
+    {
+        t.sync(pid, &maps);
+    }
     probes.attach(provider, scope, cli.probe_at_entry)?;
     if let Scope::Process(pid) = scope
         && !probes.syscalls_probed()
@@ -76,10 +88,6 @@ pub(super) fn attach(cli: &TraceArgs, provider: &Provider, scope: Scope) -> Resu
         }
     }
     let maps = KernelMaps::take(&mut probes.ebpf)?;
-    let unwind = opts
-        .unwinds()
-        .then(|| crate::unwind::loaded::Tables::take(&mut probes.ebpf))
-        .transpose()?;
     Ok(Attached {
         first: probes.probe_count(),
         unwind,
