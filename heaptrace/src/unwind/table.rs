@@ -29,12 +29,13 @@ pub struct Stats {
     pub other: u32,
 }
 
-/// A loadable segment: file offset and size, and its virtual address.
+/// A loadable segment: file offset and size, its virtual address, and whether it is code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
     pub offset: u64,
     pub size: u64,
     pub vaddr: u64,
+    pub exec: bool,
 }
 
 /// A file's table.
@@ -69,12 +70,25 @@ impl FileTable {
 
     /// The bias of a mapping of this file at `start`, from file offset `offset`: run-time
     /// address less the file's virtual address. None where no segment holds the offset.
+    ///
+    /// A mapping begins at a page boundary, which may lie before its segment's offset (a
+    /// linker that does not align segments in the file, lld): the code segment whose pages
+    /// hold the offset is taken before any other that holds it.
     pub fn bias(&self, start: u64, offset: u64) -> Option<u64> {
+        const PAGE: u64 = 4096;
+        let holds = |s: &&Segment| {
+            let first = s.offset & !(PAGE - 1);
+            offset >= first && offset < s.offset.saturating_add(s.size.max(1))
+        };
         let s = self
             .segments
             .iter()
-            .find(|s| offset >= s.offset && offset - s.offset < s.size.max(1))?;
-        Some(start.wrapping_sub(s.vaddr.wrapping_add(offset - s.offset)))
+            .filter(|s| s.exec)
+            .find(holds)
+            .or_else(|| self.segments.iter().find(holds))?;
+        // The virtual address of the mapping's first byte.
+        let vaddr = s.vaddr.wrapping_add(offset).wrapping_sub(s.offset);
+        Some(start.wrapping_sub(vaddr))
     }
 
     /// The row that holds `pc` (a virtual address of the file), as the kernel finds it.
@@ -134,6 +148,8 @@ pub fn build(data: &[u8]) -> Result<FileTable, TableError> {
                 offset,
                 size,
                 vaddr: s.address(),
+                exec: matches!(s.flags(), object::SegmentFlags::Elf { p_flags }
+                    if p_flags & object::elf::PF_X != 0),
             }
         })
         .collect();

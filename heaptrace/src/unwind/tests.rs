@@ -120,20 +120,32 @@ fn libc_rows_start_each_function_at_rsp_plus_8_and_end_at_start() {
 
 #[test]
 fn the_bias_comes_from_the_segment_that_holds_the_mapping() {
+    let seg = |offset, size, vaddr, exec| super::table::Segment {
+        offset,
+        size,
+        vaddr,
+        exec,
+    };
     let t = FileTable {
-        segments: vec![super::table::Segment {
-            offset: 0x1000,
-            size: 0x5000,
-            vaddr: 0x401000,
-        }],
+        segments: vec![seg(0x1000, 0x5000, 0x401000, true)],
         ..FileTable::default()
     };
     assert_eq!(t.bias(0x401000, 0x1000), Some(0));
-    assert_eq!(
-        t.bias(0x7f00_0000_2000, 0x2000),
-        Some(0x7f00_0000_2000 - 0x402000)
-    );
+    let start = 0x7f00_0000_2000;
+    assert_eq!(t.bias(start, 0x2000), Some(start - 0x402000));
     assert_eq!(t.bias(0x1000, 0x9000), None);
+    // lld: segments not aligned in the file, code a page above its file offset. The code
+    // mapping begins at its page (0x12000), which the read-only segment holds too.
+    let t = FileTable {
+        segments: vec![
+            seg(0, 0x1298c, 0, false),
+            seg(0x12990, 0x3cbe0, 0x13990, true),
+        ],
+        ..FileTable::default()
+    };
+    let start = 0x5555_5556_6000;
+    assert_eq!(t.bias(start, 0x12000), Some(start - 0x13000));
+    assert_eq!(t.bias(0x5555_5555_4000, 0), Some(0x5555_5555_4000));
 }
 
 #[test]
