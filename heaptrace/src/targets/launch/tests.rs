@@ -12,6 +12,12 @@ fn run(argv: &[&str]) -> (Vec<Event>, u32) {
             assert!(maps.contains("libc.so.6"), "{maps}");
             let _ = child.ack.send(());
         }
+        if e == Event::Started {
+            // Held at its loader's thread set-up: its libraries are mapped.
+            let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.pid)).unwrap();
+            assert!(maps.contains("libc.so.6"), "{maps}");
+            let _ = child.ack.send(());
+        }
         if e == Event::Exec {
             // Held before its first instruction: the loader is mapped, libc not yet.
             let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.pid)).unwrap();
@@ -33,13 +39,25 @@ fn run(argv: &[&str]) -> (Vec<Event>, u32) {
 #[test]
 fn runs_a_command_held_at_exit_and_reports_its_exit_code() {
     let (events, _) = run(&["sh", "-c", "exit 7"]);
-    assert_eq!(events, vec![Event::Exiting, Event::Exited(7)]);
+    assert_eq!(
+        events,
+        vec![Event::Started, Event::Exiting, Event::Exited(7)]
+    );
 }
 
 #[test]
 fn holds_a_command_at_each_exec_after_its_own() {
     let (events, _) = run(&["sh", "-c", "exec sh -c 'exit 3'"]);
-    assert_eq!(events, vec![Event::Exec, Event::Exiting, Event::Exited(3)]);
+    assert_eq!(
+        events,
+        vec![
+            Event::Started,
+            Event::Exec,
+            Event::Started,
+            Event::Exiting,
+            Event::Exited(3)
+        ]
+    );
 }
 
 #[test]
@@ -64,7 +82,7 @@ fn redirects_output_to_a_file_and_input_from_dev_null() {
     let mut code = None;
     while let Some(e) = child.events.blocking_recv() {
         match e {
-            Event::Exiting | Event::Exec => {
+            Event::Exiting | Event::Exec | Event::Started => {
                 let _ = child.ack.send(());
             }
             Event::Exited(c) => {
