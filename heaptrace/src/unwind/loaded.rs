@@ -5,7 +5,6 @@
 //! back when no process maps it.
 use std::{
     collections::HashMap,
-    io::Read as _,
     os::unix::fs::MetadataExt as _,
     time::{Duration, Instant},
 };
@@ -265,11 +264,13 @@ impl Tables {
             segments: Vec::new(),
             users: 0,
         };
-        let Some(data) = read_bounded(path) else {
+        let Some(file) = open_bounded(path) else {
             self.stats.unusable += 1;
             return unusable;
         };
-        let built = table::build(&data);
+        // Only the headers and the unwind sections are read, not the whole file.
+        let cache = object::ReadCache::new(file);
+        let built = table::build(&cache);
         self.stats.read += 1;
         self.stats.build += start.elapsed();
         let t = match built {
@@ -324,16 +325,11 @@ impl Tables {
     }
 }
 
-/// The file at `path`, read whole if it is a regular file no larger than [`MAX_FILE_BYTES`].
-fn read_bounded(path: &str) -> Option<Vec<u8>> {
+/// The file at `path`, if it is a regular file no larger than [`MAX_FILE_BYTES`].
+fn open_bounded(path: &str) -> Option<std::fs::File> {
     let f = std::fs::File::open(path).ok()?;
     let meta = f.metadata().ok()?;
-    if !meta.is_file() || meta.size() > MAX_FILE_BYTES {
-        return None;
-    }
-    let mut data = Vec::with_capacity(meta.size() as usize);
-    f.take(MAX_FILE_BYTES).read_to_end(&mut data).ok()?;
-    Some(data)
+    (meta.is_file() && meta.size() <= MAX_FILE_BYTES).then_some(f)
 }
 
 /// The bias of mapping `m`: run-time address less the file's virtual address.

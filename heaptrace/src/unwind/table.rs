@@ -109,14 +109,19 @@ struct Fde {
     fp: bool,
 }
 
-/// Builds the table of the ELF file `data`.
-pub fn build(data: &[u8]) -> Result<FileTable, TableError> {
+/// Unwind sections larger than this are not read (python3's `.eh_frame`: 400 KiB).
+const MAX_SECTION_BYTES: u64 = 256 << 20;
+
+/// Builds the table of the ELF file `data`: bytes in memory, or a file read through
+/// `object::ReadCache`, of which only the headers and the unwind sections are then read.
+pub fn build<'a, R: object::ReadRef<'a>>(data: R) -> Result<FileTable, TableError> {
     let file = object::File::parse(data).map_err(|e| TableError::Elf(e.to_string()))?;
+    let bounded = |s: &object::Section<'a, '_, R>| s.size() <= MAX_SECTION_BYTES;
     let mut stats = Stats::default();
     let mut fdes = Vec::new();
     let addr = |name: &str| file.section_by_name(name).map_or(0, |s| s.address());
     let mut found = false;
-    if let Some(eh) = file.section_by_name(".eh_frame")
+    if let Some(eh) = file.section_by_name(".eh_frame").filter(bounded)
         && let Ok(bytes) = eh.data()
     {
         found = true;
@@ -129,7 +134,7 @@ pub fn build(data: &[u8]) -> Result<FileTable, TableError> {
             .set_got(addr(".got"));
         collect(&section, &bases, &mut fdes, &mut stats);
     }
-    if let Some(debug) = file.section_by_name(".debug_frame")
+    if let Some(debug) = file.section_by_name(".debug_frame").filter(bounded)
         && let Ok(bytes) = debug.data()
     {
         found = true;

@@ -47,7 +47,7 @@ fn rule(r: Row) -> (u8, u16, u8) {
 #[test]
 fn without_frame_pointers_the_cfa_follows_rsp_through_the_function() {
     let data = fixture_lib(&["-fomit-frame-pointer"], "nofp");
-    let t = build(&data).unwrap();
+    let t = build(&data[..]).unwrap();
     assert!(!t.frame_pointers(), "{:?}", t.stats);
     let f = symbol(&data, "lib_alloc");
     // sub $0x38,%rsp; the call; add $0x38,%rsp; ret.
@@ -70,7 +70,7 @@ fn without_frame_pointers_the_cfa_follows_rsp_through_the_function() {
 #[test]
 fn with_frame_pointers_the_cfa_is_rbp_and_the_module_walks_by_frame_pointer() {
     let data = fixture_lib(&["-fno-omit-frame-pointer"], "fp");
-    let t = build(&data).unwrap();
+    let t = build(&data[..]).unwrap();
     assert!(t.frame_pointers(), "{:?}", t.stats);
     let f = symbol(&data, "lib_down");
     assert_eq!(rule(t.row_for(f).unwrap()), rsp(1));
@@ -99,7 +99,7 @@ fn libc_rows_start_each_function_at_rsp_plus_8_and_end_at_start() {
     .find(|p| std::path::Path::new(p).exists())
     .expect("the host's libc");
     let data = std::fs::read(path).unwrap();
-    let t = build(&data).unwrap();
+    let t = build(&data[..]).unwrap();
     assert!(!t.frame_pointers(), "{:?}", t.stats);
     for f in ["malloc", "free", "qsort", "fopen"] {
         assert_eq!(rule(t.row_for(symbol(&data, f)).unwrap()), rsp(1), "{f}");
@@ -109,6 +109,9 @@ fn libc_rows_start_each_function_at_rsp_plus_8_and_end_at_start() {
     assert!(t.rows.windows(2).all(|w| rule(w[0]) != rule(w[1])));
     // clone3's child marks its return address undefined: the end of a thread's stack.
     assert!(t.rows.iter().any(|r| r.kind == kind::END), "{:?}", t.stats);
+    // Read through a cache (headers and unwind sections only), as the daemon reads files.
+    let cache = object::ReadCache::new(std::fs::File::open(path).unwrap());
+    assert_eq!(build(&cache).unwrap().rows, t.rows);
     // Mostly rules the kernel follows.
     let followed = t.rows.iter().filter(|r| r.kind != kind::NONE).count();
     assert!(
@@ -150,10 +153,13 @@ fn the_bias_comes_from_the_segment_that_holds_the_mapping() {
 
 #[test]
 fn bytes_that_are_not_elf_are_an_error_not_a_panic() {
-    assert!(matches!(build(b"\x7fELF garbage"), Err(TableError::Elf(_))));
-    assert!(matches!(build(&[]), Err(TableError::Elf(_))));
+    assert!(matches!(
+        build(&b"\x7fELF garbage"[..]),
+        Err(TableError::Elf(_))
+    ));
+    assert!(matches!(build(&[][..]), Err(TableError::Elf(_))));
     // An ELF header whose sections lie beyond the file.
     let mut data = std::fs::read("/proc/self/exe").unwrap();
     data.truncate(4096);
-    let _ = build(&data);
+    let _ = build(&data[..]);
 }
