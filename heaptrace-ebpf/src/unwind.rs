@@ -39,6 +39,9 @@ pub fn module(pm: &ProcModules, pc: u64) -> Option<&Module> {
     // The last entry with start <= pc is in [base, base + len).
     let (mut base, mut len) = (0u64, count);
     for _ in 0..MODULE_STEPS {
+        if len <= 1 {
+            break;
+        }
         let half = len / 2;
         let m = pm.modules.get((base + half) as usize)?;
         base += half * at_most(m.start, pc);
@@ -58,6 +61,11 @@ pub fn row(m: &Module, pc: u64) -> Option<Row> {
     // The last row with pc <= rel is in [base, base + len).
     let (mut base, mut len) = (u64::from(m.first), u64::from(m.rows));
     for _ in 0..ROW_STEPS {
+        // Done: a small table takes a few steps. An exit, not a fork: the verifier follows
+        // each step's exit once.
+        if len <= 1 {
+            break;
+        }
         let half = len / 2;
         let r = UNWIND_ROWS.get((base + half) as u32)?;
         base += half * at_most(u64::from(r.pc), rel);
