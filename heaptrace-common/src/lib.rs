@@ -434,11 +434,38 @@ impl Loss {
     }
 }
 
-/// A process started (exec), from the scheduler's tracepoint.
+/// A process's live heap as the kernel keeps it at each tracked allocation and release, and
+/// the highest it reached, with the allocation that reached it (`maps::PEAKS`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcPeak {
+    /// Live bytes now (wrapping adds: a release is an add of the negated size).
+    pub live: u64,
+    /// The highest `live` reached.
+    pub max: u64,
+    /// The size and stack id ([`NO_SITE`] outside stacks mode) of the allocation that
+    /// reached `max`.
+    pub max_size: u64,
+    pub max_stack: i32,
+    pub epoch: u32,
+}
+
+impl ProcPeak {
+    pub const ZERO: ProcPeak = ProcPeak {
+        live: 0,
+        max: 0,
+        max_size: 0,
+        max_stack: NO_SITE,
+        epoch: 0,
+    };
+}
+
+/// A process started (exec) or forked (followed processes only), from the scheduler's
+/// tracepoints.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProcEvent {
-    /// [`PROC_EXEC`].
+    /// [`PROC_EXEC`] or [`PROC_FORK`].
     pub kind: u32,
     pub tgid: u32,
     /// Its cgroup (v2) id, read in the kernel: a process may be gone before user space could
@@ -449,6 +476,9 @@ pub struct ProcEvent {
 }
 
 pub const PROC_EXEC: u32 = 1;
+/// A followed process forked ([`globals::FOLLOW_FORKS`]): `tgid` is the new process, `comm`
+/// and `cgroup_id` its parent's, which it has until it execs.
+pub const PROC_FORK: u32 = 2;
 
 /// The memory syscalls heaptrace follows (x86-64 numbers), and the kinds of [`MemEvent`].
 pub mod mem {
@@ -534,6 +564,14 @@ pub mod maps {
     pub const MEMEVENTS: &str = "MEMEVENTS";
     pub const EXECS: &str = "EXECS";
     pub const CGROUP_VERDICTS: &str = "CGROUP_VERDICTS";
+    /// The followed processes (tgid -> the tgid that forked it, or itself for a root), under
+    /// [`super::globals::FOLLOW_FORKS`].
+    pub const FOLLOWED: &str = "FOLLOWED";
+    /// Each process's live heap and its highest ([`super::ProcPeak`]), by tgid.
+    pub const PEAKS: &str = "PEAKS";
+    /// One u32: 1 while the programs count, 0 before every probe is in place and from the
+    /// start of the detach (see heaptrace's `probe::Probes::enable`).
+    pub const COUNTING: &str = "COUNTING";
     pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
     pub const UNWIND_PROCS: &str = "UNWIND_PROCS";
 }
@@ -593,6 +631,13 @@ pub mod globals {
     /// `--all --cgroup`: 1 when the kernel judges threads by their cgroup, from the verdicts
     /// user space puts in `maps::CGROUP_VERDICTS` (see [`super::filter`]).
     pub const CGROUP_FILTER: &str = "CGROUP_FILTER";
+    /// 1 when only the processes in `maps::FOLLOWED` are traced, and each one they fork is
+    /// added there at its fork (`-- CMD`, `-p PID --follow-forks`).
+    pub const FOLLOW_FORKS: &str = "FOLLOW_FORKS";
+    /// Byte offsets of `pid` and `tgid` in the running kernel's `task_struct`: the fork
+    /// program reads the new task's.
+    pub const TASK_PID: &str = "TASK_PID";
+    pub const TASK_TGID: &str = "TASK_TGID";
     /// 1 when the programs' [`super::preempt`] placeholders were rewritten into calls of the
     /// kernel's `bpf_preempt_disable`/`bpf_preempt_enable`: a program counts on its CPU with
     /// plain adds between them. 0: they are no-ops and every add is atomic.
@@ -651,6 +696,7 @@ mod pod {
     unsafe impl aya::Pod for keyed::SiteSlot {}
     unsafe impl aya::Pod for keyed::SizeSlot {}
     unsafe impl aya::Pod for InFlight {}
+    unsafe impl aya::Pod for ProcPeak {}
     unsafe impl aya::Pod for InFlightSlot {}
     unsafe impl aya::Pod for SiteKey {}
     unsafe impl aya::Pod for StoredStack {}

@@ -67,6 +67,9 @@ fn by_cgroup() -> bool {
 /// thread that only frees is judged once too.
 #[inline(always)]
 pub fn excluded(id: u64) -> bool {
+    if crate::forks::following() {
+        return crate::forks::excluded(id);
+    }
     if !by_name() && !by_cgroup() {
         return false;
     }
@@ -93,6 +96,13 @@ pub fn excluded(id: u64) -> bool {
             .copied()
             .unwrap_or(UNKNOWN);
     }
+    keep_verdict(id, f, verdict, cgroup);
+    verdict == EXCLUDED || verdict == EXCLUDED_CGROUP
+}
+
+/// Keeps a thread's verdict in its record, making one for a thread that has none.
+#[inline(always)]
+pub fn keep_verdict(id: u64, f: Option<&mut InFlight>, verdict: u32, cgroup: u64) {
     match f {
         Some(f) => {
             f.verdict = verdict;
@@ -112,7 +122,6 @@ pub fn excluded(id: u64) -> bool {
             }
         }
     }
-    verdict == EXCLUDED || verdict == EXCLUDED_CGROUP
 }
 
 /// An exec gives the process a new name (and often comes right after a move to another

@@ -12,11 +12,13 @@
 #![feature(core_intrinsics)]
 
 mod filter;
+mod forks;
 mod inflight;
 mod keyed;
 mod live;
 mod maps;
 mod mem;
+mod peak;
 mod preempt;
 mod procs;
 mod sites;
@@ -40,7 +42,7 @@ use heaptrace_common::{
 };
 
 use crate::{
-    maps::{INFLIGHT, LIVE, add, calls_mode, lose, mode, proc_counters, self_tgid},
+    maps::{INFLIGHT, LIVE, add, calls_mode, counting, lose, mode, proc_counters, self_tgid},
     preempt::{Atomic, Count, PreemptOff},
 };
 
@@ -73,6 +75,9 @@ fn entry_sp(ctx: &ProbeContext, cookie: u64) -> u64 {
 /// means the recorded call's return was never seen; the stale record is replaced.
 #[inline(always)]
 fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64> {
+    if !counting() {
+        return Ok(()); // before every link is in place, or detaching: see maps::COUNTING
+    }
     if mode() == mode::BARE {
         maps::bare_count(0);
         return Ok(());
@@ -269,6 +274,11 @@ pub fn pvalloc_entry(ctx: ProbeContext) -> u32 {
 /// One return program for every allocating function: the in-flight record says which one.
 #[uretprobe]
 pub fn alloc_return(ctx: RetProbeContext) -> u32 {
+    // Also here, not only at the entry: a call entered before the detach began and returning
+    // after it could be handed an address whose free was let pass, and count it twice.
+    if !counting() {
+        return 0;
+    }
     if mode() == mode::BARE {
         sites::bare_stack(&ctx);
         return 0;
@@ -445,6 +455,7 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64, (stack_id, whole): (i32, bool
     }
     call.count.add(&mut call.pc.live_blocks, 1);
     call.count.add(&mut call.pc.live_bytes, size);
+    peak::grew(call.tgid, call.epoch, size, stack_id);
 }
 
 /// Forgets a block; returns its size if it was known (never in calls mode: no live map).
@@ -479,6 +490,7 @@ fn untrack(
     };
     c.add(&mut pc.live_blocks, u64::MAX); // -1, wrapping
     c.add(&mut pc.live_bytes, block.size.wrapping_neg());
+    peak::shrank(tgid, block.size);
     if block.stack_id != NO_SITE {
         sites::released(c, tgid, epoch, &block, freer);
     }
@@ -522,6 +534,9 @@ fn realloc_return(call: &mut Call<'_>, rec: InFlight, ret: u64) -> Option<u64> {
 
 #[uprobe]
 pub fn free_entry(ctx: ProbeContext) -> u32 {
+    if !counting() {
+        return 0;
+    }
     if mode() == mode::BARE {
         maps::bare_count(2);
         return 0;

@@ -340,6 +340,18 @@ pub static LATENCY_LEFT: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 #[map(name = "LOG2_TABLE")]
 pub static LOG2_TABLE: Array<u64> = Array::with_max_entries(sampling::TABLE_LEN as u32, 0);
 
+/// The switch every allocator program reads first (`heaptrace_common::maps::COUNTING`): user
+/// space turns it on once every link is in place, and off before the first is removed, so that
+/// no allocation is counted whose release the attach or detach order lets pass unseen.
+#[map(name = "COUNTING")]
+pub static COUNTING: Array<u32> = Array::with_max_entries(1, 0);
+
+#[inline(always)]
+pub fn counting() -> bool {
+    // An array lookup the verifier inlines: a bounds check and a load.
+    COUNTING.get(0).is_some_and(|on| *on != 0)
+}
+
 /// Memory syscalls of traced processes between entry and exit, by thread id.
 #[map(name = "MEMCALLS")]
 pub static MEMCALLS: HashMap<u32, MemCall> = HashMap::with_max_entries(4096, 0);

@@ -55,6 +55,7 @@ fn restart(tgid: u32) {
         lose(Loss::ProcessMap);
     }
     let _ = PROCS.remove(tgid);
+    crate::peak::exec(tgid);
     if reservations() {
         // In the memory events' own order: user space drops the earlier image's mappings and
         // break exactly between its events and the new image's.
@@ -68,6 +69,9 @@ pub fn on_exec(ctx: RawTracePointContext) -> i32 {
     let watched = watch_tgid();
     if watched != 0 && tgid != watched {
         return 0; // one process traced: the host's other execs are not its business
+    }
+    if crate::forks::following() && !crate::forks::followed(tgid) {
+        return 0; // a process tree traced: likewise
     }
     if tgid != self_tgid() {
         restart(tgid);

@@ -5,16 +5,27 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::run_info::{Floor, Mode};
 
+mod examples;
+pub mod suggest;
+
 /// Tracing is the default command, given by its flags alone; other commands are subcommands.
 /// `args_conflicts_with_subcommands` keeps the two apart: `heaptrace -p 1` traces,
 /// `heaptrace probes -p 1` does not, and `heaptrace -- probes` launches a program named probes.
+/// Help is wrapped at 80 columns; `-h` shows each option's first line, `--help` all of it.
 #[derive(Parser, Debug)]
 #[command(
     name = "heaptrace",
     version,
     about = "Trace every malloc-family call of live processes with eBPF uprobes",
-    after_help = "Examples:\n  heaptrace -p 1234\n  heaptrace -- ./prog args\n  heaptrace --all --json out.json\n  heaptrace probes -p 1234",
-    args_conflicts_with_subcommands = true
+    long_about = "Trace every malloc-family call of live processes with eBPF uprobes.\n\n\
+                  Attach to a running process (-p), launch a command (-- CMD) or watch every \
+                  process on the host (--all): exact calls, bytes, sizes, live blocks and \
+                  leaks per function and per call site, in a live view, round lines, a JSON \
+                  document or a recording for `heaptrace report`. Needs root (or CAP_BPF and \
+                  CAP_PERFMON).",
+    after_help = examples::TRACE,
+    args_conflicts_with_subcommands = true,
+    max_term_width = 80
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -31,6 +42,15 @@ pub struct TraceArgs {
     #[arg(short, long, value_name = "PID", conflicts_with_all = ["all", "command"])]
     pub pid: Option<u32>,
 
+    /// With -p or a command: also trace the processes it forks (and -p's forked already).
+    ///
+    /// Each from its first call, as its own process. The probes then sit in every process that
+    /// maps the allocator's file, as with --all, and the kernel counts only the traced tree:
+    /// every other process on the host pays a trap per call while it runs (an unrelated loop of
+    /// 1,000,000 malloc+free pairs took 1.43 s instead of 6 ms here). Off by default for that.
+    #[arg(long, conflicts_with = "all")]
+    pub follow_forks: bool,
+
     /// Trace every process on the host that uses the host's libc.
     #[arg(long, conflicts_with = "command")]
     pub all: bool,
@@ -39,12 +59,16 @@ pub struct TraceArgs {
     #[arg(long, requires = "all", value_name = "NAME")]
     pub comm: Option<String>,
 
-    /// With --all: ended processes kept one by one; older ones are folded into one,
-    /// `[N exited processes]`, whose sites are their stacks by frames (bounded memory).
+    /// With --all: ended processes kept one by one.
+    ///
+    /// Older ones are folded into one, `[N exited processes]`, whose sites are their stacks by
+    /// frames (bounded memory).
     #[arg(long, default_value_t = 1000, value_name = "N")]
     pub keep_exited: usize,
 
-    /// With --all: only processes whose cgroup path contains this (a container's, a unit's).
+    /// With --all: only processes whose cgroup path contains this.
+    ///
+    /// A container's or a systemd unit's cgroup, judged in the kernel.
     #[arg(long, requires = "all", value_name = "PATH")]
     pub cgroup: Option<String>,
 
@@ -52,27 +76,31 @@ pub struct TraceArgs {
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub interval: Duration,
 
-    /// Print a line per round and a final summary instead of the live view (the default when
-    /// stdout is not a terminal).
+    /// Round lines and a summary instead of the live view.
+    ///
+    /// The default when stdout is not a terminal, or heaptrace is not in its foreground.
     #[arg(long)]
     pub no_tui: bool,
 
-    /// Where a launched command's stdout and stderr go. With the live view they go to
-    /// /dev/null unless this is given (and its stdin is /dev/null); without it, they stay
-    /// heaptrace's.
+    /// Where a launched command's stdout and stderr go.
+    ///
+    /// With the live view they go to /dev/null unless this is given (and its stdin is
+    /// /dev/null); without the view, they stay heaptrace's.
     #[arg(long, value_name = "FILE")]
     pub command_output: Option<std::path::PathBuf>,
 
-    /// Do not print the per-round lines (the final summary is still printed).
+    /// No round lines, only the final summary.
     #[arg(short, long)]
     pub quiet: bool,
 
-    /// Write a JSON document at exit to FILE ("-" for stdout).
+    /// Write the JSON document at exit to FILE ("-": stdout).
     #[arg(long, value_name = "FILE")]
     pub json: Option<String>,
 
-    /// Replace a file (or a symbolic link, never followed) already at an output path:
-    /// `record -o`, --json, --command-output. Without it, heaptrace refuses to start.
+    /// Replace a file already at an output path.
+    ///
+    /// `record -o`, --json, --command-output. Without it, heaptrace refuses to start. A
+    /// symbolic link there is replaced, never followed.
     #[arg(long)]
     pub force: bool,
 
@@ -85,20 +113,22 @@ pub struct TraceArgs {
     #[arg(long, value_enum, hide = true)]
     pub floor: Option<Floor>,
 
-    /// Stacks mode: sample allocations, on average one per N bytes allocated (a Poisson
-    /// process over the allocated bytes, as tcmalloc and jemalloc sample). Only sampled
-    /// allocations pay for a stack and a live-map entry; per-function counts and the size
-    /// histogram stay exact, per-site, live and leak figures become unbiased estimates.
-    /// 0 (the default) samples every allocation.
+    /// Stacks mode: sample one allocation per N bytes allocated.
+    ///
+    /// A Poisson process over the allocated bytes, as tcmalloc and jemalloc sample. Only
+    /// sampled allocations pay for a stack and a live-map entry; per-function counts and the
+    /// size histogram stay exact, per-site, live and leak figures become unbiased estimates.
+    /// 0 (the default) takes every allocation.
     #[arg(long, default_value_t = 0, value_name = "N",
           value_parser = crate::probe::sampling::parse_sample_bytes)]
     pub sample_bytes: u64,
 
-    /// Sizes and stacks modes: time one allocating call in N, on average, for the per-function
-    /// latency percentiles and, in stacks mode, the lifetime percentiles of its block (the
-    /// gaps between timed calls are random, mean N). Reading the clock twice a call is most of
-    /// what sizes mode costs beyond counts mode; 1 times every call. Counts and temporaries
-    /// are exact whatever N.
+    /// Sizes and stacks modes: time one allocating call in N.
+    ///
+    /// For the per-function latency percentiles and, in stacks mode, the lifetime percentiles
+    /// of its block (the gaps between timed calls are random, mean N). Reading the clock twice
+    /// a call is most of what sizes mode costs beyond counts mode; 1 times every call. Counts
+    /// and temporaries are exact whatever N.
     #[arg(long, default_value_t = 16, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
     pub latency_every: u32,
@@ -107,13 +137,22 @@ pub struct TraceArgs {
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub top: usize,
 
+    /// Name frames in full in the summary's site tables.
+    ///
+    /// They elide template arguments and parameters by default (`Pool<…>::make(…)`); the
+    /// JSON document always has the full names.
+    #[arg(long)]
+    pub full_names: bool,
+
+    /// What counts as temporary.
+    ///
     /// A block freed by the thread that allocated it, with fewer than N of that thread's
-    /// allocations in between, is temporary (heaptrack's and memray's rule; 1: none between).
+    /// allocations in between (heaptrack's and memray's rule; 1: none between).
     #[arg(long, default_value_t = 1, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub temporary_allocs: u32,
 
-    /// Frames kept per stack, innermost first (a walk keeps at most 127).
+    /// Frames kept per stack, innermost first (at most 127).
     #[arg(long, default_value_t = 127, value_name = "FRAMES",
           value_parser = clap::value_parser!(u32).range(1..=127))]
     pub stack_depth: u32,
@@ -130,19 +169,23 @@ pub struct TraceArgs {
     #[arg(long, default_value_t = 16384, value_name = "STACKS")]
     pub stack_map_size: u32,
 
-    /// Capacity of the kernel's site map ((process, stack, function) entries). Default: 1.5
-    /// times --stack-map-size (each stack it holds, and the callers of allocations whose whole
-    /// stack it could not take), or less on hosts with many CPUs (the map is per CPU and
-    /// preallocated; 64 MiB budget).
+    /// Capacity of the site map ((process, stack, function) entries).
+    ///
+    /// Default: 1.5 times --stack-map-size (each stack it holds, and the callers of
+    /// allocations whose whole stack it could not take), or less on hosts with many CPUs (the
+    /// map is per CPU and preallocated; 64 MiB budget).
     #[arg(long, value_name = "SITES")]
     pub site_map_size: Option<u32>,
 
-    /// Capacity of the kernel's live-allocation map (blocks tracked at once), with slots for
-    /// a sixteenth more in front of it.
+    /// Capacity of the live-block map (blocks tracked at once).
+    ///
+    /// Slots for a sixteenth more stand in front of it.
     #[arg(long, default_value_t = 1 << 20, value_name = "BLOCKS")]
     pub live_map_size: u32,
 
-    /// Capacity of the exact size histogram ((process, function, size, stack) entries).
+    /// Capacity of the size histogram map.
+    ///
+    /// Its entries are (process, function, size, stack).
     #[arg(long, default_value_t = 65536, value_name = "ENTRIES")]
     pub size_map_size: u32,
 
@@ -150,15 +193,17 @@ pub struct TraceArgs {
     #[arg(short, long)]
     pub verbose: bool,
 
-    /// Put every entry probe at its function's first instruction, even where a later one
-    /// would cost the target less (see `heaptrace probes`).
+    /// Put every entry probe at its function's first instruction.
+    ///
+    /// Even where a later one would cost the target less (see `heaptrace probes`).
     #[arg(long)]
     pub probe_at_entry: bool,
 
-    /// Do not trace the memory behind malloc (mmap, munmap, mremap, brk). It is traced with a
-    /// probe in each syscall's libc wrapper, or, where the allocator's file has no such
-    /// wrappers, with two syscall tracepoints, which add about 0.15 us to every syscall of
-    /// every process on the host.
+    /// Do not trace the memory behind malloc (mmap, munmap, mremap, brk).
+    ///
+    /// It is traced with a probe in each syscall's libc wrapper, or, where the allocator's
+    /// file has no such wrappers, with two syscall tracepoints, which add about 0.15 us to
+    /// every syscall of every process on the host.
     #[arg(long)]
     pub no_reservations: bool,
 
@@ -167,16 +212,19 @@ pub struct TraceArgs {
     #[arg(long, hide = true)]
     pub syscall_tracepoints: bool,
 
-    /// At the end, show each of heaptrace's kernel programs' runs and mean run time (the
-    /// kernel's BPF statistics, as bpftop shows them): what the probes' own work costs, traps
-    /// aside. Counting adds two clock reads to every run of every BPF program on the host.
+    /// At the end, each kernel program's runs and mean run time.
+    ///
+    /// The kernel's BPF statistics, as bpftop shows them: what the probes' own work costs,
+    /// traps aside. Counting adds two clock reads to every run of every BPF program on the
+    /// host.
     #[arg(long)]
     pub probe_stats: bool,
 
-    /// Probe a custom allocator instead of the malloc family: `prefix:PFX` (PFXmalloc,
-    /// PFXfree, ...), `rust` (__rust_alloc, __rust_dealloc, __rust_realloc,
-    /// __rust_alloc_zeroed) or `FUNC=SYMBOL,...` (e.g. malloc=my_alloc,free=my_free). With -p
-    /// or a command; malloc and free are required.
+    /// Probe a custom allocator instead of the malloc family.
+    ///
+    /// `prefix:PFX` (PFXmalloc, PFXfree, ...), `rust` (__rust_alloc, __rust_dealloc,
+    /// __rust_realloc, __rust_alloc_zeroed) or `FUNC=SYMBOL,...` (e.g.
+    /// malloc=my_alloc,free=my_free). With -p or a command; malloc and free are required.
     #[arg(long, value_name = "SPEC", value_parser = crate::targets::custom_symbols::parse,
           conflicts_with = "all")]
     pub allocator_symbols: Option<crate::targets::custom_symbols::Custom>,
@@ -210,11 +258,37 @@ pub struct TraceArgs {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Show where each probe would go and why; attaches nothing.
+    #[command(after_help = examples::PROBES, max_term_width = 80)]
     Probes(ProbesArgs),
     /// Trace like `heaptrace` does and write every round to a recording.
+    #[command(after_help = examples::RECORD, max_term_width = 80)]
     Record(RecordArgs),
     /// Answer questions about a recording: views, exports, comparisons.
+    #[command(after_help = examples::REPORT, max_term_width = 80)]
     Report(ReportArgs),
+    /// Count what glibc's heap holds now: a running process's or a core file's.
+    #[command(after_help = examples::HEAP, max_term_width = 80)]
+    Heap(HeapArgs),
+    /// Print a shell completion script.
+    #[command(after_help = examples::COMPLETIONS, max_term_width = 80)]
+    Completions(CompletionsArgs),
+    /// Print the manual page (roff).
+    #[command(after_help = examples::MAN, max_term_width = 80)]
+    Man(ManArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Args, Debug)]
+pub struct ManArgs {
+    /// The command whose page to print (record, report, probes...); none: heaptrace's.
+    #[arg(value_name = "COMMAND")]
+    pub command: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -238,7 +312,7 @@ pub enum View {
     Histogram,
     /// The stacks that allocated exactly --size bytes.
     Filter,
-    /// The call tree of allocation sites (callers below callees; --reverse for main down).
+    /// The call tree of allocation sites (--reverse: from main down).
     Tree,
     /// The sites with the most calls and the most bytes.
     Hotspots,
@@ -250,8 +324,7 @@ pub enum View {
     Temporary,
     /// The highest live heap and the sites that held it.
     Peak,
-    /// The memory behind malloc: what allocators reserved (heap, arenas, mmapped blocks) and
-    /// which sites made them, beside live requested bytes, RSS and VIRT.
+    /// The memory behind malloc: what allocators reserved, and which sites made them.
     Memory,
 }
 
@@ -279,6 +352,8 @@ pub enum Export {
     Svg,
     /// Valgrind massif's text format, for ms_print.
     Massif,
+    /// One self-contained HTML page (charts, flame graph, tables) to open offline.
+    Html,
 }
 
 #[derive(Args, Debug)]
@@ -291,6 +366,7 @@ pub struct ReportArgs {
     #[arg(value_enum, default_value = "overview")]
     pub view: View,
 
+    /// Text for people, JSON for programs.
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
 
@@ -310,13 +386,24 @@ pub struct ReportArgs {
     #[arg(long, value_enum, default_value = "bytes")]
     pub by: FlameBy,
 
-    /// Show function names only (no file:line, no parameters).
-    #[arg(long)]
+    /// Name frames by their qualified function name only.
+    ///
+    /// No return type, template arguments, parameters or file:line:
+    /// `std::vector::_M_realloc_insert`.
+    #[arg(long, conflicts_with = "full_names")]
     pub just_function_name: bool,
 
-    /// Replace template and generic arguments with `<...>`.
-    #[arg(long)]
+    /// Elide template arguments and parameters: `Pool<…>::make(…)`.
+    ///
+    /// The default of the text views; for JSON and the exports, which keep names whole
+    /// otherwise.
+    #[arg(long, conflicts_with = "full_names")]
     pub shorten_templates: bool,
+
+    /// Name frames in full in the text views too (they elide template arguments and
+    /// parameters by default).
+    #[arg(long)]
+    pub full_names: bool,
 
     /// Only this process.
     #[arg(long, value_name = "PID")]
@@ -331,10 +418,13 @@ pub struct ReportArgs {
     pub to: Option<Duration>,
 
     /// Compare with another recording, per site.
+    ///
+    /// With the views overview and hotspots (ordered by the change in bytes allocated) or
+    /// leaks (by the change in bytes leaked); FILE is the before, B.bin the after.
     #[arg(long, value_name = "B.bin")]
     pub diff: Option<std::path::PathBuf>,
 
-    /// Symbolize the stored (module, offset) locations again, e.g. after installing debug info.
+    /// Symbolize the stored locations again (after installing debug info).
     #[arg(long)]
     pub resymbolize: bool,
 
@@ -349,6 +439,49 @@ pub struct ReportArgs {
     /// Replace a file (or a symbolic link, never followed) already at -o.
     #[arg(long)]
     pub force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct HeapArgs {
+    /// The running process whose heap to read.
+    #[arg(
+        short,
+        long,
+        value_name = "PID",
+        conflicts_with = "core",
+        required_unless_present = "core"
+    )]
+    pub pid: Option<u32>,
+
+    /// A core file to read instead (gdb's gcore or the kernel's).
+    ///
+    /// Its libc is read from this host, and must be the same build.
+    #[arg(long, value_name = "FILE")]
+    pub core: Option<std::path::PathBuf>,
+
+    /// Hold the process still (ptrace) during the walk, for an exact census.
+    ///
+    /// Without it the process runs on; a chunk that changes under the walk is read again,
+    /// and what stays inconsistent is counted as unreadable, with a warning.
+    #[arg(long, requires = "pid")]
+    pub stop: bool,
+
+    /// Write the census as JSON to FILE ("-": stdout, instead of the text).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<String>,
+
+    /// Replace a file (or a symbolic link, never followed) already at --json.
+    #[arg(long)]
+    pub force: bool,
+
+    /// How many block sizes the text lists.
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub top: usize,
+
+    /// Find malloc's state from code patterns even where debug symbols are installed (for
+    /// tests of the way hosts without them work).
+    #[arg(long, hide = true)]
+    pub without_symbols: bool,
 }
 
 #[derive(Args, Debug)]
@@ -389,95 +522,4 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_durations() {
-        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
-        assert_eq!(parse_duration("5ms"), Ok(Duration::from_millis(5)));
-        assert!(parse_duration("0").is_err());
-        assert!(parse_duration("fast").is_err());
-    }
-
-    #[test]
-    fn target_flags_conflict() {
-        assert!(Cli::try_parse_from(["heaptrace", "-p", "1", "--all"]).is_err());
-        assert!(Cli::try_parse_from(["heaptrace", "--all", "--", "ls"]).is_err());
-        let c = Cli::try_parse_from(["heaptrace", "--", "ls", "-l"]).unwrap();
-        assert_eq!(c.trace.command, vec!["ls", "-l"]);
-    }
-
-    #[test]
-    fn record_and_report_parse() {
-        let c = Cli::try_parse_from(["heaptrace", "record", "-o", "t.bin", "-p", "7"]).unwrap();
-        let Some(Command::Record(r)) = c.subcommand else {
-            panic!("not record")
-        };
-        assert_eq!((r.output.to_str(), r.trace.pid), (Some("t.bin"), Some(7)));
-        let c = Cli::try_parse_from(["heaptrace", "record", "-o", "t.bin", "--", "ls"]).unwrap();
-        let Some(Command::Record(r)) = c.subcommand else {
-            panic!("not record")
-        };
-        assert_eq!(r.trace.command, vec!["ls"]);
-        let c =
-            Cli::try_parse_from(["heaptrace", "report", "t.bin", "flame", "--by", "live"]).unwrap();
-        let Some(Command::Report(r)) = c.subcommand else {
-            panic!("not report")
-        };
-        assert_eq!((r.view, r.by), (View::Flame, FlameBy::Live));
-        let c = Cli::try_parse_from(["heaptrace", "report", "t.bin"]).unwrap();
-        let Some(Command::Report(r)) = c.subcommand else {
-            panic!("not report")
-        };
-        assert_eq!(r.view, View::Overview);
-        assert!(
-            Cli::try_parse_from(["heaptrace", "report", "t.bin", "--export", "pprof"]).is_err()
-        );
-    }
-
-    #[test]
-    fn sample_bytes_parse_and_default_to_exact() {
-        let c = Cli::try_parse_from(["heaptrace", "--sample-bytes", "65536", "-p", "1"]).unwrap();
-        assert_eq!(c.trace.sample_bytes, 65536);
-        let c = Cli::try_parse_from(["heaptrace", "-p", "1"]).unwrap();
-        assert_eq!(c.trace.sample_bytes, 0);
-        assert!(Cli::try_parse_from(["heaptrace", "--sample-bytes", "x", "-p", "1"]).is_err());
-    }
-
-    #[test]
-    fn subcommands_leave_the_tracing_flags_alone() {
-        let c = Cli::try_parse_from(["heaptrace", "probes", "-p", "7"]).unwrap();
-        assert!(matches!(
-            c.subcommand,
-            Some(Command::Probes(ProbesArgs { pid: Some(7), .. }))
-        ));
-        let c = Cli::try_parse_from(["heaptrace", "probes"]).unwrap();
-        assert!(matches!(
-            c.subcommand,
-            Some(Command::Probes(ProbesArgs { pid: None, .. }))
-        ));
-        let c = Cli::try_parse_from(["heaptrace", "-p", "7"]).unwrap();
-        assert!(c.subcommand.is_none());
-        assert_eq!(c.trace.pid, Some(7));
-        let c = Cli::try_parse_from(["heaptrace", "--all", "--probe-at-entry"]).unwrap();
-        assert!(c.trace.all && c.trace.probe_at_entry && c.subcommand.is_none());
-        // After --, "probes" is the command to launch.
-        let c = Cli::try_parse_from(["heaptrace", "--", "probes", "x"]).unwrap();
-        assert!(c.subcommand.is_none());
-        assert_eq!(c.trace.command, vec!["probes", "x"]);
-        let c = Cli::try_parse_from(["heaptrace", "-p", "7", "--allocator-symbols", "rust"]);
-        assert!(c.unwrap().trace.allocator_symbols.is_some());
-        assert!(
-            Cli::try_parse_from(["heaptrace", "--all", "--allocator-symbols", "rust"]).is_err()
-        );
-        assert!(
-            Cli::try_parse_from(["heaptrace", "-p", "7", "--allocator-symbols", "x=y,free=z"])
-                .is_err()
-        );
-        // Tracing flags do not mix with a subcommand.
-        assert!(Cli::try_parse_from(["heaptrace", "-q", "probes"]).is_err());
-    }
-}
+mod tests;

@@ -15,12 +15,17 @@ pub enum Error {
     NoUprobes,
     #[error("no such process: {0}")]
     NoSuchProcess(u32),
+    #[error("cannot look into process {pid}: {reason}")]
+    NoAccess { pid: u32, reason: String },
     #[error(
         "process {0}'s main thread has ended (its other threads run on); the kernel matches a \
          process's probes by its main thread's memory, gone now, so -p would see nothing: use \
          --all --comm {1}"
     )]
     LeaderExited(u32, String),
+    /// A signal came while the probes were being attached: nothing was traced.
+    #[error("{0} while attaching; detached, nothing traced")]
+    Signalled(String, i32),
     #[error("process {0} is heaptrace itself; it never traces itself")]
     SelfTarget(u32),
     #[error("no malloc found in process {pid} (looked in: {looked})")]
@@ -73,6 +78,8 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error("{0}")]
+    Heap(#[from] crate::heap::HeapError),
+    #[error("{0}")]
     Io(#[from] std::io::Error),
 }
 
@@ -85,12 +92,14 @@ impl Error {
 
 impl Error {
     /// The process's exit code: 2 for a command line that cannot work (as clap's usage
-    /// errors), 1 for the rest.
+    /// errors), 126/127 as a shell for a command it cannot run, 128 + a signal that stopped
+    /// the start, 1 for the rest.
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Output { .. } => 2,
             Error::Exec { found: true, .. } => 126,
             Error::Exec { found: false, .. } => 127,
+            Error::Signalled(_, sig) => (128 + sig) as u8,
             _ => 1,
         }
     }

@@ -5,6 +5,7 @@
 //! ```text
 //! bpf        the kernel interface: bpf(2), links, mappable arrays, BTF, kfuncs
 //! targets    which processes, which allocator file, a command started stopped
+//! heap       a census of glibc's heap, read from a process's memory or a core file
 //! unwind     unwind rows from .eh_frame, loaded per file for stacks without frame pointers
 //! probe      load the programs, place and attach the probes
 //! symbolize  stacks of addresses to named frames
@@ -17,8 +18,9 @@
 //! cmd        the subcommands; `main` only parses and dispatches
 //! ```
 //!
-//! `run_info` (the mode, the target, one description of a run), `error` and `output` (files
-//! created safely for a tracer run as root) are shared by all.
+//! `run_info` (the mode, the target, one description of a run), `exit_status` (how a process
+//! ended), `error` and `output` (files created safely for a tracer run as root) are shared by
+//! all, and `progress` (bars for long start-up work, on a terminal only).
 //! `docs/architecture.md` draws the flow.
 pub mod bpf;
 pub mod cli;
@@ -26,9 +28,12 @@ pub mod cmd;
 pub mod daemon;
 pub mod drain;
 pub mod error;
+pub mod exit_status;
+pub mod heap;
 pub mod output;
 pub mod probe;
 pub mod profile;
+pub mod progress;
 pub mod record;
 pub mod reserve;
 pub mod run_info;

@@ -1,7 +1,5 @@
 use std::process::ExitCode;
 
-use clap::Parser as _;
-
 // Not libc's malloc: under `--all` every call of the malloc heaptrace probes traps into its
 // probes, heaptrace's own included (its programs return at once, the trap remains). Without
 // transparent huge pages (`no_thp`), its peak RSS is the system allocator's.
@@ -28,7 +26,11 @@ fn main() -> ExitCode {
         unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, 1000) };
     }
     let _ = heaptrace::cmd::trace::STARTED.set(started);
-    let cli = heaptrace::cli::Cli::parse();
+    let cli = match heaptrace::cli::suggest::parse(std::env::args_os().collect()) {
+        Ok(cli) => cli,
+        Err(heaptrace::cli::suggest::Stop::Clap(e)) => e.exit(),
+        Err(heaptrace::cli::suggest::Stop::Said(code)) => return ExitCode::from(code),
+    };
     if matches!(cli.subcommand, Some(heaptrace::cli::Command::Report(_))) {
         started(); // no start-up burst: reading a recording is the work itself
     }
@@ -36,8 +38,11 @@ fn main() -> ExitCode {
     use heaptrace::cli::Command;
     let result = match &cli.subcommand {
         Some(Command::Probes(args)) => heaptrace::cmd::probes::run(args),
+        Some(Command::Heap(args)) => heaptrace::cmd::heap::run(args),
         Some(Command::Record(args)) => heaptrace::cmd::trace::run(&args.trace, Some(&args.output)),
         Some(Command::Report(args)) => heaptrace::cmd::report::run(args),
+        Some(Command::Completions(args)) => heaptrace::cmd::help::completions(args),
+        Some(Command::Man(args)) => heaptrace::cmd::help::man(args),
         None => heaptrace::cmd::trace::run(&cli.trace, None),
     };
     match result {

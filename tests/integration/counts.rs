@@ -500,6 +500,7 @@ bpf_test!(
     /// `--probe-stats`: the kernel's own run counts of heaptrace's programs agree with the counts
     /// heaptrace shows. `pairs` makes no nested allocator call and frees no NULL, so each malloc
     /// runs the malloc entry and the return program once and each free the free program once.
+    /// The command alone (a followed tree would be probed in every process).
     fn probe_stats_runs_agree_with_the_counts() {
         const N: u64 = 20_000;
         let bin = fixture("pairs", "", &[]);

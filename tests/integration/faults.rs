@@ -9,9 +9,23 @@ use crate::support::*;
 
 #[test]
 fn no_target_is_a_usage_error() {
+    // Bare: the short usage and the examples, exit 2 as clap's usage errors.
     let out = heaptrace().output().unwrap();
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("Usage: heaptrace") && stderr.contains("Examples:"),
+        "{stderr}"
+    );
+    let out = heaptrace().arg("--no-tui").output().unwrap();
     assert!(error_line(&out).contains("give a target"), "{out:?}");
+    // A command where a target was expected: the line that traces it.
+    let out = heaptrace().args(["ls", "-l"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        error_line(&out).contains("did you mean `heaptrace -- ls -l`?"),
+        "{out:?}"
+    );
 }
 
 #[test]
@@ -37,6 +51,104 @@ fn not_root_is_refused_with_a_clear_line() {
     assert!(!out.status.success());
     assert!(error_line(&out).contains("must run as root"), "{out:?}");
 }
+
+/// `setpriv` prefix: heaptrace as uid 65534 with CAP_BPF and CAP_PERFMON only.
+fn with_bpf_caps_only(cmd: &mut Command) -> Command {
+    let mut c = Command::new("setpriv");
+    c.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=+bpf,+perfmon",
+        "--ambient-caps=+bpf,+perfmon",
+    ])
+    .arg(cmd.get_program())
+    .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            c.env(k, v);
+        }
+    }
+    c
+}
+
+bpf_test!(
+    exclusive,
+    /// With CAP_BPF + CAP_PERFMON but not CAP_SYS_PTRACE: `-p` of another user's process is
+    /// refused in one line naming the owner and the capability, before anything is attached; a
+    /// process of its own uid is traced exactly; `--all` says what it counts without seeing.
+    fn with_bpf_capabilities_only_heaptrace_says_what_it_cannot_trace() {
+        let out = with_bpf_caps_only(heaptrace().args(["--no-tui", "-p", "1"]))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        let line = error_line(&out);
+        assert!(
+            line.contains("cannot look into process 1: it belongs to uid 0")
+                && line.contains("lacks CAP_SYS_PTRACE"),
+            "{line}"
+        );
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("attached"));
+
+        // A process of its own uid (the fixture, as uid 65534, in a directory it may write).
+        let dir = std::env::temp_dir().join(format!("heaptrace-caps-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .unwrap();
+        let ready = dir.join("ready");
+        let json = dir.join("run.json");
+        let mut target = Command::new("setpriv");
+        target
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(fixture("signals", "", &[]))
+            .arg("handle")
+            .arg(&ready);
+        let mut target = spawn_with_libc(&mut target);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let pid = loop {
+            if let Some(p) = std::fs::read_to_string(&ready)
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok())
+            {
+                break p;
+            }
+            assert!(std::time::Instant::now() < deadline, "fixture not ready");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let mut cmd = with_bpf_caps_only(
+            heaptrace()
+                .args(["--no-tui", "-q", "--mode", "counts", "-p", &pid.to_string()])
+                .arg("--json")
+                .arg(&json),
+        );
+        let tracer = start_attached(&mut cmd);
+        // SAFETY: signalling our own child; it frees its ten blocks and makes one of 777.
+        unsafe { libc::kill(target.id() as i32, libc::SIGTERM) };
+        target.wait().unwrap();
+        let (code, stderr) = tracer.wait();
+        assert_eq!(code, 0, "{stderr}");
+        let doc = read_json(&json);
+        assert_eq!(doc["functions"]["malloc"]["calls"], 1, "{stderr}");
+        assert_eq!(doc["functions"]["malloc"]["bytes"], 777);
+        assert_eq!(doc["functions"]["free"]["calls"], 11);
+        assert_eq!(doc["functions"]["free"]["untracked"], 10);
+        let _ = std::fs::remove_dir_all(&dir);
+
+        let mut all = with_bpf_caps_only(heaptrace().args(["--no-tui", "-q", "--all"]));
+        let tracer = start_attached(&mut all);
+        tracer.signal(libc::SIGINT);
+        let (code, stderr) = tracer.wait();
+        assert_eq!(code, 0, "{stderr}");
+        assert!(
+            stderr.contains(
+                "warning: without CAP_SYS_PTRACE, processes of users other than uid 65534 are \
+                 counted but not looked into"
+            ),
+            "{stderr}"
+        );
+    }
+);
 
 bpf_test!(
     fn missing_pid_and_missing_command_are_errors() {
@@ -140,7 +252,7 @@ fn file_byte(pid: u32, path: &std::path::Path, file_offset: u64) -> (u64, u8) {
 /// and mremap's entries.
 fn syscall_bytes(pid: u32) -> Vec<(u64, u8)> {
     let provider = heaptrace::targets::allocator::for_pid(pid).unwrap();
-    let sites = heaptrace::probe::syscall_sites::find(&provider.path)
+    let sites = heaptrace::probe::syscall_sites::find(&provider.file)
         .unwrap()
         .expect("glibc's wrappers");
     let mut out = Vec::new();

@@ -177,8 +177,13 @@ bpf_test!(
         // Window and process filters.
         let none = report_json(&[r, "--pid", "1"]);
         assert_eq!(none["functions"]["malloc"]["calls"], 0);
-        let early = report_json(&[r, "timeline", "--to", "1ms"]);
-        assert_eq!(early, serde_json::json!([]));
+        // A window with no round in it is an error, not an empty answer.
+        let early = report(&[r, "timeline", "--to", "1ms"]);
+        assert_eq!(early.status.code(), Some(1));
+        assert!(
+            error_line(&early).contains("ends between the start and 1ms"),
+            "{early:?}"
+        );
         // A reader that is gone (`| head` having read enough) ends a report quietly; it was a
         // panic with a backtrace in text, an error in JSON.
         for args in [&[r, "tree"][..], &[r, "overview", "--format", "json"]] {
@@ -275,6 +280,36 @@ bpf_test!(
             .unwrap();
         assert_eq!(a_site["bytes"], serde_json::json!([111 * 2000, 111 * 1000]));
         assert_eq!(a_site["calls"], serde_json::json!([2000, 1000]));
+        // In text, the change in human units: 111,000 bytes fewer.
+        let text = report_ok(&[a.to_str().unwrap(), "--diff", b.to_str().unwrap()]);
+        let row = text
+            .lines()
+            .find(|l| l.contains("malloc <- alloc_a <- main"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(row.trim_start().starts_with("-108.4 KiB"), "{row}");
+        // A view that is not per site cannot be compared: one line, before anything is read.
+        let o = report(&[
+            a.to_str().unwrap(),
+            "timeline",
+            "--diff",
+            b.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(1));
+        let err = error_line(&o);
+        assert!(
+            err.contains("--diff compares sites: it works with the views overview, hotspots, leaks, not timeline"),
+            "{err}"
+        );
+        // A window that is inverted, or holds no round, is an error, not an empty report.
+        let o = report(&[a.to_str().unwrap(), "--from", "4s", "--to", "2s"]);
+        assert_eq!(o.status.code(), Some(1));
+        assert!(error_line(&o).contains("--from 4.0s is after --to 2.0s"));
+        let o = report(&[a.to_str().unwrap(), "--from", "3000s"]);
+        assert_eq!(o.status.code(), Some(1));
+        assert!(
+            error_line(&o).contains("ends between 3000.0s and the end (its last ends at"),
+            "{o:?}"
+        );
     }
 );
 
@@ -323,7 +358,7 @@ fn bad_recordings_give_one_line_and_exit_code_2() {
         "not a heaptrace recording",
     );
     let mut future = b"HEAPTRC\0".to_vec();
-    future.extend([9, 0, 0, 0]);
+    future.extend([10, 0, 0, 0]);
     bad_file_is_rejected("future", &future, "newer than this heaptrace");
     let old = b"HEAPTRC\0\x01\0\0\0".to_vec();
     bad_file_is_rejected("old", &old, "older than this heaptrace reads");
@@ -347,5 +382,92 @@ bpf_test!(
         let last = data.len() - 3;
         data[last] ^= 0xff;
         bad_file_is_rejected("flip", &data, "checksum mismatch");
+    }
+);
+
+/// Opens `page` in Debian's headless chromium: the DOM once its script ran, and a screenshot
+/// beside the page. None (outside CI) where chromium is missing.
+fn chromium(page: &Path) -> Option<String> {
+    if !tool("chromium") {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "chromium is missing (cargo xtask setup installs it)"
+        );
+        eprintln!("SKIPPED the browser check: no chromium");
+        return None;
+    }
+    let profile = page.with_extension("chromium");
+    let _ = std::fs::remove_dir_all(&profile);
+    let flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1280,2400",
+    ];
+    let url = format!("file://{}", page.display());
+    let run = |extra: &[String]| {
+        let o = Command::new("chromium")
+            .args(flags)
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .args(extra)
+            .arg(&url)
+            .output()
+            .expect("chromium");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        o
+    };
+    let dom = String::from_utf8_lossy(&run(&["--dump-dom".into()]).stdout).into_owned();
+    let shot = page.with_extension("png");
+    run(&[format!("--screenshot={}", shot.display())]);
+    assert!(
+        std::fs::metadata(&shot).is_ok_and(|m| m.len() > 10_000),
+        "no screenshot at {}",
+        shot.display()
+    );
+    let _ = std::fs::remove_dir_all(&profile);
+    Some(dom)
+}
+
+bpf_test!(
+    shared,
+    /// `--export html`: one file a browser opens offline, whose script draws the run, the
+    /// charts, the flame graph and the tables from the recording's figures.
+    fn the_html_report_opens_in_a_browser_with_the_sites() {
+        let (rec, _) = record_sites("rec-html", N);
+        let (page, text) = export(rec.to_str().unwrap(), "rec-html", "html", &[]);
+        assert!(text.starts_with("<!DOCTYPE html>"), "not a page");
+        for needle in ["src=", "href=", "<link", "@import", "fetch("] {
+            assert!(!text.contains(needle), "the page would load {needle}");
+        }
+        let Some(dom) = chromium(&page) else {
+            return;
+        };
+        // The tables are built by the script: their rows are in the DOM, not in the file.
+        let row = |site: &str| {
+            dom.split("<tr>")
+                .find(|r| r.contains(site) && r.contains("class=\"site\""))
+                .unwrap_or_else(|| panic!("no row for {site} in the DOM"))
+                .to_string()
+        };
+        // alloc_a: 2000 x malloc(111), every one freed; alloc_b: 2000 x calloc(2, 50), leaked.
+        let a = row("malloc &lt;- alloc_a");
+        assert!(a.contains(">216.8 KiB<") && a.contains(">2,000<"), "{a}");
+        let leaks = dom.split("id=\"leaks\"").nth(1).unwrap();
+        let leaks = leaks.split("</table>").next().unwrap();
+        assert!(
+            leaks.contains("calloc &lt;- alloc_b") && leaks.contains(">195.3 KiB<"),
+            "{leaks}"
+        );
+        // The flame graph's frames and the charts' lines.
+        let frames = dom.matches("class=\"fr").count();
+        assert!(frames >= 6, "{frames} flame-graph frames");
+        assert!(dom.contains(">helper_c<") && dom.contains(">main<"));
+        assert!(dom.matches("<polyline").count() >= 3, "charts missing");
+        assert!(dom.contains("<td>command</td>"), "the run's header");
     }
 );

@@ -43,6 +43,7 @@ bpf_test!(
         probes
             .attach(&provider, Scope::Process(pid), false)
             .unwrap();
+        probes.enable().unwrap();
         let slots = ProcSlots::map(&probes.ebpf).unwrap();
         let site_slots: KeyedSlots<SiteKey, SiteCounters> =
             KeyedSlots::map(&probes.ebpf, maps::SITE_SLOTS).unwrap();

@@ -379,6 +379,16 @@ pub fn start_attached(cmd: &mut Command) -> Running {
     }
 }
 
+/// A test that panics leaves no heaptrace behind (its probes would disturb the next tests).
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 impl Running {
     pub fn signal(&self, sig: i32) {
         // SAFETY: signalling our own child.

@@ -12,7 +12,7 @@ use crate::{
 };
 
 /// A tmux server of our own (its own socket), killed when dropped.
-struct Tmux {
+pub(crate) struct Tmux {
     socket: String,
 }
 
@@ -20,7 +20,7 @@ const SESSION: &str = "t";
 
 impl Tmux {
     /// Starts `shell_cmd` in a detached pane of `w` x `h` cells.
-    fn start(tag: &str, w: u16, h: u16, shell_cmd: &str) -> Tmux {
+    pub(crate) fn start(tag: &str, w: u16, h: u16, shell_cmd: &str) -> Tmux {
         let t = Tmux {
             socket: format!("heaptrace-{tag}-{}", std::process::id()),
         };
@@ -45,12 +45,12 @@ impl Tmux {
         c
     }
 
-    fn screen(&self) -> String {
+    pub(crate) fn screen(&self) -> String {
         self.capture(&[])
     }
 
     /// The screen with the lines scrolled off its top.
-    fn history(&self) -> String {
+    pub(crate) fn history(&self) -> String {
         self.capture(&["-S", "-500"])
     }
 
@@ -65,7 +65,7 @@ impl Tmux {
     }
 
     /// Sends keys as tmux names them ("q", "Enter", "Escape", "Tab"), one at a time.
-    fn keys(&self, keys: &[&str]) {
+    pub(crate) fn keys(&self, keys: &[&str]) {
         for k in keys {
             let ok = self
                 .cmd()
@@ -81,12 +81,12 @@ impl Tmux {
     }
 
     /// Waits until the screen satisfies `ok`; panics with the last screen after `secs`.
-    fn wait_for(&self, what: &str, secs: u64, ok: impl Fn(&str) -> bool) -> String {
+    pub(crate) fn wait_for(&self, what: &str, secs: u64, ok: impl Fn(&str) -> bool) -> String {
         self.wait_on(what, secs, ok, false)
     }
 
     /// The same, with the lines scrolled off the screen.
-    fn wait_history(&self, what: &str, secs: u64, ok: impl Fn(&str) -> bool) -> String {
+    pub(crate) fn wait_history(&self, what: &str, secs: u64, ok: impl Fn(&str) -> bool) -> String {
         self.wait_on(what, secs, ok, true)
     }
 
@@ -116,7 +116,7 @@ impl Drop for Tmux {
     }
 }
 
-fn tmux_or_skip(test: &str) -> bool {
+pub(crate) fn tmux_or_skip(test: &str) -> bool {
     if Command::new("tmux").arg("-V").output().is_ok() {
         return true;
     }
@@ -140,7 +140,7 @@ fn selected_row(screen: &str) -> &str {
     line_with(screen, "│> ")
 }
 
-fn out_dir(tag: &str) -> PathBuf {
+pub(crate) fn out_dir(tag: &str) -> PathBuf {
     let d = workspace()
         .join("target/test-out")
         .join(format!("{tag}-{}", std::process::id()));
@@ -149,18 +149,18 @@ fn out_dir(tag: &str) -> PathBuf {
     d
 }
 
-fn quote(s: &str) -> String {
+pub(crate) fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 /// `cd DIR; heaptrace ARGS; echo exit=$? > DIR/status; sleep` (the pane stays to be read).
-fn shell(dir: &Path, args: &[&str]) -> String {
+pub(crate) fn shell(dir: &Path, args: &[&str]) -> String {
     shell_env(dir, "", args)
 }
 
 /// The same with `VAR=value ` settings before heaptrace; the terminal's settings once it
 /// exited go to DIR/stty.
-fn shell_env(dir: &Path, env: &str, args: &[&str]) -> String {
+pub(crate) fn shell_env(dir: &Path, env: &str, args: &[&str]) -> String {
     let mut cmd = format!(
         "cd {} && RUST_LOG=warn {env}{}",
         quote(&dir.display().to_string()),
@@ -178,7 +178,7 @@ fn shell_env(dir: &Path, env: &str, args: &[&str]) -> String {
     cmd
 }
 
-fn wait_status(dir: &Path) -> String {
+pub(crate) fn wait_status(dir: &Path) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Ok(s) = std::fs::read_to_string(dir.join("status")) {
@@ -368,7 +368,7 @@ bpf_test!(
         t.keys(&["p"]);
         // The header's "PAUSED" can be cut at 80 columns (its CPU figure varies in width); the
         // status line says it in full.
-        let s = t.wait_for("pause", 5, |s| s.contains("paused at round"));
+        let s = t.wait_for("pause", 5, |s| s.contains("paused: the figures stay"));
         let frozen = round(&s);
         std::thread::sleep(Duration::from_millis(700));
         let s = t.screen();

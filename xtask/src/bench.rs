@@ -184,6 +184,8 @@ pub struct Run {
     pub stacks: Option<u64>,
     /// The recording's (or heaptrack's compressed file's) size, bytes.
     pub file_bytes: Option<u64>,
+    /// A recording's `report --export html` page, bytes.
+    pub html_bytes: Option<u64>,
 }
 
 impl Run {
@@ -198,6 +200,7 @@ impl Run {
             "daemon_cpu_s": self.daemon_cpu, "daemon_rss_kb": self.daemon_rss_kb,
             "calls": self.calls, "rounds": self.rounds, "lost": self.lost,
             "lost_stack": self.lost_stack, "stacks": self.stacks, "file_bytes": self.file_bytes,
+            "html_bytes": self.html_bytes,
         })
     }
 

@@ -13,16 +13,19 @@ mod bench;
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// The LLVM majors bpf-linker 0.13.0 can be built for (its `llvm-N` features).
 const BPF_LINKER_LLVM: std::ops::RangeInclusive<u32> = 21..=23;
-/// Debian packages: what the test fixtures need, and the tools the exports are checked with
-/// (go tool pprof, ms_print).
+/// Debian packages: what the test fixtures need (gdb for `gcore`: the heap census of a core),
+/// and the tools the exports are checked with (go tool pprof, ms_print, a headless chromium
+/// for the HTML report).
 const APT_PACKAGES: &[&str] = &[
     "gcc",
     "g++",
     "libc6-dev",
     "libjemalloc2",
+    "gdb",
     "tmux",
     "golang-go",
     "valgrind",
+    "chromium",
 ];
 
 fn main() -> ExitCode {

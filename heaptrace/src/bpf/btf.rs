@@ -100,6 +100,42 @@ pub fn parse_task_offsets(data: &[u8]) -> Result<TaskOffsets, Error> {
     Ok(TaskOffsets { group_leader, comm })
 }
 
+/// Where `pid` and `tgid` sit in `task_struct`: the fork program reads a new task's.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct IdOffsets {
+    pub pid: u32,
+    pub tgid: u32,
+}
+
+/// The running kernel's, from /sys/kernel/btf/vmlinux.
+pub fn id_offsets() -> Result<IdOffsets, Error> {
+    let data = std::fs::read(VMLINUX).map_err(|source| Error::Read {
+        path: VMLINUX.into(),
+        source,
+    })?;
+    parse_id_offsets(&data)
+}
+
+pub fn parse_id_offsets(data: &[u8]) -> Result<IdOffsets, Error> {
+    let btf = Btf::parse(data)?;
+    let task = (1..)
+        .zip(&btf.types)
+        .find_map(|(id, t)| (t.kind == STRUCT && btf.is_named(id, "task_struct")).then_some(id))
+        .ok_or_else(|| fail!("offsets", "no complete struct task_struct"))?;
+    // pid_t: a 4-byte int under a typedef or two.
+    let int32 = |name: &str| -> Result<u32, Error> {
+        let (at, ty) = btf.member(task, name)?;
+        if ty.kind != INT || ty.size_or_type != 4 {
+            return Err(fail!(name, "not a 4-byte integer"));
+        }
+        Ok(at)
+    };
+    Ok(IdOffsets {
+        pid: int32("pid")?,
+        tgid: int32("tgid")?,
+    })
+}
+
 /// The BTF ids of the running kernel's functions `names`, each None where it has no such
 /// function.
 pub fn func_ids<const N: usize>(names: [&str; N]) -> Result<[Option<u32>; N], Error> {

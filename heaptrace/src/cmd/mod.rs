@@ -1,6 +1,8 @@
 //! The subcommands, one module each: `trace` (the default: a live trace, or `record`),
-//! `report` and `probes`. Each turns its arguments into calls of the stages and returns an exit
+//! `report`, `probes`, `heap`, and `help` (completions and the manual page). Each turns its arguments into calls of the stages and returns an exit
 //! code; `main` only parses and dispatches.
+pub mod heap;
+pub mod help;
 pub mod probes;
 pub mod report;
 pub mod trace;

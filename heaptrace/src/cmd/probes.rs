@@ -38,14 +38,15 @@ fn wrappers(
         Vec<crate::probe::syscall_sites::SyscallSite>,
     )>,
 > {
-    if let Some(sites) = crate::probe::syscall_sites::find(&provider.attach_path)? {
+    if let Some(sites) = crate::probe::syscall_sites::find(&provider.file)? {
         return Ok(Some((provider.path.clone(), sites)));
     }
     let libc = allocator::libc_of(pid.unwrap_or_else(std::process::id))?;
-    let Some((shown, path)) = libc else {
+    let Some(libc) = libc else {
         return Ok(None);
     };
-    Ok(crate::probe::syscall_sites::find(&path)?.map(|sites| (shown, sites)))
+    let sites = crate::probe::syscall_sites::find(&libc)?;
+    Ok(sites.map(|sites| (libc.shown().to_path_buf(), sites)))
 }
 
 /// Where the memory syscalls are seen (the memory behind malloc; not in calls mode).

@@ -9,9 +9,10 @@ use heaptrace_common::Func;
 use crate::{
     bpf::prog_stats,
     cli::TraceArgs,
-    daemon::{Daemon, End, Filter, Start, exec_watch::ProcWatch},
+    daemon::{Daemon, End, Filter, Sig, Start, exec_watch::ProcWatch, signals},
     drain::KernelMaps,
     error::{Error, Result},
+    exit_status::ExitStatus,
     output::{self, NewFile},
     probe::{self, LoadOptions, Probes, Scope},
     profile::Profile,
@@ -20,7 +21,9 @@ use crate::{
     run_info::{RunInfo, TargetKind, Temporary},
     symbolize::modules::Modules,
     targets::{
+        access,
         allocator::{self, Provider},
+        exit_watch::ExitWatch,
         launch, procfs,
     },
     view::{json, site_tables, summary, tui},
@@ -67,12 +70,22 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     check(cli)?;
     check_outputs(cli, &target, record)?;
     probe::preflight()?;
+    // From here on SIGINT, SIGTERM and SIGHUP are only recorded: one during the attach ends
+    // the trace once the attach is complete, and never leaves a probe behind.
+    signals::install()?;
     // Created now, not once the command runs: a recording that cannot be written leaves no
     // command running untraced. Removed again if tracing never starts.
     let recording = record
         .map(|path| NewFile::create(path, cli.force).map_err(write_error(path)))
         .transpose()?;
     let live_view = !cli.no_tui && tui::wanted();
+    // Listening for a `-p` target's end before anything else: it may end at any moment.
+    let exit_watch = match target {
+        Target::Pid(pid) => ExitWatch::open(pid)
+            .inspect_err(|e| log::debug!("no exit status for pid {pid}: {e}"))
+            .ok(),
+        _ => None,
+    };
     // Find the target and its allocator; a launched command waits, stopped, until attached.
     let (provider, scope, stopped) = find_target(cli, &target, live_view)?;
     let attached = match attach(cli, &provider, scope) {
@@ -98,6 +111,23 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         unwind,
     } = attached;
     let (procwatch, memring) = watchers(cli, &mut probes, &provider, scope, &opts)?;
+    // The root (and, for -p, what it forked already) in the kernel's set before it counts.
+    let followed = match scope {
+        Scope::Tree(root) => Some(probe::follow::Followed::start(
+            &mut probes,
+            root,
+            stopped.is_none(),
+        )?),
+        _ => None,
+    };
+    if let Some(got) = signals::take_pending() {
+        if let Some(child) = stopped {
+            child.abort();
+        }
+        return Err(Error::Signalled(got.sig.to_string(), got.sig.number()));
+    }
+    // Every probe of the start in place (the scan of `--all` included): count from here on.
+    probes.enable()?;
     announce(cli, &probes, first, &provider, scope);
     let mut unwind = unwind;
     if let (Some(t), Target::Command(argv)) = (&mut unwind, &target) {
@@ -112,7 +142,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
             let child = stopped.resume()?;
             (Some(child.pid), Some(child))
         }
-        (None, Scope::Process(pid)) => (Some(pid), None),
+        (None, Scope::Process(pid) | Scope::Tree(pid)) => (Some(pid), None),
         (None, Scope::All) => (None, None),
     };
     let info = run_info(cli, &target, pid, &provider, &opts);
@@ -132,6 +162,8 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
             .with_latency_every(cli.latency_every),
         pid,
         child,
+        exit_watch,
+        followed,
         modules,
         recorder,
         procwatch,
@@ -142,36 +174,47 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         stack_depth: cli.stack_depth as usize,
         keep_exited: cli.keep_exited,
     });
-    let end = rt.block_on(daemon.watch(cli.interval))?;
-    // Exit status of a launched command: it may still be finishing after a signal.
-    let exit_code = match &target {
-        Target::Command(_) => Some(rt.block_on(daemon.child_exit(&end))?),
-        _ => None,
+    let end = match rt.block_on(daemon.watch(cli.interval)) {
+        Ok(end) => end,
+        Err(e) => {
+            // Never left to run on untraced: the tracer thread's end kills it
+            // (PTRACE_O_EXITKILL), but the summary should say so first.
+            if let (Target::Command(_), Some(pid)) = (&target, pid) {
+                eprintln!("heaptrace: stopping pid {pid}, which would run on untraced");
+            }
+            return Err(e);
+        }
     };
-    let done = finish(&mut daemon, stats_fd, pid, &end, exit_code)?;
-    // The live view stays up on the final figures after the target exited, until quit.
-    if daemon.live.is_some() && matches!(end, End::TargetExited) {
+    // How a launched command ended: it may still be finishing after a signal.
+    let exit = match &target {
+        Target::Command(_) => Some(rt.block_on(daemon.child_exit(&end))?),
+        _ => daemon.exit,
+    };
+    let exit_code = exit.map(|e| e.shell_code());
+    let done = finish(&mut daemon, stats_fd, pid, &end, exit)?;
+    // The live view stays up on the final figures after the target exited, until quit; not
+    // when a signal asked heaptrace to end.
+    if daemon.live.is_some() && matches!(end, End::TargetExited) && daemon.passed_on.is_none() {
         daemon.publish(Some(done.reason.clone()), exit_code);
         rt.block_on(daemon.until_quit())?;
     }
     let view_error = view.map(|v| v.close()).and_then(|r| r.err());
+    // A view that failed because its terminal hung up is no error of the trace.
+    let view_error = view_error.filter(|_| !matches!(end, End::Signal(Sig::Hup)));
     let own = procfs::own_rss_kb();
     print_summary(cli, &daemon.profile, &info, &done, own);
     if let Some(path) = &cli.json {
-        write_json(
-            path,
-            cli.force,
-            &daemon.profile,
-            &info,
-            exit_code,
-            &done,
-            own,
-        )?;
+        write_json(path, cli.force, &daemon.profile, &info, exit, &done, own)?;
     }
     if let Some(e) = view_error {
         return Err(Error::Io(std::io::Error::other(e)));
     }
-    Ok(exit_code.unwrap_or(0))
+    Ok(match &target {
+        // The command's own status, whatever made it end.
+        Target::Command(_) => exit_code.unwrap_or(1),
+        // Ending a trace of -p or --all with Ctrl-C is no failure.
+        _ => 0,
+    })
 }
 
 fn write_error(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
@@ -254,6 +297,7 @@ fn open_view(
         },
         run: info.clone(),
         attached: probes.attached.clone(),
+        probe_count: probes.probe_count(),
         output: match (target, &cli.command_output) {
             (Target::Command(_), Some(p)) => Some(p.display().to_string()),
             (Target::Command(_), None) => Some("/dev/null".into()),

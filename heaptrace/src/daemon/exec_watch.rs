@@ -17,18 +17,19 @@ use aya::{
     maps::{MapData, RingBuf},
     programs::RawTracePoint,
 };
-use heaptrace_common::{PROC_EXEC, ProcEvent, maps};
+use heaptrace_common::{PROC_EXEC, PROC_FORK, ProcEvent, maps};
 use tokio::{io::unix::AsyncFd, sync::mpsc};
 
 use crate::{
     error::{Error, Result},
     probe::{Probes, Scope},
+    symbolize::modules::{EarlyRead, OpenFiles},
     targets::allocator::{self, Provider},
 };
 
 /// Mappings of new processes as the reader read them right after their exec, by pid, until
 /// the daemon takes them (`Modules::keep_early`); at most `EARLY_MAPS` of them.
-pub type EarlyMaps = Arc<std::sync::Mutex<std::collections::HashMap<u32, String>>>;
+pub type EarlyMaps = Arc<std::sync::Mutex<std::collections::HashMap<u32, EarlyRead>>>;
 const EARLY_MAPS: usize = 4096;
 /// Mappings read a second at most (about 0.1 ms each): a host that execs faster gets the rest
 /// of its processes named by the daemon's reads only.
@@ -72,6 +73,8 @@ pub struct ProcWatch {
     /// Processes just started whose allocator is not mapped yet (the exec tracepoint fires
     /// before the dynamic loader maps libc): looked at again shortly, a while at most.
     pending: Vec<(u32, std::time::Instant)>,
+    /// Processes the followed ones forked, reported since the daemon last took them.
+    pub forked: Vec<u32>,
 }
 
 /// How long a new process may take to map its allocator.
@@ -101,9 +104,7 @@ impl ProcWatch {
         }
         let ring = probes.take_ring(maps::EVENTS)?;
         let mut known = allocator::Known::default();
-        if let Some(id) = allocator::file_id(&first.attach_path) {
-            known.attached.insert(id);
-        }
+        known.attached.insert(first.file.id());
         let (tx, events) = mpsc::channel(QUEUED);
         let stop = Arc::new(AtomicBool::new(false));
         // SAFETY: no pointers; the new fd is owned at once.
@@ -122,6 +123,7 @@ impl ProcWatch {
             comm: comm.clone(),
             early: early.clone(),
             delay: delay_for_tests(),
+            files: OpenFiles::default(),
         };
         let reader = std::thread::Builder::new()
             .name("heaptrace-execs".into())
@@ -140,7 +142,7 @@ impl ProcWatch {
                 comm,
                 cgroup: cgroup.clone(),
             },
-            Scope::Process(_) => Wanted::default(),
+            Scope::Process(_) | Scope::Tree(_) => Wanted::default(),
         };
         let mut cgroups = crate::targets::cgroups::CgroupNames::default();
         let verdicts = match cgroup {
@@ -167,6 +169,7 @@ impl ProcWatch {
             verdicts,
             wanted,
             pending: Vec::new(),
+            forked: Vec::new(),
         })
     }
 
@@ -188,16 +191,22 @@ impl ProcWatch {
         let Ok(dir) = fs::read_dir("/proc") else {
             return;
         };
-        for entry in dir.flatten() {
-            if let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-                && pid != me
-                && self.wanted.judge_pid(pid)
-            {
+        let pids: Vec<u32> = dir
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+            .filter(|&pid| pid != me)
+            .collect();
+        // A host of thousands of processes, each file read once: can take seconds.
+        let mut progress = crate::progress::Progress::new(
+            pids.len() as u64,
+            "looking at running processes",
+            false,
+        );
+        for pid in pids {
+            if self.wanted.judge_pid(pid) {
                 let _ = self.started(probes, pid);
             }
+            progress.inc(1);
         }
     }
 
@@ -210,9 +219,10 @@ impl ProcWatch {
             .map(|e| e.tgid)
             .collect();
         // Names first, for every process of the batch, from the event itself (taken in the
-        // kernel at the exec): looking for a process's allocator can take long (a big new file
-        // to read and attach), and a short-lived process may be gone before /proc is read.
-        for e in events.iter().filter(|e| e.kind == PROC_EXEC) {
+        // kernel at the exec or fork): looking for a process's allocator can take long (a big
+        // new file to read and attach), and a short-lived process may be gone before /proc is
+        // read.
+        for e in &events {
             let comm = comm_str(&e.comm)
                 .or_else(|| crate::targets::procfs::comm(e.tgid))
                 .unwrap_or_default();
@@ -225,6 +235,9 @@ impl ProcWatch {
                 .or_else(|| crate::targets::procfs::cgroup(e.tgid))
                 .unwrap_or_default();
             self.seen.insert(e.tgid, (comm, cgroup));
+            if e.kind == PROC_FORK {
+                self.forked.push(e.tgid);
+            }
         }
         for e in events.iter().filter(|e| e.kind == PROC_EXEC) {
             let wanted = self
@@ -278,10 +291,7 @@ impl ProcWatch {
             Err(crate::error::Error::NoSuchProcess(_)) => return true, // gone already
             Err(_) => return false,  // nothing with malloc mapped, maybe not yet
         };
-        let Some(id) = allocator::file_id(&provider.attach_path) else {
-            return true;
-        };
-        if !self.known.attached.insert(id) {
+        if !self.known.attached.insert(provider.file.id()) {
             return true;
         }
         match probes.attach(&provider, self.scope, self.at_entry) {
@@ -359,6 +369,9 @@ struct Reader {
     comm: Option<String>,
     early: EarlyMaps,
     delay: Option<Duration>,
+    /// The files of the mappings read, opened at once (a container's are reached through
+    /// the process alone).
+    files: OpenFiles,
 }
 
 /// Tests only: `HEAPTRACE_DELAY_EXEC_EVENTS_MS` holds each exec event that long before the
@@ -434,7 +447,8 @@ impl Reader {
                 budget = (Instant::now(), READS_PER_SECOND);
             }
             for event in events {
-                let wanted = event.kind == PROC_EXEC
+                // A fork's mappings are its parent's, and it may be gone at the next round.
+                let wanted = (event.kind == PROC_EXEC || event.kind == PROC_FORK)
                     && self.comm.as_ref().is_none_or(|c| {
                         comm_str(&event.comm).is_some_and(|n| n.contains(c.as_str()))
                     });
@@ -462,7 +476,7 @@ impl Reader {
 
     /// Reads a process's mappings for the daemon, if the budget allows; false if it is gone
     /// (or nothing could be read).
-    fn read(&self, pid: u32, budget: &mut u32) -> bool {
+    fn read(&mut self, pid: u32, budget: &mut u32) -> bool {
         if *budget == 0 {
             return false;
         }
@@ -473,9 +487,10 @@ impl Reader {
         if maps.is_empty() {
             return false; // ended, not reaped yet
         }
+        let read = self.files.read(pid, maps);
         match self.early.lock() {
             Ok(mut early) if early.len() < EARLY_MAPS || early.contains_key(&pid) => {
-                early.insert(pid, maps);
+                early.insert(pid, read);
                 true
             }
             _ => false,

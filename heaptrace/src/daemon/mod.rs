@@ -6,18 +6,17 @@ pub mod exec_watch;
 mod filter;
 mod processes;
 mod round;
+pub mod signals;
 
 pub use filter::Filter;
+pub use signals::Sig;
 use std::{
     collections::{BTreeMap, HashSet},
     os::fd::OwnedFd,
     time::{Duration, Instant},
 };
 
-use tokio::{
-    io::unix::AsyncFd,
-    signal::unix::{SignalKind, signal},
-};
+use tokio::io::unix::AsyncFd;
 
 use crate::{
     daemon::exec_watch::ProcWatch,
@@ -25,14 +24,14 @@ use crate::{
     drain::round::Leak,
     drain::round::{Round, SiteId, Snapshot},
     error::Result,
+    exit_status::ExitStatus,
     probe::Probes,
     profile::Profile,
     record::Recorder,
     reserve::{Tracker, ring::MemRing},
     symbolize::modules::Modules,
     symbolize::{Frame, Symbolizer},
-    targets::launch,
-    targets::procfs,
+    targets::{exit_watch::ExitWatch, launch, procfs},
     view::summary,
     view::tui,
 };
@@ -40,8 +39,9 @@ use crate::{
 /// Why the main loop ended.
 pub enum End {
     TargetExited,
-    Interrupted,
-    Terminated,
+    /// A signal ended the trace: the first for `-p` and `--all`, a second one for a launched
+    /// command (the first is passed on to it).
+    Signal(Sig),
     /// The live view was quit.
     Quit,
 }
@@ -62,7 +62,16 @@ pub struct Daemon {
     pub recorder: Option<Recorder>,
     /// A launched command, held at its exit by its tracer thread.
     pub child: Option<launch::Child>,
-    pub exit_code: Option<i32>,
+    /// How the target ended, when known (always for a launched command).
+    pub exit: Option<ExitStatus>,
+    /// The signal passed on to a launched command, which heaptrace then waits for.
+    pub passed_on: Option<Sig>,
+    /// A process tree traced (`probe::Scope::Tree`): its processes, `pid` its root.
+    pub followed: Option<crate::probe::follow::Followed>,
+    /// The root of a tree ended and others of it run on: the trace ends with the last.
+    pub root_ended: bool,
+    /// How a `-p` target ends, from the kernel's process events.
+    pub exit_watch: Option<ExitWatch>,
     /// Detached (dropped) before the final round.
     pub probes: Option<Probes>,
     /// System-wide mode: process starts and exits.
@@ -114,6 +123,9 @@ pub struct Start {
     pub profile: Profile,
     pub pid: Option<u32>,
     pub child: Option<launch::Child>,
+    /// How a `-p` target ends: opened before the attach, so an end right after it is heard.
+    pub exit_watch: Option<ExitWatch>,
+    pub followed: Option<crate::probe::follow::Followed>,
     pub modules: Modules,
     pub recorder: Option<Recorder>,
     pub procwatch: Option<ProcWatch>,
@@ -139,8 +151,12 @@ impl Daemon {
             stack_depth: s.stack_depth,
             symbolizer: Symbolizer::default(),
             recorder: s.recorder,
+            exit_watch: s.exit_watch,
             child: s.child,
-            exit_code: None,
+            followed: s.followed,
+            root_ended: false,
+            exit: None,
+            passed_on: None,
             probes: Some(s.probes),
             execs: procwatch.as_mut().and_then(|w| w.events.take()),
             exec_first: None,
@@ -201,6 +217,8 @@ async fn view_quit(live: Option<&mut tui::Link>) {
 /// it was alive.
 const EARLY_MAPS: Duration = Duration::from_secs(2);
 const EARLY_MAPS_EVERY: Duration = Duration::from_millis(20);
+/// How often, once a tree's root ended, the trace looks whether the rest of it has.
+const LAST_CHECK_EVERY: Duration = Duration::from_millis(20);
 
 impl Daemon {
     pub async fn watch(&mut self, interval: Duration) -> Result<End> {
@@ -213,6 +231,7 @@ impl Daemon {
                     // Gone already (it can end right after the attach): its calls are in the
                     // maps, and the final round reads them.
                     Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                        self.exit = self.exit_watch.as_mut().and_then(ExitWatch::status);
                         return Ok(End::TargetExited);
                     }
                     Err(e) => return Err(e.into()),
@@ -222,13 +241,13 @@ impl Daemon {
             }
             _ => None,
         };
-        let mut sigint = signal(SignalKind::interrupt())?;
-        let mut sigterm = signal(SignalKind::terminate())?;
+        let signals = signals::Signals::new()?;
         let mut ticks = tokio::time::interval(interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticks.tick().await; // the first tick is immediate
         let mut early = tokio::time::interval(EARLY_MAPS_EVERY);
         let mut retry = tokio::time::interval(crate::daemon::exec_watch::RETRY_EVERY);
+        let mut last_check = tokio::time::interval(LAST_CHECK_EVERY);
         loop {
             let pending = self.procwatch.as_ref().is_some_and(ProcWatch::has_pending);
             let early_maps = self.pid.is_some() && self.start.elapsed() < EARLY_MAPS;
@@ -239,12 +258,28 @@ impl Daemon {
                     }
                 }
                 _ = ticks.tick() => {
+                    if self.root_ended && !self.others_alive() {
+                        return Ok(End::TargetExited);
+                    }
                     self.round()?;
                     self.maps.purge_inflight(procfs::thread_alive)?;
+                    if let Some(w) = self.exit_watch.as_mut() {
+                        w.drain();
+                    }
                 }
-                _ = target_exit(exited.as_ref()) => return Ok(End::TargetExited),
-                ev = child_event(self.child.as_mut()) => {
-                    if self.child_event(ev)? {
+                _ = target_exit(exited.as_ref()), if !self.root_ended => {
+                    self.exit = self.exit_watch.as_mut().and_then(ExitWatch::status);
+                    if !self.root_ends_trace() {
+                        return Ok(End::TargetExited);
+                    }
+                }
+                ev = child_event(self.child.as_mut()), if !self.root_ended => {
+                    if self.child_event(ev)? && !self.root_ends_trace() {
+                        return Ok(End::TargetExited);
+                    }
+                }
+                _ = last_check.tick(), if self.root_ended => {
+                    if !self.others_alive() {
                         return Ok(End::TargetExited);
                     }
                 }
@@ -264,9 +299,29 @@ impl Daemon {
                     self.process_events();
                 }
                 _ = view_quit(self.live.as_mut()) => return Ok(End::Quit),
-                _ = sigint.recv() => return Ok(End::Interrupted),
-                _ = sigterm.recv() => return Ok(End::Terminated),
+                got = signals.recv() => {
+                    if let Some(end) = self.on_signal(got) {
+                        return Ok(end);
+                    }
+                }
             }
+        }
+    }
+
+    /// The root of a followed tree ended: true if the trace goes on (others of the tree run),
+    /// false if it ends now.
+    fn root_ends_trace(&mut self) -> bool {
+        self.root_ended = self.others_alive();
+        self.root_ended
+    }
+
+    /// Whether a followed process other than the root still runs (after their forks the
+    /// kernel reported, which come through the process events).
+    fn others_alive(&mut self) -> bool {
+        self.process_events();
+        match (&mut self.followed, self.pid) {
+            (Some(f), Some(root)) => f.others_alive(root),
+            _ => false,
         }
     }
 
@@ -287,14 +342,46 @@ impl Daemon {
 
     /// After the target exited: waits until the live view is quit, or a signal.
     pub async fn until_quit(&mut self) -> Result<()> {
-        let mut sigint = signal(SignalKind::interrupt())?;
-        let mut sigterm = signal(SignalKind::terminate())?;
+        let signals = signals::Signals::new()?;
         tokio::select! {
             _ = view_quit(self.live.as_mut()) => {}
-            _ = sigint.recv() => {}
-            _ = sigterm.recv() => {}
+            got = signals.recv() => {
+                if got.sig == Sig::Hup {
+                    signals::leave_hung_up_terminal();
+                }
+            }
         }
         Ok(())
+    }
+
+    /// A signal while tracing: the end of a trace of `-p` or `--all`. A launched command gets
+    /// the first one (unless its terminal sent it to the command too) and is waited for; a
+    /// second one ends the trace at once.
+    fn on_signal(&mut self, got: signals::Received) -> Option<End> {
+        if got.sig == Sig::Hup {
+            signals::leave_hung_up_terminal();
+        }
+        let (Some(child), None, false) = (&self.child, self.passed_on, self.root_ended) else {
+            return Some(End::Signal(got.sig));
+        };
+        let pid = child.pid as i32;
+        // SAFETY: getpgid and getpgrp have no preconditions.
+        let same_group = unsafe { libc::getpgid(pid) == libc::getpgrp() };
+        if !(got.from_terminal && same_group) {
+            // SAFETY: signalling our own child, which its tracer has not reaped.
+            unsafe { libc::kill(pid, got.sig.number()) };
+        }
+        self.passed_on = Some(got.sig);
+        let msg = format!(
+            "{} passed on to pid {pid}; waiting for it to end (send it again to stop at once)",
+            got.sig
+        );
+        if tui::active() {
+            self.notice = Some(msg);
+        } else {
+            eprintln!("heaptrace: {msg}");
+        }
+        None
     }
 }
 

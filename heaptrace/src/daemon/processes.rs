@@ -88,56 +88,48 @@ impl Daemon {
                 }
                 Ok(false)
             }
-            Some(launch::Event::Exited(code)) => {
-                self.exit_code = Some(code);
+            Some(launch::Event::Exited(status)) => {
+                self.exit = status;
                 Ok(true)
             }
             None => Ok(true),
         }
     }
 
-    /// A launched command's exit status. After a signal it may still be finishing (a
-    /// terminal's Ctrl-C reaches it too; SIGTERM is passed on): wait a short while at most.
-    pub async fn child_exit(&mut self, end: &End) -> Result<i32> {
-        if let Some(code) = self.exit_code {
-            return Ok(code);
-        }
-        // Quitting the live view interrupts the command as Ctrl-C would without it, and kills
-        // it if it is still there after that while.
-        let sig = match end {
-            End::Terminated => Some(libc::SIGTERM),
-            End::Quit => Some(libc::SIGINT),
-            _ => None,
+    /// A launched command's end, once the loop stopped. Quitting the live view interrupts it
+    /// as Ctrl-C would without the view, and kills it if it is still there two seconds later;
+    /// a second signal to heaptrace kills it at once (the first was passed on to it). A
+    /// launched command never runs on untraced.
+    pub async fn child_exit(&mut self, end: &End) -> Result<ExitStatus> {
+        let Some(pid) = self.pid else {
+            return Ok(ExitStatus::Code(1));
         };
-        if let (Some(sig), Some(pid)) = (sig, self.pid) {
-            // SAFETY: signalling our own child.
-            unsafe { libc::kill(pid as i32, sig) };
-        }
-        let mut killed = false;
-        loop {
+        let mut signals: &[i32] = match end {
+            End::Quit => &[libc::SIGINT, libc::SIGKILL],
+            End::Signal(_) => &[libc::SIGKILL],
+            End::TargetExited => &[],
+        };
+        let mut gone = self.exit.is_some();
+        while !gone {
+            let last = signals.is_empty();
+            if let Some((&sig, rest)) = signals.split_first() {
+                // SAFETY: signalling our own child, which its tracer has not reaped.
+                unsafe { libc::kill(pid as i32, sig) };
+                signals = rest;
+            }
             let deadline = tokio::time::sleep(Duration::from_secs(2));
             tokio::pin!(deadline);
-            loop {
+            while !gone {
                 tokio::select! {
-                    ev = child_event(self.child.as_mut()) => {
-                        if self.child_event(ev)? {
-                            return Ok(self.exit_code.unwrap_or(1));
-                        }
-                    }
+                    ev = child_event(self.child.as_mut()) => gone = self.child_event(ev)?,
                     _ = &mut deadline => break,
                 }
             }
-            match (end, self.pid, killed) {
-                (End::Quit, Some(pid), false) => {
-                    // SAFETY: killing our own child; its tracer reaps it.
-                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-                    killed = true;
-                }
-                (End::Terminated, _, _) => return Ok(128 + libc::SIGTERM),
-                (End::Quit, _, _) => return Ok(128 + libc::SIGKILL),
-                _ => return Ok(128 + libc::SIGINT),
+            if last {
+                break;
             }
         }
+        Ok(self.exit.unwrap_or(ExitStatus::Code(1)))
     }
 
     /// Reads the process events: attaches the allocators of new processes, and starts the
@@ -153,6 +145,11 @@ impl Daemon {
             }
         }
         let execs = w.drain(got, self.probes.as_mut());
+        if let Some(f) = self.followed.as_mut() {
+            for p in w.forked.drain(..) {
+                f.forked(p);
+            }
+        }
         self.restart(execs);
     }
 
@@ -169,8 +166,8 @@ impl Daemon {
         // The exec markers among the memory events first: they drop what was read of the
         // image before.
         self.drain_mem();
-        for (pid, maps) in early {
-            self.modules.keep_early(pid, &maps);
+        for (pid, read) in early {
+            self.modules.keep_early(pid, &read);
         }
     }
 

@@ -31,6 +31,8 @@ impl Daemon {
         let lost = self.reserves.lost - self.reserves_lost;
         round.losses[heaptrace_common::Loss::MemEvents as usize] += lost;
         self.reserves_lost = self.reserves.lost;
+        // Since the start, the first provider's and the scan's skips included.
+        self.profile.unsafe_files = crate::targets::target_file::skipped();
         if let Some(filter) = &self.filter {
             filter.apply(&mut round, &mut self.matched);
         }
@@ -80,12 +82,17 @@ impl Daemon {
     /// Those seen starting since the last read count too: one that lived within a round ends
     /// in it, rather than a round later, its blocks live meanwhile.
     pub(super) fn gone(&self) -> HashSet<u32> {
-        if self.pid.is_some() {
+        if self.pid.is_some() && self.followed.is_none() {
             return HashSet::new();
         }
         // Each pid looked at once: a read of /proc, and most are in both.
         let mut known: HashSet<u32> = self.prev.procs.keys().copied().collect();
         known.extend(self.procwatch.iter().flat_map(|w| w.seen.keys()));
+        known.extend(self.followed.iter().flat_map(|f| f.pids.iter()));
+        // A tree's root ends the trace, as a single process does (its final round).
+        if let Some(root) = self.pid {
+            known.remove(&root);
+        }
         known.retain(|p| !procfs::alive(*p));
         known
     }
@@ -111,8 +118,8 @@ impl Daemon {
     /// at the end of the round; processes gone already are named as they were seen starting.
     pub(super) fn describe_processes(&mut self, round: &mut Round, snap: &Snapshot) {
         let pids: Vec<u32> = match self.pid {
-            Some(p) => vec![p],
-            None => snap.procs.keys().copied().collect(),
+            Some(p) if self.followed.is_none() => vec![p],
+            _ => snap.procs.keys().copied().collect(),
         };
         if let Some(w) = &self.procwatch {
             for (p, pr) in round.procs.iter_mut() {
@@ -154,6 +161,9 @@ impl Daemon {
 
     /// Every one gone, also those that never allocated: no name of theirs is needed again.
     pub(super) fn forget_gone(&mut self, gone: &HashSet<u32>) {
+        if let Some(f) = self.followed.as_mut() {
+            f.forget(gone);
+        }
         let Some(w) = self.procwatch.as_mut() else {
             return;
         };

@@ -56,6 +56,7 @@ impl KernelMaps {
         self.proc_slots.free_where(|tgid| pids.contains(&tgid));
         for pid in pids {
             let _ = self.execs.remove(pid);
+            let _ = self.peaks.remove(pid);
         }
         // Gone before the last snapshot, so its keys there are all it has.
         let sizes: Vec<SizeKey> = self

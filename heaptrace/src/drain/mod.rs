@@ -79,6 +79,8 @@ pub struct KernelMaps {
     stack_gen: MappedArray<u64>,
     latency: PerCpuArray<MapData, LatencyHist>,
     execs: HashMap<MapData, u32, u32>,
+    /// Each process's live heap and its highest (`heaptrace_common::ProcPeak`).
+    peaks: HashMap<MapData, u32, heaptrace_common::ProcPeak>,
     /// The hash maps read every round or walked for a process's entries, for batched reads
     /// and deletes (`batch`).
     procs_fd: OwnedFd,
@@ -176,6 +178,7 @@ impl KernelMaps {
             stack_gen: MappedArray::map(ebpf, maps::STACK_GEN)?,
             latency: take(ebpf, maps::LATENCY)?,
             execs: take(ebpf, maps::EXECS)?,
+            peaks: take(ebpf, maps::PEAKS)?,
         })
     }
 

@@ -264,6 +264,17 @@ pub struct Snapshot {
     pub sites: BTreeMap<SiteId, SiteTotals>,
     /// Per function: time from entry to return, power-of-two buckets of nanoseconds.
     pub latency: [Log2; FUNC_COUNT],
+    /// Each process's highest live heap, from the kernel (`heaptrace_common::ProcPeak`).
+    pub peaks: BTreeMap<u32, KernelPeak>,
+}
+
+/// A process's highest live heap as the kernel took it, at the allocation that reached it:
+/// that allocation's size and stack id.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelPeak {
+    pub bytes: u64,
+    pub size: u64,
+    pub stack_id: i32,
 }
 
 /// A stack seen for the first time: raw return addresses (innermost first), where each one is
@@ -317,6 +328,9 @@ pub struct Round {
     /// trace did them. Recording format 5; earlier rounds read with none.
     pub ended: Vec<u32>,
     pub folded: Vec<u32>,
+    /// Processes whose highest live heap rose since the previous round (recording format 9;
+    /// earlier rounds read with none).
+    pub peaks: BTreeMap<u32, KernelPeak>,
     /// Stacks first seen this round, by (process, stack id).
     #[serde(skip)]
     pub stacks: BTreeMap<(u32, i32), NewStack>,
@@ -404,6 +418,12 @@ impl Snapshot {
             round.losses[i] = l.wrapping_sub(prev.losses[i]);
         }
         round.sites = map_delta(&self.sites, &prev.sites, SiteTotals::minus);
+        round.peaks = self
+            .peaks
+            .iter()
+            .filter(|(p, k)| prev.peaks.get(p).is_none_or(|was| k.bytes > was.bytes))
+            .map(|(p, k)| (*p, *k))
+            .collect();
         for (f, hist) in self.latency.iter().enumerate() {
             round.latency[f] = log2_zip(hist, &prev.latency[f], u64::wrapping_sub);
         }

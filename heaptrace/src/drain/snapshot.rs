@@ -20,7 +20,24 @@ impl KernelMaps {
         // and is taken until the generation moves on. It lives a round at most.
         next_stack_generation(&self.stack_cache, &self.stack_gen);
         self.read_latency(&mut snap)?;
+        self.read_peaks(&mut snap);
         Ok(snap)
+    }
+
+    /// The highest live heap of each process with counters (one lookup each).
+    fn read_peaks(&self, snap: &mut Snapshot) {
+        for pid in snap.procs.keys() {
+            if let Ok(p) = self.peaks.get(pid, 0)
+                && p.max as i64 > 0
+            {
+                let k = crate::drain::round::KernelPeak {
+                    bytes: p.max,
+                    size: p.max_size,
+                    stack_id: p.max_stack,
+                };
+                snap.peaks.insert(*pid, k);
+            }
+        }
     }
 
     /// The processes' counters; returns each one's current image: only its entries count (an

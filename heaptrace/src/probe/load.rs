@@ -26,6 +26,9 @@ pub struct LoadOptions {
     pub latency_every: u32,
     /// The one process traced, whose execs alone the kernel reports (0: every process's).
     pub watch_tgid: u32,
+    /// Only the processes in the kernel's followed set count, and each one they fork joins
+    /// it (`probe::follow`).
+    pub follow_forks: bool,
     /// The memory syscalls are traced: the kernel marks execs among their events.
     pub reservations: bool,
     /// `--all --comm`: the kernel leaves out the processes whose name does not contain this.
@@ -55,6 +58,7 @@ impl Default for LoadOptions {
             sample_bytes: 0,
             latency_every: 1,
             watch_tgid: 0,
+            follow_forks: false,
             comm: None,
             cgroup: None,
             reservations: false,
@@ -122,25 +126,7 @@ pub fn preflight() -> Result<()> {
 }
 
 fn has_bpf_caps() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    const CAP_SYS_ADMIN: u32 = 21;
-    const CAP_PERFMON: u32 = 38;
-    const CAP_BPF: u32 = 39;
-    let Some(eff) = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-    else {
-        return false;
-    };
-    let has = |c: u32| eff & (1 << c) != 0;
-    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+    crate::targets::access::Privileges::own().can_load()
 }
 
 /// The object as loaded: its placeholders rewritten for this kernel (`bpf::kfunc`), once a process.
@@ -273,6 +259,11 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
     };
     let rows = slot_rows(opts)?;
     let (pattern, task) = comm_filter(opts);
+    let ids = if opts.follow_forks {
+        crate::bpf::btf::id_offsets()?
+    } else {
+        crate::bpf::btf::IdOffsets::default()
+    };
     let mut ebpf = EbpfLoader::new()
         .override_global(globals::COMM_FILTER, &pattern.bytes, true)
         .override_global(globals::COMM_FILTER_MASK, &pattern.mask, true)
@@ -301,6 +292,9 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
             true,
         )
         .override_global(globals::WATCH_TGID, &opts.watch_tgid, true)
+        .override_global(globals::FOLLOW_FORKS, &u32::from(opts.follow_forks), true)
+        .override_global(globals::TASK_PID, &ids.pid, true)
+        .override_global(globals::TASK_TGID, &ids.tgid, true)
         .override_global(globals::RESERVATIONS, &u32::from(opts.reservations), true)
         .override_global(globals::LIVE_SLOTS_MASK, &(live_slots - 1), true)
         .map_max_entries(maps::LIVE, opts.live_map_size)
@@ -319,6 +313,7 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
         .override_global(globals::STACK_CACHE_SHIFT, &rows.stacks, true)
         .map_max_entries(maps::STACK_CACHE, rows.entries(rows.stacks))
         .map_max_entries(maps::EXECS, opts.proc_map_size)
+        .map_max_entries(maps::PEAKS, opts.proc_map_size)
         .map_max_entries(maps::INFLIGHT, opts.inflight_map_size)
         .map_max_entries(maps::FRAMES, frames)
         .map_max_entries(maps::CALLERS, callers)

@@ -3,12 +3,17 @@
 //! Drop detaches everything: every exit path (return, error, panic unwinding) that drops the
 //! `Probes` removes the uprobes, and the kernel removes them when the process dies anyway.
 //!
+//! The programs count only while the COUNTING switch is on (`Probes::enable`, `Probes::detach`):
+//! links go on one after the other, and a program that counted before the others were in place
+//! (or after the first was removed) would count allocations whose frees it cannot see.
+//!
 //! Detaching is the slow part. Closing a perf-event uprobe waits for grace periods under a
 //! kernel-wide mutex: about 0.1 s per probe here, one after the other. So the probes go on as
 //! uprobe_multi links (`bpf::uprobe_multi`) where the kernel has them: one per program, each unregistered
 //! behind one grace period. `Probes` owns its links and closes them from one thread each, so
 //! those waits overlap too. Perf-event uprobes remain the fallback.
 pub mod cgroup_filter;
+pub mod follow;
 mod load;
 pub mod placement;
 mod plan;
@@ -19,12 +24,8 @@ pub use load::{
     LoadOptions, Loaded, SlotRows, default_site_map_size, live_slots, load, preflight, slot_rows,
     stack_maps,
 };
-pub use plan::{Planned, plan};
-use std::{
-    num::NonZeroU32,
-    path::{Path, PathBuf},
-    sync::OnceLock,
-};
+pub use plan::{Planned, plan, releasing_first};
+use std::{num::NonZeroU32, path::PathBuf, sync::OnceLock};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -45,6 +46,7 @@ use crate::{
     targets::allocator::Provider,
     targets::custom_symbols::Abi,
     targets::elf::{self, FuncSite},
+    targets::target_file::TargetFile,
 };
 
 /// Which processes the probes fire for.
@@ -54,6 +56,27 @@ pub enum Scope {
     Process(u32),
     /// Every process that maps the provider's file.
     All,
+    /// A process and every process it forks, present (`-p --follow-forks`) and future: the
+    /// probes fire in every process, and the kernel counts the followed ones (`follow`).
+    Tree(u32),
+}
+
+impl Scope {
+    /// The process the probes' links are bound to; 0: none (every process).
+    pub fn probe_pid(self) -> u32 {
+        match self {
+            Scope::Process(pid) => pid,
+            Scope::All | Scope::Tree(_) => 0,
+        }
+    }
+
+    /// The process traced first: one's, a tree's root; None for all.
+    pub fn root(self) -> Option<u32> {
+        match self {
+            Scope::Process(pid) | Scope::Tree(pid) => Some(pid),
+            Scope::All => None,
+        }
+    }
 }
 
 /// One attached probe, for `--verbose` and the JSON document.
@@ -97,11 +120,13 @@ pub struct Probes {
     reservations: bool,
     /// The memory syscalls' wrappers probed, by file (see `syscall_sites::find`).
     pub syscall_sites: Vec<(PathBuf, Vec<crate::probe::syscall_sites::SyscallSite>)>,
+    /// The programs' switch (`heaptrace_common::maps::COUNTING`), off until `enable`.
+    counting: aya::maps::Array<aya::maps::MapData, u32>,
 }
 
 impl Drop for Probes {
     fn drop(&mut self) {
-        links::detach_all(std::mem::take(&mut self.links));
+        self.detach();
     }
 }
 
@@ -203,11 +228,9 @@ struct WrapperLinks {
 }
 
 fn uprobe_scope(scope: Scope) -> Result<UProbeScope> {
-    Ok(match scope {
-        Scope::All => UProbeScope::AllProcesses,
-        Scope::Process(pid) => {
-            UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(Error::NoSuchProcess(0))?)
-        }
+    Ok(match scope.probe_pid() {
+        0 => UProbeScope::AllProcesses,
+        pid => UProbeScope::OneProcess(NonZeroU32::new(pid).ok_or(Error::NoSuchProcess(0))?),
     })
 }
 
@@ -232,6 +255,35 @@ impl Probes {
             map: name,
             reason: e.to_string(),
         })
+    }
+
+    /// Turns counting on. Call once the probes of the start are all in place (the target's
+    /// allocator, the files of the processes already running under `--all`), before a
+    /// launched command runs: what any of them counts from then on has its release probed.
+    pub fn enable(&mut self) -> Result<()> {
+        self.switch(true)
+    }
+
+    fn switch(&mut self, on: bool) -> Result<()> {
+        self.counting
+            .set(0, u32::from(on), 0)
+            .map_err(|e| Error::Map {
+                map: maps::COUNTING,
+                reason: e.to_string(),
+            })
+    }
+
+    /// Ends tracing, in the one order that keeps the figures consistent: counting off first,
+    /// so that no program counts once any link is gone (a block counted before is live at the
+    /// end, in the live figures and among the leaks alike); then every link closed. Closing a
+    /// link waits for the programs running through it, so once this returns nothing changes
+    /// the maps and the final round reads a settled state. Safe to call again; Drop calls it.
+    pub fn detach(&mut self) {
+        if let Err(e) = self.switch(false) {
+            // Closing the links still ends tracing; only the last instants may be inconsistent.
+            eprintln!("heaptrace: warning: counting not stopped before detaching ({e})");
+        }
+        links::detach_all(std::mem::take(&mut self.links));
     }
 
     pub fn counting(&self) -> Counting {
@@ -275,7 +327,17 @@ impl Probes {
                 uprobe(&mut ebpf, name)?;
             }
         }
+        // After the uprobe_multi copies are pointed at the maps: taking it closes no fd.
+        let counting = ebpf
+            .take_map(maps::COUNTING)
+            .ok_or_else(|| Error::Load(format!("map {} missing", maps::COUNTING)))?
+            .try_into()
+            .map_err(|e| Error::Map {
+                map: maps::COUNTING,
+                reason: format!("{e}"),
+            })?;
         Ok(Probes {
+            counting,
             ebpf,
             preempt_off,
             attached: Vec::new(),
@@ -295,36 +357,39 @@ impl Probes {
 
     /// Probes the memory syscalls' wrappers in `provider`'s file, when it has them all.
     fn attach_syscalls(&mut self, provider: &Provider, scope: Scope) {
-        self.attach_syscalls_in(&provider.path, &provider.attach_path, scope)
+        self.attach_syscalls_in(&provider.file, scope)
     }
 
-    /// Probes the memory syscalls' wrappers in the file at `path` (`shown` as), when it has
-    /// them all and reservations are traced. All or nothing: what cannot be probed is a
-    /// warning, and the syscall tracepoints trace the memory syscalls unless other wrappers
-    /// were probed (`reserve::ring`).
-    pub fn attach_syscalls_in(&mut self, shown: &Path, path: &Path, scope: Scope) {
+    /// Probes the memory syscalls' wrappers in `file`, when it has them all and reservations
+    /// are traced. All or nothing: what cannot be probed is a warning, and the syscall
+    /// tracepoints trace the memory syscalls unless other wrappers were probed
+    /// (`reserve::ring`).
+    pub fn attach_syscalls_in(&mut self, file: &TargetFile, scope: Scope) {
         if !self.reservations {
             return;
         }
-        match self.syscall_links(path, scope) {
+        match self.syscall_links(file, scope) {
             Ok(Some(mut w)) => {
                 self.links.append(&mut w.links);
-                self.syscall_sites.push((shown.to_path_buf(), w.sites));
+                self.syscall_sites
+                    .push((file.shown().to_path_buf(), w.sites));
             }
             Ok(None) => {}
             Err(e) => eprintln!(
                 "heaptrace: warning: memory syscalls not probed in {} ({e})",
-                shown.display()
+                file.shown().display()
             ),
         }
     }
 
     /// The wrapper probes' links, attached, and how many probes they hold (None: no wrappers to
     /// probe). On an error the links made so far are closed (detached) on return.
-    fn syscall_links(&mut self, path: &Path, scope: Scope) -> Result<Option<WrapperLinks>> {
-        let Some(sites) = crate::probe::syscall_sites::find(path)? else {
+    fn syscall_links(&mut self, file: &TargetFile, scope: Scope) -> Result<Option<WrapperLinks>> {
+        let Some(sites) = crate::probe::syscall_sites::find(file)? else {
             return Ok(None);
         };
+        // The file read, not whatever its path leads to now.
+        let path = &file.attach_path();
         // After each syscall; and at the entry of those that release a range (see mem::BEGIN).
         let mut offsets: Vec<u64> = sites.iter().map(|s| s.probe_offset()).collect();
         let mut cookies: Vec<u64> = sites.iter().map(|s| u64::from(s.nr)).collect();
@@ -333,10 +398,7 @@ impl Probes {
             cookies.push(u64::from(s.nr) | heaptrace_common::mem::COOKIE_BEGIN);
         }
         if let Some(multi) = &self.multi {
-            let pid = match scope {
-                Scope::All => 0,
-                Scope::Process(pid) => pid,
-            };
+            let pid = scope.probe_pid();
             match multi.attach(SYSCALL_PROGRAM, path, &offsets, &cookies, false, pid) {
                 Ok(fd) => {
                     return Ok(Some(WrapperLinks {
@@ -363,15 +425,16 @@ impl Probes {
         Ok(Some(WrapperLinks { links, sites }))
     }
 
-    /// One uprobe_multi link for every return probe, then one per entry program. All or
-    /// nothing: on an error, the links made so far are closed (detached) on return.
+    /// One uprobe_multi link for every return probe, then one per entry program, releasing
+    /// functions first (`releasing_first`). All or nothing: on an error, the links made so
+    /// far are closed (detached) on return.
     fn attach_multi(
         multi: &MultiPrograms,
         plan: &[Planned],
         provider: &Provider,
         pid: u32,
     ) -> std::result::Result<Vec<Link>, crate::bpf::uprobe_multi::MultiError> {
-        let path = &provider.attach_path;
+        let path = &provider.file.attach_path();
         let mut links = Vec::new();
         let returns: Vec<u64> = plan
             .iter()
@@ -383,7 +446,7 @@ impl Probes {
             let fd = multi.attach(RETURN_PROGRAM, path, &returns, &cookies, true, pid)?;
             links.push(Link::Multi(fd));
         }
-        for p in plan {
+        for p in releasing_first(plan) {
             let offset = p.file_offset();
             let cookie = p.cookie();
             let name = entry_program(p.site.func, provider.abi);
@@ -409,14 +472,12 @@ impl Probes {
 
     /// Attaches every function the provider defines, entry probes where `plan` puts them.
     /// Return probes go first: an entry seen without its return probe in place would leave a
-    /// record that is never completed.
+    /// record that is never completed. Then the entries, releasing functions first: a file
+    /// attached while counting is on (`enable`) counts from its first link.
     pub fn attach(&mut self, provider: &Provider, scope: Scope, at_entry: bool) -> Result<()> {
         let plan = plan(provider, at_entry, self.calls)?;
         if let Some(multi) = &self.multi {
-            let pid = match scope {
-                Scope::All => 0,
-                Scope::Process(pid) => pid,
-            };
+            let pid = scope.probe_pid();
             match Self::attach_multi(multi, &plan, provider, pid) {
                 Ok(mut links) => {
                     self.links.append(&mut links);
@@ -432,7 +493,7 @@ impl Probes {
         }
         let family_scope = scope;
         let scope = uprobe_scope(scope)?;
-        let path = &provider.attach_path;
+        let path = &provider.file.attach_path();
         let attach_err = |func: Func, e: &dyn std::fmt::Display| Error::Attach {
             func: func.name(),
             path: provider.path.clone(),
@@ -445,7 +506,7 @@ impl Probes {
                 .map_err(|e| attach_err(p.site.func, &e))?;
             self.links.push(Link::Perf(own(prog, id)?));
         }
-        for p in &plan {
+        for p in releasing_first(&plan) {
             let site = &p.site;
             let name = entry_program(site.func, provider.abi);
             // The cookie tells the program how many pushes ran before the probe point.

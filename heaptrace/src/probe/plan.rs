@@ -50,7 +50,7 @@ pub fn plan(provider: &Provider, at_entry: bool, calls: bool) -> Result<Vec<Plan
         .iter()
         .map(|site| {
             let uretprobe = needs_uretprobe(provider, site, calls);
-            let code = elf::code(&provider.attach_path, site, placement::WINDOW)?;
+            let code = elf::code(&provider.file, site, placement::WINDOW)?;
             let placement = if at_entry {
                 placement::entry(&code, "entry: --probe-at-entry")
             } else {
@@ -70,9 +70,59 @@ pub fn plan(provider: &Provider, at_entry: bool, calls: bool) -> Result<Vec<Plan
         .collect()
 }
 
+/// The order the entry probes of one file go on: the functions that release a block (free,
+/// then realloc) before any that only allocate. Counting is already on when a file is
+/// attached later (a new process's allocator under `--all`, a new image's after an exec), so
+/// the file's probes start counting one link at a time; in this order every block counted
+/// from the file has its release probed already. A free seen before the allocating functions
+/// are is of a block not seen allocated, as a free of one allocated before the attach.
+pub fn releasing_first(plan: &[Planned]) -> Vec<&Planned> {
+    let mut order: Vec<&Planned> = plan.iter().collect();
+    order.sort_by_key(|p| match p.site.func {
+        Func::Free => 0,
+        Func::Realloc => 1,
+        _ => 2,
+    });
+    order
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn planned(func: Func) -> Planned {
+        Planned {
+            site: crate::targets::elf::FuncSite {
+                func,
+                symbol: func.name().into(),
+                vaddr: 0x1000,
+                file_offset: 0x1000,
+                size: 16,
+                aliases: Vec::new(),
+            },
+            uretprobe: func != Func::Free,
+            placement: crate::probe::placement::entry(&[0xc3], "test"),
+        }
+    }
+
+    #[test]
+    fn free_and_realloc_go_on_before_the_allocating_functions() {
+        let plan: Vec<Planned> = Func::ALL.into_iter().map(planned).collect();
+        let order: Vec<Func> = releasing_first(&plan)
+            .into_iter()
+            .map(|p| p.site.func)
+            .collect();
+        assert_eq!(order[..2], [Func::Free, Func::Realloc]);
+        assert_eq!(order.len(), Func::ALL.len());
+        let mut rest = order[2..].to_vec();
+        rest.sort_by_key(|f| *f as u32);
+        let mut others: Vec<Func> = Func::ALL
+            .into_iter()
+            .filter(|f| !matches!(f, Func::Free | Func::Realloc))
+            .collect();
+        others.sort_by_key(|f| *f as u32);
+        assert_eq!(rest, others);
+    }
 
     /// The entry programs read the attach cookie only in calls mode (and free only with a
     /// call in flight): an allocating function with a return probe must have cookie 0, its

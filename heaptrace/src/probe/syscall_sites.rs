@@ -1,11 +1,9 @@
 //! The memory syscalls' wrappers (mmap, munmap, mremap, brk) of an allocator's file, and where
 //! in each the probe goes: just after its `syscall` instruction (`placement::after_syscall`).
-use std::path::Path;
-
 use super::placement;
 use crate::{
     error::{Error, Result},
-    targets::elf,
+    targets::{elf, target_file::TargetFile},
 };
 
 /// Where the memory syscalls' wrappers of `path` are probed (see `placement::after_syscall`).
@@ -33,9 +31,9 @@ impl SyscallSite {
     }
 }
 
-/// The wrappers of the memory syscalls heaptrace follows, all of them, or None when `path` does
-/// not define one of them or one is not shaped as `placement::after_syscall` requires.
-pub fn find(path: &Path) -> Result<Option<Vec<SyscallSite>>> {
+/// The wrappers of the memory syscalls heaptrace follows, all of them, or None when `target`
+/// does not define one of them or one is not shaped as `placement::after_syscall` requires.
+pub fn find(target: &TargetFile) -> Result<Option<Vec<SyscallSite>>> {
     use heaptrace_common::mem;
     const WRAPPERS: [(&str, u32); 4] = [
         ("mmap", mem::MMAP),
@@ -43,9 +41,9 @@ pub fn find(path: &Path) -> Result<Option<Vec<SyscallSite>>> {
         ("mremap", mem::MREMAP),
         ("brk", mem::BRK),
     ];
-    let data = elf::map(path)?;
-    let file = object::File::parse(&*data).map_err(|e| Error::Elf {
-        path: path.into(),
+    let image = elf::ElfImage::read(target)?;
+    let file = object::File::parse(&image).map_err(|e| Error::Elf {
+        path: target.shown().into(),
         reason: e.to_string(),
     })?;
     let mut found: [Option<(u64, u64)>; 4] = [None; 4];
@@ -63,7 +61,7 @@ pub fn find(path: &Path) -> Result<Option<Vec<SyscallSite>>> {
             return Ok(None);
         };
         // A wrapper is short: its syscall comes within its first few instructions.
-        let code = elf::code_at(path, start, size, 256)?;
+        let code = elf::code_at(target, start, size, 256)?;
         let Some(placement) = placement::after_syscall(&code, *nr) else {
             return Ok(None);
         };
@@ -84,6 +82,7 @@ mod tests {
     #[test]
     fn host_libc_has_its_memory_syscalls_probed_after_the_syscall() {
         let libc = crate::targets::allocator::host_libc_path().expect("host libc");
+        let libc = TargetFile::host(&libc).unwrap();
         let sites = find(&libc).unwrap().expect("glibc's wrappers");
         assert_eq!(sites.len(), 4);
         for s in &sites {

@@ -73,6 +73,7 @@ impl Incarnations {
             (key(p), kind, id, f)
         });
         remap(&mut round.stacks, |(p, id)| (key(p), id));
+        remap(&mut round.peaks, key);
         for p in &mut round.restarted {
             *p = key(*p);
         }

@@ -13,8 +13,8 @@ use serde::Serialize;
 
 use crate::{
     drain::round::{
-        Leak, Log2, Round, SiteId, SiteTotals, Totals, map_delta, reservation_keys, site_ids,
-        size_keys, take_range,
+        KernelPeak, Leak, Log2, Round, SiteId, SiteTotals, Totals, map_delta, reservation_keys,
+        site_ids, size_keys, take_range,
     },
     reserve::{ResKey, ResTotals, Reserved},
     run_info::Mode,
@@ -73,6 +73,11 @@ pub struct Profile {
     /// Processes folded into one (`profile::exited`).
     #[serde(skip)]
     pub folded: Folded,
+    /// Files of traced processes skipped as suspect (`targets::target_file`): calls into them
+    /// were not counted, frames in them not named. A fact of the live trace: recordings do not
+    /// keep it.
+    #[serde(skip)]
+    pub unsafe_files: u64,
 }
 
 /// What folding ended processes keeps (`exited`): how many processes, and each folded stack's
@@ -98,17 +103,27 @@ pub struct ProcProfile {
     /// Its blocks were taken out of the kernel's live map when it ended (system-wide mode),
     /// rather than found there at the end.
     pub leaks_at_exit: bool,
+    /// Its highest live heap, taken by the kernel at the allocation that reached it (None
+    /// in calls mode and under `--sample-bytes`, and in recordings before format 9).
+    pub peak: Option<KernelPeak>,
 }
 
-/// The highest live-heap total seen at the end of a round, and the sites holding it then.
+/// The highest live heap: at the allocation that reached it where the kernel took it (the
+/// highest of one process's, `exact`), else the highest total seen at the end of a round; and
+/// the sites holding the most at the end of the round that saw it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Peak {
     pub live_bytes: i64,
+    /// At the end of the round that saw it (not known at an exact peak's allocation).
     pub live_blocks: i64,
     pub round: u64,
     pub elapsed_ms: u64,
-    /// (site, live blocks, live bytes), largest first.
+    /// (site, live blocks, live bytes), largest first, at the end of that round.
     pub sites: Vec<(SiteId, i64, i64)>,
+    /// Taken by the kernel at an allocation rather than at a round's end.
+    pub exact: bool,
+    /// The allocation that reached an exact peak: (process, stack id, its size).
+    pub reached_by: Option<(u32, i32, u64)>,
 }
 
 /// One line of the timeline: the activity of its rounds and the state at the end of the last.
@@ -250,6 +265,7 @@ impl Profile {
             self.end(*key);
         }
         let total = self.live_now();
+        self.apply_peaks(round, &total);
         self.push_row(TimelineRow {
             index: round.index,
             rounds: 1,
@@ -354,6 +370,32 @@ impl Profile {
         self.leaks = Some(scaled);
     }
 
+    /// The kernel's peaks of the round: each process's highest, and the trace's where one is
+    /// higher than any seen. Under byte sampling the live map holds the sampled blocks only:
+    /// the estimate at the round ends stands.
+    fn apply_peaks(&mut self, round: &Round, total: &Totals) {
+        if self.sample_bytes > 0 {
+            return;
+        }
+        for (pid, k) in &round.peaks {
+            let p = self.procs.entry(*pid).or_default();
+            if p.peak.is_none_or(|was| k.bytes > was.bytes) {
+                p.peak = Some(*k);
+            }
+            if self
+                .peak
+                .as_ref()
+                .is_none_or(|p| k.bytes as i64 > p.live_bytes)
+            {
+                let mut peak = self.peak_now(round, total);
+                peak.live_bytes = k.bytes as i64;
+                peak.exact = true;
+                peak.reached_by = Some((*pid, k.stack_id, k.size));
+                self.peak = Some(peak);
+            }
+        }
+    }
+
     fn peak_now(&self, round: &Round, total: &Totals) -> Peak {
         let mut sites: Vec<(SiteId, i64, i64)> = self
             .sites
@@ -369,6 +411,8 @@ impl Profile {
             round: round.index,
             elapsed_ms: round.elapsed_ms,
             sites,
+            exact: false,
+            reached_by: None,
         }
     }
 
@@ -502,6 +546,17 @@ impl Profile {
         v.sort_by_key(|(id, s)| (std::cmp::Reverse(key(s)), *id));
         v.truncate(top);
         v
+    }
+
+    /// The exact sizes one site requested, (size, count) by size; empty where the mode keeps
+    /// no exact histogram. Under byte sampling the counts are of sampled calls.
+    pub fn sizes_of_site(&self, site: &SiteId) -> Vec<(u64, u64)> {
+        let &(pid, stack, func) = site;
+        self.sizes
+            .range((pid, func, 0, i32::MIN)..=(pid, func, u64::MAX, i32::MAX))
+            .filter(|((_, _, _, st), _)| *st == stack)
+            .map(|((_, _, size, _), n)| (*size, *n))
+            .collect()
     }
 
     /// Sites that allocated exactly `size` bytes, and how often.

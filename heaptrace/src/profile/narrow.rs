@@ -74,6 +74,7 @@ impl Profile {
             weights: of_pid(&self.weights, pid),
             leaks: self.leaks.as_ref().map(|l| of_pid(l, pid)),
             reservations: of_pid(&self.reservations, pid),
+            unsafe_files: self.unsafe_files,
         }
     }
 }

@@ -23,6 +23,8 @@ pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
 /// - 7: the header's `temporary_allocs` (`--temporary-allocs`: temporaries by the freeing
 ///   thread's allocations in between, no longer by time); version 3 to 6 headers read with 0
 ///   (their `temporary_ms` rule).
+/// - 9: rounds end with the processes' peaks the kernel took (`KernelPeak`); earlier rounds
+///   read with none.
 /// - 6: the header's `latency_every` (`--latency-every`); version 3 to 5 headers read with 0
 ///   (every call timed).
 /// - 5: rounds end with the processes that ended and those folded into one (`profile::exited`); version
@@ -33,7 +35,7 @@ pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
 ///   header without it, as unsampled).
 /// - 2: rounds carry the allocators' reservations (the memory behind malloc) and one more loss
 ///   counter. Version 1 files (written before any release) are not read.
-pub const VERSION: u16 = 8;
+pub const VERSION: u16 = 9;
 /// The oldest version this reader reads.
 pub const OLDEST: u16 = 2;
 /// No frame is larger: a hostile length cannot make the reader allocate more.
@@ -506,9 +508,10 @@ pub fn decode_round(
     version: u16,
 ) -> Result<crate::drain::round::Round, FormatError> {
     let missing = match version {
-        5.. => 0,
-        4 => 2,
-        _ => 3,
+        9.. => 0,
+        5..=8 => 1,
+        4 => 3,
+        _ => 4,
     };
     decode_padded(frame, missing)
 }

@@ -24,12 +24,11 @@ pub struct Recorder {
     bytes: u64,
 }
 
+/// The build id of the file at `path` on this host (a recording's module, when it is read
+/// back): opened without blocking, regular files only.
 pub fn build_id(path: &Path) -> Option<Vec<u8>> {
-    use object::Object as _;
-    // Mapped, not read whole: a program with debug info is a hundred megabytes and more.
-    let data = crate::targets::elf::map(path).ok()?;
-    let file = object::File::parse(&*data).ok()?;
-    file.build_id().ok().flatten().map(<[u8]>::to_vec)
+    let file = crate::targets::target_file::TargetFile::host(path).ok()?;
+    crate::targets::elf::build_id(&file)
 }
 
 impl Recorder {
@@ -71,7 +70,8 @@ impl Recorder {
         Ok(id)
     }
 
-    fn module(&mut self, path: &Path) -> io::Result<u32> {
+    fn module(&mut self, l: &Location) -> io::Result<u32> {
+        let path = &*l.path;
         if let Some(id) = self.modules.get(path) {
             return Ok(*id);
         }
@@ -79,7 +79,8 @@ impl Recorder {
         let rec = ModuleRec {
             id,
             path: path.display().to_string(),
-            build_id: build_id(path),
+            // Of the file the process mapped, not of what its path leads to here.
+            build_id: l.file.as_deref().and_then(crate::targets::elf::build_id),
         };
         self.frame(Kind::Module, &rec)?;
         self.modules.insert(path.to_path_buf(), id);
@@ -97,7 +98,7 @@ impl Recorder {
         let mut locs = Vec::with_capacity(locations.len());
         for l in locations {
             locs.push(match l {
-                Some(l) => Some((self.module(&l.path)?, l.offset)),
+                Some(l) => Some((self.module(l)?, l.offset)),
                 None => None,
             });
         }
@@ -106,7 +107,7 @@ impl Recorder {
             let module = match locations.iter().flatten().find(|l| {
                 l.path.file_name().map(|n| n.to_string_lossy()) == Some((*f.module).into())
             }) {
-                Some(l) => Some(self.module(&l.path)?),
+                Some(l) => Some(self.module(l)?),
                 None => None,
             };
             recs.push(FrameRec {

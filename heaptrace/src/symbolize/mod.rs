@@ -7,7 +7,7 @@
 pub mod modules;
 use std::{
     collections::{HashMap, HashSet},
-    path::Path,
+    path::{Path, PathBuf},
     sync::Arc,
 };
 
@@ -17,7 +17,10 @@ use blazesym::symbolize::{
 };
 use serde::Serialize;
 
-use crate::symbolize::modules::{Location, Modules};
+use crate::{
+    symbolize::modules::{Location, Modules},
+    targets::target_file::{FileId, TargetFile},
+};
 
 /// One frame of a symbolized stack, innermost first: a shared handle to its [`FrameInfo`], read
 /// through `Deref`. A profile's stacks repeat the same frames many times over; each repeat costs
@@ -165,6 +168,9 @@ pub struct Symbolizer {
     blaze: Blaze,
     cache: HashMap<Location, Vec<Frame>>,
     strings: HashSet<Arc<str>>,
+    /// What blazesym maps of each file (`TargetFile::mappable`): a path, and the private
+    /// copy it names, held as long as blazesym may map it. None: it could not be read.
+    sources: HashMap<FileId, Option<(PathBuf, Option<std::fs::File>)>>,
 }
 
 impl Default for Symbolizer {
@@ -177,6 +183,7 @@ impl Default for Symbolizer {
                 .build(),
             cache: HashMap::new(),
             strings: HashSet::new(),
+            sources: HashMap::new(),
         }
     }
 }
@@ -226,23 +233,39 @@ impl Symbolizer {
         out
     }
 
+    /// The path blazesym reads `file` through: never its path in the process, which may lead
+    /// elsewhere by now (or nowhere, or to a FIFO).
+    fn source(&mut self, file: &TargetFile) -> Option<PathBuf> {
+        let entry = self.sources.entry(file.id()).or_insert_with(|| {
+            file.mappable()
+                .inspect_err(|e| log::debug!("{} not named: {e}", file.shown().display()))
+                .ok()
+        });
+        entry.as_ref().map(|(path, _)| path.clone())
+    }
+
     /// Symbolizes the locations not cached yet, one blazesym call per module.
     fn fill<'a>(&mut self, locs: impl Iterator<Item = &'a Location>) {
-        let mut by_module: HashMap<Arc<Path>, Vec<u64>> = HashMap::new();
+        type Module = (Arc<Path>, Option<Arc<TargetFile>>);
+        let mut by_module: HashMap<Module, Vec<u64>> = HashMap::new();
         for l in locs {
             if !self.cache.contains_key(l) {
-                by_module.entry(l.path.clone()).or_default().push(l.offset);
+                let key = (l.path.clone(), l.file.clone());
+                by_module.entry(key).or_default().push(l.offset);
             }
         }
-        for (path, mut offsets) in by_module {
+        for ((path, file), mut offsets) in by_module {
             offsets.sort_unstable();
             offsets.dedup();
             let module = intern(&mut self.strings, &module_name(&path));
-            let src = Source::Elf(Elf::new(&*path));
-            let results = self
-                .blaze
-                .symbolize(&src, Input::FileOffset(&offsets))
-                .unwrap_or_default();
+            // A file not opened is not named: its frames show module and offset.
+            let results = match file.as_deref().and_then(|f| self.source(f)) {
+                Some(src) => self
+                    .blaze
+                    .symbolize(&Source::Elf(Elf::new(src)), Input::FileOffset(&offsets))
+                    .unwrap_or_default(),
+                None => Vec::new(),
+            };
             for (i, off) in offsets.iter().enumerate() {
                 let strings = &mut self.strings;
                 let mut frame =
@@ -274,6 +297,7 @@ impl Symbolizer {
                     Location {
                         path: path.clone(),
                         offset: *off,
+                        file: file.clone(),
                     },
                     frames,
                 );

@@ -1,6 +1,18 @@
 //! Where code was: each traced process's executable mappings, remembered while it lives, so
 //! that its stacks can be turned into (module, file offset) and symbolized after it exits.
-use std::{collections::HashMap, path::Path, sync::Arc};
+//! Each mapped file is opened (safely: `targets::target_file`) when its mapping is first
+//! read, and held while a process known here maps it: its frames are named from that very
+//! file, which a process in a container or one that is gone no longer leads to by path.
+use std::{
+    collections::HashMap,
+    path::Path,
+    sync::{Arc, Weak},
+};
+
+use crate::targets::{
+    maps::MapsEntry,
+    target_file::{FileId, TargetFile},
+};
 
 /// One executable file mapping of a process.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -10,6 +22,8 @@ pub struct Mapping {
     /// File offset of `start`.
     pub offset: u64,
     pub path: Arc<Path>,
+    /// The file mapped, opened; None when it could not be (it is not named then).
+    pub file: Option<Arc<TargetFile>>,
 }
 
 /// A code address resolved to the file it belongs to. The path is shared with the mapping it
@@ -18,6 +32,10 @@ pub struct Mapping {
 pub struct Location {
     pub path: Arc<Path>,
     pub offset: u64,
+    /// The file itself, what its frames are named from (the same path in two containers is
+    /// two files).
+    #[serde(skip)]
+    pub file: Option<Arc<TargetFile>>,
 }
 
 /// Executable mappings per process, as last read while the process was alive.
@@ -33,6 +51,60 @@ pub struct Modules {
     early_gone: std::collections::HashSet<u32>,
     /// The kernel's unwind tables, kept in step with every read of a process's mappings.
     pub unwind: Option<crate::unwind::loaded::Tables>,
+    files: OpenFiles,
+}
+
+/// The files of mappings opened, by identity, while something holds them: a file mapped by
+/// many processes (libc) is opened once.
+#[derive(Default)]
+pub struct OpenFiles {
+    held: HashMap<FileId, Weak<TargetFile>>,
+}
+
+/// A process's mappings read right at its exec, and their files opened then: a process of a
+/// millisecond is gone by the time the daemon takes them, and a container's files can be
+/// reached through it alone.
+#[derive(Clone, Debug, Default)]
+pub struct EarlyRead {
+    pub maps: String,
+    pub files: Vec<Arc<TargetFile>>,
+}
+
+impl OpenFiles {
+    /// The file of `entry`, opened unless held already (None: it could not be).
+    fn get(
+        &mut self,
+        pid: u32,
+        dir: &mut Option<String>,
+        e: &MapsEntry,
+    ) -> Option<Arc<TargetFile>> {
+        if let Some(f) = self.held.get(&e.id).and_then(Weak::upgrade) {
+            return Some(f);
+        }
+        let dir = dir.get_or_insert_with(|| crate::targets::procfs::space_dir(pid));
+        let f = Arc::new(open(pid, dir, e)?);
+        self.held.insert(e.id, Arc::downgrade(&f));
+        Some(f)
+    }
+
+    /// The files of the executable mappings of `maps`, process `pid`'s, read just now.
+    pub fn read(&mut self, pid: u32, maps: String) -> EarlyRead {
+        let mut dir = None;
+        let mut files: Vec<Arc<TargetFile>> = Vec::new();
+        for e in crate::targets::maps::parse(&maps).iter().filter(|e| e.exec) {
+            if !files.iter().any(|f| f.id() == e.id)
+                && let Some(f) = self.get(pid, &mut dir, e)
+            {
+                files.push(f);
+            }
+        }
+        self.forget_released();
+        EarlyRead { maps, files }
+    }
+
+    fn forget_released(&mut self) {
+        self.held.retain(|_, f| f.strong_count() > 0);
+    }
 }
 
 /// The lowest address a mapping can have (the kernel's default `vm.mmap_min_addr`), and the
@@ -53,16 +125,21 @@ impl Modules {
     /// gone before a later read; with this one its executable's frames are named all the same.
     /// The read is not the whole picture: `knows` says no until another read, and `not_code`
     /// does not cut a stack at an address outside it.
-    pub fn keep_early(&mut self, pid: u32, maps: &str) {
+    pub fn keep_early(&mut self, pid: u32, read: &EarlyRead) {
         if self.knows(pid) {
             return; // read whole since
         }
-        self.keep(pid, maps);
+        self.keep_with(pid, &read.maps, &read.files);
         self.early.insert(pid);
     }
 
     fn keep(&mut self, pid: u32, maps: &str) {
-        let parsed = parse_maps(maps);
+        self.keep_with(pid, maps, &[]);
+    }
+
+    /// Keeps `maps`, their files among `opened` or opened now.
+    fn keep_with(&mut self, pid: u32, maps: &str, opened: &[Arc<TargetFile>]) {
+        let parsed = self.parse_maps(pid, maps, opened);
         if let Some(t) = &mut self.unwind
             && !parsed.is_empty()
         {
@@ -106,6 +183,7 @@ impl Modules {
             .map(|m| Location {
                 path: m.path.clone(),
                 offset: addr - m.start + m.offset,
+                file: m.file.clone(),
             })
     }
 
@@ -176,26 +254,49 @@ fn code_ranges(maps: &str) -> Vec<(u64, u64)> {
         .collect()
 }
 
-fn parse_maps(maps: &str) -> Vec<Mapping> {
-    maps.lines()
-        .filter_map(|line| {
-            let mut cols = line.split_whitespace();
-            let range = cols.next()?;
-            let perms = cols.next()?;
-            let offset = cols.next()?;
-            let path: Vec<&str> = cols.skip(2).collect();
-            if !perms.contains('x') || path.is_empty() || !path[0].starts_with('/') {
-                return None;
-            }
-            let (lo, hi) = range.split_once('-')?;
-            Some(Mapping {
-                start: u64::from_str_radix(lo, 16).ok()?,
-                end: u64::from_str_radix(hi, 16).ok()?,
-                offset: u64::from_str_radix(offset, 16).ok()?,
-                path: Path::new(path.join(" ").trim_end_matches(" (deleted)")).into(),
-            })
-        })
-        .collect()
+impl Modules {
+    /// The executable file mappings of `maps`, each with its file (among `opened`, or held,
+    /// or opened now).
+    fn parse_maps(&mut self, pid: u32, maps: &str, opened: &[Arc<TargetFile>]) -> Vec<Mapping> {
+        let mut dir = None;
+        let mut paths: HashMap<&Path, Arc<Path>> = HashMap::new();
+        let entries = crate::targets::maps::parse(maps);
+        let mut out = Vec::new();
+        for e in entries.iter().filter(|e| e.exec) {
+            let file = match opened.iter().find(|f| f.id() == e.id) {
+                Some(f) => Some(f.clone()),
+                None => self.files.get(pid, &mut dir, e),
+            };
+            let path = paths
+                .entry(&e.path)
+                .or_insert_with(|| e.path.as_path().into());
+            out.push(Mapping {
+                start: e.start,
+                end: e.end,
+                offset: e.offset,
+                path: path.clone(),
+                file,
+            });
+        }
+        self.files.forget_released();
+        out
+    }
+}
+
+/// The file of `entry`: through the process while it lives, else (gone) through its path
+/// here if that leads to the same file; a suspect one is skipped (said and counted).
+fn open(pid: u32, dir: &str, entry: &MapsEntry) -> Option<TargetFile> {
+    use crate::targets::target_file;
+    match TargetFile::mapped(dir, entry) {
+        Ok(f) => Some(f),
+        Err(e) if e.suspect() => {
+            target_file::skip(pid, &entry.path, Some(entry.id), &e);
+            None
+        }
+        Err(_) => TargetFile::host_as(entry)
+            .inspect_err(|e| log::debug!("pid {pid}: {} not named: {e}", entry.path.display()))
+            .ok(),
+    }
 }
 
 #[cfg(test)]
@@ -205,19 +306,20 @@ mod tests {
     #[test]
     fn resolves_addresses_to_file_offsets() {
         let mut m = Modules::default();
-        m.procs.insert(
+        let parsed = m.parse_maps(
             1,
-            parse_maps(
-                "55d0c0000000-55d0c0001000 r--p 00000000 fe:01 1 /bin/prog\n\
+            "55d0c0000000-55d0c0001000 r--p 00000000 fe:01 1 /bin/prog\n\
                  55d0c0001000-55d0c0003000 r-xp 00001000 fe:01 1 /bin/prog\n\
                  7f0000000000-7f0000001000 r-xp 00028000 fe:01 2 /lib/libc.so.6\n",
-            ),
+            &[],
         );
+        m.procs.insert(1, parsed);
         assert_eq!(
             m.resolve(1, 0x55d0c0001010),
             Some(Location {
                 path: Path::new("/bin/prog").into(),
-                offset: 0x1010
+                offset: 0x1010,
+                file: None,
             })
         );
         assert_eq!(m.resolve(1, 0x7f0000000100).unwrap().offset, 0x28100);
@@ -250,12 +352,19 @@ mod tests {
         );
     }
 
+    fn early(maps: &str) -> EarlyRead {
+        EarlyRead {
+            maps: maps.into(),
+            files: Vec::new(),
+        }
+    }
+
     #[test]
     fn mappings_read_at_exec_name_the_executable_and_cut_nothing() {
         let at_exec = "55d0c0001000-55d0c0003000 r-xp 00001000 fe:01 1 /bin/prog\n\
                        7f1000000000-7f1000020000 r-xp 00001000 fe:01 3 /lib/ld.so\n";
         let mut m = Modules::default();
-        m.keep_early(1, at_exec);
+        m.keep_early(1, &early(at_exec));
         assert_eq!(m.resolve(1, 0x55d0c0001010).unwrap().offset, 0x1010);
         assert!(!m.knows(1), "its libraries are not read yet");
         assert!(
@@ -270,11 +379,11 @@ mod tests {
              7f0000000000-7f0000001000 r-xp 00028000 fe:01 2 /lib/libc.so.6\n",
         );
         assert!(m.knows(1));
-        m.keep_early(1, at_exec);
+        m.keep_early(1, &early(at_exec));
         assert_eq!(m.resolve(1, 0x7f0000000100).unwrap().offset, 0x28100);
         // An exec-time read of a process gone for two calls is dropped; a whole read stays
         // until the process is forgotten at its end.
-        m.keep_early(2, at_exec);
+        m.keep_early(2, &early(at_exec));
         m.prune_early(|_| false);
         assert!(m.resolve(2, 0x55d0c0001010).is_some(), "one call's grace");
         m.prune_early(|_| false);

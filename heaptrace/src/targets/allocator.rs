@@ -3,6 +3,7 @@
 use std::{
     fs,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use heaptrace_common::Func;
@@ -11,6 +12,8 @@ use crate::{
     error::{Error, Result},
     targets::custom_symbols::{Abi, Custom},
     targets::elf::{self, FuncSite},
+    targets::maps::MapsEntry,
+    targets::target_file::{self, FileId, TargetFile},
 };
 
 /// The object whose malloc family heaptrace probes.
@@ -18,19 +21,19 @@ use crate::{
 pub struct Provider {
     /// The path as the target process sees it (for display).
     pub path: PathBuf,
-    /// The path heaptrace opens to attach (through /proc/PID/root for other mount namespaces).
-    pub attach_path: PathBuf,
+    /// The file itself, opened safely: its sites were read from it, and its probes go on it.
+    pub file: Arc<TargetFile>,
     pub sites: Vec<FuncSite>,
     /// How its functions take their arguments.
     pub abi: Abi,
 }
 
 impl Provider {
-    fn load(path: PathBuf, attach_path: PathBuf) -> Result<Option<Provider>> {
-        let sites = elf::alloc_sites(&attach_path)?;
+    fn load(file: Arc<TargetFile>) -> Result<Option<Provider>> {
+        let sites = elf::alloc_sites(&file)?;
         Ok(elf::defines_malloc(&sites).then_some(Provider {
-            path,
-            attach_path,
+            path: file.shown().to_path_buf(),
+            file,
             sites,
             abi: Abi::C,
         }))
@@ -40,7 +43,7 @@ impl Provider {
 /// The first of `files` (in symbol lookup order) that defines the custom malloc. Only its
 /// custom functions are probed, not the family it may call underneath (a wrapper's libc
 /// malloc): each call is counted once, under its custom name's function.
-fn custom_in(files: &[(PathBuf, PathBuf)], custom: &Custom, whose: &str) -> Result<Provider> {
+fn custom_in(files: &[Arc<TargetFile>], custom: &Custom, whose: &str) -> Result<Provider> {
     let names: Vec<(Func, String)> = custom
         .names
         .iter()
@@ -49,13 +52,13 @@ fn custom_in(files: &[(PathBuf, PathBuf)], custom: &Custom, whose: &str) -> Resu
     let looked = || {
         files
             .iter()
-            .map(|(p, _)| p.display().to_string())
+            .map(|f| f.shown().display().to_string())
             .collect::<Vec<_>>()
             .join(", ")
     };
-    for (path, attach) in files {
-        let Ok(sites) = elf::named_sites(attach, &names) else {
-            continue; // unreadable or not ELF: not the allocator
+    for file in files {
+        let Ok(sites) = elf::named_sites(file, &names) else {
+            continue; // not ELF: not the allocator
         };
         if !sites.iter().any(|s| s.func == Func::Malloc) {
             continue;
@@ -71,12 +74,12 @@ fn custom_in(files: &[(PathBuf, PathBuf)], custom: &Custom, whose: &str) -> Resu
             return Err(Error::SymbolsNotFound {
                 spec: custom.spec.clone(),
                 missing: missing.join(", "),
-                looked: path.display().to_string(),
+                looked: file.shown().display().to_string(),
             });
         }
         return Ok(Provider {
-            path: path.clone(),
-            attach_path: attach.clone(),
+            path: file.shown().to_path_buf(),
+            file: file.clone(),
             sites,
             abi: custom.abi,
         });
@@ -91,14 +94,8 @@ fn custom_in(files: &[(PathBuf, PathBuf)], custom: &Custom, whose: &str) -> Resu
 
 /// The provider of custom allocator functions in a running process.
 pub fn custom_for_pid(pid: u32, custom: &Custom) -> Result<Provider> {
-    let (ordered, root) = candidates(pid)?;
-    let files: Vec<(PathBuf, PathBuf)> = ordered
-        .into_iter()
-        .map(|p| {
-            let attach = root.join(p.strip_prefix("/").unwrap_or(&p));
-            (p, attach)
-        })
-        .collect();
+    let c = candidates(pid)?;
+    let files: Vec<Arc<TargetFile>> = c.files.iter().filter_map(|e| c.open(e)).collect();
     custom_in(&files, custom, &format!("process {pid}"))
 }
 
@@ -110,20 +107,30 @@ pub fn custom_for_command(
     ld_preload: Option<&str>,
     custom: &Custom,
 ) -> Result<Provider> {
-    let mut files = vec![exe.to_path_buf()];
-    files.extend(
-        ld_preload
-            .unwrap_or("")
-            .split([':', ' '])
-            .filter(|s| !s.is_empty())
-            .map(PathBuf::from),
-    );
+    let mut paths = vec![exe.to_path_buf()];
+    paths.extend(preloaded(ld_preload));
     let libc = host_libc_path()?;
-    if !files.contains(&libc) {
-        files.push(libc);
+    if !paths.contains(&libc) {
+        paths.push(libc);
     }
-    let files: Vec<(PathBuf, PathBuf)> = files.into_iter().map(|p| (p.clone(), p)).collect();
+    let files: Vec<Arc<TargetFile>> = paths.iter().filter_map(|p| host_file(p)).collect();
     custom_in(&files, custom, &exe.display().to_string())
+}
+
+fn preloaded(ld_preload: Option<&str>) -> impl Iterator<Item = PathBuf> + '_ {
+    ld_preload
+        .unwrap_or("")
+        .split([':', ' '])
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+}
+
+/// A file of the host named by heaptrace's user, if it opens as a regular file.
+fn host_file(path: &Path) -> Option<Arc<TargetFile>> {
+    TargetFile::host(path)
+        .inspect_err(|e| log::debug!("{} not opened: {e}", path.display()))
+        .ok()
+        .map(Arc::new)
 }
 
 fn is_libc(path: &Path) -> bool {
@@ -146,33 +153,24 @@ pub fn host_libc_path() -> Result<PathBuf> {
     })?;
     mapped_files(&maps)
         .into_iter()
+        .map(|e| e.path)
         .find(|p| is_libc(p))
         .ok_or_else(|| Error::NoMallocFor("the host (no libc mapped in heaptrace itself)".into()))
 }
 
 pub fn host_libc() -> Result<Provider> {
     let path = host_libc_path()?;
-    Provider::load(path.clone(), path.clone())?
-        .ok_or_else(|| Error::NoMallocFor(path.display().to_string()))
+    let file = TargetFile::host(&path)
+        .map_err(|e| Error::NoMallocFor(format!("{} ({e})", path.display())))?;
+    Provider::load(Arc::new(file))?.ok_or_else(|| Error::NoMallocFor(path.display().to_string()))
 }
 
-/// Executable file mappings of /proc/PID/maps, in order of first appearance, without duplicates.
-fn mapped_files(maps: &str) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = Vec::new();
-    for line in maps.lines() {
-        let mut cols = line.split_whitespace();
-        let perms = cols.nth(1).unwrap_or("");
-        let path: Vec<&str> = cols.skip(3).collect();
-        if !perms.contains('x') || path.is_empty() || !path[0].starts_with('/') {
-            continue;
-        }
-        let path = path.join(" ");
-        if path.ends_with(" (deleted)") {
-            continue;
-        }
-        let path = PathBuf::from(path);
-        if !out.contains(&path) {
-            out.push(path);
+/// Executable file mappings of /proc/PID/maps, in order of first appearance, one per file.
+fn mapped_files(maps: &str) -> Vec<MapsEntry> {
+    let mut out: Vec<MapsEntry> = Vec::new();
+    for e in crate::targets::maps::parse(maps) {
+        if e.exec && !out.iter().any(|o| o.id == e.id && o.path == e.path) {
+            out.push(e);
         }
     }
     out
@@ -185,65 +183,80 @@ pub fn for_pid(pid: u32) -> Result<Provider> {
     Ok(provider.expect("nothing is known attached"))
 }
 
-/// What is known of allocator files by (device, inode), so each is parsed once.
+/// What is known of allocator files by identity, so each is parsed once.
 #[derive(Default)]
 pub struct Known {
     /// Files that define malloc and are probed already.
-    pub attached: std::collections::HashSet<(u64, u64)>,
+    pub attached: std::collections::HashSet<FileId>,
     /// Files that define no malloc.
-    pub not_allocators: std::collections::HashSet<(u64, u64)>,
+    pub not_allocators: std::collections::HashSet<FileId>,
 }
 
 /// `for_pid`, skipping files already known: Ok(None) when the process's allocator is a file
 /// probed already.
 pub fn for_pid_known(pid: u32, known: &mut Known) -> Result<Option<Provider>> {
-    let (ordered, root) = candidates(pid)?;
-    let in_root = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
-    for path in &ordered {
-        let attach = in_root(path);
-        let id = file_id(&attach);
-        if let Some(id) = id {
-            if known.attached.contains(&id) {
-                return Ok(None);
-            }
-            if known.not_allocators.contains(&id) {
-                continue;
-            }
+    let c = candidates(pid)?;
+    for entry in &c.files {
+        if known.attached.contains(&entry.id) {
+            return Ok(None);
         }
-        // Unreadable or non-ELF mappings (vdso-like files, deleted files) are not allocators.
-        match Provider::load(path.clone(), attach) {
+        if known.not_allocators.contains(&entry.id) {
+            continue;
+        }
+        // Unreadable, suspect (skipped, said) or non-ELF files are not allocators.
+        let Some(file) = c.open(entry) else { continue };
+        match Provider::load(file) {
             Ok(Some(p)) => return Ok(Some(p)),
             Ok(None) => {
-                if let Some(id) = id {
-                    known.not_allocators.insert(id);
-                }
+                known.not_allocators.insert(entry.id);
             }
             Err(_) => {}
         }
     }
     Err(Error::NoMalloc {
         pid,
-        looked: ordered
+        looked: c
+            .files
             .iter()
-            .map(|p| p.display().to_string())
+            .map(|e| e.path.display().to_string())
             .collect::<Vec<_>>()
             .join(", "),
     })
 }
 
-/// The libc a process maps, as (its path, the path to attach to), if it maps one. A process
-/// whose allocator is another file still makes its memory syscalls through libc's wrappers.
-pub fn libc_of(pid: u32) -> Result<Option<(PathBuf, PathBuf)>> {
-    let (ordered, root) = candidates(pid)?;
-    Ok(ordered.into_iter().find(|p| is_libc(p)).map(|p| {
-        let attach = root.join(p.strip_prefix("/").unwrap_or(&p));
-        (p, attach)
-    }))
+/// The libc a process maps, opened, if it maps one. A process whose allocator is another file
+/// still makes its memory syscalls through libc's wrappers.
+pub fn libc_of(pid: u32) -> Result<Option<Arc<TargetFile>>> {
+    let c = candidates(pid)?;
+    Ok(c.files
+        .iter()
+        .find(|e| is_libc(&e.path))
+        .and_then(|e| c.open(e)))
 }
 
 /// A process's mapped files in symbol lookup order (the executable, then libraries in load
-/// order, libc and the dynamic loader's neighbours last), and its root directory.
-fn candidates(pid: u32) -> Result<(Vec<PathBuf>, PathBuf)> {
+/// order, libc last; the dynamic loader left out), and where to open them from.
+struct Candidates {
+    pid: u32,
+    /// Its /proc directory: a running thread's when the leader has exited.
+    dir: String,
+    files: Vec<MapsEntry>,
+}
+
+impl Candidates {
+    /// The file of `entry`, opened safely; a suspect one is said and counted.
+    fn open(&self, entry: &MapsEntry) -> Option<Arc<TargetFile>> {
+        match TargetFile::mapped(&self.dir, entry) {
+            Ok(f) => Some(Arc::new(f)),
+            Err(e) => {
+                target_file::skip(self.pid, &entry.path, Some(entry.id), &e);
+                None
+            }
+        }
+    }
+}
+
+fn candidates(pid: u32) -> Result<Candidates> {
     // A running thread's, when the leader has exited (its files are empty then).
     let dir = crate::targets::procfs::space_dir(pid);
     let maps_path = PathBuf::from(format!("{dir}/maps"));
@@ -257,44 +270,38 @@ fn candidates(pid: u32) -> Result<(Vec<PathBuf>, PathBuf)> {
             }
         }
     })?;
+    // Its path only orders the files; the file opened is the one mapped.
     let exe = fs::read_link(format!("{dir}/exe")).ok();
+    let is_exe = |e: &MapsEntry| Some(&e.path) == exe.as_ref();
     let files = mapped_files(&maps);
-    let mut ordered: Vec<PathBuf> = Vec::new();
-    ordered.extend(files.iter().filter(|p| Some(*p) == exe.as_ref()).cloned());
+    let mut ordered: Vec<MapsEntry> = Vec::new();
+    ordered.extend(files.iter().filter(|e| is_exe(e)).cloned());
     ordered.extend(
         files
             .iter()
-            .filter(|p| Some(*p) != exe.as_ref() && !is_libc(p) && !is_dynamic_loader(p))
+            .filter(|e| !is_exe(e) && !is_libc(&e.path) && !is_dynamic_loader(&e.path))
             .cloned(),
     );
-    ordered.extend(files.iter().filter(|p| is_libc(p)).cloned());
-    Ok((ordered, PathBuf::from(format!("{dir}/root"))))
+    ordered.extend(files.iter().filter(|e| is_libc(&e.path)).cloned());
+    Ok(Candidates {
+        pid,
+        dir,
+        files: ordered,
+    })
 }
 
 /// The provider for a command about to be executed: the executable if it defines malloc (a
 /// static binary), else the first LD_PRELOAD library that does, else the host's libc.
 pub fn for_command(exe: &Path, ld_preload: Option<&str>) -> Result<Provider> {
-    if let Ok(Some(p)) = Provider::load(exe.into(), exe.into()) {
-        return Ok(p);
-    }
-    for lib in ld_preload
-        .unwrap_or("")
-        .split([':', ' '])
-        .filter(|s| !s.is_empty())
-    {
-        if let Ok(Some(p)) = Provider::load(lib.into(), lib.into()) {
+    let paths = std::iter::once(exe.to_path_buf()).chain(preloaded(ld_preload));
+    for path in paths {
+        if let Some(file) = host_file(&path)
+            && let Ok(Some(p)) = Provider::load(file)
+        {
             return Ok(p);
         }
     }
     host_libc()
-}
-
-/// A file's identity: the same library seen through different paths (a container's root, a
-/// bind mount) is attached once, and a different file at the same path is not mistaken for it.
-pub fn file_id(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt as _;
-    let m = fs::metadata(path).ok()?;
-    Some((m.dev(), m.ino()))
 }
 
 /// Resolves a command name the way execvp does.
@@ -323,7 +330,7 @@ mod tests {
 7f0000600000-7f0000700000 r-xp 00000000 fe:01 791 /tmp/old.so (deleted)
 7ffd00000000-7ffd00001000 r-xp 00000000 00:00 0 [vdso]
 ";
-        let files = mapped_files(maps);
+        let files: Vec<PathBuf> = mapped_files(maps).into_iter().map(|e| e.path).collect();
         assert_eq!(
             files,
             vec![
@@ -331,6 +338,7 @@ mod tests {
                 PathBuf::from("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
                 PathBuf::from("/usr/lib/x86_64-linux-gnu/libc.so.6"),
                 PathBuf::from("/tmp/my lib.so"),
+                PathBuf::from("/tmp/old.so"),
             ]
         );
         assert!(is_libc(&files[2]));

@@ -1,10 +1,13 @@
 //! Finding the malloc family in an ELF file: symbol addresses, file offsets, aliases.
-use std::{collections::BTreeMap, fs, path::Path};
+use std::collections::BTreeMap;
 
 use heaptrace_common::Func;
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 
-use crate::error::{Error, Result};
+use crate::{
+    error::{Error, Result},
+    targets::target_file::TargetFile,
+};
 
 /// One function to probe: where it is in the file, and which other names share its address.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,24 +25,24 @@ pub struct FuncSite {
     pub aliases: Vec<Func>,
 }
 
-/// The malloc-family functions `path` defines, one site per distinct address.
-pub fn alloc_sites(path: &Path) -> Result<Vec<FuncSite>> {
+/// The malloc-family functions `file` defines, one site per distinct address.
+pub fn alloc_sites(file: &TargetFile) -> Result<Vec<FuncSite>> {
     let names: Vec<(Func, String)> = Func::ALL
         .iter()
         .map(|f| (*f, f.name().to_string()))
         .collect();
-    named_sites(path, &names)
+    named_sites(file, &names)
 }
 
-/// The functions of `names` ((counted as, symbol)) that `path` defines, one site per
+/// The functions of `names` ((counted as, symbol)) that `file` defines, one site per
 /// distinct address.
-pub fn named_sites(path: &Path, names: &[(Func, String)]) -> Result<Vec<FuncSite>> {
-    let data = map(path)?;
+pub fn named_sites(target: &TargetFile, names: &[(Func, String)]) -> Result<Vec<FuncSite>> {
+    let image = ElfImage::read(target)?;
     let elf_err = |reason: String| Error::Elf {
-        path: path.into(),
+        path: target.shown().into(),
         reason,
     };
-    let file = object::File::parse(&*data).map_err(|e| elf_err(e.to_string()))?;
+    let file = object::File::parse(&image).map_err(|e| elf_err(e.to_string()))?;
 
     let mut by_func: BTreeMap<Func, (u64, u64)> = BTreeMap::new();
     for_each_function(&file, |name, addr, size| {
@@ -80,27 +83,143 @@ pub fn named_sites(path: &Path, names: &[(Func, String)]) -> Result<Vec<FuncSite
     Ok(sites)
 }
 
-/// Read lazily: only the headers and symbol tables, not a whole (maybe huge debug) binary.
-fn open(path: &Path) -> Result<fs::File> {
-    fs::File::open(path).map_err(|source| Error::Read {
-        path: path.into(),
-        source,
-    })
+/// The parts of an ELF file that its symbols are read from (its headers and its symbol,
+/// string, note and version tables), read from the held descriptor into memory: not its code
+/// or debug info, which may be a hundred megabytes, and not mapped, since a file the traced
+/// process can truncate would fault heaptrace in the middle of a parse.
+pub struct ElfImage {
+    len: u64,
+    /// (file offset, bytes), by offset.
+    chunks: Vec<(u64, Vec<u8>)>,
 }
 
-/// The file mapped to memory, to read its symbols in place. A read through `object`'s
-/// `ReadCache` allocated a buffer for every name, and under --all every allocation of
-/// heaptrace's traps into its own probes.
-pub(crate) fn map(path: &Path) -> Result<memmap2::Mmap> {
-    let file = open(path)?;
-    // SAFETY: the map is only read, and only while the caller parses it. A file truncated
-    // meanwhile would fault, as blazesym's own maps of the same files would; installers
-    // replace programs and libraries by renaming new files over them, and the kernel
-    // refuses writes to a running executable.
-    unsafe { memmap2::Mmap::map(&file) }.map_err(|source| Error::Read {
-        path: path.into(),
-        source,
-    })
+/// The most bytes of tables read of one file: a binary with a symbol table of this size
+/// would have millions of symbols.
+const TABLES_MAX: u64 = 256 << 20;
+/// The first bytes read: the ELF header and, as linkers place them, the program headers.
+const HEAD: u64 = 4096;
+
+impl ElfImage {
+    pub fn read(target: &TargetFile) -> Result<ElfImage> {
+        use object::read::elf::{FileHeader as _, SectionHeader as _};
+        let elf_err = |reason: String| Error::Elf {
+            path: target.shown().into(),
+            reason,
+        };
+        let mut image = ElfImage {
+            len: target.size(),
+            chunks: Vec::new(),
+        };
+        image.add(target, 0, HEAD.min(target.size()))?;
+        let header = object::elf::FileHeader64::<object::Endianness>::parse(&image)
+            .map_err(|e| elf_err(e.to_string()))?;
+        let endian = header.endian().map_err(|e| elf_err(e.to_string()))?;
+        let (phoff, phsize) = (
+            header.e_phoff(endian),
+            u64::from(header.e_phnum(endian)) * u64::from(header.e_phentsize(endian)),
+        );
+        let (shoff, shentsize) = (header.e_shoff(endian), header.e_shentsize(endian));
+        image.add(target, phoff, phsize)?;
+        // The first section header says how many there are when e_shnum cannot (>= 0xff00).
+        image.add(target, shoff, u64::from(shentsize))?;
+        let header = object::elf::FileHeader64::<object::Endianness>::parse(&image)
+            .map_err(|e| elf_err(e.to_string()))?;
+        let shnum = header
+            .shnum(endian, &image)
+            .map_err(|e| elf_err(e.to_string()))?;
+        image.add(target, shoff, shnum as u64 * u64::from(shentsize))?;
+        let header = object::elf::FileHeader64::<object::Endianness>::parse(&image)
+            .map_err(|e| elf_err(e.to_string()))?;
+        let wanted: Vec<(u64, u64)> = header
+            .section_headers(endian, &image)
+            .map_err(|e| elf_err(e.to_string()))?
+            .iter()
+            .filter(|s| TABLES.contains(&s.sh_type(endian)))
+            .map(|s| (s.sh_offset(endian), s.sh_size(endian)))
+            .collect();
+        for (offset, size) in wanted {
+            image.add(target, offset, size)?;
+        }
+        Ok(image)
+    }
+
+    /// Reads `size` bytes at `offset` (from an 8-byte boundary: tables are read in place).
+    fn add(&mut self, target: &TargetFile, offset: u64, size: u64) -> Result<()> {
+        let start = offset & !7;
+        let end = offset.saturating_add(size).min(self.len);
+        if end <= start || self.covers(start, end - start) {
+            return Ok(());
+        }
+        let held: u64 = self.chunks.iter().map(|(_, b)| b.len() as u64).sum();
+        if held + (end - start) > TABLES_MAX {
+            return Err(Error::Elf {
+                path: target.shown().into(),
+                reason: format!("its tables exceed {TABLES_MAX} bytes"),
+            });
+        }
+        let bytes = target
+            .read_at(start, (end - start) as usize)
+            .map_err(|source| Error::Read {
+                path: target.shown().into(),
+                source,
+            })?;
+        let at = self.chunks.partition_point(|(s, _)| *s <= start);
+        self.chunks.insert(at, (start, bytes));
+        Ok(())
+    }
+
+    fn covers(&self, offset: u64, size: u64) -> bool {
+        self.chunk(offset, size).is_some()
+    }
+
+    /// The bytes of one chunk from `offset`, when it holds `size` of them.
+    fn chunk(&self, offset: u64, size: u64) -> Option<&[u8]> {
+        let last = self.chunks.partition_point(|(s, _)| *s <= offset);
+        self.chunks[..last].iter().rev().find_map(|(s, bytes)| {
+            let rel = (offset - s) as usize;
+            (rel as u64)
+                .checked_add(size)
+                .filter(|end| *end <= bytes.len() as u64)
+                .map(|_| &bytes[rel..])
+        })
+    }
+}
+
+/// The sections read: symbols and their names, notes (the build id), versions, hashes.
+const TABLES: [u32; 10] = [
+    object::elf::SHT_SYMTAB,
+    object::elf::SHT_DYNSYM,
+    object::elf::SHT_STRTAB,
+    object::elf::SHT_SYMTAB_SHNDX,
+    object::elf::SHT_NOTE,
+    object::elf::SHT_DYNAMIC,
+    object::elf::SHT_GNU_VERSYM,
+    object::elf::SHT_GNU_VERDEF,
+    object::elf::SHT_GNU_VERNEED,
+    object::elf::SHT_GNU_HASH,
+];
+
+impl<'a> object::ReadRef<'a> for &'a ElfImage {
+    fn len(self) -> std::result::Result<u64, ()> {
+        Ok(self.len)
+    }
+
+    fn read_bytes_at(self, offset: u64, size: u64) -> std::result::Result<&'a [u8], ()> {
+        let bytes = self.chunk(offset, size).ok_or(())?;
+        Ok(&bytes[..size as usize])
+    }
+
+    fn read_bytes_at_until(
+        self,
+        range: std::ops::Range<u64>,
+        delimiter: u8,
+    ) -> std::result::Result<&'a [u8], ()> {
+        let bytes = self.chunk(range.start, 0).ok_or(())?;
+        let limit = (range.end.saturating_sub(range.start) as usize).min(bytes.len());
+        let bytes = &bytes[..limit];
+        let end = bytes.iter().position(|b| *b == delimiter).ok_or(())?;
+        Ok(&bytes[..end])
+    }
 }
 
 /// Every function symbol `file` defines, as (name without version, address, size). Dynamic
@@ -136,28 +255,34 @@ pub(crate) fn file_offset<'a, R: object::ReadRef<'a>>(
 
 /// The first bytes of a function's code as the file has them: `max` at most, and no more than
 /// the symbol's size when it gives one (the bytes after a function belong to another).
-pub fn code(path: &Path, site: &FuncSite, max: usize) -> Result<Vec<u8>> {
-    code_at(path, site.file_offset, site.size, max)
+pub fn code(file: &TargetFile, site: &FuncSite, max: usize) -> Result<Vec<u8>> {
+    code_at(file, site.file_offset, site.size, max)
 }
 
 /// As [`code`], for the function at `file_offset` whose symbol gives `size` (or 0).
-pub(crate) fn code_at(path: &Path, file_offset: u64, size: u64, max: usize) -> Result<Vec<u8>> {
-    use std::io::{Read as _, Seek as _, SeekFrom};
-    let read_err = |source| Error::Read {
-        path: path.into(),
-        source,
-    };
+pub(crate) fn code_at(
+    file: &TargetFile,
+    file_offset: u64,
+    size: u64,
+    max: usize,
+) -> Result<Vec<u8>> {
     let want = match size {
         0 => max,
         n => max.min(n as usize),
     };
-    let mut f = fs::File::open(path).map_err(read_err)?;
-    f.seek(SeekFrom::Start(file_offset)).map_err(read_err)?;
-    let mut buf = Vec::with_capacity(want);
-    f.take(want as u64)
-        .read_to_end(&mut buf)
-        .map_err(read_err)?;
-    Ok(buf)
+    file.read_at(file_offset, want)
+        .map_err(|source| Error::Read {
+            path: file.shown().into(),
+            source,
+        })
+}
+
+/// The build id of `file`, if it has one.
+pub fn build_id(file: &TargetFile) -> Option<Vec<u8>> {
+    use object::Object as _;
+    let image = ElfImage::read(file).ok()?;
+    let elf = object::File::parse(&image).ok()?;
+    elf.build_id().ok().flatten().map(<[u8]>::to_vec)
 }
 
 /// Whether `path` can serve as the process's allocator: it defines both malloc and free.
@@ -170,8 +295,13 @@ pub fn defines_malloc(sites: &[FuncSite]) -> bool {
 mod tests {
     use super::*;
 
-    fn host_libc() -> std::path::PathBuf {
-        crate::targets::allocator::host_libc_path().expect("host libc")
+    fn host_libc() -> TargetFile {
+        let path = crate::targets::allocator::host_libc_path().expect("host libc");
+        TargetFile::host(&path).unwrap()
+    }
+
+    fn host(path: &str) -> TargetFile {
+        TargetFile::host(std::path::Path::new(path)).unwrap()
     }
 
     #[test]
@@ -203,7 +333,7 @@ mod tests {
     fn code_is_read_at_the_file_offset_within_the_symbol() {
         let libc = host_libc();
         let sites = alloc_sites(&libc).unwrap();
-        let file = fs::read(&libc).unwrap();
+        let file = std::fs::read(libc.shown()).unwrap();
         for s in &sites {
             assert!(s.size > 0, "{:?} has no size", s.func);
             let code = code(&libc, s, 64).unwrap();
@@ -216,22 +346,40 @@ mod tests {
     #[test]
     fn a_file_without_malloc_has_no_sites() {
         // The test binary itself is a Rust program that imports malloc but does not define it.
-        let me = std::env::current_exe().unwrap();
+        let me = TargetFile::host(&std::env::current_exe().unwrap()).unwrap();
         assert!(!defines_malloc(&alloc_sites(&me).unwrap()));
+        // Read from its tables alone, as a mapped whole file reads.
+        let whole = std::fs::read(me.shown()).unwrap();
+        let whole = object::File::parse(&*whole).unwrap();
+        let image = ElfImage::read(&me).unwrap();
+        let image = object::File::parse(&image).unwrap();
+        let mut a = Vec::new();
+        for_each_function(&whole, |n, addr, size| a.push((n.to_string(), addr, size)));
+        let mut b = Vec::new();
+        for_each_function(&image, |n, addr, size| b.push((n.to_string(), addr, size)));
+        assert!(a.len() > 1000, "{}", a.len());
+        assert_eq!(a, b);
+        use object::Object as _;
+        assert_eq!(whole.build_id().unwrap(), image.build_id().unwrap());
     }
 
     #[test]
     fn not_an_elf_is_an_error() {
-        let err = alloc_sites(Path::new("/etc/hostname")).unwrap_err();
+        let err = alloc_sites(&host("/etc/hostname")).unwrap_err();
         assert!(err.to_string().contains("cannot parse ELF"), "{err}");
         // Mapped files: an empty one and a missing one are errors too, not faults.
         let empty = std::env::temp_dir().join(format!("heaptrace-empty-{}", std::process::id()));
-        fs::write(&empty, b"").unwrap();
-        let err = alloc_sites(&empty).unwrap_err();
-        let id = crate::record::writer::build_id(&empty);
-        fs::remove_file(&empty).unwrap();
+        std::fs::write(&empty, b"").unwrap();
+        let file = TargetFile::host(&empty).unwrap();
+        std::fs::remove_file(&empty).unwrap();
+        let err = alloc_sites(&file).unwrap_err();
         assert!(err.to_string().contains("ELF"), "{err}");
-        assert_eq!(id, None);
-        assert!(alloc_sites(Path::new("/nonexistent/libc.so.6")).is_err());
+        assert_eq!(build_id(&file), None);
+        // Truncated after the header: an error, not a fault.
+        let libc = std::fs::read(host_libc().shown()).unwrap();
+        std::fs::write(&empty, &libc[..200]).unwrap();
+        let file = TargetFile::host(&empty).unwrap();
+        std::fs::remove_file(&empty).unwrap();
+        assert!(alloc_sites(&file).is_err());
     }
 }

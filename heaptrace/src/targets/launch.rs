@@ -12,8 +12,9 @@
 //! tracer follows its syscalls from its exec to there): their unwind tables go in before
 //! their first allocation. One thread,
 //! the tracer, forks, seizes and waits for the child; it passes every signal on and tells the
-//! daemon when the child is exiting and when it has exited. If heaptrace dies, the kernel
-//! releases the child, which goes on.
+//! daemon when the child is exiting and when it has exited. If heaptrace dies, even by
+//! SIGKILL, the kernel kills the child (`PTRACE_O_EXITKILL`): a launched command never runs on
+//! untraced.
 use std::{
     ffi::CString,
     io::{self, Read as _},
@@ -26,7 +27,10 @@ use std::{
     time::Duration,
 };
 
-use crate::error::{Error, Result};
+use crate::{
+    error::{Error, Result},
+    exit_status::ExitStatus,
+};
 
 /// What the tracer thread tells the daemon.
 #[derive(Debug, PartialEq, Eq)]
@@ -41,8 +45,8 @@ pub enum Event {
     /// tables can go in before their first allocation). It goes on when acknowledged (or
     /// after a timeout).
     Started,
-    /// Gone, with this exit code (128 + signal when killed).
-    Exited(i32),
+    /// Gone; None if the wait for it failed.
+    Exited(Option<ExitStatus>),
 }
 
 /// Where a launched command's standard streams go.
@@ -319,7 +323,8 @@ unsafe fn exec_when_told(
     }
 }
 
-/// Seizes the child to hold it at its exit and at later execs; whether that worked. Without
+/// Seizes the child to hold it at its exit and at later execs, and to take it along if
+/// heaptrace dies; whether that worked. Without
 /// ptrace (not permitted here), everything but the holds still works.
 fn seize(pid: i32) -> bool {
     // SAFETY: seizing our own child, which is waiting on the go pipe.
@@ -328,7 +333,10 @@ fn seize(pid: i32) -> bool {
             libc::PTRACE_SEIZE,
             pid,
             0,
-            (libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC | libc::PTRACE_O_TRACESYSGOOD)
+            (libc::PTRACE_O_TRACEEXIT
+                | libc::PTRACE_O_TRACEEXEC
+                | libc::PTRACE_O_EXITKILL
+                | libc::PTRACE_O_TRACESYSGOOD)
                 as libc::c_ulong,
         )
     } == 0;
@@ -379,7 +387,7 @@ fn untraced(
     while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
         && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
     {}
-    let _ = events.send(Event::Exited(exit_code(status)));
+    let _ = events.send(Event::Exited(ExitStatus::from_wait(status)));
 }
 
 /// A seized child, followed until it is gone: the state its stops share.
@@ -420,12 +428,14 @@ impl Tracee {
                 if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                     continue;
                 }
-                let _ = self.events.send(Event::Exited(1));
+                let _ = self.events.send(Event::Exited(None));
                 return;
             }
             if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
                 self.exec_done();
-                let _ = self.events.send(Event::Exited(exit_code(status)));
+                let _ = self
+                    .events
+                    .send(Event::Exited(ExitStatus::from_wait(status)));
                 return;
             }
             if libc::WIFSTOPPED(status) {
@@ -553,17 +563,6 @@ fn wait_exit(pid: i32) {
         }
         // SAFETY: our own stopped child; fails harmlessly if it is not traced.
         unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
-    }
-}
-
-/// Shell convention: the exit code, or 128 + the signal that killed it.
-fn exit_code(status: i32) -> i32 {
-    if libc::WIFEXITED(status) {
-        libc::WEXITSTATUS(status)
-    } else if libc::WIFSIGNALED(status) {
-        128 + libc::WTERMSIG(status)
-    } else {
-        1
     }
 }
 

@@ -63,6 +63,41 @@ pub fn maps(pid: u32) -> io::Result<String> {
     }
 }
 
+/// The parent pid in a stat file's text; None for a malformed one.
+fn ppid_in(stat: &str) -> Option<u32> {
+    // After the comm's last ')': state, then ppid.
+    stat[stat.rfind(')')? + 1..]
+        .split_ascii_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Every process descended from `root` now (children, their children, ...), from each
+/// process's parent in /proc/PID/stat.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let parents: Vec<(u32, u32)> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            Some((pid, ppid_in(&stat)?))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let p = found[i];
+        found.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
 /// Whether thread `tid` of process `tgid` still runs.
 pub fn thread_alive(tgid: u32, tid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{tgid}/task/{tid}")).exists()
@@ -194,6 +229,22 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_parent_follows_the_last_parenthesis() {
+        assert_eq!(ppid_in("42 (a) b) S 7 42 42 0"), Some(7));
+        assert_eq!(ppid_in("42 (x) R 1 0"), Some(1));
+        assert_eq!(ppid_in("42 (x"), None);
+        assert_eq!(ppid_in("42 (x) S"), None);
+    }
+
+    #[test]
+    fn this_test_is_among_its_parents_descendants() {
+        let me = std::process::id();
+        let parent = ppid_in(&fs::read_to_string("/proc/self/stat").unwrap()).unwrap();
+        assert!(descendants(parent).contains(&me));
+        assert!(!descendants(me).contains(&me));
+    }
 
     #[test]
     fn the_heap_starts_at_start_brk() {

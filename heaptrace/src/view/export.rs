@@ -14,9 +14,9 @@ use crate::{
     error::{Error, Result},
     output::NewFile,
     profile::Profile,
-    record::Recording,
+    record::{Recording, format::ModuleRec},
     symbolize::Frame,
-    view::site_tables::Names,
+    view::names::Names,
 };
 
 pub fn write(
@@ -50,6 +50,7 @@ fn write_kind(
     mut f: impl Write,
 ) -> std::io::Result<()> {
     match kind {
+        Export::Html => f.write_all(crate::view::html::report(rec, p, names).as_bytes())?,
         Export::Folded => {
             for line in folded(p, names, args.by) {
                 writeln!(f, "{line}")?;
@@ -303,7 +304,11 @@ impl Pprof {
     }
 
     fn mappings(&mut self, rec: &Recording) {
-        for m in &rec.modules {
+        // pprof takes the first mapping for the main binary.
+        let main = main_module(rec);
+        let mut modules: Vec<&ModuleRec> = rec.modules.iter().collect();
+        modules.sort_by_key(|m| Some(m.id) != main);
+        for m in modules {
             let build_id = m
                 .build_id
                 .as_ref()
@@ -578,3 +583,36 @@ pub fn folded(p: &Profile, names: &Names, by: FlameBy) -> Vec<String> {
 
 #[cfg(test)]
 mod tests;
+
+/// The traced executable among a recording's modules: the one that holds `main` in most
+/// stacks; else the one named as the command (`python3` runs `python3.11`, not
+/// `libpython3.11.so`); else none.
+fn main_module(rec: &Recording) -> Option<u32> {
+    let mut with_main: HashMap<u32, usize> = HashMap::new();
+    for stack in rec.stacks.values() {
+        for f in &stack.frames {
+            let name = rec.strings.get(f.function as usize).map(|s| &**s);
+            if let (Some("main"), Some(m)) = (name, f.module) {
+                *with_main.entry(m).or_default() += 1;
+            }
+        }
+    }
+    if let Some((m, _)) = with_main
+        .into_iter()
+        .max_by_key(|&(m, n)| (n, std::cmp::Reverse(m)))
+    {
+        return Some(m);
+    }
+    let cmd = rec.header.command.first()?;
+    let cmd = cmd.rsplit('/').next().unwrap_or(cmd);
+    rec.modules
+        .iter()
+        .find(|m| {
+            m.path
+                .rsplit('/')
+                .next()
+                .unwrap_or(&m.path)
+                .starts_with(cmd)
+        })
+        .map(|m| m.id)
+}

@@ -1,7 +1,9 @@
 //! Everything a person or a tool reads: the round line and summary, the site tables, the JSON
-//! document, the live view, and the exports. Every view reads a Profile, never the kernel.
+//! document, the live view, the exports and the HTML report. Every view reads a Profile, never the kernel.
 pub mod export;
+pub mod html;
 pub mod json;
+pub mod names;
 pub mod site_tables;
 pub mod summary;
 pub mod tree;

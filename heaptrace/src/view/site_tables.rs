@@ -10,94 +10,18 @@ use crate::{
     profile::histogram::percentiles,
     run_info::Temporary,
     symbolize::Frame,
+    view::names::Names,
     view::units::{bytes, nanos},
 };
 
-/// How frames are named: in full, or shortened (`report --just-function-name`,
-/// `--shorten-templates`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Names {
-    pub just_function_name: bool,
-    pub shorten_templates: bool,
-}
-
-impl Names {
-    /// The function's name, shortened as asked.
-    pub fn function(&self, f: &Frame) -> String {
-        let mut name = f.function.to_string();
-        if self.just_function_name {
-            name = strip_parameters(&name);
-        }
-        if self.shorten_templates {
-            name = shorten_templates(&name);
-        }
-        name
-    }
-
-    /// "function (file:line)", with the file's base name, or just the function.
-    pub fn label(&self, f: &Frame) -> String {
-        let name = self.function(f);
-        match (&f.file, f.line, self.just_function_name) {
-            (Some(file), Some(line), false) => {
-                let base = file.rsplit('/').next().unwrap_or(file);
-                format!("{name} ({base}:{line})")
-            }
-            _ => name,
-        }
-    }
-}
-
-/// `f(int, char)` -> `f`: cuts at the first '(' outside template brackets.
-pub fn strip_parameters(name: &str) -> String {
-    let mut depth = 0i32;
-    for (i, c) in name.char_indices() {
-        match c {
-            '<' => depth += 1,
-            '>' => depth -= 1,
-            '(' if depth == 0 && i > 0 && !name[..i].ends_with("operator") => {
-                return name[..i].to_string();
-            }
-            _ => {}
-        }
-    }
-    name.to_string()
-}
-
-/// `Pool<Widget<int>>::make` -> `Pool<…>::make`: template and generic arguments elided. A '<'
-/// right after an identifier opens arguments; a leading `<T as Trait>` path is kept.
-pub fn shorten_templates(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    let mut depth = 0usize;
-    let mut prev: Option<char> = None;
-    for c in name.chars() {
-        match c {
-            '<' if depth > 0 => depth += 1,
-            '<' if prev.is_some_and(|p| p.is_alphanumeric() || p == '_') => {
-                depth = 1;
-                out.push_str("<…");
-            }
-            '>' if depth > 0 => {
-                depth -= 1;
-                if depth == 0 {
-                    out.push('>');
-                }
-            }
-            _ if depth > 0 => {}
-            _ => out.push(c),
-        }
-        prev = Some(c);
-    }
-    out
-}
-
 /// "function (file:line)", with the file's base name.
 pub fn frame_label(f: &Frame) -> String {
-    Names::default().label(f)
+    Names::SHORT.label(f)
 }
 
 /// A site in one line: the allocating function, then the innermost frames.
 pub fn site_label(profile: &Profile, site: &SiteId, depth: usize) -> String {
-    site_label_with(profile, site, depth, &Names::default())
+    site_label_with(profile, site, depth, &Names::SHORT)
 }
 
 pub fn site_label_with(profile: &Profile, site: &SiteId, depth: usize, names: &Names) -> String {
@@ -248,14 +172,30 @@ pub fn peak(profile: &Profile, top: usize, names: &Names) -> String {
     let Some(peak) = profile.peak.as_ref().filter(|p| p.live_bytes > 0) else {
         return String::new();
     };
-    let mut s = format!(
-        "peak: {} live in {} blocks at {:.1}s (round {}){}, held by:\n",
-        bytes(peak.live_bytes),
-        peak.live_blocks,
-        peak.elapsed_ms as f64 / 1000.0,
-        peak.round,
-        estimated(profile)
-    );
+    let mut s = match peak.reached_by {
+        // Taken by the kernel between two round ends: what held it then is known only for the
+        // allocation that reached it; the sites are those of the round's end.
+        Some((pid, stack_id, size)) => {
+            let label = labels(profile, &[(pid, stack_id, u32::MAX)], names);
+            format!(
+                "peak: {} live, reached in round {} by {} from {}; at that round's end ({:.1}s) \
+                 held by:\n",
+                bytes(peak.live_bytes),
+                peak.round,
+                bytes(size as i64),
+                label.first().map_or("?", |l| l.trim_start_matches("? <- ")),
+                peak.elapsed_ms as f64 / 1000.0,
+            )
+        }
+        None => format!(
+            "peak: {} live in {} blocks at {:.1}s (round {}){}, held by:\n",
+            bytes(peak.live_bytes),
+            peak.live_blocks,
+            peak.elapsed_ms as f64 / 1000.0,
+            peak.round,
+            estimated(profile)
+        ),
+    };
     let rows: Vec<_> = peak.sites.iter().take(top).collect();
     let ids: Vec<SiteId> = rows.iter().map(|r| r.0).collect();
     for ((_, blocks, b), label) in rows.iter().zip(labels(profile, &ids, names)) {
@@ -265,8 +205,7 @@ pub fn peak(profile: &Profile, top: usize, names: &Names) -> String {
 }
 
 /// Everything about sites, as printed at the end of a stacks-mode trace.
-pub fn sites(profile: &Profile, top: usize, rule: Temporary) -> String {
-    let n = Names::default();
+pub fn sites(profile: &Profile, top: usize, rule: Temporary, n: Names) -> String {
     format!(
         "\n{}{}{}{}{}",
         top_by_bytes(profile, top, &n),
@@ -417,7 +356,7 @@ mod tests {
             },
         );
         p.leaks = Some(leaks);
-        let text = sites(&p, 5, Temporary::Allocs(1));
+        let text = sites(&p, 5, Temporary::Allocs(1), Names::SHORT);
         let by_bytes = text.split("top sites by calls").next().unwrap();
         assert!(
             by_bytes.find("big").unwrap() < by_bytes.find("small").unwrap(),
@@ -430,32 +369,5 @@ mod tests {
         );
         assert!(text.contains("not freed at the end"), "{text}");
         assert!(nanos(1500).contains("1.5 us"));
-    }
-
-    #[test]
-    fn names_shorten_as_asked() {
-        assert_eq!(
-            strip_parameters("Pool<Widget>::make_raw(unsigned long)"),
-            "Pool<Widget>::make_raw"
-        );
-        assert_eq!(strip_parameters("operator()(int)"), "operator()");
-        assert_eq!(
-            shorten_templates("Pool<Widget<int>>::make_raw"),
-            "Pool<…>::make_raw"
-        );
-        assert_eq!(
-            shorten_templates("<alloc::vec::Vec<u8> as Clone>::clone"),
-            "<alloc::vec::Vec<…> as Clone>::clone"
-        );
-        let f = frame("Pool<Widget>::make(int)", Some("/src/p.cc"), Some(3));
-        let both = Names {
-            just_function_name: true,
-            shorten_templates: true,
-        };
-        assert_eq!(both.label(&f), "Pool<…>::make");
-        assert_eq!(
-            Names::default().label(&f),
-            "Pool<Widget>::make(int) (p.cc:3)"
-        );
     }
 }

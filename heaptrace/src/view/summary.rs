@@ -208,6 +208,9 @@ pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) ->
             (0, 0)
         };
         let _ = writeln!(s, "; {}", live(&totals, ended, profile.sample_bytes));
+        if let Some(line) = peak_line(profile, pid) {
+            s.push_str(&line);
+        }
     }
     if let Some(l) = profile.leak_totals(pid).filter(|_| !profile.calls) {
         let _ = writeln!(
@@ -229,6 +232,26 @@ pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) ->
         }
     );
     s
+}
+
+/// "peak live heap ..." of one process (the kernel's, exact) or of the trace.
+fn peak_line(profile: &Profile, pid: Option<u32>) -> Option<String> {
+    let e = est(profile.sample_bytes);
+    let (bytes_at, how) = match pid {
+        Some(p) => match profile.procs.get(&p)?.peak {
+            Some(k) => (k.bytes as i64, "at the allocation that reached it"),
+            None => (profile.peak.as_ref()?.live_bytes, "at a round's end"),
+        },
+        None => {
+            let p = profile.peak.as_ref()?;
+            let how = match p.exact {
+                true => "one process's, at the allocation that reached it",
+                false => "at a round's end",
+            };
+            (p.live_bytes, how)
+        }
+    };
+    Some(format!("peak live heap: {e}{} ({how})\n", bytes(bytes_at)))
 }
 
 /// "live N blocks / B" of `totals`. When processes that ended hold `ended` of them (system-wide
@@ -256,6 +279,8 @@ pub fn live(totals: &Totals, ended: (i64, i64), sample_bytes: u64) -> String {
 /// count for every process traced follows: the stack maps are shared, so theirs take room.
 pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
     let shown = profile.losses_of(pid);
+    let files =
+        (profile.unsafe_files > 0).then(|| format!("unsafe_files {}", profile.unsafe_files));
     Loss::ALL
         .iter()
         .filter(|l| shown[**l as usize] > 0 || profile.losses[**l as usize] > 0)
@@ -267,6 +292,7 @@ pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
                 format!("{} {n} ({all} in all processes traced)", l.name())
             }
         })
+        .chain(files)
         .collect()
 }
 

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use heaptrace_common::Func;
 use serde_json::json;
 
-use crate::{profile::Profile, view::json as doc, view::site_tables::Names, view::units::bytes};
+use crate::{profile::Profile, view::json as doc, view::names::Names, view::units::bytes};
 
 #[derive(Default, Debug)]
 pub struct Node {

@@ -79,6 +79,7 @@ impl Bench {
         }
         if kind == Kind::Record {
             run.file_bytes = Some(fs::metadata(&files.rec)?.len());
+            run.html_bytes = Some(self.html(&files)?);
         }
         Ok(run)
     }
@@ -202,6 +203,25 @@ impl Bench {
             bail!("heaptrace report {} failed: {rep}", files.rec.display());
         }
         Ok(())
+    }
+
+    /// The recording's HTML page; its size.
+    pub(super) fn html(&self, files: &RunFiles) -> Result<u64> {
+        let page = files.rec.with_extension("html");
+        let rep = Command::new(&self.heaptrace)
+            .arg("report")
+            .arg(&files.rec)
+            .args(["--export", "html", "--force", "-o"])
+            .arg(&page)
+            .stderr(std::process::Stdio::null())
+            .status()?;
+        if !rep.success() {
+            bail!(
+                "heaptrace report {} --export html failed: {rep}",
+                files.rec.display()
+            );
+        }
+        Ok(fs::metadata(&page)?.len())
     }
 
     /// The workload starts with HEAPTRACE_BENCH_STOP and stops itself before its timer; once

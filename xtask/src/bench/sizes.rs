@@ -40,22 +40,24 @@ pub(super) fn sizes(b: &Bench, o: &Options, out: &Path) -> Result<ExitCode> {
     );
     let _ = writeln!(
         t,
-        "| workload | P | calls | heaptrace recording | heaptrack (.zst) | heaptrace, {:.0} s loop: calls | rounds | recording | stacks | lost stacks |",
+        "| workload | P | calls | heaptrace recording | its HTML page | heaptrack (.zst) | heaptrace, {:.0} s loop: calls | rounds | recording | its HTML page | stacks | lost stacks |",
         o.seconds
     );
-    let _ = writeln!(t, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(t, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (once, htk, looped) in &rows {
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             once.workload,
             once.threads,
             count(once.calls),
             bytes(once.file_bytes),
+            bytes(once.html_bytes),
             htk.as_ref().map_or("-".into(), |h| bytes(h.file_bytes)),
             count(looped.calls),
             count(looped.rounds),
             bytes(looped.file_bytes),
+            bytes(looped.html_bytes),
             count(looped.stacks),
             count(looped.lost_stack),
         );

@@ -1,11 +1,48 @@
 //! `report a.bin --diff b.bin`: per site, what changed from a to b. Stack ids differ between
-//! runs, so sites are matched by their symbolized frames.
+//! runs, so sites are matched by their symbolized frames. The views that are per site compare:
+//! `overview` and `hotspots` order by the change in bytes allocated, `leaks` by the change in
+//! bytes leaked; the others (a timeline, a histogram, a tree) are refused.
 use std::{collections::BTreeMap, fmt::Write as _};
 
 use heaptrace_common::Func;
 use serde_json::json;
 
-use crate::{cli::Format, profile::Profile, view::site_tables::Names, view::units::bytes};
+use crate::{
+    cli::{Format, View},
+    error::{Error, Result},
+    profile::Profile,
+    view::names::Names,
+    view::units::bytes,
+};
+
+/// The views `--diff` can compare.
+pub const VIEWS: [View; 3] = [View::Overview, View::Hotspots, View::Leaks];
+
+pub fn check_view(view: View) -> Result<()> {
+    if VIEWS.contains(&view) {
+        return Ok(());
+    }
+    let name = |v: View| {
+        use clap::ValueEnum as _;
+        v.to_possible_value()
+            .map(|p| p.get_name().to_string())
+            .unwrap_or_default()
+    };
+    Err(Error::Usage(format!(
+        "--diff compares sites: it works with the views {}, not {}",
+        VIEWS.map(name).join(", "),
+        name(view)
+    )))
+}
+
+/// A change in bytes, signed, in human units: `+1.5 KiB`, `-12 B`, `0 B`.
+fn delta(n: i64) -> String {
+    if n > 0 {
+        format!("+{}", bytes(n))
+    } else {
+        bytes(n)
+    }
+}
 
 #[derive(Default, Clone, Copy)]
 struct Figures {
@@ -34,7 +71,14 @@ fn label(p: &Profile, id: &crate::drain::round::SiteId, names: &Names) -> String
     format!("{func} <- {}", frames.join(" <- "))
 }
 
-pub fn render(a: &Profile, b: &Profile, names: &Names, top: usize, format: Format) -> String {
+pub fn render(
+    a: &Profile,
+    b: &Profile,
+    view: View,
+    names: &Names,
+    top: usize,
+    format: Format,
+) -> String {
     let fa = by_label(a, names);
     let fb = by_label(b, names);
     let mut rows: Vec<(String, Figures, Figures)> = fa
@@ -51,7 +95,18 @@ pub fn render(a: &Profile, b: &Profile, names: &Names, top: usize, format: Forma
         })
         .filter(|(_, x, y)| x.bytes != y.bytes || x.calls != y.calls || x.leaked != y.leaked)
         .collect();
-    rows.sort_by_key(|(k, x, y)| (std::cmp::Reverse((y.bytes - x.bytes).abs()), k.clone()));
+    let by_leaks = view == View::Leaks;
+    if by_leaks {
+        rows.retain(|(_, x, y)| x.leaked != y.leaked);
+    }
+    rows.sort_by_key(|(k, x, y)| {
+        let change = if by_leaks {
+            y.leaked - x.leaked
+        } else {
+            y.bytes - x.bytes
+        };
+        (std::cmp::Reverse(change.abs()), k.clone())
+    });
     rows.truncate(top);
     let (ta, tb) = (a.totals(), b.totals());
     match format {
@@ -84,9 +139,9 @@ pub fn render(a: &Profile, b: &Profile, names: &Names, top: usize, format: Forma
                 let _ = writeln!(
                     s,
                     "{:>12} {:>+12} {:>12}  {k}",
-                    format!("{:+}", y.bytes - x.bytes),
+                    delta(y.bytes - x.bytes),
                     y.calls - x.calls,
-                    format!("{:+}", y.leaked - x.leaked)
+                    delta(y.leaked - x.leaked)
                 );
             }
             s

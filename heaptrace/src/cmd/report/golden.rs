@@ -192,6 +192,7 @@ fn args(view: View) -> ReportArgs {
         by: FlameBy::Bytes,
         just_function_name: false,
         shorten_templates: false,
+        full_names: false,
         pid: None,
         from: None,
         to: None,
@@ -206,7 +207,8 @@ fn args(view: View) -> ReportArgs {
 #[test]
 fn golden_views() {
     let (rec, p) = recording();
-    let names = Names::default();
+    // Names as the report chooses them: short in text, whole in JSON and exports.
+    let names = super::names(&args(View::Overview));
     for view in [
         View::Overview,
         View::Timeline,
@@ -226,14 +228,14 @@ fn golden_views() {
     let mut rev = args(View::Tree);
     rev.reverse = true;
     let short = Names {
-        just_function_name: true,
-        shorten_templates: true,
+        style: crate::view::names::NameStyle::Function,
     };
     insta::assert_snapshot!(
         "tree_reverse_short",
         render::text(View::Tree, &rec, &p, &short, &rev).unwrap()
     );
     let (mut t1, mut t2) = (None, None);
+    let names = Names::FULL;
     let json = render::json(View::Leaks, &rec, &p, &names, &args(View::Leaks), &mut t1).unwrap();
     insta::assert_json_snapshot!("leaks_json", json);
     let json = render::json(View::Memory, &rec, &p, &names, &args(View::Memory), &mut t2).unwrap();

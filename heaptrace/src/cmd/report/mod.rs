@@ -17,15 +17,36 @@ use crate::{
     symbolize::modules::Location,
 };
 
-pub use crate::view::site_tables::Names;
+use crate::view::names::NameStyle;
+pub use crate::view::names::Names;
+
+/// How frames are named: the text views and the HTML page shorten by default, JSON and the
+/// other exports keep names whole unless asked.
+fn names(args: &ReportArgs) -> Names {
+    // The HTML page is read by people, as the text views.
+    let whole_by_default = matches!(args.export, Some(e) if e != crate::cli::Export::Html)
+        || (args.export.is_none() && args.format == Format::Json);
+    let style = if args.just_function_name {
+        NameStyle::Function
+    } else if args.full_names || (whole_by_default && !args.shorten_templates) {
+        NameStyle::Full
+    } else {
+        NameStyle::Short
+    };
+    Names { style }
+}
 
 /// Exit code for a recording that cannot be read (bad input), as the issue asks.
 pub const BAD_FILE: i32 = 2;
 
 pub fn run(args: &ReportArgs) -> Result<i32> {
-    // Before the replay, which can take a while: a bad -o is said at once.
+    // Before the replay, which can take a while: a bad -o, window or view is said at once.
     if let (Some(_), Some(out)) = (args.export, &args.output) {
         crate::output::check("-o", out, args.force)?;
+    }
+    check_window(args)?;
+    if args.diff.is_some() {
+        diff::check_view(args.view)?;
     }
     let (rec, profile) = match open(&args.file, args) {
         Ok(r) => r,
@@ -34,16 +55,24 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
             return Ok(BAD_FILE);
         }
     };
+    if (args.from.is_some() || args.to.is_some()) && profile.round_count() == 0 {
+        return Err(Error::Usage(format!(
+            "no round of {} ends between {} and {} (its last ends at {})",
+            args.file.display(),
+            args.from.map(secs).unwrap_or_else(|| "the start".into()),
+            args.to.map(secs).unwrap_or_else(|| "the end".into()),
+            rec.last_elapsed_ms
+                .map(|ms| secs(std::time::Duration::from_millis(ms)))
+                .unwrap_or_else(|| "none: it has no round".into()),
+        )));
+    }
     if rec.truncated {
         eprintln!(
             "heaptrace: warning: {} was cut short; read up to its last complete record",
             args.file.display()
         );
     }
-    let names = Names {
-        just_function_name: args.just_function_name,
-        shorten_templates: args.shorten_templates,
-    };
+    let names = names(args);
     if let Some(other) = &args.diff {
         let (_, pb) = match replayed(other, args) {
             Ok(r) => r,
@@ -52,7 +81,14 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
                 return Ok(BAD_FILE);
             }
         };
-        super::out(&diff::render(&profile, &pb, &names, args.top, args.format))?;
+        super::out(&diff::render(
+            &profile,
+            &pb,
+            args.view,
+            &names,
+            args.top,
+            args.format,
+        ))?;
         return Ok(0);
     }
     if let Some(kind) = args.export {
@@ -72,6 +108,29 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// `--from` after `--to` selects nothing: said before the file is read.
+fn check_window(args: &ReportArgs) -> Result<()> {
+    if let (Some(from), Some(to)) = (args.from, args.to)
+        && from > to
+    {
+        return Err(Error::Usage(format!(
+            "--from {} is after --to {}: no round can end in between",
+            secs(from),
+            secs(to)
+        )));
+    }
+    Ok(())
+}
+
+/// A time since the start as the options take it: `250ms`, `4.0s`.
+fn secs(d: std::time::Duration) -> String {
+    if d < std::time::Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
 /// Reads a recording, turning every way it can be wrong into one message, and replays it.
 pub fn open(path: &Path, args: &ReportArgs) -> Result<(Recording, Profile), FormatError> {
     let (rec, mut p) = replayed(path, args)?;
@@ -87,7 +146,12 @@ fn replayed(path: &Path, args: &ReportArgs) -> Result<(Recording, Profile), Form
     let from = args.from.map(|d| d.as_millis() as u64).unwrap_or(0);
     let to = args.to.map(|d| d.as_millis() as u64).unwrap_or(u64::MAX);
     let mut replay: Option<Replay> = None;
-    let file = std::io::BufReader::new(std::fs::File::open(path)?);
+    let file = std::fs::File::open(path)?;
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let file = std::io::BufReader::new(crate::progress::Counted {
+        inner: file,
+        progress: crate::progress::Progress::new(len, &format!("reading {}", path.display()), true),
+    });
     let rec = Recording::read_with(file, |rec, r| {
         if r.elapsed_ms < from || r.elapsed_ms > to {
             return;
@@ -184,6 +248,15 @@ fn resymbolize(rec: &Recording, p: &mut Profile) {
         .iter()
         .map(|m| Path::new(&m.path).into())
         .collect();
+    // This host's files, opened as a trace opens them: without blocking, regular ones only.
+    let files: Vec<Option<std::sync::Arc<crate::targets::target_file::TargetFile>>> = paths
+        .iter()
+        .map(|p| {
+            crate::targets::target_file::TargetFile::host(p)
+                .ok()
+                .map(std::sync::Arc::new)
+        })
+        .collect();
     for (key, s) in &rec.stacks {
         // A folded stack holds frames only (its processes' addresses differed): kept.
         if !p.stacks.contains_key(key) || s.ips.is_empty() {
@@ -203,6 +276,7 @@ fn resymbolize(rec: &Recording, p: &mut Profile) {
                 l.map(|(m, offset)| Location {
                     path: paths[m as usize].clone(),
                     offset,
+                    file: files[m as usize].clone(),
                 })
             })
             .collect();

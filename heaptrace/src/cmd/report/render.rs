@@ -11,9 +11,9 @@ use crate::{
     record::Recording,
     run_info::TargetKind,
     view::json as doc,
-    view::site_tables::{self, Names},
     view::summary::{processes, summary},
     view::units::bytes,
+    view::{names::Names, site_tables},
 };
 
 fn need_size(args: &ReportArgs) -> Result<u64> {

@@ -35,6 +35,7 @@ pub(super) fn load_options(cli: &TraceArgs, scope: Scope) -> LoadOptions {
     };
     match scope {
         Scope::Process(pid) => opts.watch_tgid = pid,
+        Scope::Tree(_) => opts.follow_forks = true,
         Scope::All => {
             opts.comm.clone_from(&cli.comm);
             opts.cgroup = cli
@@ -77,14 +78,14 @@ pub(super) fn attach(cli: &TraceArgs, provider: &Provider, scope: Scope) -> Resu
         t.sync(pid, &maps);
     }
     probes.attach(provider, scope, cli.probe_at_entry)?;
-    if let Scope::Process(pid) = scope
+    if let Some(pid) = scope.root()
         && !probes.syscalls_probed()
     {
         // The allocator is another file; the memory syscalls still go through libc's
         // wrappers. A command not started yet maps heaptrace's own libc, the one it will run
         // on (as `allocator::for_command` assumes).
-        if let Some((shown, path)) = allocator::libc_of(pid)? {
-            probes.attach_syscalls_in(&shown, &path, scope);
+        if let Some(libc) = allocator::libc_of(pid)? {
+            probes.attach_syscalls_in(&libc, scope);
         }
     }
     let maps = KernelMaps::take(&mut probes.ebpf)?;
@@ -121,8 +122,8 @@ pub(super) fn watchers(
             w.scan(probes);
             Some(w)
         }
-        (Ok(w), Scope::Process(_)) => Some(w),
-        (Err(e), Scope::All) => return Err(e),
+        (Ok(w), Scope::Process(_) | Scope::Tree(_)) => Some(w),
+        (Err(e), Scope::All | Scope::Tree(_)) => return Err(e),
         (Err(e), Scope::Process(pid)) => {
             eprintln!(
                 "heaptrace: warning: execs not followed ({e}): if pid {pid} execs, its new \
@@ -154,6 +155,7 @@ pub(super) fn announce(
     let what = match scope {
         Scope::All => summary::all_processes(cli.comm.as_deref(), cli.cgroup.as_deref()),
         Scope::Process(pid) => format!("pid {pid}"),
+        Scope::Tree(pid) => format!("pid {pid} and its forks"),
     };
     eprintln!(
         "heaptrace: attached {first} probes to {} ({what})",

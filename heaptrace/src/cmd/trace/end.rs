@@ -16,10 +16,10 @@ pub(super) fn finish(
     stats_fd: Option<OwnedFd>,
     pid: Option<u32>,
     end: &End,
-    exit_code: Option<i32>,
+    exit: Option<ExitStatus>,
 ) -> Result<Done> {
     // Detach first so the final read is of a state nothing changes any more.
-    let probes = daemon.probes.take().expect("probes");
+    let mut probes = daemon.probes.take().expect("probes");
     let attached = probes.attached.clone();
     let syscall_probes = syscall_probes_json(&probes);
     let counting = probes.counting();
@@ -28,9 +28,13 @@ pub(super) fn finish(
         drop(fd);
         stats
     });
+    probes.detach();
     drop(probes);
     daemon.round()?;
-    let pids: Option<HashSet<u32>> = pid.map(|p| HashSet::from([p]));
+    // Every followed process's blocks, not the root's alone.
+    let pids: Option<HashSet<u32>> = pid
+        .filter(|_| daemon.followed.is_none())
+        .map(|p| HashSet::from([p]));
     // `-p` and a launched command too: its end is in `target`, and in its process's record.
     for (p, pp) in daemon.profile.procs.iter_mut() {
         if !procfs::alive(crate::profile::incarnation::Pid(*p).real()) {
@@ -42,11 +46,11 @@ pub(super) fn finish(
     let mut leaks = daemon.incarnations.rekey_sites(live);
     leaks.append(&mut daemon.exited_leaks);
     daemon.profile.set_leaks(leaks);
-    let reason = end_reason(end, pid, exit_code);
+    let reason = end_reason(end, pid, exit, daemon.passed_on);
     if let Some(r) = daemon.recorder.take() {
         let end = EndRec {
             elapsed_ms: daemon.start.elapsed().as_millis() as u64,
-            exit_code,
+            exit_code: exit.map(|e| e.shell_code()),
             reason: reason.clone(),
         };
         match r.finish(daemon.profile.leaks.as_ref(), &end) {
@@ -73,7 +77,7 @@ pub(super) fn write_json(
     force: bool,
     profile: &Profile,
     info: &RunInfo,
-    exit_code: Option<i32>,
+    exit: Option<ExitStatus>,
     done: &Done,
     own: Option<(u64, u64)>,
 ) -> Result<()> {
@@ -85,7 +89,11 @@ pub(super) fn write_json(
         .map_err(|e| Error::Io(std::io::Error::other(e)))?;
     let run = json::Run {
         info,
-        exit_code,
+        exit_code: exit.map(|e| e.shell_code()),
+        signal: match exit {
+            Some(ExitStatus::Signal { signal, .. }) => Some(signal),
+            _ => None,
+        },
         probes: &done.attached,
         syscall_probes: Some(done.syscall_probes.clone()),
         own_rss_kb: own,
@@ -113,14 +121,31 @@ pub(super) fn print_summary(
     done: &Done,
     own: Option<(u64, u64)>,
 ) {
-    let pid = info.pids.first().copied();
+    // A followed tree of more than one process is summed, as `--all` is.
+    let pid = info
+        .pids
+        .first()
+        .copied()
+        .filter(|_| profile.procs.len() <= 1);
     eprintln!("heaptrace: {}", done.reason);
     eprint!("{}", summary::summary(profile, pid, &info.aliases));
     if pid.is_none() {
         eprint!("{}", summary::processes(profile, 20));
     }
     if info.mode.has_stacks() && cli.floor.is_none() {
-        eprint!("{}", site_tables::sites(profile, cli.top, info.temporary));
+        eprint!(
+            "{}",
+            site_tables::sites(
+                profile,
+                cli.top,
+                info.temporary,
+                if cli.full_names {
+                    crate::view::names::Names::FULL
+                } else {
+                    crate::view::names::Names::SHORT
+                }
+            )
+        );
     }
     eprint!("{}", site_tables::latency(profile));
     if let Some(stats) = &done.prog_stats {
@@ -165,18 +190,26 @@ pub(super) fn syscall_probes_json(probes: &Probes) -> Vec<serde_json::Value> {
         .collect()
 }
 
-pub(super) fn end_reason(end: &End, pid: Option<u32>, exit_code: Option<i32>) -> String {
-    match (end, pid, exit_code) {
-        (End::TargetExited, Some(pid), Some(code)) => {
-            format!("pid {pid} exited with status {code}")
-        }
+pub(super) fn end_reason(
+    end: &End,
+    pid: Option<u32>,
+    exit: Option<ExitStatus>,
+    passed_on: Option<Sig>,
+) -> String {
+    let after = passed_on
+        .map(|s| format!(" after {s}, passed on by heaptrace"))
+        .unwrap_or_default();
+    match (end, pid, exit) {
+        (End::TargetExited, Some(pid), Some(status)) => format!("pid {pid} {status}{after}"),
         (End::TargetExited, Some(pid), None) => format!("pid {pid} exited"),
-        (End::Interrupted, _, _) => "interrupted; detached".into(),
-        (End::Quit, Some(pid), Some(code)) => {
-            format!("quit; detached; pid {pid} ended with status {code}")
-        }
-        (End::Quit, _, _) => "quit; detached".into(),
-        (End::Terminated, _, _) => "terminated; detached".into(),
         (End::TargetExited, None, _) => "stopped".into(),
+        (End::Signal(sig), Some(pid), Some(status)) if passed_on.is_some() => {
+            format!("{sig} again: detached; pid {pid} {status}")
+        }
+        (End::Signal(Sig::Int), _, _) => "interrupted; detached".into(),
+        (End::Signal(Sig::Term), _, _) => "terminated; detached".into(),
+        (End::Signal(Sig::Hup), _, _) => "hung up; detached".into(),
+        (End::Quit, Some(pid), Some(status)) => format!("quit; detached; pid {pid} {status}"),
+        (End::Quit, _, _) => "quit; detached".into(),
     }
 }

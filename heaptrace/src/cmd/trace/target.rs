@@ -52,6 +52,7 @@ pub(super) fn find_target(
             if !procfs::alive(*pid) {
                 return Err(Error::NoSuchProcess(*pid));
             }
+            access::Privileges::own().check_pid(*pid)?;
             if procfs::state(*pid) == Some('Z') {
                 let comm = procfs::comm(*pid).unwrap_or_default();
                 return Err(Error::LeaderExited(*pid, comm));
@@ -60,9 +61,18 @@ pub(super) fn find_target(
                 Some(c) => allocator::custom_for_pid(*pid, c)?,
                 None => allocator::for_pid(*pid)?,
             };
-            (provider, Scope::Process(*pid), None)
+            let scope = match cli.follow_forks {
+                true => Scope::Tree(*pid),
+                false => Scope::Process(*pid),
+            };
+            (provider, scope, None)
         }
-        Target::All => (allocator::host_libc()?, Scope::All, None),
+        Target::All => {
+            if let Some(w) = access::Privileges::own().all_warning() {
+                eprintln!("heaptrace: warning: {w}");
+            }
+            (allocator::host_libc()?, Scope::All, None)
+        }
         Target::Command(argv) => {
             let exe = allocator::resolve_command(&argv[0]).ok_or_else(|| Error::Exec {
                 cmd: argv[0].clone(),
@@ -87,7 +97,11 @@ pub(super) fn find_target(
                 (None, false) => None,
             };
             let child = launch::spawn_stopped(&exe, argv, redirect.as_ref())?;
-            (provider, Scope::Process(child.pid), Some(child))
+            let scope = match cli.follow_forks {
+                true => Scope::Tree(child.pid),
+                false => Scope::Process(child.pid),
+            };
+            (provider, scope, Some(child))
         }
     })
 }

@@ -284,6 +284,7 @@ fn a_branch_that_is_no_null_check_is_probed_on_not_past() {
 #[test]
 fn the_host_libc_places_its_probes_on_instruction_boundaries_with_the_return_address_at_rsp() {
     let libc = crate::targets::allocator::host_libc_path().unwrap();
+    let libc = crate::targets::target_file::TargetFile::host(&libc).unwrap();
     for site in crate::targets::elf::alloc_sites(&libc).unwrap() {
         let code = crate::targets::elf::code(&libc, &site, WINDOW).unwrap();
         let uret = site.func != Func::Free;

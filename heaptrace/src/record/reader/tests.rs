@@ -43,6 +43,9 @@ fn sample_round(index: u64, with_stack: bool) -> Round {
                     Some(Location {
                         path: exe.clone().into(),
                         offset: 0x10,
+                        file: crate::targets::target_file::TargetFile::host(&exe)
+                            .ok()
+                            .map(Into::into),
                     }),
                     None,
                 ],

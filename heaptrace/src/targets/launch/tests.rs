@@ -41,7 +41,11 @@ fn runs_a_command_held_at_exit_and_reports_its_exit_code() {
     let (events, _) = run(&["sh", "-c", "exit 7"]);
     assert_eq!(
         events,
-        vec![Event::Started, Event::Exiting, Event::Exited(7)]
+        vec![
+            Event::Started,
+            Event::Exiting,
+            Event::Exited(Some(ExitStatus::Code(7)))
+        ]
     );
 }
 
@@ -55,7 +59,7 @@ fn holds_a_command_at_each_exec_after_its_own() {
             Event::Exec,
             Event::Started,
             Event::Exiting,
-            Event::Exited(3)
+            Event::Exited(Some(ExitStatus::Code(3)))
         ]
     );
 }
@@ -64,7 +68,13 @@ fn holds_a_command_at_each_exec_after_its_own() {
 fn signals_reach_the_command() {
     // The shell sends itself SIGTERM: the tracer must pass it on, and the exit shows it.
     let (events, _) = run(&["sh", "-c", "kill -TERM $$; sleep 5"]);
-    assert_eq!(events.last(), Some(&Event::Exited(128 + libc::SIGTERM)));
+    assert_eq!(
+        events.last(),
+        Some(&Event::Exited(Some(ExitStatus::Signal {
+            signal: libc::SIGTERM,
+            core_dumped: false
+        })))
+    );
 }
 
 #[test]
@@ -91,7 +101,7 @@ fn redirects_output_to_a_file_and_input_from_dev_null() {
             }
         }
     }
-    assert_eq!(code, Some(0));
+    assert_eq!(code, Some(Some(ExitStatus::Code(0))));
     let text = std::fs::read_to_string(&out).unwrap();
     let _ = std::fs::remove_file(&out);
     assert_eq!(text, "to-out\nto-err\ndone\n");

@@ -19,6 +19,8 @@ use crate::{
 pub struct Run<'a> {
     pub info: &'a RunInfo,
     pub exit_code: Option<i32>,
+    /// The signal that killed the target (a live trace knows; a recording says only the code).
+    pub signal: Option<i32>,
     pub probes: &'a [Attached],
     /// Each memory syscall wrapper probed (`provider.syscall_probes`).
     pub syscall_probes: Option<Vec<Value>>,
@@ -36,6 +38,7 @@ impl<'a> Run<'a> {
         Run {
             info,
             exit_code,
+            signal: None,
             probes: &[],
             syscall_probes: None,
             own_rss_kb: None,
@@ -200,6 +203,19 @@ pub(crate) fn peak(profile: &Profile) -> Node<'_> {
         ("live_blocks", json!(p.live_blocks).into()),
         ("round", json!(p.round).into()),
         ("elapsed_ms", json!(p.elapsed_ms).into()),
+        ("exact", json!(p.exact).into()),
+        (
+            "reached_by",
+            match p.reached_by {
+                Some((pid, stack_id, size)) => {
+                    let mut m = site(profile, &(pid, stack_id, u32::MAX));
+                    m.remove("function");
+                    m.insert("size".into(), size.into());
+                    Value::Object(m).into()
+                }
+                None => Value::Null.into(),
+            },
+        ),
         ("by_stack", by),
     ])
 }
@@ -331,6 +347,7 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
         "stack_all_processes".into(),
         profile.losses[Loss::Stack as usize].into(),
     );
+    lost.insert("unsafe_files".into(), profile.unsafe_files.into());
     let aliases = info.aliases.to_vec();
     let processes = Node::list(move || {
         let aliases = aliases.clone();
@@ -349,6 +366,10 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
                 "rss_kb": p.mem.map(|m| m.rss_kb),
                 "virt_kb": p.mem.map(|m| m.virt_kb),
                 "peak_rss_kb": p.peak_rss_kb,
+                "peak": p.peak.map(|k| json!({
+                    "live_bytes": k.bytes,
+                    "reached_by": { "size": k.size, "stack_id": k.stack_id },
+                })),
                 "memory": memory(profile, p),
                 "exited": p.exited,
                 "leaks_at_exit": p.leaks_at_exit,
@@ -383,6 +404,7 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
             "pids": info.pids,
             "command": info.command,
             "exit_code": run.exit_code,
+            "signal": run.signal.map(crate::exit_status::signal_name),
         },
         "interval_ms": info.interval_ms,
         "mode": info.mode.name(),

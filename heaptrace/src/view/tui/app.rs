@@ -30,16 +30,15 @@ pub struct Info {
     pub target: String,
     pub run: RunInfo,
     pub attached: Vec<Attached>,
+    /// Every probe attached, the memory syscalls' included: the number stderr said.
+    pub probe_count: usize,
     /// Where a launched command's output goes while the view is up.
     pub output: Option<String>,
 }
 
 impl Info {
     pub fn probe_count(&self) -> usize {
-        self.attached
-            .iter()
-            .map(|a| if a.uretprobe { 2 } else { 1 })
-            .sum()
+        self.probe_count
     }
 }
 
@@ -283,38 +282,7 @@ pub fn meaningful_frame(frames: &[Frame], allocator_module: &str) -> usize {
         .unwrap_or(0)
 }
 
-/// A long C++ name for one line: template arguments and parameter lists become `<…>` and
-/// `(…)`. Names with operators made of those brackets are left alone.
-pub fn short_symbol(name: &str) -> String {
-    if ["operator<", "operator>", "operator()", "operator-"]
-        .iter()
-        .any(|o| name.contains(o))
-    {
-        return name.to_string();
-    }
-    let mut out = String::with_capacity(name.len());
-    let mut depth = 0usize;
-    for c in name.chars() {
-        match c {
-            '<' | '(' => {
-                if depth == 0 {
-                    out.push(c);
-                    out.push('…');
-                }
-                depth += 1;
-            }
-            '>' | ')' if depth > 0 => {
-                depth -= 1;
-                if depth == 0 {
-                    out.push(c);
-                }
-            }
-            _ if depth == 0 => out.push(c),
-            _ => {}
-        }
-    }
-    out
-}
+pub use crate::view::names::short_symbol;
 
 fn matches(hay: &str, needle_lower: &str) -> bool {
     hay.to_lowercase().contains(needle_lower)

@@ -41,9 +41,24 @@ use tokio::sync::{mpsc, watch};
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 static HOOK: Once = Once::new();
 
-/// Whether heaptrace should open the view: stdout is a terminal.
+/// Whether heaptrace should open the view: stdout is a terminal, and heaptrace is in its
+/// foreground. A background process group (under `timeout` without `--foreground`, or `&`)
+/// would be stopped by SIGTTOU at the view's first change of the terminal's mode: it prints
+/// the rounds instead, and says so.
 pub fn wanted() -> bool {
-    io::stdout().is_terminal()
+    if !io::stdout().is_terminal() {
+        return false;
+    }
+    // SAFETY: tcgetpgrp and getpgrp have no preconditions.
+    let (fg, own) = unsafe { (libc::tcgetpgrp(libc::STDOUT_FILENO), libc::getpgrp()) };
+    if fg >= 0 && fg != own {
+        eprintln!(
+            "heaptrace: not in the terminal's foreground (process group {own}, the terminal's \
+             is {fg}): no live view, the rounds are printed as with --no-tui"
+        );
+        return false;
+    }
+    true
 }
 
 /// Puts the terminal back as it was. Safe to call any number of times, from any thread.

@@ -66,7 +66,7 @@ pub fn draw(f: &mut Frame, app: &App) {
     }
     draw_status(f, app, status);
     if app.help {
-        draw_help(f, f.area());
+        draw_help(f, f.area(), app.screen);
     }
 }
 
@@ -114,11 +114,35 @@ fn draw_status(f: &mut Frame, app: &App, area: Rect) {
     } else if !app.status.is_empty() {
         Line::from(app.status.clone())
     } else {
-        Line::from(
-            "q quit  ? help  Tab screen  j/k move  Enter stack  s sort  / filter  p pause  r reset  w write",
-        )
+        Line::from(keys_line(area.width as usize))
     };
     f.render_widget(Paragraph::new(line).reversed(), area);
+}
+
+/// The keys line: as many of the keys as fit whole, in order of use (`?` lists them all).
+fn keys_line(width: usize) -> String {
+    const KEYS: [&str; 10] = [
+        "q quit",
+        "? help",
+        "Tab screen",
+        "j/k move",
+        "Enter stack",
+        "s sort",
+        "/ filter",
+        "p pause",
+        "r reset",
+        "w write",
+    ];
+    let mut out = String::new();
+    for k in KEYS {
+        let sep = if out.is_empty() { "" } else { "  " };
+        if out.len() + sep.len() + k.len() > width {
+            break;
+        }
+        out.push_str(sep);
+        out.push_str(k);
+    }
+    out
 }
 
 /// (title, values, how to show one value).
@@ -139,27 +163,73 @@ const HELP: &[(&str, &str)] = &[
     ("w", "write what is on screen as JSON"),
 ];
 
-fn draw_help(f: &mut Frame, area: Rect) {
+/// What each column (or row) of a screen means, for the help overlay.
+fn columns(screen: Screen) -> &'static [(&'static str, &'static str)] {
+    match screen {
+        Screen::Timeline => &[
+            ("allocated/s", "bytes requested per second"),
+            ("live heap", "requested bytes allocated, not yet freed"),
+            ("RSS  VIRT", "resident and virtual memory (/proc)"),
+            ("allocations/s", "allocating calls per second"),
+            ("frees/s", "free calls per second"),
+            ("now min max", "this round's value, the lowest, the highest"),
+        ],
+        Screen::Sites => &[
+            ("bytes  calls", "requested here, and how often"),
+            ("live", "bytes allocated here, not freed yet"),
+            ("temporary", "blocks freed soon by their thread"),
+            ("leaked", "blocks not freed when the process ended"),
+            ("pid  func", "the process; the allocating function"),
+            ("site", "first frame outside the allocator"),
+        ],
+        Screen::Sizes => &[
+            ("size", "requested size in bytes, exact"),
+            ("function", "the allocating function"),
+            ("count  bytes", "calls of that size; size x count"),
+        ],
+        Screen::Functions => &[
+            ("function", "the malloc-family function"),
+            ("calls  bytes", "calls and bytes requested"),
+            ("failed", "calls that returned NULL"),
+            ("p50  p99", "time per call: median, 99th pct"),
+            ("max <", "every timed call took less than this"),
+        ],
+        Screen::Processes => &[
+            ("pid  command", "the process and its name"),
+            ("allocs  frees", "allocating calls; free calls"),
+            ("allocated", "bytes requested"),
+            ("live  allocs/s", "live bytes (calls mode: calls/s)"),
+            ("RSS  VIRT", "resident and virtual memory (/proc)"),
+            ("reserved", "what its allocator holds (brk, mmap)"),
+        ],
+    }
+}
+
+fn draw_help(f: &mut Frame, area: Rect, screen: Screen) {
+    let cols = columns(screen);
     let w = 64.min(area.width);
-    let h = (HELP.len() as u16 + 2).min(area.height);
+    let h = (HELP.len() as u16 + cols.len() as u16 + 3).min(area.height);
     let r = Rect {
         x: area.x + (area.width - w) / 2,
         y: area.y + (area.height - h) / 2,
         width: w,
         height: h,
     };
-    let lines: Vec<Line> = HELP
-        .iter()
-        .map(|(k, what)| {
-            Line::from(vec![
-                Span::styled(
-                    format!(" {k:<16}"),
-                    Style::new().add_modifier(Modifier::BOLD),
-                ),
-                Span::raw(*what),
-            ])
-        })
-        .collect();
+    let line = |(k, what): &(&str, &str)| {
+        Line::from(vec![
+            Span::styled(
+                format!(" {k:<16}"),
+                Style::new().add_modifier(Modifier::BOLD),
+            ),
+            Span::raw(what.to_string()),
+        ])
+    };
+    let mut lines: Vec<Line> = HELP.iter().map(line).collect();
+    lines.push(Line::from(Span::styled(
+        format!(" {} screen:", screen.title()),
+        Style::new().add_modifier(Modifier::UNDERLINED),
+    )));
+    lines.extend(cols.iter().map(line));
     f.render_widget(Clear, r);
     f.render_widget(
         Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title("Keys")),

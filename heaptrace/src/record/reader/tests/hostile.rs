@@ -223,7 +223,13 @@ fn every_bit_flip_is_refused_and_every_cut_reads_short() {
         let mut bad = data.clone();
         bad[bit / 8] ^= 1 << (bit % 8);
         if let Ok(rec) = Recording::read(&bad[..]) {
-            assert!((10..12).contains(&(bit / 8)), "bit {bit} flipped, read");
+            // Version 9 with its low bit flipped is 8, whose rounds end one field earlier:
+            // read with the padding byte after the whole round, they are the same rounds.
+            let version_9_as_8 = bit == 64 && crate::record::format::VERSION == 9;
+            assert!(
+                (10..12).contains(&(bit / 8)) || version_9_as_8,
+                "bit {bit} flipped, read"
+            );
             assert_eq!(rec.rounds, whole.rounds);
         }
     }

@@ -176,14 +176,13 @@ impl App {
     pub fn toggle_pause(&mut self) {
         self.paused = !self.paused;
         if self.paused {
-            self.status = format!(
-                "paused at round {}: the kernel keeps counting",
-                self.shown.round()
-            );
+            // No round numbers here: the header says which round is shown, and this line
+            // stays while rounds go on.
+            self.status = "paused: the figures stay, the kernel keeps counting".into();
         } else {
             self.shown = self.latest.clone();
             self.recompute();
-            self.status = format!("resumed at round {}", self.shown.round());
+            self.status = "resumed: the figures follow the trace again".into();
         }
     }
 

@@ -40,6 +40,7 @@ pub fn info(target: TargetKind) -> Info {
             ..RunInfo::default()
         },
         attached: vec![],
+        probe_count: 21,
         output: None,
     }
 }
@@ -335,7 +336,7 @@ fn pause_freezes_the_view_while_snapshots_arrive() {
     let mut app = App::new(info(TargetKind::Command), published(1, false));
     app.on_key(key('p'));
     assert!(app.paused);
-    assert!(app.status.contains("paused at round 1"), "{}", app.status);
+    assert!(app.status.starts_with("paused: "), "{}", app.status);
     app.update(published(2, false));
     assert_eq!(app.shown().round(), 1);
     assert_eq!(app.latest_round(), 2);

@@ -7,20 +7,26 @@ pub(super) fn draw_header(f: &mut Frame, app: &App, area: Rect) {
     let interval = nanos(info.run.interval_ms * 1_000_000)
         .replace(".0 ", " ")
         .replace(".00 ", " ");
+    let run = format!(
+        "  {} mode{}, every {interval}, {} probes",
+        info.run.mode,
+        match app.view().sample_bytes {
+            0 => String::new(),
+            n => format!(" sampled 1/{n} B (~: estimated)"),
+        },
+        info.probe_count(),
+    );
+    // Where the probes are, when the line has room for it.
+    let place = format!(" in {}", info.run.allocator_module());
+    let used = "heaptrace ".len() + info.target.chars().count() + run.chars().count();
     let mut l1 = vec![
         Span::styled("heaptrace ", Style::new().bold()),
         Span::raw(info.target.clone()),
-        Span::raw(format!(
-            "  {} mode{}, every {interval}, {} probes in {}",
-            info.run.mode,
-            match app.view().sample_bytes {
-                0 => String::new(),
-                n => format!(" sampled 1/{n} B (~: estimated)"),
-            },
-            info.probe_count(),
-            info.run.allocator_module()
-        )),
+        Span::raw(run),
     ];
+    if used + place.chars().count() <= area.width as usize {
+        l1.push(Span::raw(place));
+    }
     if let Some(out) = &info.output {
         l1.push(Span::raw(format!(", output to {out}")));
     }
@@ -59,7 +65,7 @@ pub(super) fn status_line(app: &App, shown: &Published) -> Vec<Span<'static>> {
     ];
     if app.paused {
         line.push(Span::styled(
-            format!("  PAUSED (at round {})", app.latest_round()),
+            format!("  PAUSED (live: round {})", app.latest_round()),
             Style::new().black().on_yellow(),
         ));
     }

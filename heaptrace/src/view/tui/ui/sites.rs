@@ -58,11 +58,25 @@ pub(super) fn draw_sites(f: &mut Frame, app: &App, area: Rect) {
         widths.push(Constraint::Length(7));
     }
     header.extend(["func".into(), "site".into()]);
-    widths.extend([Constraint::Length(7), Constraint::Fill(1)]);
+    widths.push(Constraint::Length(7));
+    // The site column's width: what the fixed ones, the gaps between columns, the borders
+    // and the cursor leave. A longer name is cut at its start, keeping the function's name.
+    let fixed: u16 = widths
+        .iter()
+        .map(|c| match c {
+            Constraint::Length(n) => *n,
+            _ => 0,
+        })
+        .sum();
+    let site_width = area
+        .width
+        .saturating_sub(2 + SELECTED.len() as u16 + fixed + widths.len() as u16)
+        as usize;
+    widths.push(Constraint::Fill(1));
     let (shown, selected) = window(rows.len(), app.selected(Screen::Sites), area);
     let body: Vec<Row> = rows[shown]
         .iter()
-        .map(|r| site_row(r, temp, leaks, pid))
+        .map(|r| site_row(r, temp, leaks, pid, site_width))
         .collect();
     let header_row = Row::new(header).style(Style::new().bold().underlined());
     let empty = rows.is_empty();
@@ -79,7 +93,13 @@ pub(super) fn draw_sites(f: &mut Frame, app: &App, area: Rect) {
 }
 
 /// A site's row; the optional columns as the sites screen shows them.
-pub(super) fn site_row(r: &SiteRow, temp: bool, leaks: bool, pid: bool) -> Row<'static> {
+pub(super) fn site_row(
+    r: &SiteRow,
+    temp: bool,
+    leaks: bool,
+    pid: bool,
+    site_width: usize,
+) -> Row<'static> {
     let t = &r.totals;
     let mut cells = vec![
         Cell::from(format!("{:>10}", bytes(t.bytes as i64))),
@@ -102,7 +122,10 @@ pub(super) fn site_row(r: &SiteRow, temp: bool, leaks: bool, pid: bool) -> Row<'
         )));
     }
     cells.push(Cell::from(r.func()));
-    cells.push(Cell::from(site_label(r.frame())));
+    cells.push(Cell::from(crate::view::names::fit_end(
+        &site_label(r.frame()),
+        site_width,
+    )));
     Row::new(cells)
 }
 
@@ -150,9 +173,7 @@ pub(super) fn draw_stack(f: &mut Frame, app: &App, area: Rect) {
             t.temp_blocks,
             bytes(t.temp_bytes as i64)
         );
-        if let Some(p) = percentiles(&t.sizes, 1) {
-            l.push_str(&format!("; size p50 ~{}", bytes(p.p50 as i64)));
-        }
+        l.push_str(&site_sizes(app.view(), &id, &t.sizes));
         if let Some(p) = percentiles(&t.lifetimes, 1024) {
             let timed = match app.view().latency_sampled() {
                 Some(n) => format!(" (1 in {n} timed)"),
@@ -223,4 +244,54 @@ pub(super) fn draw_stack(f: &mut Frame, app: &App, area: Rect) {
             .scroll((app.detail_scroll.min(u16::MAX as usize) as u16, 0)),
         area,
     );
+}
+
+/// The sizes a site requested, for its stack pane: exact from the size histogram where the
+/// mode keeps one (`size 256.0 KiB`, or the median and the range), else an estimate from the
+/// power-of-two buckets, marked `~` and kept within the buckets that were hit.
+pub(super) fn site_sizes(
+    p: &crate::profile::Profile,
+    id: &crate::drain::round::SiteId,
+    log2: &crate::drain::round::Log2,
+) -> String {
+    let exact = p.sizes_of_site(id);
+    if p.sample_bytes == 0 && !exact.is_empty() {
+        let total: u64 = exact.iter().map(|(_, n)| n).sum();
+        let (min, max) = (exact[0].0, exact[exact.len() - 1].0);
+        if min == max {
+            return format!("; size {}", bytes(min as i64));
+        }
+        let mut seen = 0;
+        let median = exact
+            .iter()
+            .find(|(_, n)| {
+                seen += n;
+                seen * 2 >= total
+            })
+            .map_or(min, |(s, _)| *s);
+        return format!(
+            "; size p50 {} ({} to {})",
+            bytes(median as i64),
+            bytes(min as i64),
+            bytes(max as i64)
+        );
+    }
+    let Some(est) = percentiles(log2, 1) else {
+        return String::new();
+    };
+    // The buckets hit bound the estimate: [floor of the lowest, floor of the one past the top).
+    let hit: Vec<usize> = log2
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n > 0)
+        .map(|(b, _)| b)
+        .collect();
+    let (lo, hi) = match (hit.first(), hit.last()) {
+        (Some(&lo), Some(&hi)) => (
+            heaptrace_common::log2_bucket_floor(lo),
+            heaptrace_common::log2_bucket_floor(hi + 1).saturating_sub(1),
+        ),
+        _ => (0, u64::MAX),
+    };
+    format!("; size p50 ~{}", bytes(est.p50.clamp(lo, hi) as i64))
 }

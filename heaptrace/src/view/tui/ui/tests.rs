@@ -368,3 +368,73 @@ fn ended_processes_are_told_apart_from_the_live_ones() {
     assert!(text.contains("live 5 blocks / 4.9 KiB"), "{text}");
     assert!(!text.contains("left by ended"), "{text}");
 }
+
+/// A site's sizes in its stack pane: exact where the size histogram has them, an estimate
+/// (marked) only without it, and never outside the buckets hit.
+#[test]
+fn a_sites_sizes_are_exact_where_known() {
+    let mut p = Profile::default();
+    let id = (9, 1, 1); // pid 9, stack 1, calloc
+    p.sizes.insert((9, 1, 262_144, 1), 1);
+    let mut log2 = [0u64; heaptrace_common::LOG2_BUCKETS];
+    log2[heaptrace_common::log2_bucket(262_144)] = 1;
+    assert_eq!(sites::site_sizes(&p, &id, &log2), "; size 256.0 KiB");
+    p.sizes.insert((9, 1, 100, 1), 3);
+    p.sizes.insert((9, 1, 100, 2), 50); // another stack's: not this site's
+    assert_eq!(
+        sites::site_sizes(&p, &id, &log2),
+        "; size p50 100 B (100 B to 256.0 KiB)"
+    );
+    // Without the exact histogram (byte sampling): the estimate stays in the bucket hit.
+    let sampled = Profile::sampled(65536);
+    let est = sites::site_sizes(&sampled, &id, &log2);
+    assert!(est.starts_with("; size p50 ~"), "{est}");
+    let shown: f64 = est
+        .trim_start_matches("; size p50 ~")
+        .trim_end_matches(" KiB")
+        .parse()
+        .unwrap();
+    assert!((256.0..512.0).contains(&shown), "{est}");
+}
+
+/// Every column header a screen shows (its underlined header row, on a wide terminal) is
+/// explained in the help overlay of that screen.
+#[test]
+fn every_column_header_is_explained_in_help() {
+    use ratatui::style::Modifier;
+    let mut app = sites_app(TargetKind::All);
+    for s in Screen::ALL {
+        screen(&mut app, s);
+        let b = render(&app, 160, 40);
+        let buf = b.buffer();
+        let mut header = String::new();
+        for y in 0..buf.area.height {
+            for x in 0..buf.area.width {
+                let c = &buf[(x, y)];
+                if c.modifier.contains(Modifier::UNDERLINED) {
+                    header.push_str(c.symbol());
+                } else {
+                    header.push(' ');
+                }
+            }
+        }
+        let explained: String = columns(s).iter().map(|(k, _)| format!(" {k} ")).collect();
+        let words: Vec<&str> = header.split_whitespace().collect();
+        assert!(
+            !words.is_empty() || s == Screen::Timeline,
+            "{s:?}: no header found"
+        );
+        for w in words {
+            assert!(
+                explained.contains(&format!(" {w} ")) || explained.contains(&format!(" {w}")),
+                "{s:?}: column {w:?} is not explained in help ({explained})"
+            );
+        }
+        keys(&mut app, "?");
+        let shown = format!("{:?}", render(&app, 80, 24));
+        for (k, _) in columns(s) {
+            assert!(shown.contains(k), "{s:?}: {k} not in the overlay:\n{shown}");
+        }
+        keys(&mut app, "?");
+    }
+}

@@ -1,0 +1,748 @@
+//! The walk: every arena from `main_arena` along `next`, each arena's heaps chunk by chunk,
+//! then its bins, the tcaches and the mmapped chunks. Every value read is checked (sizes,
+//! flags, addresses inside the heap walked) and every loop is bounded by the bytes or chunks
+//! it walks, so a corrupt or changing heap ends in a counted "unreadable" part, not a hang.
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use super::layout::{self, IS_MMAPPED, Layout, MINSIZE, NON_MAIN_ARENA, PREV_INUSE};
+use super::locate::Located;
+use super::memory::{Memory, Region};
+
+/// What a free chunk is waiting in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FreeKind {
+    Tcache,
+    Fastbin,
+    Unsorted,
+    Small,
+    Large,
+    /// Free by its neighbour's flag, yet in no bin: seen in a heap that changed, or corrupt.
+    Unbinned,
+}
+
+/// Blocks and their bytes (chunk sizes, or usable sizes where said).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Tally {
+    pub blocks: u64,
+    pub bytes: u64,
+}
+
+impl Tally {
+    pub fn add(&mut self, bytes: u64) {
+        self.blocks += 1;
+        self.bytes += bytes;
+    }
+}
+
+/// One stretch of chunks: the main arena's brk heap, or one 64 MiB heap of a thread arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Span {
+    pub start: u64,
+    pub end: u64,
+}
+
+/// One arena, walked.
+#[derive(Debug, Default)]
+pub struct ArenaWalk {
+    pub address: u64,
+    pub main: bool,
+    pub spans: Vec<Span>,
+    pub system_mem: u64,
+    pub top: u64,
+    /// In-use chunks by chunk size.
+    pub in_use: BTreeMap<u64, u64>,
+    pub free: BTreeMap<FreeKind, Tally>,
+    /// Whole pages inside free binned chunks and the top: what `malloc_trim` can return.
+    pub trimmable: u64,
+    /// Bytes of heap the walk could not read or trust.
+    pub unreadable: u64,
+    /// Chunks counted in the walk (bounds the list walks).
+    chunks: u64,
+    /// Chunk starts, a bit per 16 bytes of heap (to check list entries).
+    starts: Starts,
+    /// Free chunks found by their neighbour's flag, not yet found in a bin.
+    loose: HashMap<u64, u64>,
+    /// tcache_perthread_struct candidates: (chunk address, first of its heap).
+    tcache_candidates: Vec<(u64, bool)>,
+}
+
+/// A sparse bitmap of chunk starts: 64 words (64 KiB of heap) per page, made where a chunk
+/// is, so a hostile size that jumps far costs nothing.
+#[derive(Debug, Default)]
+struct Starts(HashMap<u64, Box<[u64; 64]>>);
+
+impl Starts {
+    fn set(&mut self, addr: u64) {
+        let bit = addr / 16;
+        let page = self
+            .0
+            .entry(bit / 4096)
+            .or_insert_with(|| Box::new([0; 64]));
+        page[(bit % 4096 / 64) as usize] |= 1 << (bit % 64);
+    }
+
+    fn get(&self, addr: u64) -> bool {
+        let bit = addr / 16;
+        addr.is_multiple_of(16)
+            && self
+                .0
+                .get(&(bit / 4096))
+                .is_some_and(|p| p[(bit % 4096 / 64) as usize] & (1 << (bit % 64)) != 0)
+    }
+}
+
+/// One thread's tcache.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TcacheWalk {
+    pub address: u64,
+    pub blocks: u64,
+    pub bytes: u64,
+}
+
+/// What `mp_` says, to check the walk against.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct MpFigures {
+    pub n_mmaps: u64,
+    pub mmapped_mem: u64,
+    pub tcache_count: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct Walk {
+    pub arenas: Vec<ArenaWalk>,
+    pub tcaches: Vec<TcacheWalk>,
+    /// Chunk size -> count.
+    pub mmapped: BTreeMap<u64, u64>,
+    pub internal: Tally,
+    pub mp: MpFigures,
+    pub warnings: Vec<String>,
+}
+
+/// How many times a running process's arena is walked again when it changed under us.
+const ATTEMPTS: u32 = 4;
+const MAX_ARENAS: usize = 4096;
+const PAGE: u64 = 4096;
+
+pub fn walk(
+    mem: &dyn Memory,
+    at: &Located,
+    regions: &[Region],
+    running: bool,
+) -> Result<Walk, String> {
+    let l = at.layout;
+    let mut w = Walk::default();
+    let mp = read_vec(mem, at.mp, l.mp_size).ok_or("cannot read mp_")?;
+    let (tcache_bins, tcache_count) = (word(&mp, l.mp_tcache_bins), word(&mp, l.mp_tcache_count));
+    if tcache_bins > l.tcache_bins || tcache_count > u16::MAX as u64 {
+        return Err("mp_ does not look like glibc's malloc parameters; refusing to guess".into());
+    }
+    w.mp = MpFigures {
+        n_mmaps: word(&mp, l.mp_n_mmaps) & 0xffff_ffff,
+        mmapped_mem: word(&mp, l.mp_mmapped_mem),
+        tcache_count,
+    };
+    let sbrk_base = word(&mp, l.mp_sbrk_base);
+    let mut arena = at.main_arena;
+    for _ in 0..MAX_ARENAS {
+        let main = arena == at.main_arena;
+        let mut done = None;
+        for attempt in 0..ATTEMPTS {
+            mem.refresh();
+            let a = walk_arena(mem, l, arena, main, sbrk_base)?;
+            let clean = a.unreadable == 0;
+            done = Some(a);
+            if clean || !running {
+                break;
+            }
+            if attempt + 1 < ATTEMPTS {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        }
+        let a = done.expect("walked at least once");
+        if a.unreadable > 0 {
+            w.warnings.push(format!(
+                "arena {:#x}: {} bytes could not be walked{}",
+                arena,
+                a.unreadable,
+                if running {
+                    " (the process changed it; --stop for an exact walk)"
+                } else {
+                    " (corrupt heap)"
+                }
+            ));
+        }
+        let next = mem
+            .u64_at(arena.wrapping_add(l.next))
+            .ok_or("cannot read an arena's next")?;
+        w.arenas.push(a);
+        if next == at.main_arena {
+            break;
+        }
+        if next == 0 || w.arenas.iter().any(|a| a.address == next) {
+            w.warnings.push(format!(
+                "the arena list does not lead back to main_arena at {next:#x}"
+            ));
+            break;
+        }
+        arena = next;
+    }
+    tcaches(mem, l, &mut w, tcache_bins, tcache_count);
+    for a in &mut w.arenas {
+        if !a.loose.is_empty() {
+            let t = a.free.entry(FreeKind::Unbinned).or_default();
+            for size in a.loose.values() {
+                t.add(*size);
+            }
+            w.warnings.push(format!(
+                "arena {:#x}: {} free chunks in no bin",
+                a.address,
+                a.loose.len()
+            ));
+        }
+    }
+    mmapped(mem, regions, &mut w);
+    Ok(w)
+}
+
+/// How many arenas' mutexes are held now (a thread inside malloc or free).
+pub fn locked_arenas(mem: &dyn Memory, at: &Located) -> usize {
+    let mut locked = 0;
+    let mut arena = at.main_arena;
+    for _ in 0..MAX_ARENAS {
+        let mut m = [0u8; 4];
+        if mem.read(arena.wrapping_add(at.layout.mutex), &mut m) && m != [0; 4] {
+            locked += 1;
+        }
+        match mem.u64_at(arena.wrapping_add(at.layout.next)) {
+            Some(next) if next != at.main_arena && next != 0 => arena = next,
+            _ => break,
+        }
+    }
+    locked
+}
+
+fn read_vec(mem: &dyn Memory, addr: u64, len: u64) -> Option<Vec<u8>> {
+    let mut v = vec![0u8; len as usize];
+    mem.read(addr, &mut v).then_some(v)
+}
+
+fn word(b: &[u8], at: u64) -> u64 {
+    let at = at as usize;
+    b.get(at..at + 8)
+        .map_or(0, |s| u64::from_le_bytes(s.try_into().unwrap()))
+}
+
+/// The page-aligned bytes strictly inside [from, to).
+fn whole_pages(from: u64, to: u64) -> u64 {
+    let a = from.div_ceil(PAGE) * PAGE;
+    let b = to / PAGE * PAGE;
+    b.saturating_sub(a)
+}
+
+fn walk_arena(
+    mem: &dyn Memory,
+    l: &Layout,
+    address: u64,
+    main: bool,
+    sbrk_base: u64,
+) -> Result<ArenaWalk, String> {
+    let state = read_vec(mem, address, l.arena_size)
+        .ok_or_else(|| format!("cannot read the arena at {address:#x}"))?;
+    let mut a = ArenaWalk {
+        address,
+        main,
+        system_mem: word(&state, l.system_mem),
+        ..Default::default()
+    };
+    let top = word(&state, l.top);
+    if address >= USER_END || top >= USER_END {
+        return Err(format!(
+            "arena {address:#x}: its top {top:#x} is not a user-space address"
+        ));
+    }
+    // Before the first malloc, top is the unsorted bin's head (or, before malloc was ever
+    // initialized, the whole arena is still zero): no heap yet.
+    if top == 0 || top == address.wrapping_add(l.bins - 16) {
+        return Ok(a);
+    }
+    let top_word = mem
+        .u64_at(top.wrapping_add(8))
+        .ok_or_else(|| format!("cannot read arena {address:#x}'s top chunk"))?;
+    a.top = layout::chunk_size(top_word);
+    let top_end = top
+        .checked_add(a.top)
+        .ok_or("top chunk out of the address space")?;
+    a.trimmable += whole_pages(top.saturating_add(MINSIZE), top_end);
+    if main {
+        if sbrk_base == 0 || sbrk_base > top {
+            a.unreadable += a.system_mem;
+            return Ok(a);
+        }
+        a.spans.push(Span {
+            start: sbrk_base.saturating_add(15) & !15,
+            end: top_end,
+        });
+    } else {
+        let mut heap = top & !(l.heap_max - 1);
+        for _ in 0..(MAX_HEAPS) {
+            let info = read_vec(mem, heap, l.heap_info_size)
+                .ok_or_else(|| format!("cannot read the heap at {heap:#x}"))?;
+            if word(&info, l.heap_ar_ptr) != address {
+                a.unreadable += a
+                    .system_mem
+                    .saturating_sub(a.spans.iter().map(|s| s.end - s.start).sum());
+                break;
+            }
+            let size = word(&info, l.heap_size).min(l.heap_max);
+            let first = address >= heap && address < heap.saturating_add(size);
+            let start = if first {
+                // The arena follows heap_info, its first chunk the arena (chunk2mem aligned).
+                address.saturating_add(l.arena_size + 16).div_ceil(16) * 16 - 16
+            } else {
+                heap + l.heap_info_size
+            };
+            a.spans.push(Span {
+                start,
+                end: heap.saturating_add(size),
+            });
+            let prev = word(&info, l.heap_prev);
+            if first || prev == 0 {
+                break;
+            }
+            heap = prev;
+        }
+        a.spans.reverse();
+    }
+    for i in 0..a.spans.len() {
+        walk_span(mem, l, &mut a, i, top)?;
+    }
+    fastbins(mem, l, &mut a, &state);
+    bins(mem, l, &mut a, &state);
+    Ok(a)
+}
+
+const MAX_HEAPS: usize = 1 << 16;
+/// x86-64 user space ends below 2^47 (2^56 with 5-level paging, which glibc heaps do not
+/// reach unasked): a pointer past it is not one the walk follows.
+const USER_END: u64 = 1 << 56;
+
+/// Walks span `i` chunk by chunk, up to the top chunk or its fence posts.
+fn walk_span(
+    mem: &dyn Memory,
+    l: &Layout,
+    a: &mut ArenaWalk,
+    i: usize,
+    top: u64,
+) -> Result<(), String> {
+    let Span { start, end } = a.spans[i];
+    let arena_flag = if a.main { 0 } else { NON_MAIN_ARENA };
+    let mut addr = start;
+    let mut header = mem.u64_at(addr.wrapping_add(8));
+    let mut first = true;
+    let fail = |a: &mut ArenaWalk, at: u64| a.unreadable += end.saturating_sub(at);
+    while addr < end {
+        if addr == top {
+            break;
+        }
+        let Some(word) = header else {
+            fail(a, addr);
+            break;
+        };
+        let size = layout::chunk_size(word);
+        if size == 16 {
+            break; // fence posts end a heap that is not the last
+        }
+        let next = addr.saturating_add(size);
+        let sane = size >= MINSIZE
+            && size.is_multiple_of(16)
+            && next <= end
+            && word & IS_MMAPPED == 0
+            && (word & NON_MAIN_ARENA == 0 || arena_flag != 0);
+        if !sane {
+            fail(a, addr);
+            break;
+        }
+        let next_word = if next < end {
+            mem.u64_at(next.wrapping_add(8))
+        } else {
+            None
+        };
+        let Some(nw) = next_word else {
+            fail(a, addr);
+            break;
+        };
+        a.starts.set(addr);
+        a.chunks += 1;
+        // Free chunks lose the arena flag (glibc rewrites their head); chunks in use keep it.
+        if nw & PREV_INUSE != 0 && word & NON_MAIN_ARENA != arena_flag {
+            fail(a, addr);
+            break;
+        }
+        if nw & PREV_INUSE != 0 {
+            *a.in_use.entry(size).or_default() += 1;
+            if size == l.tcache_size + 16 {
+                a.tcache_candidates.push((addr, first));
+            }
+        } else {
+            a.loose.insert(addr, size);
+        }
+        first = false;
+        addr = next;
+        header = next_word;
+    }
+    Ok(())
+}
+
+impl ArenaWalk {
+    /// Whether a chunk the walk counted starts at `addr`.
+    fn is_start(&self, addr: u64) -> bool {
+        self.starts.get(addr)
+    }
+
+    /// Moves an in-use chunk (by its neighbour's flag) to free `kind`, if the walk counted it.
+    fn take_in_use(&mut self, addr: u64, size: u64, kind: FreeKind) -> bool {
+        if !self.is_start(addr) || !self.forget_in_use(size) {
+            return false;
+        }
+        self.free.entry(kind).or_default().add(size);
+        true
+    }
+
+    /// Takes one chunk of `size` off the in-use counts, if there is one.
+    fn forget_in_use(&mut self, size: u64) -> bool {
+        let Some(n) = self.in_use.get_mut(&size) else {
+            return false;
+        };
+        *n -= 1;
+        if *n == 0 {
+            self.in_use.remove(&size);
+        }
+        true
+    }
+}
+
+fn reveal(l: &Layout, field: u64, stored: u64) -> u64 {
+    if l.safe_linking {
+        (field >> 12) ^ stored
+    } else {
+        stored
+    }
+}
+
+/// Fastbin chunks keep their neighbour's in-use flag: the walk counted them in use.
+fn fastbins(mem: &dyn Memory, l: &Layout, a: &mut ArenaWalk, state: &[u8]) {
+    for i in 0..l.nfastbins {
+        let size = (i + 2) * 16;
+        let mut p = word(state, l.fastbins + i * 8);
+        let mut n = 0u64;
+        while p != 0 && n <= a.chunks {
+            let ok = mem
+                .u64_at(p.wrapping_add(8))
+                .is_some_and(|w| layout::chunk_size(w) == size)
+                && a.take_in_use(p, size, FreeKind::Fastbin);
+            if !ok {
+                a.unreadable += size;
+                break;
+            }
+            n += 1;
+            match mem.u64_at(p.wrapping_add(16)) {
+                Some(s) => p = reveal(l, p.wrapping_add(16), s),
+                None => break,
+            }
+        }
+    }
+}
+
+/// The unsorted, small and large bins: doubly linked, unmangled, each ending at its head.
+fn bins(mem: &dyn Memory, l: &Layout, a: &mut ArenaWalk, state: &[u8]) {
+    for i in 1..l.nbins - 1 {
+        let fd_at = l.bins + (i - 1) * 16;
+        let head = a.address.wrapping_add(fd_at - 16);
+        let kind = match i {
+            1 => FreeKind::Unsorted,
+            2..64 => FreeKind::Small,
+            _ => FreeKind::Large,
+        };
+        let mut p = word(state, fd_at);
+        let mut n = 0u64;
+        while p != head && n <= a.chunks {
+            let Some(size) = a.loose.remove(&p) else {
+                a.unreadable += 16; // an entry the walk did not find free: stop this bin
+                break;
+            };
+            a.free.entry(kind).or_default().add(size);
+            // glibc's malloc_trim keeps the chunk's header and links (malloc_chunk's 48 bytes).
+            a.trimmable += whole_pages(p.saturating_add(48), p.saturating_add(size));
+            n += 1;
+            match mem.u64_at(p.wrapping_add(16)) {
+                Some(next) => p = next,
+                None => break,
+            }
+        }
+    }
+}
+
+/// A 640-byte `tcache_perthread_struct` from its chunk's user data, if it looks like one:
+/// counts within `count`, an entry exactly where a count is not zero.
+fn tcache_struct(
+    mem: &dyn Memory,
+    l: &Layout,
+    chunk: u64,
+    bins: u64,
+    count: u64,
+) -> Option<Vec<(u64, u64)>> {
+    let b = read_vec(mem, chunk.wrapping_add(16), l.tcache_size)?;
+    let mut lists = Vec::new();
+    for i in 0..l.tcache_bins {
+        let c = u16::from_le_bytes([b[i as usize * 2], b[i as usize * 2 + 1]]) as u64;
+        let e = word(&b, l.tcache_entries + i * 8);
+        if c > count || (c == 0) != (e == 0) || (i >= bins && c != 0) {
+            return None;
+        }
+        lists.push((c, e));
+    }
+    Some(lists)
+}
+
+/// Each thread's tcache: its struct (the first chunk of a heap, or one holding chunks), and
+/// the chunks on its lists, which the walk counted in use (tcache keeps their flags too).
+fn tcaches(mem: &dyn Memory, l: &Layout, w: &mut Walk, bins: u64, count: u64) {
+    let candidates: Vec<(u64, bool)> = w
+        .arenas
+        .iter()
+        .flat_map(|a| a.tcache_candidates.clone())
+        .collect();
+    let mut seen = HashSet::new();
+    for (chunk, first_of_heap) in candidates {
+        let Some(lists) = tcache_struct(mem, l, chunk, bins, count) else {
+            continue;
+        };
+        if !first_of_heap && lists.iter().all(|(c, _)| *c == 0) {
+            continue; // a zeroed block of the same size; an empty tcache elsewhere is missed
+        }
+        let struct_size = l.tcache_size + 16;
+        if let Some(a) = w.arenas.iter_mut().find(|a| a.is_start(chunk)) {
+            a.forget_in_use(struct_size);
+        }
+        w.internal.add(struct_size);
+        let mut t = TcacheWalk {
+            address: chunk + 16,
+            blocks: 0,
+            bytes: 0,
+        };
+        for (i, (c, mut e)) in lists.into_iter().enumerate() {
+            let size = 32 + 16 * i as u64;
+            for _ in 0..c {
+                let p = e.wrapping_sub(16);
+                let fresh = seen.insert(p);
+                let owner = w.arenas.iter_mut().find(|a| a.is_start(p));
+                let ok = fresh
+                    && mem
+                        .u64_at(p.wrapping_add(8))
+                        .is_some_and(|w| layout::chunk_size(w) == size)
+                    && owner.is_some_and(|a| a.take_in_use(p, size, FreeKind::Tcache));
+                if !ok {
+                    w.warnings.push(format!(
+                        "tcache at {:#x}: a bad entry for {size}-byte chunks",
+                        chunk + 16
+                    ));
+                    break;
+                }
+                t.blocks += 1;
+                t.bytes += size;
+                match mem.u64_at(e) {
+                    Some(s) => e = reveal(l, e, s),
+                    None => break,
+                }
+            }
+        }
+        w.tcaches.push(t);
+    }
+}
+
+/// Chunks with their own mapping: anonymous writable regions outside the arenas whose first
+/// chunk header says mmapped (the kernel merges neighbouring ones into one region).
+fn mmapped(mem: &dyn Memory, regions: &[Region], w: &mut Walk) {
+    let in_arena = |r: &Region| {
+        w.arenas
+            .iter()
+            .any(|a| a.spans.iter().any(|s| s.start < r.end && r.start < s.end))
+    };
+    let mut found = BTreeMap::new();
+    for r in regions
+        .iter()
+        .filter(|r| r.writable && r.file.is_none() && r.special.is_none())
+    {
+        if in_arena(r) {
+            continue;
+        }
+        let mut addr = r.start;
+        while addr.saturating_add(16) <= r.end {
+            let (Some(prev), Some(word)) = (mem.u64_at(addr), mem.u64_at(addr.wrapping_add(8)))
+            else {
+                break;
+            };
+            let size = layout::chunk_size(word);
+            // memalign'ed chunks sit `prev` bytes into their mapping; prev_size says so.
+            let whole = size.checked_add(prev);
+            let ok = word & 7 == IS_MMAPPED
+                && size >= PAGE
+                && whole.is_some_and(|n| n % PAGE == 0 && n <= r.end - addr);
+            if !ok || prev != 0 {
+                // An aligned block starts inside its mapping: not walked (docs/heap-census.md).
+                break;
+            }
+            *found.entry(size).or_insert(0u64) += 1;
+            addr += size;
+        }
+    }
+    let n: u64 = found.values().sum();
+    if n != w.mp.n_mmaps {
+        w.warnings.push(format!(
+            "found {n} mmapped chunks, mp_ counts {}",
+            w.mp.n_mmaps
+        ));
+    }
+    w.mmapped = found;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::heap::locate::FoundBy;
+
+    /// Memory made of one buffer at `base`.
+    struct Fake {
+        base: u64,
+        bytes: Vec<u8>,
+    }
+
+    impl Memory for Fake {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
+            let Some(at) = addr.checked_sub(self.base) else {
+                return false;
+            };
+            let at = at as usize;
+            match at
+                .checked_add(buf.len())
+                .and_then(|e| self.bytes.get(at..e))
+            {
+                Some(s) => {
+                    buf.copy_from_slice(s);
+                    true
+                }
+                None => false,
+            }
+        }
+    }
+
+    const BASE: u64 = 0x10_0000;
+    const ARENA: u64 = BASE;
+    const MP: u64 = BASE + 0x1000;
+    const HEAP: u64 = BASE + 0x2000;
+    const HEAP_LEN: u64 = 0x8000;
+
+    fn put(f: &mut Fake, addr: u64, v: u64) {
+        let at = (addr - f.base) as usize;
+        f.bytes[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    }
+
+    /// A main arena with `sizes` in use, then a top chunk; empty bins.
+    fn heap(sizes: &[u64]) -> (Fake, Located) {
+        let l = layout::for_version((2, 36)).unwrap();
+        let mut f = Fake {
+            base: BASE,
+            bytes: vec![0; (0x2000 + HEAP_LEN) as usize],
+        };
+        put(&mut f, ARENA + l.next, ARENA);
+        for i in 1..l.nbins {
+            let head = ARENA + l.bins + (i - 1) * 16 - 16;
+            put(&mut f, head + 16, head);
+            put(&mut f, head + 24, head);
+        }
+        put(&mut f, MP + l.mp_sbrk_base, HEAP);
+        put(&mut f, MP + l.mp_tcache_bins, 64);
+        put(&mut f, MP + l.mp_tcache_count, 7);
+        // A tcache_perthread_struct first, holding the next chunk (32 bytes) for size 32.
+        put(&mut f, HEAP + 8, 0x290 | PREV_INUSE);
+        put(&mut f, HEAP + 16, 1);
+        put(&mut f, HEAP + 16 + l.tcache_entries, HEAP + 0x290 + 16);
+        put(&mut f, HEAP + 0x290 + 8, 32 | PREV_INUSE);
+        let mut addr = HEAP + 0x290 + 32;
+        for s in sizes {
+            put(&mut f, addr + 8, s | PREV_INUSE);
+            addr += s;
+        }
+        put(&mut f, ARENA + l.top, addr);
+        put(&mut f, addr + 8, (HEAP + HEAP_LEN - addr) | PREV_INUSE);
+        let at = Located {
+            layout: l,
+            main_arena: ARENA,
+            mp: MP,
+            found_by: FoundBy::CodePatterns,
+        };
+        (f, at)
+    }
+
+    /// A process that never called malloc: glibc never initialized its arena, every word is
+    /// still zero. An empty census, not an error (it was "cannot read the top chunk").
+    #[test]
+    fn an_arena_malloc_never_initialized_is_an_empty_heap() {
+        let (mut f, at) = heap(&[]);
+        f.bytes[..0x1000].fill(0);
+        let w = walk(&f, &at, &[], false).unwrap();
+        assert!(w.arenas.iter().all(|a| a.in_use.is_empty() && a.top == 0));
+    }
+
+    #[test]
+    fn a_synthetic_heap_is_counted_exactly() {
+        let (f, at) = heap(&[48, 48, 208, 1024]);
+        let w = walk(&f, &at, &[], false).unwrap();
+        let a = &w.arenas[0];
+        assert_eq!(a.in_use, BTreeMap::from([(48, 2), (208, 1), (1024, 1)]));
+        assert_eq!(a.top, HEAP_LEN - 0x290 - 32 - 48 * 2 - 208 - 1024);
+        assert_eq!(
+            a.free[&FreeKind::Tcache],
+            Tally {
+                blocks: 1,
+                bytes: 32
+            }
+        );
+        assert_eq!((w.tcaches.len(), w.internal.blocks), (1, 1));
+        assert_eq!(a.unreadable, 0);
+    }
+
+    /// Random words in chunk headers, bin and tcache pointers: the walk ends, without a
+    /// panic, every time.
+    #[test]
+    fn scribbled_heaps_never_panic_or_hang() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let sizes: Vec<u64> = (0..60).map(|i| 32 + 16 * (i % 20)).collect();
+        for _ in 0..3000 {
+            let (mut f, at) = heap(&sizes);
+            for _ in 0..1 + next() % 6 {
+                let addr = match next() % 3 {
+                    // a header, or a user word, in the heap
+                    0 | 1 => HEAP + (next() % (HEAP_LEN / 8)) * 8,
+                    // the arena: fastbins, top, bins, next
+                    _ => ARENA + (next() % (2200 / 8)) * 8,
+                };
+                let v = match next() % 4 {
+                    0 => next(),
+                    1 => HEAP + next() % HEAP_LEN,
+                    2 => ((next() % 64) * 16) | (next() % 8),
+                    _ => ARENA + (next() % 2200),
+                };
+                put(&mut f, addr, v);
+            }
+            let _ = walk(&f, &at, &[], false);
+        }
+    }
+}

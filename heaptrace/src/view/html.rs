@@ -1,0 +1,208 @@
+//! `report FILE --export html`: one self-contained page to open in a browser, offline. The
+//! figures go in as one JSON document (in a `<script type="application/json">`, every `<`, `>`
+//! and `&` escaped, so no name from a recording can end the element); the page's own script
+//! draws the charts, the flame graph and the tables with `textContent` only, never markup
+//! built from the data. No request leaves the page: no external script, style, font or image.
+use serde_json::{Value, json};
+
+use crate::{
+    drain::round::SiteId,
+    profile::Profile,
+    record::Recording,
+    view::{names::Names, site_tables, summary},
+};
+
+const TEMPLATE: &str = include_str!("html/report.html");
+/// Rows of each table; the flame graph takes every stack.
+const TOP: usize = 50;
+
+/// The whole page.
+pub fn report(rec: &Recording, p: &Profile, names: &Names) -> String {
+    let data = data(rec, p, names).to_string();
+    // Inside a string every one of these is valid as a JSON escape, and outside strings JSON
+    // has none of them.
+    let data = data
+        .replace('<', "\\u003c")
+        .replace('>', "\\u003e")
+        .replace('&', "\\u0026");
+    let title = html_escape(&title(rec));
+    // Cut at the markers, not replaced in turn: a title holding "{{DATA}}" stays text.
+    let (head, rest) = TEMPLATE
+        .split_once("{{TITLE}}")
+        .expect("the template's title");
+    let (middle, tail) = rest.split_once("{{DATA}}").expect("the template's data");
+    [head, &title, middle, &data, tail].concat()
+}
+
+fn title(rec: &Recording) -> String {
+    let target = if rec.header.command.is_empty() {
+        match rec.header.pids.as_slice() {
+            [] => "all processes".to_string(),
+            pids => format!(
+                "pid {}",
+                pids.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    } else {
+        rec.header.command.join(" ")
+    };
+    format!("heaptrace: {target}")
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Everything the page shows.
+fn data(rec: &Recording, p: &Profile, names: &Names) -> Value {
+    let h = &rec.header;
+    let t = p.totals();
+    let leaks = p.leak_totals(None);
+    json!({
+        "title": title(rec),
+        "run": {
+            "command": h.command,
+            "pids": h.pids,
+            "mode": h.mode.name(),
+            "host": h.host,
+            "kernel": h.kernel,
+            "start_unix_ms": h.start_unix_ms,
+            "interval_ms": h.interval_ms,
+            "allocator": h.provider,
+            "heaptrace": h.heaptrace_version,
+            "elapsed_ms": rec.end.as_ref().map(|e| e.elapsed_ms).or(rec.last_elapsed_ms),
+            "end": rec.end.as_ref().map(|e| e.reason.clone()),
+            "exit_code": rec.end.as_ref().and_then(|e| e.exit_code),
+            "sample_bytes": p.sample_bytes,
+        },
+        "totals": {
+            "allocations": t.allocations(),
+            "frees": t.frees(),
+            "bytes_allocated": t.bytes_allocated(),
+            "leaked_blocks": leaks.map(|l| l.blocks),
+            "leaked_bytes": leaks.map(|l| l.bytes),
+        },
+        "timeline": timeline(p),
+        "flame": {
+            "bytes": stacks(p, names, |id| p.sites.get(id).map_or(0, |s| s.bytes)),
+            "count": stacks(p, names, |id| p.sites.get(id).map_or(0, |s| s.calls)),
+            "live": stacks(p, names, |id| {
+                p.leaks.as_ref().and_then(|l| l.get(id)).map_or(0, |l| l.bytes)
+            }),
+        },
+        "sites": p.top_sites(TOP, |s| s.bytes as i64).iter().map(|(id, s)| json!({
+            "site": label(p, id, names),
+            "calls": s.calls,
+            "bytes": s.bytes,
+            "live_bytes": s.live_bytes,
+            "temporary_blocks": s.temp_blocks,
+        })).collect::<Vec<_>>(),
+        "leaks": p.top_leaks(TOP).iter().map(|(id, l)| json!({
+            "site": label(p, id, names),
+            "blocks": l.blocks,
+            "bytes": l.bytes,
+        })).collect::<Vec<_>>(),
+        "peak": p.peak.as_ref().map(|pk| json!({
+            "live_bytes": pk.live_bytes,
+            "live_blocks": pk.live_blocks,
+            "elapsed_ms": pk.elapsed_ms,
+            "sites": pk.sites.iter().take(TOP).map(|(id, blocks, bytes)| json!({
+                "site": label(p, id, names),
+                "blocks": blocks,
+                "bytes": bytes,
+            })).collect::<Vec<_>>(),
+        })),
+        "memory": summary::memory(p, TOP),
+    })
+}
+
+fn label(p: &Profile, id: &SiteId, names: &Names) -> String {
+    site_tables::site_label_with(p, id, 6, names)
+}
+
+/// The timeline's rows: time, live heap, RSS, and the allocation rate of each row.
+fn timeline(p: &Profile) -> Vec<Value> {
+    let mut prev_ms = 0u64;
+    p.rounds
+        .iter()
+        .map(|r| {
+            let span = r.elapsed_ms.saturating_sub(prev_ms).max(1);
+            prev_ms = r.elapsed_ms;
+            json!({
+                "t_ms": r.elapsed_ms,
+                "live_bytes": r.live_bytes,
+                "rss_bytes": r.rss_kb * 1024,
+                "allocations_per_s": r.allocations as f64 * 1000.0 / span as f64,
+                "bytes_per_s": r.bytes_allocated as f64 * 1000.0 / span as f64,
+            })
+        })
+        .collect()
+}
+
+/// Each stack with a value: its frames outermost first, the allocating function last.
+fn stacks(p: &Profile, names: &Names, value: impl Fn(&SiteId) -> u64) -> Vec<Value> {
+    let mut ids: Vec<SiteId> = p.sites.keys().copied().collect();
+    if let Some(l) = &p.leaks {
+        ids.extend(l.keys().copied().filter(|k| !p.sites.contains_key(k)));
+    }
+    ids.iter()
+        .filter_map(|id| {
+            let v = value(id);
+            if v == 0 {
+                return None;
+            }
+            let mut frames: Vec<String> = p
+                .frames(id)
+                .iter()
+                .rev()
+                .map(|f| names.function(f))
+                .collect();
+            frames.push(
+                heaptrace_common::Func::from_u32(id.2)
+                    .map(|f| f.name())
+                    .unwrap_or("?")
+                    .into(),
+            );
+            Some(json!([frames, v]))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_from_a_recording_cannot_break_out_of_the_page() {
+        let mut rec = Recording::default();
+        rec.header.command = vec!["</script><script>alert(1)</script>".into()];
+        let page = report(&rec, &Profile::default(), &Names::SHORT);
+        // The title is escaped as HTML, the data as JSON: one script element of each kind.
+        assert!(!page.contains("<script>alert"), "{page}");
+        assert!(page.contains("&lt;/script&gt;"));
+        assert_eq!(page.matches("</script>").count(), 2, "data and code only");
+        // Nothing is fetched when the page is opened (the SVG namespace is a name, not a
+        // request).
+        for needle in [
+            "src=",
+            "href=",
+            "url(",
+            "<link",
+            "@import",
+            "fetch(",
+            "XMLHttpRequest",
+            "WebSocket",
+            "sendBeacon",
+            "<iframe",
+            "<img",
+        ] {
+            assert!(!page.contains(needle), "{needle}");
+        }
+    }
+}
