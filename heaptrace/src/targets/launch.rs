@@ -336,8 +336,7 @@ fn seize(pid: i32) -> bool {
             (libc::PTRACE_O_TRACEEXIT
                 | libc::PTRACE_O_TRACEEXEC
                 | libc::PTRACE_O_EXITKILL
-                | libc::PTRACE_O_TRACESYSGOOD)
-                as libc::c_ulong,
+                | libc::PTRACE_O_TRACESYSGOOD) as libc::c_ulong,
         )
     } == 0;
     if !seized {
