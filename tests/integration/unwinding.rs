@@ -143,7 +143,8 @@ bpf_test!(
 
 bpf_test!(
     shared,
-    /// A running process traced with -p: its entry is written before the probes go on.
+    /// A running process traced with -p: its entry is written at the daemon's first read of
+    /// its mappings, within the first round; it allocates after that.
     fn a_running_process_gets_whole_stacks() {
         use std::io::Write as _;
         let mut cmd = std::process::Command::new(unwinddeep(false, false));
@@ -157,6 +158,7 @@ bpf_test!(
             .arg(&json)
             .args(["-p", &target.id().to_string()]);
         let tracer = start_attached(&mut cmd);
+        std::thread::sleep(std::time::Duration::from_millis(300));
         let mut stdin = target.stdin.take().unwrap();
         stdin.write_all(b"g").unwrap();
         // Alive for a few rounds: its stacks are named from its mappings while it lives.

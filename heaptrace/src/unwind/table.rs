@@ -132,7 +132,7 @@ pub fn build<'a, R: object::ReadRef<'a>>(data: R) -> Result<FileTable, TableErro
             .set_eh_frame(eh.address())
             .set_text(addr(".text"))
             .set_got(addr(".got"));
-        collect(&section, &bases, &mut fdes, &mut stats);
+        collect(&section, &bases, &mut fdes, &mut stats)?;
     }
     if let Some(debug) = file.section_by_name(".debug_frame").filter(bounded)
         && let Ok(bytes) = debug.data()
@@ -140,7 +140,7 @@ pub fn build<'a, R: object::ReadRef<'a>>(data: R) -> Result<FileTable, TableErro
         found = true;
         let mut section = gimli::DebugFrame::new(bytes, LittleEndian);
         section.set_address_size(8);
-        collect(&section, &BaseAddresses::default(), &mut fdes, &mut stats);
+        collect(&section, &BaseAddresses::default(), &mut fdes, &mut stats)?;
     }
     if !found {
         return Err(TableError::NoUnwindInfo);
@@ -167,12 +167,15 @@ pub fn build<'a, R: object::ReadRef<'a>>(data: R) -> Result<FileTable, TableErro
 }
 
 /// Every FDE of `section` with its rows.
+/// Err where the rows so far are more than a file may have: hostile bytes cannot make it
+/// hold more than that in memory.
 fn collect<'a, S: UnwindSection<Reader<'a>>>(
     section: &S,
     bases: &BaseAddresses,
     out: &mut Vec<Fde>,
     stats: &mut Stats,
-) {
+) -> Result<(), TableError> {
+    let mut held: usize = out.iter().map(|f| f.rows.len()).sum();
     let mut ctx = UnwindContext::new();
     let mut entries = section.entries(bases);
     // An entry that cannot be read ends the section: its length is what finds the next.
@@ -203,6 +206,10 @@ fn collect<'a, S: UnwindSection<Reader<'a>>>(
                         break;
                     };
                     rows.push(row(pc, r, stats));
+                    held += 1;
+                    if held > MAX_FILE_ROWS as usize {
+                        return Err(TableError::TooBig);
+                    }
                 }
                 Ok(None) => break,
                 Err(_) => {
@@ -224,6 +231,7 @@ fn collect<'a, S: UnwindSection<Reader<'a>>>(
             fp,
         });
     }
+    Ok(())
 }
 
 /// One CFI row as the kernel follows it.
