@@ -65,13 +65,6 @@ pub(super) fn attach(cli: &TraceArgs, provider: &Provider, scope: Scope) -> Resu
         opts.at_entry(),
         opts.reservations && !cli.syscall_tracepoints,
     )?;
-    // Tables for a process go in at the daemon's first read of its mappings. (Written here,
-    // before the probes, for a -p process, they made an exec test count the old image's last
-    // allocations in the new one after main's enable switch came in: not understood yet.)
-    let unwind = opts
-        .unwinds()
-        .then(|| crate::unwind::loaded::Tables::take(&mut probes.ebpf))
-        .transpose()?;
     probes.attach(provider, scope, cli.probe_at_entry)?;
     if let Some(pid) = scope.root()
         && !probes.syscalls_probed()
@@ -84,6 +77,11 @@ pub(super) fn attach(cli: &TraceArgs, provider: &Provider, scope: Scope) -> Resu
         }
     }
     let maps = KernelMaps::take(&mut probes.ebpf)?;
+    // A process's tables go in at the daemon's first read of its mappings.
+    let unwind = opts
+        .unwinds()
+        .then(|| crate::unwind::loaded::Tables::take(&mut probes.ebpf))
+        .transpose()?;
     Ok(Attached {
         first: probes.probe_count(),
         unwind,
