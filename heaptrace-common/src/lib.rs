@@ -10,6 +10,7 @@ pub mod live;
 pub mod procs;
 pub mod sampling;
 pub mod stack;
+pub mod unwind;
 
 pub use stack::{CALLER_ID_BASE, STACK_FRAMES, StoredStack};
 
@@ -396,9 +397,18 @@ pub enum Loss {
     /// A memory syscall (mmap, munmap, mremap, brk) or its call's site did not fit in the
     /// memory-event ring or the syscall map: the reserved-memory figures may be off.
     MemEvents = 7,
+    /// A stack was cut at a frame whose unwind row has no rule heaptrace follows (a DWARF
+    /// expression: a signal frame, a PLT stub) or at an address no row covers.
+    UnwindNoRule = 8,
+    /// A stack walked through a module whose unwind table did not fit (`--unwind-table-size`,
+    /// or more code mappings than a process's table holds): by frame pointer there, and
+    /// likely cut.
+    UnwindTable = 9,
+    /// A stack was cut at the walk's depth (127 frames) with frames left.
+    StackDepth = 10,
 }
 
-pub const LOSS_COUNT: usize = 8;
+pub const LOSS_COUNT: usize = 11;
 
 impl Loss {
     pub const ALL: [Loss; LOSS_COUNT] = [
@@ -410,6 +420,9 @@ impl Loss {
         Loss::SiteMap,
         Loss::ProcessEvents,
         Loss::MemEvents,
+        Loss::UnwindNoRule,
+        Loss::UnwindTable,
+        Loss::StackDepth,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -422,6 +435,9 @@ impl Loss {
             Loss::SiteMap => "site_map",
             Loss::ProcessEvents => "process_events",
             Loss::MemEvents => "mem_events",
+            Loss::UnwindNoRule => "unwind_no_rule",
+            Loss::UnwindTable => "unwind_table",
+            Loss::StackDepth => "stack_depth",
         }
     }
 }
@@ -572,6 +588,8 @@ pub mod maps {
     /// One u32: 1 while the programs count, 0 before every probe is in place and from the
     /// start of the detach (see heaptrace's `probe::Probes::enable`).
     pub const COUNTING: &str = "COUNTING";
+    pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
+    pub const UNWIND_PROCS: &str = "UNWIND_PROCS";
 }
 
 /// Globals set by the loader before the programs are loaded.
@@ -605,6 +623,8 @@ pub mod globals {
     pub const LIVE_SLOTS_MASK: &str = "LIVE_SLOTS_MASK";
     /// The in-flight slots' count less one (see [`super::InFlightSlot`]).
     pub const INFLIGHT_SLOTS_MASK: &str = "INFLIGHT_SLOTS_MASK";
+    /// 1 when unwind tables are loaded for code without frame pointers (see [`super::unwind`]).
+    pub const UNWIND: &str = "UNWIND";
     /// log2 of the process slots per CPU (see [`super::procs`]).
     pub const PROC_SLOTS_SHIFT: &str = "PROC_SLOTS_SHIFT";
     /// log2 of the site slots per CPU (see [`super::keyed`]).
@@ -702,6 +722,8 @@ mod pod {
     unsafe impl aya::Pod for SiteCounters {}
     unsafe impl aya::Pod for LatencyHist {}
     unsafe impl aya::Pod for MemEvent {}
+    unsafe impl aya::Pod for unwind::Row {}
+    unsafe impl aya::Pod for unwind::ProcModules {}
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ mod sites;
 mod sizes;
 mod stacks;
 mod threads;
+mod unwind;
 
 use aya_ebpf::{
     EbpfContext as _,
@@ -354,12 +355,12 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
     // once for each state it can reach it in, and every lookup with two places to find its
     // counters (a slot, or the map) multiplies those states (start-up time). One walk serves
     // the block's site and the memory syscalls the call made.
+    let tgid = (id >> 32) as u32;
     let stack = if mode() >= mode::STACKS && (sampled || reserved) {
-        sites::stack_id(ctx)
+        sites::stack_id(ctx, tgid)
     } else {
         (NO_SITE, true)
     };
-    let tgid = (id >> 32) as u32;
     if reserved {
         mem::call_end(tgid, id as u32, func, stack.0);
     }

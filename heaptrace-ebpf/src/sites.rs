@@ -21,8 +21,8 @@ const BPF_F_USER_STACK: u64 = 1 << 8;
 /// The id of the user stack at this return probe, stored, and whether it was stored whole:
 /// false where FRAMES took its caller alone, or nothing (a negative id).
 #[inline(always)]
-pub fn stack_id(ctx: &RetProbeContext) -> (i32, bool) {
-    match store_stack(ctx) {
+pub fn stack_id(ctx: &RetProbeContext, tgid: u32) -> (i32, bool) {
+    match store_stack(ctx, tgid) {
         Ok((id, whole)) => (id as i32, whole),
         Err(e) => (if e < 0 { e } else { -1 }, false),
     }
@@ -74,8 +74,8 @@ pub fn untracked(c: &impl Count, tgid: u32, epoch: u32, func: Func, stack_id: i3
 /// The id of the user stack at this return probe, stored (`stacks.rs`), and true; or, where
 /// FRAMES takes no whole stack, the id of its first frame alone (CALLERS) and false.
 #[inline(always)]
-fn store_stack(ctx: &RetProbeContext) -> Result<(i64, bool), i32> {
-    match crate::stacks::store(ctx) {
+fn store_stack(ctx: &RetProbeContext, tgid: u32) -> Result<(i64, bool), i32> {
+    match crate::stacks::store(ctx, tgid) {
         Ok(id) => Ok((i64::from(id), true)),
         Err(e) => {
             // A walk no deeper than the map's one-frame values: the caller alone, and no fault
@@ -96,7 +96,8 @@ fn store_stack(ctx: &RetProbeContext) -> Result<(i64, bool), i32> {
 #[inline(always)]
 pub fn bare_stack(ctx: &RetProbeContext) {
     if crate::maps::bare_stack() {
-        let _ = crate::stacks::walk(ctx);
+        let tgid = (aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32;
+        let _ = crate::stacks::walk(ctx, tgid);
     }
     crate::maps::bare_count(1);
 }

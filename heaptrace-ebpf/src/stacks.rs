@@ -14,13 +14,14 @@ use aya_ebpf::{
     programs::RetProbeContext,
 };
 use heaptrace_common::{
-    STACK_FRAMES, StoredStack,
+    Loss, STACK_FRAMES, StoredStack,
     stack::{HASH_START, cache_choice, cache_index, cache_word, hash_finish, hash_step, ids},
+    unwind::{MODULE_NO_ROOM, ProcModules, kind},
 };
 
 use crate::maps::{
-    BPF_NOEXIST, CHUNK_WORDS, FRAMES, STACK_CACHE, STACK_CHUNK, STACK_GEN, STACK_SCRATCH, add,
-    slot_cpus, stack_cache_shift,
+    BPF_NOEXIST, CHUNK_WORDS, FRAMES, STACK_CACHE, STACK_CHUNK, STACK_GEN, STACK_SCRATCH, WALK,
+    WalkState, add, lose, lose_index, slot_cpus, stack_cache_shift,
 };
 
 const EEXIST: i32 = 17;
@@ -28,104 +29,232 @@ const EBUSY: i32 = 16;
 
 const CHUNK_BYTES: u64 = 8 * CHUNK_WORDS as u64;
 
-/// Walks the user stack into this CPU's scratch: the return address the probe returns to, then
-/// each frame's, then a zero (unless 127 were taken). The stack's hash is set; the ips past the
-/// zero are what an earlier walk left.
+/// Walks the user stack of process `tgid` into this CPU's scratch: the return address the
+/// probe returns to, then each frame's, then a zero (unless 127 were taken). The stack's hash
+/// is set; the ips past the zero are what an earlier walk left.
 ///
-/// Frames are read 512 bytes at a time, from the aligned eighth of a page that holds the frame
-/// (from 8 bytes higher for a frame that ends in the next eighth): a read never reaches into a
-/// page the frame does not, so it faults no more often than reading the frame alone (a fault
-/// costs ~0.6 us here, see above) and the stack's deeper frames often come with it.
+/// A frame in a module with an unwind table (code without frame pointers, `unwind.rs`) is
+/// unwound by its row: CFA = rsp + N or rbp + N, the return address at CFA - 8, rbp restored
+/// where the row saves it. Any other frame by its frame pointer: the return address at
+/// rbp + 8, the caller's rbp at rbp, its rsp rbp + 16. The two interleave: each step leaves
+/// the caller's rsp and rbp for the next. The walk stops at a frame no higher than the last
+/// (frames lie ever higher on a thread's stack), a null or misaligned frame pointer, an
+/// outermost frame (`_start`), a row with no rule, or a read that faults.
 ///
-/// Nothing of the depth leaves this function: to the verifier, a depth known at each of the
-/// loop's exits made as many states of the rest of the program, and the return program went
-/// over its million instructions.
+/// A frame a `bpf_loop` call (`step`): the verifier checks its body once, where a loop in the
+/// program made it follow every frame's searches (700k instructions, 5.5 s). The walk's
+/// state is in a per-CPU map (`WALK`), not on the stack: values it does not track, so the
+/// callback's states converge at once.
 #[inline(always)]
-pub fn walk(ctx: &RetProbeContext) -> Option<(&'static mut StoredStack, u64)> {
+pub fn walk(ctx: &RetProbeContext, tgid: u32) -> Option<(&'static mut StoredStack, u64)> {
     let s = STACK_SCRATCH.get_ptr_mut(0)?;
-    // SAFETY: map value pointer; the program runs to its end on this CPU.
-    let s = unsafe { &mut *s };
     let c = STACK_CHUNK.get_ptr_mut(0)?;
-    // SAFETY: as above.
-    let c = unsafe { &mut *c };
+    let w = WALK.get_ptr_mut(0)?;
+    let modules = crate::unwind::modules(tgid)?;
+    // SAFETY: map value pointers; the program runs to its end on this CPU.
+    let (sc, ch, st) = unsafe { (&mut *s, &mut *c, &mut *w) };
     // On a kernel with full preemption another task's walk on this CPU can read its stack into
     // the chunk while this one is preempted. The chunk's last word counts the reads into it
     // (atomic adds: no count lost to a preempted update); a walk that finds more reads at its
     // end than its own is not kept (nor, now and then, one that only began while another ran).
     // SAFETY: an aligned read of a map value.
-    let first = unsafe { core::ptr::read_volatile(&c[CHUNK_WORDS]) };
-    let mut reads = 0u64;
+    let first = unsafe { core::ptr::read_volatile(&ch[CHUNK_WORDS]) };
     // SAFETY: the context's register file, valid for the program's run.
-    let (ip, mut fp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rbp) };
-    s.ips[0] = ip;
-    let mut h = hash_step(HASH_START, ip);
-    let mut n = 1;
-    // Where the chunk was read from; none yet (fp - base is then past any frame).
-    let mut base = fp | 1;
-    while n < STACK_FRAMES {
-        if fp == 0 || fp & 7 != 0 {
-            break;
+    let (ip, sp, fp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp, (*ctx.regs).rbp) };
+    sc.ips[0] = ip;
+    *st = WalkState {
+        pc: ip,
+        sp,
+        fp,
+        hash: hash_step(HASH_START, ip),
+        n: 1,
+        base: 1,
+        reads: 0,
+        cut: Loss::StackDepth as u64,
+        no_room: 0,
+    };
+    let mut frames = Frames {
+        modules,
+        chunk: ch,
+        scratch: sc,
+        state: st,
+    };
+    // SAFETY: the callback is a static function of this object; its context lives on this
+    // stack for the call.
+    unsafe {
+        generated::bpf_loop(
+            STACK_FRAMES as u32 - 1,
+            step as *mut core::ffi::c_void,
+            (&raw mut frames).cast(),
+            0,
+        )
+    };
+    // SAFETY: map value pointers, as above.
+    let (sc, ch, st) = unsafe { (&mut *s, &mut *c, &mut *w) };
+    if st.cut != 0 {
+        lose_index(st.cut as u32);
+    }
+    if st.no_room != 0 {
+        lose(Loss::UnwindTable);
+    }
+    // SAFETY: as above.
+    if unsafe { core::ptr::read_volatile(&ch[CHUNK_WORDS]) } != first.wrapping_add(st.reads) {
+        return None;
+    }
+    let n = st.n;
+    // The end of the stack for its readers (`StoredStack::frames`), where a deeper one walked
+    // before left its frames: one store, where zeroing the rest made the verifier follow every
+    // depth through every slot (start-up 0.4 s slower).
+    if let Some(slot) = sc.ips.get_mut(n as usize) {
+        *slot = 0;
+    }
+    let hash = hash_finish(st.hash, n);
+    sc.hash = hash;
+    Some((sc, hash))
+}
+
+/// What `step` reaches through its context: pointers to map values, the same at every step.
+struct Frames<'a> {
+    modules: &'a ProcModules,
+    chunk: &'a mut [u64; CHUNK_WORDS + 1],
+    scratch: &'a mut StoredStack,
+    state: &'a mut WalkState,
+}
+
+/// One frame of the walk (a `bpf_loop` callback): 0 to go on, 1 to stop.
+#[inline(never)]
+extern "C" fn step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `walk`'s `Frames`, alive for the loop.
+    let f = unsafe { &mut *ctx.cast::<Frames<'_>>() };
+    match unwind_one(f) {
+        Ok(()) => 0,
+        Err(cut) => {
+            f.state.cut = cut;
+            1
         }
-        let mut off = fp.wrapping_sub(base);
-        if off > CHUNK_BYTES - 16 {
-            // Computed from fp alone, the verifier sees it bounded as in the other branch.
-            off = (fp & (CHUNK_BYTES - 1)).min(CHUNK_BYTES - 16);
-            let from = fp - off;
-            add(&mut c[CHUNK_WORDS], 1);
-            reads += 1;
+    }
+}
+
+/// Unwinds the frame at `state.pc` into the next; Err: why the walk stops (a `Loss` index, or
+/// 0 where the stack simply ends).
+#[inline(always)]
+fn unwind_one(f: &mut Frames<'_>) -> Result<(), u64> {
+    let st = &mut *f.state;
+    let n = st.n;
+    if n >= STACK_FRAMES as u64 {
+        return Err(Loss::StackDepth as u64);
+    }
+    let (pc, sp, fp) = (st.pc, st.sp, st.fp);
+    // pc is a return address: the call before it is in the frame's function.
+    let m = crate::unwind::module(f.modules, pc.wrapping_sub(1));
+    let mut chunk = Chunk {
+        c: &mut *f.chunk,
+        base: &mut st.base,
+        reads: &mut st.reads,
+    };
+    let (ret, cfa, fp) = match m {
+        Some(m) if m.rows != 0 => {
+            let row = crate::unwind::row(m, pc.wrapping_sub(1)).ok_or(Loss::UnwindNoRule as u64)?;
+            let reg = match row.kind {
+                kind::RSP => sp,
+                kind::RBP => fp,
+                kind::END => return Err(0),
+                _ => return Err(Loss::UnwindNoRule as u64),
+            };
+            let cfa = reg.wrapping_add(u64::from(row.cfa) * 8);
+            if cfa <= sp {
+                return Err(0);
+            }
+            let ret = chunk.word(cfa - 8).ok_or(0u64)?;
+            let fp = if row.rbp != 0 {
+                chunk
+                    .word(cfa.wrapping_sub(u64::from(row.rbp) * 8))
+                    .ok_or(0u64)?
+            } else {
+                fp
+            };
+            (ret, cfa, fp)
+        }
+        m => {
+            if m.is_some_and(|m| m.flags & MODULE_NO_ROOM != 0) {
+                st.no_room = 1;
+            }
+            if fp < sp {
+                return Err(0);
+            }
+            // One after the other: LLVM read the second's value where the first failed, a
+            // register the verifier saw uninitialized.
+            let next = chunk.word(fp).ok_or(0u64)?;
+            let ret = chunk.word(fp + 8).ok_or(0u64)?;
+            (ret, fp + 16, next)
+        }
+    };
+    if ret == 0 {
+        return Err(0);
+    }
+    if let Some(slot) = f.scratch.ips.get_mut(n as usize) {
+        *slot = ret;
+    }
+    st.hash = hash_step(st.hash, ret);
+    st.n = n + 1;
+    st.pc = ret;
+    st.sp = cfa;
+    st.fp = fp;
+    Ok(())
+}
+
+/// The user stack as a walk reads it: 512 bytes at a time, from the aligned eighth of a page
+/// that holds the word asked for. A read never reaches into a page the frame does not, so it
+/// faults no more often than reading the word alone (a fault costs ~0.6 us here, see above),
+/// and the stack's deeper frames often come with it (one helper call each before, ~20 ns
+/// here plus the copy).
+struct Chunk<'a> {
+    c: &'a mut [u64; CHUNK_WORDS + 1],
+    /// Where the chunk was read from; none yet (1: any word is past it).
+    base: &'a mut u64,
+    /// Reads into the chunk by this walk.
+    reads: &'a mut u64,
+}
+
+impl Chunk<'_> {
+    /// The aligned word at `addr`; None where it is misaligned or not readable.
+    #[inline(always)]
+    fn word(&mut self, addr: u64) -> Option<u64> {
+        if addr & 7 != 0 {
+            return None;
+        }
+        let mut off = addr.wrapping_sub(*self.base);
+        if off > CHUNK_BYTES - 8 {
+            // Computed from addr alone, the verifier sees it bounded as in the other branch.
+            off = addr & (CHUNK_BYTES - 1);
+            let from = addr - off;
+            add(&mut self.c[CHUNK_WORDS], 1);
+            *self.reads += 1;
             // SAFETY: bpf_probe_read_user validates the user address; the size is the
-            // chunk's. A fault ends the walk.
+            // chunk's.
             let r = unsafe {
                 generated::bpf_probe_read_user(
-                    c.as_mut_ptr().cast(),
+                    self.c.as_mut_ptr().cast(),
                     CHUNK_BYTES as u32,
                     from as *const core::ffi::c_void,
                 )
             };
             if r != 0 {
-                break;
+                *self.base = 1;
+                return None;
             }
-            base = from;
+            *self.base = from;
         }
-        let i = (off >> 3) as usize;
-        let (Some(&next), Some(&ret)) = (c[..CHUNK_WORDS].get(i), c[..CHUNK_WORDS].get(i + 1))
-        else {
-            break;
-        };
-        if ret == 0 {
-            break;
-        }
-        if let Some(slot) = s.ips.get_mut(n) {
-            *slot = ret;
-        }
-        h = hash_step(h, ret);
-        n += 1;
-        if next <= fp {
-            break;
-        }
-        fp = next;
+        self.c[..CHUNK_WORDS].get((off >> 3) as usize).copied()
     }
-    // SAFETY: as above.
-    if unsafe { core::ptr::read_volatile(&c[CHUNK_WORDS]) } != first.wrapping_add(reads) {
-        return None;
-    }
-    // The end of the stack for its readers (`StoredStack::frames`), where a deeper one walked
-    // before left its frames: one store, where zeroing the rest made the verifier follow every
-    // depth through every slot (start-up 0.4 s slower).
-    if let Some(slot) = s.ips.get_mut(n) {
-        *slot = 0;
-    }
-    let hash = hash_finish(h, n as u64);
-    s.hash = hash;
-    Some((s, hash))
 }
 
 /// The stack's id in FRAMES, stored now if it was not. Err: an errno, FRAMES full (E2BIG,
 /// ENOMEM) or both of its ids held by other stacks (EEXIST).
 #[inline(always)]
-pub fn store(ctx: &RetProbeContext) -> Result<u32, i32> {
+pub fn store(ctx: &RetProbeContext, tgid: u32) -> Result<u32, i32> {
     // The hash as the walk computed it, not read back from the scratch: see `intact`.
-    let Some((s, hash)) = walk(ctx) else {
+    let Some((s, hash)) = walk(ctx, tgid) else {
         return Err(-EBUSY); // another walk ran in the middle of this one
     };
     let [first, second] = ids(hash);

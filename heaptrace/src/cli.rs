@@ -169,6 +169,14 @@ pub struct TraceArgs {
           value_parser = clap::value_parser!(u32).range(1..=127))]
     pub stack_depth: u32,
 
+    /// Rows of unwind tables the kernel holds, for stacks through code without frame
+    /// pointers (8 bytes each; libc takes ~28k, python3 ~65k): a file whose table does not
+    /// fit is walked by frame pointer, and counted in `lost.unwind_table`. 0: frame pointers
+    /// only.
+    #[arg(long, default_value_t = 1 << 20, value_name = "ROWS",
+          value_parser = clap::value_parser!(u32).range(0..=1 << 26))]
+    pub unwind_table_size: u32,
+
     /// Capacity of the stack map (distinct user stacks).
     #[arg(long, default_value_t = 16384, value_name = "STACKS")]
     pub stack_map_size: u32,

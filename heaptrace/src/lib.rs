@@ -6,6 +6,7 @@
 //! bpf        the kernel interface: bpf(2), links, mappable arrays, BTF, kfuncs
 //! targets    which processes, which allocator file, a command started stopped
 //! heap       a census of glibc's heap, read from a process's memory or a core file
+//! unwind     unwind rows from .eh_frame, loaded per file for stacks without frame pointers
 //! probe      load the programs, place and attach the probes
 //! symbolize  stacks of addresses to named frames
 //! reserve    the memory behind malloc (mmap, brk), from the syscall events
@@ -38,6 +39,7 @@ pub mod reserve;
 pub mod run_info;
 pub mod symbolize;
 pub mod targets;
+pub mod unwind;
 pub mod view;
 
 pub use error::{Error, Result};

@@ -30,3 +30,4 @@ mod system;
 mod temporaries;
 mod threads;
 mod tui;
+mod unwinding;

@@ -201,6 +201,24 @@ pub fn rust_fixture(name: &str, mangling: &str) -> PathBuf {
     )
 }
 
+/// Builds a C++ fixture with g++ and `flags` alone, once per variant.
+pub fn cpp_fixture_with(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
+    build_once(
+        name,
+        variant,
+        |tmp, src| {
+            Command::new("g++")
+                .args(flags)
+                .arg("-o")
+                .arg(tmp)
+                .arg(src)
+                .output()
+                .expect("g++")
+        },
+        "cpp",
+    )
+}
+
 fn build_once(
     name: &str,
     variant: &str,

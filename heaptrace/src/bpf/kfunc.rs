@@ -97,7 +97,7 @@ fn probe((disable, enable): Kfuncs) -> std::io::Result<OwnedFd> {
     ]
     // SAFETY: bpf_insn is an instruction's 8 bytes (repr(C), no padding), any value valid.
     .map(|i| unsafe { std::mem::transmute::<[u8; 8], bpf_insn>(i) });
-    crate::bpf::uprobe_multi::load_one("heaptrace_kfunc", &insns, &c"Dual MIT/GPL".into())
+    crate::bpf::uprobe_multi::load_one("heaptrace_kfunc", &insns, &c"Dual MIT/GPL".into(), None)
 }
 
 fn insn(code: u8, regs: u8, imm: i32) -> [u8; 8] {

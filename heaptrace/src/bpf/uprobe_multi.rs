@@ -96,6 +96,9 @@ impl MultiPrograms {
             .map_err(|e| MultiError::Relocate(e.to_string()))?;
         obj.relocate_calls(&text_sections)
             .map_err(|e| MultiError::Relocate(e.to_string()))?;
+        // The object's BTF, for the function information a bpf_loop callback needs (the
+        // stack walk's); programs without callbacks load without it.
+        let btf = load_btf(&mut obj);
         let mut progs = HashMap::new();
         for name in names {
             let prog = obj
@@ -103,12 +106,18 @@ impl MultiPrograms {
                 .get(*name)
                 .ok_or_else(|| MultiError::MissingProgram(name.to_string()))?;
             let func = &obj.functions[&prog.function_key()];
-            let fd = load_one(name, &func.instructions, &obj.license).map_err(|source| {
-                MultiError::Load {
+            let info = btf.as_ref().map(|fd| FuncInfo {
+                btf_fd: fd.as_raw_fd(),
+                records: func.func_info.func_info_bytes(),
+                count: func.func_info.func_info.len() as u32,
+                rec_size: func.func_info_rec_size as u32,
+            });
+            let fd = load_one(name, &func.instructions, &obj.license, info.as_ref()).map_err(
+                |source| MultiError::Load {
                     name: name.to_string(),
                     source,
-                }
-            })?;
+                },
+            )?;
             progs.insert(name.to_string(), fd);
         }
         Ok(MultiPrograms { progs })
@@ -159,11 +168,40 @@ impl MultiPrograms {
     }
 }
 
+/// The object's BTF, fixed up as aya does it for this kernel, loaded; None where the kernel
+/// or the object has none, or refuses it.
+fn load_btf(obj: &mut aya_obj::Object) -> Option<OwnedFd> {
+    let features = aya::features().btf()?;
+    let bytes = obj.fixup_and_sanitize_btf(features).ok()??.to_bytes();
+    // SAFETY: as above.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: writing the BTF-load member of a zeroed union.
+    unsafe {
+        let u = &mut attr.__bindgen_anon_7;
+        u.btf = bytes.as_ptr() as u64;
+        u.btf_size = bytes.len() as u32;
+    }
+    let fd = bpf(aya_obj::generated::bpf_cmd::BPF_BTF_LOAD as u32, &mut attr)
+        .inspect_err(|e| log::debug!("loading the object's BTF: {e}"))
+        .ok()?;
+    // SAFETY: the kernel returned a new fd that nothing else owns.
+    Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// A program's BTF function information: its BTF and a record per function.
+pub(crate) struct FuncInfo {
+    btf_fd: RawFd,
+    records: Vec<u8>,
+    count: u32,
+    rec_size: u32,
+}
+
 /// Loads (and verifies) one program for uprobe_multi links.
 pub(crate) fn load_one(
     name: &str,
     insns: &[aya_obj::generated::bpf_insn],
     license: &CString,
+    info: Option<&FuncInfo>,
 ) -> std::io::Result<OwnedFd> {
     // SAFETY: as above.
     let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
@@ -175,6 +213,12 @@ pub(crate) fn load_one(
         u.insns = insns.as_ptr() as u64;
         u.insn_cnt = insns.len() as u32;
         u.license = license.as_ptr() as u64;
+        if let Some(info) = info.filter(|i| i.count > 0 && i.rec_size > 0) {
+            u.prog_btf_fd = info.btf_fd as u32;
+            u.func_info = info.records.as_ptr() as u64;
+            u.func_info_cnt = info.count;
+            u.func_info_rec_size = info.rec_size;
+        }
         for (dst, src) in u.prog_name.iter_mut().zip(name.bytes().take(15)) {
             *dst = src as libc::c_char;
         }

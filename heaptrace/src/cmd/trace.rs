@@ -108,6 +108,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         opts,
         stats_fd,
         first,
+        unwind,
     } = attached;
     let (procwatch, memring) = watchers(cli, &mut probes, &provider, scope, &opts)?;
     // The root (and, for -p, what it forked already) in the kernel's set before it counts.
@@ -135,6 +136,14 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     probes.enable()?;
     drop(held);
     announce(cli, &probes, first, &provider, scope);
+    let mut unwind = unwind;
+    if let (Some(t), Target::Command(argv)) = (&mut unwind, &target) {
+        // Read before it runs, so that its entry takes no reading as it starts.
+        if let Some(exe) = crate::targets::allocator::resolve_command(&argv[0]) {
+            t.preload(&exe);
+        }
+        t.preload(&provider.path);
+    }
     let (pid, child) = match (stopped, scope) {
         (Some(stopped), _) => {
             let child = stopped.resume()?;
@@ -148,6 +157,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         .map(|out| start_recording(out, &info))
         .transpose()?;
     let mut modules = Modules::default();
+    modules.unwind = unwind;
     if let (Target::Command(_), Some(pid)) = (&target, pid) {
         modules.settle(pid, &provider.path, Duration::from_millis(200));
     }

@@ -81,6 +81,16 @@ impl Daemon {
                 }
                 Ok(false)
             }
+            Some(launch::Event::Started) => {
+                // Its startup libraries are mapped: their unwind tables go in before they run.
+                if let Some(pid) = self.pid {
+                    self.modules.refresh(pid);
+                }
+                if let Some(c) = &self.child {
+                    let _ = c.ack.send(());
+                }
+                Ok(false)
+            }
             Some(launch::Event::Exited(status)) => {
                 self.exit = status;
                 Ok(true)

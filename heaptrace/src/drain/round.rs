@@ -304,6 +304,7 @@ pub struct Leak {
 
 /// Everything new since the previous round.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "RoundWire", into = "RoundWire")]
 pub struct Round {
     pub index: u64,
     pub elapsed_ms: u64,
@@ -334,6 +335,85 @@ pub struct Round {
     /// Stacks first seen this round, by (process, stack id).
     #[serde(skip)]
     pub stacks: BTreeMap<(u32, i32), NewStack>,
+}
+
+/// The losses a round of recording format 9 and earlier holds, in its place among the fields;
+/// the later ones (`Loss::UnwindNoRule` on) go at the end, where an older round reads as zeros.
+const WIRE_LOSSES: usize = 8;
+/// The losses recorded at a round's end (format 10 on).
+pub const LATER_LOSSES: usize = LOSS_COUNT - WIRE_LOSSES;
+
+/// A round as recordings hold it (postcard writes no field names: fields are only added at
+/// the end, `record::format::decode_round` pads older rounds).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RoundWire {
+    index: u64,
+    elapsed_ms: u64,
+    procs: BTreeMap<u32, ProcRound>,
+    sizes: BTreeMap<SizeKey, u64>,
+    losses: [u64; WIRE_LOSSES],
+    mem: BTreeMap<u32, Mem>,
+    sites: BTreeMap<SiteId, SiteTotals>,
+    latency: [Log2; FUNC_COUNT],
+    reservations: BTreeMap<crate::reserve::ResKey, crate::reserve::ResTotals>,
+    reserved: BTreeMap<u32, crate::reserve::Reserved>,
+    restarted: Vec<u32>,
+    ended: Vec<u32>,
+    folded: Vec<u32>,
+    peaks: BTreeMap<u32, KernelPeak>,
+    /// Recording format 10.
+    later_losses: [u64; LATER_LOSSES],
+}
+
+impl From<RoundWire> for Round {
+    fn from(w: RoundWire) -> Round {
+        let mut losses = [0; LOSS_COUNT];
+        losses[..WIRE_LOSSES].copy_from_slice(&w.losses);
+        losses[WIRE_LOSSES..].copy_from_slice(&w.later_losses);
+        Round {
+            index: w.index,
+            elapsed_ms: w.elapsed_ms,
+            procs: w.procs,
+            sizes: w.sizes,
+            losses,
+            mem: w.mem,
+            sites: w.sites,
+            latency: w.latency,
+            reservations: w.reservations,
+            reserved: w.reserved,
+            restarted: w.restarted,
+            ended: w.ended,
+            folded: w.folded,
+            peaks: w.peaks,
+            stacks: BTreeMap::new(),
+        }
+    }
+}
+
+impl From<Round> for RoundWire {
+    fn from(r: Round) -> RoundWire {
+        let mut losses = [0; WIRE_LOSSES];
+        losses.copy_from_slice(&r.losses[..WIRE_LOSSES]);
+        let mut later_losses = [0; LATER_LOSSES];
+        later_losses.copy_from_slice(&r.losses[WIRE_LOSSES..]);
+        RoundWire {
+            index: r.index,
+            elapsed_ms: r.elapsed_ms,
+            procs: r.procs,
+            sizes: r.sizes,
+            losses,
+            mem: r.mem,
+            sites: r.sites,
+            latency: r.latency,
+            reservations: r.reservations,
+            reserved: r.reserved,
+            restarted: r.restarted,
+            ended: r.ended,
+            folded: r.folded,
+            peaks: r.peaks,
+            later_losses,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

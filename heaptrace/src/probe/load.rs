@@ -18,6 +18,8 @@ pub struct LoadOptions {
     pub proc_slots: u32,
     pub stack_map_size: u32,
     pub site_map_size: u32,
+    /// `--unwind-table-size`: rows of unwind tables in the kernel (0: off).
+    pub unwind_rows: u32,
     /// `--sample-bytes` (0: every allocation).
     pub sample_bytes: u64,
     /// `--latency-every`: one call in this many, on average, is timed (1: every call).
@@ -52,6 +54,7 @@ impl Default for LoadOptions {
             proc_slots: heaptrace_common::procs::slots(4096),
             stack_map_size: 16384,
             site_map_size: 16384,
+            unwind_rows: 0,
             sample_bytes: 0,
             latency_every: 1,
             watch_tgid: 0,
@@ -74,6 +77,13 @@ impl LoadOptions {
     /// mode and its floor).
     pub fn at_entry(&self) -> bool {
         self.probes().at_entry()
+    }
+
+    /// Whether the stack walk unwinds by tables where code has no frame pointers.
+    pub fn unwinds(&self) -> bool {
+        self.floor.is_none()
+            && self.kernel_mode() >= heaptrace_common::mode::STACKS
+            && self.unwind_rows > 0
     }
 
     /// The programs' MODE global (`heaptrace_common::mode`). Calls mode collects the size
@@ -320,6 +330,19 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
         .map_max_entries(maps::FRAMES, frames)
         .map_max_entries(maps::CALLERS, callers)
         .map_max_entries(maps::SITES, if stacks { opts.site_map_size } else { 1 })
+        .override_global(globals::UNWIND, &u32::from(opts.unwinds()), true)
+        .map_max_entries(
+            maps::UNWIND_ROWS,
+            if opts.unwinds() { opts.unwind_rows } else { 1 },
+        )
+        .map_max_entries(
+            maps::UNWIND_PROCS,
+            if opts.unwinds() {
+                opts.proc_map_size
+            } else {
+                1
+            },
+        )
         .load(object.bytes())
         .map_err(|e| {
             let msg = format!("{e:#}");

@@ -35,7 +35,7 @@ pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
 ///   header without it, as unsampled).
 /// - 2: rounds carry the allocators' reservations (the memory behind malloc) and one more loss
 ///   counter. Version 1 files (written before any release) are not read.
-pub const VERSION: u16 = 9;
+pub const VERSION: u16 = 10;
 /// The oldest version this reader reads.
 pub const OLDEST: u16 = 2;
 /// No frame is larger: a hostile length cannot make the reader allocate more.
@@ -501,17 +501,21 @@ fn whole_payload(kind: u8, crc: u32, rest: &[u8]) -> Option<usize> {
 }
 
 /// A round of a file of `version`. Rounds of earlier versions end before the fields added
-/// since (`restarted` in 4, `ended` and `folded` in 5): postcard writes no field names, and an
-/// empty list is one zero byte.
+/// since (`restarted` in 4, `ended` and `folded` in 5, `peaks` in 9, the unwinding losses in
+/// 10): postcard writes no field names, and an empty list or a zero is one zero byte.
 pub fn decode_round(
     frame: &RawFrame,
     version: u16,
 ) -> Result<crate::drain::round::Round, FormatError> {
+    // The losses added in 10 (3 varints), the peaks added in 9 (an empty map), the lists
+    // added in 5 and 4.
+    let later_losses = crate::drain::round::LATER_LOSSES;
     let missing = match version {
-        9.. => 0,
-        5..=8 => 1,
-        4 => 3,
-        _ => 4,
+        10.. => 0,
+        9 => later_losses,
+        5..=8 => later_losses + 1,
+        4 => later_losses + 3,
+        _ => later_losses + 4,
     };
     decode_padded(frame, missing)
 }

@@ -49,6 +49,8 @@ pub struct Modules {
     /// found gone at the last `prune_early`.
     early: std::collections::HashSet<u32>,
     early_gone: std::collections::HashSet<u32>,
+    /// The kernel's unwind tables, kept in step with every read of a process's mappings.
+    pub unwind: Option<crate::unwind::loaded::Tables>,
     files: OpenFiles,
 }
 
@@ -138,6 +140,11 @@ impl Modules {
     /// Keeps `maps`, their files among `opened` or opened now.
     fn keep_with(&mut self, pid: u32, maps: &str, opened: &[Arc<TargetFile>]) {
         let parsed = self.parse_maps(pid, maps, opened);
+        if let Some(t) = &mut self.unwind
+            && !parsed.is_empty()
+        {
+            t.sync(pid, maps);
+        }
         if !parsed.is_empty() {
             self.procs.insert(pid, parsed);
             self.code.insert(pid, code_ranges(maps));
@@ -198,6 +205,9 @@ impl Modules {
     }
 
     pub fn forget(&mut self, pid: u32) {
+        if let Some(t) = &mut self.unwind {
+            t.forget(pid);
+        }
         self.procs.remove(&pid);
         self.code.remove(&pid);
         self.early.remove(&pid);
@@ -211,6 +221,9 @@ impl Modules {
         let gone: std::collections::HashSet<u32> =
             self.early.iter().copied().filter(|p| !alive(*p)).collect();
         for p in gone.intersection(&self.early_gone) {
+            if let Some(t) = &mut self.unwind {
+                t.forget(*p);
+            }
             self.procs.remove(p);
             self.code.remove(p);
             self.early.remove(p);

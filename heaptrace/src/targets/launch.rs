@@ -7,7 +7,10 @@
 //! still there, so the stacks of a command shorter than a round can be symbolized. And at each
 //! exec after the first (`PTRACE_O_TRACEEXEC`: a wrapper script's `exec`), before the new
 //! image's first instruction: an allocator in its executable (a static binary, jemalloc linked
-//! in) is probed before it runs. One thread,
+//! in) is probed before it runs. And at each image's first `set_tid_address`, where its
+//! dynamic loader has mapped the libraries it starts with and run none of their code (the
+//! tracer follows its syscalls from its exec to there): their unwind tables go in before
+//! their first allocation. One thread,
 //! the tracer, forks, seizes and waits for the child; it passes every signal on and tells the
 //! daemon when the child is exiting and when it has exited. If heaptrace dies, even by
 //! SIGKILL, the kernel kills the child (`PTRACE_O_EXITKILL`): a launched command never runs on
@@ -37,6 +40,11 @@ pub enum Event {
     /// Stopped just after an exec (not the command's own): the new executable and its loader
     /// are mapped, none of its code has run; it goes on when acknowledged (or after a timeout).
     Exec,
+    /// Stopped at an image's first `set_tid_address`, the dynamic loader's thread set-up: the
+    /// libraries it starts with are mapped and none of their code has run (their unwind
+    /// tables can go in before their first allocation). It goes on when acknowledged (or
+    /// after a timeout).
+    Started,
     /// Gone; None if the wait for it failed.
     Exited(Option<ExitStatus>),
 }
@@ -87,6 +95,16 @@ const EXIT_HOLD: Duration = Duration::from_secs(5);
 /// How long an exec'ed image may wait for its allocator's probes (attaching takes a few
 /// hundred milliseconds at most).
 const EXEC_HOLD: Duration = Duration::from_secs(5);
+
+/// A syscall stop, as `PTRACE_O_TRACESYSGOOD` marks it.
+const SYSCALL_STOP: i32 = libc::SIGTRAP | 0x80;
+/// set_tid_address on x86-64: glibc's loader (and musl, and a static glibc) sets up the main
+/// thread with it once every library the program starts with is mapped.
+const SYS_SET_TID_ADDRESS: i64 = 218;
+/// orig_rax's word in the tracee's user area (`struct user_regs_struct`).
+const ORIG_RAX_OFFSET: usize = 15 * 8;
+/// Syscall stops a new image is followed through, at most, looking for set_tid_address.
+const STARTUP_STOPS: u32 = 2000;
 
 /// Tells the daemon about a stop and waits for its acknowledgement (or the timeout). An
 /// acknowledgement that came after an earlier stop's timeout is not taken for this one's.
@@ -219,6 +237,7 @@ fn tracer(
             events,
             ack,
             execs: 0,
+            startup: None,
         }
         .run();
     } else {
@@ -314,8 +333,10 @@ fn seize(pid: i32) -> bool {
             libc::PTRACE_SEIZE,
             pid,
             0,
-            (libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACEEXEC | libc::PTRACE_O_EXITKILL)
-                as libc::c_ulong,
+            (libc::PTRACE_O_TRACEEXIT
+                | libc::PTRACE_O_TRACEEXEC
+                | libc::PTRACE_O_EXITKILL
+                | libc::PTRACE_O_TRACESYSGOOD) as libc::c_ulong,
         )
     } == 0;
     if !seized {
@@ -379,6 +400,9 @@ struct Tracee {
     ack: mpsc::Receiver<()>,
     /// Execs seen: the first is the command's own.
     execs: u32,
+    /// Syscall stops of a new image followed to its start (`Event::Started`); None when not
+    /// following one.
+    startup: Option<u32>,
 }
 
 impl Tracee {
@@ -448,6 +472,10 @@ impl Tracee {
     /// A ptrace stop: holds the child at its exit and at later execs, passes signals on.
     fn stopped(&mut self, status: i32) {
         let (pid, sig, event) = (self.pid, libc::WSTOPSIG(status), status >> 16);
+        if sig == SYSCALL_STOP && event == 0 {
+            self.syscall_stop();
+            return;
+        }
         // SAFETY (all three): ptrace requests on our own seized, stopped child.
         match event {
             libc::PTRACE_EVENT_EXIT => {
@@ -461,7 +489,9 @@ impl Tracee {
                 if self.execs > 1 {
                     hold(&self.events, Event::Exec, &self.ack, EXEC_HOLD);
                 }
-                unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
+                // Followed from syscall to syscall until its libraries are mapped.
+                self.startup = Some(0);
+                unsafe { libc::ptrace(libc::PTRACE_SYSCALL, pid, 0, 0) };
             }
             // A group stop (SIGSTOP, SIGTSTP...): leave it stopped until SIGCONT.
             libc::PTRACE_EVENT_STOP => unsafe {
@@ -472,6 +502,30 @@ impl Tracee {
                 libc::ptrace(libc::PTRACE_CONT, pid, 0, sig as libc::c_long);
             },
         }
+    }
+}
+
+impl Tracee {
+    /// A syscall stop of an image followed from its exec: at its first set_tid_address, holds
+    /// it for the daemon (`Event::Started`) and lets it run on untraced; after
+    /// `STARTUP_STOPS` without one, lets it go.
+    fn syscall_stop(&mut self) {
+        let pid = self.pid;
+        let stops = self.startup.map_or(STARTUP_STOPS, |n| n + 1);
+        // SAFETY: reading a word of our stopped tracee's user area.
+        let nr = unsafe { libc::ptrace(libc::PTRACE_PEEKUSER, pid, ORIG_RAX_OFFSET, 0) };
+        if nr != SYS_SET_TID_ADDRESS && stops < STARTUP_STOPS {
+            self.startup = Some(stops);
+            // SAFETY: resuming our own stopped tracee to its next syscall stop.
+            unsafe { libc::ptrace(libc::PTRACE_SYSCALL, pid, 0, 0) };
+            return;
+        }
+        self.startup = None;
+        if nr == SYS_SET_TID_ADDRESS {
+            hold(&self.events, Event::Started, &self.ack, EXEC_HOLD);
+        }
+        // SAFETY: resuming our own stopped tracee, no longer at its syscalls.
+        unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
     }
 }
 

@@ -343,7 +343,13 @@ pub fn room_flag(loss: Loss) -> Option<&'static str> {
         Loss::SizeHistogram => Some("--size-map-size"),
         Loss::Stack => Some("--stack-map-size"),
         Loss::SiteMap => Some("--site-map-size"),
-        Loss::InFlight | Loss::ProcessMap | Loss::ProcessEvents | Loss::MemEvents => None,
+        Loss::UnwindTable => Some("--unwind-table-size"),
+        Loss::InFlight
+        | Loss::ProcessMap
+        | Loss::ProcessEvents
+        | Loss::MemEvents
+        | Loss::UnwindNoRule
+        | Loss::StackDepth => None,
     }
 }
 

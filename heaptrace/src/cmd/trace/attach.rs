@@ -5,6 +5,8 @@ use super::*;
 pub(super) struct Attached {
     pub(super) probes: Probes,
     pub(super) maps: KernelMaps,
+    /// The kernel's unwind tables, where the walk uses them (`LoadOptions::unwinds`).
+    pub(super) unwind: Option<crate::unwind::loaded::Tables>,
     pub(super) opts: LoadOptions,
     /// Holds the kernel's BPF run-time statistics on (`--probe-stats`).
     pub(super) stats_fd: Option<OwnedFd>,
@@ -22,6 +24,7 @@ pub(super) fn load_options(cli: &TraceArgs, scope: Scope) -> LoadOptions {
         inflight_map_size: cli.inflight_map_size,
         proc_slots: cli.proc_slots,
         stack_map_size: cli.stack_map_size,
+        unwind_rows: cli.unwind_table_size,
         site_map_size: cli
             .site_map_size
             .unwrap_or_else(|| probe::default_site_map_size(cli.stack_map_size)),
@@ -74,8 +77,14 @@ pub(super) fn attach(cli: &TraceArgs, provider: &Provider, scope: Scope) -> Resu
         }
     }
     let maps = KernelMaps::take(&mut probes.ebpf)?;
+    // A process's tables go in at the daemon's first read of its mappings.
+    let unwind = opts
+        .unwinds()
+        .then(|| crate::unwind::loaded::Tables::take(&mut probes.ebpf))
+        .transpose()?;
     Ok(Attached {
         first: probes.probe_count(),
+        unwind,
         probes,
         maps,
         opts,

@@ -25,11 +25,12 @@ fn frames_round_trip_plain_and_deflated() {
     );
 }
 
-/// A round of an earlier version is a version 5 round without the fields added since:
-/// a version 4 round reads with its restarts and no ends or folds, a version 3 round with
-/// none of them; a version 5 round keeps all.
+/// A round of an earlier version is a version 10 round without the fields added since, each
+/// an empty list or a zero at the end: the unwinding losses (10), the peaks (9), the ends and
+/// folds (5), the restarts (4). Each reads back whole, its losses of before 10 in their place.
 #[test]
 fn rounds_of_earlier_versions_read_without_the_later_fields() {
+    use heaptrace_common::Loss;
     let mut round = crate::drain::round::Round {
         index: 7,
         restarted: vec![42],
@@ -37,6 +38,8 @@ fn rounds_of_earlier_versions_read_without_the_later_fields() {
         folded: vec![43],
         ..Default::default()
     };
+    round.losses[Loss::Stack as usize] = 5;
+    round.losses[Loss::UnwindNoRule as usize] = 9;
     round.mem.insert(1, crate::targets::procfs::Mem::default());
     let frame = |payload: Vec<u8>| RawFrame {
         kind: Kind::Round,
@@ -44,16 +47,39 @@ fn rounds_of_earlier_versions_read_without_the_later_fields() {
         stored_len: 0,
         payload,
     };
-    let v5 = postcard::to_allocvec(&round).unwrap();
+    let v10 = postcard::to_allocvec(&round).unwrap();
+    assert_eq!(decode_round(&frame(v10), 10).unwrap(), round);
+    // Version 9: without the three later losses (written as zeros here to cut them off).
+    round.losses[Loss::UnwindNoRule as usize] = 0;
+    let mut v9 = postcard::to_allocvec(&round).unwrap();
+    assert_eq!(
+        v9.split_off(v9.len() - 3),
+        [0, 0, 0],
+        "the later losses, last"
+    );
+    let back = decode_round(&frame(v9.clone()), 9).unwrap();
+    assert_eq!(back, round);
+    assert_eq!(
+        back.losses[Loss::Stack as usize],
+        5,
+        "an old loss in its place"
+    );
+    // Version 5 to 8: no peaks either (an empty map, one byte).
+    let mut v5 = v9;
+    assert_eq!(v5.split_off(v5.len() - 1), [0]);
     assert_eq!(decode_round(&frame(v5), 5).unwrap(), round);
     round.ended.clear();
     round.folded.clear();
     let mut v4 = postcard::to_allocvec(&round).unwrap();
-    assert_eq!(v4.split_off(v4.len() - 2), [0, 0], "empty lists, last");
+    assert_eq!(
+        v4.split_off(v4.len() - 6),
+        [0; 6],
+        "empty lists, peaks, later losses"
+    );
     assert_eq!(decode_round(&frame(v4.clone()), 4).unwrap(), round);
     round.restarted.clear();
     let mut v3 = postcard::to_allocvec(&round).unwrap();
-    assert_eq!(v3.split_off(v3.len() - 3), [0, 0, 0]);
+    assert_eq!(v3.split_off(v3.len() - 7), [0; 7]);
     assert_eq!(decode_round(&frame(v3), 3).unwrap(), round);
 }
 

@@ -12,6 +12,12 @@ fn run(argv: &[&str]) -> (Vec<Event>, u32) {
             assert!(maps.contains("libc.so.6"), "{maps}");
             let _ = child.ack.send(());
         }
+        if e == Event::Started {
+            // Held at its loader's thread set-up: its libraries are mapped.
+            let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.pid)).unwrap();
+            assert!(maps.contains("libc.so.6"), "{maps}");
+            let _ = child.ack.send(());
+        }
         if e == Event::Exec {
             // Held before its first instruction: the loader is mapped, libc not yet.
             let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.pid)).unwrap();
@@ -35,7 +41,11 @@ fn runs_a_command_held_at_exit_and_reports_its_exit_code() {
     let (events, _) = run(&["sh", "-c", "exit 7"]);
     assert_eq!(
         events,
-        vec![Event::Exiting, Event::Exited(Some(ExitStatus::Code(7)))]
+        vec![
+            Event::Started,
+            Event::Exiting,
+            Event::Exited(Some(ExitStatus::Code(7)))
+        ]
     );
 }
 
@@ -45,7 +55,9 @@ fn holds_a_command_at_each_exec_after_its_own() {
     assert_eq!(
         events,
         vec![
+            Event::Started,
             Event::Exec,
+            Event::Started,
             Event::Exiting,
             Event::Exited(Some(ExitStatus::Code(3)))
         ]
@@ -80,7 +92,7 @@ fn redirects_output_to_a_file_and_input_from_dev_null() {
     let mut code = None;
     while let Some(e) = child.events.blocking_recv() {
         match e {
-            Event::Exiting | Event::Exec => {
+            Event::Exiting | Event::Exec | Event::Started => {
                 let _ = child.ack.send(());
             }
             Event::Exited(c) => {

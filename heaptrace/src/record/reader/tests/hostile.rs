@@ -223,11 +223,13 @@ fn every_bit_flip_is_refused_and_every_cut_reads_short() {
         let mut bad = data.clone();
         bad[bit / 8] ^= 1 << (bit % 8);
         if let Ok(rec) = Recording::read(&bad[..]) {
-            // Version 9 with its low bit flipped is 8, whose rounds end one field earlier:
-            // read with the padding byte after the whole round, they are the same rounds.
-            let version_9_as_8 = bit == 64 && crate::record::format::VERSION == 9;
+            // The version turned into an earlier one, whose rounds end some fields earlier:
+            // read with the padding after the whole round, they are the same rounds (checked
+            // below), as the fields added since are zeros and empty lists here.
+            let flipped = u16::from_le_bytes([bad[8], bad[9]]);
+            let as_earlier = bit / 8 == 8 && flipped < crate::record::format::VERSION;
             assert!(
-                (10..12).contains(&(bit / 8)) || version_9_as_8,
+                (10..12).contains(&(bit / 8)) || as_earlier,
                 "bit {bit} flipped, read"
             );
             assert_eq!(rec.rounds, whole.rounds);

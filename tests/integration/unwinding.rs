@@ -1,0 +1,295 @@
+//! Whole stacks through code built without frame pointers: unwound from `.eh_frame` in the
+//! kernel (docs/unwinding.md), frame-pointer frames interleaved, counts exact per site.
+use serde_json::Value;
+
+use crate::support::*;
+
+/// Unwinding on (off by default for now), unless the test's options size it.
+const UNWIND: [&str; 2] = ["--unwind-table-size", "1048576"];
+
+fn trace(tag: &str, bin: &std::path::Path, opts: &[&str]) -> Value {
+    let json = json_path(tag);
+    let mut cmd = heaptrace();
+    cmd.args(["--no-tui", "-q"]);
+    if !opts.contains(&"--unwind-table-size") {
+        cmd.args(UNWIND);
+    }
+    cmd.args(opts).arg("--json").arg(&json).arg("--").arg(bin);
+    run_ok(&mut cmd);
+    read_json(&json)
+}
+
+/// tests/fixtures/unwinddeep.c built -O2, its library with `lib_fp` frame pointers and the
+/// program with `prog_fp`.
+fn unwinddeep(lib_fp: bool, prog_fp: bool) -> std::path::PathBuf {
+    let fp = |on: bool| {
+        if on {
+            "-fno-omit-frame-pointer"
+        } else {
+            "-fomit-frame-pointer"
+        }
+    };
+    let tag = |on: bool| if on { "fp" } else { "nofp" };
+    let lib = fixture(
+        "unwindlib",
+        &format!("-{}.so", tag(lib_fp)),
+        &["-O2", fp(lib_fp), "-shared", "-fPIC"],
+    );
+    fixture(
+        "unwinddeep",
+        &format!("-{}-{}", tag(prog_fp), tag(lib_fp)),
+        // Named before the source: not dropped as unneeded for that.
+        &[
+            "-O2",
+            fp(prog_fp),
+            "-Wl,--no-as-needed",
+            lib.to_str().unwrap(),
+        ],
+    )
+}
+
+/// A site's frames' function names, `.localalias` (gcc's alias of a recursive function in a
+/// shared library) dropped.
+fn names(site: &Value) -> Vec<String> {
+    site["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let n = f["function"].as_str().unwrap_or("");
+            n.trim_end_matches(".localalias").to_string()
+        })
+        .collect()
+}
+
+/// The three sites of unwinddeep, by bytes: (calls, frames up to main).
+fn sites(doc: &Value) -> Vec<(u64, u64, Vec<String>, Vec<String>)> {
+    let mut out: Vec<_> = doc["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["function"] == "malloc")
+        .map(|s| {
+            let all = names(s);
+            let upto = all
+                .iter()
+                .position(|f| f == "main")
+                .map_or(all.clone(), |i| all[..=i].to_vec());
+            let rest = all[upto.len()..].to_vec();
+            (
+                s["bytes"].as_u64().unwrap(),
+                s["calls"].as_u64().unwrap(),
+                upto,
+                rest,
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// malloc <- lib_down x (depth + 1) <- lib_alloc <- via_program <- lib_call <- round_of <- main.
+fn expected(depth: usize) -> Vec<String> {
+    let mut f = vec!["lib_down".to_string(); depth + 1];
+    f.extend(
+        ["lib_alloc", "via_program", "lib_call", "round_of", "main"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    f
+}
+
+fn check_whole(doc: &Value) {
+    let got = sites(doc);
+    let want: Vec<(u64, u64, Vec<String>)> = vec![
+        (1600, 100, expected(0)),
+        (6400, 200, expected(2)),
+        (14400, 300, expected(4)),
+    ];
+    let shown: Vec<_> = got.iter().map(|(b, c, f, _)| (*b, *c, f.clone())).collect();
+    assert_eq!(shown, want, "{got:?}");
+    // Past main, libc's start and the executable's _start, where the walk ends cleanly.
+    for (_, _, _, rest) in &got {
+        assert_eq!(rest.last().map(String::as_str), Some("_start"), "{rest:?}");
+        assert!(rest.len() <= 4, "{rest:?}");
+    }
+    assert_eq!(doc["lost"]["unwind_no_rule"], 0);
+    assert_eq!(doc["lost"]["unwind_table"], 0);
+    assert_eq!(doc["lost"]["stack_depth"], 0);
+    assert_eq!(doc["lost"]["stack"], 0);
+}
+
+bpf_test!(
+    shared,
+    /// Program and library -O2 -fomit-frame-pointer: every frame is unwound from its table,
+    /// each site's stack is whole to main and the walk ends at `_start`.
+    fn stacks_without_frame_pointers_reach_main_with_exact_counts() {
+        let doc = trace("unwind-nofp", &unwinddeep(false, false), &[]);
+        check_whole(&doc);
+    }
+);
+
+bpf_test!(
+    shared,
+    /// The program keeps frame pointers, its library has none (and the other way round):
+    /// frame-pointer steps and table steps interleave in one stack.
+    fn frame_pointer_and_table_frames_interleave() {
+        let doc = trace("unwind-mixed", &unwinddeep(false, true), &[]);
+        check_whole(&doc);
+        let doc = trace("unwind-mixed2", &unwinddeep(true, false), &[]);
+        check_whole(&doc);
+    }
+);
+
+bpf_test!(
+    shared,
+    /// A running process traced with -p: its entry is written at the daemon's first read of
+    /// its mappings, within the first round; it allocates after that.
+    fn a_running_process_gets_whole_stacks() {
+        use std::io::Write as _;
+        let mut cmd = std::process::Command::new(unwinddeep(false, false));
+        cmd.arg("wait");
+        let mut target = ready(cmd);
+        let json = json_path("unwind-pid");
+        let mut cmd = heaptrace();
+        cmd.args(["--no-tui", "-q", "--interval", "200ms"])
+            .args(UNWIND)
+            .arg("--json")
+            .arg(&json)
+            .args(["-p", &target.id().to_string()]);
+        let tracer = start_attached(&mut cmd);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let mut stdin = target.stdin.take().unwrap();
+        stdin.write_all(b"g").unwrap();
+        // Alive for a few rounds: its stacks are named from its mappings while it lives.
+        std::thread::sleep(std::time::Duration::from_millis(800));
+        drop(stdin);
+        assert!(target.wait().unwrap().success());
+        let (code, stderr) = tracer.wait();
+        assert_eq!(code, 0, "{stderr}");
+        check_whole(&read_json(&json));
+    }
+);
+
+bpf_test!(
+    shared,
+    /// `--unwind-table-size 0` walks by frame pointer only: without them, a stack stops at
+    /// the allocating function, its counts still exact.
+    fn without_tables_a_walk_stops_where_frame_pointers_end() {
+        let doc = trace(
+            "unwind-off",
+            &unwinddeep(false, false),
+            &["--unwind-table-size", "0"],
+        );
+        let got = sites(&doc);
+        let calls: u64 = got.iter().map(|s| s.1).sum();
+        assert_eq!(calls, 600, "{got:?}");
+        assert!(
+            got.iter().all(|s| !s.2.contains(&"main".to_string())),
+            "{got:?}"
+        );
+    }
+);
+
+bpf_test!(
+    shared,
+    /// Through libstdc++ (no frame pointers) from a program built without them:
+    /// operator new <- (inlined allocator frames) <- vector::_M_realloc_insert <- main, 400
+    /// calls of 60 bytes a vector.
+    fn cpp_stacks_through_libstdcxx_reach_main() {
+        let bin = cpp_fixture_with("cppvector", "-nofp", &["-O2", "-fomit-frame-pointer", "-g"]);
+        let doc = trace("unwind-cpp", &bin, &[]);
+        let site = doc["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["calls"] == 400)
+            .unwrap_or_else(|| panic!("no site of 400 calls: {}", doc["stacks"]));
+        assert_eq!(site["bytes"], 6000);
+        let f = names(site);
+        assert_eq!(f[0], "operator new(unsigned long)", "{f:?}");
+        let realloc = f.iter().position(|n| n.contains("_M_realloc_insert"));
+        let main = f.iter().position(|n| n == "main");
+        assert!(
+            matches!((realloc, main), (Some(r), Some(m)) if r < m),
+            "{f:?}"
+        );
+        assert_eq!(f.last().map(String::as_str), Some("_start"), "{f:?}");
+    }
+);
+
+bpf_test!(
+    shared,
+    /// Debian's python3 (stripped, no frame pointers): at least 95 % of its allocation calls
+    /// have stacks that reach `Py_BytesMain` or `main`.
+    fn python3_stacks_reach_main() {
+        let python = std::path::Path::new("/usr/bin/python3");
+        if !python.exists() {
+            panic!("/usr/bin/python3 missing");
+        }
+        let json = json_path("unwind-python");
+        let mut cmd = heaptrace();
+        cmd.args(["--no-tui", "-q"])
+            .args(UNWIND)
+            .arg("--json")
+            .arg(&json)
+            .args([
+                "--",
+                "/usr/bin/python3",
+                "-c",
+                "import json\nx = [json.dumps({'a': i, 'b': [i] * 3}) for i in range(20000)]",
+            ]);
+        run_ok(&mut cmd);
+        let doc = read_json(&json);
+        let (mut all, mut whole) = (0, 0);
+        for s in doc["stacks"].as_array().unwrap() {
+            let calls = s["calls"].as_u64().unwrap();
+            all += calls;
+            if names(s).iter().any(|n| n == "Py_BytesMain" || n == "main") {
+                whole += calls;
+            }
+        }
+        assert!(all > 1000, "{all} calls");
+        assert!(whole * 100 >= all * 95, "{whole} of {all} calls reach main");
+    }
+);
+
+bpf_test!(
+    shared,
+    /// A thread's stack ends cleanly where its start routine was called: work <- libc's
+    /// start_thread <- clone3, whose table marks the outermost frame. Every one of them.
+    fn thread_stacks_end_at_their_start() {
+        let bin = fixture("threadchurn", "-O2-nofp", &["-O2", "-fomit-frame-pointer"]);
+        let json = json_path("unwind-threads");
+        let mut cmd = heaptrace();
+        cmd.args(["--no-tui", "-q"])
+            .args(UNWIND)
+            .arg("--json")
+            .arg(&json)
+            .arg("--")
+            .arg(&bin)
+            .args(["4", "2", "50000", "64"]);
+        run_ok(&mut cmd);
+        let doc = read_json(&json);
+        let (mut all, mut whole) = (0, 0);
+        for s in doc["stacks"].as_array().unwrap() {
+            let calls = s["calls"].as_u64().unwrap();
+            if names(s).first().map(String::as_str) != Some("work") {
+                continue; // the C library's own, starting threads
+            }
+            all += calls;
+            let modules: Vec<&str> = s["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["module"].as_str().unwrap_or(""))
+                .collect();
+            if modules[1..] == ["libc.so.6", "libc.so.6"] {
+                whole += calls;
+            }
+        }
+        assert_eq!(all, 200_000, "4 threads x 50000");
+        assert_eq!(whole, all);
+        assert_eq!(doc["lost"]["unwind_no_rule"], 0);
+    }
+);
