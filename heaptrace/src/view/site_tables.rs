@@ -215,13 +215,77 @@ pub fn peak(profile: &Profile, top: usize, names: &Names) -> String {
 /// Everything about sites, as printed at the end of a stacks-mode trace.
 pub fn sites(profile: &Profile, top: usize, rule: Temporary, n: Names) -> String {
     format!(
-        "\n{}{}{}{}{}",
+        "\n{}{}{}{}{}{}",
+        shallow_stacks(profile).unwrap_or_default(),
         top_by_bytes(profile, top, &n),
         top_by_calls(profile, top, &n),
         leaks(profile, top, &n),
         temporary(profile, top, rule, &n),
         peak(profile, top, &n)
     )
+}
+
+/// Where a whole stack ends: a process's or a thread's start, or `main` (a frame-pointer walk
+/// stops in libc's caller of it).
+const STACK_BOTTOMS: [&str; 9] = [
+    "_start",
+    "__libc_start_main",
+    "__libc_start_call_main",
+    "main",
+    "clone3",
+    "__clone3",
+    "clone",
+    "__clone",
+    "start_thread",
+];
+
+/// Most allocations' stacks end early: what share, and the module most of them stop in.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Shallow {
+    pub percent: f64,
+    pub module: String,
+    pub module_percent: f64,
+}
+
+/// Says so when most allocations' stacks end early, and in which module most of them stop
+/// (where unwinding found no frame pointer and no unwind rule): "the answer is cut" is worth
+/// a line. None when most stacks are whole or there are none.
+pub fn shallow(profile: &Profile) -> Option<Shallow> {
+    let (mut calls, mut cut) = (0u64, 0u64);
+    let mut by_module: std::collections::BTreeMap<String, u64> = Default::default();
+    for (id, t) in &profile.sites {
+        if id.1 < 0 {
+            continue; // a lost stack: counted under `lost` already
+        }
+        let frames = profile.frames(id);
+        let Some(last) = frames.last() else { continue };
+        calls += t.calls;
+        let name = crate::view::names::qualified_name(&last.function);
+        if !STACK_BOTTOMS.contains(&name.as_str()) {
+            cut += t.calls;
+            *by_module.entry(last.module.to_string()).or_default() += t.calls;
+        }
+    }
+    if calls == 0 || cut * 2 <= calls {
+        return None;
+    }
+    let (module, n) = by_module.into_iter().max_by_key(|(m, n)| (*n, m.clone()))?;
+    Some(Shallow {
+        percent: 100.0 * cut as f64 / calls as f64,
+        module,
+        module_percent: 100.0 * n as f64 / calls as f64,
+    })
+}
+
+/// The summary's line for [`shallow`].
+pub fn shallow_stacks(profile: &Profile) -> Option<String> {
+    let s = shallow(profile)?;
+    Some(format!(
+        "stacks: {:.0}% of allocations' stacks end before main or a thread's start; most \
+         ({:.0}%) in {}, which has neither frame pointers nor unwind rows there (see \
+         lost: unwind_*, and --unwind-table-size)\n",
+        s.percent, s.module_percent, s.module
+    ))
 }
 
 /// How the calls timed were picked, for the latency views' titles.
@@ -339,6 +403,45 @@ mod tests {
                 "malloc <- e"
             ]
         );
+    }
+
+    /// Most calls' stacks stop in a module without frame pointers or unwind rows: the sites
+    /// view says so, and where; whole stacks (to main or a thread's start) say nothing.
+    #[test]
+    fn stacks_that_end_early_are_said_with_their_module() {
+        let mut p = Profile::default();
+        let in_module = |name: &str, module: &str| -> Frame {
+            let mut f = crate::symbolize::FrameInfo::named(name);
+            f.module = module.into();
+            f.into()
+        };
+        p.stacks.insert(
+            (1, 5),
+            vec![
+                in_module("_PyObject_Malloc", "python3.11"),
+                in_module("main", "python3.11"),
+            ]
+            .into(),
+        );
+        p.stacks.insert(
+            (1, 6),
+            vec![in_module("PyList_Append", "python3.11")].into(),
+        );
+        let site = |calls| SiteTotals {
+            calls,
+            bytes: calls,
+            ..Default::default()
+        };
+        p.sites.insert((1, 5, 0), site(10));
+        assert_eq!(shallow_stacks(&p), None, "whole stacks");
+        p.sites.insert((1, 6, 0), site(30));
+        let said = shallow_stacks(&p).unwrap();
+        assert!(
+            said.starts_with("stacks: 75% of allocations' stacks end before main")
+                && said.contains("most (75%) in python3.11"),
+            "{said}"
+        );
+        assert!(sites(&p, 5, Temporary::Allocs(1), Names::SHORT).contains(&said));
     }
 
     #[test]

@@ -14,8 +14,12 @@ pub(super) fn site_label(fr: &StackFrame) -> String {
 
 pub(super) fn draw_sites(f: &mut Frame, app: &App, area: Rect) {
     let rows = app.site_rows();
+    // Stacks cut short for most calls: the sites are then callers of the allocator only.
+    let cut = crate::view::site_tables::shallow(app.view())
+        .map(|s| format!("; {:.0}% of stacks cut short, in {}", s.percent, s.module))
+        .unwrap_or_default();
     let block = Block::bordered().title(format!(
-        "Sites: {} (sorted by {}; Enter: stack){}",
+        "Sites: {} (sorted by {}; Enter: stack){}{cut}",
         rows.len(),
         app.site_sort.name(),
         crate::view::site_tables::estimated(app.view())
