@@ -237,18 +237,21 @@ impl Daemon {
         // pidfd (readable once it exits).
         let exited = match self.pid {
             Some(pid) if self.child.is_none() => {
-                let fd = match procfs::pidfd_open(pid) {
-                    Ok(fd) => fd,
+                match procfs::pidfd_open(pid) {
+                    // SAFETY: we own the pidfd and keep it open while it is registered.
+                    Ok(fd) => Some(unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)?),
                     // Gone already (it can end right after the attach): its calls are in the
-                    // maps, and the final round reads them.
+                    // maps, and the final round reads them. A followed tree goes on with the
+                    // processes it forked, if any still run.
                     Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
                         self.exit = self.exit_watch.as_mut().and_then(ExitWatch::status);
-                        return Ok(End::TargetExited);
+                        if !self.root_ends_trace() {
+                            return Ok(End::TargetExited);
+                        }
+                        None
                     }
                     Err(e) => return Err(e.into()),
-                };
-                // SAFETY: we own the pidfd and keep it open while it is registered.
-                Some(unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)?)
+                }
             }
             _ => None,
         };
