@@ -11,6 +11,7 @@ pub mod locate;
 pub mod memory;
 pub mod stop;
 pub mod walk;
+mod walk_free;
 
 use std::path::{Path, PathBuf};
 

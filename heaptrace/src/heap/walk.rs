@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use super::layout::{self, IS_MMAPPED, Layout, MINSIZE, NON_MAIN_ARENA, PREV_INUSE};
 use super::locate::Located;
 use super::memory::{Memory, Region};
+use super::walk_free::{bins, fastbins, tcaches};
 
 /// What a free chunk is waiting in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
@@ -58,13 +59,13 @@ pub struct ArenaWalk {
     /// Bytes of heap the walk could not read or trust.
     pub unreadable: u64,
     /// Chunks counted in the walk (bounds the list walks).
-    chunks: u64,
+    pub(super) chunks: u64,
     /// Chunk starts, a bit per 16 bytes of heap (to check list entries).
     starts: Starts,
     /// Free chunks found by their neighbour's flag, not yet found in a bin.
-    loose: HashMap<u64, u64>,
+    pub(super) loose: HashMap<u64, u64>,
     /// tcache_perthread_struct candidates: (chunk address, first of its heap).
-    tcache_candidates: Vec<(u64, bool)>,
+    pub(super) tcache_candidates: Vec<(u64, bool)>,
     /// Where asked (`walk_blocks`): the in-use chunks (address, size) by their neighbour's
     /// flag, and those the lists then showed free or malloc's own (removed at the end).
     kept: Option<Vec<(u64, u64)>>,
@@ -277,19 +278,19 @@ pub fn locked_arenas(mem: &dyn Memory, at: &Located) -> usize {
     locked
 }
 
-fn read_vec(mem: &dyn Memory, addr: u64, len: u64) -> Option<Vec<u8>> {
+pub(super) fn read_vec(mem: &dyn Memory, addr: u64, len: u64) -> Option<Vec<u8>> {
     let mut v = vec![0u8; len as usize];
     mem.read(addr, &mut v).then_some(v)
 }
 
-fn word(b: &[u8], at: u64) -> u64 {
+pub(super) fn word(b: &[u8], at: u64) -> u64 {
     let at = at as usize;
     b.get(at..at + 8)
         .map_or(0, |s| u64::from_le_bytes(s.try_into().unwrap()))
 }
 
 /// The page-aligned bytes strictly inside [from, to).
-fn whole_pages(from: u64, to: u64) -> u64 {
+pub(super) fn whole_pages(from: u64, to: u64) -> u64 {
     let a = from.div_ceil(PAGE) * PAGE;
     let b = to / PAGE * PAGE;
     b.saturating_sub(a)
@@ -456,12 +457,12 @@ fn walk_span(
 
 impl ArenaWalk {
     /// Whether a chunk the walk counted starts at `addr`.
-    fn is_start(&self, addr: u64) -> bool {
+    pub(super) fn is_start(&self, addr: u64) -> bool {
         self.starts.get(addr)
     }
 
     /// Moves an in-use chunk (by its neighbour's flag) to free `kind`, if the walk counted it.
-    fn take_in_use(&mut self, addr: u64, size: u64, kind: FreeKind) -> bool {
+    pub(super) fn take_in_use(&mut self, addr: u64, size: u64, kind: FreeKind) -> bool {
         if !self.is_start(addr) || !self.forget_in_use(size) {
             return false;
         }
@@ -471,14 +472,14 @@ impl ArenaWalk {
     }
 
     /// A chunk the walk found in use that is not the program's (free in a list, or a tcache).
-    fn not_block(&mut self, addr: u64) {
+    pub(super) fn not_block(&mut self, addr: u64) {
         if self.kept.is_some() {
             self.not_blocks.insert(addr);
         }
     }
 
     /// Takes one chunk of `size` off the in-use counts, if there is one.
-    fn forget_in_use(&mut self, size: u64) -> bool {
+    pub(super) fn forget_in_use(&mut self, size: u64) -> bool {
         let Some(n) = self.in_use.get_mut(&size) else {
             return false;
         };
@@ -487,146 +488,6 @@ impl ArenaWalk {
             self.in_use.remove(&size);
         }
         true
-    }
-}
-
-fn reveal(l: &Layout, field: u64, stored: u64) -> u64 {
-    if l.safe_linking {
-        (field >> 12) ^ stored
-    } else {
-        stored
-    }
-}
-
-/// Fastbin chunks keep their neighbour's in-use flag: the walk counted them in use.
-fn fastbins(mem: &dyn Memory, l: &Layout, a: &mut ArenaWalk, state: &[u8]) {
-    for i in 0..l.nfastbins {
-        let size = (i + 2) * 16;
-        let mut p = word(state, l.fastbins + i * 8);
-        let mut n = 0u64;
-        while p != 0 && n <= a.chunks {
-            let ok = mem
-                .u64_at(p.wrapping_add(8))
-                .is_some_and(|w| layout::chunk_size(w) == size)
-                && a.take_in_use(p, size, FreeKind::Fastbin);
-            if !ok {
-                a.unreadable += size;
-                break;
-            }
-            n += 1;
-            match mem.u64_at(p.wrapping_add(16)) {
-                Some(s) => p = reveal(l, p.wrapping_add(16), s),
-                None => break,
-            }
-        }
-    }
-}
-
-/// The unsorted, small and large bins: doubly linked, unmangled, each ending at its head.
-fn bins(mem: &dyn Memory, l: &Layout, a: &mut ArenaWalk, state: &[u8]) {
-    for i in 1..l.nbins - 1 {
-        let fd_at = l.bins + (i - 1) * 16;
-        let head = a.address.wrapping_add(fd_at - 16);
-        let kind = match i {
-            1 => FreeKind::Unsorted,
-            2..64 => FreeKind::Small,
-            _ => FreeKind::Large,
-        };
-        let mut p = word(state, fd_at);
-        let mut n = 0u64;
-        while p != head && n <= a.chunks {
-            let Some(size) = a.loose.remove(&p) else {
-                a.unreadable += 16; // an entry the walk did not find free: stop this bin
-                break;
-            };
-            a.free.entry(kind).or_default().add(size);
-            // glibc's malloc_trim keeps the chunk's header and links (malloc_chunk's 48 bytes).
-            a.trimmable += whole_pages(p.saturating_add(48), p.saturating_add(size));
-            n += 1;
-            match mem.u64_at(p.wrapping_add(16)) {
-                Some(next) => p = next,
-                None => break,
-            }
-        }
-    }
-}
-
-/// A 640-byte `tcache_perthread_struct` from its chunk's user data, if it looks like one:
-/// counts within `count`, an entry exactly where a count is not zero.
-fn tcache_struct(
-    mem: &dyn Memory,
-    l: &Layout,
-    chunk: u64,
-    bins: u64,
-    count: u64,
-) -> Option<Vec<(u64, u64)>> {
-    let b = read_vec(mem, chunk.wrapping_add(16), l.tcache_size)?;
-    let mut lists = Vec::new();
-    for i in 0..l.tcache_bins {
-        let c = u16::from_le_bytes([b[i as usize * 2], b[i as usize * 2 + 1]]) as u64;
-        let e = word(&b, l.tcache_entries + i * 8);
-        if c > count || (c == 0) != (e == 0) || (i >= bins && c != 0) {
-            return None;
-        }
-        lists.push((c, e));
-    }
-    Some(lists)
-}
-
-/// Each thread's tcache: its struct (the first chunk of a heap, or one holding chunks), and
-/// the chunks on its lists, which the walk counted in use (tcache keeps their flags too).
-fn tcaches(mem: &dyn Memory, l: &Layout, w: &mut Walk, bins: u64, count: u64) {
-    let candidates: Vec<(u64, bool)> = w
-        .arenas
-        .iter()
-        .flat_map(|a| a.tcache_candidates.clone())
-        .collect();
-    let mut seen = HashSet::new();
-    for (chunk, first_of_heap) in candidates {
-        let Some(lists) = tcache_struct(mem, l, chunk, bins, count) else {
-            continue;
-        };
-        if !first_of_heap && lists.iter().all(|(c, _)| *c == 0) {
-            continue; // a zeroed block of the same size; an empty tcache elsewhere is missed
-        }
-        let struct_size = l.tcache_size + 16;
-        if let Some(a) = w.arenas.iter_mut().find(|a| a.is_start(chunk)) {
-            a.forget_in_use(struct_size);
-            a.not_block(chunk);
-        }
-        w.internal.add(struct_size);
-        let mut t = TcacheWalk {
-            address: chunk + 16,
-            blocks: 0,
-            bytes: 0,
-        };
-        for (i, (c, mut e)) in lists.into_iter().enumerate() {
-            let size = 32 + 16 * i as u64;
-            for _ in 0..c {
-                let p = e.wrapping_sub(16);
-                let fresh = seen.insert(p);
-                let owner = w.arenas.iter_mut().find(|a| a.is_start(p));
-                let ok = fresh
-                    && mem
-                        .u64_at(p.wrapping_add(8))
-                        .is_some_and(|w| layout::chunk_size(w) == size)
-                    && owner.is_some_and(|a| a.take_in_use(p, size, FreeKind::Tcache));
-                if !ok {
-                    w.warnings.push(format!(
-                        "tcache at {:#x}: a bad entry for {size}-byte chunks",
-                        chunk + 16
-                    ));
-                    break;
-                }
-                t.blocks += 1;
-                t.bytes += size;
-                match mem.u64_at(e) {
-                    Some(s) => e = reveal(l, e, s),
-                    None => break,
-                }
-            }
-        }
-        w.tcaches.push(t);
     }
 }
 
@@ -683,159 +544,4 @@ fn mmapped(mem: &dyn Memory, regions: &[Region], w: &mut Walk, keep: bool) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::heap::locate::FoundBy;
-
-    /// Memory made of one buffer at `base`.
-    struct Fake {
-        base: u64,
-        bytes: Vec<u8>,
-    }
-
-    impl Memory for Fake {
-        fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
-            let Some(at) = addr.checked_sub(self.base) else {
-                return false;
-            };
-            let at = at as usize;
-            match at
-                .checked_add(buf.len())
-                .and_then(|e| self.bytes.get(at..e))
-            {
-                Some(s) => {
-                    buf.copy_from_slice(s);
-                    true
-                }
-                None => false,
-            }
-        }
-    }
-
-    const BASE: u64 = 0x10_0000;
-    const ARENA: u64 = BASE;
-    const MP: u64 = BASE + 0x1000;
-    const HEAP: u64 = BASE + 0x2000;
-    const HEAP_LEN: u64 = 0x8000;
-
-    fn put(f: &mut Fake, addr: u64, v: u64) {
-        let at = (addr - f.base) as usize;
-        f.bytes[at..at + 8].copy_from_slice(&v.to_le_bytes());
-    }
-
-    /// A main arena with `sizes` in use, then a top chunk; empty bins.
-    fn heap(sizes: &[u64]) -> (Fake, Located) {
-        let l = layout::for_version((2, 36)).unwrap();
-        let mut f = Fake {
-            base: BASE,
-            bytes: vec![0; (0x2000 + HEAP_LEN) as usize],
-        };
-        put(&mut f, ARENA + l.next, ARENA);
-        for i in 1..l.nbins {
-            let head = ARENA + l.bins + (i - 1) * 16 - 16;
-            put(&mut f, head + 16, head);
-            put(&mut f, head + 24, head);
-        }
-        put(&mut f, MP + l.mp_sbrk_base, HEAP);
-        put(&mut f, MP + l.mp_tcache_bins, 64);
-        put(&mut f, MP + l.mp_tcache_count, 7);
-        // A tcache_perthread_struct first, holding the next chunk (32 bytes) for size 32.
-        put(&mut f, HEAP + 8, 0x290 | PREV_INUSE);
-        put(&mut f, HEAP + 16, 1);
-        put(&mut f, HEAP + 16 + l.tcache_entries, HEAP + 0x290 + 16);
-        put(&mut f, HEAP + 0x290 + 8, 32 | PREV_INUSE);
-        let mut addr = HEAP + 0x290 + 32;
-        for s in sizes {
-            put(&mut f, addr + 8, s | PREV_INUSE);
-            addr += s;
-        }
-        put(&mut f, ARENA + l.top, addr);
-        put(&mut f, addr + 8, (HEAP + HEAP_LEN - addr) | PREV_INUSE);
-        let at = Located {
-            layout: l,
-            main_arena: ARENA,
-            mp: MP,
-            found_by: FoundBy::CodePatterns,
-        };
-        (f, at)
-    }
-
-    /// A process that never called malloc: glibc never initialized its arena, every word is
-    /// still zero. An empty census, not an error (it was "cannot read the top chunk").
-    #[test]
-    fn an_arena_malloc_never_initialized_is_an_empty_heap() {
-        let (mut f, at) = heap(&[]);
-        f.bytes[..0x1000].fill(0);
-        let w = walk(&f, &at, &[], false).unwrap();
-        assert!(w.arenas.iter().all(|a| a.in_use.is_empty() && a.top == 0));
-    }
-
-    #[test]
-    fn a_synthetic_heap_is_counted_exactly() {
-        let (f, at) = heap(&[48, 48, 208, 1024]);
-        let w = walk(&f, &at, &[], false).unwrap();
-        let a = &w.arenas[0];
-        assert_eq!(a.in_use, BTreeMap::from([(48, 2), (208, 1), (1024, 1)]));
-        assert_eq!(a.top, HEAP_LEN - 0x290 - 32 - 48 * 2 - 208 - 1024);
-        assert_eq!(
-            a.free[&FreeKind::Tcache],
-            Tally {
-                blocks: 1,
-                bytes: 32
-            }
-        );
-        assert_eq!((w.tcaches.len(), w.internal.blocks), (1, 1));
-        assert_eq!(a.unreadable, 0);
-        assert!(w.blocks.is_empty(), "a plain walk keeps no list");
-    }
-
-    /// The blocks a walk lists are the program's: not the tcache struct, not the chunk in
-    /// its tcache; their addresses are malloc's and their sizes usable sizes.
-    #[test]
-    fn a_walk_lists_each_block_in_use_with_its_usable_size() {
-        let (f, at) = heap(&[48, 48, 208, 1024]);
-        let w = walk_blocks(&f, &at, &[], false).unwrap();
-        let first = HEAP + 0x290 + 32;
-        let want: Vec<Block> = [(0, 40), (48, 40), (96, 200), (304, 1016)]
-            .iter()
-            .map(|&(off, size)| Block {
-                ptr: first + off + 16,
-                size,
-            })
-            .collect();
-        assert_eq!(w.blocks, want);
-    }
-
-    /// Random words in chunk headers, bin and tcache pointers: the walk ends, without a
-    /// panic, every time.
-    #[test]
-    fn scribbled_heaps_never_panic_or_hang() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
-        let sizes: Vec<u64> = (0..60).map(|i| 32 + 16 * (i % 20)).collect();
-        for _ in 0..3000 {
-            let (mut f, at) = heap(&sizes);
-            for _ in 0..1 + next() % 6 {
-                let addr = match next() % 3 {
-                    // a header, or a user word, in the heap
-                    0 | 1 => HEAP + (next() % (HEAP_LEN / 8)) * 8,
-                    // the arena: fastbins, top, bins, next
-                    _ => ARENA + (next() % (2200 / 8)) * 8,
-                };
-                let v = match next() % 4 {
-                    0 => next(),
-                    1 => HEAP + next() % HEAP_LEN,
-                    2 => ((next() % 64) * 16) | (next() % 8),
-                    _ => ARENA + (next() % 2200),
-                };
-                put(&mut f, addr, v);
-            }
-            let _ = walk(&f, &at, &[], false);
-        }
-    }
-}
+mod tests;
