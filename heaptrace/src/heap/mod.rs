@@ -33,9 +33,12 @@ pub enum HeapError {
     Unreadable(String),
 }
 
-/// The census of a running process; `stop`: held still with ptrace for the walk;
-/// `symbols`: use libc's debug symbols where installed.
-pub fn of_process(pid: u32, stop: bool, symbols: bool) -> Result<Census, HeapError> {
+/// A running process's mappings and its glibc's malloc state, located and checked; one
+/// clear error where its allocator is another or its glibc cannot be read.
+fn live_glibc(
+    pid: u32,
+    symbols: bool,
+) -> Result<(Vec<Region>, locate::Located, memory::Live), HeapError> {
     let who = format!("process {pid}");
     let provider = crate::targets::allocator::for_pid(pid)
         .map_err(|e| HeapError::Unreadable(e.to_string()))?;
@@ -51,6 +54,13 @@ pub fn of_process(pid: u32, stop: bool, symbols: bool) -> Result<Census, HeapErr
     let at = locate::locate_file(&provider.file, base, symbols).map_err(HeapError::Unsupported)?;
     let mem = memory::Live::new(pid);
     check_main_arena(&mem, &at)?;
+    Ok((regions, at, mem))
+}
+
+/// The census of a running process; `stop`: held still with ptrace for the walk;
+/// `symbols`: use libc's debug symbols where installed.
+pub fn of_process(pid: u32, stop: bool, symbols: bool) -> Result<Census, HeapError> {
+    let (regions, at, mem) = live_glibc(pid, symbols)?;
     let (frozen, busy) = if stop {
         let (f, busy) = freeze_unlocked(pid, &mem, &at)?;
         (Some(f), busy)
@@ -86,26 +96,12 @@ pub struct Held {
 
 /// The blocks `pid` holds now, the process stopped (see [`Held`]).
 pub fn blocks_of_process(pid: u32, symbols: bool) -> Result<Held, HeapError> {
-    let who = format!("process {pid}");
-    let provider = crate::targets::allocator::for_pid(pid)
-        .map_err(|e| HeapError::Unreadable(e.to_string()))?;
-    if !is_glibc(&provider.path) {
-        return Err(HeapError::OtherAllocator {
-            who,
-            path: provider.path,
-        });
-    }
     // Located before the stop: reading libc's file and its code takes a while.
-    let regions =
-        memory::live_regions(pid).map_err(|e| HeapError::Unreadable(format!("{who}: {e}")))?;
-    let base = base_of(&regions, &provider.path).ok_or_else(|| HeapError::NoGlibc(who.clone()))?;
-    let at = locate::locate_file(&provider.file, base, symbols).map_err(HeapError::Unsupported)?;
-    let mem = memory::Live::new(pid);
-    check_main_arena(&mem, &at)?;
+    let (_, at, mem) = live_glibc(pid, symbols)?;
     let (frozen, busy) = freeze_unlocked(pid, &mem, &at)?;
     // Mapped blocks come and go with their own mappings: read the map again, stopped.
-    let regions =
-        memory::live_regions(pid).map_err(|e| HeapError::Unreadable(format!("{who}: {e}")))?;
+    let regions = memory::live_regions(pid)
+        .map_err(|e| HeapError::Unreadable(format!("process {pid}: {e}")))?;
     let mut w = walk::walk_blocks(&mem, &at, &regions, false).map_err(HeapError::Unreadable)?;
     warn_locked(&mut w, busy);
     Ok(Held {
