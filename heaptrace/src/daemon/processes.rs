@@ -211,7 +211,14 @@ impl Daemon {
         }
         if self.pid.is_some() {
             for p in &pids {
-                let comm = procfs::comm(*p).unwrap_or_default();
+                // The name the kernel gave at the exec: a short command may be gone by now.
+                let comm = self
+                    .procwatch
+                    .as_ref()
+                    .and_then(|w| w.seen.get(p).map(|(c, _)| c.clone()))
+                    .filter(|c| !c.is_empty())
+                    .or_else(|| procfs::comm(*p))
+                    .unwrap_or_default();
                 let says = format!("pid {p} exec'ed {comm}: its counts start over");
                 if !self.quiet && self.live.is_none() {
                     eprintln!("heaptrace: {says}");
