@@ -3,6 +3,7 @@ use aya_build::{Package, Toolchain};
 
 fn main() -> anyhow::Result<()> {
     bpf_tests();
+    preload()?;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .ok_or_else(|| anyhow!("no workspace root"))?
@@ -45,4 +46,47 @@ fn effective_uid() -> Option<u32> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let uids = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
     uids.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Builds heaptrace-preload (its own workspace: a no_std cdylib needs panic = "abort") into
+/// OUT_DIR and tells the code where the library is (`HEAPTRACE_PRELOAD_SO`, embedded with
+/// include_bytes!). Run with the preload crate as its current directory, so that its
+/// `.cargo/config.toml` (frame pointers) applies, and none of our own build's flags.
+fn preload() -> anyhow::Result<()> {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = manifest
+        .parent()
+        .ok_or_else(|| anyhow!("no workspace root"))?
+        .join("heaptrace-preload");
+    for f in [
+        "Cargo.toml",
+        "Cargo.lock",
+        "src",
+        ".cargo/config.toml",
+        "../heaptrace-common/src",
+    ] {
+        println!("cargo::rerun-if-changed={}", dir.join(f).display());
+    }
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("preload");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.current_dir(&dir)
+        .args(["build", "--release", "--offline", "--target-dir"])
+        .arg(&out);
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        if k.starts_with("CARGO_") && k != "CARGO_HOME" || k == "RUSTFLAGS" || k == "RUSTC_WRAPPER"
+        {
+            cmd.env_remove(&k);
+        }
+    }
+    let status = cmd
+        .status()
+        .context("running cargo for heaptrace-preload")?;
+    if !status.success() {
+        return Err(anyhow!("building heaptrace-preload failed ({status})"));
+    }
+    let so = out.join("release/libheaptrace_preload.so");
+    println!("cargo::rustc-env=HEAPTRACE_PRELOAD_SO={}", so.display());
+    Ok(())
 }

@@ -5,6 +5,7 @@
 #![no_std]
 
 pub mod filter;
+pub mod inproc;
 pub mod keyed;
 pub mod live;
 pub mod procs;

@@ -120,6 +120,20 @@ pub struct TraceArgs {
     #[arg(long, value_enum, default_value = "stacks")]
     pub mode: Mode,
 
+    /// Count inside the launched command: a preloaded library, no probes.
+    ///
+    /// No trap per call, so an allocation-heavy program runs several times faster than
+    /// under probes, and no root is needed. For a dynamically linked command only (not -p
+    /// or --all); stacks by frame pointer. See docs/in-process.md.
+    #[arg(long, conflicts_with_all = ["pid", "all"])]
+    pub in_process: bool,
+
+    /// --in-process: threads counted at once, each with counters of its own (a thread
+    /// beyond them is counted in `lost.in_flight`).
+    #[arg(long, default_value_t = 256, value_name = "THREADS",
+          value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub in_process_threads: u32,
+
     /// Benchmarks only: a mode's probes with programs that only count (or walk the stack):
     /// the floor heaptrace's own programs are measured against. Overrides --mode.
     #[arg(long, value_enum, hide = true)]

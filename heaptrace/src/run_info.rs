@@ -120,6 +120,37 @@ impl TargetKind {
     }
 }
 
+/// What collected a run's figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Collector {
+    /// eBPF uprobes on the allocator, counting in kernel maps (the default).
+    #[default]
+    Kernel,
+    /// The preloaded library of `--in-process`, counting in a region shared with heaptrace.
+    InProcess,
+}
+
+impl Collector {
+    pub const ALL: [Collector; 2] = [Collector::Kernel, Collector::InProcess];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Collector::Kernel => "kernel",
+            Collector::InProcess => "in-process",
+        }
+    }
+
+    /// A recording's name for it; the empty name of recordings before format 11 is the
+    /// kernel's.
+    pub fn from_name(name: &str) -> Option<Collector> {
+        match name {
+            "" => Some(Collector::Kernel),
+            _ => Collector::ALL.into_iter().find(|c| c.name() == name),
+        }
+    }
+}
+
 /// A run as every output describes it: what it traced and how.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RunInfo {
@@ -142,6 +173,7 @@ pub struct RunInfo {
     pub sample_bytes: u64,
     /// `--latency-every`: one call in this many was timed (0 or 1: every call).
     pub latency_every: u32,
+    pub collector: Collector,
 }
 
 impl RunInfo {

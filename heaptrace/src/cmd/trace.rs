@@ -61,12 +61,16 @@ impl Target {
 pub static STARTED: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
 mod attach;
 mod end;
+mod in_process;
 mod target;
 
 use self::{attach::*, end::*, target::*};
 
 pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     let target = Target::from_cli(cli)?;
+    if cli.in_process {
+        return in_process::run(cli, &target, record);
+    }
     check(cli)?;
     check_outputs(cli, &target, record)?;
     probe::preflight()?;
@@ -161,13 +165,20 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     if let (Target::Command(_), Some(pid)) = (&target, pid) {
         modules.settle(pid, &provider.path, Duration::from_millis(200));
     }
-    let (view, live) = open_view(live_view, cli, &target, &info, &probes);
+    let (view, live) = open_view(
+        live_view,
+        cli,
+        &target,
+        &info,
+        &probes.attached,
+        probes.probe_count(),
+    );
     let mut profile =
         Profile::of_mode(info.mode, cli.sample_bytes).with_latency_every(cli.latency_every);
     profile.before_attach = before;
-    let mut daemon = Daemon::new(Start {
-        maps,
-        probes,
+    let daemon = Daemon::new(Start {
+        maps: Box::new(maps),
+        probes: Some(probes),
         profile,
         pid,
         child,
@@ -187,19 +198,35 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
             info: info.clone(),
         }),
     });
+    conclude(cli, &target, &rt, daemon, pid, view, stats_fd, &info)
+}
+
+/// The trace's loop until the target ends or heaptrace is told to stop, then the last round,
+/// the summary and the JSON document; returns heaptrace's exit code.
+#[allow(clippy::too_many_arguments)]
+fn conclude(
+    cli: &TraceArgs,
+    target: &Target,
+    rt: &tokio::runtime::Runtime,
+    mut daemon: Daemon,
+    pid: Option<u32>,
+    view: Option<tui::Tui>,
+    stats_fd: Option<OwnedFd>,
+    info: &RunInfo,
+) -> Result<i32> {
     let end = match rt.block_on(daemon.watch(cli.interval)) {
         Ok(end) => end,
         Err(e) => {
             // Never left to run on untraced: the tracer thread's end kills it
             // (PTRACE_O_EXITKILL), but the summary should say so first.
-            if let (Target::Command(_), Some(pid)) = (&target, pid) {
+            if let (Target::Command(_), Some(pid)) = (target, pid) {
                 eprintln!("heaptrace: stopping pid {pid}, which would run on untraced");
             }
             return Err(e);
         }
     };
     // How a launched command ended: it may still be finishing after a signal.
-    let exit = match &target {
+    let exit = match target {
         Target::Command(_) => Some(rt.block_on(daemon.child_exit(&end))?),
         _ => daemon.exit,
     };
@@ -215,14 +242,14 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     // A view that failed because its terminal hung up is no error of the trace.
     let view_error = view_error.filter(|_| !matches!(end, End::Signal(Sig::Hup)));
     let own = procfs::own_rss_kb();
-    print_summary(cli, &daemon.profile, &info, &done, own);
+    print_summary(cli, &daemon.profile, info, &done, own);
     if let Some(path) = &cli.json {
-        write_json(path, cli.force, &daemon.profile, &info, exit, &done, own)?;
+        write_json(path, cli.force, &daemon.profile, info, exit, &done, own)?;
     }
     if let Some(e) = view_error {
         return Err(Error::Io(std::io::Error::other(e)));
     }
-    Ok(match &target {
+    Ok(match target {
         // The command's own status, whatever made it end.
         Target::Command(_) => exit_code.unwrap_or(1),
         // Ending a trace of -p or --all with Ctrl-C is no failure.
@@ -260,6 +287,7 @@ fn run_info(
         temporary: Temporary::Allocs(cli.temporary_allocs),
         sample_bytes: cli.sample_bytes,
         latency_every: cli.latency_every,
+        collector: crate::run_info::Collector::Kernel,
     }
 }
 
@@ -293,7 +321,8 @@ fn open_view(
     cli: &TraceArgs,
     target: &Target,
     info: &RunInfo,
-    probes: &Probes,
+    attached: &[probe::Attached],
+    probe_count: usize,
 ) -> (Option<tui::Tui>, Option<tui::Link>) {
     if !wanted {
         return (None, None);
@@ -309,8 +338,8 @@ fn open_view(
             Target::Command(argv) => format!("{} (pid {})", argv.join(" "), pid.unwrap_or(0)),
         },
         run: info.clone(),
-        attached: probes.attached.clone(),
-        probe_count: probes.probe_count(),
+        attached: attached.to_vec(),
+        probe_count,
         output: match (target, &cli.command_output) {
             (Target::Command(_), Some(p)) => Some(p.display().to_string()),
             (Target::Command(_), None) => Some("/dev/null".into()),

@@ -22,9 +22,9 @@ use tokio::io::unix::AsyncFd;
 
 use crate::{
     daemon::exec_watch::ProcWatch,
-    drain::KernelMaps,
     drain::round::Leak,
     drain::round::{Round, SiteId, Snapshot},
+    drain::source::Source,
     error::Result,
     exit_status::ExitStatus,
     probe::Probes,
@@ -51,7 +51,7 @@ pub enum End {
 /// Everything a trace holds between rounds. `cmd::trace` builds it once the probes are attached, and
 /// takes it apart at the end.
 pub struct Daemon {
-    pub maps: KernelMaps,
+    pub maps: Box<dyn Source>,
     pub prev: Snapshot,
     pub profile: Profile,
     pub start: Instant,
@@ -125,8 +125,9 @@ pub struct Daemon {
 
 /// What a trace hands its daemon once the probes are attached; the rest starts empty.
 pub struct Start {
-    pub maps: KernelMaps,
-    pub probes: Probes,
+    pub maps: Box<dyn Source>,
+    /// None for `--in-process`.
+    pub probes: Option<Probes>,
     pub profile: Profile,
     pub pid: Option<u32>,
     pub child: Option<launch::Child>,
@@ -165,7 +166,7 @@ impl Daemon {
             root_ended: false,
             exit: None,
             passed_on: None,
-            probes: Some(s.probes),
+            probes: s.probes,
             execs: procwatch.as_mut().and_then(|w| w.events.take()),
             exec_first: None,
             procwatch,
@@ -276,7 +277,7 @@ impl Daemon {
                         return Ok(End::TargetExited);
                     }
                     self.round()?;
-                    self.maps.purge_inflight(procfs::thread_alive)?;
+                    self.maps.purge_inflight(&procfs::thread_alive)?;
                     if let Some(w) = self.exit_watch.as_mut() {
                         w.drain();
                     }

@@ -62,7 +62,7 @@ impl Daemon {
         (round.ended, round.folded) = self.forget_exited(ending)?;
         self.forget_gone(&gone);
         if !theirs.is_empty() {
-            self.freed = self.maps.free_stacks(theirs);
+            self.freed = self.maps.free_stacks(theirs.into_iter().collect());
         }
         for (id, frames) in std::mem::take(&mut self.folded_stacks) {
             let stack = crate::drain::round::NewStack {

@@ -7,12 +7,14 @@
 //! after the read is simply in the next round's difference.
 pub mod before_attach;
 mod forget;
+pub mod in_process;
 pub mod keyed_slots;
 mod live;
 pub mod live_slots;
 pub mod proc_slots;
 pub mod round;
 mod snapshot;
+pub mod source;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap as StdHashMap, HashSet},

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use heaptrace_common::Func;
 
-use crate::run_info::{Mode, RunInfo, TargetKind, Temporary};
+use crate::run_info::{Collector, Mode, RunInfo, TargetKind, Temporary};
 
 pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
 /// What each version added:
@@ -35,7 +35,7 @@ pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
 ///   header without it, as unsampled).
 /// - 2: rounds carry the allocators' reservations (the memory behind malloc) and one more loss
 ///   counter. Version 1 files (written before any release) are not read.
-pub const VERSION: u16 = 10;
+pub const VERSION: u16 = 11;
 /// The oldest version this reader reads.
 pub const OLDEST: u16 = 2;
 /// No frame is larger: a hostile length cannot make the reader allocate more.
@@ -130,6 +130,9 @@ pub struct Header {
     pub comm: Option<String>,
     /// `--cgroup` (format 8): ... and whose cgroup path contains this.
     pub cgroup: Option<String>,
+    /// What collected the figures (format 11), by name: empty (earlier formats) is the
+    /// kernel's probes.
+    pub collector: String,
 }
 
 impl Header {
@@ -157,6 +160,7 @@ impl Header {
             temporary: self.temporary(),
             sample_bytes: self.sample_bytes,
             latency_every: self.latency_every,
+            collector: Collector::from_name(&self.collector).unwrap_or_default(),
         }
     }
 
@@ -199,6 +203,7 @@ impl Header {
             },
             comm: run.comm.clone(),
             cgroup: run.cgroup.clone(),
+            collector: run.collector.name().into(),
         }
     }
 
@@ -521,16 +526,17 @@ pub fn decode_round(
 }
 
 /// The header of a file of `version`. Those of 2 end before `sample_bytes`, 3 to 5 before
-/// `latency_every`, 6 before `temporary_allocs`, 7 before `comm`: a zero byte is a varint 0,
-/// an empty string or None.
+/// `latency_every`, 6 before `temporary_allocs`, 7 before `comm`, 8 to 10 before `collector`:
+/// a zero byte is a varint 0, an empty string or None.
 pub fn decode_header(frame: &RawFrame, version: u16) -> Result<Header, FormatError> {
     // Fields are only ever added at the end; a missing one decodes from a zero byte.
     let missing = match version {
-        8.. => 0,
-        7 => 2,
-        6 => 3,
-        3..=5 => 4,
-        _ => 5,
+        11.. => 0,
+        8..=10 => 1,
+        7 => 3,
+        6 => 4,
+        3..=5 => 5,
+        _ => 6,
     };
     decode_padded(frame, missing)
 }

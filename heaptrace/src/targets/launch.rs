@@ -120,9 +120,48 @@ fn hold(
     }
 }
 
+/// What a launched command gets beyond its arguments: environment entries (replacing those
+/// of the same name; LD_PRELOAD put first in front of any it has) and a descriptor left open
+/// across its exec (`--in-process`: the library and its region).
+#[derive(Default)]
+pub struct Inherit {
+    pub env: Vec<(String, String)>,
+    pub fd: Option<i32>,
+}
+
+impl Inherit {
+    /// This process's environment with `env` put in.
+    fn environment(&self) -> Vec<Vec<u8>> {
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        for (k, v) in std::env::vars_os() {
+            let k = k.as_bytes();
+            let ours = self.env.iter().find(|(name, _)| name.as_bytes() == k);
+            match ours {
+                Some((name, val)) if name == "LD_PRELOAD" && !v.is_empty() => {
+                    out.push([k, b"=", val.as_bytes(), b" ", v.as_bytes()].concat())
+                }
+                Some(_) => {}
+                None => out.push([k, b"=", v.as_bytes()].concat()),
+            }
+        }
+        for (k, v) in &self.env {
+            let preload_kept =
+                k == "LD_PRELOAD" && out.iter().any(|e| e.starts_with(b"LD_PRELOAD="));
+            if !preload_kept {
+                out.push(format!("{k}={v}").into_bytes());
+            }
+        }
+        out
+    }
+}
+
 struct Prepared {
     exe: CString,
     args: Vec<CString>,
+    /// The whole environment, when it is not this process's.
+    env: Option<Vec<CString>>,
+    /// A descriptor made inheritable in the child.
+    keep_fd: Option<i32>,
     /// (stdout+stderr, stdin) for the child, when redirected; the caller keeps them open.
     redirect: Option<(i32, i32)>,
 }
@@ -138,6 +177,16 @@ pub fn check_executable(exe: &Path) -> std::io::Result<()> {
 }
 
 pub fn spawn_stopped(exe: &Path, argv: &[String], redirect: Option<&Redirect>) -> Result<Stopped> {
+    spawn_stopped_with(exe, argv, redirect, None)
+}
+
+/// `spawn_stopped`, with what the command inherits besides.
+pub fn spawn_stopped_with(
+    exe: &Path,
+    argv: &[String],
+    redirect: Option<&Redirect>,
+    inherit: Option<&Inherit>,
+) -> Result<Stopped> {
     use std::os::fd::AsRawFd as _;
     let cmd = argv.first().cloned().unwrap_or_default();
     let exec_err = |reason: String| Error::Exec {
@@ -153,6 +202,16 @@ pub fn spawn_stopped(exe: &Path, argv: &[String], redirect: Option<&Redirect>) -
             .collect::<std::result::Result<_, _>>()
             .map_err(|e| exec_err(e.to_string()))?,
         redirect: redirect.map(|r| (r.output.as_raw_fd(), r.input.as_raw_fd())),
+        env: inherit
+            .map(|i| {
+                i.environment()
+                    .into_iter()
+                    .map(CString::new)
+                    .collect::<std::result::Result<Vec<_>, _>>()
+            })
+            .transpose()
+            .map_err(|e| exec_err(e.to_string()))?,
+        keep_fd: inherit.and_then(|i| i.fd),
     };
     let (pid_tx, pid_rx) = mpsc::channel();
     let (resume_tx, resume_rx) = mpsc::channel();
@@ -258,6 +317,12 @@ struct Held {
 fn fork_held(p: &Prepared) -> io::Result<Held> {
     let mut argv: Vec<*const libc::c_char> = p.args.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
+    let envp: Option<Vec<*const libc::c_char>> = p.env.as_ref().map(|env| {
+        env.iter()
+            .map(|e| e.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    });
     // Two pipes: "go" (the child waits on it before exec, so the probes are in place first)
     // and "status" (close-on-exec: EOF once exec succeeded, an errno if it failed).
     let mut go = [0i32; 2];
@@ -275,7 +340,7 @@ fn fork_held(p: &Prepared) -> io::Result<Held> {
     }
     if pid == 0 {
         // SAFETY: in the child just forked, with arguments prepared before fork.
-        unsafe { exec_when_told(go, st, p, &argv) }
+        unsafe { exec_when_told(go, st, p, &argv, envp.as_deref()) }
     }
     // SAFETY: the child's ends are its own now; ours become owned descriptors.
     let (go, status) = unsafe {
@@ -295,6 +360,7 @@ unsafe fn exec_when_told(
     st: [i32; 2],
     p: &Prepared,
     argv: &[*const libc::c_char],
+    envp: Option<&[*const libc::c_char]>,
 ) -> ! {
     // SAFETY: async-signal-safe calls only; arguments were prepared before fork.
     unsafe {
@@ -316,7 +382,13 @@ unsafe fn exec_when_told(
             libc::dup2(out, 2);
             libc::dup2(input, 0);
         }
-        libc::execv(p.exe.as_ptr(), argv.as_ptr());
+        if let Some(fd) = p.keep_fd {
+            libc::fcntl(fd, libc::F_SETFD, 0);
+        }
+        match envp {
+            Some(envp) => libc::execve(p.exe.as_ptr(), argv.as_ptr(), envp.as_ptr()),
+            None => libc::execv(p.exe.as_ptr(), argv.as_ptr()),
+        };
         let errno = *libc::__errno_location();
         libc::write(st[1], (&errno as *const i32).cast(), 4);
         libc::_exit(127);

@@ -10,5 +10,6 @@ pub mod elf;
 pub mod exit_watch;
 pub mod launch;
 pub mod maps;
+pub mod preload;
 pub mod procfs;
 pub mod target_file;

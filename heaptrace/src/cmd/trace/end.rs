@@ -6,7 +6,8 @@ pub(super) struct Done {
     pub(super) reason: String,
     pub(super) attached: Vec<probe::Attached>,
     pub(super) syscall_probes: Vec<serde_json::Value>,
-    pub(super) counting: probe::Counting,
+    /// How the kernel's programs added to their counters (None in process).
+    pub(super) counting: Option<probe::Counting>,
     pub(super) prog_stats: Option<Vec<prog_stats::ProgStats>>,
 }
 
@@ -19,17 +20,23 @@ pub(super) fn finish(
     exit: Option<ExitStatus>,
 ) -> Result<Done> {
     // Detach first so the final read is of a state nothing changes any more.
-    let mut probes = daemon.probes.take().expect("probes");
-    let attached = probes.attached.clone();
-    let syscall_probes = syscall_probes_json(&probes);
-    let counting = probes.counting();
-    let prog_stats = stats_fd.map(|fd| {
-        let stats = probes.program_stats();
-        drop(fd);
-        stats
-    });
-    probes.detach();
-    drop(probes);
+    let (attached, syscall_probes, counting, prog_stats) = match daemon.probes.take() {
+        Some(mut probes) => {
+            let attached = probes.attached.clone();
+            let syscall_probes = syscall_probes_json(&probes);
+            let counting = probes.counting();
+            let prog_stats = stats_fd.map(|fd| {
+                let stats = probes.program_stats();
+                drop(fd);
+                stats
+            });
+            probes.detach();
+            (attached, syscall_probes, Some(counting), prog_stats)
+        }
+        // In process: the library passes calls through from now on.
+        None => (Vec::new(), Vec::new(), None, None),
+    };
+    daemon.maps.stop();
     daemon.round()?;
     // Every followed process's blocks, not the root's alone.
     let pids: Option<HashSet<u32>> = pid
@@ -99,7 +106,7 @@ pub(super) fn write_json(
         syscall_probes: Some(done.syscall_probes.clone()),
         own_rss_kb: own,
         programs,
-        counting: Some(done.counting),
+        counting: done.counting,
     };
     let doc = json::document(profile, &run);
     if path == "-" {
@@ -162,7 +169,7 @@ pub(super) fn print_summary(
         eprint!("{}", prog_stats::text(stats));
         eprintln!(
             "  counters: {}",
-            match done.counting {
+            match done.counting.unwrap_or(probe::Counting::Atomic) {
                 probe::Counting::PreemptionOff =>
                     "plain adds with preemption off (bpf_preempt_disable), where they count",
                 probe::Counting::Atomic => "atomic adds",

@@ -1,0 +1,302 @@
+//! The region an in-process trace (`heaptrace --in-process -- CMD`) shares between the
+//! preloaded library (`heaptrace-preload`) and the daemon: a memfd the daemon creates and the
+//! library maps. Every thread of the target writes only its own thread slot (counters, exact
+//! sizes, per-site counters), with plain stores; the daemon reads the slots each round and sums
+//! them, as it sums the kernel's per-CPU counters. Shared between threads, with atomic
+//! operations: the live-block table (a block may be freed by another thread), the stack
+//! table, the losses and the process's live-heap peak. docs/in-process.md has the design.
+//!
+//! All offsets follow from the header's capacities (`Layout::of`), so the two sides agree
+//! whatever sizes the daemon chose.
+use crate::{FUNC_COUNT, LOSS_COUNT, ProcCounters, STACK_FRAMES};
+
+/// "HTINPROC", little-endian.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"HTINPROC");
+pub const VERSION: u32 = 1;
+/// The environment variable that hands the library its region: `FD:SIZE:TOKEN` (decimal,
+/// decimal, 32 hex digits).
+pub const ENV: &str = "HEAPTRACE_INPROC";
+
+/// `Header::state`.
+pub mod state {
+    /// Calls go straight through, uncounted (before the daemon is ready, after it detached).
+    pub const OFF: u32 = 0;
+    pub const COUNTING: u32 = 1;
+}
+
+/// Key words of the shared tables: 0 is an empty slot, `BUSY` one being written, `GONE` one
+/// whose block was freed (a live-table tombstone, taken again by a later insert).
+pub const EMPTY: u64 = 0;
+pub const BUSY: u64 = 1;
+pub const GONE: u64 = 2;
+/// The first key word that names an entry.
+pub const FIRST_KEY: u64 = 3;
+
+/// Probes of an open-addressing table before an insert gives up (and counts a loss). A
+/// lookup never looks further than an insert may have put the key.
+pub const PROBES: u32 = 64;
+
+pub const HEADER_BYTES: usize = 4096;
+
+/// The first page of the region.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Header {
+    pub magic: u64,
+    pub version: u32,
+    /// `crate::mode`: COUNTS, SIZES or STACKS.
+    pub mode: u32,
+    /// The random token of `ENV`: a descriptor that happens to have the number given is never
+    /// taken for the region.
+    pub token: [u64; 2],
+    /// The pid that took the region (its first image's library): 0 until then. A process
+    /// with another pid (a fork's exec) leaves it alone.
+    pub owner: u32,
+    /// `state`.
+    pub state: u32,
+    /// 1 + the execs of `owner` whose new image took the region over, each starting it over.
+    pub epoch: u32,
+    /// `--temporary-allocs`: a block freed by its allocating thread with fewer of that
+    /// thread's allocations in between is temporary.
+    pub temporary_allocs: u32,
+    /// Capacities: thread slots, sites (stacks), site index slots (a power of two), live
+    /// table slots (a power of two), size entries per thread (a power of two), frames kept.
+    pub threads: u32,
+    pub sites: u32,
+    pub site_index: u32,
+    pub live: u32,
+    pub sizes: u32,
+    pub depth: u32,
+    /// Which function each one is counted as (`Func` index): the provider's aliases (glibc's
+    /// memalign is aligned_alloc).
+    pub count_as: [u32; FUNC_COUNT],
+    pub _pad0: u32,
+    /// Thread slots ever taken (their high-water mark) and sites stored.
+    pub threads_used: u32,
+    pub sites_used: u32,
+    pub losses: [u64; LOSS_COUNT],
+    /// The process's live heap (wrapping adds), its highest, and the allocation that
+    /// reached it.
+    pub peak_live: u64,
+    pub peak_max: u64,
+    pub peak_size: u64,
+    pub peak_stack: i64,
+    /// The region's size in bytes.
+    pub bytes: u64,
+    pub _reserved: [u64; 8],
+}
+
+const _: () = assert!(core::mem::size_of::<Header>() <= HEADER_BYTES);
+
+/// A thread slot's fixed part; its size entries and site counters follow it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ThreadHead {
+    /// The thread id that owns the slot, 0 when free. A slot is only ever written by its
+    /// owner; a slot freed keeps its counters, and the next owner adds on.
+    pub owner: u32,
+    /// Set while the library runs a call of this thread: a call made meanwhile (by the real
+    /// allocator, or a signal handler) is nested and goes straight through, as the kernel
+    /// path counts only the outermost call.
+    pub busy: u32,
+    /// The thread's allocations so far (for temporaries).
+    pub seq: u64,
+    /// The thread's stack: frames are followed only between these addresses.
+    pub stack_lo: u64,
+    pub stack_hi: u64,
+    pub counters: ProcCounters,
+}
+
+pub const THREAD_HEAD_BYTES: usize = 512;
+const _: () = assert!(core::mem::size_of::<ThreadHead>() <= THREAD_HEAD_BYTES);
+
+/// An exact size count of one thread: (function, size, stack id) -> allocations.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SizeEntry {
+    /// `FIRST_KEY` + the size (sizes above u64::MAX - 3 are counted as failures anyway).
+    pub key: u64,
+    /// Function index << 32 | stack id as u32.
+    pub tag: u64,
+    pub count: u64,
+    pub _pad: u64,
+}
+
+/// The stack id of a site whose stack had no room in the stack table (`-ENOSPC`); its
+/// counters are each thread's site entry `sites + function`.
+pub const LOST_STACK: i32 = -28;
+
+/// What one thread counted of one site.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SiteEntry {
+    pub calls: u64,
+    pub bytes: u64,
+    pub frees: u64,
+    pub freed_bytes: u64,
+    pub temp_blocks: u64,
+    pub temp_bytes: u64,
+    pub untracked: u64,
+    pub untracked_bytes: u64,
+}
+
+/// The site index: a stack's hash -> its id (its place in the stack records).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IndexEntry {
+    pub key: u64,
+    pub id: u32,
+    pub _pad: u32,
+}
+
+/// A stored stack: one allocating function and its return addresses, innermost first.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct StackHead {
+    pub func: u32,
+    pub len: u32,
+    /// 1: the walk reached the stack's end; 0: it was cut (depth, or a frame it could not
+    /// follow).
+    pub whole: u32,
+    pub _pad: u32,
+}
+
+/// A live block.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LiveEntry {
+    /// `EMPTY`, `BUSY`, `GONE`, or the block's address.
+    pub key: u64,
+    pub size: u64,
+    /// Its site's stack id (`NO_SITE` outside stacks mode) and function.
+    pub stack_id: i32,
+    pub func: u32,
+    /// The allocating thread and its allocation count at the block.
+    pub tid: u32,
+    pub seq: u32,
+}
+
+/// Where everything is, from the header's capacities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub thread_stride: usize,
+    pub threads: usize,
+    pub sizes_at: usize,
+    pub sites_at: usize,
+    pub index: usize,
+    pub stacks: usize,
+    pub stack_stride: usize,
+    pub live: usize,
+    pub bytes: usize,
+}
+
+const fn page(n: usize) -> usize {
+    (n + 4095) & !4095
+}
+
+impl Layout {
+    /// None if a capacity is out of its bounds (a hostile or broken header).
+    pub const fn of(
+        threads: u32,
+        sites: u32,
+        site_index: u32,
+        live: u32,
+        sizes: u32,
+        depth: u32,
+    ) -> Option<Layout> {
+        let ok = threads >= 1
+            && threads <= 1 << 16
+            && sites <= 1 << 22
+            && site_index.is_power_of_two()
+            && site_index >= 2 * sites
+            && site_index <= 1 << 23
+            && live.is_power_of_two()
+            && live <= 1 << 28
+            && sizes.is_power_of_two()
+            && sizes <= 1 << 20
+            && depth as usize <= STACK_FRAMES;
+        if !ok {
+            return None;
+        }
+        let sizes_at = THREAD_HEAD_BYTES;
+        let sites_at = sizes_at + sizes as usize * core::mem::size_of::<SizeEntry>();
+        let site_entries = sites as usize + FUNC_COUNT;
+        let thread_stride = page(sites_at + site_entries * core::mem::size_of::<SiteEntry>());
+        let threads_at = HEADER_BYTES;
+        let index = threads_at + threads as usize * thread_stride;
+        let stacks = page(index + site_index as usize * core::mem::size_of::<IndexEntry>());
+        let stack_stride = core::mem::size_of::<StackHead>() + depth as usize * 8;
+        let live_at = page(stacks + sites as usize * stack_stride);
+        let bytes = page(live_at + live as usize * core::mem::size_of::<LiveEntry>());
+        Some(Layout {
+            thread_stride,
+            threads: threads_at,
+            sizes_at,
+            sites_at,
+            index,
+            stacks,
+            stack_stride,
+            live: live_at,
+            bytes,
+        })
+    }
+
+    pub const fn of_header(h: &Header) -> Option<Layout> {
+        Layout::of(h.threads, h.sites, h.site_index, h.live, h.sizes, h.depth)
+    }
+
+    /// The byte offset of thread slot `i`.
+    pub const fn thread(&self, i: usize) -> usize {
+        self.threads + i * self.thread_stride
+    }
+}
+
+/// The slot of `ptr` in a live table of `slots` (a power of two): blocks are 16-byte
+/// aligned, so the low bits say nothing.
+#[inline(always)]
+pub const fn live_slot(ptr: u64, slots: u32) -> usize {
+    ((ptr >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & (slots as usize - 1)
+}
+
+/// The hash of a stack's return addresses and function: never below `FIRST_KEY`.
+#[inline(always)]
+pub fn stack_key(func: u32, ips: &[u64]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ func as u64;
+    for ip in ips {
+        h = (h ^ ip).wrapping_mul(0x0000_0100_0000_01b3);
+        h ^= h >> 29;
+    }
+    if h < FIRST_KEY { h + FIRST_KEY } else { h }
+}
+
+/// The slot of a size in a thread's size table of `slots` (a power of two).
+#[inline(always)]
+pub const fn size_slot(size: u64, tag: u64, slots: u32) -> usize {
+    ((size ^ tag.rotate_left(17)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as usize
+        & (slots as usize - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_refuse_out_of_bound_capacities() {
+        assert!(Layout::of(1024, 16384, 32768, 1 << 20, 4096, 127).is_some());
+        assert!(Layout::of(0, 16384, 32768, 1 << 20, 4096, 127).is_none());
+        assert!(Layout::of(4, 16384, 16384, 1 << 20, 4096, 127).is_none());
+        assert!(Layout::of(4, 16, 32, 1000, 4096, 127).is_none());
+        assert!(Layout::of(4, 16, 32, 1024, 4096, 128).is_none());
+        let l = Layout::of(4, 16, 32, 1024, 64, 8).unwrap();
+        assert!(l.live + 1024 * 32 <= l.bytes);
+        assert_eq!(l.thread(1) - l.thread(0), l.thread_stride);
+    }
+
+    #[test]
+    fn stack_keys_are_never_reserved_words() {
+        for f in 0..9 {
+            assert!(stack_key(f, &[]) >= FIRST_KEY);
+            assert!(stack_key(f, &[1, 2, 3]) >= FIRST_KEY);
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! What a call counts, as the kernel path counts it (`heaptrace-ebpf`'s `main.rs`): calls,
+//! bytes and failures per function, realloc's outcomes, the live blocks and heap, exact sizes,
+//! and in stacks mode each site's allocations, releases and temporaries.
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use heaptrace_common::{
+    FUNC_COUNT, Func, Loss, NO_SITE, ProcCounters,
+    inproc::{FIRST_KEY, LOST_STACK, LiveEntry, PROBES, SiteEntry, SizeEntry, ThreadHead},
+    mode,
+};
+
+use crate::{live, region::Region, stack, thread};
+
+/// Adds to a counter only its thread writes: a plain load and store (the daemon reads it
+/// whole, as an aligned word).
+#[inline(always)]
+fn add(p: *mut u64, v: u64) {
+    // SAFETY: an aligned word of the region.
+    let a = unsafe { AtomicU64::from_ptr(p) };
+    a.store(a.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
+}
+
+/// Counts a loss; shared by every thread, so atomic (and rare).
+pub fn lose(r: &Region, what: Loss) {
+    // SAFETY: a word of the header.
+    let l = unsafe { AtomicU64::from_ptr(&raw mut (*r.header_ptr()).losses[what as usize]) };
+    l.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A call being counted: its thread's slot is marked busy until the call is done, so that a
+/// call made meanwhile on the thread goes straight through (nested).
+pub struct Call {
+    r: &'static Region,
+    t: *mut ThreadHead,
+    fp: usize,
+}
+
+impl Call {
+    /// None when this call is not to be counted (see the crate's doc).
+    #[inline(always)]
+    pub fn begin(fp: usize) -> Option<Call> {
+        let r = crate::region::get()?;
+        if !r.counting() {
+            return None;
+        }
+        let Some(t) = thread::current(r) else {
+            lose(r, Loss::InFlight);
+            return None;
+        };
+        // SAFETY: the thread's own slot.
+        let busy = unsafe { AtomicU32::from_ptr(&raw mut (*t).busy) };
+        if busy.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        busy.store(1, Ordering::Relaxed);
+        // Not reordered past the real call by the compiler: a signal handler sees it set.
+        core::sync::atomic::compiler_fence(Ordering::SeqCst);
+        Some(Call { r, t, fp })
+    }
+
+    fn counters(&self) -> *mut ProcCounters {
+        // SAFETY: the thread's own slot.
+        unsafe { &raw mut (*self.t).counters }
+    }
+
+    fn mode(&self) -> u32 {
+        self.r.header().mode
+    }
+
+    fn func(&self, f: Func) -> usize {
+        let as_ = self.r.header().count_as[f as usize] as usize;
+        if as_ < FUNC_COUNT { as_ } else { f as usize }
+    }
+
+    /// Takes a block out of the live table (before the real call can hand it out again).
+    pub fn take(&self, ptr: u64) -> Option<LiveEntry> {
+        if ptr == 0 {
+            return None;
+        }
+        live::take(self.r, ptr)
+    }
+
+    pub fn allocated(self, f: Func, size: u64, ptr: u64) {
+        let pc = self.counters();
+        let func = self.func(f);
+        // SAFETY: the thread's own counters.
+        unsafe {
+            add(&raw mut (*pc).funcs[func].calls, 1);
+            if ptr == 0 {
+                add(&raw mut (*pc).funcs[func].failed, 1);
+                return;
+            }
+            add(&raw mut (*pc).funcs[func].bytes, size);
+        }
+        self.track(func as u32, size, ptr);
+    }
+
+    pub fn reallocated(self, old: u64, size: u64, ret: u64, held: Option<LiveEntry>) {
+        let pc = self.counters();
+        let f = self.func(Func::Realloc);
+        // SAFETY: the thread's own counters.
+        unsafe {
+            add(&raw mut (*pc).funcs[f].calls, 1);
+            if ret == 0 {
+                if old != 0 && size == 0 {
+                    add(&raw mut (*pc).realloc_frees, 1);
+                    self.released(held, true);
+                } else {
+                    add(&raw mut (*pc).funcs[f].failed, 1);
+                    // The block stays the program's: back in the table as it was.
+                    if let Some(b) = held
+                        && !live::insert(self.r, b)
+                    {
+                        lose(self.r, Loss::LiveMap);
+                    }
+                }
+                return;
+            }
+            add(&raw mut (*pc).funcs[f].bytes, size);
+            if old != 0 {
+                let outcome = if ret == old {
+                    &raw mut (*pc).realloc_in_place
+                } else {
+                    &raw mut (*pc).realloc_moves
+                };
+                add(outcome, 1);
+                self.released(held, true);
+            }
+        }
+        self.track(f as u32, size, ret);
+    }
+
+    pub fn freed(self, held: Option<LiveEntry>) {
+        let pc = self.counters();
+        // SAFETY: the thread's own counters.
+        unsafe { add(&raw mut (*pc).funcs[Func::Free as usize].calls, 1) };
+        self.released(held, false);
+    }
+
+    /// A block given back: out of the live figures and its site's, or an untracked free.
+    fn released(&self, held: Option<LiveEntry>, by_realloc: bool) {
+        let pc = self.counters();
+        let Some(b) = held else {
+            // SAFETY: the thread's own counters.
+            unsafe { add(&raw mut (*pc).untracked_frees, 1) };
+            return;
+        };
+        // SAFETY: the thread's own counters.
+        unsafe {
+            add(&raw mut (*pc).live_blocks, u64::MAX);
+            add(&raw mut (*pc).live_bytes, b.size.wrapping_neg());
+            let bytes = if by_realloc {
+                &raw mut (*pc).realloc_released_bytes
+            } else {
+                &raw mut (*pc).funcs[Func::Free as usize].bytes
+            };
+            add(bytes, b.size);
+        }
+        self.peak_add(b.size.wrapping_neg());
+        if b.stack_id != NO_SITE {
+            self.site_released(b);
+        }
+    }
+
+    fn site_released(&self, b: LiveEntry) {
+        let Some(s) = self.site(b.stack_id, b.func) else {
+            return;
+        };
+        // SAFETY: the thread's own site entry.
+        unsafe {
+            add(&raw mut (*s).frees, 1);
+            add(&raw mut (*s).freed_bytes, b.size);
+            let (tid, seq) = ((*self.t).owner, (*self.t).seq as u32);
+            let between = seq.wrapping_sub(b.seq).wrapping_sub(1);
+            if b.tid == tid && between < self.r.header().temporary_allocs {
+                add(&raw mut (*s).temp_blocks, 1);
+                add(&raw mut (*s).temp_bytes, b.size);
+            }
+        }
+    }
+
+    /// This thread's entry of a site, by stack id (or the lost one of its function).
+    fn site(&self, stack_id: i32, func: u32) -> Option<*mut SiteEntry> {
+        let sites = self.r.header().sites as usize;
+        let i = match stack_id {
+            LOST_STACK => sites + func as usize % FUNC_COUNT,
+            id if id >= 0 && (id as usize) < sites => id as usize,
+            _ => return None,
+        };
+        let at = self.r.layout.sites_at + i * core::mem::size_of::<SiteEntry>();
+        // SAFETY: within the thread's slot.
+        Some(unsafe { (self.t as *mut u8).add(at) } as *mut SiteEntry)
+    }
+
+    /// A block handed out: its stack (stacks mode), size, site and live-table entry.
+    fn track(&self, func: u32, size: u64, ptr: u64) {
+        let mode = self.mode();
+        let stack_id = if mode >= mode::STACKS {
+            stack::site(self.r, self.t, func, self.fp)
+        } else {
+            NO_SITE
+        };
+        // SAFETY: the thread's own slot.
+        let seq = unsafe {
+            let s = (*self.t).seq;
+            add(&raw mut (*self.t).seq, 1);
+            s as u32
+        };
+        if mode >= mode::STACKS
+            && let Some(s) = self.site(stack_id, func)
+        {
+            // SAFETY: the thread's own site entry.
+            unsafe {
+                add(&raw mut (*s).calls, 1);
+                add(&raw mut (*s).bytes, size);
+            }
+        }
+        if mode >= mode::SIZES {
+            self.count_size(func, size, stack_id);
+        }
+        let block = LiveEntry {
+            key: ptr,
+            size,
+            stack_id,
+            func,
+            // SAFETY: the thread's own slot.
+            tid: unsafe { (*self.t).owner },
+            seq,
+        };
+        if !live::insert(self.r, block) {
+            lose(self.r, Loss::LiveMap);
+            if let Some(s) = self.site(stack_id, func) {
+                // SAFETY: the thread's own site entry.
+                unsafe {
+                    add(&raw mut (*s).untracked, 1);
+                    add(&raw mut (*s).untracked_bytes, size);
+                }
+            }
+            return;
+        }
+        let pc = self.counters();
+        // SAFETY: the thread's own counters.
+        unsafe {
+            add(&raw mut (*pc).live_blocks, 1);
+            add(&raw mut (*pc).live_bytes, size);
+        }
+        self.peak_grew(size, stack_id);
+    }
+
+    /// The exact size count of (function, size, stack) in this thread's table.
+    fn count_size(&self, func: u32, size: u64, stack_id: i32) {
+        let slots = self.r.header().sizes;
+        let key = size.saturating_add(FIRST_KEY);
+        let tag = (u64::from(func) << 32) | u64::from(stack_id as u32);
+        let first = heaptrace_common::inproc::size_slot(size, tag, slots);
+        for p in 0..PROBES as usize {
+            let i = (first + p) & (slots as usize - 1);
+            let at = self.r.layout.sizes_at + i * core::mem::size_of::<SizeEntry>();
+            // SAFETY: within the thread's slot, which only this thread writes.
+            let e = unsafe { (self.t as *mut u8).add(at) } as *mut SizeEntry;
+            // SAFETY: as above.
+            let k = unsafe { AtomicU64::from_ptr(&raw mut (*e).key) };
+            match k.load(Ordering::Relaxed) {
+                0 => {
+                    // SAFETY: as above; the key is published after its tag.
+                    unsafe { (*e).tag = tag };
+                    k.store(key, Ordering::Release);
+                    // SAFETY: as above.
+                    unsafe { add(&raw mut (*e).count, 1) };
+                    return;
+                }
+                // SAFETY: as above.
+                seen if seen == key && unsafe { (*e).tag } == tag => {
+                    // SAFETY: as above.
+                    unsafe { add(&raw mut (*e).count, 1) };
+                    return;
+                }
+                _ => {}
+            }
+        }
+        lose(self.r, Loss::SizeHistogram);
+    }
+
+    /// The process's live heap, shared: its highest and the allocation that reached it.
+    fn peak_grew(&self, size: u64, stack_id: i32) {
+        let h = self.r.header_ptr();
+        let now = self.peak_add(size);
+        // SAFETY: words of the header.
+        let max = unsafe { AtomicU64::from_ptr(&raw mut (*h).peak_max) };
+        let mut was = max.load(Ordering::Relaxed);
+        while now > was {
+            match max.compare_exchange_weak(was, now, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => {
+                    // SAFETY: as above; which allocation reached it is told as well as the
+                    // last writer knows.
+                    unsafe {
+                        AtomicU64::from_ptr(&raw mut (*h).peak_size).store(size, Ordering::Relaxed);
+                        AtomicU64::from_ptr(&raw mut (*h).peak_stack as *mut u64)
+                            .store(stack_id as i64 as u64, Ordering::Relaxed);
+                    }
+                    return;
+                }
+                Err(seen) => was = seen,
+            }
+        }
+    }
+
+    /// Adds to the live heap (wrapping) and returns it.
+    fn peak_add(&self, delta: u64) -> u64 {
+        // SAFETY: a word of the header.
+        let live = unsafe { AtomicU64::from_ptr(&raw mut (*self.r.header_ptr()).peak_live) };
+        live.fetch_add(delta, Ordering::Relaxed).wrapping_add(delta)
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        core::sync::atomic::compiler_fence(Ordering::SeqCst);
+        // SAFETY: the thread's own slot.
+        unsafe { AtomicU32::from_ptr(&raw mut (*self.t).busy).store(0, Ordering::Relaxed) };
+    }
+}

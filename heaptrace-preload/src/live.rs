@@ -1,0 +1,72 @@
+//! The live-block table, shared by every thread (a block may be freed by another thread
+//! than its own): open addressing on the block's address, a slot claimed with a
+//! compare-and-swap, a freed block's slot left as a tombstone that a later insert takes.
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use heaptrace_common::inproc::{self, BUSY, EMPTY, GONE, LiveEntry, PROBES};
+
+use crate::region::Region;
+
+fn slot(r: &Region, i: usize) -> *mut LiveEntry {
+    r.at::<LiveEntry>(r.layout.live + i * core::mem::size_of::<LiveEntry>())
+}
+
+fn key(e: *mut LiveEntry) -> &'static AtomicU64 {
+    // SAFETY: the key word of an entry in the mapping.
+    unsafe { AtomicU64::from_ptr(&raw mut (*e).key) }
+}
+
+/// Puts a block in; false if no slot was free within the probes (the table is full).
+pub fn insert(r: &Region, block: LiveEntry) -> bool {
+    let slots = r.header().live;
+    let first = inproc::live_slot(block.key, slots);
+    for p in 0..PROBES as usize {
+        let e = slot(r, (first + p) & (slots as usize - 1));
+        let k = key(e);
+        let mut seen = k.load(Ordering::Acquire);
+        while seen == EMPTY || seen == GONE {
+            match k.compare_exchange(seen, BUSY, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    // SAFETY: the slot is this thread's until its key is published.
+                    unsafe {
+                        (*e).size = block.size;
+                        (*e).stack_id = block.stack_id;
+                        (*e).func = block.func;
+                        (*e).tid = block.tid;
+                        (*e).seq = block.seq;
+                    }
+                    k.store(block.key, Ordering::Release);
+                    return true;
+                }
+                Err(now) => seen = now,
+            }
+        }
+    }
+    false
+}
+
+/// Takes a block out, if it is in: only the one caller that swaps its key out gets it (a
+/// double free by the program counts once).
+pub fn take(r: &Region, ptr: u64) -> Option<LiveEntry> {
+    let slots = r.header().live;
+    let first = inproc::live_slot(ptr, slots);
+    for p in 0..PROBES as usize {
+        let e = slot(r, (first + p) & (slots as usize - 1));
+        let k = key(e);
+        match k.load(Ordering::Acquire) {
+            EMPTY => return None,
+            seen if seen == ptr => {
+                // SAFETY: published with the key (Acquire above); unchanged while it is in.
+                let block = unsafe { *e };
+                if k.compare_exchange(ptr, GONE, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return Some(LiveEntry { key: ptr, ..block });
+                }
+                return None;
+            }
+            _ => {}
+        }
+    }
+    None
+}

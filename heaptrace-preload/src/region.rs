@@ -1,0 +1,212 @@
+//! The region shared with the daemon, mapped at the first call: its descriptor, size and
+//! token come from the environment (`inproc::ENV`). Anything that does not check out leaves
+//! the library passing every call straight through.
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, Ordering};
+
+use heaptrace_common::inproc::{self, Header, Layout};
+
+use crate::real;
+
+pub struct Region {
+    pub base: *mut u8,
+    pub layout: Layout,
+    pub pid: u32,
+}
+
+// SAFETY: the region is shared memory; every access to it goes through atomics or a thread's
+// own slot.
+unsafe impl Sync for Region {}
+
+impl Region {
+    pub fn header(&self) -> &Header {
+        // SAFETY: the first page of a mapping checked by `map`.
+        unsafe { &*(self.base as *const Header) }
+    }
+
+    pub fn header_ptr(&self) -> *mut Header {
+        self.base as *mut Header
+    }
+
+    /// Whether calls are to be counted now.
+    #[inline(always)]
+    pub fn counting(&self) -> bool {
+        // SAFETY: a u32 of the header, read atomically.
+        let state = unsafe { AtomicU32::from_ptr(&raw mut (*self.header_ptr()).state) };
+        state.load(Ordering::Relaxed) == inproc::state::COUNTING && !FORKED.load(Ordering::Relaxed)
+    }
+
+    pub fn at<T>(&self, offset: usize) -> *mut T {
+        // SAFETY: offsets come from `layout`, within the mapping.
+        unsafe { self.base.add(offset) as *mut T }
+    }
+}
+
+const NOT_TRIED: i32 = 0;
+const MAPPING: i32 = 1;
+const DONE: i32 = 2;
+static INIT: AtomicI32 = AtomicI32::new(NOT_TRIED);
+static MAPPER: AtomicI32 = AtomicI32::new(0);
+static REGION: AtomicPtr<Region> = AtomicPtr::new(core::ptr::null_mut());
+static mut THE_REGION: Region = Region {
+    base: core::ptr::null_mut(),
+    layout: Layout {
+        thread_stride: 0,
+        threads: 0,
+        sizes_at: 0,
+        sites_at: 0,
+        index: 0,
+        stacks: 0,
+        stack_stride: 0,
+        live: 0,
+        bytes: 0,
+    },
+    pid: 0,
+};
+/// Set in a fork's child: it counts nothing (the region is its parent's).
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// The region, once mapped; None before, while mapping on this thread, or if there is none.
+#[inline(always)]
+pub fn get() -> Option<&'static Region> {
+    if INIT.load(Ordering::Acquire) == DONE {
+        let r = REGION.load(Ordering::Relaxed);
+        // SAFETY: set once, before DONE, to a static.
+        return unsafe { r.as_ref() };
+    }
+    init()
+}
+
+#[cold]
+fn init() -> Option<&'static Region> {
+    if !real::ready() {
+        return None;
+    }
+    let me = real::gettid();
+    match INIT.compare_exchange(NOT_TRIED, MAPPING, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {
+            MAPPER.store(me, Ordering::Relaxed);
+            if let Some(r) = map() {
+                // SAFETY: written once, by the one thread that won INIT, before it is published.
+                unsafe {
+                    THE_REGION = r;
+                    REGION.store(&raw mut THE_REGION, Ordering::Relaxed);
+                }
+                crate::thread::init();
+            }
+            INIT.store(DONE, Ordering::Release);
+        }
+        Err(MAPPING) if MAPPER.load(Ordering::Relaxed) == me => return None,
+        Err(_) => {
+            while INIT.load(Ordering::Acquire) != DONE {
+                // SAFETY: no preconditions.
+                unsafe { libc::sched_yield() };
+            }
+        }
+    }
+    let r = REGION.load(Ordering::Relaxed);
+    // SAFETY: as in `get`.
+    unsafe { r.as_ref() }
+}
+
+extern "C" fn forked_child() {
+    FORKED.store(true, Ordering::Relaxed);
+}
+
+/// Parses `FD:SIZE:TOKEN` (decimal, decimal, 32 hex digits).
+fn parse(s: &[u8]) -> Option<(i32, u64, [u64; 2])> {
+    let mut parts = s.split(|b| *b == b':');
+    let fd = dec(parts.next()?)?;
+    let size = dec(parts.next()?)?;
+    let token = parts.next()?;
+    if parts.next().is_some() || token.len() != 32 {
+        return None;
+    }
+    Some((
+        i32::try_from(fd).ok()?,
+        size,
+        [hex(&token[..16])?, hex(&token[16..])?],
+    ))
+}
+
+fn dec(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || s.len() > 19 {
+        return None;
+    }
+    s.iter().try_fold(0u64, |n, b| {
+        b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0'))
+    })
+}
+
+fn hex(s: &[u8]) -> Option<u64> {
+    s.iter().try_fold(0u64, |n, b| {
+        let d = (*b as char).to_digit(16)?;
+        Some(n << 4 | u64::from(d))
+    })
+}
+
+/// Maps the region and takes it for this process; None if anything does not check out.
+fn map() -> Option<Region> {
+    // SAFETY: a NUL-terminated name; getenv does not allocate.
+    let env = unsafe { libc::getenv(c"HEAPTRACE_INPROC".as_ptr()) };
+    if env.is_null() {
+        return None;
+    }
+    // SAFETY: getenv returns a NUL-terminated string.
+    let (fd, size, token) = parse(unsafe { core::ffi::CStr::from_ptr(env) }.to_bytes())?;
+    // SAFETY: a plain struct for fstat to fill.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: fstat on any number is harmless; it only fills `st`.
+    if unsafe { libc::fstat(fd, &mut st) } != 0
+        || st.st_mode & libc::S_IFMT != libc::S_IFREG
+        || st.st_size as u64 != size
+        || size < inproc::HEADER_BYTES as u64
+    {
+        return None;
+    }
+    // SAFETY: a new shared mapping of a regular file of the size checked.
+    let base = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return None;
+    }
+    let r = take(base as *mut u8, size, token);
+    if r.is_none() {
+        // SAFETY: the mapping just made.
+        unsafe { libc::munmap(base, size as usize) };
+    }
+    r
+}
+
+fn take(base: *mut u8, size: u64, token: [u64; 2]) -> Option<Region> {
+    // SAFETY: at least a header's bytes are mapped (checked by the caller).
+    let h = unsafe { &*(base as *const Header) };
+    let layout = Layout::of_header(h)?;
+    if h.magic != inproc::MAGIC
+        || h.version != inproc::VERSION
+        || h.token != token
+        || h.bytes != size
+        || layout.bytes as u64 > size
+    {
+        return None;
+    }
+    // SAFETY: no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    // SAFETY: a u32 of the mapped header.
+    let owner = unsafe { AtomicU32::from_ptr(&raw mut (*(base as *mut Header)).owner) };
+    // Another process's region (this one is a fork's exec), or an earlier image's of this
+    // process (it exec'ed): left alone.
+    owner
+        .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed)
+        .ok()?;
+    // SAFETY: registers a handler; no allocation for the first handlers.
+    unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+    Some(Region { base, layout, pid })
+}

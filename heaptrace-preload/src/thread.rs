@@ -1,0 +1,127 @@
+//! Each thread's slot in the region, found through a pthread key (no allocation for the
+//! first keys, and no thread-local storage that a no_std library could not reach). A thread
+//! takes a free slot at its first counted call and gives it back at its exit; the next thread
+//! adds on to its counters, which stay cumulative.
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use heaptrace_common::inproc::ThreadHead;
+
+use crate::region::Region;
+
+static mut KEY: libc::pthread_key_t = 0;
+static KEY_OK: AtomicU32 = AtomicU32::new(0);
+/// The key's value for a thread that found no free slot: its calls are not counted.
+const NO_SLOT: usize = 1;
+
+unsafe extern "C" {
+    /// The main thread's stack pointer at the program's start (the dynamic loader's).
+    static __libc_stack_end: *mut core::ffi::c_void;
+}
+
+/// Creates the key, once the region is mapped.
+pub fn init() {
+    // SAFETY: KEY is written once, here, before any thread looks it up (KEY_OK).
+    if unsafe { libc::pthread_key_create(&raw mut KEY, Some(exit)) } == 0 {
+        KEY_OK.store(1, Ordering::Release);
+    }
+}
+
+/// Gives the slot back at the thread's exit. Calls the thread makes after this (later
+/// destructors) take a slot again, and its key's value makes the C library run this once
+/// more (up to its limit of rounds).
+extern "C" fn exit(v: *mut core::ffi::c_void) {
+    if v as usize > NO_SLOT {
+        // SAFETY: a slot this thread owns.
+        let owner = unsafe { AtomicU32::from_ptr(&raw mut (*(v as *mut ThreadHead)).owner) };
+        owner.store(0, Ordering::Release);
+    }
+}
+
+/// This thread's slot, taking one if it has none; None if none is free (counted as a call
+/// not counted, `Loss::InFlight`).
+#[inline(always)]
+pub fn current(r: &Region) -> Option<*mut ThreadHead> {
+    if KEY_OK.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    // SAFETY: KEY is set (KEY_OK).
+    let v = unsafe { libc::pthread_getspecific(KEY) } as usize;
+    match v {
+        0 => claim(r),
+        NO_SLOT => None,
+        _ => Some(v as *mut ThreadHead),
+    }
+}
+
+#[cold]
+fn claim(r: &Region) -> Option<*mut ThreadHead> {
+    let tid = crate::real::gettid() as u32;
+    let h = r.header();
+    let slot = (0..h.threads as usize)
+        .map(|i| r.at::<ThreadHead>(r.layout.thread(i)))
+        .find(|t| take(*t, 0, tid))
+        .or_else(|| steal(r, tid));
+    let Some(t) = slot else {
+        // SAFETY: KEY is set.
+        unsafe { libc::pthread_setspecific(KEY, NO_SLOT as *const core::ffi::c_void) };
+        return None;
+    };
+    let used = (t as usize - r.base as usize - r.layout.threads) / r.layout.thread_stride + 1;
+    // SAFETY: a u32 of the header.
+    let high = unsafe { AtomicU32::from_ptr(&raw mut (*r.header_ptr()).threads_used) };
+    high.fetch_max(used as u32, Ordering::AcqRel);
+    let (lo, hi) = stack_bounds(r, tid);
+    // SAFETY: the slot is this thread's now.
+    unsafe {
+        AtomicU64::from_ptr(&raw mut (*t).stack_lo).store(lo, Ordering::Relaxed);
+        AtomicU64::from_ptr(&raw mut (*t).stack_hi).store(hi, Ordering::Relaxed);
+        libc::pthread_setspecific(KEY, t as *const core::ffi::c_void);
+    }
+    Some(t)
+}
+
+fn take(t: *mut ThreadHead, from: u32, tid: u32) -> bool {
+    // SAFETY: a u32 of a slot.
+    let owner = unsafe { AtomicU32::from_ptr(&raw mut (*t).owner) };
+    owner
+        .compare_exchange(from, tid, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
+}
+
+/// A slot whose owner is gone without giving it back (it allocated after its key's
+/// destructors ran): the kernel says the thread no longer exists.
+fn steal(r: &Region, tid: u32) -> Option<*mut ThreadHead> {
+    (0..r.header().threads as usize)
+        .map(|i| r.at::<ThreadHead>(r.layout.thread(i)))
+        .find(|t| {
+            // SAFETY: a u32 of a slot.
+            let owner =
+                unsafe { AtomicU32::from_ptr(&raw mut (**t).owner) }.load(Ordering::Acquire);
+            // SAFETY: a signal 0 only checks that the thread exists.
+            let gone = owner != 0
+                && unsafe { libc::syscall(libc::SYS_tgkill, r.pid, owner, 0) } != 0
+                && unsafe { *libc::__errno_location() } == libc::ESRCH;
+            gone && take(*t, owner, tid)
+        })
+}
+
+/// The addresses between which this thread's frames lie: up to the main thread's start
+/// (`__libc_stack_end`) or a thread's descriptor, which glibc puts at the top of its stack;
+/// at most the stack size limit below. Frames are followed only within them.
+fn stack_bounds(r: &Region, tid: u32) -> (u64, u64) {
+    // SAFETY: reads a static of the dynamic loader; pthread_self has no preconditions.
+    let hi = if tid == r.pid {
+        unsafe { __libc_stack_end as u64 }
+    } else {
+        unsafe { libc::pthread_self() as u64 }
+    };
+    // SAFETY: a plain struct for getrlimit to fill.
+    let mut lim: libc::rlimit = unsafe { core::mem::zeroed() };
+    // SAFETY: fills `lim`.
+    let size = if unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut lim) } == 0 {
+        lim.rlim_cur.clamp(1 << 20, 1 << 26)
+    } else {
+        8 << 20
+    };
+    (hi.saturating_sub(size), hi)
+}

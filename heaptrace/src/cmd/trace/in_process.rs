@@ -1,0 +1,169 @@
+//! `--in-process`: the command launched with heaptrace's library preloaded and a region to
+//! count into; no probes. From the daemon on, the trace is the kernel path's: the same
+//! rounds, Profile, views and recording.
+use super::*;
+use crate::{
+    drain::in_process::{Capacities, Region},
+    run_info::Collector,
+    targets::{launch::Inherit, preload},
+};
+
+/// Options that only the kernel's probes have, refused by name before anything starts.
+fn check_in_process(cli: &TraceArgs, target: &Target) -> Result<()> {
+    if !matches!(target, Target::Command(_)) {
+        return Err(Error::Usage(
+            "--in-process traces a command heaptrace launches: heaptrace --in-process -- CMD"
+                .into(),
+        ));
+    }
+    let refused = [
+        (cli.mode == crate::run_info::Mode::Calls, "--mode calls"),
+        (cli.floor.is_some(), "--floor"),
+        (cli.sample_bytes > 0, "--sample-bytes"),
+        (cli.follow_forks, "--follow-forks"),
+        (cli.allocator_symbols.is_some(), "--allocator-symbols"),
+        (cli.probe_at_entry, "--probe-at-entry"),
+        (cli.perf_uprobes, "--perf-uprobes"),
+        (cli.atomic_counters, "--atomic-counters"),
+        (cli.probe_stats, "--probe-stats"),
+        (cli.oom_dir.is_some(), "--oom-dir"),
+        (cli.comm.is_some(), "--comm"),
+        (cli.cgroup.is_some(), "--cgroup"),
+    ];
+    if let Some((_, flag)) = refused.iter().find(|(set, _)| *set) {
+        return Err(Error::Usage(format!(
+            "{flag} works with the kernel's probes only: leave out --in-process or {flag}"
+        )));
+    }
+    Ok(())
+}
+
+/// Each function's counted name in the region: aliases count as the function they are
+/// (glibc's memalign is aligned_alloc), as the probes count them.
+fn count_as(provider: &Provider) -> [u32; heaptrace_common::FUNC_COUNT] {
+    let mut out = std::array::from_fn(|i| i as u32);
+    for (alias, as_) in aliases(provider) {
+        out[alias as usize] = as_ as u32;
+    }
+    out
+}
+
+fn mode_word(mode: crate::run_info::Mode) -> u32 {
+    match mode {
+        crate::run_info::Mode::Stacks => heaptrace_common::mode::STACKS,
+        crate::run_info::Mode::Sizes => heaptrace_common::mode::SIZES,
+        _ => heaptrace_common::mode::COUNTS,
+    }
+}
+
+/// The command, resolved, checked and started stopped with the library and region handed
+/// over; the region and the provider of its malloc.
+fn launch_with_library(
+    cli: &TraceArgs,
+    argv: &[String],
+    live_view: bool,
+) -> Result<(Region, Provider, launch::Stopped)> {
+    let exe = allocator::resolve_command(&argv[0]).ok_or_else(|| Error::Exec {
+        cmd: argv[0].clone(),
+        reason: "command not found".into(),
+        found: false,
+    })?;
+    launch::check_executable(&exe).map_err(|e| Error::Exec {
+        cmd: argv[0].clone(),
+        reason: e.to_string(),
+        found: e.kind() != std::io::ErrorKind::NotFound,
+    })?;
+    if let Some(why) = preload::refusal(&exe) {
+        return Err(Error::Usage(why));
+    }
+    let preloaded = std::env::var("LD_PRELOAD").ok();
+    let provider = allocator::for_command(&exe, preloaded.as_deref())?;
+    let library = preload::install()?;
+    let caps = Capacities {
+        threads: cli.in_process_threads,
+        sites: cli.stack_map_size,
+        live: cli.live_map_size.next_power_of_two(),
+        sizes: 4096,
+        depth: cli.stack_depth,
+    };
+    let mode = mode_word(cli.mode);
+    let region = Region::create(caps, mode, count_as(&provider), cli.temporary_allocs)?;
+    let (fd, env) = region.handoff();
+    let (name, value) = env.split_once('=').unwrap_or_default();
+    let inherit = Inherit {
+        env: vec![
+            ("LD_PRELOAD".into(), library.display().to_string()),
+            (name.into(), value.into()),
+        ],
+        fd: Some(fd),
+    };
+    let redirect = match (&cli.command_output, live_view) {
+        (Some(path), _) => Some(launch::Redirect::to(path, cli.force)?),
+        (None, true) => Some(launch::Redirect::to(Path::new("/dev/null"), false)?),
+        (None, false) => None,
+    };
+    let stopped = launch::spawn_stopped_with(&exe, argv, redirect.as_ref(), Some(&inherit))?;
+    Ok((region, provider, stopped))
+}
+
+pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Result<i32> {
+    check_in_process(cli, target)?;
+    check(cli)?;
+    check_outputs(cli, target, record)?;
+    signals::install()?;
+    let recording = record
+        .map(|path| NewFile::create(path, cli.force).map_err(write_error(path)))
+        .transpose()?;
+    let live_view = !cli.no_tui && tui::wanted();
+    let Target::Command(argv) = target else {
+        unreachable!("checked: a command")
+    };
+    let (mut region, provider, stopped) = launch_with_library(cli, argv, live_view)?;
+    if let Some(got) = signals::take_pending() {
+        stopped.abort();
+        return Err(Error::Signalled(got.sig.to_string(), got.sig.number()));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let _in_runtime = rt.enter();
+    region.set_pid(stopped.pid);
+    region.set_counting(true);
+    let child = stopped.resume()?;
+    let pid = child.pid;
+    eprintln!(
+        "heaptrace: counting in process (a preloaded library) in pid {pid}, {}",
+        provider.path.display()
+    );
+    let mut info = run_info(cli, target, Some(pid), &provider, &LoadOptions::default());
+    info.mode = cli.mode;
+    info.collector = Collector::InProcess;
+    let recorder = recording
+        .map(|out| start_recording(out, &info))
+        .transpose()?;
+    let mut modules = Modules::default();
+    modules.settle(pid, &provider.path, Duration::from_millis(200));
+    let (view, live) = open_view(live_view, cli, target, &info, &[], 0);
+    let profile =
+        Profile::of_mode(info.mode, cli.sample_bytes).with_latency_every(cli.latency_every);
+    let daemon = Daemon::new(Start {
+        maps: Box::new(region),
+        probes: None,
+        profile,
+        pid: Some(pid),
+        child: Some(child),
+        exit_watch: None,
+        followed: None,
+        modules,
+        recorder,
+        procwatch: None,
+        memring: None,
+        live,
+        filter: None,
+        quiet: cli.quiet,
+        stack_depth: cli.stack_depth as usize,
+        keep_exited: cli.keep_exited,
+        oom_reports: None,
+    });
+    conclude(cli, target, &rt, daemon, Some(pid), view, None, &info)
+}

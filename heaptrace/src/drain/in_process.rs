@@ -1,0 +1,229 @@
+//! The daemon's side of `--in-process`: the region the preloaded library counts into
+//! (`heaptrace_common::inproc`), created here as a memfd the launched command inherits, and
+//! read each round into the same Snapshot the kernel's maps give. Threads' slots are summed as
+//! the kernel's per-CPU counters are.
+//!
+//! The region's arrays are read with `pread`, not through the mapping: a page the target
+//! never wrote reads as zeros without the kernel giving it memory.
+use std::{
+    fs::File,
+    os::{
+        fd::{AsRawFd as _, FromRawFd as _},
+        unix::fs::FileExt as _,
+    },
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use heaptrace_common::{
+    FUNC_COUNT, LOSS_COUNT, NO_SITE,
+    inproc::{self, Header, Layout, StackHead, ThreadHead},
+};
+
+use crate::error::{Error, Result};
+
+mod read;
+
+/// The region's capacities, from the command line.
+#[derive(Clone, Copy, Debug)]
+pub struct Capacities {
+    pub threads: u32,
+    pub sites: u32,
+    pub live: u32,
+    pub sizes: u32,
+    pub depth: u32,
+}
+
+pub struct Region {
+    file: File,
+    header: *mut Header,
+    len: usize,
+    layout: Layout,
+    token: [u64; 2],
+    /// The traced process, once launched.
+    pid: u32,
+    /// Each stack id's function, as read from its record (a site's key needs it).
+    funcs: Vec<u32>,
+    /// The process's name, as last seen alive.
+    comm: String,
+}
+
+fn io_err(what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |e| Error::Io(std::io::Error::new(e.kind(), format!("{what}: {e}")))
+}
+
+impl Region {
+    /// A new region: `mode` is `heaptrace_common::mode`, `count_as` each function's counted
+    /// name (aliases), `temporary_allocs` the rule for temporaries.
+    pub fn create(
+        caps: Capacities,
+        mode: u32,
+        count_as: [u32; FUNC_COUNT],
+        temporary_allocs: u32,
+    ) -> Result<Region> {
+        let site_index = (caps.sites.max(1) * 2).next_power_of_two();
+        let layout = Layout::of(
+            caps.threads,
+            caps.sites,
+            site_index,
+            caps.live,
+            caps.sizes,
+            caps.depth,
+        )
+        .ok_or_else(|| Error::Usage(format!("--in-process: capacities out of bounds: {caps:?}")))?;
+        // SAFETY: a name; the descriptor is owned by the File below.
+        let fd = unsafe { libc::memfd_create(c"heaptrace-inproc".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io_err("memfd_create")(std::io::Error::last_os_error()));
+        }
+        // SAFETY: a new descriptor, ours alone.
+        let file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(layout.bytes as u64)
+            .map_err(io_err("sizing the region"))?;
+        let mut token = [0u64; 2];
+        // SAFETY: fills the 16 bytes given.
+        if unsafe { libc::getrandom(token.as_mut_ptr().cast(), 16, 0) } != 16 {
+            return Err(io_err("getrandom")(std::io::Error::last_os_error()));
+        }
+        let header = Header {
+            magic: inproc::MAGIC,
+            version: inproc::VERSION,
+            mode,
+            token,
+            owner: 0,
+            state: inproc::state::OFF,
+            epoch: 1,
+            temporary_allocs,
+            threads: caps.threads,
+            sites: caps.sites,
+            site_index,
+            live: caps.live,
+            sizes: caps.sizes,
+            depth: caps.depth,
+            count_as,
+            _pad0: 0,
+            threads_used: 0,
+            sites_used: 0,
+            losses: [0; LOSS_COUNT],
+            peak_live: 0,
+            peak_max: 0,
+            peak_size: 0,
+            peak_stack: NO_SITE as i64,
+            bytes: layout.bytes as u64,
+            _reserved: [0; 8],
+        };
+        // SAFETY: a shared mapping of the header's page of the file just sized.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                inproc::HEADER_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(io_err("mapping the region")(std::io::Error::last_os_error()));
+        }
+        let header_ptr = map as *mut Header;
+        // SAFETY: the page just mapped, nobody else's yet.
+        unsafe { header_ptr.write(header) };
+        Ok(Region {
+            file,
+            header: header_ptr,
+            len: layout.bytes,
+            layout,
+            token,
+            pid: 0,
+            funcs: Vec::new(),
+            comm: String::new(),
+        })
+    }
+
+    /// The descriptor the command inherits, and the environment entry that names it.
+    pub fn handoff(&self) -> (i32, String) {
+        let fd = self.file.as_raw_fd();
+        let env = format!(
+            "{}={fd}:{}:{:016x}{:016x}",
+            inproc::ENV,
+            self.len,
+            self.token[0],
+            self.token[1]
+        );
+        (fd, env)
+    }
+
+    pub fn set_pid(&mut self, pid: u32) {
+        self.pid = pid;
+    }
+
+    fn word(&self, f: impl Fn(*mut Header) -> *mut u32) -> &AtomicU32 {
+        // SAFETY: a u32 of the mapped header, which lives as long as self.
+        unsafe { AtomicU32::from_ptr(f(self.header)) }
+    }
+
+    /// Counting on (after the command is launched and everything is ready) or off (the trace
+    /// ends: the library passes every call straight through from then on).
+    pub fn set_counting(&self, on: bool) {
+        let state = if on {
+            inproc::state::COUNTING
+        } else {
+            inproc::state::OFF
+        };
+        self.word(|h| unsafe { &raw mut (*h).state })
+            .store(state, Ordering::Release);
+    }
+
+    /// The pid that took the region: 0 if the library never ran (a static or set-user-ID
+    /// program, or one that made no call).
+    pub fn owner(&self) -> u32 {
+        self.word(|h| unsafe { &raw mut (*h).owner })
+            .load(Ordering::Acquire)
+    }
+
+    fn header(&self) -> Header {
+        // SAFETY: the mapped header; a racy copy of words each read whole.
+        unsafe { std::ptr::read_volatile(self.header) }
+    }
+
+    fn read<T: Copy + Default>(&self, offset: usize, n: usize) -> Result<Vec<T>> {
+        let size = std::mem::size_of::<T>();
+        let mut buf = vec![0u8; n * size];
+        self.file
+            .read_exact_at(&mut buf, offset as u64)
+            .map_err(io_err("reading the region"))?;
+        Ok(buf
+            .chunks_exact(size)
+            // SAFETY: plain #[repr(C)] data of integers: any bytes are a value.
+            .map(|c| unsafe { std::ptr::read_unaligned(c.as_ptr() as *const T) })
+            .collect())
+    }
+
+    fn threads_used(&self, h: &Header) -> usize {
+        (h.threads_used as usize).min(h.threads as usize)
+    }
+
+    fn thread_heads(&self, h: &Header) -> Result<Vec<ThreadHead>> {
+        (0..self.threads_used(h))
+            .map(|i| {
+                let bytes =
+                    self.read::<u8>(self.layout.thread(i), std::mem::size_of::<ThreadHead>())?;
+                // SAFETY: as in `read`.
+                Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const ThreadHead) })
+            })
+            .collect()
+    }
+
+    /// The function of each stack stored since the last look.
+    fn learn_funcs(&mut self, used: usize) -> Result<()> {
+        while self.funcs.len() < used {
+            let id = self.funcs.len();
+            let at = self.layout.stacks + id * self.layout.stack_stride;
+            let head = self.read::<u8>(at, std::mem::size_of::<StackHead>())?;
+            // SAFETY: as in `read`.
+            let head: StackHead = unsafe { std::ptr::read_unaligned(head.as_ptr() as *const _) };
+            self.funcs.push(head.func);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,203 @@
+//! The region read as a `Source`: the threads' counters, sizes and site entries summed into a
+//! Snapshot, stacks and live blocks looked up.
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use heaptrace_common::{
+    FUNC_COUNT, SiteCounters,
+    inproc::{FIRST_KEY, Header, LOST_STACK, LiveEntry, SiteEntry, SizeEntry, StackHead},
+    mode,
+};
+
+use super::Region;
+use crate::{
+    drain::{
+        Freed,
+        round::{KernelPeak, Leak, ProcSnapshot, SiteId, SiteTotals, Snapshot, Totals},
+        source::Source,
+    },
+    error::Result,
+    targets::procfs,
+};
+
+/// Live-table entries read at a time.
+const LIVE_CHUNK: usize = 1 << 15;
+
+impl Region {
+    fn read_sizes(&self, h: &Header, snap: &mut Snapshot) -> Result<()> {
+        for i in 0..self.threads_used(h) {
+            let at = self.layout.thread(i) + self.layout.sizes_at;
+            for e in self.read::<SizeEntry>(at, h.sizes as usize)? {
+                if e.key < FIRST_KEY || e.count == 0 {
+                    continue;
+                }
+                let key = (
+                    self.pid,
+                    (e.tag >> 32) as u32,
+                    e.key - FIRST_KEY,
+                    e.tag as u32 as i32,
+                );
+                let n = snap.sizes.entry(key).or_default();
+                *n = n.wrapping_add(e.count);
+            }
+        }
+        Ok(())
+    }
+
+    /// Each site's entries summed over the threads: ids below the stacks stored, then the
+    /// lost stack of each function.
+    fn read_sites(&mut self, h: &Header, snap: &mut Snapshot) -> Result<()> {
+        let used = (h.sites_used as usize).min(h.sites as usize);
+        self.learn_funcs(used)?;
+        let mut sums = vec![SiteEntry::default(); used + FUNC_COUNT];
+        for i in 0..self.threads_used(h) {
+            let at = self.layout.thread(i) + self.layout.sites_at;
+            let stored = self.read::<SiteEntry>(at, used)?;
+            let lost_at = at + h.sites as usize * std::mem::size_of::<SiteEntry>();
+            let lost = self.read::<SiteEntry>(lost_at, FUNC_COUNT)?;
+            for (sum, e) in sums.iter_mut().zip(stored.iter().chain(lost.iter())) {
+                add_entry(sum, e);
+            }
+        }
+        for (i, sum) in sums.iter().enumerate() {
+            if *sum == SiteEntry::default() {
+                continue;
+            }
+            let key = match i.checked_sub(used) {
+                None => (self.pid, i as i32, self.funcs[i]),
+                Some(f) => (self.pid, LOST_STACK, f as u32),
+            };
+            let c = SiteCounters {
+                calls: sum.calls,
+                bytes: sum.bytes,
+                frees: sum.frees,
+                freed_bytes: sum.freed_bytes,
+                temp_blocks: sum.temp_blocks,
+                temp_bytes: sum.temp_bytes,
+                untracked: sum.untracked,
+                untracked_bytes: sum.untracked_bytes,
+                ..SiteCounters::ZERO
+            };
+            snap.sites.insert(key, SiteTotals::from_per_cpu([&c]));
+        }
+        Ok(())
+    }
+
+    /// Every block in the live table, by site.
+    fn live_by_site(&self) -> Result<BTreeMap<SiteId, Leak>> {
+        let h = self.header();
+        let mut out: BTreeMap<SiteId, Leak> = BTreeMap::new();
+        let slots = h.live as usize;
+        let size = std::mem::size_of::<LiveEntry>();
+        for start in (0..slots).step_by(LIVE_CHUNK) {
+            let n = LIVE_CHUNK.min(slots - start);
+            for e in self.read::<LiveEntry>(self.layout.live + start * size, n)? {
+                if e.key >= FIRST_KEY {
+                    let l = out.entry((self.pid, e.stack_id, e.func)).or_default();
+                    l.blocks += 1;
+                    l.bytes += e.size;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn add_entry(sum: &mut SiteEntry, e: &SiteEntry) {
+    let add = |a: &mut u64, b: u64| *a = a.wrapping_add(b);
+    add(&mut sum.calls, e.calls);
+    add(&mut sum.bytes, e.bytes);
+    add(&mut sum.frees, e.frees);
+    add(&mut sum.freed_bytes, e.freed_bytes);
+    add(&mut sum.temp_blocks, e.temp_blocks);
+    add(&mut sum.temp_bytes, e.temp_bytes);
+    add(&mut sum.untracked, e.untracked);
+    add(&mut sum.untracked_bytes, e.untracked_bytes);
+}
+
+impl Source for Region {
+    fn snapshot(&mut self) -> Result<Snapshot> {
+        let mut snap = Snapshot::default();
+        let h = self.header();
+        if self.pid == 0 || self.threads_used(&h) == 0 {
+            return Ok(snap);
+        }
+        let heads = self.thread_heads(&h)?;
+        let totals = Totals::from_per_cpu(heads.iter().map(|t| &t.counters));
+        if let Some(comm) = procfs::comm(self.pid) {
+            self.comm = comm;
+        }
+        let proc = ProcSnapshot {
+            comm: self.comm.clone(),
+            totals,
+            epoch: h.epoch,
+        };
+        snap.procs.insert(self.pid, proc);
+        if h.mode >= mode::SIZES {
+            self.read_sizes(&h, &mut snap)?;
+        }
+        if h.mode >= mode::STACKS {
+            self.read_sites(&h, &mut snap)?;
+        }
+        snap.losses = h.losses;
+        if h.peak_max as i64 > 0 {
+            let peak = KernelPeak {
+                bytes: h.peak_max,
+                size: h.peak_size,
+                stack_id: h.peak_stack as i32,
+            };
+            snap.peaks.insert(self.pid, peak);
+        }
+        snap.fold_site_sizes();
+        Ok(snap)
+    }
+
+    fn stack(&self, id: i32) -> Option<(Vec<u64>, bool)> {
+        let h = self.header();
+        let used = (h.sites_used as usize).min(h.sites as usize);
+        let id = usize::try_from(id).ok().filter(|i| *i < used)?;
+        let at = self.layout.stacks + id * self.layout.stack_stride;
+        let head = self.read::<u8>(at, std::mem::size_of::<StackHead>()).ok()?;
+        // SAFETY: plain #[repr(C)] integers.
+        let head: StackHead = unsafe { std::ptr::read_unaligned(head.as_ptr() as *const _) };
+        let len = (head.len as usize).min(h.depth as usize);
+        let ips = self
+            .read::<u64>(at + std::mem::size_of::<StackHead>(), len)
+            .ok()?;
+        Some((ips, head.whole != 0))
+    }
+
+    fn live_blocks(&self, pids: Option<&HashSet<u32>>) -> Result<BTreeMap<SiteId, Leak>> {
+        if pids.is_some_and(|p| !p.contains(&self.pid)) || self.pid == 0 {
+            return Ok(BTreeMap::new());
+        }
+        self.live_by_site()
+    }
+
+    fn forget(&mut self, pids: &HashSet<u32>) -> Result<BTreeMap<SiteId, Leak>> {
+        self.live_blocks(Some(pids))
+    }
+
+    fn restarted(&mut self, _pids: &HashSet<u32>) -> Result<BTreeSet<i32>> {
+        Ok(BTreeSet::new())
+    }
+
+    fn free_stacks(&mut self, _ids: Vec<i32>) -> Freed {
+        Freed::new()
+    }
+
+    fn epoch(&self, _tgid: u32) -> u32 {
+        self.header().epoch
+    }
+
+    fn has_restarted(&self, _tgid: u32) -> bool {
+        false
+    }
+
+    fn purge_inflight(&mut self, _thread_alive: &dyn Fn(u32, u32) -> bool) -> Result<usize> {
+        Ok(0)
+    }
+
+    fn stop(&mut self) {
+        self.set_counting(false);
+    }
+}

@@ -1,0 +1,64 @@
+//! Where a trace's counters come from: the kernel's maps (`KernelMaps`), or the region the
+//! preloaded library of `--in-process` counts into (`in_process::Region`). The daemon reads
+//! either through this one interface, and folds what it reads into the same rounds.
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use crate::{
+    drain::{
+        Freed, KernelMaps,
+        round::{Leak, SiteId, Snapshot},
+    },
+    error::Result,
+};
+
+pub trait Source {
+    /// Every counter, read once (cumulative).
+    fn snapshot(&mut self) -> Result<Snapshot>;
+    /// A stored stack's return addresses, innermost first, and whether it is whole.
+    fn stack(&self, id: i32) -> Option<(Vec<u64>, bool)>;
+    /// Blocks still live, by site; `pids` narrows them.
+    fn live_blocks(&self, pids: Option<&HashSet<u32>>) -> Result<BTreeMap<SiteId, Leak>>;
+    /// Forgets processes that ended; returns their leaks.
+    fn forget(&mut self, pids: &HashSet<u32>) -> Result<BTreeMap<SiteId, Leak>>;
+    /// Drops what earlier images of processes that exec'ed left; returns stacks only they held.
+    fn restarted(&mut self, pids: &HashSet<u32>) -> Result<BTreeSet<i32>>;
+    /// Frees stored stacks for others to take; returns what each held.
+    fn free_stacks(&mut self, ids: Vec<i32>) -> Freed;
+    /// The image the counters of `tgid` are of.
+    fn epoch(&self, tgid: u32) -> u32;
+    fn has_restarted(&self, tgid: u32) -> bool;
+    /// Frees in-flight records of threads gone; returns how many.
+    fn purge_inflight(&mut self, thread_alive: &dyn Fn(u32, u32) -> bool) -> Result<usize>;
+    /// Nothing is counted from here on (the probes' own detach does it for the kernel).
+    fn stop(&mut self) {}
+}
+
+impl Source for KernelMaps {
+    fn snapshot(&mut self) -> Result<Snapshot> {
+        KernelMaps::snapshot(self)
+    }
+    fn stack(&self, id: i32) -> Option<(Vec<u64>, bool)> {
+        KernelMaps::stack(self, id)
+    }
+    fn live_blocks(&self, pids: Option<&HashSet<u32>>) -> Result<BTreeMap<SiteId, Leak>> {
+        KernelMaps::live_blocks(self, pids)
+    }
+    fn forget(&mut self, pids: &HashSet<u32>) -> Result<BTreeMap<SiteId, Leak>> {
+        KernelMaps::forget(self, pids)
+    }
+    fn restarted(&mut self, pids: &HashSet<u32>) -> Result<BTreeSet<i32>> {
+        KernelMaps::restarted(self, pids)
+    }
+    fn free_stacks(&mut self, ids: Vec<i32>) -> Freed {
+        KernelMaps::free_stacks(self, ids)
+    }
+    fn epoch(&self, tgid: u32) -> u32 {
+        KernelMaps::epoch(self, tgid)
+    }
+    fn has_restarted(&self, tgid: u32) -> bool {
+        KernelMaps::has_restarted(self, tgid)
+    }
+    fn purge_inflight(&mut self, thread_alive: &dyn Fn(u32, u32) -> bool) -> Result<usize> {
+        KernelMaps::purge_inflight(self, thread_alive)
+    }
+}

@@ -1,0 +1,145 @@
+//! The library of `--in-process` (`heaptrace-preload`, embedded at build time), put where a
+//! launched command's dynamic loader can open it, and the checks that the command can take it
+//! at all: a static program has no dynamic loader to preload it, and a set-user-ID one run by
+//! another user has it ignored.
+use std::{
+    io::Read as _,
+    os::unix::fs::{
+        DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _,
+    },
+    path::{Path, PathBuf},
+};
+
+use crate::error::{Error, Result};
+
+static LIBRARY: &[u8] = include_bytes!(env!("HEAPTRACE_PRELOAD_SO"));
+
+/// Why a command cannot be traced in process, in one line; None if it can.
+pub fn refusal(exe: &Path) -> Option<String> {
+    let meta = std::fs::metadata(exe).ok()?;
+    // SAFETY: no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if meta.mode() & (libc::S_ISUID | libc::S_ISGID) != 0 && meta.uid() != euid {
+        return Some(format!(
+            "{} is set-user-ID or set-group-ID: its dynamic loader ignores LD_PRELOAD, so \
+             --in-process cannot trace it; leave --in-process out to trace it with probes",
+            exe.display()
+        ));
+    }
+    match interpreter(exe) {
+        Ok(true) => None,
+        Ok(false) => Some(format!(
+            "{} is statically linked: no dynamic loader preloads a library into it, so \
+             --in-process cannot trace it; leave --in-process out to trace it with probes",
+            exe.display()
+        )),
+        Err(e) => Some(format!("--in-process: cannot read {}: {e}", exe.display())),
+    }
+}
+
+/// Whether an ELF file asks for a dynamic loader (has a PT_INTERP segment). Reads the file
+/// header and the program headers only, bounded.
+fn interpreter(exe: &Path) -> std::io::Result<bool> {
+    let mut f = std::fs::File::open(exe)?;
+    let mut head = [0u8; 64];
+    f.read_exact(&mut head)?;
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not a 64-bit ELF file");
+    if head[..4] != *b"\x7fELF" || head[4] != 2 || head[5] != 1 {
+        return Err(bad());
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([head[o], head[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(head[32..40].try_into().map_err(|_| bad())?);
+    let (entsize, count) = (u16_at(54), u16_at(56));
+    if entsize < 56 || count > 512 {
+        return Err(bad());
+    }
+    let mut table = vec![0u8; entsize * count];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut table, phoff)?;
+    const PT_INTERP: u32 = 3;
+    Ok(table
+        .chunks_exact(entsize)
+        .any(|ph| u32::from_le_bytes([ph[0], ph[1], ph[2], ph[3]]) == PT_INTERP))
+}
+
+/// The directory the library goes in: /run/heaptrace for root, else the user's runtime
+/// directory (or /tmp/heaptrace-UID), made if missing; it must be ours and writable by no
+/// one else, so that nobody can swap the library a traced command loads.
+fn directory() -> Result<PathBuf> {
+    // SAFETY: no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let dir = if euid == 0 {
+        PathBuf::from("/run/heaptrace")
+    } else {
+        match std::env::var_os("XDG_RUNTIME_DIR") {
+            Some(d) if !d.is_empty() => Path::new(&d).join("heaptrace"),
+            _ => PathBuf::from(format!("/tmp/heaptrace-{euid}")),
+        }
+    };
+    let mode = if euid == 0 { 0o755 } else { 0o700 };
+    match std::fs::DirBuilder::new().mode(mode).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(source) => return Err(Error::Write { path: dir, source }),
+    }
+    let meta = std::fs::symlink_metadata(&dir).map_err(|source| Error::Read {
+        path: dir.clone(),
+        source,
+    })?;
+    if !meta.is_dir() || meta.uid() != euid || meta.permissions().mode() & 0o022 != 0 {
+        return Err(Error::Usage(format!(
+            "--in-process: {} must be a directory of yours that no one else can write to",
+            dir.display()
+        )));
+    }
+    Ok(dir)
+}
+
+/// The library's path, written there once per build (named by its checksum).
+pub fn install() -> Result<PathBuf> {
+    let dir = directory()?;
+    let name = format!("libheaptrace-preload-{:08x}.so", crc32fast::hash(LIBRARY));
+    let path = dir.join(&name);
+    if let Ok(meta) = std::fs::symlink_metadata(&path)
+        && meta.is_file()
+        && std::fs::read(&path).is_ok_and(|b| b == LIBRARY)
+    {
+        return Ok(path);
+    }
+    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        std::io::Write::write_all(&mut f, LIBRARY)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    };
+    write().map_err(|source| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::Write {
+            path: path.clone(),
+            source,
+        }
+    })?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn static_and_dynamic_programs_are_told_apart() {
+        assert_eq!(interpreter(Path::new("/bin/sh")).ok(), Some(true));
+        assert!(interpreter(Path::new("/etc/passwd")).is_err());
+        assert!(refusal(Path::new("/bin/sh")).is_none());
+    }
+
+    #[test]
+    fn the_library_is_embedded() {
+        assert!(LIBRARY.starts_with(b"\x7fELF"));
+    }
+}
