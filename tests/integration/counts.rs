@@ -44,6 +44,12 @@ pub fn launch(
     assert_eq!(doc["target"]["exit_code"], 0);
     assert_eq!(doc["lost"]["live_map"], 0);
     assert_eq!(doc["lost"]["in_flight"], 0);
+    if flags.contains(&"--in-process") {
+        assert_eq!(doc["heaptrace"]["collector"], "in-process");
+        assert_eq!(doc["provider"]["probes"], serde_json::json!([]));
+        return doc;
+    }
+    assert_eq!(doc["heaptrace"]["collector"], "kernel");
     check_placement(&doc, flags);
     check_counters(&doc, flags);
     doc
@@ -108,7 +114,7 @@ fn check_leaks(doc: &Value, want: &Expected) {
     );
 }
 
-fn launch_exact(threads: u64, iterations: u64, leaks: u64, flags: &[&str]) {
+pub fn launch_exact(threads: u64, iterations: u64, leaks: u64, flags: &[&str]) {
     let _g = shared();
     let fx = Fixture {
         threads,

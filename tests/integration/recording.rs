@@ -18,6 +18,11 @@ fn out(tag: &str, ext: &str) -> PathBuf {
 
 /// Records the sites fixture (with the live JSON alongside); returns (recording, live JSON).
 fn record_sites(tag: &str, n: u64) -> (PathBuf, Value) {
+    record_sites_with(tag, n, &[])
+}
+
+/// `record_sites` with extra flags (`--in-process`).
+fn record_sites_with(tag: &str, n: u64, flags: &[&str]) -> (PathBuf, Value) {
     let bin = fixture("sites", "", &[]);
     let rec = out(tag, "bin");
     let live = json_path(tag);
@@ -27,6 +32,7 @@ fn record_sites(tag: &str, n: u64) -> (PathBuf, Value) {
             .arg(&rec)
             .args(["-q", "--temporary-allocs", "2", "--json"])
             .arg(&live)
+            .args(flags)
             .arg("--")
             .arg(&bin)
             .arg(n.to_string()),
@@ -96,31 +102,46 @@ bpf_test!(
     shared,
     /// The same numbers live and offline, and the fixture's exact ones.
     fn a_recording_reports_what_the_live_trace_saw() {
-        let (rec, live) = record_sites("rec-agree", N);
-        let r = rec.to_str().unwrap();
-        let off = report_json(&[r]);
-        for key in [
-            "functions",
-            "sizes",
-            "live",
-            "leaks",
-            "totals",
-            "lost",
-            "temporary",
-        ] {
-            assert_eq!(off[key], live[key], "{key} differs between live and report");
-        }
-        assert_eq!(stacks_by_function(&off), stacks_by_function(&live));
-        // And the fixture's own numbers.
-        assert_eq!(off["functions"]["malloc"]["calls"].as_u64(), Some(2 * N));
-        assert_eq!(off["functions"]["calloc"]["calls"].as_u64(), Some(N));
-        assert_eq!(off["leaks"]["blocks"].as_u64(), Some(N + 3));
-        assert_eq!(off["leaks"]["bytes"].as_u64(), Some(100 * N + 3 * 444));
-        // The recording is small: strings and stacks once, rounds deflated.
-        let size = std::fs::metadata(&rec).unwrap().len();
-        assert!(size < 16 * 1024, "recording of {size} bytes");
+        recording_agrees_with_the_live_trace("rec-agree", &[]);
     }
 );
+
+/// In process too: the same rounds, and the report says what counted them.
+#[test]
+fn an_in_process_recording_reports_what_the_live_trace_saw() {
+    let _g = shared();
+    let rec = recording_agrees_with_the_live_trace("rec-agree-inproc", &["--in-process"]);
+    let text = report_ok(&[rec.to_str().unwrap()]);
+    assert!(text.contains("mode stacks, counted in process"), "{text}");
+}
+
+/// The same numbers live and offline, and the fixture's exact ones; the recording.
+fn recording_agrees_with_the_live_trace(tag: &str, flags: &[&str]) -> PathBuf {
+    let (rec, live) = record_sites_with(tag, N, flags);
+    let r = rec.to_str().unwrap();
+    let off = report_json(&[r]);
+    for key in [
+        "functions",
+        "sizes",
+        "live",
+        "leaks",
+        "totals",
+        "lost",
+        "temporary",
+    ] {
+        assert_eq!(off[key], live[key], "{key} differs between live and report");
+    }
+    assert_eq!(stacks_by_function(&off), stacks_by_function(&live));
+    // And the fixture's own numbers.
+    assert_eq!(off["functions"]["malloc"]["calls"].as_u64(), Some(2 * N));
+    assert_eq!(off["functions"]["calloc"]["calls"].as_u64(), Some(N));
+    assert_eq!(off["leaks"]["blocks"].as_u64(), Some(N + 3));
+    assert_eq!(off["leaks"]["bytes"].as_u64(), Some(100 * N + 3 * 444));
+    // The recording is small: strings and stacks once, rounds deflated.
+    let size = std::fs::metadata(&rec).unwrap().len();
+    assert!(size < 16 * 1024, "recording of {size} bytes");
+    rec
+}
 
 bpf_test!(
     shared,

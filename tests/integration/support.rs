@@ -219,7 +219,7 @@ pub fn cpp_fixture_with(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
     )
 }
 
-fn build_once(
+pub fn build_once(
     name: &str,
     variant: &str,
     build: impl Fn(&Path, &Path) -> Output,

@@ -9,6 +9,39 @@ fn trace(tag: &str, opts: &[&str]) -> Value {
     trace_stacks(tag, "temporaries", opts)
 }
 
+/// The fixture's temporaries under both rules, exact; `flags` choose the collector.
+pub fn check_temporaries(flags: &[&str]) {
+    let doc = trace("temporaries", flags);
+    assert_eq!(doc["temporary"]["allocations_between_below"], 1);
+    assert_eq!(site(&doc, "once_x", 24), (100, 100, 100));
+    assert_eq!(
+        site(&doc, "pair_y", 40),
+        (100, 100, 0),
+        "q allocated in between"
+    );
+    assert_eq!(site(&doc, "pair_y", 8), (100, 100, 100));
+    assert_eq!(
+        site(&doc, "grow_z", 56),
+        (100, 100, 100),
+        "released by realloc"
+    );
+    assert_eq!(site(&doc, "grow_z", 200), (100, 100, 100));
+    assert_eq!(
+        site(&doc, "cross_w", 72),
+        (10, 10, 0),
+        "freed by another thread"
+    );
+    let total = doc["temporary"]["blocks"].as_u64().unwrap();
+    assert_eq!(total, 400, "{}", doc["temporary"]);
+
+    let mut two = flags.to_vec();
+    two.extend(["--temporary-allocs", "2"]);
+    let doc = trace("temporaries-2", &two);
+    assert_eq!(doc["temporary"]["allocations_between_below"], 2);
+    assert_eq!(site(&doc, "pair_y", 40), (100, 100, 100));
+    assert_eq!(site(&doc, "cross_w", 72), (10, 10, 0));
+}
+
 /// (calls, frees, temporary blocks) of the site of `function`'s `size`-byte allocations.
 fn site(doc: &Value, function: &str, size: u64) -> (u64, u64, u64) {
     let sites: Vec<&Value> = doc["stacks"]
@@ -29,33 +62,7 @@ fn site(doc: &Value, function: &str, size: u64) -> (u64, u64, u64) {
 bpf_test!(
     shared,
     fn temporaries_count_the_freeing_threads_allocations_in_between() {
-        let doc = trace("temporaries", &[]);
-        assert_eq!(doc["temporary"]["allocations_between_below"], 1);
-        assert_eq!(site(&doc, "once_x", 24), (100, 100, 100));
-        assert_eq!(
-            site(&doc, "pair_y", 40),
-            (100, 100, 0),
-            "q allocated in between"
-        );
-        assert_eq!(site(&doc, "pair_y", 8), (100, 100, 100));
-        assert_eq!(
-            site(&doc, "grow_z", 56),
-            (100, 100, 100),
-            "released by realloc"
-        );
-        assert_eq!(site(&doc, "grow_z", 200), (100, 100, 100));
-        assert_eq!(
-            site(&doc, "cross_w", 72),
-            (10, 10, 0),
-            "freed by another thread"
-        );
-        let total = doc["temporary"]["blocks"].as_u64().unwrap();
-        assert_eq!(total, 400, "{}", doc["temporary"]);
-
-        let doc = trace("temporaries-2", &["--temporary-allocs", "2"]);
-        assert_eq!(doc["temporary"]["allocations_between_below"], 2);
-        assert_eq!(site(&doc, "pair_y", 40), (100, 100, 100));
-        assert_eq!(site(&doc, "cross_w", 72), (10, 10, 0));
+        check_temporaries(&[]);
     }
 );
 

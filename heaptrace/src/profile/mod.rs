@@ -83,6 +83,9 @@ pub struct Profile {
     /// heap (`drain::before_attach`). A fact of the live trace: recordings do not keep it.
     #[serde(skip)]
     pub before_attach: Option<crate::drain::before_attach::BeforeAttach>,
+    /// What collected the figures: a loss names the flag of its collector.
+    #[serde(skip)]
+    pub collector: crate::run_info::Collector,
 }
 
 /// What folding ended processes keeps (`exited`): how many processes, and each folded stack's

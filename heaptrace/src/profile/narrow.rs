@@ -76,6 +76,7 @@ impl Profile {
             before_attach: self.before_attach.filter(|b| b.pid == pid),
             reservations: of_pid(&self.reservations, pid),
             unsafe_files: self.unsafe_files,
+            collector: self.collector,
         }
     }
 }

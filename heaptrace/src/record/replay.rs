@@ -15,9 +15,11 @@ pub struct Replay {
 impl Replay {
     /// A replay of `rec`, whose header is read.
     pub fn new(rec: &Recording) -> Replay {
+        let mut profile = Profile::of_mode(rec.header.mode, rec.header.sample_bytes)
+            .with_latency_every(rec.header.latency_every);
+        profile.collector = rec.header.run_info().collector;
         Replay {
-            profile: Profile::of_mode(rec.header.mode, rec.header.sample_bytes)
-                .with_latency_every(rec.header.latency_every),
+            profile,
             folded: HashSet::new(),
         }
     }

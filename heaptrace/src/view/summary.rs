@@ -321,7 +321,8 @@ pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
         .filter(|l| shown[**l as usize] > 0 || profile.losses[**l as usize] > 0)
         .map(|l| {
             let (n, all) = (shown[*l as usize], profile.losses[*l as usize]);
-            let more = room_flag(*l).map_or(String::new(), |f| format!(", raise {f}"));
+            let more =
+                room_flag(*l, profile.collector).map_or(String::new(), |f| format!(", raise {f}"));
             if n == all && more.is_empty() {
                 format!("{} {n}", l.name())
             } else if n == all {
@@ -334,10 +335,13 @@ pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
         .collect()
 }
 
-/// The option that gives the kernel map behind a loss more room, where one does (the
-/// guide: a loss names the flag that would have avoided it). The rings' and the process
-/// map's are fixed.
-pub fn room_flag(loss: Loss) -> Option<&'static str> {
+/// The option that gives the kernel map (or the in-process region's table) behind a loss
+/// more room, where one does (the guide: a loss names the flag that would have avoided it).
+/// The rings' and the process map's are fixed.
+pub fn room_flag(loss: Loss, collector: crate::run_info::Collector) -> Option<&'static str> {
+    if collector == crate::run_info::Collector::InProcess && loss == Loss::InFlight {
+        return Some("--in-process-threads");
+    }
     match loss {
         Loss::LiveMap => Some("--live-map-size"),
         Loss::SizeHistogram => Some("--size-map-size"),

@@ -52,14 +52,18 @@ fn overview_head(rec: &Recording) -> String {
     let _ = writeln!(s, "target: {target}");
     let _ = writeln!(
         s,
-        "recorded by heaptrace {} on {} (kernel {}), {:.1} s in {} rounds of {} ms, mode {}",
+        "recorded by heaptrace {} on {} (kernel {}), {:.1} s in {} rounds of {} ms, mode {}{}",
         h.heaptrace_version,
         h.host,
         h.kernel,
         elapsed as f64 / 1000.0,
         rec.round_count,
         h.interval_ms,
-        h.mode
+        h.mode,
+        match h.run_info().collector {
+            crate::run_info::Collector::InProcess => ", counted in process",
+            crate::run_info::Collector::Kernel => "",
+        }
     );
     let _ = writeln!(s, "allocator: {}", h.provider);
     if let Some(end) = &rec.end {

@@ -83,7 +83,10 @@ fn launch_with_library(
         threads: cli.in_process_threads,
         sites: cli.stack_map_size,
         live: cli.live_map_size.next_power_of_two(),
-        sizes: 4096,
+        // The kernel's map is shared by every process; here each thread has a table.
+        sizes: (cli.size_map_size / 16)
+            .clamp(256, 1 << 20)
+            .next_power_of_two(),
         depth: cli.stack_depth,
     };
     let mode = mode_word(cli.mode);
@@ -144,8 +147,9 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
     let mut modules = Modules::default();
     modules.settle(pid, &provider.path, Duration::from_millis(200));
     let (view, live) = open_view(live_view, cli, target, &info, &[], 0);
-    let profile =
+    let mut profile =
         Profile::of_mode(info.mode, cli.sample_bytes).with_latency_every(cli.latency_every);
+    profile.collector = Collector::InProcess;
     let daemon = Daemon::new(Start {
         maps: Box::new(region),
         probes: None,

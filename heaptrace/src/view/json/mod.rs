@@ -49,7 +49,11 @@ impl<'a> Run<'a> {
 
     /// The document's `heaptrace` object.
     fn heaptrace(&self) -> Value {
-        let mut h = json!({ "version": env!("CARGO_PKG_VERSION"), "format": 1 });
+        let mut h = json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "format": 1,
+            "collector": self.info.collector.name(),
+        });
         if let Some((rss, peak)) = self.own_rss_kb {
             h["rss_kb"] = rss.into();
             h["peak_rss_kb"] = peak.into();

@@ -7,14 +7,17 @@ pub(super) fn draw_header(f: &mut Frame, app: &App, area: Rect) {
     let interval = nanos(info.run.interval_ms * 1_000_000)
         .replace(".0 ", " ")
         .replace(".00 ", " ");
+    let how = match info.run.collector {
+        crate::run_info::Collector::Kernel => format!("{} probes", info.probe_count()),
+        crate::run_info::Collector::InProcess => "in process".into(),
+    };
     let run = format!(
-        "  {} mode{}, every {interval}, {} probes",
+        "  {} mode{}, every {interval}, {how}",
         info.run.mode,
         match app.view().sample_bytes {
             0 => String::new(),
             n => format!(" sampled 1/{n} B (~: estimated)"),
         },
-        info.probe_count(),
     );
     // Where the probes are, when the line has room for it.
     let place = format!(" in {}", info.run.allocator_module());

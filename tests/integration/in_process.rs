@@ -1,0 +1,237 @@
+//! `--in-process`: the launched command counted by a preloaded library. Exact against the
+//! same fixtures and oracles as the kernel path, and harmless to the command: its output, exit
+//! status, forks, threads, signal handlers, dlopen'ed code and calls to malloc_usable_size and
+//! mallopt are what they are without heaptrace. No BPF is needed: plain tests.
+use std::{path::PathBuf, process::Command};
+
+use serde_json::Value;
+
+use crate::{counts::launch_exact, support::*};
+
+const IN_PROCESS: &str = "--in-process";
+
+fn inproc() -> PathBuf {
+    fixture("inproc", "", &[])
+}
+
+/// `inproc ARGS` under `heaptrace --in-process` with `flags`: its stdout, its exit code and
+/// the JSON document.
+fn traced(tag: &str, flags: &[&str], args: &[&str]) -> (String, i32, Value) {
+    let json = json_path(tag);
+    let out = heaptrace()
+        .args(["--no-tui", "-q", IN_PROCESS, "--json"])
+        .arg(&json)
+        .args(flags)
+        .arg("--")
+        .arg(inproc())
+        .args(args)
+        .output()
+        .expect("heaptrace");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("function"), "no summary: {stderr}");
+    let doc = read_json(&json);
+    assert_eq!(doc["heaptrace"]["collector"], "in-process");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    (stdout, out.status.code().unwrap_or(-1), doc)
+}
+
+fn native(args: &[&str]) -> (String, i32) {
+    let out = Command::new(inproc()).args(args).output().expect("inproc");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    (stdout, out.status.code().unwrap_or(-1))
+}
+
+fn func(doc: &Value, name: &str) -> (u64, u64) {
+    let f = &doc["functions"][name];
+    (f["calls"].as_u64().unwrap(), f["bytes"].as_u64().unwrap())
+}
+
+/// Allocations of `size` bytes by `function` in the exact size histogram.
+fn sized(doc: &Value, function: &str, size: u64) -> u64 {
+    doc["sizes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["function"] == function && s["size"] == size)
+        .map(|s| s["count"].as_u64().unwrap())
+        .sum()
+}
+
+#[test]
+fn in_process_one_thread_counts_exactly() {
+    launch_exact(0, 1000, 3, &[IN_PROCESS]);
+}
+
+#[test]
+fn in_process_four_threads_counts_exactly() {
+    launch_exact(4, 3000, 3, &[IN_PROCESS]);
+}
+
+#[test]
+fn in_process_sizes_mode_counts_exactly() {
+    launch_exact(4, 1000, 5, &[IN_PROCESS, "--mode", "sizes"]);
+}
+
+#[test]
+fn in_process_temporaries_are_counted_as_by_the_probes() {
+    let _g = shared();
+    crate::temporaries::check_temporaries(&[IN_PROCESS]);
+}
+
+#[test]
+fn in_process_leaves_malloc_usable_size_and_mallopt_alone() {
+    let _g = shared();
+    let (out, code, doc) = traced("inproc-usable", &[], &["usable"]);
+    assert_eq!((out.clone(), code), native(&["usable"]));
+    assert!(out.contains("usable_null 0"), "{out}");
+    for size in [1, 24, 100, 1000, 5000, 200000] {
+        assert_eq!(sized(&doc, "malloc", size), 1, "{size}");
+    }
+    assert_eq!(doc["leaks"]["blocks"], 0);
+    assert_eq!(doc["functions"]["free"]["untracked"], 0);
+}
+
+#[test]
+fn in_process_keeps_the_commands_output_and_status() {
+    let _g = shared();
+    let json = json_path("inproc-exit");
+    let out = heaptrace()
+        .args(["--no-tui", "-q", IN_PROCESS, "--json"])
+        .arg(&json)
+        .arg("--")
+        .arg(inproc())
+        .args(["exit", "3"])
+        .output()
+        .expect("heaptrace");
+    let native = Command::new(inproc()).args(["exit", "3"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(out.stdout, native.stdout);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("err\n"));
+    assert_eq!(read_json(&json)["target"]["exit_code"], 3);
+}
+
+#[test]
+fn in_process_a_fork_counts_nothing_and_the_parent_stays_exact() {
+    let _g = shared();
+    let (out, code, doc) = traced("inproc-fork", &[], &["fork"]);
+    assert_eq!((out.as_str(), code), ("child_status 7\n", 0));
+    // The parent's 100 blocks and their frees; the child's 50 blocks and 26 frees are its own.
+    assert_eq!(sized(&doc, "malloc", 3000), 100);
+    assert_eq!(sized(&doc, "malloc", 2000), 0);
+    assert_eq!(func(&doc, "free").0, 100);
+    assert_eq!(doc["leaks"]["blocks"], 0);
+    assert_eq!(doc["functions"]["free"]["untracked"], 0);
+}
+
+#[test]
+fn in_process_signal_handlers_allocations_never_deadlock_or_unbalance() {
+    let _g = shared();
+    let n = 300_000;
+    let (out, code, doc) = traced("inproc-signals", &[], &["signals", &n.to_string()]);
+    assert_eq!(code, 0);
+    let handled: u64 = out
+        .trim()
+        .strip_prefix("handled ")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(handled > 0, "the timer never fired: {out}");
+    assert_eq!(sized(&doc, "malloc", 16), n);
+    // A handler's pair that interrupted a call being counted goes through uncounted, both its
+    // halves: nothing is left unbalanced.
+    let in_handler = sized(&doc, "malloc", 200) - 7;
+    assert!(in_handler <= handled, "{in_handler} > {handled}");
+    assert_eq!(doc["leaks"]["blocks"], 0);
+    assert_eq!(doc["functions"]["free"]["untracked"], 0);
+    assert_eq!(func(&doc, "free").0, n + 7 + in_handler);
+}
+
+#[test]
+fn in_process_counts_dlopened_code() {
+    let _g = shared();
+    let lib = build_once(
+        "inproclib",
+        "",
+        |tmp, src| {
+            Command::new("gcc")
+                .args(["-O1", "-g", "-fno-omit-frame-pointer", "-shared", "-fPIC"])
+                .arg("-o")
+                .arg(tmp)
+                .arg(src)
+                .output()
+                .expect("gcc")
+        },
+        "c",
+    );
+    let lib = lib.display().to_string();
+    let (out, code, doc) = traced("inproc-dlopen", &[], &["dlopen", &lib]);
+    assert_eq!((out.as_str(), code), ("dlopen done\n", 0));
+    assert_eq!(sized(&doc, "malloc", 300), 20);
+    let leaked: u64 = doc["leaks"]["by_stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["frames"][0]["function"] == "lib_alloc")
+        .map(|s| s["blocks"].as_u64().unwrap())
+        .sum();
+    assert_eq!(leaked, 10, "{}", doc["leaks"]);
+}
+
+#[test]
+fn in_process_threads_that_exit_give_their_slots_to_the_next() {
+    let _g = shared();
+    // Two slots for 20 threads one after another: each exits before the next starts.
+    let flags = ["--in-process-threads", "2"];
+    let (_, code, doc) = traced("inproc-threads", &flags, &["threads", "20"]);
+    assert_eq!(code, 0);
+    assert_eq!(sized(&doc, "malloc", 48), 20_000);
+    assert_eq!(sized(&doc, "malloc", 64), 20);
+    assert_eq!(doc["lost"]["in_flight"], 0, "{}", doc["lost"]);
+    let leaked_64: u64 = doc["leaks"]["by_stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["bytes"] == s["blocks"].as_u64().unwrap() * 64)
+        .map(|s| s["blocks"].as_u64().unwrap())
+        .sum();
+    assert_eq!(leaked_64, 20, "{}", doc["leaks"]);
+}
+
+#[test]
+fn in_process_refuses_a_static_program_before_it_runs() {
+    let bin = fixture("allocs", "static", &["-static"]);
+    let out = heaptrace()
+        .args(["--no-tui", "-q", IN_PROCESS, "--"])
+        .arg(&bin)
+        .args(["0", "10", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("statically linked"), "{stderr}");
+}
+
+/// Each in one line naming the option, before anything runs: clap's conflicts (exit 2), and
+/// the options only the kernel's probes have (exit 1).
+#[test]
+fn in_process_refuses_what_only_probes_do() {
+    for (flags, code) in [
+        (&["-p", "1"][..], 2),
+        (&["--all"], 2),
+        (&["--mode", "calls"], 1),
+        (&["--follow-forks"], 1),
+        (&["--probe-stats"], 1),
+    ] {
+        let out = heaptrace()
+            .args(["--no-tui", IN_PROCESS])
+            .args(flags)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(code), "{flags:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let first = stderr.lines().next().unwrap_or_default();
+        assert!(first.contains(flags[0]), "{flags:?}: {stderr}");
+        assert!(first.contains(IN_PROCESS), "{flags:?}: {stderr}");
+    }
+}
