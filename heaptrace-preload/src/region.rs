@@ -177,7 +177,7 @@ fn map() -> Option<Region> {
     if base == libc::MAP_FAILED {
         return None;
     }
-    let r = take(base as *mut u8, size, token);
+    let r = take(base as *mut u8, fd, size, token);
     if r.is_none() {
         // SAFETY: the mapping just made.
         unsafe { libc::munmap(base, size as usize) };
@@ -185,7 +185,7 @@ fn map() -> Option<Region> {
     r
 }
 
-fn take(base: *mut u8, size: u64, token: [u64; 2]) -> Option<Region> {
+fn take(base: *mut u8, fd: i32, size: u64, token: [u64; 2]) -> Option<Region> {
     // SAFETY: at least a header's bytes are mapped (checked by the caller).
     let h = unsafe { &*(base as *const Header) };
     let layout = Layout::of_header(h)?;
@@ -201,12 +201,47 @@ fn take(base: *mut u8, size: u64, token: [u64; 2]) -> Option<Region> {
     let pid = unsafe { libc::getpid() } as u32;
     // SAFETY: a u32 of the mapped header.
     let owner = unsafe { AtomicU32::from_ptr(&raw mut (*(base as *mut Header)).owner) };
-    // Another process's region (this one is a fork's exec), or an earlier image's of this
-    // process (it exec'ed): left alone.
-    owner
-        .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed)
-        .ok()?;
+    match owner.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed) {
+        Ok(_) => {}
+        // The traced process exec'ed: its earlier image, and every thread of it, is gone.
+        Err(o) if o == pid => start_over(base, fd, size)?,
+        // Another process's region: this one is a fork's exec.
+        Err(_) => return None,
+    }
     // SAFETY: registers a handler; no allocation for the first handlers.
     unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
     Some(Region { base, layout, pid })
+}
+
+/// A new image of the traced process takes the region over: everything but the header is
+/// emptied (the file's pages given back, not written), the header's shared counts zeroed, and
+/// the epoch moved on, so that the daemon drops what the earlier image counted. The epoch is 0
+/// while this runs: a read of the region meanwhile is not taken.
+fn start_over(base: *mut u8, fd: i32, size: u64) -> Option<()> {
+    let h = base as *mut Header;
+    // SAFETY: words of the mapped header; no thread of an earlier image runs any more.
+    unsafe {
+        let epoch = AtomicU32::from_ptr(&raw mut (*h).epoch);
+        let next = epoch.swap(0, Ordering::AcqRel).wrapping_add(1).max(1);
+        let body = inproc::HEADER_BYTES as i64;
+        let punched = libc::fallocate(
+            fd,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            body,
+            size as i64 - body,
+        ) == 0;
+        if !punched {
+            epoch.store(next - 1, Ordering::Release);
+            return None;
+        }
+        (*h).threads_used = 0;
+        (*h).sites_used = 0;
+        (*h).losses = [0; heaptrace_common::LOSS_COUNT];
+        (*h).peak_live = 0;
+        (*h).peak_max = 0;
+        (*h).peak_size = 0;
+        (*h).peak_stack = heaptrace_common::NO_SITE as i64;
+        epoch.store(next, Ordering::Release);
+    }
+    Some(())
 }

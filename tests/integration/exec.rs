@@ -260,3 +260,32 @@ bpf_test!(
         assert!(brk_by_malloc, "{:#}", doc["reservations"]);
     }
 );
+
+/// In process: the new image's library takes the region over and starts it over.
+#[test]
+fn an_in_process_command_that_execs_is_its_new_command_alone() {
+    let _g = shared();
+    let json = json_path("exec-inproc");
+    let out = run_ok(
+        heaptrace()
+            .args(["--no-tui", "--in-process", "--json"])
+            .arg(&json)
+            .arg("--")
+            .arg(fixture("execfork", "", &[]))
+            .args(command()),
+    );
+    let doc = read_json(&json);
+    let want = Expected::of(&fx());
+    assert_eq!(Expected::observed(&doc, &doc["sizes"], &want), want);
+    assert_eq!(doc["leaks"]["blocks"].as_u64(), Some(want.live_blocks));
+    assert_eq!(doc["leaks"]["bytes"].as_u64(), Some(want.live_bytes));
+    assert_eq!(doc["functions"]["free"]["untracked"], 0);
+    let procs = doc["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 1, "{procs:?}");
+    assert_eq!(procs[0]["comm"], "allocs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("exec'ed allocs: its counts start over"),
+        "{stderr}"
+    );
+}

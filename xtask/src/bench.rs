@@ -99,10 +99,14 @@ pub enum Kind {
     Record,
     /// `heaptrack -o FILE W P`
     Heaptrack,
+    /// `heaptrace -q --in-process --mode counts -- W P`: the preloaded library, no probes.
+    InCounts,
+    /// The same in stacks mode.
+    InStacks,
 }
 
 impl Kind {
-    pub const TRACED: [Kind; 10] = [
+    pub const TRACED: [Kind; 12] = [
         Kind::Calls,
         Kind::Counts,
         Kind::Sizes,
@@ -113,6 +117,8 @@ impl Kind {
         Kind::Attach,
         Kind::Record,
         Kind::Heaptrack,
+        Kind::InCounts,
+        Kind::InStacks,
     ];
 
     pub fn name(self) -> &'static str {
@@ -128,6 +134,8 @@ impl Kind {
             Kind::Attach => "attach",
             Kind::Record => "record",
             Kind::Heaptrack => "heaptrack",
+            Kind::InCounts => "inproc-counts",
+            Kind::InStacks => "inproc-stacks",
         }
     }
 
@@ -151,8 +159,17 @@ impl Kind {
     fn counted(self) -> bool {
         matches!(
             self,
-            Kind::Calls | Kind::Counts | Kind::Sizes | Kind::Record
+            Kind::Calls | Kind::Counts | Kind::Sizes | Kind::Record | Kind::InCounts
         )
+    }
+
+    /// The `--mode` of an in-process run.
+    fn in_process_mode(self) -> Option<&'static str> {
+        match self {
+            Kind::InCounts => Some("counts"),
+            Kind::InStacks => Some("stacks"),
+            _ => None,
+        }
     }
 }
 

@@ -76,6 +76,12 @@ impl Daemon {
                 {
                     w.look_at(p, pid);
                 }
+                // In process: the region started over before the new image's library takes it.
+                if self.maps.exec_held()?
+                    && let Some(pid) = self.pid
+                {
+                    self.start_over(HashSet::from([pid]));
+                }
                 if let Some(c) = &self.child {
                     let _ = c.ack.send(());
                 }

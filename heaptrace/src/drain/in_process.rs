@@ -45,6 +45,10 @@ pub struct Region {
     funcs: Vec<u32>,
     /// The process's name, as last seen alive.
     comm: String,
+    /// The last whole read, given again while a new image starts the region over, and the
+    /// image it was of.
+    last: crate::drain::round::Snapshot,
+    epoch: u32,
 }
 
 fn io_err(what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
@@ -137,6 +141,8 @@ impl Region {
             pid: 0,
             funcs: Vec::new(),
             comm: String::new(),
+            last: Default::default(),
+            epoch: 1,
         })
     }
 
@@ -179,6 +185,42 @@ impl Region {
     pub fn owner(&self) -> u32 {
         self.word(|h| unsafe { &raw mut (*h).owner })
             .load(Ordering::Acquire)
+    }
+
+    /// The command exec'ed: its earlier image is gone, the new one has not run. Everything
+    /// but the header is emptied (the file's pages given back), the header's shared counts
+    /// zeroed and the epoch moved on, so that the next read starts the process over; the new
+    /// image's library takes the region as a first one does (owner 0).
+    pub fn start_over(&mut self) -> Result<()> {
+        let body = inproc::HEADER_BYTES as i64;
+        // SAFETY: punches a hole in our own file, past the header.
+        let r = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                body,
+                self.len as i64 - body,
+            )
+        };
+        if r != 0 {
+            return Err(io_err("emptying the region")(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: the mapped header; the target's library is not running (held at the exec).
+        unsafe {
+            let h = self.header;
+            (*h).threads_used = 0;
+            (*h).sites_used = 0;
+            (*h).losses = [0; LOSS_COUNT];
+            (*h).peak_live = 0;
+            (*h).peak_max = 0;
+            (*h).peak_size = 0;
+            (*h).peak_stack = NO_SITE as i64;
+            (*h).epoch = (*h).epoch.wrapping_add(1).max(1);
+            AtomicU32::from_ptr(&raw mut (*h).owner).store(0, Ordering::Release);
+        }
+        Ok(())
     }
 
     fn header(&self) -> Header {

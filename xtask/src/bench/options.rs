@@ -17,7 +17,8 @@ pub struct Options {
 pub const USAGE: &str = "\
 usage: cargo xtask bench [--quick] [--workloads a,b] [--threads 1,2,4] [--reps N] [--scale F]
                          [--only calls,counts,sizes,stacks,attach-calls,attach-counts,
-                                 attach-sizes,attach,record,heaptrack]
+                                 attach-sizes,attach,record,heaptrack,inproc-counts,
+                                 inproc-stacks]
        cargo xtask bench --sizes [--workloads a,b] [--threads 8] [--seconds 60] [--scale F]
   --quick    P = 1 only, scale 0.2 (a few minutes)
   --sizes    recording sizes: each workload once under heaptrace record and heaptrack, then
@@ -94,7 +95,7 @@ impl Options {
                         .collect::<Option<Vec<_>>>()
                         .context(
                             "--only takes calls,counts,sizes,stacks,attach-calls,attach-counts,attach-sizes,\
-                             attach,record,heaptrack",
+                             attach,record,heaptrack,inproc-counts,inproc-stacks",
                         )?;
                     o.kinds.sort();
                     o.kinds.dedup();

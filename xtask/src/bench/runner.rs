@@ -156,6 +156,19 @@ impl Bench {
                 e
             }
             Kind::Heaptrack => self.heaptrack(w, p, &exe, &args, files, run)?,
+            Kind::InCounts | Kind::InStacks => {
+                let mode = kind.in_process_mode().expect("an in-process kind");
+                let mut c = Command::new(&self.heaptrace);
+                c.arg("--in-process")
+                    .args(files.ht_flags(mode))
+                    .arg("--")
+                    .arg(&exe)
+                    .args(&args);
+                let e = finish(spawn(c.stdout(file_out(out)?).stderr(file_out(err)?))?)?;
+                run.daemon_cpu = Some(e.self_cpu);
+                run.daemon_rss_kb = Some(e.hwm_kb);
+                e
+            }
         })
     }
 

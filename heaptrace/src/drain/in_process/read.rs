@@ -102,26 +102,13 @@ impl Region {
     }
 }
 
-fn add_entry(sum: &mut SiteEntry, e: &SiteEntry) {
-    let add = |a: &mut u64, b: u64| *a = a.wrapping_add(b);
-    add(&mut sum.calls, e.calls);
-    add(&mut sum.bytes, e.bytes);
-    add(&mut sum.frees, e.frees);
-    add(&mut sum.freed_bytes, e.freed_bytes);
-    add(&mut sum.temp_blocks, e.temp_blocks);
-    add(&mut sum.temp_bytes, e.temp_bytes);
-    add(&mut sum.untracked, e.untracked);
-    add(&mut sum.untracked_bytes, e.untracked_bytes);
-}
-
-impl Source for Region {
-    fn snapshot(&mut self) -> Result<Snapshot> {
+impl Region {
+    fn read_snapshot(&mut self, h: &Header) -> Result<Snapshot> {
         let mut snap = Snapshot::default();
-        let h = self.header();
-        if self.pid == 0 || self.threads_used(&h) == 0 {
+        if self.pid == 0 || self.threads_used(h) == 0 {
             return Ok(snap);
         }
-        let heads = self.thread_heads(&h)?;
+        let heads = self.thread_heads(h)?;
         let totals = Totals::from_per_cpu(heads.iter().map(|t| &t.counters));
         if let Some(comm) = procfs::comm(self.pid) {
             self.comm = comm;
@@ -133,10 +120,10 @@ impl Source for Region {
         };
         snap.procs.insert(self.pid, proc);
         if h.mode >= mode::SIZES {
-            self.read_sizes(&h, &mut snap)?;
+            self.read_sizes(h, &mut snap)?;
         }
         if h.mode >= mode::STACKS {
-            self.read_sites(&h, &mut snap)?;
+            self.read_sites(h, &mut snap)?;
         }
         snap.losses = h.losses;
         if h.peak_max as i64 > 0 {
@@ -150,7 +137,39 @@ impl Source for Region {
         snap.fold_site_sizes();
         Ok(snap)
     }
+}
 
+fn add_entry(sum: &mut SiteEntry, e: &SiteEntry) {
+    let add = |a: &mut u64, b: u64| *a = a.wrapping_add(b);
+    add(&mut sum.calls, e.calls);
+    add(&mut sum.bytes, e.bytes);
+    add(&mut sum.frees, e.frees);
+    add(&mut sum.freed_bytes, e.freed_bytes);
+    add(&mut sum.temp_blocks, e.temp_blocks);
+    add(&mut sum.temp_bytes, e.temp_bytes);
+    add(&mut sum.untracked, e.untracked);
+    add(&mut sum.untracked_bytes, e.untracked_bytes);
+}
+
+impl Source for Region {
+    /// A read that a new image's start-over overlapped (its epoch 0 or changed) is not taken:
+    /// the last one stands until the next round.
+    fn snapshot(&mut self) -> Result<Snapshot> {
+        let h = self.header();
+        if h.epoch == 0 {
+            return Ok(self.last.clone());
+        }
+        if h.epoch != self.epoch {
+            self.epoch = h.epoch;
+            self.funcs.clear();
+        }
+        let snap = self.read_snapshot(&h)?;
+        if self.header().epoch != h.epoch {
+            return Ok(self.last.clone());
+        }
+        self.last = snap.clone();
+        Ok(snap)
+    }
     fn stack(&self, id: i32) -> Option<(Vec<u64>, bool)> {
         let h = self.header();
         let used = (h.sites_used as usize).min(h.sites as usize);
@@ -199,5 +218,10 @@ impl Source for Region {
 
     fn stop(&mut self) {
         self.set_counting(false);
+    }
+
+    fn exec_held(&mut self) -> Result<bool> {
+        self.start_over()?;
+        Ok(true)
     }
 }
