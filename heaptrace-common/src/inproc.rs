@@ -8,11 +8,14 @@
 //!
 //! All offsets follow from the header's capacities (`Layout::of`), so the two sides agree
 //! whatever sizes the daemon chose.
-use crate::{FUNC_COUNT, LOSS_COUNT, ProcCounters, STACK_FRAMES};
+use crate::{
+    FUNC_COUNT, LOSS_COUNT, ProcCounters, STACK_FRAMES,
+    unwind::{ProcModules, Row},
+};
 
 /// "HTINPROC", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"HTINPROC");
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// The environment variable that hands the library its region: `FD:SIZE:TOKEN` (decimal,
 /// decimal, 32 hex digits).
 pub const ENV: &str = "HEAPTRACE_INPROC";
@@ -37,6 +40,9 @@ pub const FIRST_KEY: u64 = 3;
 pub const PROBES: u32 = 64;
 
 pub const HEADER_BYTES: usize = 4096;
+
+/// The most rows an unwind area holds (`--unwind-table-size`'s bound).
+pub const MAX_UNWIND_ROWS: u32 = 1 << 26;
 
 /// The first page of the region.
 #[repr(C)]
@@ -83,7 +89,10 @@ pub struct Header {
     pub peak_stack: i64,
     /// The region's size in bytes.
     pub bytes: u64,
-    pub _reserved: [u64; 8],
+    /// Rows of the unwind area (`--unwind-table-size`); 0: no area, frame pointers only.
+    pub unwind_rows: u32,
+    pub _pad1: u32,
+    pub _reserved: [u64; 7],
 }
 
 const _: () = assert!(core::mem::size_of::<Header>() <= HEADER_BYTES);
@@ -176,6 +185,20 @@ pub struct LiveEntry {
     pub seq: u32,
 }
 
+/// The unwind area's head: the process's code mappings with unwind tables (as the kernel
+/// path's `UNWIND_PROCS` entry), which the daemon rewrites while the target's walks read
+/// them; the rows follow. A seqlock: the daemon makes `generation` odd, rewrites `modules`,
+/// then makes it even again; a walk keeps what it found only if `generation` was the same
+/// even number before and after. A file's rows are written before a module entry points at
+/// them, and rewritten (for another file) only after an entry that pointed at them is gone.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UnwindHead {
+    pub generation: u64,
+    pub _pad: u64,
+    pub modules: ProcModules,
+}
+
 /// Where everything is, from the header's capacities.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
@@ -187,6 +210,10 @@ pub struct Layout {
     pub stacks: usize,
     pub stack_stride: usize,
     pub live: usize,
+    /// The unwind area (`UnwindHead`, then `unwind_rows` rows at `rows`); all 0 without one.
+    pub unwind: usize,
+    pub rows: usize,
+    pub unwind_rows: usize,
     pub bytes: usize,
 }
 
@@ -237,12 +264,38 @@ impl Layout {
             stacks,
             stack_stride,
             live: live_at,
+            unwind: 0,
+            rows: 0,
+            unwind_rows: 0,
             bytes,
         })
     }
 
+    /// With an unwind area of `rows` rows at the end (none for 0); None past 2^26 rows.
+    pub const fn with_unwind(self, rows: u32) -> Option<Layout> {
+        if rows > MAX_UNWIND_ROWS {
+            return None;
+        }
+        if rows == 0 {
+            return Some(self);
+        }
+        let unwind = self.bytes;
+        let rows_at = unwind + page(core::mem::size_of::<UnwindHead>());
+        let bytes = page(rows_at + rows as usize * core::mem::size_of::<Row>());
+        Some(Layout {
+            unwind,
+            rows: rows_at,
+            unwind_rows: rows as usize,
+            bytes,
+            ..self
+        })
+    }
+
     pub const fn of_header(h: &Header) -> Option<Layout> {
-        Layout::of(h.threads, h.sites, h.site_index, h.live, h.sizes, h.depth)
+        match Layout::of(h.threads, h.sites, h.site_index, h.live, h.sizes, h.depth) {
+            Some(l) => l.with_unwind(h.unwind_rows),
+            None => None,
+        }
     }
 
     /// The byte offset of thread slot `i`.
@@ -290,6 +343,19 @@ mod tests {
         let l = Layout::of(4, 16, 32, 1024, 64, 8).unwrap();
         assert!(l.live + 1024 * 32 <= l.bytes);
         assert_eq!(l.thread(1) - l.thread(0), l.thread_stride);
+    }
+
+    #[test]
+    fn an_unwind_area_follows_the_rest_page_aligned() {
+        let l = Layout::of(4, 16, 32, 1024, 64, 8).unwrap();
+        assert_eq!(l.with_unwind(0), Some(l));
+        let u = l.with_unwind(1000).unwrap();
+        assert_eq!(u.unwind, l.bytes);
+        assert_eq!(u.unwind % 4096, 0);
+        assert!(u.rows >= u.unwind + core::mem::size_of::<UnwindHead>());
+        assert_eq!(u.rows % 4096, 0);
+        assert!(u.rows + 1000 * 8 <= u.bytes);
+        assert!(l.with_unwind(MAX_UNWIND_ROWS + 1).is_none());
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod faults;
 mod filters;
 mod forks;
 mod heap;
+mod in_process_unwind;
 mod liveslots;
 mod memory;
 mod oom;
