@@ -199,6 +199,34 @@ pub struct UnwindHead {
     pub modules: ProcModules,
 }
 
+/// Entries of a thread's unwind cache (a power of two).
+pub const UNWIND_CACHE: usize = 64;
+
+/// `UnwindEntry::row.kind` beyond `unwind::kind`: the frame is stepped by frame pointer (no
+/// table for its module), and the same where its module's table did not fit.
+pub const CACHED_FP: u8 = 0x10;
+pub const CACHED_FP_NO_ROOM: u8 = 0x11;
+
+/// A return address and what its frame is unwound with.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UnwindEntry {
+    /// 0: empty.
+    pub pc: u64,
+    pub row: Row,
+}
+
+/// A thread's cache of the rows its walks found, direct-mapped by return address: a walk
+/// through the same frames again takes no binary search. Written by its thread alone; valid
+/// for the modules' `generation` only, and cleared when a walk finds another.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UnwindCache {
+    pub generation: u64,
+    pub _pad: u64,
+    pub entries: [UnwindEntry; UNWIND_CACHE],
+}
+
 /// Where everything is, from the header's capacities.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
@@ -210,8 +238,10 @@ pub struct Layout {
     pub stacks: usize,
     pub stack_stride: usize,
     pub live: usize,
-    /// The unwind area (`UnwindHead`, then `unwind_rows` rows at `rows`); all 0 without one.
+    /// The unwind area (`UnwindHead`, each thread's `UnwindCache` from `caches`, then
+    /// `unwind_rows` rows at `rows`); all 0 without one.
     pub unwind: usize,
+    pub caches: usize,
     pub rows: usize,
     pub unwind_rows: usize,
     pub bytes: usize,
@@ -265,14 +295,16 @@ impl Layout {
             stack_stride,
             live: live_at,
             unwind: 0,
+            caches: 0,
             rows: 0,
             unwind_rows: 0,
             bytes,
         })
     }
 
-    /// With an unwind area of `rows` rows at the end (none for 0); None past 2^26 rows.
-    pub const fn with_unwind(self, rows: u32) -> Option<Layout> {
+    /// With an unwind area of `rows` rows for `threads` thread slots at the end (none for 0
+    /// rows); None past 2^26 rows.
+    pub const fn with_unwind(self, rows: u32, threads: u32) -> Option<Layout> {
         if rows > MAX_UNWIND_ROWS {
             return None;
         }
@@ -280,10 +312,12 @@ impl Layout {
             return Some(self);
         }
         let unwind = self.bytes;
-        let rows_at = unwind + page(core::mem::size_of::<UnwindHead>());
+        let caches = unwind + page(core::mem::size_of::<UnwindHead>());
+        let rows_at = page(caches + threads as usize * core::mem::size_of::<UnwindCache>());
         let bytes = page(rows_at + rows as usize * core::mem::size_of::<Row>());
         Some(Layout {
             unwind,
+            caches,
             rows: rows_at,
             unwind_rows: rows as usize,
             bytes,
@@ -293,7 +327,7 @@ impl Layout {
 
     pub const fn of_header(h: &Header) -> Option<Layout> {
         match Layout::of(h.threads, h.sites, h.site_index, h.live, h.sizes, h.depth) {
-            Some(l) => l.with_unwind(h.unwind_rows),
+            Some(l) => l.with_unwind(h.unwind_rows, h.threads),
             None => None,
         }
     }
@@ -348,14 +382,15 @@ mod tests {
     #[test]
     fn an_unwind_area_follows_the_rest_page_aligned() {
         let l = Layout::of(4, 16, 32, 1024, 64, 8).unwrap();
-        assert_eq!(l.with_unwind(0), Some(l));
-        let u = l.with_unwind(1000).unwrap();
+        assert_eq!(l.with_unwind(0, 4), Some(l));
+        let u = l.with_unwind(1000, 4).unwrap();
         assert_eq!(u.unwind, l.bytes);
         assert_eq!(u.unwind % 4096, 0);
-        assert!(u.rows >= u.unwind + core::mem::size_of::<UnwindHead>());
+        assert!(u.caches >= u.unwind + core::mem::size_of::<UnwindHead>());
+        assert!(u.rows >= u.caches + 4 * core::mem::size_of::<UnwindCache>());
         assert_eq!(u.rows % 4096, 0);
         assert!(u.rows + 1000 * 8 <= u.bytes);
-        assert!(l.with_unwind(MAX_UNWIND_ROWS + 1).is_none());
+        assert!(l.with_unwind(MAX_UNWIND_ROWS + 1, 4).is_none());
     }
 
     #[test]

@@ -59,6 +59,7 @@ static mut THE_REGION: Region = Region {
         stack_stride: 0,
         live: 0,
         unwind: 0,
+        caches: 0,
         rows: 0,
         unwind_rows: 0,
         bytes: 0,

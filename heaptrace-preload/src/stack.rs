@@ -7,7 +7,8 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use heaptrace_common::{
     Loss, STACK_FRAMES,
     inproc::{self, BUSY, EMPTY, IndexEntry, LOST_STACK, PROBES, StackHead, ThreadHead},
-    unwind::{MODULE_NO_ROOM, kind},
+    inproc::{CACHED_FP, CACHED_FP_NO_ROOM},
+    unwind::{Row, kind},
 };
 
 use crate::{count::lose, region::Region, unwind::Tables};
@@ -84,7 +85,7 @@ fn walk(r: &Region, t: *mut ThreadHead, fp: usize, ips: &mut [u64]) -> Walked {
         fp: caller_fp,
     };
     for _ in 0..3 * usize::from(r.layout.unwind_rows > 0) {
-        let Some((tables, generation)) = Tables::begin(r) else {
+        let Some((tables, generation)) = Tables::begin(r, t) else {
             core::hint::spin_loop(); // the daemon is writing the modules
             continue;
         };
@@ -132,52 +133,49 @@ fn unwind(stack: &Stack, tables: Option<&Tables>, mut regs: Regs, ips: &mut [u64
 #[inline(always)]
 fn step(stack: &Stack, tables: Option<&Tables>, regs: Regs, w: &mut Walked) -> Option<Regs> {
     let Regs { pc, sp, fp } = regs;
-    // pc is a return address: the call before it is in the frame's function.
-    let m = tables.and_then(|t| t.module(pc.wrapping_sub(1)));
-    match (tables, m) {
-        (Some(t), Some(m)) if m.rows != 0 => {
-            let Some(row) = t.row(&m, pc.wrapping_sub(1)) else {
-                w.end = End::NoRule;
-                return None;
-            };
-            let reg = match row.kind {
-                kind::RSP => sp,
-                kind::RBP => fp,
-                kind::END => return None,
-                _ => {
-                    w.end = End::NoRule;
-                    return None;
-                }
-            };
-            let cfa = reg.wrapping_add(u64::from(row.cfa) * 8);
-            if cfa <= sp {
-                return None;
-            }
-            let ret = stack.word(cfa - 8)?;
-            let fp = match row.rbp {
-                0 => fp,
-                k => stack.word(cfa.wrapping_sub(u64::from(k) * 8))?,
-            };
-            Some(Regs {
-                pc: ret,
-                sp: cfa,
-                fp,
-            })
-        }
-        _ => {
-            w.no_room |= m.is_some_and(|m| m.flags & MODULE_NO_ROOM != 0);
+    let row = tables.map_or(
+        Row {
+            kind: CACHED_FP,
+            ..Row::default()
+        },
+        |t| t.rule(pc),
+    );
+    let reg = match row.kind {
+        kind::RSP => sp,
+        kind::RBP => fp,
+        kind::END => return None,
+        CACHED_FP | CACHED_FP_NO_ROOM => {
+            w.no_room |= row.kind == CACHED_FP_NO_ROOM;
             if fp < sp {
                 return None;
             }
             let next = stack.word(fp)?;
             let ret = stack.word(fp.checked_add(8)?)?;
-            Some(Regs {
+            return Some(Regs {
                 pc: ret,
                 sp: fp + 16,
                 fp: next,
-            })
+            });
         }
+        _ => {
+            w.end = End::NoRule;
+            return None;
+        }
+    };
+    let cfa = reg.wrapping_add(u64::from(row.cfa) * 8);
+    if cfa <= sp {
+        return None;
     }
+    let ret = stack.word(cfa - 8)?;
+    let fp = match row.rbp {
+        0 => fp,
+        k => stack.word(cfa.wrapping_sub(u64::from(k) * 8))?,
+    };
+    Some(Regs {
+        pc: ret,
+        sp: cfa,
+        fp,
+    })
 }
 
 fn index(r: &Region, i: usize) -> *mut IndexEntry {

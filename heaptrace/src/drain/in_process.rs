@@ -71,7 +71,7 @@ impl Region {
             caps.sizes,
             caps.depth,
         )
-        .and_then(|l| l.with_unwind(caps.unwind_rows))
+        .and_then(|l| l.with_unwind(caps.unwind_rows, caps.threads))
         .ok_or_else(|| Error::Usage(format!("--in-process: capacities out of bounds: {caps:?}")))?;
         // SAFETY: a name; the descriptor is owned by the File below.
         let fd = unsafe { libc::memfd_create(c"heaptrace-inproc".as_ptr(), libc::MFD_CLOEXEC) };

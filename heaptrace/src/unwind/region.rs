@@ -132,7 +132,7 @@ mod tests {
     fn entries_are_published_under_an_even_generation_rows_in_place() {
         let layout = Layout::of(1, 16, 32, 64, 64, 8)
             .unwrap()
-            .with_unwind(100)
+            .with_unwind(100, 1)
             .unwrap();
         // SAFETY: a name.
         let fd = unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC) };
