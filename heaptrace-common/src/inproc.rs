@@ -8,11 +8,14 @@
 //!
 //! All offsets follow from the header's capacities (`Layout::of`), so the two sides agree
 //! whatever sizes the daemon chose.
-use crate::{FUNC_COUNT, LOSS_COUNT, ProcCounters, STACK_FRAMES};
+use crate::{
+    FUNC_COUNT, LOSS_COUNT, ProcCounters, STACK_FRAMES,
+    unwind::{ProcModules, Row},
+};
 
 /// "HTINPROC", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"HTINPROC");
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// The environment variable that hands the library its region: `FD:SIZE:TOKEN` (decimal,
 /// decimal, 32 hex digits).
 pub const ENV: &str = "HEAPTRACE_INPROC";
@@ -37,6 +40,9 @@ pub const FIRST_KEY: u64 = 3;
 pub const PROBES: u32 = 64;
 
 pub const HEADER_BYTES: usize = 4096;
+
+/// The most rows an unwind area holds (`--unwind-table-size`'s bound).
+pub const MAX_UNWIND_ROWS: u32 = 1 << 26;
 
 /// The first page of the region.
 #[repr(C)]
@@ -83,7 +89,10 @@ pub struct Header {
     pub peak_stack: i64,
     /// The region's size in bytes.
     pub bytes: u64,
-    pub _reserved: [u64; 8],
+    /// Rows of the unwind area (`--unwind-table-size`); 0: no area, frame pointers only.
+    pub unwind_rows: u32,
+    pub _pad1: u32,
+    pub _reserved: [u64; 7],
 }
 
 const _: () = assert!(core::mem::size_of::<Header>() <= HEADER_BYTES);
@@ -176,6 +185,48 @@ pub struct LiveEntry {
     pub seq: u32,
 }
 
+/// The unwind area's head: the process's code mappings with unwind tables (as the kernel
+/// path's `UNWIND_PROCS` entry), which the daemon rewrites while the target's walks read
+/// them; the rows follow. A seqlock: the daemon makes `generation` odd, rewrites `modules`,
+/// then makes it even again; a walk keeps what it found only if `generation` was the same
+/// even number before and after. A file's rows are written before a module entry points at
+/// them, and rewritten (for another file) only after an entry that pointed at them is gone.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UnwindHead {
+    pub generation: u64,
+    pub _pad: u64,
+    pub modules: ProcModules,
+}
+
+/// Entries of a thread's unwind cache (a power of two).
+pub const UNWIND_CACHE: usize = 64;
+
+/// `UnwindEntry::row.kind` beyond `unwind::kind`: the frame is stepped by frame pointer (no
+/// table for its module), and the same where its module's table did not fit.
+pub const CACHED_FP: u8 = 0x10;
+pub const CACHED_FP_NO_ROOM: u8 = 0x11;
+
+/// A return address and what its frame is unwound with.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UnwindEntry {
+    /// 0: empty.
+    pub pc: u64,
+    pub row: Row,
+}
+
+/// A thread's cache of the rows its walks found, direct-mapped by return address: a walk
+/// through the same frames again takes no binary search. Written by its thread alone; valid
+/// for the modules' `generation` only, and cleared when a walk finds another.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UnwindCache {
+    pub generation: u64,
+    pub _pad: u64,
+    pub entries: [UnwindEntry; UNWIND_CACHE],
+}
+
 /// Where everything is, from the header's capacities.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
@@ -187,6 +238,12 @@ pub struct Layout {
     pub stacks: usize,
     pub stack_stride: usize,
     pub live: usize,
+    /// The unwind area (`UnwindHead`, each thread's `UnwindCache` from `caches`, then
+    /// `unwind_rows` rows at `rows`); all 0 without one.
+    pub unwind: usize,
+    pub caches: usize,
+    pub rows: usize,
+    pub unwind_rows: usize,
     pub bytes: usize,
 }
 
@@ -237,12 +294,42 @@ impl Layout {
             stacks,
             stack_stride,
             live: live_at,
+            unwind: 0,
+            caches: 0,
+            rows: 0,
+            unwind_rows: 0,
             bytes,
         })
     }
 
+    /// With an unwind area of `rows` rows for `threads` thread slots at the end (none for 0
+    /// rows); None past 2^26 rows.
+    pub const fn with_unwind(self, rows: u32, threads: u32) -> Option<Layout> {
+        if rows > MAX_UNWIND_ROWS {
+            return None;
+        }
+        if rows == 0 {
+            return Some(self);
+        }
+        let unwind = self.bytes;
+        let caches = unwind + page(core::mem::size_of::<UnwindHead>());
+        let rows_at = page(caches + threads as usize * core::mem::size_of::<UnwindCache>());
+        let bytes = page(rows_at + rows as usize * core::mem::size_of::<Row>());
+        Some(Layout {
+            unwind,
+            caches,
+            rows: rows_at,
+            unwind_rows: rows as usize,
+            bytes,
+            ..self
+        })
+    }
+
     pub const fn of_header(h: &Header) -> Option<Layout> {
-        Layout::of(h.threads, h.sites, h.site_index, h.live, h.sizes, h.depth)
+        match Layout::of(h.threads, h.sites, h.site_index, h.live, h.sizes, h.depth) {
+            Some(l) => l.with_unwind(h.unwind_rows, h.threads),
+            None => None,
+        }
     }
 
     /// The byte offset of thread slot `i`.
@@ -290,6 +377,20 @@ mod tests {
         let l = Layout::of(4, 16, 32, 1024, 64, 8).unwrap();
         assert!(l.live + 1024 * 32 <= l.bytes);
         assert_eq!(l.thread(1) - l.thread(0), l.thread_stride);
+    }
+
+    #[test]
+    fn an_unwind_area_follows_the_rest_page_aligned() {
+        let l = Layout::of(4, 16, 32, 1024, 64, 8).unwrap();
+        assert_eq!(l.with_unwind(0, 4), Some(l));
+        let u = l.with_unwind(1000, 4).unwrap();
+        assert_eq!(u.unwind, l.bytes);
+        assert_eq!(u.unwind % 4096, 0);
+        assert!(u.caches >= u.unwind + core::mem::size_of::<UnwindHead>());
+        assert!(u.rows >= u.caches + 4 * core::mem::size_of::<UnwindCache>());
+        assert_eq!(u.rows % 4096, 0);
+        assert!(u.rows + 1000 * 8 <= u.bytes);
+        assert!(l.with_unwind(MAX_UNWIND_ROWS + 1, 4).is_none());
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod real;
 mod region;
 mod stack;
 mod thread;
+mod unwind;
 
 use core::ffi::c_void;
 

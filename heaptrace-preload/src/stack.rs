@@ -1,44 +1,181 @@
-//! An allocation's stack: walked by frame pointer within the thread's stack, then stored once
-//! in the stack table (an index of hashes, each to a dense id whose record holds the return
+//! An allocation's stack: walked within the thread's stack, by unwind table where the region
+//! has one for the frame's module (`unwind`), else by frame pointer; then stored once in the
+//! stack table (an index of hashes, each to a dense id whose record holds the return
 //! addresses), shared by every thread.
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use heaptrace_common::{
     Loss, STACK_FRAMES,
     inproc::{self, BUSY, EMPTY, IndexEntry, LOST_STACK, PROBES, StackHead, ThreadHead},
+    inproc::{CACHED_FP, CACHED_FP_NO_ROOM},
+    unwind::{Row, kind},
 };
 
-use crate::{count::lose, region::Region};
+use crate::{count::lose, region::Region, unwind::Tables};
+
+/// The thread's stack as the walk may read it: aligned words from the entry point's frame
+/// (the lowest address known to be in use) up to the stack's top. Frames are never read
+/// through an address outside it, whatever a row or a frame pointer says.
+struct Stack {
+    lo: u64,
+    hi: u64,
+}
+
+impl Stack {
+    #[inline(always)]
+    fn word(&self, addr: u64) -> Option<u64> {
+        if !addr.is_multiple_of(8) || addr < self.lo || addr > self.hi.checked_sub(8)? {
+            return None;
+        }
+        // SAFETY: within [lo, hi - 8]: the thread's mapped stack, at or above the current
+        // frame.
+        Some(unsafe { core::ptr::read_volatile(addr as *const u64) })
+    }
+}
+
+/// Why a walk ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// The stack's end, or a frame that cannot be followed (not counted, as in the kernel).
+    Whole,
+    /// `ips` is full and there was a frame more.
+    Depth,
+    /// A row with no rule (`Loss::UnwindNoRule`).
+    NoRule,
+}
+
+/// A walk's outcome: frames taken, why it ended, and whether it went through a module whose
+/// table did not fit (`Loss::UnwindTable`).
+struct Walked {
+    n: usize,
+    end: End,
+    no_room: bool,
+}
 
 /// Return addresses from the frame of the library's entry point `fp`, innermost first: the
-/// first is the allocation's caller. A frame pointer is followed only upwards and within the
-/// thread's stack, so a function built without frame pointers (its rbp any value) ends the
-/// walk and is never read through. Returns how many and whether the depth cut it.
-fn walk(t: *mut ThreadHead, fp: usize, ips: &mut [u64]) -> (usize, bool) {
+/// first is the allocation's caller. Each frame is unwound as the kernel path's walk does
+/// (`heaptrace-ebpf`'s `stacks.rs`): by its module's row where the region has a table for
+/// it, else by frame pointer; only upwards and within the thread's stack. A walk during
+/// which the daemon rewrote the modules is walked again, and after a few such, by frame
+/// pointer only.
+fn walk(r: &Region, t: *mut ThreadHead, fp: usize, ips: &mut [u64]) -> Walked {
+    let whole = |n| Walked {
+        n,
+        end: End::Whole,
+        no_room: false,
+    };
     // SAFETY: the thread's own slot.
-    let (lo, hi) = unsafe { ((*t).stack_lo as usize, (*t).stack_hi as usize) };
+    let (lo, hi) = unsafe { ((*t).stack_lo, (*t).stack_hi) };
+    let fp = fp as u64;
     if fp < lo || fp.saturating_add(16) > hi || ips.is_empty() {
-        return (0, false); // on another stack (a signal's): nothing read
+        return whole(0); // on another stack (a signal's): nothing read
     }
-    let mut fp = fp;
-    let mut n = 0;
+    let stack = Stack { lo: fp, hi };
+    // The entry point's frame: the caller's rbp, then the return address into it.
+    let (Some(caller_fp), Some(ret)) = (stack.word(fp), stack.word(fp + 8)) else {
+        return whole(0);
+    };
+    if ret == 0 {
+        return whole(0);
+    }
+    ips[0] = ret;
+    let regs = Regs {
+        pc: ret,
+        sp: fp + 16,
+        fp: caller_fp,
+    };
+    for _ in 0..3 * usize::from(r.layout.unwind_rows > 0) {
+        let Some((tables, generation)) = Tables::begin(r, t) else {
+            core::hint::spin_loop(); // the daemon is writing the modules
+            continue;
+        };
+        let w = unwind(&stack, Some(&tables), regs, ips);
+        if tables.unchanged(generation) {
+            return w;
+        }
+    }
+    unwind(&stack, None, regs, ips)
+}
+
+/// A frame's registers: its return address, its caller's rsp and rbp at that return.
+#[derive(Clone, Copy)]
+struct Regs {
+    pc: u64,
+    sp: u64,
+    fp: u64,
+}
+
+/// The frames above the first (`ips[0]`, whose registers are `regs`).
+fn unwind(stack: &Stack, tables: Option<&Tables>, mut regs: Regs, ips: &mut [u64]) -> Walked {
+    let mut w = Walked {
+        n: 1,
+        end: End::Whole,
+        no_room: false,
+    };
     loop {
-        // SAFETY: fp is within [lo, hi - 16], the thread's mapped stack above the current
-        // frame (the entry point's own frame first).
-        let (next, ret) = unsafe { (*(fp as *const usize), *((fp + 8) as *const u64)) };
-        if ret == 0 {
-            return (n, false);
+        let Some(next) = step(stack, tables, regs, &mut w) else {
+            return w;
+        };
+        if next.pc == 0 {
+            return w;
         }
-        if n == ips.len() {
-            return (n, true);
+        if w.n == ips.len() {
+            w.end = End::Depth;
+            return w;
         }
-        ips[n] = ret;
-        n += 1;
-        if next <= fp || next % 8 != 0 || next.saturating_add(16) > hi {
-            return (n, false);
-        }
-        fp = next;
+        ips[w.n] = next.pc;
+        w.n += 1;
+        regs = next;
     }
+}
+
+/// The caller's frame of the frame `regs`; None where the walk ends (`w.end` says why).
+#[inline(always)]
+fn step(stack: &Stack, tables: Option<&Tables>, regs: Regs, w: &mut Walked) -> Option<Regs> {
+    let Regs { pc, sp, fp } = regs;
+    let row = tables.map_or(
+        Row {
+            kind: CACHED_FP,
+            ..Row::default()
+        },
+        |t| t.rule(pc),
+    );
+    let reg = match row.kind {
+        kind::RSP => sp,
+        kind::RBP => fp,
+        kind::END => return None,
+        CACHED_FP | CACHED_FP_NO_ROOM => {
+            w.no_room |= row.kind == CACHED_FP_NO_ROOM;
+            if fp < sp {
+                return None;
+            }
+            let next = stack.word(fp)?;
+            let ret = stack.word(fp.checked_add(8)?)?;
+            return Some(Regs {
+                pc: ret,
+                sp: fp + 16,
+                fp: next,
+            });
+        }
+        _ => {
+            w.end = End::NoRule;
+            return None;
+        }
+    };
+    let cfa = reg.wrapping_add(u64::from(row.cfa) * 8);
+    if cfa <= sp {
+        return None;
+    }
+    let ret = stack.word(cfa - 8)?;
+    let fp = match row.rbp {
+        0 => fp,
+        k => stack.word(cfa.wrapping_sub(u64::from(k) * 8))?,
+    };
+    Some(Regs {
+        pc: ret,
+        sp: cfa,
+        fp,
+    })
 }
 
 fn index(r: &Region, i: usize) -> *mut IndexEntry {
@@ -59,10 +196,17 @@ fn frames<'a>(h: *mut StackHead, len: usize) -> &'a mut [u64] {
 pub fn site(r: &Region, t: *mut ThreadHead, func: u32, fp: usize) -> i32 {
     let mut ips = [0u64; STACK_FRAMES];
     let depth = (r.header().depth as usize).min(STACK_FRAMES);
-    let (n, cut) = walk(t, fp, &mut ips[..depth]);
-    if cut {
-        lose(r, Loss::StackDepth);
+    let w = walk(r, t, fp, &mut ips[..depth]);
+    match w.end {
+        End::Depth => lose(r, Loss::StackDepth),
+        End::NoRule => lose(r, Loss::UnwindNoRule),
+        End::Whole => {}
     }
+    if w.no_room {
+        lose(r, Loss::UnwindTable);
+    }
+    // Only a stack cut by depth says frames are missing, as the kernel's stacks do.
+    let (n, cut) = (w.n, w.end == End::Depth);
     let ips = &ips[..n];
     let key = inproc::stack_key(func, ips);
     let slots = r.header().site_index as usize;

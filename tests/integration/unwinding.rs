@@ -21,7 +21,7 @@ fn trace(tag: &str, bin: &std::path::Path, opts: &[&str]) -> Value {
 
 /// tests/fixtures/unwinddeep.c built -O2, its library with `lib_fp` frame pointers and the
 /// program with `prog_fp`.
-fn unwinddeep(lib_fp: bool, prog_fp: bool) -> std::path::PathBuf {
+pub(crate) fn unwinddeep(lib_fp: bool, prog_fp: bool) -> std::path::PathBuf {
     let fp = |on: bool| {
         if on {
             "-fno-omit-frame-pointer"
@@ -50,7 +50,7 @@ fn unwinddeep(lib_fp: bool, prog_fp: bool) -> std::path::PathBuf {
 
 /// A site's frames' function names, `.localalias` (gcc's alias of a recursive function in a
 /// shared library) dropped.
-fn names(site: &Value) -> Vec<String> {
+pub(crate) fn names(site: &Value) -> Vec<String> {
     site["frames"]
         .as_array()
         .unwrap()
@@ -63,7 +63,7 @@ fn names(site: &Value) -> Vec<String> {
 }
 
 /// The three sites of unwinddeep, by bytes: (calls, frames up to main).
-fn sites(doc: &Value) -> Vec<(u64, u64, Vec<String>, Vec<String>)> {
+pub(crate) fn sites(doc: &Value) -> Vec<(u64, u64, Vec<String>, Vec<String>)> {
     let mut out: Vec<_> = doc["stacks"]
         .as_array()
         .unwrap()
@@ -89,7 +89,7 @@ fn sites(doc: &Value) -> Vec<(u64, u64, Vec<String>, Vec<String>)> {
 }
 
 /// malloc <- lib_down x (depth + 1) <- lib_alloc <- via_program <- lib_call <- round_of <- main.
-fn expected(depth: usize) -> Vec<String> {
+pub(crate) fn expected(depth: usize) -> Vec<String> {
     let mut f = vec!["lib_down".to_string(); depth + 1];
     f.extend(
         ["lib_alloc", "via_program", "lib_call", "round_of", "main"]

@@ -31,6 +31,8 @@ pub struct Capacities {
     pub live: u32,
     pub sizes: u32,
     pub depth: u32,
+    /// Rows of the unwind area (0: none, stacks by frame pointer only).
+    pub unwind_rows: u32,
 }
 
 pub struct Region {
@@ -73,6 +75,7 @@ impl Region {
             caps.sizes,
             caps.depth,
         )
+        .and_then(|l| l.with_unwind(caps.unwind_rows, caps.threads))
         .ok_or_else(|| Error::Usage(format!("--in-process: capacities out of bounds: {caps:?}")))?;
         // SAFETY: a name; the descriptor is owned by the File below.
         let fd = unsafe { libc::memfd_create(c"heaptrace-inproc".as_ptr(), libc::MFD_CLOEXEC) };
@@ -113,7 +116,9 @@ impl Region {
             peak_size: 0,
             peak_stack: NO_SITE as i64,
             bytes: layout.bytes as u64,
-            _reserved: [0; 8],
+            unwind_rows: caps.unwind_rows,
+            _pad1: 0,
+            _reserved: [0; 7],
         };
         // SAFETY: a shared mapping of the header's page of the file just sized.
         let map = unsafe {
@@ -161,6 +166,12 @@ impl Region {
 
     pub fn set_pid(&mut self, pid: u32) {
         self.pid = pid;
+    }
+
+    /// The region's unwind area, to keep the tables of process `pid` in; None without one.
+    pub fn unwind_store(&self, pid: u32) -> Result<Option<crate::unwind::region::RegionStore>> {
+        use std::os::fd::AsFd as _;
+        crate::unwind::region::RegionStore::map(self.file.as_fd(), &self.layout, pid)
     }
 
     fn word(&self, f: impl Fn(*mut Header) -> *mut u32) -> &AtomicU32 {

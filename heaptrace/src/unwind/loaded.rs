@@ -1,8 +1,9 @@
-//! The unwind tables in the kernel: each file's rows once in `UNWIND_ROWS`, however many
-//! traced processes map it, and each process's code mappings in `UNWIND_PROCS` pointing at
-//! them. Kept in step with the mappings the daemon reads (`symbolize::modules::Modules`): a
-//! process's entry is written when its code mappings change, and a file's rows are given
-//! back when no process maps it.
+//! The unwind tables loaded for the walks: each file's rows once, however many traced
+//! processes map it, and each process's code mappings pointing at them. Kept in step with the
+//! mappings the daemon reads (`symbolize::modules::Modules`): a process's entry is written
+//! when its code mappings change, and a file's rows are given back when no process maps it.
+//! Where they go is a [`Store`]: the kernel's maps (`UNWIND_ROWS`, `UNWIND_PROCS`) or an
+//! in-process region's unwind area (`super::region`).
 use std::{
     collections::HashMap,
     os::unix::fs::MetadataExt as _,
@@ -87,9 +88,46 @@ struct CodeMapping {
     file: FileKey,
 }
 
-pub struct Tables {
+/// Where rows and process entries go. A file's rows are written before an entry points at
+/// them, and written over only after no entry does.
+pub trait Store: Send {
+    /// Rows it holds.
+    fn capacity(&self) -> u32;
+    fn write_rows(&mut self, first: u32, rows: &[Row]);
+    fn set_entry(&mut self, pid: u32, entry: &ProcModules);
+    fn remove_entry(&mut self, pid: u32);
+}
+
+/// The kernel's maps, which the return program reads.
+struct Kernel {
     rows: MappedArray<Row>,
     procs: BpfHashMap<MapData, u32, ProcModules>,
+}
+
+impl Store for Kernel {
+    fn capacity(&self) -> u32 {
+        self.rows.len() as u32
+    }
+
+    fn write_rows(&mut self, first: u32, rows: &[Row]) {
+        for (i, r) in rows.iter().enumerate() {
+            self.rows.write(first as usize + i, *r);
+        }
+    }
+
+    fn set_entry(&mut self, pid: u32, entry: &ProcModules) {
+        if let Err(e) = self.procs.insert(pid, entry, 0) {
+            log::debug!("unwind tables of {pid}: {e}");
+        }
+    }
+
+    fn remove_entry(&mut self, pid: u32) {
+        let _ = self.procs.remove(&pid);
+    }
+}
+
+pub struct Tables {
+    store: Box<dyn Store>,
     space: RowSpace,
     files: HashMap<FileKey, FileEntry>,
     pids: HashMap<u32, Proc>,
@@ -110,14 +148,18 @@ impl Tables {
             map: maps::UNWIND_PROCS,
             reason: e.to_string(),
         })?;
-        Ok(Tables {
-            space: RowSpace::new(rows.len() as u32),
-            rows,
-            procs,
+        Ok(Tables::new(Box::new(Kernel { rows, procs })))
+    }
+
+    /// Tables kept in `store`.
+    pub fn new(store: Box<dyn Store>) -> Tables {
+        Tables {
+            space: RowSpace::new(store.capacity()),
+            store,
             files: HashMap::new(),
             pids: HashMap::new(),
             stats: TableStats::default(),
-        })
+        }
     }
 
     /// Brings `pid`'s entry in step with its mappings (`/proc/PID/maps`), loading the tables of
@@ -220,9 +262,7 @@ impl Tables {
             ..ProcModules::default()
         };
         entry.modules[..modules.len()].copy_from_slice(&modules);
-        if let Err(e) = self.procs.insert(pid, entry, 0) {
-            log::debug!("unwind tables of {pid}: {e}");
-        }
+        self.store.set_entry(pid, &entry);
     }
 
     /// Drops `pid`'s entry (it ended or exec'ed), and the tables no process maps any more.
@@ -230,7 +270,7 @@ impl Tables {
         let Some(p) = self.pids.remove(&pid) else {
             return;
         };
-        let _ = self.procs.remove(&pid);
+        self.store.remove_entry(pid);
         for f in p.files {
             self.release(f);
         }
@@ -300,7 +340,7 @@ impl Tables {
         }
     }
 
-    /// Writes `rows` into the kernel's array where there is room.
+    /// Writes `rows` into the store's where there is room.
     fn place(&mut self, rows: &[Row]) -> Placement {
         let n = rows.len() as u32;
         let Some(first) = (n > 0).then(|| self.space.take(n)).flatten() else {
@@ -311,15 +351,13 @@ impl Tables {
                 Placement::Unusable
             };
         };
-        for (i, r) in rows.iter().enumerate() {
-            self.rows.write(first as usize + i, *r);
-        }
+        self.store.write_rows(first, rows);
         self.stats.files += 1;
         self.stats.rows += u64::from(n);
         Placement::Rows { first, rows: n }
     }
 
-    /// Rows free in the kernel's array.
+    /// Rows free in the store.
     pub fn free_rows(&self) -> u64 {
         self.space.free_rows()
     }

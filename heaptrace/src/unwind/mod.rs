@@ -1,8 +1,9 @@
 //! Unwind tables for code built without frame pointers: a file's `.eh_frame` turned into the
 //! compact rows the return program searches (`table`), and the rows of the files traced
-//! processes map, loaded into the kernel once per file (`loaded`). docs/unwinding.md has the
-//! design.
+//! processes map, loaded once per file (`loaded`) into the kernel or an in-process region
+//! (`region`). docs/unwinding.md has the design.
 pub mod loaded;
+pub mod region;
 pub mod space;
 pub mod table;
 

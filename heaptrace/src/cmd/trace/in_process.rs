@@ -88,6 +88,11 @@ fn launch_with_library(
             .clamp(256, 1 << 20)
             .next_power_of_two(),
         depth: cli.stack_depth,
+        unwind_rows: if cli.mode == crate::run_info::Mode::Stacks {
+            cli.unwind_table_size
+        } else {
+            0
+        },
     };
     let mode = mode_word(cli.mode);
     let region = Region::create(caps, mode, count_as(&provider), cli.temporary_allocs)?;
@@ -107,6 +112,26 @@ fn launch_with_library(
     };
     let stopped = launch::spawn_stopped_with(&exe, argv, redirect.as_ref(), Some(&inherit))?;
     Ok((region, provider, stopped))
+}
+
+/// The unwind tables the library's walker reads, in the region: the executable's and its
+/// allocator's read now, before it runs, as the kernel path does; its entry is written at the
+/// first read of its mappings (its start is held there). None without an unwind area.
+fn unwind_tables(
+    region: &Region,
+    pid: u32,
+    cmd: &str,
+    provider: &Provider,
+) -> Result<Option<crate::unwind::loaded::Tables>> {
+    let Some(store) = region.unwind_store(pid)? else {
+        return Ok(None);
+    };
+    let mut t = crate::unwind::loaded::Tables::new(Box::new(store));
+    if let Some(exe) = allocator::resolve_command(cmd) {
+        t.preload(&exe);
+    }
+    t.preload(&provider.path);
+    Ok(Some(t))
 }
 
 pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Result<i32> {
@@ -131,6 +156,7 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
         .build()?;
     let _in_runtime = rt.enter();
     region.set_pid(stopped.pid);
+    let unwind = unwind_tables(&region, stopped.pid, &argv[0], &provider)?;
     region.set_counting(true);
     let child = stopped.resume()?;
     let pid = child.pid;
@@ -145,6 +171,7 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
         .map(|out| start_recording(out, &info))
         .transpose()?;
     let mut modules = Modules::default();
+    modules.unwind = unwind;
     modules.settle(pid, &provider.path, Duration::from_millis(200));
     let (view, live) = open_view(live_view, cli, target, &info, &[], 0);
     let mut profile =
