@@ -43,9 +43,13 @@ impl Call {
         if !r.counting() {
             return None;
         }
-        let Some(t) = thread::current(r) else {
-            lose(r, Loss::InFlight);
-            return None;
+        let t = match thread::current(r) {
+            Ok(t) => t,
+            Err(thread::NoSlot::Full) => {
+                lose(r, Loss::InFlight);
+                return None;
+            }
+            Err(thread::NoSlot::Own) => return None,
         };
         // SAFETY: the thread's own slot.
         let busy = unsafe { AtomicU32::from_ptr(&raw mut (*t).busy) };

@@ -67,8 +67,16 @@ fn walk(r: &Region, t: *mut ThreadHead, fp: usize, ips: &mut [u64]) -> Walked {
     // SAFETY: the thread's own slot.
     let (lo, hi) = unsafe { ((*t).stack_lo, (*t).stack_hi) };
     let fp = fp as u64;
-    if fp < lo || fp.saturating_add(16) > hi || ips.is_empty() {
-        return whole(0); // on another stack (a signal's): nothing read
+    if ips.is_empty() {
+        return whole(0);
+    }
+    if fp < lo || fp.saturating_add(16) > hi {
+        // On another stack (a signal's, a coroutine's): the entry point's own frame, which
+        // is the current one, and nothing further.
+        // SAFETY: the return address in the entry point's frame, built with frame pointers.
+        let ret = unsafe { *((fp + 8) as *const u64) };
+        ips[0] = ret;
+        return whole(usize::from(ret != 0));
     }
     let stack = Stack { lo: fp, hi };
     // The entry point's frame: the caller's rbp, then the return address into it.

@@ -12,6 +12,17 @@ static mut KEY: libc::pthread_key_t = 0;
 static KEY_OK: AtomicU32 = AtomicU32::new(0);
 /// The key's value for a thread that found no free slot: its calls are not counted.
 const NO_SLOT: usize = 1;
+/// The key's value while the thread takes a slot: a call made meanwhile (the C library's,
+/// reading the thread's stack bounds) is heaptrace's own, and goes through uncounted.
+const CLAIMING: usize = 2;
+
+/// Why a call has no slot to count in.
+pub enum NoSlot {
+    /// Every slot is taken (`Loss::InFlight`, `--in-process-threads`).
+    Full,
+    /// Before the key exists, or while this thread takes its slot: the library's own calls.
+    Own,
+}
 
 unsafe extern "C" {
     /// The main thread's stack pointer at the program's start (the dynamic loader's).
@@ -30,31 +41,33 @@ pub fn init() {
 /// destructors) take a slot again, and its key's value makes the C library run this once
 /// more (up to its limit of rounds).
 extern "C" fn exit(v: *mut core::ffi::c_void) {
-    if v as usize > NO_SLOT {
+    if v as usize > CLAIMING {
         // SAFETY: a slot this thread owns.
         let owner = unsafe { AtomicU32::from_ptr(&raw mut (*(v as *mut ThreadHead)).owner) };
         owner.store(0, Ordering::Release);
     }
 }
 
-/// This thread's slot, taking one if it has none; None if none is free (counted as a call
-/// not counted, `Loss::InFlight`).
+/// This thread's slot, taking one if it has none.
 #[inline(always)]
-pub fn current(r: &Region) -> Option<*mut ThreadHead> {
+pub fn current(r: &Region) -> Result<*mut ThreadHead, NoSlot> {
     if KEY_OK.load(Ordering::Acquire) == 0 {
-        return None;
+        return Err(NoSlot::Own);
     }
     // SAFETY: KEY is set (KEY_OK).
     let v = unsafe { libc::pthread_getspecific(KEY) } as usize;
     match v {
-        0 => claim(r),
-        NO_SLOT => None,
-        _ => Some(v as *mut ThreadHead),
+        0 => claim(r).ok_or(NoSlot::Full),
+        NO_SLOT => Err(NoSlot::Full),
+        CLAIMING => Err(NoSlot::Own),
+        _ => Ok(v as *mut ThreadHead),
     }
 }
 
 #[cold]
 fn claim(r: &Region) -> Option<*mut ThreadHead> {
+    // SAFETY: KEY is set.
+    unsafe { libc::pthread_setspecific(KEY, CLAIMING as *const core::ffi::c_void) };
     let tid = crate::real::gettid() as u32;
     let h = r.header();
     let slot = (0..h.threads as usize)
@@ -105,23 +118,40 @@ fn steal(r: &Region, tid: u32) -> Option<*mut ThreadHead> {
         })
 }
 
-/// The addresses between which this thread's frames lie: up to the main thread's start
-/// (`__libc_stack_end`) or a thread's descriptor, which glibc puts at the top of its stack;
-/// at most the stack size limit below. Frames are followed only within them.
+/// The addresses between which this thread's frames lie; a walk reads nothing outside them.
+/// The main thread's: below its start (`__libc_stack_end`), within the stack size limit (the
+/// kernel maps nothing else there). Another thread's: its stack as the C library allocated it
+/// (`pthread_getattr_np`, whose own allocation goes through uncounted), up to its descriptor.
+/// A frame elsewhere (a signal's alternate stack, a coroutine's) is not walked past.
 fn stack_bounds(r: &Region, tid: u32) -> (u64, u64) {
-    // SAFETY: reads a static of the dynamic loader; pthread_self has no preconditions.
-    let hi = if tid == r.pid {
-        unsafe { __libc_stack_end as u64 }
-    } else {
-        unsafe { libc::pthread_self() as u64 }
-    };
-    // SAFETY: a plain struct for getrlimit to fill.
-    let mut lim: libc::rlimit = unsafe { core::mem::zeroed() };
-    // SAFETY: fills `lim`.
-    let size = if unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut lim) } == 0 {
-        lim.rlim_cur.clamp(1 << 20, 1 << 26)
-    } else {
-        8 << 20
-    };
-    (hi.saturating_sub(size), hi)
+    if tid == r.pid {
+        // SAFETY: reads a static of the dynamic loader.
+        let hi = unsafe { __libc_stack_end as u64 };
+        // SAFETY: a plain struct for getrlimit to fill.
+        let mut lim: libc::rlimit = unsafe { core::mem::zeroed() };
+        // SAFETY: fills `lim`.
+        let size = if unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut lim) } == 0 {
+            lim.rlim_cur.clamp(1 << 20, 1 << 26)
+        } else {
+            8 << 20
+        };
+        return (hi.saturating_sub(size), hi);
+    }
+    // SAFETY: attr is initialised by pthread_getattr_np before it is read, and destroyed.
+    unsafe {
+        let me = libc::pthread_self();
+        let mut attr: libc::pthread_attr_t = core::mem::zeroed();
+        if libc::pthread_getattr_np(me, &mut attr) != 0 {
+            return (0, 0);
+        }
+        let (mut addr, mut size) = (core::ptr::null_mut(), 0usize);
+        let got = libc::pthread_attr_getstack(&attr, &mut addr, &mut size) == 0;
+        libc::pthread_attr_destroy(&mut attr);
+        if !got {
+            return (0, 0);
+        }
+        let lo = addr as u64;
+        let hi = lo.saturating_add(size as u64).min(me as u64);
+        (lo, hi)
+    }
 }

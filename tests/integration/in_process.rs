@@ -196,6 +196,25 @@ fn in_process_threads_that_exit_give_their_slots_to_the_next() {
     assert_eq!(leaked_64, 20, "{}", doc["leaks"]);
 }
 
+/// A frame on a stack that is not its thread's (a coroutine's, here a static buffer) is not
+/// walked past: the allocation's caller, and nothing read beyond.
+#[test]
+fn in_process_walks_no_further_than_the_first_frame_on_a_stack_of_its_own() {
+    let _g = shared();
+    let (out, code, doc) = traced("inproc-context", &[], &["context"]);
+    assert_eq!((out.as_str(), code), ("context done\n", 0));
+    assert_eq!(sized(&doc, "malloc", 72), 1000);
+    let site = doc["leaks"]["by_stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["bytes"] == 88)
+        .unwrap_or_else(|| panic!("{}", doc["leaks"]));
+    let frames = site["frames"].as_array().unwrap();
+    assert_eq!(frames[0]["function"], "co_work", "{frames:?}");
+    assert_eq!(frames.len(), 1, "{frames:?}");
+}
+
 #[test]
 fn in_process_refuses_a_static_program_before_it_runs() {
     let bin = fixture("allocs", "static", &["-static"]);
