@@ -196,6 +196,40 @@ fn in_process_threads_that_exit_give_their_slots_to_the_next() {
     assert_eq!(leaked_64, 20, "{}", doc["leaks"]);
 }
 
+/// Blocks freed by another thread than their own, by threads racing on the live table:
+/// every one found, none twice.
+#[test]
+fn in_process_blocks_freed_by_other_threads_are_all_found() {
+    let _g = shared();
+    let (t, n) = (4u64, 50_000u64);
+    let (_, code, doc) = traced(
+        "inproc-xfree",
+        &["--mode", "sizes"],
+        &["xfree", &t.to_string(), &n.to_string()],
+    );
+    assert_eq!(code, 0);
+    for i in 0..t {
+        assert_eq!(sized(&doc, "malloc", 40 + i), n, "{i}");
+    }
+    // Besides: the threads' own dynamic thread vectors (272 bytes), which glibc frees as
+    // joined threads are reaped.
+    let want_bytes: u64 = (0..t).map(|i| n * (40 + i)).sum();
+    let (frees, bytes) = func(&doc, "free");
+    let dtvs = frees - t * n;
+    assert!(dtvs <= sized(&doc, "calloc", 272), "{frees}");
+    assert_eq!(bytes, want_bytes + 272 * dtvs);
+    assert_eq!(doc["functions"]["free"]["untracked"], 0);
+    let ours =
+        |s: &&Value| (40..40 + t).any(|size| s["bytes"] == s["blocks"].as_u64().unwrap() * size);
+    let left: Vec<&Value> = doc["leaks"]["by_stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(ours)
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 /// A frame on a stack that is not its thread's (a coroutine's, here a static buffer) is not
 /// walked past: the allocation's caller, and nothing read beyond.
 #[test]
