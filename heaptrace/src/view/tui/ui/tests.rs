@@ -521,3 +521,18 @@ fn every_column_header_is_explained_in_help() {
         keys(&mut app, "?");
     }
 }
+
+/// The header says how the figures are counted: by how many probes, or in process.
+#[test]
+fn the_header_says_in_process_instead_of_probes() {
+    let app = sites_app(TargetKind::Command);
+    let text = format!("{}", render(&app, 160, 24));
+    assert!(text.contains(" probes"), "{text}");
+    let mut i = info(TargetKind::Command);
+    i.run.collector = crate::run_info::Collector::InProcess;
+    let mut app = App::new(i, published(1, false));
+    app.update(published(3, false));
+    let text = format!("{}", render(&app, 160, 24));
+    assert!(text.contains("in process"), "{text}");
+    assert!(!text.contains(" probes"), "{text}");
+}
