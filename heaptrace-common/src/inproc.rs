@@ -9,13 +9,13 @@
 //! All offsets follow from the header's capacities (`Layout::of`), so the two sides agree
 //! whatever sizes the daemon chose.
 use crate::{
-    FUNC_COUNT, LOSS_COUNT, ProcCounters, STACK_FRAMES,
+    FUNC_COUNT, LOG2_BUCKETS, LOSS_COUNT, ProcCounters, STACK_FRAMES,
     unwind::{ProcModules, Row},
 };
 
 /// "HTINPROC", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"HTINPROC");
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// The environment variable that hands the library its region: `FD:SIZE:TOKEN` (decimal,
 /// decimal, 32 hex digits).
 pub const ENV: &str = "HEAPTRACE_INPROC";
@@ -76,7 +76,9 @@ pub struct Header {
     /// Which function each one is counted as (`Func` index): the provider's aliases (glibc's
     /// memalign is aligned_alloc).
     pub count_as: [u32; FUNC_COUNT],
-    pub _pad0: u32,
+    /// `--latency-every` (sizes and stacks modes): one allocating call in this many, at
+    /// random, is timed, and its block's lifetime measured; 0: none.
+    pub latency_every: u32,
     /// Thread slots ever taken (their high-water mark) and sites stored.
     pub threads_used: u32,
     pub sites_used: u32,
@@ -113,6 +115,9 @@ pub struct ThreadHead {
     /// The thread's stack: frames are followed only between these addresses.
     pub stack_lo: u64,
     pub stack_hi: u64,
+    /// Allocating calls until the next timed one, and the random state that draws the gaps.
+    pub countdown: u32,
+    pub rng: u32,
     pub counters: ProcCounters,
 }
 
@@ -183,6 +188,8 @@ pub struct LiveEntry {
     /// The allocating thread and its allocation count at the block.
     pub tid: u32,
     pub seq: u32,
+    /// When a timed allocation returned it (CLOCK_MONOTONIC, ns); 0: not timed.
+    pub ts_ns: u64,
 }
 
 /// The unwind area's head: the process's code mappings with unwind tables (as the kernel
@@ -234,10 +241,15 @@ pub struct Layout {
     pub threads: usize,
     pub sizes_at: usize,
     pub sites_at: usize,
+    /// The thread's latency histograms: `FUNC_COUNT` of `LOG2_BUCKETS` counts.
+    pub latency_at: usize,
     pub index: usize,
     pub stacks: usize,
     pub stack_stride: usize,
     pub live: usize,
+    /// Each site's lifetimes (`sites + FUNC_COUNT` of `LOG2_BUCKETS` counts, shared: a block
+    /// may be freed by any thread), in units of 1024 ns.
+    pub lifetimes: usize,
     /// The unwind area (`UnwindHead`, each thread's `UnwindCache` from `caches`, then
     /// `unwind_rows` rows at `rows`); all 0 without one.
     pub unwind: usize,
@@ -278,22 +290,26 @@ impl Layout {
         let sizes_at = THREAD_HEAD_BYTES;
         let sites_at = sizes_at + sizes as usize * core::mem::size_of::<SizeEntry>();
         let site_entries = sites as usize + FUNC_COUNT;
-        let thread_stride = page(sites_at + site_entries * core::mem::size_of::<SiteEntry>());
+        let latency_at = sites_at + site_entries * core::mem::size_of::<SiteEntry>();
+        let thread_stride = page(latency_at + FUNC_COUNT * LOG2_BUCKETS * 8);
         let threads_at = HEADER_BYTES;
         let index = threads_at + threads as usize * thread_stride;
         let stacks = page(index + site_index as usize * core::mem::size_of::<IndexEntry>());
         let stack_stride = core::mem::size_of::<StackHead>() + depth as usize * 8;
         let live_at = page(stacks + sites as usize * stack_stride);
-        let bytes = page(live_at + live as usize * core::mem::size_of::<LiveEntry>());
+        let lifetimes = page(live_at + live as usize * core::mem::size_of::<LiveEntry>());
+        let bytes = page(lifetimes + site_entries * LOG2_BUCKETS * 8);
         Some(Layout {
             thread_stride,
             threads: threads_at,
             sizes_at,
             sites_at,
+            latency_at,
             index,
             stacks,
             stack_stride,
             live: live_at,
+            lifetimes,
             unwind: 0,
             caches: 0,
             rows: 0,
@@ -375,7 +391,7 @@ mod tests {
         assert!(Layout::of(4, 16, 32, 1000, 4096, 127).is_none());
         assert!(Layout::of(4, 16, 32, 1024, 4096, 128).is_none());
         let l = Layout::of(4, 16, 32, 1024, 64, 8).unwrap();
-        assert!(l.live + 1024 * 32 <= l.bytes);
+        assert!(l.live + 1024 * 40 <= l.lifetimes && l.lifetimes < l.bytes);
         assert_eq!(l.thread(1) - l.thread(0), l.thread_stride);
     }
 

@@ -33,6 +33,22 @@ pub struct Call {
     r: &'static Region,
     t: *mut ThreadHead,
     fp: usize,
+    /// When a timed call began (`clock`); 0: not timed.
+    ts: u64,
+    /// When it returned, once taken (its block's birth).
+    done: u64,
+}
+
+/// CLOCK_MONOTONIC in ns (the vDSO's: no syscall).
+fn now() -> u64 {
+    // SAFETY: a plain struct for clock_gettime to fill.
+    let mut ts: libc::timespec = unsafe { core::mem::zeroed() };
+    // SAFETY: fills `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+        .max(1)
 }
 
 impl Call {
@@ -59,7 +75,60 @@ impl Call {
         busy.store(1, Ordering::Relaxed);
         // Not reordered past the real call by the compiler: a signal handler sees it set.
         core::sync::atomic::compiler_fence(Ordering::SeqCst);
-        Some(Call { r, t, fp })
+        Some(Call {
+            r,
+            t,
+            fp,
+            ts: 0,
+            done: 0,
+        })
+    }
+
+    /// An allocating call: timed, one in `latency_every` at random (gaps drawn uniformly
+    /// from 1 to 2N - 1, mean N, as the kernel path draws them), in sizes and stacks modes.
+    #[inline(always)]
+    pub fn begin_alloc(fp: usize) -> Option<Call> {
+        let mut call = Call::begin(fp)?;
+        if call.due() {
+            call.ts = now();
+        }
+        Some(call)
+    }
+
+    fn due(&self) -> bool {
+        let h = self.r.header();
+        let every = h.latency_every;
+        if every == 0 || h.mode < mode::SIZES {
+            return false;
+        }
+        if every == 1 {
+            return true;
+        }
+        // SAFETY: the thread's own slot.
+        let t = unsafe { &mut *self.t };
+        if t.countdown > 1 {
+            t.countdown -= 1;
+            return false;
+        }
+        let mut x = if t.rng == 0 { t.owner | 1 } else { t.rng };
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        t.rng = x;
+        t.countdown = 1 + x % (2 * every - 1);
+        true
+    }
+
+    /// A timed call returned: its latency, in its function's histogram.
+    fn timed(&mut self, func: usize) {
+        if self.ts == 0 {
+            return;
+        }
+        self.done = now();
+        let b = heaptrace_common::log2_bucket(self.done.wrapping_sub(self.ts));
+        let at = self.r.layout.latency_at + (func * heaptrace_common::LOG2_BUCKETS + b) * 8;
+        // SAFETY: within the thread's slot.
+        add(unsafe { (self.t as *mut u8).add(at) } as *mut u64, 1);
     }
 
     fn counters(&self) -> *mut ProcCounters {
@@ -84,9 +153,10 @@ impl Call {
         live::take(self.r, ptr)
     }
 
-    pub fn allocated(self, f: Func, size: u64, ptr: u64) {
+    pub fn allocated(mut self, f: Func, size: u64, ptr: u64) {
         let pc = self.counters();
         let func = self.func(f);
+        self.timed(func);
         // SAFETY: the thread's own counters.
         unsafe {
             add(&raw mut (*pc).funcs[func].calls, 1);
@@ -99,9 +169,10 @@ impl Call {
         self.track(func as u32, size, ptr);
     }
 
-    pub fn reallocated(self, old: u64, size: u64, ret: u64, held: Option<LiveEntry>) {
+    pub fn reallocated(mut self, old: u64, size: u64, ret: u64, held: Option<LiveEntry>) {
         let pc = self.counters();
         let f = self.func(Func::Realloc);
+        self.timed(f);
         // SAFETY: the thread's own counters.
         unsafe {
             add(&raw mut (*pc).funcs[f].calls, 1);
@@ -181,16 +252,33 @@ impl Call {
                 add(&raw mut (*s).temp_bytes, b.size);
             }
         }
+        if b.ts_ns != 0
+            && let Some(i) = self.site_index(b.stack_id, b.func)
+        {
+            // A timed block's lifetime, in units of 1024 ns, in its site's shared histogram.
+            let lifetime = now().wrapping_sub(b.ts_ns) >> 10;
+            let bucket = heaptrace_common::log2_bucket(lifetime);
+            let at = self.r.layout.lifetimes + (i * heaptrace_common::LOG2_BUCKETS + bucket) * 8;
+            // SAFETY: a word of the shared lifetimes area.
+            let n = unsafe { AtomicU64::from_ptr(self.r.at::<u64>(at)) };
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A site's index among each thread's site entries (and the lifetimes): its stack id, or
+    /// past the stored ones, the lost stack of its function.
+    fn site_index(&self, stack_id: i32, func: u32) -> Option<usize> {
+        let sites = self.r.header().sites as usize;
+        match stack_id {
+            LOST_STACK => Some(sites + func as usize % FUNC_COUNT),
+            id if id >= 0 && (id as usize) < sites => Some(id as usize),
+            _ => None,
+        }
     }
 
     /// This thread's entry of a site, by stack id (or the lost one of its function).
     fn site(&self, stack_id: i32, func: u32) -> Option<*mut SiteEntry> {
-        let sites = self.r.header().sites as usize;
-        let i = match stack_id {
-            LOST_STACK => sites + func as usize % FUNC_COUNT,
-            id if id >= 0 && (id as usize) < sites => id as usize,
-            _ => return None,
-        };
+        let i = self.site_index(stack_id, func)?;
         let at = self.r.layout.sites_at + i * core::mem::size_of::<SiteEntry>();
         // SAFETY: within the thread's slot.
         Some(unsafe { (self.t as *mut u8).add(at) } as *mut SiteEntry)
@@ -230,6 +318,7 @@ impl Call {
             // SAFETY: the thread's own slot.
             tid: unsafe { (*self.t).owner },
             seq,
+            ts_ns: self.done,
         };
         if !live::insert(self.r, block) {
             lose(self.r, Loss::LiveMap);

@@ -44,7 +44,7 @@ macro_rules! frame {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
     let fp = frame!();
-    let Some(call) = Call::begin(fp) else {
+    let Some(call) = Call::begin_alloc(fp) else {
         return unsafe { real::malloc(size) };
     };
     let p = unsafe { real::malloc(size) };
@@ -57,7 +57,7 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn calloc(n: usize, each: usize) -> *mut c_void {
     let fp = frame!();
-    let Some(call) = Call::begin(fp) else {
+    let Some(call) = Call::begin_alloc(fp) else {
         return unsafe { real::calloc(n, each) };
     };
     let p = unsafe { real::calloc(n, each) };
@@ -74,7 +74,7 @@ pub unsafe extern "C" fn realloc(old: *mut c_void, size: usize) -> *mut c_void {
     if real::is_bootstrap(old) {
         return unsafe { real::realloc_bootstrap(old, size) };
     }
-    let Some(call) = Call::begin(fp) else {
+    let Some(call) = Call::begin_alloc(fp) else {
         return unsafe { real::realloc(old, size) };
     };
     // Out of the live table before the block can be handed out again.
@@ -95,7 +95,7 @@ pub unsafe extern "C" fn reallocarray(old: *mut c_void, n: usize, each: usize) -
             None => core::ptr::null_mut(),
         };
     }
-    let Some(call) = Call::begin(fp) else {
+    let Some(call) = Call::begin_alloc(fp) else {
         return unsafe { real::reallocarray(old, n, each) };
     };
     let Some(size) = n.checked_mul(each) else {
@@ -130,7 +130,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
     let fp = frame!();
-    let Some(call) = Call::begin(fp) else {
+    let Some(call) = Call::begin_alloc(fp) else {
         return unsafe { real::posix_memalign(out, align, size) };
     };
     let r = unsafe { real::posix_memalign(out, align, size) };
@@ -144,7 +144,7 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
     let fp = frame!();
-    let Some(call) = Call::begin(fp) else {
+    let Some(call) = Call::begin_alloc(fp) else {
         return unsafe { real::aligned_alloc(align, size) };
     };
     let p = unsafe { real::aligned_alloc(align, size) };
@@ -157,7 +157,7 @@ pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
     let fp = frame!();
-    let Some(call) = Call::begin(fp) else {
+    let Some(call) = Call::begin_alloc(fp) else {
         return unsafe { real::memalign(align, size) };
     };
     let p = unsafe { real::memalign(align, size) };
@@ -170,7 +170,7 @@ pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
     let fp = frame!();
-    let Some(call) = Call::begin(fp) else {
+    let Some(call) = Call::begin_alloc(fp) else {
         return unsafe { real::valloc(size) };
     };
     let p = unsafe { real::valloc(size) };
@@ -183,7 +183,7 @@ pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
     let fp = frame!();
-    let Some(call) = Call::begin(fp) else {
+    let Some(call) = Call::begin_alloc(fp) else {
         return unsafe { real::pvalloc(size) };
     };
     let p = unsafe { real::pvalloc(size) };

@@ -34,6 +34,7 @@ pub fn insert(r: &Region, block: LiveEntry) -> bool {
                         (*e).func = block.func;
                         (*e).tid = block.tid;
                         (*e).seq = block.seq;
+                        (*e).ts_ns = block.ts_ns;
                     }
                     k.store(block.key, Ordering::Release);
                     return true;

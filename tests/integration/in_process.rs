@@ -288,3 +288,41 @@ fn in_process_refuses_what_only_probes_do() {
         assert!(first.contains(IN_PROCESS), "{flags:?}: {stderr}");
     }
 }
+
+/// `--latency-every 1` times every allocating call in process too: each function's latency
+/// count is its calls, and each site's lifetimes count its released blocks.
+#[test]
+fn in_process_times_every_call_when_asked() {
+    let _g = shared();
+    let json = json_path("inproc-latency");
+    run_ok(
+        heaptrace()
+            .args([
+                "--no-tui",
+                "-q",
+                IN_PROCESS,
+                "--latency-every",
+                "1",
+                "--json",
+            ])
+            .arg(&json)
+            .arg("--")
+            .arg(fixture("allocs", "", &[]))
+            .args(["0", "200", "3"]),
+    );
+    let doc = read_json(&json);
+    for f in ["malloc", "calloc", "realloc", "posix_memalign", "valloc"] {
+        assert_eq!(
+            doc["latency"][f]["count"], doc["functions"][f]["calls"],
+            "{f}: {}",
+            doc["latency"]
+        );
+    }
+    for s in doc["stacks"].as_array().unwrap() {
+        assert_eq!(
+            s["lifetime"]["count"].as_u64().unwrap_or(0),
+            s["frees"].as_u64().unwrap(),
+            "{s}"
+        );
+    }
+}

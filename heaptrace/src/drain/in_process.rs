@@ -33,6 +33,8 @@ pub struct Capacities {
     pub depth: u32,
     /// Rows of the unwind area (0: none, stacks by frame pointer only).
     pub unwind_rows: u32,
+    /// `--latency-every` (0: no call timed).
+    pub latency_every: u32,
 }
 
 pub struct Region {
@@ -107,7 +109,7 @@ impl Region {
             sizes: caps.sizes,
             depth: caps.depth,
             count_as,
-            _pad0: 0,
+            latency_every: caps.latency_every,
             threads_used: 0,
             sites_used: 0,
             losses: [0; LOSS_COUNT],

@@ -88,6 +88,11 @@ fn launch_with_library(
             .clamp(256, 1 << 20)
             .next_power_of_two(),
         depth: cli.stack_depth,
+        latency_every: if cli.mode >= crate::run_info::Mode::Sizes {
+            cli.latency_every
+        } else {
+            0
+        },
         unwind_rows: if cli.mode == crate::run_info::Mode::Stacks {
             cli.unwind_table_size
         } else {

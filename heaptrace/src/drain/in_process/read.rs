@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use heaptrace_common::{
-    FUNC_COUNT, SiteCounters,
+    FUNC_COUNT, LOG2_BUCKETS, SiteCounters,
     inproc::{FIRST_KEY, Header, LOST_STACK, LiveEntry, SiteEntry, SizeEntry, StackHead},
     mode,
 };
@@ -58,10 +58,19 @@ impl Region {
                 add_entry(sum, e);
             }
         }
+        let lifetimes = self.read::<u64>(
+            self.layout.lifetimes,
+            (h.sites as usize + FUNC_COUNT) * LOG2_BUCKETS,
+        )?;
         for (i, sum) in sums.iter().enumerate() {
             if *sum == SiteEntry::default() {
                 continue;
             }
+            // Stored stacks' lifetimes first, the lost stacks' at the end, as the entries.
+            let at = match i.checked_sub(used) {
+                None => i,
+                Some(f) => h.sites as usize + f,
+            } * LOG2_BUCKETS;
             let key = match i.checked_sub(used) {
                 None => (self.pid, i as i32, self.funcs[i]),
                 Some(f) => (self.pid, LOST_STACK, f as u32),
@@ -75,9 +84,24 @@ impl Region {
                 temp_bytes: sum.temp_bytes,
                 untracked: sum.untracked,
                 untracked_bytes: sum.untracked_bytes,
+                lifetimes: std::array::from_fn(|b| lifetimes[at + b]),
                 ..SiteCounters::ZERO
             };
             snap.sites.insert(key, SiteTotals::from_per_cpu([&c]));
+        }
+        Ok(())
+    }
+
+    /// The threads' latency histograms, summed.
+    fn read_latency(&self, h: &Header, snap: &mut Snapshot) -> Result<()> {
+        for i in 0..self.threads_used(h) {
+            let at = self.layout.thread(i) + self.layout.latency_at;
+            let counts = self.read::<u64>(at, FUNC_COUNT * LOG2_BUCKETS)?;
+            for (f, hist) in snap.latency.iter_mut().enumerate() {
+                for (b, n) in hist.iter_mut().enumerate() {
+                    *n = n.wrapping_add(counts[f * LOG2_BUCKETS + b]);
+                }
+            }
         }
         Ok(())
     }
@@ -121,6 +145,7 @@ impl Region {
         snap.procs.insert(self.pid, proc);
         if h.mode >= mode::SIZES {
             self.read_sizes(h, &mut snap)?;
+            self.read_latency(h, &mut snap)?;
         }
         if h.mode >= mode::STACKS {
             self.read_sites(h, &mut snap)?;
