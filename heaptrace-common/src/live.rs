@@ -2,14 +2,14 @@
 //!
 //! A hash map insert takes a bucket lock and allocates an element, and a delete takes the lock
 //! again: on this project's machine the live map's insert, lookup and delete were about 330 ns
-//! of program time per malloc+free pair (BENCHMARKS.md, *Slots before the hash maps*), half of
-//! what counts mode adds to its traps. A slot is an array element, which the verifier inlines,
+//! of program time per malloc+free pair (2026-11-24, in BENCHMARKS.md's history), half of what
+//! counts mode adds to its traps. A slot is an array element, which the verifier inlines,
 //! and is claimed and released with one compare-and-swap each, without a lock.
 //!
-//! Each block has one slot, picked by its key's hash; a block whose slot is taken goes to the
-//! hash map as before, so the table adds room and never refuses a block the map would take.
-//! A slot's `state` is [`EMPTY`], [`BUSY`] while one program fills or empties it, or the
-//! [`state`] of the key it holds, which the free of that key alone can match.
+//! Each block has one slot, picked by its address ([`index`]); a block whose slot is taken
+//! goes to the hash map as before, so the table adds room and never refuses a block the map
+//! would take. A slot's `state` is [`EMPTY`], [`BUSY`] while one program fills or empties it,
+//! or the [`state`] of the key it holds, which the free of that key alone can match.
 
 use crate::{LiveBlock, LiveKey};
 

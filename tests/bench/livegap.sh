@@ -25,7 +25,8 @@ for _ in $(seq "$REPS"); do
     for b in "${!builds[@]}"; do
         for m in bare counts stacks; do
             echo "threadtest $b $m $(ttime "${builds[$b]}" -q $(modeflag "$m") --)" >>"$out"
-            echo "pairs $b $m $("${builds[$b]}" -q $(modeflag "$m") -- "$pairs" "$N" 2>/dev/null)" >>"$out"
+            echo "pairs $b $m $("${builds[$b]}" -q $(modeflag "$m") -- "$pairs" "$N" 2>/dev/null)" \
+                >>"$out"
         done
     done
 done
