@@ -591,6 +591,7 @@ pub mod maps {
     pub const COUNTING: &str = "COUNTING";
     pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
     pub const UNWIND_PROCS: &str = "UNWIND_PROCS";
+    pub const UNWIND_CACHE: &str = "UNWIND_CACHE";
 }
 
 /// Globals set by the loader before the programs are loaded.

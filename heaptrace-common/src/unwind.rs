@@ -66,7 +66,9 @@ const _: () = assert!(core::mem::size_of::<Module>() == 40);
 #[derive(Clone, Copy, Debug)]
 pub struct ProcModules {
     pub count: u32,
-    pub _pad: u32,
+    /// A number user space gives each entry it writes, never twice in a run (from 1): the
+    /// rule cache's entries name the entry they were found in ([`rule_tag`]).
+    pub version: u32,
     pub modules: [Module; MAX_MODULES],
 }
 
@@ -74,7 +76,7 @@ impl Default for ProcModules {
     fn default() -> Self {
         ProcModules {
             count: 0,
-            _pad: 0,
+            version: 0,
             modules: [Module::default(); MAX_MODULES],
         }
     }
@@ -88,3 +90,88 @@ pub const ROW_STEPS: u32 = 24;
 pub const MAX_FILE_ROWS: u32 = 1 << ROW_STEPS;
 
 const _: () = assert!(1 << MODULE_STEPS == MAX_MODULES);
+
+/// The rule cache: the rule a frame's address was last found to have, so that a frame seen
+/// before costs one lookup where the module's and the row's binary searches took some twenty
+/// (a libc frame: ~50 ns of program time here; BENCHMARKS.md, *Many live blocks*). A row of
+/// `1 << RULE_CACHE_SHIFT` entries per CPU, each two words: the [`rule_tag`] of the address
+/// and the process's [`ProcModules::version`], and the tag's high half with the rule
+/// ([`rule_word`]). A new version (the process's mappings written again, its files' rows
+/// elsewhere) has new tags, so no entry outlives the rows it was read from. The tag's half in
+/// both words: an entry half written by one program and half by another (preempted on its
+/// CPU) is taken only where the two tags share that half.
+pub const RULE_CACHE_SHIFT: u32 = 10;
+
+/// The rule of a frame walked by frame pointer: its module has no rows ([`rule_word`]).
+pub const RULE_FRAME_POINTER: u8 = 0x80;
+/// With [`RULE_FRAME_POINTER`]: its module's table did not fit ([`MODULE_NO_ROOM`]).
+pub const RULE_NO_ROOM: u8 = 0x40;
+
+/// The tag of address `pc` in modules of `version`: never 0 (an empty entry).
+#[inline(always)]
+pub fn rule_tag(pc: u64, version: u32) -> u64 {
+    let v = u64::from(version).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    crate::keyed::mix(crate::keyed::mix(pc) ^ v)
+}
+
+/// The index of `tag`'s entry in `cpu`'s row.
+#[inline(always)]
+pub fn rule_index(cpu: u32, tag: u64) -> u32 {
+    (cpu << RULE_CACHE_SHIFT) | ((tag >> 2) as u32 & ((1 << RULE_CACHE_SHIFT) - 1))
+}
+
+/// An entry's second word: the tag's high half, a row's `cfa`, `rbp` and `kind` (or
+/// [`RULE_FRAME_POINTER`], with [`RULE_NO_ROOM`]); the row's `pc` is not kept.
+#[inline(always)]
+pub fn rule_word(tag: u64, row: &Row) -> u64 {
+    (tag & !0xffff_ffff)
+        | (u64::from(row.cfa) << 16)
+        | (u64::from(row.rbp) << 8)
+        | u64::from(row.kind)
+}
+
+/// The rule an entry holds for `tag`, if it is that tag's.
+#[inline(always)]
+pub fn cached_rule(entry: &[u64; 2], tag: u64) -> Option<Row> {
+    let w = entry[1];
+    if entry[0] != tag || (w ^ tag) >> 32 != 0 {
+        return None;
+    }
+    Some(Row {
+        pc: 0,
+        cfa: (w >> 16) as u16,
+        kind: w as u8,
+        rbp: (w >> 8) as u8,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cached_rule_is_its_tags_alone() {
+        let row = Row {
+            pc: 0x1234,
+            cfa: 0x1f0,
+            kind: kind::RSP,
+            rbp: 3,
+        };
+        let tag = rule_tag(0x7f00_0012_3456, 7);
+        let entry = [tag, rule_word(tag, &row)];
+        assert_eq!(cached_rule(&entry, tag), Some(Row { pc: 0, ..row }));
+        assert_ne!(rule_tag(0x7f00_0012_3456, 8), tag, "another version");
+        assert_ne!(rule_tag(0x7f00_0012_3457, 7), tag, "another address");
+        assert_eq!(cached_rule(&[0, 0], tag), None, "an empty entry");
+        // Half written by another program: the first word's tag, the second's of another.
+        let other = rule_tag(0x7f00_0012_3456, 9);
+        assert_eq!(cached_rule(&[tag, rule_word(other, &row)], tag), None);
+        let fp = Row {
+            kind: RULE_FRAME_POINTER | RULE_NO_ROOM,
+            ..Row::default()
+        };
+        assert_eq!(cached_rule(&[tag, rule_word(tag, &fp)], tag), Some(fp));
+        assert_ne!(rule_tag(0, 0), 0);
+        assert_eq!(rule_index(1, 0) >> RULE_CACHE_SHIFT, 1);
+    }
+}

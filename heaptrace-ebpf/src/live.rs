@@ -20,8 +20,8 @@ use heaptrace_common::{
 use crate::maps::{LIVE_SLOTS, cas, live_slots_mask};
 
 #[inline(always)]
-fn slot(state: u64) -> Option<&'static mut LiveSlot> {
-    let p = LIVE_SLOTS.get_ptr_mut(index(state, live_slots_mask()))?;
+fn slot(key: &LiveKey) -> Option<&'static mut LiveSlot> {
+    let p = LIVE_SLOTS.get_ptr_mut(index(key, live_slots_mask()))?;
     // SAFETY: map value pointer, valid for the program's run; its fields are written only by
     // the program that moved its state to BUSY.
     Some(unsafe { &mut *p })
@@ -33,7 +33,7 @@ fn slot(state: u64) -> Option<&'static mut LiveSlot> {
 #[inline(always)]
 pub fn insert(key: &LiveKey, block: &LiveBlock) -> bool {
     let st = state(key);
-    let Some(s) = slot(st) else {
+    let Some(s) = slot(key) else {
         return false;
     };
     // A plain read first: a taken slot costs no locked instruction.
@@ -59,7 +59,7 @@ pub fn insert(key: &LiveKey, block: &LiveBlock) -> bool {
 #[inline(always)]
 pub fn take(key: &LiveKey) -> Option<LiveBlock> {
     let st = state(key);
-    let s = slot(st)?;
+    let s = slot(key)?;
     // SAFETY: as above.
     if unsafe { core::ptr::read_volatile(&s.state) } != st || !cas(&mut s.state, st, BUSY) {
         return None;

@@ -94,6 +94,10 @@ pub static UNWIND_ROWS: Array<Row> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 pub static UNWIND_PROCS: HashMap<u32, ProcModules> =
     HashMap::with_max_entries(1, BPF_F_NO_PREALLOC);
 
+/// The rules of frames walked before, a row per CPU (`heaptrace_common::unwind::rule_tag`).
+#[map(name = "UNWIND_CACHE")]
+pub static UNWIND_CACHE: Array<[u64; 2]> = Array::with_max_entries(1, 0);
+
 /// A stack walk's state between its frames (`stacks::walk`).
 #[repr(C)]
 pub struct WalkState {

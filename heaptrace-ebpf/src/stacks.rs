@@ -16,7 +16,7 @@ use aya_ebpf::{
 use heaptrace_common::{
     Loss, STACK_FRAMES, StoredStack,
     stack::{HASH_START, cache_choice, cache_index, cache_word, hash_finish, hash_step, ids},
-    unwind::{MODULE_NO_ROOM, ProcModules, kind},
+    unwind::{ProcModules, RULE_FRAME_POINTER, RULE_NO_ROOM, kind},
 };
 
 use crate::maps::{
@@ -146,48 +146,44 @@ fn unwind_one(f: &mut Frames<'_>) -> Result<(), u64> {
     }
     let (pc, sp, fp) = (st.pc, st.sp, st.fp);
     // pc is a return address: the call before it is in the frame's function.
-    let m = crate::unwind::module(f.modules, pc.wrapping_sub(1));
+    let rule = crate::unwind::rule(f.modules, pc.wrapping_sub(1))?;
     let mut chunk = Chunk {
         c: &mut *f.chunk,
         base: &mut st.base,
         reads: &mut st.reads,
     };
-    let (ret, cfa, fp) = match m {
-        Some(m) if m.rows != 0 => {
-            let row = crate::unwind::row(m, pc.wrapping_sub(1)).ok_or(Loss::UnwindNoRule as u64)?;
-            let reg = match row.kind {
-                kind::RSP => sp,
-                kind::RBP => fp,
-                kind::END => return Err(0),
-                _ => return Err(Loss::UnwindNoRule as u64),
-            };
-            let cfa = reg.wrapping_add(u64::from(row.cfa) * 8);
-            if cfa <= sp {
-                return Err(0);
-            }
-            let ret = chunk.word(cfa - 8).ok_or(0u64)?;
-            let fp = if row.rbp != 0 {
-                chunk
-                    .word(cfa.wrapping_sub(u64::from(row.rbp) * 8))
-                    .ok_or(0u64)?
-            } else {
-                fp
-            };
-            (ret, cfa, fp)
+    let (ret, cfa, fp) = if rule.kind & RULE_FRAME_POINTER == 0 {
+        let reg = match rule.kind {
+            kind::RSP => sp,
+            kind::RBP => fp,
+            kind::END => return Err(0),
+            _ => return Err(Loss::UnwindNoRule as u64),
+        };
+        let cfa = reg.wrapping_add(u64::from(rule.cfa) * 8);
+        if cfa <= sp {
+            return Err(0);
         }
-        m => {
-            if m.is_some_and(|m| m.flags & MODULE_NO_ROOM != 0) {
-                st.no_room = 1;
-            }
-            if fp < sp {
-                return Err(0);
-            }
-            // One after the other: LLVM read the second's value where the first failed, a
-            // register the verifier saw uninitialized.
-            let next = chunk.word(fp).ok_or(0u64)?;
-            let ret = chunk.word(fp + 8).ok_or(0u64)?;
-            (ret, fp + 16, next)
+        let ret = chunk.word(cfa - 8).ok_or(0u64)?;
+        let fp = if rule.rbp != 0 {
+            chunk
+                .word(cfa.wrapping_sub(u64::from(rule.rbp) * 8))
+                .ok_or(0u64)?
+        } else {
+            fp
+        };
+        (ret, cfa, fp)
+    } else {
+        if rule.kind & RULE_NO_ROOM != 0 {
+            st.no_room = 1;
         }
+        if fp < sp {
+            return Err(0);
+        }
+        // One after the other: LLVM read the second's value where the first failed, a
+        // register the verifier saw uninitialized.
+        let next = chunk.word(fp).ok_or(0u64)?;
+        let ret = chunk.word(fp + 8).ok_or(0u64)?;
+        (ret, fp + 16, next)
     };
     if ret == 0 {
         return Err(0);

@@ -4,9 +4,16 @@
 //!
 //! Branch-free steps: LLVM unrolls them, and the verifier follows one path through them. With a
 //! branch a step, it followed every combination (hundreds of thousands of instructions).
-use heaptrace_common::unwind::{MAX_MODULES, MODULE_STEPS, Module, ProcModules, ROW_STEPS, Row};
+use aya_ebpf::helpers::bpf_get_smp_processor_id;
+use heaptrace_common::{
+    Loss,
+    unwind::{
+        MAX_MODULES, MODULE_NO_ROOM, MODULE_STEPS, Module, ProcModules, ROW_STEPS,
+        RULE_FRAME_POINTER, RULE_NO_ROOM, Row, cached_rule, rule_index, rule_tag, rule_word,
+    },
+};
 
-use crate::maps::{NO_MODULES, UNWIND_PROCS, UNWIND_ROWS, unwind_on};
+use crate::maps::{NO_MODULES, UNWIND_CACHE, UNWIND_PROCS, UNWIND_ROWS, slot_cpus, unwind_on};
 
 /// The process's modules, where tables are on and it has any; else none (an empty list).
 /// Never None in practice: an empty list rather than an Option, because LLVM computed the
@@ -73,4 +80,64 @@ pub fn row(m: &Module, pc: u64) -> Option<Row> {
     }
     let r = UNWIND_ROWS.get(base as u32)?;
     (u64::from(r.pc) <= rel).then_some(*r)
+}
+
+/// How to unwind the frame whose call is at `pc`: its row, or [`RULE_FRAME_POINTER`] (with
+/// [`RULE_NO_ROOM`]) where its module has no rows or it is in none. Err: a module with rows
+/// but none for `pc` (a `Loss` index). From the rule cache where it holds it
+/// (`heaptrace_common::unwind::RULE_CACHE_SHIFT`).
+#[inline(always)]
+pub fn rule(pm: &ProcModules, pc: u64) -> Result<Row, u64> {
+    let walked = Row {
+        kind: RULE_FRAME_POINTER,
+        ..Row::default()
+    };
+    if pm.count == 0 {
+        return Ok(walked); // no tables (or none for this process): nothing to search
+    }
+    let tag = rule_tag(pc, pm.version);
+    let entry = cache_entry(tag);
+    if let Some(e) = entry {
+        let e = e.cast::<u64>();
+        // SAFETY: aligned reads of a map value.
+        let words = unsafe {
+            [
+                core::ptr::read_volatile(e),
+                core::ptr::read_volatile(e.add(1)),
+            ]
+        };
+        if let Some(r) = cached_rule(&words, tag) {
+            return Ok(r);
+        }
+    }
+    let found = match module(pm, pc) {
+        Some(m) if m.rows != 0 => row(m, pc).ok_or(Loss::UnwindNoRule as u64)?,
+        Some(m) if m.flags & MODULE_NO_ROOM != 0 => Row {
+            kind: RULE_FRAME_POINTER | RULE_NO_ROOM,
+            ..Row::default()
+        },
+        _ => walked,
+    };
+    if let Some(e) = entry {
+        let e = e.cast::<u64>();
+        // SAFETY: aligned stores to a map value; see `cached_rule` for a program preempted
+        // between the two by another on this CPU.
+        unsafe {
+            core::ptr::write_volatile(e, tag);
+            core::ptr::write_volatile(e.add(1), rule_word(tag, &found));
+        }
+    }
+    Ok(found)
+}
+
+/// `tag`'s entry in this CPU's row of the rule cache (None where the cache is off).
+#[inline(always)]
+fn cache_entry(tag: u64) -> Option<*mut [u64; 2]> {
+    // SAFETY: no preconditions (the verifier inlines it).
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    if cpu >= slot_cpus() {
+        return None;
+    }
+    // A map value pointer, valid for the program's run.
+    UNWIND_CACHE.get_ptr_mut(rule_index(cpu, tag))
 }

@@ -51,7 +51,7 @@ bpf_test!(
             let mut used = std::collections::HashSet::new();
             for i in 0..40u64 {
                 let s = slot(100 + (i % 2) as u32, 0x5555_0000_0000 + 32 * i, 16 + i);
-                let at = index(s.state, mask);
+                let at = index(&s.key, mask);
                 if used.insert(at) {
                     array.set(at, s, 0).unwrap();
                     put.push(s);

@@ -336,6 +336,14 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
             if opts.unwinds() { opts.unwind_rows } else { 1 },
         )
         .map_max_entries(
+            maps::UNWIND_CACHE,
+            if opts.unwinds() {
+                rows.entries(heaptrace_common::unwind::RULE_CACHE_SHIFT)
+            } else {
+                1
+            },
+        )
+        .map_max_entries(
             maps::UNWIND_PROCS,
             if opts.unwinds() {
                 opts.proc_map_size

@@ -131,6 +131,8 @@ pub struct Tables {
     space: RowSpace,
     files: HashMap<FileKey, FileEntry>,
     pids: HashMap<u32, Proc>,
+    /// The last entry's `ProcModules::version`.
+    version: u32,
     pub stats: TableStats,
 }
 
@@ -158,6 +160,7 @@ impl Tables {
             store,
             files: HashMap::new(),
             pids: HashMap::new(),
+            version: 0,
             stats: TableStats::default(),
         }
     }
@@ -257,8 +260,10 @@ impl Tables {
             self.stats.modules_over += 1;
             modules.truncate(MAX_MODULES);
         }
+        self.version += 1;
         let mut entry = ProcModules {
             count: modules.len() as u32,
+            version: self.version,
             ..ProcModules::default()
         };
         entry.modules[..modules.len()].copy_from_slice(&modules);
