@@ -4,7 +4,10 @@
 # against a native run. The loop times itself, so attaching and detaching are left out.
 #
 #   heaptrace-calls, -counts, -stacks   heaptrace --mode M
+#   inproc-counts, -stacks              heaptrace --in-process --mode M (no trap)
+#   floor-bare-traps                    the three traps alone (`--floor bare-traps`)
 #   heaptrack                           LD_PRELOAD, in-process (skipped if not installed)
+#   bpftrace-*: skipped if bpftrace is not installed
 #   bpftrace-count                      a count at malloc's and free's entries, as a naive
 #                                       uprobe tool places them (free's first instruction is
 #                                       single-stepped)
@@ -18,7 +21,7 @@ set -euo pipefail
 N=${1:-1000000}
 REPS=${2:-5}
 . tests/bench/pairs-setup.sh
-command -v bpftrace >/dev/null || { echo "peers.sh: bpftrace is not installed" >&2; exit 1; }
+command -v bpftrace >/dev/null || echo "peers.sh: bpftrace is not installed: its runs left out" >&2
 libc=$(ldd "$pairs" | awk '/libc\.so/ {print $3}')
 count="uprobe:$libc:malloc, uprobe:$libc:free { @[probe] = count(); }"
 live="uprobe:$libc:malloc { @size[tid] = arg0; }
@@ -36,13 +39,20 @@ for _ in $(seq "$REPS"); do
     for m in calls counts stacks; do
         echo "heaptrace-$m $("$ht" -q --mode "$m" -- "$pairs" "$N" 2>/dev/null | loop)" >>"$out"
     done
+    for m in counts stacks; do
+        echo "inproc-$m $("$ht" -q --in-process --mode "$m" -- "$pairs" "$N" 2>/dev/null | loop)" \
+            >>"$out"
+    done
+    echo "floor-bare-traps $("$ht" -q --floor bare-traps -- "$pairs" "$N" 2>/dev/null | loop)" >>"$out"
     if command -v heaptrack >/dev/null; then
         echo "heaptrack $(heaptrack -o "$tmp/ht" "$pairs" "$N" 2>/dev/null | loop)" >>"$out"
         rm -f "$tmp"/ht*
     fi
-    for s in count live stacks; do
-        echo "bpftrace-$s $(bpftrace -e "${!s}" -c "$pairs $N" 2>/dev/null | loop)" >>"$out"
-    done
+    if command -v bpftrace >/dev/null; then
+        for s in count live stacks; do
+            echo "bpftrace-$s $(bpftrace -e "${!s}" -c "$pairs $N" 2>/dev/null | loop)" >>"$out"
+        done
+    fi
 done
 python3 - "$out" "$N" <<'PY'
 import statistics, sys

@@ -326,3 +326,49 @@ fn in_process_times_every_call_when_asked() {
         );
     }
 }
+
+/// A command in which the library never ran is said to have been counted in nothing.
+#[test]
+fn in_process_says_when_the_library_never_ran() {
+    let _g = shared();
+    // An unknown mode: inproc exits 2 before any allocation.
+    let out = heaptrace()
+        .args(["--no-tui", "-q", IN_PROCESS, "--"])
+        .arg(inproc())
+        .arg("bogus")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the preloaded library never ran"),
+        "{stderr}"
+    );
+}
+
+/// A script is run by its interpreter, which takes the library.
+#[test]
+fn in_process_traces_a_script_through_its_interpreter() {
+    let _g = shared();
+    let dir = json_path("inproc-script").with_extension("d");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("run.sh");
+    let body = format!("#!/bin/sh\nexec {} usable\n", inproc().display());
+    std::fs::write(&script, body).unwrap();
+    let mut perms = std::fs::metadata(&script).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&script, perms).unwrap();
+    let json = json_path("inproc-script");
+    let out = run_ok(
+        heaptrace()
+            .args(["--no-tui", "-q", IN_PROCESS, "--json"])
+            .arg(&json)
+            .arg("--")
+            .arg(&script),
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("usable_null 0"));
+    let doc = read_json(&json);
+    // The exec'ed program alone: the shell's own calls were started over.
+    assert_eq!(sized(&doc, "malloc", 200000), 1, "{}", doc["sizes"]);
+    assert_eq!(doc["processes"][0]["comm"], "inproc");
+}

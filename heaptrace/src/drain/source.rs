@@ -31,6 +31,10 @@ pub trait Source {
     fn purge_inflight(&mut self, thread_alive: &dyn Fn(u32, u32) -> bool) -> Result<usize>;
     /// Nothing is counted from here on (the probes' own detach does it for the kernel).
     fn stop(&mut self) {}
+    /// What the summary should warn of about this source at the end, if anything.
+    fn warning(&self) -> Option<String> {
+        None
+    }
     /// The launched command exec'ed and is held before its new image runs: whether its
     /// counts were started over here (the kernel's start over at the exec by themselves).
     fn exec_held(&mut self) -> Result<bool> {

@@ -4,8 +4,9 @@
 //! another user has it ignored.
 use std::{
     io::Read as _,
-    os::unix::fs::{
-        DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _,
+    os::unix::{
+        ffi::OsStrExt as _,
+        fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _},
     },
     path::{Path, PathBuf},
 };
@@ -26,6 +27,9 @@ pub fn refusal(exe: &Path) -> Option<String> {
             exe.display()
         ));
     }
+    // A script runs its interpreter (once: an interpreter that is itself a script is left to
+    // the kernel, which refuses it too).
+    let exe = &shebang(exe).unwrap_or_else(|| exe.to_path_buf());
     match interpreter(exe) {
         Ok(true) => None,
         Ok(false) => Some(format!(
@@ -35,6 +39,18 @@ pub fn refusal(exe: &Path) -> Option<String> {
         )),
         Err(e) => Some(format!("--in-process: cannot read {}: {e}", exe.display())),
     }
+}
+
+/// The interpreter a script names on its `#!` line, if it is one.
+fn shebang(path: &Path) -> Option<PathBuf> {
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(path).ok()?.read(&mut head).ok()?;
+    let line = head[..n].strip_prefix(b"#!")?;
+    let line = &line[..line.iter().position(|b| *b == b'\n')?];
+    let word = line
+        .split(|b| *b == b' ' || *b == b'\t')
+        .find(|w| !w.is_empty())?;
+    Some(PathBuf::from(std::ffi::OsStr::from_bytes(word)))
 }
 
 /// Whether an ELF file asks for a dynamic loader (has a PT_INTERP segment). Reads the file
@@ -136,6 +152,20 @@ mod tests {
         assert_eq!(interpreter(Path::new("/bin/sh")).ok(), Some(true));
         assert!(interpreter(Path::new("/etc/passwd")).is_err());
         assert!(refusal(Path::new("/bin/sh")).is_none());
+    }
+
+    #[test]
+    fn a_script_is_judged_by_its_interpreter() {
+        let dir = std::env::temp_dir().join(format!("ht-shebang-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("s.sh");
+        std::fs::write(&script, "#!/bin/sh -e\necho hi\n").unwrap();
+        assert_eq!(shebang(&script), Some(PathBuf::from("/bin/sh")));
+        assert!(refusal(&script).is_none());
+        std::fs::write(&script, "echo no interpreter\n").unwrap();
+        assert_eq!(shebang(&script), None);
+        assert!(refusal(&script).is_some());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub(super) fn finish(
     };
     daemon.maps.stop();
     daemon.round()?;
+    if let Some(w) = daemon.maps.warning() {
+        eprintln!("heaptrace: warning: {w}");
+    }
     // Every followed process's blocks, not the root's alone.
     let pids: Option<HashSet<u32>> = pid
         .filter(|_| daemon.followed.is_none())

@@ -244,6 +244,16 @@ impl Source for Region {
         self.set_counting(false);
     }
 
+    fn warning(&self) -> Option<String> {
+        (self.pid != 0 && self.owner() == 0).then(|| {
+            format!(
+                "the preloaded library never ran in pid {}: nothing was counted in it (it \
+                 replaced LD_PRELOAD, or its loader ignored it)",
+                self.pid
+            )
+        })
+    }
+
     fn exec_held(&mut self) -> Result<bool> {
         self.start_over()?;
         Ok(true)
