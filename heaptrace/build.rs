@@ -71,7 +71,7 @@ fn preload() -> anyhow::Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = std::process::Command::new(cargo);
     cmd.current_dir(&dir)
-        .args(["build", "--release", "--offline", "--target-dir"])
+        .args(["build", "--release", "--locked", "--target-dir"])
         .arg(&out);
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy().into_owned();
