@@ -381,7 +381,7 @@ fn bad_recordings_give_one_line_and_exit_code_2() {
         "not a heaptrace recording",
     );
     let mut future = b"HEAPTRC\0".to_vec();
-    future.extend([11, 0, 0, 0]);
+    future.extend([0xff, 0xff, 0, 0]);
     bad_file_is_rejected("future", &future, "newer than this heaptrace");
     let old = b"HEAPTRC\0\x01\0\0\0".to_vec();
     bad_file_is_rejected("old", &old, "older than this heaptrace reads");

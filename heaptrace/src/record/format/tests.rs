@@ -187,3 +187,28 @@ fn recordings_before_format_7_keep_their_time_rule() {
         "freed before its thread's next allocation"
     );
 }
+
+/// A header of format 10 ends before `collector`: it reads as the kernel's probes', and a
+/// format 11 header keeps what it says.
+#[test]
+fn headers_before_11_were_counted_by_the_probes() {
+    use crate::run_info::Collector;
+    let frame = |payload: Vec<u8>| RawFrame {
+        kind: Kind::Header,
+        offset: 0,
+        stored_len: 0,
+        payload,
+    };
+    let h = Header {
+        collector: Collector::InProcess.name().into(),
+        ..Default::default()
+    };
+    let v11 = postcard::to_allocvec(&h).unwrap();
+    let back = decode_header(&frame(v11), 11).unwrap();
+    assert_eq!(back.run_info().collector, Collector::InProcess);
+    let old = Header::default();
+    let mut v10 = postcard::to_allocvec(&old).unwrap();
+    assert_eq!(v10.pop(), Some(0), "the empty collector, last");
+    let back = decode_header(&frame(v10), 10).unwrap();
+    assert_eq!(back.run_info().collector, Collector::Kernel);
+}
