@@ -354,11 +354,16 @@ impl Layout {
     }
 }
 
-/// The slot of `ptr` in a live table of `slots` (a power of two): blocks are 16-byte
-/// aligned, so the low bits say nothing.
+/// The slot of `ptr` in a live table of `slots` (a power of two): its address in 16-byte units
+/// (the allocators' alignment) plus an offset drawn from its 64 MiB region, as the kernel's live
+/// slots are placed (`crate::live::index`). Blocks allocated one after another take
+/// neighbouring slots, so a call touches the cache lines and pages its neighbours touched, and
+/// a run of linear probing stays short; the regions' offsets keep the thread arenas' heaps
+/// (64 MiB apart, their blocks at the same offsets) off each other's slots.
 #[inline(always)]
-pub const fn live_slot(ptr: u64, slots: u32) -> usize {
-    ((ptr >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & (slots as usize - 1)
+pub fn live_slot(ptr: u64, slots: u32) -> usize {
+    let region = crate::keyed::mix(ptr >> crate::live::REGION_SHIFT);
+    ((ptr >> 4).wrapping_add(region >> 32)) as usize & (slots as usize - 1)
 }
 
 /// The hash of a stack's return addresses and function: never below `FIRST_KEY`.
