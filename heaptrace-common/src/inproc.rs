@@ -15,7 +15,7 @@ use crate::{
 
 /// "HTINPROC", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"HTINPROC");
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// The environment variable that hands the library its region: `FD:SIZE:TOKEN` (decimal,
 /// decimal, 32 hex digits).
 pub const ENV: &str = "HEAPTRACE_INPROC";
@@ -34,6 +34,11 @@ pub const BUSY: u64 = 1;
 pub const GONE: u64 = 2;
 /// The first key word that names an entry.
 pub const FIRST_KEY: u64 = 3;
+
+/// A thread adds its live-heap changes to the shared count once they reach this many bytes
+/// either way (a block this large at once): one shared write per that many bytes, not one
+/// per call. The peak is then within this much per thread, either way.
+pub const PEAK_BATCH: u64 = 64 << 10;
 
 /// Probes of an open-addressing table before an insert gives up (and counts a loss). A
 /// lookup never looks further than an insert may have put the key.
@@ -118,6 +123,9 @@ pub struct ThreadHead {
     /// Allocating calls until the next timed one, and the random state that draws the gaps.
     pub countdown: u32,
     pub rng: u32,
+    /// Live bytes this thread changed since it last added them to the header's shared live
+    /// heap (wrapping, signed): added at `PEAK_BATCH` either way.
+    pub live_delta: u64,
     pub counters: ProcCounters,
 }
 

@@ -5,7 +5,9 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use heaptrace_common::{
     FUNC_COUNT, Func, Loss, NO_SITE, ProcCounters,
-    inproc::{FIRST_KEY, LOST_STACK, LiveEntry, PROBES, SiteEntry, SizeEntry, ThreadHead},
+    inproc::{
+        FIRST_KEY, LOST_STACK, LiveEntry, PEAK_BATCH, PROBES, SiteEntry, SizeEntry, ThreadHead,
+    },
     mode,
 };
 
@@ -375,9 +377,12 @@ impl Call {
     }
 
     /// The process's live heap, shared: its highest and the allocation that reached it.
+    /// The thread's change is added once it reaches `PEAK_BATCH` (see there).
     fn peak_grew(&self, size: u64, stack_id: i32) {
+        let Some(now) = self.peak_add(size) else {
+            return;
+        };
         let h = self.r.header_ptr();
-        let now = self.peak_add(size);
         // SAFETY: words of the header.
         let max = unsafe { AtomicU64::from_ptr(&raw mut (*h).peak_max) };
         let mut was = max.load(Ordering::Relaxed);
@@ -398,11 +403,19 @@ impl Call {
         }
     }
 
-    /// Adds to the live heap (wrapping) and returns it.
-    fn peak_add(&self, delta: u64) -> u64 {
+    /// Adds `delta` (wrapping) to the thread's change of the live heap; once that reaches
+    /// `PEAK_BATCH` either way, adds it to the shared live heap and returns the new total.
+    fn peak_add(&self, delta: u64) -> Option<u64> {
+        // SAFETY: the thread's own slot.
+        let mine = unsafe { &mut (*self.t).live_delta };
+        *mine = mine.wrapping_add(delta);
+        if (*mine as i64).unsigned_abs() < PEAK_BATCH {
+            return None;
+        }
+        let batch = core::mem::take(mine);
         // SAFETY: a word of the header.
         let live = unsafe { AtomicU64::from_ptr(&raw mut (*self.r.header_ptr()).peak_live) };
-        live.fetch_add(delta, Ordering::Relaxed).wrapping_add(delta)
+        Some(live.fetch_add(batch, Ordering::Relaxed).wrapping_add(batch))
     }
 }
 

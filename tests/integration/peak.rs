@@ -31,3 +31,22 @@ bpf_test!(
         }
     }
 );
+
+/// In process each thread adds its live-heap changes in 64 KiB batches: the peak is within
+/// 64 KiB of the true one (one thread here), and says it is not exact.
+#[test]
+fn in_process_the_peak_is_within_a_batch_of_the_true_one() {
+    let _g = shared();
+    let json = json_path("peak-burst-inproc");
+    run_ok(
+        heaptrace()
+            .args(["--no-tui", "-q", "--in-process", "--json"])
+            .arg(&json)
+            .arg("--")
+            .arg(fixture("burst", "", &[])),
+    );
+    let doc = read_json(&json);
+    let got = doc["peak"]["live_bytes"].as_u64().unwrap();
+    assert!(got.abs_diff(PEAK) <= 64 << 10, "{got} against {PEAK}");
+    assert_eq!(doc["peak"]["exact"], false);
+}

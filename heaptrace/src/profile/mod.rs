@@ -399,7 +399,9 @@ impl Profile {
             {
                 let mut peak = self.peak_now(round, total);
                 peak.live_bytes = k.bytes as i64;
-                peak.exact = true;
+                // In process each thread adds its changes in batches: within
+                // `inproc::PEAK_BATCH` a thread (docs/in-process.md).
+                peak.exact = self.collector == crate::run_info::Collector::Kernel;
                 peak.reached_by = Some((*pid, k.stack_id, k.size));
                 self.peak = Some(peak);
             }
