@@ -63,16 +63,7 @@ fn launch_with_library(
     argv: &[String],
     live_view: bool,
 ) -> Result<(Region, Provider, launch::Stopped)> {
-    let exe = allocator::resolve_command(&argv[0]).ok_or_else(|| Error::Exec {
-        cmd: argv[0].clone(),
-        reason: "command not found".into(),
-        found: false,
-    })?;
-    launch::check_executable(&exe).map_err(|e| Error::Exec {
-        cmd: argv[0].clone(),
-        reason: e.to_string(),
-        found: e.kind() != std::io::ErrorKind::NotFound,
-    })?;
+    let exe = executable(argv)?;
     if let Some(why) = preload::refusal(&exe) {
         return Err(Error::Usage(why));
     }
@@ -110,11 +101,7 @@ fn launch_with_library(
         ],
         fd: Some(fd),
     };
-    let redirect = match (&cli.command_output, live_view) {
-        (Some(path), _) => Some(launch::Redirect::to(path, cli.force)?),
-        (None, true) => Some(launch::Redirect::to(Path::new("/dev/null"), false)?),
-        (None, false) => None,
-    };
+    let redirect = redirect(cli, live_view)?;
     let stopped = launch::spawn_stopped_with(&exe, argv, redirect.as_ref(), Some(&inherit))?;
     Ok((region, provider, stopped))
 }

@@ -77,28 +77,13 @@ pub(super) fn find_target(
             (allocator::host_libc()?, Scope::All, None)
         }
         Target::Command(argv) => {
-            let exe = allocator::resolve_command(&argv[0]).ok_or_else(|| Error::Exec {
-                cmd: argv[0].clone(),
-                reason: "command not found".into(),
-                found: false,
-            })?;
-            // Said before anything is attached, as the shell would say it.
-            launch::check_executable(&exe).map_err(|e| Error::Exec {
-                cmd: argv[0].clone(),
-                reason: e.to_string(),
-                found: e.kind() != std::io::ErrorKind::NotFound,
-            })?;
+            let exe = executable(argv)?;
             let preload = std::env::var("LD_PRELOAD").ok();
             let provider = match &cli.allocator_symbols {
                 Some(c) => allocator::custom_for_command(&exe, preload.as_deref(), c)?,
                 None => allocator::for_command(&exe, preload.as_deref())?,
             };
-            // With the live view on the terminal, the command's output would scribble over it.
-            let redirect = match (&cli.command_output, live_view) {
-                (Some(path), _) => Some(launch::Redirect::to(path, cli.force)?),
-                (None, true) => Some(launch::Redirect::to(Path::new("/dev/null"), false)?),
-                (None, false) => None,
-            };
+            let redirect = redirect(cli, live_view)?;
             let child = launch::spawn_stopped(&exe, argv, redirect.as_ref())?;
             let scope = match cli.follow_forks {
                 true => Scope::Tree(child.pid),
@@ -106,5 +91,31 @@ pub(super) fn find_target(
             };
             (provider, scope, Some(child))
         }
+    })
+}
+
+/// A command's executable, found as the shell would find it and checked to be one: said
+/// before anything is launched or attached, as the shell would say it.
+pub(super) fn executable(argv: &[String]) -> Result<std::path::PathBuf> {
+    let exe = allocator::resolve_command(&argv[0]).ok_or_else(|| Error::Exec {
+        cmd: argv[0].clone(),
+        reason: "command not found".into(),
+        found: false,
+    })?;
+    launch::check_executable(&exe).map_err(|e| Error::Exec {
+        cmd: argv[0].clone(),
+        reason: e.to_string(),
+        found: e.kind() != std::io::ErrorKind::NotFound,
+    })?;
+    Ok(exe)
+}
+
+/// Where a launched command's output goes: `--command-output`, or /dev/null under the live
+/// view (its output would scribble over it), else heaptrace's own.
+pub(super) fn redirect(cli: &TraceArgs, live_view: bool) -> Result<Option<launch::Redirect>> {
+    Ok(match (&cli.command_output, live_view) {
+        (Some(path), _) => Some(launch::Redirect::to(path, cli.force)?),
+        (None, true) => Some(launch::Redirect::to(Path::new("/dev/null"), false)?),
+        (None, false) => None,
     })
 }
