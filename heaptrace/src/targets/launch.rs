@@ -49,30 +49,6 @@ pub enum Event {
     Exited(Option<ExitStatus>),
 }
 
-/// Where a launched command's standard streams go.
-pub struct Redirect {
-    /// Receives stdout and stderr.
-    pub output: std::fs::File,
-    /// Becomes stdin.
-    pub input: std::fs::File,
-}
-
-impl Redirect {
-    /// stdout and stderr to `path` (created 0600, never through a link; an existing file
-    /// replaced only with `force`), stdin from /dev/null.
-    pub fn to(path: &Path, force: bool) -> Result<Redirect> {
-        let output = crate::output::stream(path, force).map_err(|source| Error::Write {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let input = std::fs::File::open("/dev/null").map_err(|source| Error::Read {
-            path: "/dev/null".into(),
-            source,
-        })?;
-        Ok(Redirect { output, input })
-    }
-}
-
 /// A child stopped before exec.
 pub struct Stopped {
     pub pid: u32,
@@ -117,41 +93,6 @@ fn hold(
     while ack.try_recv().is_ok() {}
     if events.send(event).is_ok() {
         let _ = ack.recv_timeout(timeout);
-    }
-}
-
-/// What a launched command gets beyond its arguments: environment entries (replacing those
-/// of the same name; LD_PRELOAD put first in front of any it has) and a descriptor left open
-/// across its exec (`--in-process`: the library and its region).
-#[derive(Default)]
-pub struct Inherit {
-    pub env: Vec<(String, String)>,
-    pub fd: Option<i32>,
-}
-
-impl Inherit {
-    /// This process's environment with `env` put in.
-    fn environment(&self) -> Vec<Vec<u8>> {
-        let mut out: Vec<Vec<u8>> = Vec::new();
-        for (k, v) in std::env::vars_os() {
-            let k = k.as_bytes();
-            let ours = self.env.iter().find(|(name, _)| name.as_bytes() == k);
-            match ours {
-                Some((name, val)) if name == "LD_PRELOAD" && !v.is_empty() => {
-                    out.push([k, b"=", val.as_bytes(), b" ", v.as_bytes()].concat())
-                }
-                Some(_) => {}
-                None => out.push([k, b"=", v.as_bytes()].concat()),
-            }
-        }
-        for (k, v) in &self.env {
-            let preload_kept =
-                k == "LD_PRELOAD" && out.iter().any(|e| e.starts_with(b"LD_PRELOAD="));
-            if !preload_kept {
-                out.push(format!("{k}={v}").into_bytes());
-            }
-        }
-        out
     }
 }
 
@@ -636,6 +577,11 @@ fn wait_exit(pid: i32) {
         unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
     }
 }
+
+mod inherit;
+mod redirect;
+pub use inherit::Inherit;
+pub use redirect::Redirect;
 
 #[cfg(test)]
 mod tests;
