@@ -5,6 +5,8 @@ pub mod grouped;
 pub mod histogram;
 pub mod incarnation;
 mod narrow;
+mod peak;
+pub use peak::Peak;
 pub mod same_stacks;
 pub mod sampling;
 use std::{collections::BTreeMap, sync::Arc};
@@ -22,9 +24,6 @@ use crate::{
     symbolize::Frame,
     targets::procfs::Mem,
 };
-
-/// How many sites the peak remembers.
-const PEAK_SITES: usize = 20;
 
 /// Symbolized stacks by (process, stack id), each shared.
 pub type Stacks = BTreeMap<(u32, i32), Arc<[Frame]>>;
@@ -116,24 +115,6 @@ pub struct ProcProfile {
     pub peak: Option<KernelPeak>,
     /// The kernel's OOM killer killed it (`oom/mark_victim`): its leaks are its heap then.
     pub oom_killed: bool,
-}
-
-/// The highest live heap: at the allocation that reached it where the kernel took it (the
-/// highest of one process's, `exact`), else the highest total seen at the end of a round; and
-/// the sites holding the most at the end of the round that saw it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Peak {
-    pub live_bytes: i64,
-    /// At the end of the round that saw it (not known at an exact peak's allocation).
-    pub live_blocks: i64,
-    pub round: u64,
-    pub elapsed_ms: u64,
-    /// (site, live blocks, live bytes), largest first, at the end of that round.
-    pub sites: Vec<(SiteId, i64, i64)>,
-    /// Taken by the kernel at an allocation rather than at a round's end.
-    pub exact: bool,
-    /// The allocation that reached an exact peak: (process, stack id, its size).
-    pub reached_by: Option<(u32, i32, u64)>,
 }
 
 /// One line of the timeline: the activity of its rounds and the state at the end of the last.
@@ -378,54 +359,6 @@ impl Profile {
             })
             .collect();
         self.leaks = Some(scaled);
-    }
-
-    /// The kernel's peaks of the round: each process's highest, and the trace's where one is
-    /// higher than any seen. Under byte sampling the live map holds the sampled blocks only:
-    /// the estimate at the round ends stands.
-    fn apply_peaks(&mut self, round: &Round, total: &Totals) {
-        if self.sample_bytes > 0 {
-            return;
-        }
-        for (pid, k) in &round.peaks {
-            let p = self.procs.entry(*pid).or_default();
-            if p.peak.is_none_or(|was| k.bytes > was.bytes) {
-                p.peak = Some(*k);
-            }
-            if self
-                .peak
-                .as_ref()
-                .is_none_or(|p| k.bytes as i64 > p.live_bytes)
-            {
-                let mut peak = self.peak_now(round, total);
-                peak.live_bytes = k.bytes as i64;
-                // In process each thread adds its changes in batches: within
-                // `inproc::PEAK_BATCH` a thread (docs/in-process.md).
-                peak.exact = self.collector == crate::run_info::Collector::Kernel;
-                peak.reached_by = Some((*pid, k.stack_id, k.size));
-                self.peak = Some(peak);
-            }
-        }
-    }
-
-    fn peak_now(&self, round: &Round, total: &Totals) -> Peak {
-        let mut sites: Vec<(SiteId, i64, i64)> = self
-            .sites
-            .iter()
-            .filter(|(id, s)| s.live_bytes > 0 && self.procs.get(&id.0).is_none_or(|p| !p.exited))
-            .map(|(id, s)| (*id, s.live_blocks, s.live_bytes))
-            .collect();
-        sites.sort_by_key(|(_, _, bytes)| std::cmp::Reverse(*bytes));
-        sites.truncate(PEAK_SITES);
-        Peak {
-            live_bytes: total.live_bytes,
-            live_blocks: total.live_blocks,
-            round: round.index,
-            elapsed_ms: round.elapsed_ms,
-            sites,
-            exact: false,
-            reached_by: None,
-        }
     }
 
     /// The processes that have not ended, summed: the live memory of the timeline and the
