@@ -373,75 +373,8 @@ impl InFlight {
 /// user space can attribute the reservation to it.
 pub const INFLIGHT_RESERVED: u32 = 1;
 
-/// Indexes of the per-CPU loss counters: every bounded map that can fill counts what it dropped.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Loss {
-    /// An allocation could not be recorded in the live map (full): its free will be untracked.
-    LiveMap = 0,
-    /// A (process, function, size) triple did not fit in the size histogram.
-    SizeHistogram = 1,
-    /// A call could not be recorded in the in-flight map: it was not counted.
-    InFlight = 2,
-    /// A process did not fit in the process map: its calls were not counted.
-    ProcessMap = 3,
-    /// An allocation's stack could not be stored (stack map full or a hash collision): it is
-    /// counted under its caller alone (a site whose last frame says more frames were lost),
-    /// or, when even that could not be stored, under a "stack lost" site of its process and
-    /// function.
-    Stack = 4,
-    /// A site did not fit in the site map: its allocations are missing from the per-site views.
-    SiteMap = 5,
-    /// A process start did not fit in the event ring: a new allocator file it uses may be
-    /// attached late (when another process using it starts).
-    ProcessEvents = 6,
-    /// A memory syscall (mmap, munmap, mremap, brk) or its call's site did not fit in the
-    /// memory-event ring or the syscall map: the reserved-memory figures may be off.
-    MemEvents = 7,
-    /// A stack was cut at a frame whose unwind row has no rule heaptrace follows (a DWARF
-    /// expression: a signal frame, a PLT stub) or at an address no row covers.
-    UnwindNoRule = 8,
-    /// A stack walked through a module whose unwind table did not fit (`--unwind-table-size`,
-    /// or more code mappings than a process's table holds): by frame pointer there, and
-    /// likely cut.
-    UnwindTable = 9,
-    /// A stack was cut at the walk's depth (127 frames) with frames left.
-    StackDepth = 10,
-}
-
-pub const LOSS_COUNT: usize = 11;
-
-impl Loss {
-    pub const ALL: [Loss; LOSS_COUNT] = [
-        Loss::LiveMap,
-        Loss::SizeHistogram,
-        Loss::InFlight,
-        Loss::ProcessMap,
-        Loss::Stack,
-        Loss::SiteMap,
-        Loss::ProcessEvents,
-        Loss::MemEvents,
-        Loss::UnwindNoRule,
-        Loss::UnwindTable,
-        Loss::StackDepth,
-    ];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Loss::LiveMap => "live_map",
-            Loss::SizeHistogram => "size_histogram",
-            Loss::InFlight => "in_flight",
-            Loss::ProcessMap => "process_map",
-            Loss::Stack => "stack",
-            Loss::SiteMap => "site_map",
-            Loss::ProcessEvents => "process_events",
-            Loss::MemEvents => "mem_events",
-            Loss::UnwindNoRule => "unwind_no_rule",
-            Loss::UnwindTable => "unwind_table",
-            Loss::StackDepth => "stack_depth",
-        }
-    }
-}
+mod loss;
+pub use loss::{LOSS_COUNT, Loss};
 
 /// A process's live heap as the kernel keeps it at each tracked allocation and release, and
 /// the highest it reached, with the allocation that reached it (`maps::PEAKS`).
@@ -498,35 +431,7 @@ pub const OOM_TASK: u32 = 1;
 pub const OOM_PID: u32 = 2;
 
 /// The memory syscalls heaptrace follows (x86-64 numbers), and the kinds of [`MemEvent`].
-pub mod mem {
-    pub const MMAP: u32 = 9;
-    pub const MUNMAP: u32 = 11;
-    pub const BRK: u32 = 12;
-    pub const MREMAP: u32 = 25;
-    /// Not a syscall: an allocator call that made memory syscalls returned; `args[0]` is its
-    /// site's stack id (as i64; `NO_SITE` outside stacks mode).
-    pub const CALL_END: u32 = 0x100;
-    /// Not a syscall: the process exec'ed, after the events of its earlier image and before
-    /// any of its new one's. What the earlier image mapped is gone; its break is no longer the
-    /// process's.
-    pub const EXEC: u32 = 0x101;
-    /// `MemEvent::func` of a syscall made outside any allocator call.
-    pub const NO_FUNC: u32 = u32::MAX;
-    /// Or'ed into munmap's and mremap's number: the syscall is about to run (`ret` 0). Their
-    /// release of the old range is applied here, before the kernel frees it for another
-    /// thread's mmap, whose event could otherwise come first.
-    pub const BEGIN: u32 = 0x1000;
-    /// Or'ed into munmap's and mremap's number: the syscall failed; the range is mapped still.
-    pub const FAILED: u32 = 0x2000;
-    /// Attach cookie flag of a wrapper's entry probe (the cookie's low bits: the number).
-    pub const COOKIE_BEGIN: u64 = 1 << 32;
-
-    /// Whether syscall `nr` gives a range back (munmap, mremap): reported as it begins too.
-    #[inline(always)]
-    pub fn releases(nr: u32) -> bool {
-        nr == MUNMAP || nr == MREMAP
-    }
-}
+pub mod mem;
 
 /// A memory syscall of a traced process, reported at its (successful) return, or the end of
 /// the allocator call that made it; munmap and mremap are also reported as they begin, and when
@@ -557,113 +462,10 @@ pub struct MemCall {
 }
 
 /// Map names, shared so that a rename on one side cannot silently break the other.
-pub mod maps {
-    pub const PROCS: &str = "PROCS";
-    pub const SIZES: &str = "SIZES";
-    pub const LIVE: &str = "LIVE";
-    pub const LIVE_SLOTS: &str = "LIVE_SLOTS";
-    pub const PROC_SLOTS: &str = "PROC_SLOTS";
-    pub const SITE_SLOTS: &str = "SITE_SLOTS";
-    pub const SIZE_SLOTS: &str = "SIZE_SLOTS";
-    pub const STACK_CACHE: &str = "STACK_CACHE";
-    pub const STACK_GEN: &str = "STACK_GEN";
-    pub const INFLIGHT: &str = "INFLIGHT";
-    pub const INFLIGHT_SLOTS: &str = "INFLIGHT_SLOTS";
-    pub const LOSSES: &str = "LOSSES";
-    pub const FRAMES: &str = "FRAMES";
-    pub const CALLERS: &str = "CALLERS";
-    pub const SITES: &str = "SITES";
-    pub const LATENCY: &str = "LATENCY";
-    pub const EVENTS: &str = "EVENTS";
-    pub const SAMPLE_LEFT: &str = "SAMPLE_LEFT";
-    pub const LOG2_TABLE: &str = "LOG2_TABLE";
-    pub const MEMCALLS: &str = "MEMCALLS";
-    pub const MEMEVENTS: &str = "MEMEVENTS";
-    pub const EXECS: &str = "EXECS";
-    pub const CGROUP_VERDICTS: &str = "CGROUP_VERDICTS";
-    /// The followed processes (tgid -> the tgid that forked it, or itself for a root), under
-    /// [`super::globals::FOLLOW_FORKS`].
-    pub const FOLLOWED: &str = "FOLLOWED";
-    /// Each process's live heap and its highest ([`super::ProcPeak`]), by tgid.
-    pub const PEAKS: &str = "PEAKS";
-    /// One u32: 1 while the programs count, 0 before every probe is in place and from the
-    /// start of the detach (see heaptrace's `probe::Probes::enable`).
-    pub const COUNTING: &str = "COUNTING";
-    pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
-    pub const UNWIND_PROCS: &str = "UNWIND_PROCS";
-    pub const UNWIND_CACHE: &str = "UNWIND_CACHE";
-}
+pub mod maps;
 
 /// Globals set by the loader before the programs are loaded.
-pub mod globals {
-    /// heaptrace's own tgid: never traced.
-    pub const SELF_TGID: &str = "SELF_TGID";
-    /// One of [`super::mode`].
-    pub const MODE: &str = "MODE";
-    /// A block freed by the thread that allocated it, with fewer than this many of that
-    /// thread's allocations in between, is temporary (1: none in between).
-    pub const TEMPORARY_ALLOCS: &str = "TEMPORARY_ALLOCS";
-    /// `--sample-bytes`: the mean number of bytes between two sampled allocations; 0 samples
-    /// every allocation.
-    pub const SAMPLE_BYTES: &str = "SAMPLE_BYTES";
-    /// `--latency-every`: one call in this many, on average, is timed for the latency
-    /// histograms (1: every call).
-    pub const LATENCY_EVERY: &str = "LATENCY_EVERY";
-    /// SAMPLE_BYTES * ln 2 in Q16 (see [`super::sampling::gap`]).
-    pub const SAMPLE_SCALE: &str = "SAMPLE_SCALE";
-    /// Calls mode (1): a function without a return probe ([`super::COOKIE_NO_RETURN`]) is
-    /// counted at its entry, and nothing is kept in the live map.
-    pub const CALLS_MODE: &str = "CALLS_MODE";
-    /// Bare mode (a benchmark floor): 1 walks the user stack at the return, 0 only counts.
-    pub const BARE_STACK: &str = "BARE_STACK";
-    /// The one process traced (`-p`, a launched command), whose execs alone are reported; 0
-    /// reports every exec (`--all`).
-    pub const WATCH_TGID: &str = "WATCH_TGID";
-    /// 1 when the memory syscalls are traced (the memory-event ring is read).
-    pub const RESERVATIONS: &str = "RESERVATIONS";
-    /// The live slots' count less one (a power of two less one; see [`super::live`]).
-    pub const LIVE_SLOTS_MASK: &str = "LIVE_SLOTS_MASK";
-    /// The in-flight slots' count less one (see [`super::InFlightSlot`]).
-    pub const INFLIGHT_SLOTS_MASK: &str = "INFLIGHT_SLOTS_MASK";
-    /// 1 when unwind tables are loaded for code without frame pointers (see [`super::unwind`]).
-    pub const UNWIND: &str = "UNWIND";
-    /// log2 of the process slots per CPU (see [`super::procs`]).
-    pub const PROC_SLOTS_SHIFT: &str = "PROC_SLOTS_SHIFT";
-    /// log2 of the site slots per CPU (see [`super::keyed`]).
-    pub const SITE_SLOTS_SHIFT: &str = "SITE_SLOTS_SHIFT";
-    /// log2 of the size slots per CPU (see [`super::keyed`]).
-    pub const SIZE_SLOTS_SHIFT: &str = "SIZE_SLOTS_SHIFT";
-    /// log2 of the stack cache's words per CPU (see [`super::stack::cache_word`]).
-    pub const STACK_CACHE_SHIFT: &str = "STACK_CACHE_SHIFT";
-    /// The CPUs with a row in the slot tables ([`super::procs`], [`super::keyed`]): 0 when
-    /// the tables are off.
-    pub const SLOT_CPUS: &str = "SLOT_CPUS";
-    /// `--all --comm`: the pattern's bytes and mask ([`super::filter::Pattern`]); a zero mask
-    /// judges no thread (every process is traced).
-    pub const COMM_FILTER: &str = "COMM_FILTER";
-    pub const COMM_FILTER_MASK: &str = "COMM_FILTER_MASK";
-    /// Byte offsets in the running kernel's `task_struct` of `group_leader` and `comm` (from its
-    /// BTF): where a thread finds its process's name.
-    pub const TASK_GROUP_LEADER: &str = "TASK_GROUP_LEADER";
-    pub const TASK_COMM: &str = "TASK_COMM";
-    /// `--all --cgroup`: 1 when the kernel judges threads by their cgroup, from the verdicts
-    /// user space puts in `maps::CGROUP_VERDICTS` (see [`super::filter`]).
-    pub const CGROUP_FILTER: &str = "CGROUP_FILTER";
-    /// 1 when only the processes in `maps::FOLLOWED` are traced, and each one they fork is
-    /// added there at its fork (`-- CMD`, `-p PID --follow-forks`).
-    pub const FOLLOW_FORKS: &str = "FOLLOW_FORKS";
-    /// Byte offsets of `pid` and `tgid` in the running kernel's `task_struct`: the fork
-    /// program reads the new task's.
-    pub const TASK_PID: &str = "TASK_PID";
-    pub const TASK_TGID: &str = "TASK_TGID";
-    /// What the kernel's `oom/mark_victim` tracepoint passes first (its BTF says):
-    /// [`super::OOM_TASK`], [`super::OOM_PID`], or 0 where the victims are not reported.
-    pub const OOM_VICTIM: &str = "OOM_VICTIM";
-    /// 1 when the programs' [`super::preempt`] placeholders were rewritten into calls of the
-    /// kernel's `bpf_preempt_disable`/`bpf_preempt_enable`: a program counts on its CPU with
-    /// plain adds between them. 0: they are no-ops and every add is atomic.
-    pub const PREEMPT_OFF: &str = "PREEMPT_OFF";
-}
+pub mod globals;
 
 /// Calls the loader rewrites before any kernel sees the programs: aya cannot call kfuncs, so
 /// a program calls these helper numbers, which no kernel has, and heaptrace's `bpf::kfunc`

@@ -1,0 +1,58 @@
+//! The unwind tables' maps and the stack walk's state (`stacks.rs`, `unwind.rs`).
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+};
+use heaptrace_common::unwind::{ProcModules, Row};
+
+use super::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC};
+
+/// 1: unwind tables are loaded (`UNWIND_ROWS`, `UNWIND_PROCS`); see
+/// `heaptrace_common::globals::UNWIND`.
+#[unsafe(no_mangle)]
+static UNWIND: u32 = 0;
+
+#[inline(always)]
+pub fn unwind_on() -> bool {
+    // SAFETY: a plain read of a global the loader wrote before load.
+    unsafe { core::ptr::read_volatile(&UNWIND) != 0 }
+}
+
+/// Every file's unwind rows (`heaptrace_common::unwind::Row`), each file's together, written
+/// by user space in place (mappable) before a process's modules point at them.
+#[map(name = "UNWIND_ROWS")]
+pub static UNWIND_ROWS: Array<Row> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// Each traced process's code mappings with their files' rows, by tgid.
+#[map(name = "UNWIND_PROCS")]
+pub static UNWIND_PROCS: HashMap<u32, ProcModules> =
+    HashMap::with_max_entries(1, BPF_F_NO_PREALLOC);
+
+/// The rules of frames walked before, a row per CPU (`heaptrace_common::unwind::rule_tag`).
+#[map(name = "UNWIND_CACHE")]
+pub static UNWIND_CACHE: Array<[u64; 2]> = Array::with_max_entries(1, 0);
+
+/// A stack walk's state between its frames (`stacks::walk`).
+#[repr(C)]
+pub struct WalkState {
+    pub pc: u64,
+    pub sp: u64,
+    pub fp: u64,
+    pub hash: u64,
+    /// Frames taken.
+    pub n: u64,
+    /// Where the chunk was read from (1: not yet), and the reads into it.
+    pub base: u64,
+    pub reads: u64,
+    /// Why the walk stopped, where that is a loss (a `Loss` index), else 0.
+    pub cut: u64,
+    /// 1: a frame was in a module whose table did not fit.
+    pub no_room: u64,
+}
+
+#[map(name = "WALK")]
+pub static WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
+
+/// An empty module list, for processes without one (`unwind::modules`).
+#[map(name = "NO_MODULES")]
+pub static NO_MODULES: Array<ProcModules> = Array::with_max_entries(1, 0);
