@@ -184,11 +184,13 @@ impl Call {
                     self.released(held, true);
                 } else {
                     add(&raw mut (*pc).funcs[f].failed, 1);
-                    // The block stays the program's: back in the table as it was.
+                    // The block stays the program's: back in the table as it was, or, with no
+                    // room, out of the live figures as a block the table refused (its free
+                    // will be untracked).
                     if let Some(b) = held
                         && !live::insert(self.r, b)
                     {
-                        lose(self.r, Loss::LiveMap);
+                        self.refused(b);
                     }
                 }
                 return;
@@ -236,6 +238,26 @@ impl Call {
         self.peak_add(b.size.wrapping_neg());
         if b.stack_id != NO_SITE {
             self.site_released(b);
+        }
+    }
+
+    /// A tracked block the live table has no room for any more: counted lost, and out of the
+    /// live figures and its site's, as `track` leaves a block it could not insert.
+    fn refused(&self, b: LiveEntry) {
+        lose(self.r, Loss::LiveMap);
+        let pc = self.counters();
+        // SAFETY: the thread's own counters.
+        unsafe {
+            add(&raw mut (*pc).live_blocks, u64::MAX);
+            add(&raw mut (*pc).live_bytes, b.size.wrapping_neg());
+        }
+        self.peak_add(b.size.wrapping_neg());
+        if let Some(s) = self.site(b.stack_id, b.func) {
+            // SAFETY: the thread's own site entry.
+            unsafe {
+                add(&raw mut (*s).untracked, 1);
+                add(&raw mut (*s).untracked_bytes, b.size);
+            }
         }
     }
 
