@@ -39,32 +39,31 @@ macro_rules! frame {
     }};
 }
 
-/// # Safety
-/// The C contract of malloc.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
-    let fp = frame!();
-    let Some(call) = Call::begin_alloc(fp) else {
-        return unsafe { real::malloc(size) };
+/// An entry point that returns a block: passed on to the next definition, and counted as
+/// `$func` of `$size` bytes.
+macro_rules! allocating {
+    ($name:ident($($a:ident: $t:ty),*) => $func:expr, $size:expr) => {
+        /// # Safety
+        /// The C contract of the function of this name.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> *mut c_void {
+            let fp = frame!();
+            let Some(call) = Call::begin_alloc(fp) else {
+                return unsafe { real::$name($($a),*) };
+            };
+            let p = unsafe { real::$name($($a),*) };
+            call.allocated($func, $size, p as u64);
+            p
+        }
     };
-    let p = unsafe { real::malloc(size) };
-    call.allocated(Func::Malloc, size as u64, p as u64);
-    p
 }
 
-/// # Safety
-/// The C contract of calloc.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn calloc(n: usize, each: usize) -> *mut c_void {
-    let fp = frame!();
-    let Some(call) = Call::begin_alloc(fp) else {
-        return unsafe { real::calloc(n, each) };
-    };
-    let p = unsafe { real::calloc(n, each) };
-    let size = (n as u64).saturating_mul(each as u64);
-    call.allocated(Func::Calloc, size, p as u64);
-    p
-}
+allocating!(malloc(size: usize) => Func::Malloc, size as u64);
+allocating!(calloc(n: usize, each: usize) => Func::Calloc, (n as u64).saturating_mul(each as u64));
+allocating!(aligned_alloc(align: usize, size: usize) => Func::AlignedAlloc, size as u64);
+allocating!(memalign(align: usize, size: usize) => Func::Memalign, size as u64);
+allocating!(valloc(size: usize) => Func::Valloc, size as u64);
+allocating!(pvalloc(size: usize) => Func::Pvalloc, size as u64);
 
 /// # Safety
 /// The C contract of realloc.
@@ -137,56 +136,4 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
     let p = if r == 0 { (unsafe { *out }) as u64 } else { 0 };
     call.allocated(Func::PosixMemalign, size as u64, p);
     r
-}
-
-/// # Safety
-/// The C contract of aligned_alloc.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
-    let fp = frame!();
-    let Some(call) = Call::begin_alloc(fp) else {
-        return unsafe { real::aligned_alloc(align, size) };
-    };
-    let p = unsafe { real::aligned_alloc(align, size) };
-    call.allocated(Func::AlignedAlloc, size as u64, p as u64);
-    p
-}
-
-/// # Safety
-/// The C contract of memalign.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
-    let fp = frame!();
-    let Some(call) = Call::begin_alloc(fp) else {
-        return unsafe { real::memalign(align, size) };
-    };
-    let p = unsafe { real::memalign(align, size) };
-    call.allocated(Func::Memalign, size as u64, p as u64);
-    p
-}
-
-/// # Safety
-/// The C contract of valloc.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
-    let fp = frame!();
-    let Some(call) = Call::begin_alloc(fp) else {
-        return unsafe { real::valloc(size) };
-    };
-    let p = unsafe { real::valloc(size) };
-    call.allocated(Func::Valloc, size as u64, p as u64);
-    p
-}
-
-/// # Safety
-/// The C contract of pvalloc.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
-    let fp = frame!();
-    let Some(call) = Call::begin_alloc(fp) else {
-        return unsafe { real::pvalloc(size) };
-    };
-    let p = unsafe { real::pvalloc(size) };
-    call.allocated(Func::Pvalloc, size as u64, p as u64);
-    p
 }

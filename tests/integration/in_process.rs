@@ -148,20 +148,7 @@ fn in_process_signal_handlers_allocations_never_deadlock_or_unbalance() {
 #[test]
 fn in_process_counts_dlopened_code() {
     let _g = shared();
-    let lib = build_once(
-        "inproclib",
-        "",
-        |tmp, src| {
-            Command::new("gcc")
-                .args(["-O1", "-g", "-fno-omit-frame-pointer", "-shared", "-fPIC"])
-                .arg("-o")
-                .arg(tmp)
-                .arg(src)
-                .output()
-                .expect("gcc")
-        },
-        "c",
-    );
+    let lib = fixture("inproclib", "", &["-shared", "-fPIC"]);
     let lib = lib.display().to_string();
     let (out, code, doc) = traced("inproc-dlopen", &[], &["dlopen", &lib]);
     assert_eq!((out.as_str(), code), ("dlopen done\n", 0));

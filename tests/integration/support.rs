@@ -219,7 +219,7 @@ pub fn cpp_fixture_with(name: &str, variant: &str, flags: &[&str]) -> PathBuf {
     )
 }
 
-pub fn build_once(
+fn build_once(
     name: &str,
     variant: &str,
     build: impl Fn(&Path, &Path) -> Output,
