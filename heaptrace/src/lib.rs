@@ -22,6 +22,25 @@
 //! ended), `error` and `output` (files created safely for a tracer run as root) are shared by
 //! all, and `progress` (bars for long start-up work, on a terminal only).
 //! `docs/architecture.md` draws the flow.
+/// `eprintln!` that never panics: with stderr closed or full (`2>&- | head`, `2>/dev/full`) a
+/// line is lost, not the trace, the command or the JSON document.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `eprint!` that never panics (`say!` without the newline).
+#[macro_export]
+macro_rules! say_part {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod bpf;
 pub mod cli;
 pub mod cmd;

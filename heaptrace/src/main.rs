@@ -49,7 +49,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) if e.is_broken_pipe() => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("heaptrace: error: {e}");
+            heaptrace::say!("heaptrace: error: {e}");
             ExitCode::from(e.exit_code())
         }
     }

@@ -21,7 +21,7 @@ pub enum Stop {
 /// The command line, parsed; or what was said instead.
 pub fn parse(args: Vec<OsString>) -> Result<Cli, Stop> {
     if args.len() <= 1 {
-        eprintln!("{}", bare_usage());
+        crate::say!("{}", bare_usage());
         return Err(Stop::Said(2));
     }
     Cli::try_parse_from(&args).map_err(|e| {
@@ -31,7 +31,7 @@ pub fn parse(args: Vec<OsString>) -> Result<Cli, Stop> {
             .collect();
         match command_hint(&text, &e) {
             Some(hint) => {
-                eprintln!("heaptrace: error: {hint}");
+                crate::say!("heaptrace: error: {hint}");
                 Stop::Said(2)
             }
             None => Stop::Clap(e),

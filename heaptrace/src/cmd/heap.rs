@@ -27,7 +27,7 @@ pub fn run(args: &HeapArgs) -> Result<i32> {
         }
     };
     for w in &census.warnings {
-        eprintln!("heaptrace: warning: {w}");
+        crate::say!("heaptrace: warning: {w}");
     }
     match args.json.as_deref() {
         Some("-") => {

@@ -220,7 +220,7 @@ fn conclude(
             // Never left to run on untraced: the tracer thread's end kills it
             // (PTRACE_O_EXITKILL), but the summary should say so first.
             if let (Target::Command(_), Some(pid)) = (target, pid) {
-                eprintln!("heaptrace: stopping pid {pid}, which would run on untraced");
+                crate::say!("heaptrace: stopping pid {pid}, which would run on untraced");
             }
             return Err(e);
         }
@@ -295,7 +295,7 @@ fn start_recording(out: NewFile, info: &RunInfo) -> Result<Recorder> {
     let header = Header::new(info, cmdlines(&info.pids));
     let path = out.path().to_path_buf();
     let r = Recorder::create(out, &header).map_err(write_error(&path))?;
-    eprintln!("heaptrace: recording to {}", path.display());
+    crate::say!("heaptrace: recording to {}", path.display());
     Ok(r)
 }
 
@@ -349,7 +349,7 @@ fn open_view(
     match tui::Tui::start(info, tui::Published::default()) {
         Ok((view, link)) => (Some(view), Some(link)),
         Err(e) => {
-            eprintln!("heaptrace: cannot open the live view ({e}); printing rounds instead");
+            crate::say!("heaptrace: cannot open the live view ({e}); printing rounds instead");
             (None, None)
         }
     }

@@ -110,7 +110,7 @@ impl ProcWatch {
                 .map_err(|e| Error::Load(format!("{prog} on {tp}: {e}")))?;
         }
         if let Err(e) = watch_oom(probes) {
-            eprintln!("heaptrace: warning: OOM kills not reported: {e}");
+            crate::say!("heaptrace: warning: OOM kills not reported: {e}");
         }
         let ring = probes.take_ring(maps::EVENTS)?;
         let mut known = allocator::Known::default();
@@ -323,11 +323,11 @@ impl ProcWatch {
             return true;
         }
         match probes.attach(&provider, self.scope, self.at_entry) {
-            Ok(()) => eprintln!(
+            Ok(()) => crate::say!(
                 "heaptrace: also tracing {} (first seen in pid {pid})",
                 provider.path.display()
             ),
-            Err(e) => eprintln!("heaptrace: warning: cannot trace pid {pid}'s allocator: {e}"),
+            Err(e) => crate::say!("heaptrace: warning: cannot trace pid {pid}'s allocator: {e}"),
         }
         true
     }

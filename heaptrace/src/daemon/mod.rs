@@ -394,7 +394,7 @@ impl Daemon {
         if tui::active() {
             self.notice = Some(msg);
         } else {
-            eprintln!("heaptrace: {msg}");
+            crate::say!("heaptrace: {msg}");
         }
         None
     }

@@ -37,7 +37,7 @@ impl Daemon {
                 }
             }
             if !self.quiet && self.live.is_none() {
-                eprintln!("heaptrace: {says}");
+                crate::say!("heaptrace: {says}");
             }
             self.notice = Some(says);
         }

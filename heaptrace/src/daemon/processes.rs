@@ -227,7 +227,7 @@ impl Daemon {
                     .unwrap_or_default();
                 let says = format!("pid {p} exec'ed {comm}: its counts start over");
                 if !self.quiet && self.live.is_none() {
-                    eprintln!("heaptrace: {says}");
+                    crate::say!("heaptrace: {says}");
                 }
                 self.notice = Some(says);
             }

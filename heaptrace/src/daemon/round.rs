@@ -173,7 +173,7 @@ impl Daemon {
         let unjudged = w.judge_cgroups();
         if unjudged > 0 && !self.unjudged_said {
             self.unjudged_said = true;
-            eprintln!(
+            crate::say!(
                 "heaptrace: warning: {unjudged} cgroups had no room in the kernel's \
                  verdicts: their processes are traced in full and left out in user space"
             );
@@ -186,14 +186,14 @@ impl Daemon {
             && let Err(e) = r.round(round)
         {
             // A full disk ends the recording, not the trace; what was written stays readable.
-            eprintln!("heaptrace: warning: recording stopped: {e}");
+            crate::say!("heaptrace: warning: recording stopped: {e}");
             self.recorder = None;
         }
         if !self.quiet
             && self.live.is_none()
             && let Some(row) = self.profile.rounds.last()
         {
-            eprintln!("heaptrace: {}", summary::round_line(row, &self.profile));
+            crate::say!("heaptrace: {}", summary::round_line(row, &self.profile));
         }
     }
 

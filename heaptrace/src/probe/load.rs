@@ -402,7 +402,7 @@ fn comm_filter(opts: &LoadOptions) -> (Pattern, crate::bpf::btf::TaskOffsets) {
     match crate::bpf::btf::task_offsets() {
         Ok(task) => (pattern, task),
         Err(e) => {
-            eprintln!(
+            crate::say!(
                 "heaptrace: warning: {e}: --comm filters in user space only (the other \
                  processes' stacks take room in the maps)"
             );

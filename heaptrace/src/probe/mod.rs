@@ -220,7 +220,7 @@ fn thread_exits(ebpf: &mut Ebpf) {
         },
     );
     if let Err(e) = attached {
-        eprintln!("heaptrace: warning: no in-flight cleanup at thread exit ({e})");
+        crate::say!("heaptrace: warning: no in-flight cleanup at thread exit ({e})");
     }
 }
 
@@ -284,7 +284,7 @@ impl Probes {
     pub fn detach(&mut self) {
         if let Err(e) = self.switch(false) {
             // Closing the links still ends tracing; only the last instants may be inconsistent.
-            eprintln!("heaptrace: warning: counting not stopped before detaching ({e})");
+            crate::say!("heaptrace: warning: counting not stopped before detaching ({e})");
         }
         links::detach_all(std::mem::take(&mut self.links));
     }
@@ -380,7 +380,7 @@ impl Probes {
                     .push((file.shown().to_path_buf(), w.sites));
             }
             Ok(None) => {}
-            Err(e) => eprintln!(
+            Err(e) => crate::say!(
                 "heaptrace: warning: memory syscalls not probed in {} ({e})",
                 file.shown().display()
             ),

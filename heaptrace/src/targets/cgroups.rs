@@ -156,16 +156,16 @@ mod tests {
             .find_map(|l| l.strip_prefix("0::"))
             .map(str::to_string)
         else {
-            eprintln!("SKIPPED no cgroup v2 line in /proc/self/cgroup");
+            crate::say!("SKIPPED no cgroup v2 line in /proc/self/cgroup");
             return;
         };
         let Some(root) = cgroup2_mount() else {
-            eprintln!("SKIPPED no cgroup2 mount");
+            crate::say!("SKIPPED no cgroup2 mount");
             return;
         };
         let dir = root.join(mine.trim_start_matches('/'));
         let Ok(meta) = std::fs::metadata(&dir) else {
-            eprintln!("SKIPPED {} not mounted", dir.display());
+            crate::say!("SKIPPED {} not mounted", dir.display());
             return;
         };
         let mut names = CgroupNames::default();
@@ -181,13 +181,13 @@ mod tests {
         let ci = std::env::var_os("CI").is_some();
         let (Some(root), Some(before)) = (names.root.clone(), names.root_stat()) else {
             assert!(!ci, "no cgroup2 mount");
-            eprintln!("SKIPPED no cgroup2 mount");
+            crate::say!("SKIPPED no cgroup2 mount");
             return;
         };
         let dir = root.join(format!("heaptrace-unit-{}", std::process::id()));
         if let Err(e) = std::fs::create_dir(&dir) {
             assert!(!ci, "cannot make a cgroup: {e}");
-            eprintln!("SKIPPED cannot make a cgroup ({e})");
+            crate::say!("SKIPPED cannot make a cgroup ({e})");
             return;
         }
         let made = names.root_stat();

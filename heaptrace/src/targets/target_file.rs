@@ -437,7 +437,7 @@ pub fn skip(pid: u32, path: &Path, expected: Option<FileId>, e: &FileError) {
         return;
     }
     SKIPPED.fetch_add(1, Ordering::Relaxed);
-    eprintln!(
+    crate::say!(
         "heaptrace: warning: skipped {} of pid {pid}: {e}",
         path.display()
     );

@@ -51,7 +51,7 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
     let (rec, profile) = match open(&args.file, args) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("heaptrace: error: {}: {e}", args.file.display());
+            crate::say!("heaptrace: error: {}: {e}", args.file.display());
             return Ok(BAD_FILE);
         }
     };
@@ -67,7 +67,7 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
         )));
     }
     if rec.truncated {
-        eprintln!(
+        crate::say!(
             "heaptrace: warning: {} was cut short; read up to its last complete record",
             args.file.display()
         );
@@ -77,7 +77,7 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
         let (_, pb) = match replayed(other, args) {
             Ok(r) => r,
             Err(e) => {
-                eprintln!("heaptrace: error: {}: {e}", other.display());
+                crate::say!("heaptrace: error: {}: {e}", other.display());
                 return Ok(BAD_FILE);
             }
         };
@@ -97,7 +97,7 @@ pub fn run(args: &ReportArgs) -> Result<i32> {
             .as_deref()
             .ok_or_else(|| Error::Usage("report --export needs -o FILE".into()))?;
         crate::view::export::write(kind, &rec, &profile, &names, args, out)?;
-        eprintln!("heaptrace: wrote {}", out.display());
+        crate::say!("heaptrace: wrote {}", out.display());
         return Ok(0);
     }
     match args.format {
@@ -242,7 +242,7 @@ fn resymbolize(rec: &Recording, p: &mut Profile) {
         })
         .collect();
     for path in &changed {
-        eprintln!(
+        crate::say!(
             "heaptrace: warning: {path} is missing or its build id changed; its frames are kept as recorded"
         );
     }

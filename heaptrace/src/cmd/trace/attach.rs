@@ -118,7 +118,7 @@ pub(super) fn watchers(
         (Ok(w), Scope::Process(_) | Scope::Tree(_)) => Some(w),
         (Err(e), Scope::All | Scope::Tree(_)) => return Err(e),
         (Err(e), Scope::Process(pid)) => {
-            eprintln!(
+            crate::say!(
                 "heaptrace: warning: execs not followed ({e}): if pid {pid} execs, its new \
                  command's counts add to the old one's"
             );
@@ -128,7 +128,7 @@ pub(super) fn watchers(
     let memring = match opts.reservations.then(|| MemRing::start(probes)) {
         Some(Ok(r)) => Some(r),
         Some(Err(e)) => {
-            eprintln!("heaptrace: warning: memory syscalls not traced: {e}");
+            crate::say!("heaptrace: warning: memory syscalls not traced: {e}");
             None
         }
         None => None,
@@ -150,7 +150,7 @@ pub(super) fn announce(
         Scope::Process(pid) => format!("pid {pid}"),
         Scope::Tree(pid) => format!("pid {pid} and its forks"),
     };
-    eprintln!(
+    crate::say!(
         "heaptrace: attached {first} probes to {} ({what})",
         provider.path.display()
     );
@@ -166,7 +166,7 @@ pub(super) fn announce(
 pub(super) fn print_probes(probes: &Probes) {
     for a in &probes.attached {
         let p = &a.placement;
-        eprintln!(
+        crate::say!(
             "heaptrace:   {}{} at {:#x}+{} `{}`{}: {}",
             if a.symbol == a.func {
                 a.func.to_string()
@@ -188,7 +188,7 @@ pub(super) fn print_probes(probes: &Probes) {
     for (path, sites) in &probes.syscall_sites {
         for s in sites {
             let p = &s.placement;
-            eprintln!(
+            crate::say!(
                 "heaptrace:   {} in {} at {:#x}+{} `{}`: {}",
                 s.name,
                 path.display(),
@@ -217,26 +217,27 @@ pub(super) fn before_attach(
         return Ok(None);
     }
     if cli.sample_bytes > 0 {
-        eprintln!("heaptrace: blocks live before attach not counted (--sample-bytes)");
+        crate::say!("heaptrace: blocks live before attach not counted (--sample-bytes)");
         return Ok(None);
     }
     let started = std::time::Instant::now();
     let held = match crate::heap::blocks_of_process(pid, true) {
         Ok(h) => h,
         Err(e) => {
-            eprintln!("heaptrace: blocks live before attach not counted: {e}");
+            crate::say!("heaptrace: blocks live before attach not counted: {e}");
             return Ok(None);
         }
     };
     for w in &held.warnings {
-        eprintln!("heaptrace: warning: heap of pid {pid} before attach: {w}");
+        crate::say!("heaptrace: warning: heap of pid {pid} before attach: {w}");
     }
     let taken = maps.take_in_before_attach(pid, &held.blocks)?;
     if taken.lost_blocks > 0 {
-        eprintln!(
+        crate::say!(
             "heaptrace: warning: {} blocks live before attach did not fit in the live map \
              (--live-map-size {}): counted lost",
-            taken.lost_blocks, cli.live_map_size
+            taken.lost_blocks,
+            cli.live_map_size
         );
     }
     log::debug!(

@@ -39,7 +39,7 @@ pub(super) fn finish(
     daemon.maps.stop();
     daemon.round()?;
     if let Some(w) = daemon.maps.warning() {
-        eprintln!("heaptrace: warning: {w}");
+        crate::say!("heaptrace: warning: {w}");
     }
     // Every followed process's blocks, not the root's alone.
     let pids: Option<HashSet<u32>> = pid
@@ -65,12 +65,12 @@ pub(super) fn finish(
             reason: reason.clone(),
         };
         match r.finish(daemon.profile.leaks.as_ref(), &end) {
-            Ok(bytes) => eprintln!(
+            Ok(bytes) => crate::say!(
                 "heaptrace: recorded {} rounds, {}",
                 daemon.profile.round_count(),
                 crate::view::units::bytes(bytes as i64)
             ),
-            Err(e) => eprintln!("heaptrace: warning: finishing the recording: {e}"),
+            Err(e) => crate::say!("heaptrace: warning: finishing the recording: {e}"),
         }
     }
     Ok(Done {
@@ -147,13 +147,13 @@ pub(super) fn print_summary(
         }
         crate::cli::GroupBy::Process => profile,
     };
-    eprintln!("heaptrace: {}", done.reason);
-    eprint!("{}", summary::summary(profile, pid, &info.aliases));
+    crate::say!("heaptrace: {}", done.reason);
+    crate::say_part!("{}", summary::summary(profile, pid, &info.aliases));
     if pid.is_none() {
-        eprint!("{}", summary::processes(profile, 20));
+        crate::say_part!("{}", summary::processes(profile, 20));
     }
     if info.mode.has_stacks() && cli.floor.is_none() {
-        eprint!(
+        crate::say_part!(
             "{}",
             site_tables::sites(
                 profile,
@@ -167,10 +167,10 @@ pub(super) fn print_summary(
             )
         );
     }
-    eprint!("{}", site_tables::latency(profile));
+    crate::say_part!("{}", site_tables::latency(profile));
     if let Some(stats) = &done.prog_stats {
-        eprint!("{}", prog_stats::text(stats));
-        eprintln!(
+        crate::say_part!("{}", prog_stats::text(stats));
+        crate::say!(
             "  counters: {}",
             match done.counting.unwrap_or(probe::Counting::Atomic) {
                 probe::Counting::PreemptionOff =>
@@ -182,13 +182,13 @@ pub(super) fn print_summary(
     // What tracing cost in memory, read once everything is gathered: the kernel maps are
     // bounded by their sizes, this is the daemon's side (profile, stacks, symbols).
     if let Some((rss, peak)) = own {
-        eprintln!(
+        crate::say!(
             "heaptrace itself: RSS {}, peak {}",
             crate::view::units::bytes(rss as i64 * 1024),
             crate::view::units::bytes(peak as i64 * 1024)
         );
     }
-    eprint!("{}", summary::memory(profile, 10));
+    crate::say_part!("{}", summary::memory(profile, 10));
 }
 
 /// The JSON document's `provider.syscall_probes`: each memory syscall wrapper probed.

@@ -152,7 +152,7 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
     region.set_counting(true);
     let child = stopped.resume()?;
     let pid = child.pid;
-    eprintln!(
+    crate::say!(
         "heaptrace: counting in process (a preloaded library) in pid {pid}, {}",
         provider.path.display()
     );

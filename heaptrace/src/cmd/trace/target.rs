@@ -72,7 +72,7 @@ pub(super) fn find_target(
         }
         Target::All => {
             if let Some(w) = access::Privileges::own().all_warning() {
-                eprintln!("heaptrace: warning: {w}");
+                crate::say!("heaptrace: warning: {w}");
             }
             (allocator::host_libc()?, Scope::All, None)
         }

@@ -52,7 +52,7 @@ pub fn wanted() -> bool {
     // SAFETY: tcgetpgrp and getpgrp have no preconditions.
     let (fg, own) = unsafe { (libc::tcgetpgrp(libc::STDOUT_FILENO), libc::getpgrp()) };
     if fg >= 0 && fg != own {
-        eprintln!(
+        crate::say!(
             "heaptrace: not in the terminal's foreground (process group {own}, the terminal's \
              is {fg}): no live view, the rounds are printed as with --no-tui"
         );
