@@ -4,6 +4,7 @@
 mod before_attach;
 mod busy;
 mod busy_attach;
+mod closed_stderr;
 mod containers;
 mod counts;
 mod custom;

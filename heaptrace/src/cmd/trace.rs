@@ -244,7 +244,13 @@ fn conclude(
     let own = procfs::own_rss_kb();
     print_summary(cli, &daemon.profile, info, &done, own);
     if let Some(path) = &cli.json {
-        write_json(path, cli.force, &daemon.profile, info, exit, &done, own)?;
+        match write_json(path, cli.force, &daemon.profile, info, exit, &done, own) {
+            // `--json - | head`: its reader chose to stop; the command's status still counts.
+            Err(e) if e.is_broken_pipe() => {
+                crate::say!("heaptrace: the JSON document's reader closed the pipe")
+            }
+            r => r?,
+        }
     }
     if let Some(e) = view_error {
         return Err(Error::Io(std::io::Error::other(e)));
