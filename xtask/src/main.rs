@@ -13,13 +13,13 @@ mod bench;
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// The LLVM majors bpf-linker 0.13.0 can be built for (its `llvm-N` features).
 const BPF_LINKER_LLVM: std::ops::RangeInclusive<u32> = 21..=23;
-/// Debian packages: what the test fixtures need (gdb for `gcore`: the heap census of a core),
-/// and the tools the exports are checked with (go tool pprof, ms_print, a headless chromium
-/// for the HTML report).
-const APT_PACKAGES: &[&str] = &[
-    "gcc",
+/// Debian packages running needs: a C compiler and libc's headers for the demo workload.
+const RUN_APT_PACKAGES: &[&str] = &["gcc", "libc6-dev"];
+/// And what the tests need besides: the fixtures' compilers and runtimes, gdb for `gcore` (the
+/// heap census of a core), tmux for the live view, and the tools the exports are checked with
+/// (go tool pprof, ms_print, a headless chromium for the HTML report).
+const TEST_APT_PACKAGES: &[&str] = &[
     "g++",
-    "libc6-dev",
     "libjemalloc2",
     "gdb",
     "tmux",
@@ -27,6 +27,15 @@ const APT_PACKAGES: &[&str] = &[
     "valgrind",
     "chromium",
 ];
+
+/// What a task installs when it is missing.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Needs {
+    /// Building and running heaptrace on the demo workload.
+    Run,
+    /// Everything the tests and benchmarks use too.
+    Test,
+}
 
 fn main() -> ExitCode {
     match real_main() {
@@ -43,13 +52,13 @@ fn real_main() -> Result<ExitCode> {
     let task = args.next().unwrap_or_default();
     let rest: Vec<String> = args.collect();
     match task.as_str() {
-        "setup" => setup().map(|()| ExitCode::SUCCESS),
+        "setup" => setup(Needs::Test).map(|()| ExitCode::SUCCESS),
         "run" => {
-            setup()?;
+            setup(Needs::Run)?;
             run(&rest)
         }
         "test" => {
-            setup()?;
+            setup(Needs::Test)?;
             test(&rest)
         }
         "bench" if rest.iter().any(|a| a == "-h" || a == "--help") => {
@@ -57,7 +66,7 @@ fn real_main() -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         "bench" => {
-            setup()?;
+            setup(Needs::Test)?;
             bench::bench(&rest)
         }
         _ => {
@@ -129,8 +138,11 @@ fn apt_install(packages: &[&str]) -> Result<()> {
 }
 
 /// Installs, only when missing: Debian packages, nightly with rust-src, bpf-linker.
-fn setup() -> Result<()> {
-    apt_install(APT_PACKAGES)?;
+fn setup(needs: Needs) -> Result<()> {
+    apt_install(RUN_APT_PACKAGES)?;
+    if needs == Needs::Test {
+        apt_install(TEST_APT_PACKAGES)?;
+    }
 
     let nightly_ok = output_ok(Command::new("rustup").args([
         "component",
