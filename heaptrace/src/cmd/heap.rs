@@ -68,9 +68,20 @@ fn kind_name(k: FreeKind) -> &'static str {
 
 /// The census for people: totals, free memory by kind, arenas, the most common sizes.
 pub fn text(c: &Census, top: usize) -> String {
-    use std::fmt::Write as _;
     let mut s = String::new();
-    let b = |n: u64| bytes(n as i64);
+    totals(&mut s, c);
+    arenas(&mut s, c);
+    sizes(&mut s, c, top);
+    s
+}
+
+fn b(n: u64) -> String {
+    bytes(n as i64)
+}
+
+/// Where the census came from, then in use, free by kind, top chunks and fragmentation.
+fn totals(s: &mut String, c: &Census) {
+    use std::fmt::Write as _;
     let how = match &c.found_by {
         crate::heap::locate::FoundBy::Symbols(p) => format!("symbols from {}", p.display()),
         crate::heap::locate::FoundBy::CodePatterns => "code patterns (no debug symbols)".into(),
@@ -137,6 +148,11 @@ pub fn text(c: &Census, top: usize) -> String {
             b(c.unreadable_bytes)
         );
     }
+}
+
+/// A line per arena, then a line per thread cache.
+fn arenas(s: &mut String, c: &Census) {
+    use std::fmt::Write as _;
     let _ = writeln!(
         s,
         "\n{:<20} {:>6} {:>12} {:>10} {:>12} {:>10} {:>12}",
@@ -171,6 +187,11 @@ pub fn text(c: &Census, top: usize) -> String {
             );
         }
     }
+}
+
+/// The in-use blocks by usable size, most bytes first, `top` of them.
+fn sizes(s: &mut String, c: &Census, top: usize) {
+    use std::fmt::Write as _;
     let mut sizes: Vec<_> = c.sizes.iter().collect();
     sizes.sort_by_key(|x| std::cmp::Reverse(x.size * x.count));
     let _ = writeln!(
@@ -190,5 +211,4 @@ pub fn text(c: &Census, top: usize) -> String {
     if sizes.len() > top {
         let _ = writeln!(s, "{:>12} more sizes (--top N)", sizes.len() - top);
     }
-    s
 }
