@@ -239,41 +239,100 @@ const STACK_BOTTOMS: [&str; 9] = [
     "start_thread",
 ];
 
-/// Most allocations' stacks end early: what share, and the module most of them stop in.
+/// Why a stack ends short of main or a thread's start.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Cut {
+    /// The stack maps had no room for the frames past the caller.
+    MapFull,
+    /// The walk stopped at its depth with frames left.
+    Depth,
+    /// In this module neither frame pointers nor unwind rows led further.
+    NoUnwind(String),
+}
+
+impl Cut {
+    fn of(frames: &[Frame]) -> Option<Cut> {
+        // Whole when it reaches a bottom anywhere: a walk may go on past `main` into libc's
+        // start frames, which a stripped libc names only by address.
+        let bottom = |f: &Frame| {
+            STACK_BOTTOMS.contains(&crate::view::names::qualified_name(&f.function).as_str())
+        };
+        if frames.iter().any(bottom) {
+            return None;
+        }
+        let last = frames.last()?;
+        Some(if last.is_more_lost() {
+            Cut::MapFull
+        } else if frames.len() >= heaptrace_common::STACK_FRAMES {
+            Cut::Depth
+        } else {
+            Cut::NoUnwind(last.module.to_string())
+        })
+    }
+
+    /// Where or why, for a short title (the live view's).
+    pub fn brief(&self) -> String {
+        match self {
+            Cut::MapFull => "the stack maps were full".into(),
+            Cut::Depth => format!("at {} frames", heaptrace_common::STACK_FRAMES),
+            Cut::NoUnwind(module) => format!("in {module}"),
+        }
+    }
+
+    /// The cause and what to do about it, for the summary.
+    fn explained(&self) -> String {
+        match self {
+            Cut::MapFull => "because the stack maps had no room for their frames past the caller \
+                 (see lost: stack; raise --stack-map-size)"
+                .into(),
+            Cut::Depth => format!(
+                "at the walk's depth of {} frames (see lost: stack_depth)",
+                heaptrace_common::STACK_FRAMES
+            ),
+            Cut::NoUnwind(module) => format!(
+                "in {module}, which has neither frame pointers nor unwind rows there (see \
+                 lost: unwind_*, and --unwind-table-size)"
+            ),
+        }
+    }
+}
+
+/// Most allocations' stacks end early: what share, and the main cause (with the module, when
+/// it is one without frame pointers or unwind rows).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Shallow {
     pub percent: f64,
-    pub module: String,
-    pub module_percent: f64,
+    pub cause: Cut,
+    pub cause_percent: f64,
 }
 
-/// Says so when most allocations' stacks end early, and in which module most of them stop
-/// (where unwinding found no frame pointer and no unwind rule): "the answer is cut" is worth
-/// a line. None when most stacks are whole or there are none.
+/// Says so when most allocations' stacks end early, and why most of them do: "the answer is
+/// cut" is worth a line. None when most stacks are whole or there are none.
 pub fn shallow(profile: &Profile) -> Option<Shallow> {
     let (mut calls, mut cut) = (0u64, 0u64);
-    let mut by_module: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut by_cause: std::collections::BTreeMap<Cut, u64> = Default::default();
     for (id, t) in &profile.sites {
         if id.1 < 0 {
             continue; // a lost stack: counted under `lost` already
         }
         let frames = profile.frames(id);
-        let Some(last) = frames.last() else { continue };
+        if frames.is_empty() {
+            continue;
+        }
         calls += t.calls;
-        let name = crate::view::names::qualified_name(&last.function);
-        if !STACK_BOTTOMS.contains(&name.as_str()) {
+        if let Some(c) = Cut::of(&frames) {
             cut += t.calls;
-            *by_module.entry(last.module.to_string()).or_default() += t.calls;
+            *by_cause.entry(c).or_default() += t.calls;
         }
     }
     if calls == 0 || cut * 2 <= calls {
         return None;
     }
-    let (module, n) = by_module.into_iter().max_by_key(|(m, n)| (*n, m.clone()))?;
+    let (cause, n) = by_cause.into_iter().max_by_key(|(c, n)| (*n, c.clone()))?;
     Some(Shallow {
         percent: 100.0 * cut as f64 / calls as f64,
-        module,
-        module_percent: 100.0 * n as f64 / calls as f64,
+        cause,
+        cause_percent: 100.0 * n as f64 / calls as f64,
     })
 }
 
@@ -282,9 +341,10 @@ pub fn shallow_stacks(profile: &Profile) -> Option<String> {
     let s = shallow(profile)?;
     Some(format!(
         "stacks: {:.0}% of allocations' stacks end before main or a thread's start; most \
-         ({:.0}%) in {}, which has neither frame pointers nor unwind rows there (see \
-         lost: unwind_*, and --unwind-table-size)\n",
-        s.percent, s.module_percent, s.module
+         ({:.0}%) {}\n",
+        s.percent,
+        s.cause_percent,
+        s.cause.explained()
     ))
 }
 
@@ -410,11 +470,6 @@ mod tests {
     #[test]
     fn stacks_that_end_early_are_said_with_their_module() {
         let mut p = Profile::default();
-        let in_module = |name: &str, module: &str| -> Frame {
-            let mut f = crate::symbolize::FrameInfo::named(name);
-            f.module = module.into();
-            f.into()
-        };
         p.stacks.insert(
             (1, 5),
             vec![
@@ -442,6 +497,70 @@ mod tests {
             "{said}"
         );
         assert!(sites(&p, 5, Temporary::Allocs(1), Names::SHORT).contains(&said));
+    }
+
+    fn in_module(name: &str, module: &str) -> Frame {
+        let mut f = crate::symbolize::FrameInfo::named(name);
+        f.module = module.into();
+        f.into()
+    }
+
+    /// A profile of two sites, 10 calls through `whole` and 30 through `cut`.
+    fn two_sites(whole: Vec<Frame>, cut: Vec<Frame>) -> Profile {
+        let mut p = Profile::default();
+        p.stacks.insert((1, 5), whole.into());
+        p.stacks.insert((1, 6), cut.into());
+        let site = |calls| SiteTotals {
+            calls,
+            bytes: calls,
+            ..Default::default()
+        };
+        p.sites.insert((1, 5, 0), site(10));
+        p.sites.insert((1, 6, 0), site(30));
+        p
+    }
+
+    /// A walk that goes past main into libc's start frames, which a stripped libc names by
+    /// address only, is whole: no warning.
+    #[test]
+    fn stacks_through_main_into_unnamed_libc_frames_are_whole() {
+        let through_main = vec![
+            in_module("malloc", "libc.so.6"),
+            in_module("main", "postgres"),
+            in_module("[unknown] 0x27249", "libc.so.6"),
+        ];
+        let p = two_sites(through_main.clone(), through_main);
+        assert_eq!(shallow(&p), None);
+    }
+
+    /// Stacks cut because the stack maps were full name that cause and the flag, not a module
+    /// without unwind rows.
+    #[test]
+    fn stacks_cut_by_a_full_stack_map_say_so() {
+        let whole = vec![
+            in_module("malloc", "libc.so.6"),
+            in_module("main", "cc1plus"),
+        ];
+        let cut = vec![
+            in_module("xmalloc", "cc1plus"),
+            crate::symbolize::Frame::more_lost(),
+        ];
+        let said = shallow_stacks(&two_sites(whole, cut)).unwrap();
+        assert!(
+            said.contains("most (75%) because the stack maps had no room")
+                && said.contains("--stack-map-size")
+                && !said.contains("unwind rows"),
+            "{said}"
+        );
+    }
+
+    /// Stacks cut at the walk's depth say so.
+    #[test]
+    fn stacks_cut_at_the_depth_say_so() {
+        let whole = vec![in_module("malloc", "libc.so.6"), in_module("main", "prog")];
+        let deep = vec![in_module("recurse", "prog"); heaptrace_common::STACK_FRAMES];
+        let said = shallow_stacks(&two_sites(whole, deep)).unwrap();
+        assert!(said.contains("most (75%) at the walk's depth"), "{said}");
     }
 
     #[test]

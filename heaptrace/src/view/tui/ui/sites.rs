@@ -16,7 +16,13 @@ pub(super) fn draw_sites(f: &mut Frame, app: &App, area: Rect) {
     let rows = app.site_rows();
     // Stacks cut short for most calls: the sites are then callers of the allocator only.
     let cut = crate::view::site_tables::shallow(app.view())
-        .map(|s| format!("; {:.0}% of stacks cut short, in {}", s.percent, s.module))
+        .map(|s| {
+            format!(
+                "; {:.0}% of stacks cut short, {}",
+                s.percent,
+                s.cause.brief()
+            )
+        })
         .unwrap_or_default();
     let block = Block::bordered().title(format!(
         "Sites: {} (sorted by {}; Enter: stack){}{cut}",
