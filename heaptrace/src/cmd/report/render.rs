@@ -194,8 +194,14 @@ pub fn json<'a>(
 }
 
 fn timeline(p: &Profile) -> String {
+    // Three kinds of column: what a row's rounds did, the state at its end, and a running sum.
+    let row = match p.timeline_step {
+        0 | 1 => "a row per round".to_string(),
+        n => format!("a row per {n} rounds"),
+    };
     let mut s = format!(
-        "{:>8} {:>10} {:>10} {:>12} {:>12} {:>10} {:>14}\n",
+        "{row}: allocs and frees made in it; live and RSS at its end; allocated since the start\n\
+         {:>8} {:>10} {:>10} {:>12} {:>12} {:>10} {:>14}\n",
         "time", "allocs", "frees", "live blocks", "live", "RSS", "allocated"
     );
     let mut cumulative = 0u64;
