@@ -365,8 +365,16 @@ pub const CALLS_LINE: &str = "calls mode: malloc counted at its entry, no live m
 pub fn processes(profile: &Profile, top: usize) -> String {
     let mut rows: Vec<_> = profile.procs.iter().collect();
     rows.sort_by_key(|(_, p)| std::cmp::Reverse(p.totals.allocations() + p.totals.frees()));
+    // A group's name ("cc1plus (40 processes)") is longer than a command's 15 bytes.
+    let w = rows
+        .iter()
+        .take(top)
+        .map(|(_, p)| p.comm.chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(16, 48);
     let mut s = format!(
-        "{:>8} {:<16} {:>12} {:>12} {:>14} {:>14}\n",
+        "{:>8} {:<w$} {:>12} {:>12} {:>14} {:>14}\n",
         "pid",
         "command",
         "allocs",
@@ -381,7 +389,7 @@ pub fn processes(profile: &Profile, top: usize) -> String {
     for (pid, p) in rows.iter().take(top) {
         let _ = writeln!(
             s,
-            "{:>8} {:<16} {:>12} {:>12} {:>14} {:>14}{}",
+            "{:>8} {:<w$} {:>12} {:>12} {:>14} {:>14}{}",
             crate::profile::incarnation::Pid(**pid),
             p.comm,
             p.totals.allocations(),
@@ -416,6 +424,24 @@ mod tests {
         assert_eq!(bytes(1023), "1023 B");
         assert_eq!(bytes(1536), "1.5 KiB");
         assert_eq!(bytes(-3 * 1024 * 1024), "-3.0 MiB");
+    }
+
+    /// A group's longer name (`--group-by command`) widens the command column for every row,
+    /// so the figures stay in their columns.
+    #[test]
+    fn process_rows_keep_their_columns_with_long_group_names() {
+        let mut p = Profile::default();
+        for (pid, comm) in [(10, "cc1plus (40 processes)"), (11, "as"), (12, "ld")] {
+            p.procs.entry(pid).or_default().comm = comm.into();
+        }
+        let text = processes(&p, 10);
+        let header = text.lines().next().unwrap();
+        // Every row's allocs figure (0) ends where the header's "allocs" does.
+        let col = header.find("allocs").unwrap() + "allocs".len();
+        assert_eq!(text.lines().count(), 4, "{text}");
+        for line in text.lines().skip(1) {
+            assert_eq!(&line[col - 2..col + 1], " 0 ", "{text}");
+        }
     }
 
     #[test]
