@@ -1,5 +1,6 @@
 //! A launched command under heaptrace's ptrace supervision, on both collection paths: job
-//! control (SIGCONT, SIGSTOP, Ctrl-Z and `fg`) works as without heaptrace.
+//! control (SIGCONT, SIGSTOP, Ctrl-Z and `fg`) works as without heaptrace; a signal sent to
+//! heaptrace's whole process group (`timeout`, `kill -- -PGID`) reaches the command once.
 //!
 //! Fixtures: `supervise.c` (`run`: ten blocks of 1000 bytes held while it runs, freed at the
 //! end; `timer`: a 20 kHz SIGALRM over fixed work with one malloc(48) every 16 rounds) and
@@ -251,3 +252,5 @@ fn ctrl_z_then_fg_resumes_an_in_process_command() {
     let _g = shared();
     ctrl_z_then_fg("sup-ctrl-z-inproc", &[IN_PROCESS]);
 }
+
+mod group;

@@ -6,11 +6,13 @@ pub mod exec_watch;
 mod filter;
 mod oom;
 mod processes;
+mod relay;
 mod round;
 pub mod signals;
 
 pub use filter::Filter;
 pub use oom::OomReports;
+pub use relay::{Relay, Route};
 pub use signals::Sig;
 use std::{
     collections::{BTreeMap, HashSet},
@@ -66,8 +68,9 @@ pub struct Daemon {
     pub child: Option<launch::Child>,
     /// How the target ended, when known (always for a launched command).
     pub exit: Option<ExitStatus>,
-    /// The signal passed on to a launched command, which heaptrace then waits for.
-    pub passed_on: Option<Sig>,
+    /// The first signal heaptrace got while its launched command runs, which it then waits
+    /// for.
+    pub relay: Option<Relay>,
     /// A process tree traced (`probe::Scope::Tree`): its processes, `pid` its root.
     pub followed: Option<crate::probe::follow::Followed>,
     /// The root of a tree ended and others of it run on: the trace ends with the last.
@@ -165,7 +168,7 @@ impl Daemon {
             followed: s.followed,
             root_ended: false,
             exit: None,
-            passed_on: None,
+            relay: None,
             probes: s.probes,
             execs: procwatch.as_mut().and_then(|w| w.events.take()),
             exec_first: None,
@@ -319,6 +322,7 @@ impl Daemon {
                         return Ok(end);
                     }
                 }
+                _ = relay::due(self.relay.as_ref()) => self.relay_due(),
             }
         }
     }
@@ -367,36 +371,6 @@ impl Daemon {
             }
         }
         Ok(())
-    }
-
-    /// A signal while tracing: the end of a trace of `-p` or `--all`. A launched command gets
-    /// the first one (unless its terminal sent it to the command too) and is waited for; a
-    /// second one ends the trace at once.
-    fn on_signal(&mut self, got: signals::Received) -> Option<End> {
-        if got.sig == Sig::Hup {
-            signals::leave_hung_up_terminal();
-        }
-        let (Some(child), None, false) = (&self.child, self.passed_on, self.root_ended) else {
-            return Some(End::Signal(got.sig));
-        };
-        let pid = child.pid as i32;
-        // SAFETY: getpgid and getpgrp have no preconditions.
-        let same_group = unsafe { libc::getpgid(pid) == libc::getpgrp() };
-        if !(got.from_terminal && same_group) {
-            // SAFETY: signalling our own child, which its tracer has not reaped.
-            unsafe { libc::kill(pid, got.sig.number()) };
-        }
-        self.passed_on = Some(got.sig);
-        let msg = format!(
-            "{} passed on to pid {pid}; waiting for it to end (send it again to stop at once)",
-            got.sig
-        );
-        if tui::active() {
-            self.notice = Some(msg);
-        } else {
-            crate::say!("heaptrace: {msg}");
-        }
-        None
     }
 }
 

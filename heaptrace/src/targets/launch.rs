@@ -17,7 +17,8 @@
 //! untraced.
 //!
 //! Job control works as without heaptrace: a group-stop is left stopped (`PTRACE_LISTEN`)
-//! until SIGCONT, and every other `PTRACE_EVENT_STOP` resumed.
+//! until SIGCONT, and every other `PTRACE_EVENT_STOP` resumed. The signals it is delivered
+//! are noted (`Delivered`) for the daemon.
 use std::{
     ffi::CString,
     io::{self, Read as _},
@@ -26,7 +27,7 @@ use std::{
         unix::ffi::OsStrExt as _,
     },
     path::Path,
-    sync::mpsc,
+    sync::{Arc, mpsc},
 };
 
 use crate::{
@@ -58,6 +59,7 @@ pub struct Stopped {
     started: mpsc::Receiver<std::result::Result<(), i32>>,
     events: Option<tokio::sync::mpsc::UnboundedReceiver<Event>>,
     ack: Option<mpsc::Sender<()>>,
+    delivered: Arc<Delivered>,
     cmd: String,
 }
 
@@ -66,6 +68,8 @@ pub struct Child {
     pub pid: u32,
     pub events: tokio::sync::mpsc::UnboundedReceiver<Event>,
     pub ack: mpsc::Sender<()>,
+    /// The signals it got, as its tracer saw them delivered.
+    pub delivered: Arc<Delivered>,
 }
 
 struct Prepared {
@@ -131,9 +135,11 @@ pub fn spawn_stopped_with(
     let (started_tx, started_rx) = mpsc::channel();
     let (event_tx, event_rx) = tokio::sync::mpsc::unbounded_channel();
     let (ack_tx, ack_rx) = mpsc::channel();
+    let delivered = Arc::new(Delivered::default());
     let link = Link {
         events: event_tx,
         ack: ack_rx,
+        delivered: delivered.clone(),
     };
     std::thread::Builder::new()
         .name("heaptrace-tracer".into())
@@ -148,6 +154,7 @@ pub fn spawn_stopped_with(
         started: started_rx,
         events: Some(event_rx),
         ack: Some(ack_tx),
+        delivered,
         cmd,
     })
 }
@@ -161,6 +168,7 @@ impl Stopped {
                 pid: self.pid,
                 events: self.events.take().expect("events"),
                 ack: self.ack.take().expect("ack"),
+                delivered: self.delivered.clone(),
             }),
             Ok(Err(errno)) => Err(Error::Exec {
                 cmd: self.cmd,
@@ -186,6 +194,7 @@ impl Stopped {
 struct Link {
     events: tokio::sync::mpsc::UnboundedSender<Event>,
     ack: mpsc::Receiver<()>,
+    delivered: Arc<Delivered>,
 }
 
 /// The tracer thread: every ptrace request and wait for the child happens here.
@@ -388,9 +397,11 @@ fn wait_exit(pid: i32) {
     }
 }
 
+mod delivered;
 mod inherit;
 mod redirect;
 mod tracee;
+pub use delivered::{Delivered, monotonic_ns};
 pub use inherit::Inherit;
 pub use redirect::Redirect;
 use tracee::Tracee;

@@ -57,7 +57,8 @@ pub(super) fn finish(
     leaks.append(&mut daemon.exited_leaks);
     daemon.profile.set_leaks(leaks);
     let oom = pid.is_some_and(|p| daemon.oom_victims.contains(&p));
-    let reason = end_reason(end, pid, exit.map(|e| (e, oom)), daemon.passed_on);
+    let after = daemon.relay.as_ref().map(|r| (r.got.sig, r.after()));
+    let reason = end_reason(end, pid, exit.map(|e| (e, oom)), after);
     if let Some(r) = daemon.recorder.take() {
         let end = EndRec {
             elapsed_ms: daemon.start.elapsed().as_millis() as u64,
@@ -215,12 +216,11 @@ pub(super) fn end_reason(
     end: &End,
     pid: Option<u32>,
     exit: Option<(ExitStatus, bool)>,
-    passed_on: Option<Sig>,
+    relayed: Option<(Sig, String)>,
 ) -> String {
     let exit = exit.map(|(status, oom)| Ended(status, oom));
-    let after = passed_on
-        .map(|s| format!(" after {s}, passed on by heaptrace"))
-        .unwrap_or_default();
+    let passed_on = relayed.as_ref().map(|(s, _)| *s);
+    let after = relayed.map(|(_, after)| after).unwrap_or_default();
     match (end, pid, exit) {
         (End::TargetExited, Some(pid), Some(status)) => format!("pid {pid} {status}{after}"),
         (End::TargetExited, Some(pid), None) => format!("pid {pid} exited"),

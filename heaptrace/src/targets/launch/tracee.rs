@@ -1,5 +1,5 @@
 //! A seized child's stops, from its exec to its exit: held at its exit, at later execs and at
-//! each image's start for the daemon; job control left to work; signals delivered.
+//! each image's start for the daemon; job control left to work; signals noted and delivered.
 use std::{
     io::{self, Read as _},
     sync::mpsc,
@@ -174,11 +174,17 @@ impl Tracee {
             libc::PTRACE_EVENT_STOP if group_stop(sig) => unsafe {
                 libc::ptrace(libc::PTRACE_LISTEN, pid, 0, 0);
             },
-            // A signal on its way: delivered.
-            0 => self.resume(sig),
+            // A signal on its way.
+            0 => self.signal_stop(sig),
             // Any other stop (SIGCONT, the end of a group-stop) goes on.
             _ => self.resume(0),
         }
+    }
+
+    /// A signal-delivery-stop: noted for the daemon, and delivered.
+    fn signal_stop(&mut self, sig: i32) {
+        self.link.delivered.note(sig);
+        self.resume(sig);
     }
 
     /// Lets the child go on (delivering `sig`, unless 0): to its next syscall while its
