@@ -1,6 +1,7 @@
 //! A launched command under heaptrace's ptrace supervision, on both collection paths: job
 //! control (SIGCONT, SIGSTOP, Ctrl-Z and `fg`) works as without heaptrace; a signal sent to
-//! heaptrace's whole process group (`timeout`, `kill -- -PGID`) reaches the command once.
+//! heaptrace's whole process group (`timeout`, `kill -- -PGID`) reaches the command once; a
+//! command that takes 20,000 signals a second runs on, let go of by its tracer.
 //!
 //! Fixtures: `supervise.c` (`run`: ten blocks of 1000 bytes held while it runs, freed at the
 //! end; `timer`: a 20 kHz SIGALRM over fixed work with one malloc(48) every 16 rounds) and
@@ -254,3 +255,4 @@ fn ctrl_z_then_fg_resumes_an_in_process_command() {
 }
 
 mod group;
+mod storm;

@@ -71,6 +71,9 @@ pub struct Daemon {
     /// The first signal heaptrace got while its launched command runs, which it then waits
     /// for.
     pub relay: Option<Relay>,
+    /// The launched command was let go of: it took signals faster than its tracer could
+    /// stop it for each.
+    pub released: Option<Released>,
     /// A process tree traced (`probe::Scope::Tree`): its processes, `pid` its root.
     pub followed: Option<crate::probe::follow::Followed>,
     /// The root of a tree ended and others of it run on: the trace ends with the last.
@@ -126,6 +129,16 @@ pub struct Daemon {
     pub oom_reports: Option<OomReports>,
 }
 
+/// A launched command let go of (`launch::Event::Released`): no longer held at its exit or
+/// later execs, nor seen taking its signals.
+#[derive(Clone, Copy, Debug)]
+pub struct Released {
+    /// Since the trace started.
+    pub after_ms: u64,
+    /// The signals it took a second, then.
+    pub per_second: u32,
+}
+
 /// What a trace hands its daemon once the probes are attached; the rest starts empty.
 pub struct Start {
     pub maps: Box<dyn Source>,
@@ -169,6 +182,7 @@ impl Daemon {
             root_ended: false,
             exit: None,
             relay: None,
+            released: None,
             probes: s.probes,
             execs: procwatch.as_mut().and_then(|w| w.events.take()),
             exec_first: None,

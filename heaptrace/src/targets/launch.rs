@@ -13,12 +13,13 @@
 //! their first allocation. One thread,
 //! the tracer, forks, seizes and waits for the child; it passes every signal on and tells the
 //! daemon when the child is exiting and when it has exited. If heaptrace dies, even by
-//! SIGKILL, the kernel kills the child (`PTRACE_O_EXITKILL`): a launched command never runs on
-//! untraced.
+//! SIGKILL, the kernel kills the child (`PTRACE_O_EXITKILL`, and `PR_SET_PDEATHSIG` once it
+//! is no longer traced): a launched command never runs on untraced.
 //!
 //! Job control works as without heaptrace: a group-stop is left stopped (`PTRACE_LISTEN`)
 //! until SIGCONT, and every other `PTRACE_EVENT_STOP` resumed. The signals it is delivered
-//! are noted (`Delivered`) for the daemon.
+//! are noted (`Delivered`) for the daemon. A command that takes signals faster than it can be
+//! stopped for each is let go of (`tracee.rs`).
 use std::{
     ffi::CString,
     io::{self, Read as _},
@@ -48,6 +49,9 @@ pub enum Event {
     /// tables can go in before their first allocation). It goes on when acknowledged (or
     /// after a timeout).
     Started,
+    /// Let go of: it took signals faster than it could be stopped for each (`per_second`).
+    /// From here on it is waited for as a child, not held at its exit or later execs.
+    Released { per_second: u32 },
     /// Gone; None if the wait for it failed.
     Exited(Option<ExitStatus>),
 }
@@ -288,6 +292,9 @@ unsafe fn exec_when_told(
     unsafe {
         libc::close(go[1]);
         libc::close(st[0]);
+        // Killed when its tracer thread ends: PTRACE_O_EXITKILL's guarantee, kept once it is
+        // let go of (`Event::Released`).
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
         let mut b = 0u8;
         loop {
             let n = libc::read(go[0], (&mut b as *mut u8).cast(), 1);

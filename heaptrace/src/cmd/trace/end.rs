@@ -9,6 +9,8 @@ pub(super) struct Done {
     /// How the kernel's programs added to their counters (None in process).
     pub(super) counting: Option<probe::Counting>,
     pub(super) prog_stats: Option<Vec<prog_stats::ProgStats>>,
+    /// The launched command was let go of by its tracer (signals too fast to stop for).
+    pub(super) released: Option<crate::daemon::Released>,
 }
 
 /// Detaches, takes the last round and the leaks, and finishes the recording.
@@ -80,6 +82,7 @@ pub(super) fn finish(
         syscall_probes,
         counting,
         prog_stats,
+        released: daemon.released,
     })
 }
 
@@ -111,6 +114,7 @@ pub(super) fn write_json(
         own_rss_kb: own,
         programs,
         counting: done.counting,
+        released: done.released.map(|r| (r.after_ms, r.per_second)),
     };
     let doc = json::document(profile, &run);
     if path == "-" {
@@ -149,6 +153,14 @@ pub(super) fn print_summary(
         crate::cli::GroupBy::Process => profile,
     };
     crate::say!("heaptrace: {}", done.reason);
+    if let (Some(r), Some(pid)) = (done.released, info.pids.first()) {
+        crate::say!(
+            "heaptrace: pid {pid} was let go of {} ms in (it took {} signals a second): its \
+             exit and later execs were not held",
+            r.after_ms,
+            r.per_second
+        );
+    }
     crate::say_part!("{}", summary::summary(profile, pid, &info.aliases));
     if pid.is_none() {
         crate::say_part!("{}", summary::processes(profile, 20));

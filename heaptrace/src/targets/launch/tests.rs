@@ -97,6 +97,7 @@ fn redirects_output_to_a_file_and_input_from_dev_null() {
             Event::Exiting | Event::Exec | Event::Started => {
                 let _ = child.ack.send(());
             }
+            Event::Released { .. } => {}
             Event::Exited(c) => {
                 code = Some(c);
                 break;

@@ -1,12 +1,18 @@
 //! A seized child's stops, from its exec to its exit: held at its exit, at later execs and at
 //! each image's start for the daemon; job control left to work; signals noted and delivered.
+//!
+//! Every signal the command takes stops it in its tracer (a signal-delivery-stop) for a round
+//! trip through this thread. A command that takes signals faster than that (an `ITIMER_REAL`
+//! of 50 us) would make no progress, so past `STORM_STOPS` in `STORM_WINDOW_NS` it is let go
+//! of (`PTRACE_DETACH`, its signal delivered) and from then on only waited for, as the parent
+//! it still is: no longer held at its exit or later execs.
 use std::{
     io::{self, Read as _},
     sync::mpsc,
     time::Duration,
 };
 
-use super::{Event, Link, wait_exit};
+use super::{Event, Link, monotonic_ns, wait_exit};
 use crate::exit_status::ExitStatus;
 
 /// How long the child may be held at its exit, whatever the daemon is doing.
@@ -24,6 +30,12 @@ const SYS_SET_TID_ADDRESS: i64 = 218;
 const ORIG_RAX_OFFSET: usize = 15 * 8;
 /// Syscall stops a new image is followed through, at most, looking for set_tid_address.
 const STARTUP_STOPS: u32 = 2000;
+
+/// Signal-delivery-stops within `STORM_WINDOW_NS` past which the command is let go of: a stop
+/// costs tens of microseconds (two switches through this thread, more on a busy host), so
+/// 256 a second cost it a few percent at most, and a faster stream would be slowed or stalled.
+const STORM_STOPS: usize = 256;
+const STORM_WINDOW_NS: u64 = 1_000_000_000;
 
 /// Tells the daemon about a stop and waits for its acknowledgement (or the timeout). An
 /// acknowledgement that came after an earlier stop's timeout is not taken for this one's.
@@ -49,6 +61,31 @@ fn group_stop(sig: i32) -> bool {
     )
 }
 
+/// When the last `STORM_STOPS` signal-delivery-stops came.
+struct Storm {
+    times: Vec<u64>,
+    next: usize,
+}
+
+impl Storm {
+    fn new() -> Storm {
+        Storm {
+            times: vec![0; STORM_STOPS],
+            next: 0,
+        }
+    }
+
+    /// A signal-delivery-stop at `now`: the stops a second, if the last `STORM_STOPS` came
+    /// within `STORM_WINDOW_NS`.
+    fn stop(&mut self, now: u64) -> Option<u32> {
+        let oldest = std::mem::replace(&mut self.times[self.next], now);
+        self.next = (self.next + 1) % STORM_STOPS;
+        let span = now.saturating_sub(oldest);
+        (oldest != 0 && span < STORM_WINDOW_NS)
+            .then(|| (STORM_STOPS as u64 * 1_000_000_000 / span.max(1)).min(u32::MAX as u64) as u32)
+    }
+}
+
 /// A seized child, followed until it is gone: the state its stops share.
 pub(super) struct Tracee {
     pid: i32,
@@ -62,6 +99,7 @@ pub(super) struct Tracee {
     /// Syscall stops of a new image followed to its start (`Event::Started`); None when not
     /// following one.
     startup: Option<u32>,
+    storm: Storm,
 }
 
 impl Tracee {
@@ -78,10 +116,11 @@ impl Tracee {
             link,
             execs: 0,
             startup: None,
+            storm: Storm::new(),
         }
     }
 
-    /// Waits for the child's stops until it is gone.
+    /// Waits for the child's stops until it is gone (once let go of, for its end alone).
     pub(super) fn run(mut self) {
         loop {
             if self.exec_failed() {
@@ -181,10 +220,26 @@ impl Tracee {
         }
     }
 
-    /// A signal-delivery-stop: noted for the daemon, and delivered.
+    /// A signal-delivery-stop: noted for the daemon and delivered; past `STORM_STOPS` a
+    /// second, delivered as the command is let go of.
     fn signal_stop(&mut self, sig: i32) {
         self.link.delivered.note(sig);
-        self.resume(sig);
+        let Some(per_second) = self.storm.stop(monotonic_ns()) else {
+            self.resume(sig);
+            return;
+        };
+        // SAFETY: detaching our own seized child, in a signal-delivery-stop.
+        if unsafe { libc::ptrace(libc::PTRACE_DETACH, self.pid, 0, sig as libc::c_long) } != 0 {
+            log::debug!(
+                "cannot let pid {} go: {}",
+                self.pid,
+                io::Error::last_os_error()
+            );
+            self.resume(sig);
+            return;
+        }
+        self.startup = None;
+        let _ = self.link.events.send(Event::Released { per_second });
     }
 
     /// Lets the child go on (delivering `sig`, unless 0): to its next syscall while its
@@ -238,5 +293,27 @@ fn exec_outcome(f: &mut std::fs::File) -> Option<std::result::Result<(), i32>> {
     match f.read(&mut buf) {
         Ok(4) => Some(Err(i32::from_ne_bytes(buf))),
         _ => Some(Ok(())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_storm_is_that_many_stops_within_the_window() {
+        let mut s = Storm::new();
+        let step = STORM_WINDOW_NS / STORM_STOPS as u64;
+        // One stop short of the window's worth: never a storm.
+        for i in 1..=(4 * STORM_STOPS as u64) {
+            assert_eq!(s.stop(i * (step + 10)), None, "{i}");
+        }
+        let mut s = Storm::new();
+        let mut got = None;
+        for i in 1..=(STORM_STOPS as u64 + 1) {
+            got = s.stop(i * 50_000);
+        }
+        // 50 us apart: 20,000 a second.
+        assert_eq!(got, Some(20_000));
     }
 }
