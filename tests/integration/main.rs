@@ -29,6 +29,7 @@ mod scale;
 mod signals;
 mod slots;
 mod stacks;
+mod supervision;
 mod support;
 mod system;
 mod temporaries;

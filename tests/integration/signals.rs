@@ -15,12 +15,12 @@ use serde_json::Value;
 
 use crate::{support::*, tui::*};
 
-fn bin() -> PathBuf {
+pub(crate) fn bin() -> PathBuf {
     fixture("signals", "", &[])
 }
 
 /// The fixture's pid, once it holds its blocks and waits.
-fn ready_pid(path: &Path) -> u32 {
+pub(crate) fn ready_pid(path: &Path) -> u32 {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Ok(s) = std::fs::read_to_string(path)
@@ -50,7 +50,7 @@ fn launch(tag: &str, mode: &str) -> (Running, u32, PathBuf) {
     (running, pid, json)
 }
 
-fn function(doc: &Value, name: &str) -> (u64, u64) {
+pub(crate) fn function(doc: &Value, name: &str) -> (u64, u64) {
     let f = &doc["functions"][name];
     (f["calls"].as_u64().unwrap(), f["bytes"].as_u64().unwrap())
 }

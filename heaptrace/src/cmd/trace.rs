@@ -234,7 +234,7 @@ fn conclude(
     let done = finish(&mut daemon, stats_fd, pid, &end, exit)?;
     // The live view stays up on the final figures after the target exited, until quit; not
     // when a signal asked heaptrace to end.
-    if daemon.live.is_some() && matches!(end, End::TargetExited) && daemon.passed_on.is_none() {
+    if daemon.live.is_some() && matches!(end, End::TargetExited) && daemon.relay.is_none() {
         daemon.publish(Some(done.reason.clone()), exit_code);
         rt.block_on(daemon.until_quit())?;
     }

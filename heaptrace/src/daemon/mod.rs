@@ -6,11 +6,13 @@ pub mod exec_watch;
 mod filter;
 mod oom;
 mod processes;
+mod relay;
 mod round;
 pub mod signals;
 
 pub use filter::Filter;
 pub use oom::OomReports;
+pub use relay::{Relay, Route};
 pub use signals::Sig;
 use std::{
     collections::{BTreeMap, HashSet},
@@ -66,8 +68,12 @@ pub struct Daemon {
     pub child: Option<launch::Child>,
     /// How the target ended, when known (always for a launched command).
     pub exit: Option<ExitStatus>,
-    /// The signal passed on to a launched command, which heaptrace then waits for.
-    pub passed_on: Option<Sig>,
+    /// The first signal heaptrace got while its launched command runs, which it then waits
+    /// for.
+    pub relay: Option<Relay>,
+    /// The launched command was let go of: it took signals faster than its tracer could
+    /// stop it for each.
+    pub released: Option<Released>,
     /// A process tree traced (`probe::Scope::Tree`): its processes, `pid` its root.
     pub followed: Option<crate::probe::follow::Followed>,
     /// The root of a tree ended and others of it run on: the trace ends with the last.
@@ -123,6 +129,16 @@ pub struct Daemon {
     pub oom_reports: Option<OomReports>,
 }
 
+/// A launched command let go of (`launch::Event::Released`): no longer held at its exit or
+/// later execs, nor seen taking its signals.
+#[derive(Clone, Copy, Debug)]
+pub struct Released {
+    /// Since the trace started.
+    pub after_ms: u64,
+    /// The signals it took a second, then.
+    pub per_second: u32,
+}
+
 /// What a trace hands its daemon once the probes are attached; the rest starts empty.
 pub struct Start {
     pub maps: Box<dyn Source>,
@@ -165,7 +181,8 @@ impl Daemon {
             followed: s.followed,
             root_ended: false,
             exit: None,
-            passed_on: None,
+            relay: None,
+            released: None,
             probes: s.probes,
             execs: procwatch.as_mut().and_then(|w| w.events.take()),
             exec_first: None,
@@ -319,6 +336,7 @@ impl Daemon {
                         return Ok(end);
                     }
                 }
+                _ = relay::due(self.relay.as_ref()) => self.relay_due(),
             }
         }
     }
@@ -367,36 +385,6 @@ impl Daemon {
             }
         }
         Ok(())
-    }
-
-    /// A signal while tracing: the end of a trace of `-p` or `--all`. A launched command gets
-    /// the first one (unless its terminal sent it to the command too) and is waited for; a
-    /// second one ends the trace at once.
-    fn on_signal(&mut self, got: signals::Received) -> Option<End> {
-        if got.sig == Sig::Hup {
-            signals::leave_hung_up_terminal();
-        }
-        let (Some(child), None, false) = (&self.child, self.passed_on, self.root_ended) else {
-            return Some(End::Signal(got.sig));
-        };
-        let pid = child.pid as i32;
-        // SAFETY: getpgid and getpgrp have no preconditions.
-        let same_group = unsafe { libc::getpgid(pid) == libc::getpgrp() };
-        if !(got.from_terminal && same_group) {
-            // SAFETY: signalling our own child, which its tracer has not reaped.
-            unsafe { libc::kill(pid, got.sig.number()) };
-        }
-        self.passed_on = Some(got.sig);
-        let msg = format!(
-            "{} passed on to pid {pid}; waiting for it to end (send it again to stop at once)",
-            got.sig
-        );
-        if tui::active() {
-            self.notice = Some(msg);
-        } else {
-            crate::say!("heaptrace: {msg}");
-        }
-        None
     }
 }
 

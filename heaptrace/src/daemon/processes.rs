@@ -97,6 +97,24 @@ impl Daemon {
                 }
                 Ok(false)
             }
+            Some(launch::Event::Released { per_second }) => {
+                let after_ms = self.start.elapsed().as_millis() as u64;
+                self.released = Some(Released {
+                    after_ms,
+                    per_second,
+                });
+                if let Some(pid) = self.pid {
+                    let says = format!(
+                        "pid {pid} takes {per_second} signals a second: let go of (ptrace), \
+                         its exit and later execs no longer held"
+                    );
+                    if !self.quiet && self.live.is_none() {
+                        crate::say!("heaptrace: {says}");
+                    }
+                    self.notice = Some(says);
+                }
+                Ok(false)
+            }
             Some(launch::Event::Exited(status)) => {
                 self.exit = status;
                 Ok(true)

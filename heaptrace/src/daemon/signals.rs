@@ -60,7 +60,13 @@ pub struct Received {
     pub sig: Sig,
     /// From the kernel: a terminal's, sent to the whole foreground process group.
     pub from_terminal: bool,
+    /// When the handler ran (`launch::monotonic_ns`): one sending that reaches heaptrace
+    /// twice (to it, then to its group) comes twice within microseconds.
+    pub at_ns: u64,
 }
+
+/// A record on the pipe: the signal, whether the kernel sent it, when.
+const RECORD: usize = 10;
 
 /// The pipe's write end, for the handler; -1 before `install`.
 static WRITE_FD: AtomicI32 = AtomicI32::new(-1);
@@ -74,7 +80,10 @@ extern "C" fn on_signal(sig: i32, info: *mut libc::siginfo_t, _ctx: *mut libc::c
         let errno = *libc::__errno_location();
         if libc::getpid() == OWNER.load(Ordering::Relaxed) {
             let kernel = !info.is_null() && (*info).si_code == SI_KERNEL;
-            let rec = [sig as u8, kernel as u8];
+            let mut rec = [0u8; RECORD];
+            rec[0] = sig as u8;
+            rec[1] = kernel as u8;
+            rec[2..].copy_from_slice(&crate::targets::launch::monotonic_ns().to_ne_bytes());
             libc::write(
                 WRITE_FD.load(Ordering::Relaxed),
                 rec.as_ptr().cast(),
@@ -123,15 +132,19 @@ pub fn take_pending() -> Option<Received> {
 }
 
 fn read_one(fd: i32) -> Option<Received> {
-    let mut rec = [0u8; 2];
-    // SAFETY: reading into a buffer of the size given; the pipe is non-blocking.
+    let mut rec = [0u8; RECORD];
+    // SAFETY: reading into a buffer of the size given; the pipe is non-blocking. Records are
+    // written whole (under PIPE_BUF), so read whole.
     let n = unsafe { libc::read(fd, rec.as_mut_ptr().cast(), rec.len()) };
-    if n != 2 {
+    if n != RECORD as isize {
         return None;
     }
+    let mut at = [0u8; 8];
+    at.copy_from_slice(&rec[2..]);
     Some(Received {
         sig: Sig::from_number(rec[0] as i32)?,
         from_terminal: rec[1] != 0,
+        at_ns: u64::from_ne_bytes(at),
     })
 }
 
@@ -201,15 +214,12 @@ mod tests {
         // To this thread (tgkill), so the handler has run when raise returns; kill(2) to the
         // process may be taken by another of the test binary's threads later. Its si_code is
         // SI_TKILL: not the kernel's.
+        let before = crate::targets::launch::monotonic_ns();
         // SAFETY: signalling ourselves; the handler is installed.
         unsafe { libc::raise(libc::SIGHUP) };
-        assert_eq!(
-            take_pending(),
-            Some(Received {
-                sig: Sig::Hup,
-                from_terminal: false
-            })
-        );
+        let got = take_pending().unwrap();
+        assert_eq!((got.sig, got.from_terminal), (Sig::Hup, false));
+        assert!(got.at_ns >= before, "{got:?}");
         assert_eq!(take_pending(), None);
     }
 }

@@ -13,8 +13,13 @@
 //! their first allocation. One thread,
 //! the tracer, forks, seizes and waits for the child; it passes every signal on and tells the
 //! daemon when the child is exiting and when it has exited. If heaptrace dies, even by
-//! SIGKILL, the kernel kills the child (`PTRACE_O_EXITKILL`): a launched command never runs on
-//! untraced.
+//! SIGKILL, the kernel kills the child (`PTRACE_O_EXITKILL`, and `PR_SET_PDEATHSIG` once it
+//! is no longer traced): a launched command never runs on untraced.
+//!
+//! Job control works as without heaptrace: a group-stop is left stopped (`PTRACE_LISTEN`)
+//! until SIGCONT, and every other `PTRACE_EVENT_STOP` resumed. The signals it is delivered
+//! are noted (`Delivered`) for the daemon. A command that takes signals faster than it can be
+//! stopped for each is let go of (`tracee.rs`).
 use std::{
     ffi::CString,
     io::{self, Read as _},
@@ -23,8 +28,7 @@ use std::{
         unix::ffi::OsStrExt as _,
     },
     path::Path,
-    sync::mpsc,
-    time::Duration,
+    sync::{Arc, mpsc},
 };
 
 use crate::{
@@ -45,6 +49,9 @@ pub enum Event {
     /// tables can go in before their first allocation). It goes on when acknowledged (or
     /// after a timeout).
     Started,
+    /// Let go of: it took signals faster than it could be stopped for each (`per_second`).
+    /// From here on it is waited for as a child, not held at its exit or later execs.
+    Released { per_second: u32 },
     /// Gone; None if the wait for it failed.
     Exited(Option<ExitStatus>),
 }
@@ -56,6 +63,7 @@ pub struct Stopped {
     started: mpsc::Receiver<std::result::Result<(), i32>>,
     events: Option<tokio::sync::mpsc::UnboundedReceiver<Event>>,
     ack: Option<mpsc::Sender<()>>,
+    delivered: Arc<Delivered>,
     cmd: String,
 }
 
@@ -64,36 +72,8 @@ pub struct Child {
     pub pid: u32,
     pub events: tokio::sync::mpsc::UnboundedReceiver<Event>,
     pub ack: mpsc::Sender<()>,
-}
-
-/// How long the child may be held at its exit, whatever the daemon is doing.
-const EXIT_HOLD: Duration = Duration::from_secs(5);
-/// How long an exec'ed image may wait for its allocator's probes (attaching takes a few
-/// hundred milliseconds at most).
-const EXEC_HOLD: Duration = Duration::from_secs(5);
-
-/// A syscall stop, as `PTRACE_O_TRACESYSGOOD` marks it.
-const SYSCALL_STOP: i32 = libc::SIGTRAP | 0x80;
-/// set_tid_address on x86-64: glibc's loader (and musl, and a static glibc) sets up the main
-/// thread with it once every library the program starts with is mapped.
-const SYS_SET_TID_ADDRESS: i64 = 218;
-/// orig_rax's word in the tracee's user area (`struct user_regs_struct`).
-const ORIG_RAX_OFFSET: usize = 15 * 8;
-/// Syscall stops a new image is followed through, at most, looking for set_tid_address.
-const STARTUP_STOPS: u32 = 2000;
-
-/// Tells the daemon about a stop and waits for its acknowledgement (or the timeout). An
-/// acknowledgement that came after an earlier stop's timeout is not taken for this one's.
-fn hold(
-    events: &tokio::sync::mpsc::UnboundedSender<Event>,
-    event: Event,
-    ack: &mpsc::Receiver<()>,
-    timeout: Duration,
-) {
-    while ack.try_recv().is_ok() {}
-    if events.send(event).is_ok() {
-        let _ = ack.recv_timeout(timeout);
-    }
+    /// The signals it got, as its tracer saw them delivered.
+    pub delivered: Arc<Delivered>,
 }
 
 struct Prepared {
@@ -159,9 +139,15 @@ pub fn spawn_stopped_with(
     let (started_tx, started_rx) = mpsc::channel();
     let (event_tx, event_rx) = tokio::sync::mpsc::unbounded_channel();
     let (ack_tx, ack_rx) = mpsc::channel();
+    let delivered = Arc::new(Delivered::default());
+    let link = Link {
+        events: event_tx,
+        ack: ack_rx,
+        delivered: delivered.clone(),
+    };
     std::thread::Builder::new()
         .name("heaptrace-tracer".into())
-        .spawn(move || tracer(prepared, pid_tx, resume_rx, started_tx, event_tx, ack_rx))?;
+        .spawn(move || tracer(prepared, pid_tx, resume_rx, started_tx, link))?;
     let pid = pid_rx
         .recv()
         .map_err(|_| exec_err("the tracer thread died".into()))?
@@ -172,6 +158,7 @@ pub fn spawn_stopped_with(
         started: started_rx,
         events: Some(event_rx),
         ack: Some(ack_tx),
+        delivered,
         cmd,
     })
 }
@@ -185,6 +172,7 @@ impl Stopped {
                 pid: self.pid,
                 events: self.events.take().expect("events"),
                 ack: self.ack.take().expect("ack"),
+                delivered: self.delivered.clone(),
             }),
             Ok(Err(errno)) => Err(Error::Exec {
                 cmd: self.cmd,
@@ -206,14 +194,20 @@ impl Stopped {
     }
 }
 
+/// What the tracer thread shares with the daemon.
+struct Link {
+    events: tokio::sync::mpsc::UnboundedSender<Event>,
+    ack: mpsc::Receiver<()>,
+    delivered: Arc<Delivered>,
+}
+
 /// The tracer thread: every ptrace request and wait for the child happens here.
 fn tracer(
     p: Prepared,
     pid_tx: mpsc::Sender<std::result::Result<u32, String>>,
     resume: mpsc::Receiver<bool>,
     started: mpsc::Sender<std::result::Result<(), i32>>,
-    events: tokio::sync::mpsc::UnboundedSender<Event>,
-    ack: mpsc::Receiver<()>,
+    link: Link,
 ) {
     let held = match fork_held(&p) {
         Ok(held) => held,
@@ -230,18 +224,9 @@ fn tracer(
     }
     let status = std::fs::File::from(held.status);
     if seized {
-        Tracee {
-            pid,
-            status,
-            started: Some(started),
-            events,
-            ack,
-            execs: 0,
-            startup: None,
-        }
-        .run();
+        Tracee::new(pid, status, started, link).run();
     } else {
-        untraced(pid, status, started, &events);
+        untraced(pid, status, started, &link.events);
     }
 }
 
@@ -307,6 +292,9 @@ unsafe fn exec_when_told(
     unsafe {
         libc::close(go[1]);
         libc::close(st[0]);
+        // Killed when its tracer thread ends: PTRACE_O_EXITKILL's guarantee, kept once it is
+        // let go of (`Event::Released`).
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
         let mut b = 0u8;
         loop {
             let n = libc::read(go[0], (&mut b as *mut u8).cast(), 1);
@@ -402,168 +390,6 @@ fn untraced(
     let _ = events.send(Event::Exited(ExitStatus::from_wait(status)));
 }
 
-/// A seized child, followed until it is gone: the state its stops share.
-struct Tracee {
-    pid: i32,
-    /// The close-on-exec status pipe, watched until exec's outcome is known.
-    status: std::fs::File,
-    /// Told how exec went, once; None after.
-    started: Option<mpsc::Sender<std::result::Result<(), i32>>>,
-    events: tokio::sync::mpsc::UnboundedSender<Event>,
-    ack: mpsc::Receiver<()>,
-    /// Execs seen: the first is the command's own.
-    execs: u32,
-    /// Syscall stops of a new image followed to its start (`Event::Started`); None when not
-    /// following one.
-    startup: Option<u32>,
-}
-
-impl Tracee {
-    /// Waits for the child's stops until it is gone.
-    fn run(mut self) {
-        loop {
-            if self.exec_failed() {
-                return;
-            }
-            let mut status = 0;
-            let wait_flags = if self.started.is_some() {
-                libc::__WALL | libc::WNOHANG
-            } else {
-                libc::__WALL
-            };
-            // SAFETY: waiting for our own (traced) child.
-            let r = unsafe { libc::waitpid(self.pid, &mut status, wait_flags) };
-            if r == 0 {
-                continue; // WNOHANG, nothing yet
-            }
-            if r < 0 {
-                if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                    continue;
-                }
-                let _ = self.events.send(Event::Exited(None));
-                return;
-            }
-            if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
-                self.exec_done();
-                let _ = self
-                    .events
-                    .send(Event::Exited(ExitStatus::from_wait(status)));
-                return;
-            }
-            if libc::WIFSTOPPED(status) {
-                self.stopped(status);
-            }
-        }
-    }
-
-    /// Until exec succeeded (the close-on-exec pipe hangs up) or failed (an errno on it).
-    /// True if it failed: the child is reaped and `started` told.
-    fn exec_failed(&mut self) -> bool {
-        if let Some(tx) = self.started.take() {
-            match exec_outcome(&mut self.status) {
-                Some(Ok(())) => {
-                    let _ = tx.send(Ok(()));
-                }
-                Some(Err(errno)) => {
-                    wait_exit(self.pid);
-                    let _ = tx.send(Err(errno));
-                    return true;
-                }
-                None => self.started = Some(tx),
-            }
-        }
-        false
-    }
-
-    /// The child got past exec (it is exiting, or gone) before the pipe said so.
-    fn exec_done(&mut self) {
-        if let Some(tx) = self.started.take() {
-            let _ = tx.send(Ok(()));
-        }
-    }
-
-    /// A ptrace stop: holds the child at its exit and at later execs, passes signals on.
-    fn stopped(&mut self, status: i32) {
-        let (pid, sig, event) = (self.pid, libc::WSTOPSIG(status), status >> 16);
-        if sig == SYSCALL_STOP && event == 0 {
-            self.syscall_stop();
-            return;
-        }
-        // SAFETY (all three): ptrace requests on our own seized, stopped child.
-        match event {
-            libc::PTRACE_EVENT_EXIT => {
-                self.exec_done();
-                hold(&self.events, Event::Exiting, &self.ack, EXIT_HOLD);
-                unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
-            }
-            libc::PTRACE_EVENT_EXEC => {
-                self.execs += 1;
-                // The first is the command's own, attached for already.
-                if self.execs > 1 {
-                    hold(&self.events, Event::Exec, &self.ack, EXEC_HOLD);
-                }
-                // Followed from syscall to syscall until its libraries are mapped.
-                self.startup = Some(0);
-                unsafe { libc::ptrace(libc::PTRACE_SYSCALL, pid, 0, 0) };
-            }
-            // A group stop (SIGSTOP, SIGTSTP...): leave it stopped until SIGCONT.
-            libc::PTRACE_EVENT_STOP => unsafe {
-                libc::ptrace(libc::PTRACE_LISTEN, pid, 0, 0);
-            },
-            // A signal on its way: deliver it.
-            _ => unsafe {
-                libc::ptrace(libc::PTRACE_CONT, pid, 0, sig as libc::c_long);
-            },
-        }
-    }
-}
-
-impl Tracee {
-    /// A syscall stop of an image followed from its exec: at its first set_tid_address, holds
-    /// it for the daemon (`Event::Started`) and lets it run on untraced; after
-    /// `STARTUP_STOPS` without one, lets it go.
-    fn syscall_stop(&mut self) {
-        let pid = self.pid;
-        let stops = self.startup.map_or(STARTUP_STOPS, |n| n + 1);
-        // SAFETY: reading a word of our stopped tracee's user area.
-        let nr = unsafe { libc::ptrace(libc::PTRACE_PEEKUSER, pid, ORIG_RAX_OFFSET, 0) };
-        if nr != SYS_SET_TID_ADDRESS && stops < STARTUP_STOPS {
-            self.startup = Some(stops);
-            // SAFETY: resuming our own stopped tracee to its next syscall stop.
-            unsafe { libc::ptrace(libc::PTRACE_SYSCALL, pid, 0, 0) };
-            return;
-        }
-        self.startup = None;
-        if nr == SYS_SET_TID_ADDRESS {
-            hold(&self.events, Event::Started, &self.ack, EXEC_HOLD);
-        }
-        // SAFETY: resuming our own stopped tracee, no longer at its syscalls.
-        unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
-    }
-}
-
-/// Whether exec has happened yet: waits a little on the close-on-exec pipe. Some(Ok) once it
-/// hangs up (exec succeeded), Some(Err(errno)) if the child wrote why exec failed, None if
-/// neither yet.
-fn exec_outcome(f: &mut std::fs::File) -> Option<std::result::Result<(), i32>> {
-    use std::os::fd::AsRawFd as _;
-    let mut pfd = libc::pollfd {
-        fd: f.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut pfd, 1, 20) };
-    if n <= 0 {
-        return None;
-    }
-    let mut buf = [0u8; 4];
-    match f.read(&mut buf) {
-        Ok(4) => Some(Err(i32::from_ne_bytes(buf))),
-        _ => Some(Ok(())),
-    }
-}
-
 /// Reaps the child, letting it through any stop (it may be held at its exit) on the way.
 fn wait_exit(pid: i32) {
     loop {
@@ -578,10 +404,14 @@ fn wait_exit(pid: i32) {
     }
 }
 
+mod delivered;
 mod inherit;
 mod redirect;
+mod tracee;
+pub use delivered::{Delivered, monotonic_ns};
 pub use inherit::Inherit;
 pub use redirect::Redirect;
+use tracee::Tracee;
 
 #[cfg(test)]
 mod tests;

@@ -9,6 +9,8 @@ pub(super) struct Done {
     /// How the kernel's programs added to their counters (None in process).
     pub(super) counting: Option<probe::Counting>,
     pub(super) prog_stats: Option<Vec<prog_stats::ProgStats>>,
+    /// The launched command was let go of by its tracer (signals too fast to stop for).
+    pub(super) released: Option<crate::daemon::Released>,
 }
 
 /// Detaches, takes the last round and the leaks, and finishes the recording.
@@ -57,7 +59,8 @@ pub(super) fn finish(
     leaks.append(&mut daemon.exited_leaks);
     daemon.profile.set_leaks(leaks);
     let oom = pid.is_some_and(|p| daemon.oom_victims.contains(&p));
-    let reason = end_reason(end, pid, exit.map(|e| (e, oom)), daemon.passed_on);
+    let after = daemon.relay.as_ref().map(|r| (r.got.sig, r.after()));
+    let reason = end_reason(end, pid, exit.map(|e| (e, oom)), after);
     if let Some(r) = daemon.recorder.take() {
         let end = EndRec {
             elapsed_ms: daemon.start.elapsed().as_millis() as u64,
@@ -79,6 +82,7 @@ pub(super) fn finish(
         syscall_probes,
         counting,
         prog_stats,
+        released: daemon.released,
     })
 }
 
@@ -110,6 +114,7 @@ pub(super) fn write_json(
         own_rss_kb: own,
         programs,
         counting: done.counting,
+        released: done.released.map(|r| (r.after_ms, r.per_second)),
     };
     let doc = json::document(profile, &run);
     if path == "-" {
@@ -148,6 +153,14 @@ pub(super) fn print_summary(
         crate::cli::GroupBy::Process => profile,
     };
     crate::say!("heaptrace: {}", done.reason);
+    if let (Some(r), Some(pid)) = (done.released, info.pids.first()) {
+        crate::say!(
+            "heaptrace: pid {pid} was let go of {} ms in (it took {} signals a second): its \
+             exit and later execs were not held",
+            r.after_ms,
+            r.per_second
+        );
+    }
     crate::say_part!("{}", summary::summary(profile, pid, &info.aliases));
     if pid.is_none() {
         crate::say_part!("{}", summary::processes(profile, 20));
@@ -215,12 +228,11 @@ pub(super) fn end_reason(
     end: &End,
     pid: Option<u32>,
     exit: Option<(ExitStatus, bool)>,
-    passed_on: Option<Sig>,
+    relayed: Option<(Sig, String)>,
 ) -> String {
     let exit = exit.map(|(status, oom)| Ended(status, oom));
-    let after = passed_on
-        .map(|s| format!(" after {s}, passed on by heaptrace"))
-        .unwrap_or_default();
+    let passed_on = relayed.as_ref().map(|(s, _)| *s);
+    let after = relayed.map(|(_, after)| after).unwrap_or_default();
     match (end, pid, exit) {
         (End::TargetExited, Some(pid), Some(status)) => format!("pid {pid} {status}{after}"),
         (End::TargetExited, Some(pid), None) => format!("pid {pid} exited"),

@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use super::*;
 
 fn run(argv: &[&str]) -> (Vec<Event>, u32) {
@@ -95,6 +97,7 @@ fn redirects_output_to_a_file_and_input_from_dev_null() {
             Event::Exiting | Event::Exec | Event::Started => {
                 let _ = child.ack.send(());
             }
+            Event::Released { .. } => {}
             Event::Exited(c) => {
                 code = Some(c);
                 break;
@@ -113,4 +116,35 @@ fn exec_failure_is_an_error_naming_the_command() {
     let child = spawn_stopped(Path::new("/nonexistent/nope"), &argv, None).unwrap();
     let err = child.resume().err().unwrap().to_string();
     assert!(err.contains("cannot execute nope"), "{err}");
+}
+
+/// `run`, failing after 30 s rather than hanging.
+fn run_within_30s(argv: &'static [&'static str]) -> Vec<Event> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(run(argv).0);
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("{argv:?} still stopped after 30 s"))
+}
+
+#[test]
+fn job_control_leaves_the_command_running() {
+    // SIGCONT reaches a seized command as a PTRACE_EVENT_STOP that is no group-stop: it was
+    // answered as a group-stop (PTRACE_LISTEN), and the command stayed stopped for good.
+    let events = run_within_30s(&["sh", "-c", "kill -CONT $$; exit 4"]);
+    assert_eq!(
+        events.last(),
+        Some(&Event::Exited(Some(ExitStatus::Code(4))))
+    );
+    // Stopped by itself, continued by its child.
+    let events = run_within_30s(&[
+        "sh",
+        "-c",
+        "(sleep 0.3; kill -CONT $$) & kill -STOP $$; exit 5",
+    ]);
+    assert_eq!(
+        events.last(),
+        Some(&Event::Exited(Some(ExitStatus::Code(5))))
+    );
 }

@@ -30,6 +30,8 @@ pub struct Run<'a> {
     pub programs: Option<Value>,
     /// How the programs added to their counters.
     pub counting: Option<Counting>,
+    /// A launched command let go of by its tracer: (ms into the trace, its signals a second).
+    pub released: Option<(u64, u32)>,
 }
 
 impl<'a> Run<'a> {
@@ -44,6 +46,7 @@ impl<'a> Run<'a> {
             own_rss_kb: None,
             programs: None,
             counting: None,
+            released: None,
         }
     }
 
@@ -420,6 +423,10 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
             "command": info.command,
             "exit_code": run.exit_code,
             "signal": run.signal.map(crate::exit_status::signal_name),
+            "released": run.released.map(|(after_ms, per_second)| json!({
+                "after_ms": after_ms,
+                "signals_per_second": per_second,
+            })),
         },
         "interval_ms": info.interval_ms,
         "mode": info.mode.name(),
