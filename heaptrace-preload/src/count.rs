@@ -69,6 +69,12 @@ impl Call {
             }
             Err(thread::NoSlot::Own) => return None,
         };
+        if thread::foreign(t, fp) {
+            // SAFETY: a word of the header.
+            let n = unsafe { AtomicU64::from_ptr(&raw mut (*r.header_ptr()).raw_thread_calls) };
+            n.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
         // SAFETY: the thread's own slot.
         let busy = unsafe { AtomicU32::from_ptr(&raw mut (*t).busy) };
         if busy.load(Ordering::Relaxed) != 0 {
@@ -98,7 +104,7 @@ impl Call {
     }
 
     fn due(&self) -> bool {
-        let h = self.r.header();
+        let h = &self.r.fixed;
         let every = h.latency_every;
         if every == 0 || h.mode < mode::SIZES {
             return false;
@@ -139,11 +145,11 @@ impl Call {
     }
 
     fn mode(&self) -> u32 {
-        self.r.header().mode
+        self.r.fixed.mode
     }
 
     fn func(&self, f: Func) -> usize {
-        let as_ = self.r.header().count_as[f as usize] as usize;
+        let as_ = self.r.fixed.count_as[f as usize] as usize;
         if as_ < FUNC_COUNT { as_ } else { f as usize }
     }
 
@@ -271,7 +277,7 @@ impl Call {
             add(&raw mut (*s).freed_bytes, b.size);
             let (tid, seq) = ((*self.t).owner, (*self.t).seq as u32);
             let between = seq.wrapping_sub(b.seq).wrapping_sub(1);
-            if b.tid == tid && between < self.r.header().temporary_allocs {
+            if b.tid == tid && between < self.r.fixed.temporary_allocs {
                 add(&raw mut (*s).temp_blocks, 1);
                 add(&raw mut (*s).temp_bytes, b.size);
             }
@@ -292,7 +298,7 @@ impl Call {
     /// A site's index among each thread's site entries (and the lifetimes): its stack id, or
     /// past the stored ones, the lost stack of its function.
     fn site_index(&self, stack_id: i32, func: u32) -> Option<usize> {
-        let sites = self.r.header().sites as usize;
+        let sites = self.r.fixed.sites as usize;
         match stack_id {
             LOST_STACK => Some(sites + func as usize % FUNC_COUNT),
             id if id >= 0 && (id as usize) < sites => Some(id as usize),
@@ -366,7 +372,7 @@ impl Call {
 
     /// The exact size count of (function, size, stack) in this thread's table.
     fn count_size(&self, func: u32, size: u64, stack_id: i32) {
-        let slots = self.r.header().sizes;
+        let slots = self.r.fixed.sizes;
         let key = size.saturating_add(FIRST_KEY);
         let tag = (u64::from(func) << 32) | u64::from(stack_id as u32);
         let first = heaptrace_common::inproc::size_slot(size, tag, slots);

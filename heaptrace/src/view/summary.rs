@@ -316,6 +316,21 @@ pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
     let shown = profile.losses_of(pid);
     let files =
         (profile.unsafe_files > 0).then(|| format!("unsafe_files {}", profile.unsafe_files));
+    let region = profile.region_lost;
+    let overwritten = (region.region_overwritten > 0).then(|| {
+        format!(
+            "region_overwritten {} (the command wrote over heaptrace's region: its figures \
+             are partly its own writing)",
+            region.region_overwritten
+        )
+    });
+    let raw = (region.raw_thread_calls > 0).then(|| {
+        format!(
+            "raw_thread_calls {} (threads made by clone, not pthread_create, are not counted \
+             in process)",
+            region.raw_thread_calls
+        )
+    });
     Loss::ALL
         .iter()
         .filter(|l| shown[**l as usize] > 0 || profile.losses[**l as usize] > 0)
@@ -332,6 +347,8 @@ pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
             }
         })
         .chain(files)
+        .chain(overwritten)
+        .chain(raw)
         .collect()
 }
 

@@ -38,8 +38,9 @@ pub(super) fn finish(
     };
     daemon.maps.stop();
     daemon.round()?;
-    if let Some(w) = daemon.maps.warning() {
-        crate::say!("heaptrace: warning: {w}");
+    daemon.profile.incomplete = daemon.maps.incomplete();
+    for why in &daemon.profile.incomplete {
+        crate::say!("heaptrace: warning: {}", why.says());
     }
     // Every followed process's blocks, not the root's alone.
     let pids: Option<HashSet<u32>> = pid

@@ -1,0 +1,125 @@
+//! `--in-process` against a command that does what it likes with what heaptrace gave it: its
+//! region (it can write every byte), its descriptors, its environment, its threads. heaptrace
+//! ends as usual (the command's exit status, the summary, the JSON), bounded, and says what it
+//! could not count, in `lost` and as `complete: false` with the reason.
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use crate::support::*;
+
+fn hostile() -> PathBuf {
+    fixture("hostile", "", &[])
+}
+
+/// `hostile ARGS` under `heaptrace --in-process`: its stdout, exit code, stderr and JSON.
+fn traced(tag: &str, args: &[&str]) -> (String, i32, String, Value) {
+    let json = json_path(tag);
+    let out = heaptrace()
+        .args(["--no-tui", "-q", "--in-process", "--json"])
+        .arg(&json)
+        .arg("--")
+        .arg(hostile())
+        .args(args)
+        .output()
+        .expect("heaptrace");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(stderr.contains("function"), "no summary: {stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    (
+        stdout,
+        out.status.code().unwrap_or(-1),
+        stderr,
+        read_json(&json),
+    )
+}
+
+fn sized(doc: &Value, size: u64) -> u64 {
+    doc["sizes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["function"] == "malloc" && s["size"] == size)
+        .map(|s| s["count"].as_u64().unwrap())
+        .sum()
+}
+
+/// Blocks of `size` bytes left live at the end.
+fn leaked(doc: &Value, size: u64) -> u64 {
+    doc["leaks"]["by_stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["bytes"] == s["blocks"].as_u64().unwrap() * size)
+        .map(|s| s["blocks"].as_u64().unwrap())
+        .sum()
+}
+
+/// Capacities, counts, losses and the peak in its header, and its thread's counters, written
+/// over: the reads keep to the daemon's own layout, leave out what cannot be, and count it.
+#[test]
+fn in_process_a_command_that_writes_over_its_region_is_traced_to_its_end() {
+    let _g = shared();
+    let (out, code, stderr, doc) = traced("hostile-scribble", &["scribble"]);
+    assert_eq!((out.as_str(), code), ("scribbled\n", 5), "{stderr}");
+    assert_eq!(doc["target"]["exit_code"], 5);
+    let overwritten = doc["lost"]["region_overwritten"].as_u64().unwrap();
+    assert!(overwritten > 0, "{}", doc["lost"]);
+    assert!(stderr.contains("region_overwritten"), "{stderr}");
+    assert_eq!(doc["complete"], false);
+    assert_eq!(doc["incomplete"][0], "lost");
+    // The losses it wrote are not taken.
+    assert_eq!(doc["lost"]["live_map"], 0, "{}", doc["lost"]);
+    // The library counts by the capacities it took the region with: the blocks are found.
+    assert_eq!(sized(&doc, 4242), 10, "{}", doc["sizes"]);
+    assert_eq!(leaked(&doc, 4242), 10, "{}", doc["leaks"]);
+    let rss = doc["heaptrace"]["peak_rss_kb"].as_u64().unwrap();
+    assert!(rss < 200 << 10, "heaptrace grew to {rss} KiB");
+}
+
+/// The library maps its region as it is loaded: descriptors closed, or others put in their
+/// place, before the first allocation do not stop it.
+#[test]
+fn in_process_a_command_that_spoils_its_descriptors_is_counted() {
+    let _g = shared();
+    for (mode, size) in [("closefds", 777), ("dup2", 778)] {
+        let (out, code, stderr, doc) = traced(&format!("hostile-{mode}"), &[mode]);
+        assert_eq!((out.as_str(), code), ("spoiled\n", 0), "{stderr}");
+        assert_eq!(sized(&doc, size), 10, "{mode}: {}", doc["sizes"]);
+        assert_eq!(leaked(&doc, size), 10, "{mode}: {}", doc["leaks"]);
+        assert_eq!(doc["complete"], true, "{mode}: {}", doc["incomplete"]);
+        assert_eq!(doc["incomplete"], serde_json::json!([]));
+    }
+}
+
+/// An exec that drops LD_PRELOAD: nothing of the new image is counted, and the JSON and a
+/// warning say why.
+#[test]
+fn in_process_an_exec_without_the_library_is_said_incomplete() {
+    let _g = shared();
+    let (out, code, stderr, doc) = traced("hostile-execbare", &["execbare"]);
+    assert_eq!((out.as_str(), code), ("leaked\n", 0), "{stderr}");
+    assert_eq!(doc["complete"], false);
+    let why: Vec<&str> = doc["incomplete"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert_eq!(why, ["library_not_after_exec"], "{stderr}");
+    assert!(stderr.contains("without heaptrace's library"), "{stderr}");
+}
+
+/// Threads made by a raw clone share their creator's pthread data: their calls are not
+/// counted as its own, but counted as such, each.
+#[test]
+fn in_process_raw_clone_threads_calls_are_counted_lost() {
+    let _g = shared();
+    let n = 5000;
+    let (out, code, stderr, doc) = traced("hostile-clone", &["clone", &n.to_string()]);
+    assert_eq!((out.as_str(), code), ("cloned\n", 0), "{stderr}");
+    assert_eq!(sized(&doc, 32), n, "{}", doc["sizes"]);
+    assert_eq!(doc["lost"]["raw_thread_calls"], 4 * n, "{}", doc["lost"]);
+    assert_eq!(doc["complete"], false);
+    assert!(stderr.contains("raw_thread_calls"), "{stderr}");
+}
