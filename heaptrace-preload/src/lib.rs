@@ -28,6 +28,11 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
     unsafe { libc::abort() }
 }
 
+/// Marks the file as heaptrace's own library (`targets::allocator`): a system-wide trace
+/// probes the allocator behind it, never it.
+#[unsafe(no_mangle)]
+pub extern "C" fn heaptrace_preload_library() {}
+
 /// Maps the region as the library is loaded, before the program's own code runs: a program
 /// that closes or reuses descriptors before its first allocation is counted all the same.
 #[used]

@@ -2,11 +2,14 @@
 //! region (it can write every byte), its descriptors, its environment, its threads. heaptrace
 //! ends as usual (the command's exit status, the summary, the JSON), bounded, and says what it
 //! could not count, in `lost` and as `complete: false` with the reason.
-use std::path::PathBuf;
+use std::{io::Write as _, path::PathBuf, process::Stdio};
 
 use serde_json::Value;
 
-use crate::support::*;
+use crate::{
+    support::*,
+    system::{start_all, stop, wait_for},
+};
 
 fn hostile() -> PathBuf {
     fixture("hostile", "", &[])
@@ -123,3 +126,57 @@ fn in_process_raw_clone_threads_calls_are_counted_lost() {
     assert_eq!(doc["complete"], false);
     assert!(stderr.contains("raw_thread_calls"), "{stderr}");
 }
+
+bpf_test!(
+    exclusive,
+    /// `--all` beside an `--in-process` run: it probes the allocator behind heaptrace's own
+    /// preload library, never the library (which defines the malloc family too), and the
+    /// in-process run's sites keep their names.
+    fn all_leaves_heaptraces_own_preload_library_alone() {
+        let (tracer, all_json) = start_all("all-preload", &["--comm", "hostile"]);
+        let json = json_path("all-preload-inproc");
+        let mut inproc = heaptrace()
+            .args(["--no-tui", "-q", "--in-process", "--json"])
+            .arg(&json)
+            .arg("--")
+            .arg(hostile())
+            .arg("waitleak")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for(&tracer, "attached");
+        // Time for --all to look at the new process (its exec's event, a round of 200 ms):
+        // on a slow machine the old code could pass, the new one cannot fail.
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        inproc.stdin.take().unwrap().write_all(b"g").unwrap();
+        let out = inproc.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        let (all_stderr, all) = stop(tracer, &all_json);
+        assert!(!all_stderr.contains("heaptrace-preload"), "{all_stderr}");
+        let probes = all["provider"]["probes"].as_array().unwrap();
+        assert!(!probes.is_empty(), "{all_stderr}");
+        for p in probes {
+            let path = p["path"].as_str().unwrap();
+            assert!(!path.contains("heaptrace-preload"), "{path}");
+        }
+        let doc = read_json(&json);
+        let site = doc["leaks"]["by_stack"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["bytes"] == 7800)
+            .unwrap_or_else(|| panic!("{}", doc["leaks"]))
+            .clone();
+        let named: Vec<&str> = site["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|f| f["function"].as_str())
+            .collect();
+        assert!(named.contains(&"keep"), "{site}");
+        assert_eq!(doc["complete"], true, "{}", doc["lost"]);
+    }
+);
