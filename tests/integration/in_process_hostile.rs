@@ -180,3 +180,80 @@ bpf_test!(
         assert_eq!(doc["complete"], true, "{}", doc["lost"]);
     }
 );
+
+/// Sizes the region cannot take are refused in one line naming the option and its range,
+/// before anything runs (4294967295 wrapped to 0 and printed a debug dump).
+#[test]
+fn in_process_refuses_sizes_its_region_cannot_take() {
+    for (flags, names) in [
+        (&["--live-map-size", "4294967295"][..], "--live-map-size"),
+        (&["--stack-map-size", "4294967295"], "--stack-map-size"),
+        (
+            &[
+                "--in-process-threads",
+                "65536",
+                "--stack-map-size",
+                "4194304",
+            ],
+            "--in-process-threads",
+        ),
+    ] {
+        let out = heaptrace()
+            .args(["--no-tui", "-q", "--in-process"])
+            .args(flags)
+            .arg("--")
+            .arg(hostile())
+            .arg("leak")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{flags:?}: it ran");
+        let first = stderr.lines().next().unwrap_or_default();
+        assert!(first.contains(names), "{flags:?}: {stderr}");
+        assert!(!stderr.contains('{'), "{flags:?}: {stderr}");
+    }
+}
+
+/// A user whose heaptrace directory someone else made first: it is not used, the reason is
+/// said, and the library goes to the command as a sealed memfd, which counts as the file did.
+#[test]
+fn in_process_a_directory_someone_else_owns_is_not_used() {
+    let _g = shared();
+    let base = json_path("foreign-dir").with_extension("d");
+    let _ = std::fs::remove_dir_all(&base);
+    let theirs = base.join("heaptrace");
+    std::fs::create_dir_all(&theirs).unwrap();
+    let out_dir = base.join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    for (d, mode) in [(&base, 0o755), (&theirs, 0o755), (&out_dir, 0o777)] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let json = out_dir.join("doc.json");
+    // Root made it; the user is nobody (uid 65534), whose runtime directory it is.
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_heaptrace"))
+        .args(["--no-tui", "-q", "--in-process", "--json"])
+        .arg(&json)
+        .arg("--")
+        .arg(hostile())
+        .arg("leak")
+        .env("XDG_RUNTIME_DIR", &base)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "leaked\n");
+    assert!(
+        stderr.contains(&format!("{} is owned by uid 0", theirs.display())),
+        "{stderr}"
+    );
+    assert!(stderr.contains("sealed memfd"), "{stderr}");
+    assert_eq!(std::fs::read_dir(&theirs).unwrap().count(), 0);
+    let doc = read_json(&json);
+    assert_eq!(leaked(&doc, 779), 10, "{}", doc["leaks"]);
+    assert_eq!(doc["complete"], true, "{}", doc["incomplete"]);
+    std::fs::remove_dir_all(&base).unwrap();
+}

@@ -24,6 +24,10 @@ use crate::error::{Error, Result};
 mod check;
 mod read;
 
+/// The most address space a region takes in the command (1 TiB): beyond, a mapping that
+/// could fail or crowd it out. The defaults take about 300 MiB.
+const MAX_REGION: usize = 1 << 40;
+
 /// The region's capacities, from the command line.
 #[derive(Clone, Copy, Debug)]
 pub struct Capacities {
@@ -78,7 +82,7 @@ impl Region {
         count_as: [u32; FUNC_COUNT],
         temporary_allocs: u32,
     ) -> Result<Region> {
-        let site_index = (caps.sites.max(1) * 2).next_power_of_two();
+        let site_index = (caps.sites.clamp(1, 1 << 22) * 2).next_power_of_two();
         let layout = Layout::of(
             caps.threads,
             caps.sites,
@@ -88,7 +92,23 @@ impl Region {
             caps.depth,
         )
         .and_then(|l| l.with_unwind(caps.unwind_rows, caps.threads))
-        .ok_or_else(|| Error::Usage(format!("--in-process: capacities out of bounds: {caps:?}")))?;
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "--in-process: --in-process-threads {}, --stack-map-size {}, --live-map-size {} \
+                 or --stack-depth {} is out of its range",
+                caps.threads, caps.sites, caps.live, caps.depth
+            ))
+        })?;
+        if layout.bytes > MAX_REGION {
+            return Err(Error::Usage(format!(
+                "--in-process: the region for --in-process-threads {} and --stack-map-size {} \
+                 would take {} of the command's address space (at most {}): lower either",
+                caps.threads,
+                caps.sites,
+                crate::view::units::bytes(layout.bytes as i64),
+                crate::view::units::bytes(MAX_REGION as i64)
+            )));
+        }
         // SAFETY: a name; the descriptor is owned by the File below.
         let fd = unsafe { libc::memfd_create(c"heaptrace-inproc".as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {
