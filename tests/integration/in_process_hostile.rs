@@ -80,6 +80,24 @@ fn in_process_a_command_that_writes_over_its_region_is_traced_to_its_end() {
     assert!(rss < 200 << 10, "heaptrace grew to {rss} KiB");
 }
 
+/// Its live table and size table filled with entries no call writes (each its own site, of
+/// sizes past any address space): left out and counted, heaptrace's memory bounded, its own
+/// blocks found.
+#[test]
+fn in_process_a_command_that_fills_its_tables_with_garbage_is_traced_to_its_end() {
+    let _g = shared();
+    let (out, code, stderr, doc) = traced("hostile-tables", &["tables"]);
+    assert_eq!((out.as_str(), code), ("scribbled\n", 5), "{stderr}");
+    assert!(doc["lost"]["region_overwritten"].as_u64().unwrap() > 0);
+    assert_eq!(doc["complete"], false);
+    assert_eq!(leaked(&doc, 4243), 10, "{}", doc["leaks"]);
+    let sites = doc["leaks"]["by_stack"].as_array().unwrap().len();
+    assert!(sites < 10, "{sites} sites of leaks");
+    assert_eq!(sized(&doc, 4243), 10, "{}", doc["sizes"]);
+    let rss = doc["heaptrace"]["peak_rss_kb"].as_u64().unwrap();
+    assert!(rss < 200 << 10, "heaptrace grew to {rss} KiB");
+}
+
 /// The library maps its region as it is loaded: descriptors closed, or others put in their
 /// place, before the first allocation do not stop it.
 #[test]

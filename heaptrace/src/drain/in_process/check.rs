@@ -100,7 +100,14 @@ impl Region {
             }
         }
         self.found(bad::TOTALS, !totals_ok);
+        // All the sizes' bytes are bytes allocated: their sum is bounded as a byte count.
+        let sized: u128 = snap
+            .sizes
+            .iter()
+            .map(|(k, n)| k.2 as u128 * *n as u128)
+            .sum();
         let sizes_ok = snap.sizes.values().all(|n| *n <= MAX_COUNT)
+            && sized <= MAX_BYTES as u128
             && last
                 .sizes
                 .iter()
@@ -119,7 +126,12 @@ impl Region {
                 && s.lifetimes.iter().all(|n| *n <= MAX_COUNT)
                 && s.sizes.iter().all(|n| *n <= MAX_COUNT)
         };
+        let sum = |f: fn(&crate::drain::round::SiteTotals) -> u64| -> u128 {
+            snap.sites.values().map(|s| f(s) as u128).sum()
+        };
         let sites_ok = snap.sites.values().all(site_fits)
+            && sum(|s| s.calls) <= MAX_COUNT as u128
+            && sum(|s| s.bytes) <= MAX_BYTES as u128
             && last.sites.iter().all(|(k, s)| {
                 snap.sites
                     .get(k)

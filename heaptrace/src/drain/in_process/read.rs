@@ -123,16 +123,19 @@ impl Region {
         let slots = self.caps.live as usize;
         let size = std::mem::size_of::<LiveEntry>();
         let mut wrong = false;
+        // Live blocks share the address space: more bytes than it has cannot be.
+        let mut total = 0u64;
         for start in (0..slots).step_by(LIVE_CHUNK) {
             let n = LIVE_CHUNK.min(slots - start);
             for e in self.read::<LiveEntry>(self.layout.live + start * size, n)? {
                 if e.key < FIRST_KEY {
                     continue;
                 }
-                if e.size > MAX_SIZE || !self.known_site(e.func, e.stack_id, used) {
+                if e.size > MAX_SIZE - total || !self.known_site(e.func, e.stack_id, used) {
                     wrong = true;
                     continue;
                 }
+                total += e.size;
                 let l = out.entry((self.pid, e.stack_id, e.func)).or_default();
                 l.blocks = l.blocks.saturating_add(1);
                 l.bytes = l.bytes.saturating_add(e.size);
