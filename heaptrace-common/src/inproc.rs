@@ -147,6 +147,9 @@ pub struct ThreadHead {
 pub const THREAD_HEAD_BYTES: usize = 512;
 const _: () = assert!(core::mem::size_of::<ThreadHead>() <= THREAD_HEAD_BYTES);
 
+/// `ThreadHead::owner` of the shared slot (`Layout::shared`) once a call counted in it.
+pub const SHARED_OWNER: u32 = u32::MAX;
+
 /// An exact size count of one thread: (function, size, stack id) -> allocations.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -316,7 +319,8 @@ impl Layout {
         let latency_at = sites_at + site_entries * core::mem::size_of::<SiteEntry>();
         let thread_stride = page(latency_at + FUNC_COUNT * LOG2_BUCKETS * 8);
         let threads_at = HEADER_BYTES;
-        let index = threads_at + threads as usize * thread_stride;
+        // One slot more: the shared one (`Layout::shared`).
+        let index = threads_at + (threads as usize + 1) * thread_stride;
         let stacks = page(index + site_index as usize * core::mem::size_of::<IndexEntry>());
         let stack_stride = core::mem::size_of::<StackHead>() + depth as usize * 8;
         let live_at = page(stacks + sites as usize * stack_stride);
@@ -375,6 +379,13 @@ impl Layout {
     pub const fn thread(&self, i: usize) -> usize {
         self.threads + i * self.thread_stride
     }
+
+    /// The byte offset of the shared slot, after the thread slots: the calls of threads that
+    /// have no slot of their own (made by a raw `clone`, sharing their creator's pthread
+    /// data) count there, with atomic adds. Its owner is `SHARED_OWNER` once used.
+    pub const fn shared(&self) -> usize {
+        self.index - self.thread_stride
+    }
 }
 
 /// The slot of `ptr` in a live table of `slots` (a power of two): its address in 16-byte units
@@ -421,6 +432,8 @@ mod tests {
         let l = Layout::of(4, 16, 32, 1024, 64, 8).unwrap();
         assert!(l.live + 1024 * 40 <= l.lifetimes && l.lifetimes < l.bytes);
         assert_eq!(l.thread(1) - l.thread(0), l.thread_stride);
+        assert_eq!(l.shared(), l.thread(4));
+        assert!(l.shared() + l.thread_stride <= l.index);
     }
 
     #[test]

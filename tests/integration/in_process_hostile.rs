@@ -131,18 +131,27 @@ fn in_process_an_exec_without_the_library_is_said_incomplete() {
     assert!(stderr.contains("without heaptrace's library"), "{stderr}");
 }
 
-/// Threads made by a raw clone share their creator's pthread data: their calls are not
-/// counted as its own, but counted as such, each.
+/// Threads made by a raw clone share their creator's pthread data: their calls are told
+/// apart (by their stack and thread id) and counted in the region's shared slot, each.
 #[test]
-fn in_process_raw_clone_threads_calls_are_counted_lost() {
+fn in_process_raw_clone_threads_calls_are_counted_apart() {
     let _g = shared();
     let n = 5000;
     let (out, code, stderr, doc) = traced("hostile-clone", &["clone", &n.to_string()]);
     assert_eq!((out.as_str(), code), ("cloned\n", 0), "{stderr}");
-    assert_eq!(sized(&doc, 32), n, "{}", doc["sizes"]);
-    assert_eq!(doc["lost"]["raw_thread_calls"], 4 * n, "{}", doc["lost"]);
-    assert_eq!(doc["complete"], false);
-    assert!(stderr.contains("raw_thread_calls"), "{stderr}");
+    assert_eq!(sized(&doc, 32), 3 * n, "{}", doc["sizes"]);
+    assert_eq!(doc["raw_thread_calls"], 4 * n, "{stderr}");
+    assert_eq!(doc["functions"]["free"]["untracked"], 0);
+    let ours = |s: &&Value| s["bytes"] == s["blocks"].as_u64().unwrap() * 32;
+    let left = doc["leaks"]["by_stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(ours)
+        .count();
+    assert_eq!(left, 0, "{}", doc["leaks"]);
+    assert_eq!(doc["complete"], true, "{}", doc["lost"]);
+    assert!(stderr.contains("raw clone"), "{stderr}");
 }
 
 bpf_test!(

@@ -299,16 +299,29 @@ impl Region {
         (h.threads_used as usize).min(self.caps.threads as usize)
     }
 
+    /// The byte offsets of the thread slots to read: those taken, and the shared one once a
+    /// call counted in it.
+    fn slots(&self, h: &Header) -> Result<Vec<usize>> {
+        let mut out: Vec<usize> = (0..self.threads_used(h))
+            .map(|i| self.layout.thread(i))
+            .collect();
+        let owner = self.read::<u32>(self.layout.shared(), 1)?;
+        if owner.first() == Some(&inproc::SHARED_OWNER) {
+            out.push(self.layout.shared());
+        }
+        Ok(out)
+    }
+
     /// Stacks stored, within the daemon's own count.
     fn sites_used(&self, h: &Header) -> usize {
         (h.sites_used as usize).min(self.caps.sites as usize)
     }
 
     fn thread_heads(&self, h: &Header) -> Result<Vec<ThreadHead>> {
-        (0..self.threads_used(h))
-            .map(|i| {
-                let bytes =
-                    self.read::<u8>(self.layout.thread(i), std::mem::size_of::<ThreadHead>())?;
+        self.slots(h)?
+            .into_iter()
+            .map(|at| {
+                let bytes = self.read::<u8>(at, std::mem::size_of::<ThreadHead>())?;
                 // SAFETY: as in `read`.
                 Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const ThreadHead) })
             })

@@ -40,13 +40,15 @@ impl Incomplete {
     }
 }
 
-/// What the in-process region lost that the loss counters do not say (0 on the kernel path).
+/// What the in-process region says beyond the loss counters (0 on the kernel path).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct RegionLost {
     /// Reads that found the region overwritten by the command (its header's settings, counts
     /// beyond its capacities or going down, entries no call writes): left out, the last good
     /// figures kept.
     pub region_overwritten: u64,
-    /// Calls made by threads that share another's pthread data (raw `clone`): not counted.
+    /// Calls made by threads that share another's pthread data (raw `clone`), counted in the
+    /// region's shared slot: their stacks are of one frame, their temporaries and latency not
+    /// taken.
     pub raw_thread_calls: u64,
 }

@@ -324,13 +324,7 @@ pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
             region.region_overwritten
         )
     });
-    let raw = (region.raw_thread_calls > 0).then(|| {
-        format!(
-            "raw_thread_calls {} (threads made by clone, not pthread_create, are not counted \
-             in process)",
-            region.raw_thread_calls
-        )
-    });
+
     Loss::ALL
         .iter()
         .filter(|l| shown[**l as usize] > 0 || profile.losses[**l as usize] > 0)
@@ -348,7 +342,6 @@ pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
         })
         .chain(files)
         .chain(overwritten)
-        .chain(raw)
         .collect()
 }
 

@@ -30,8 +30,8 @@ impl Region {
     fn read_sizes(&self, h: &Header, snap: &mut Snapshot) -> Result<()> {
         let used = self.sites_used(h);
         let mut wrong = false;
-        for i in 0..self.threads_used(h) {
-            let at = self.layout.thread(i) + self.layout.sizes_at;
+        for slot in self.slots(h)? {
+            let at = slot + self.layout.sizes_at;
             for e in self.read::<SizeEntry>(at, self.caps.sizes as usize)? {
                 if e.key < FIRST_KEY || e.count == 0 {
                     continue;
@@ -57,8 +57,8 @@ impl Region {
         let sites = self.caps.sites as usize;
         self.learn_funcs(used)?;
         let mut sums = vec![SiteEntry::default(); used + FUNC_COUNT];
-        for i in 0..self.threads_used(h) {
-            let at = self.layout.thread(i) + self.layout.sites_at;
+        for slot in self.slots(h)? {
+            let at = slot + self.layout.sites_at;
             let stored = self.read::<SiteEntry>(at, used)?;
             let lost_at = at + sites * std::mem::size_of::<SiteEntry>();
             let lost = self.read::<SiteEntry>(lost_at, FUNC_COUNT)?;
@@ -102,8 +102,8 @@ impl Region {
 
     /// The threads' latency histograms, summed.
     fn read_latency(&self, h: &Header, snap: &mut Snapshot) -> Result<()> {
-        for i in 0..self.threads_used(h) {
-            let at = self.layout.thread(i) + self.layout.latency_at;
+        for slot in self.slots(h)? {
+            let at = slot + self.layout.latency_at;
             let counts = self.read::<u64>(at, FUNC_COUNT * LOG2_BUCKETS)?;
             for (f, hist) in snap.latency.iter_mut().enumerate() {
                 for (b, n) in hist.iter_mut().enumerate() {
@@ -149,7 +149,7 @@ impl Region {
 impl Region {
     fn read_snapshot(&mut self, h: &Header) -> Result<Snapshot> {
         let mut snap = Snapshot::default();
-        if self.pid == 0 || self.threads_used(h) == 0 {
+        if self.pid == 0 || self.slots(h)?.is_empty() {
             return Ok(snap);
         }
         let heads = self.thread_heads(h)?;

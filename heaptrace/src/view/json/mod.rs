@@ -367,7 +367,6 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
         "region_overwritten".into(),
         region.region_overwritten.into(),
     );
-    lost.insert("raw_thread_calls".into(), region.raw_thread_calls.into());
     let incomplete = incomplete(profile, &lost);
     let aliases = info.aliases.to_vec();
     let processes = Node::list(move || {
@@ -441,6 +440,7 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
         "lost": lost,
         "complete": incomplete.is_empty(),
         "incomplete": incomplete,
+        "raw_thread_calls": region.raw_thread_calls,
         "latency": latency(profile),
     });
     let Value::Object(plain) = plain else {
