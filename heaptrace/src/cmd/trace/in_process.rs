@@ -86,7 +86,6 @@ fn launch_with_library(
     }
     let preloaded = std::env::var("LD_PRELOAD").ok();
     let provider = allocator::for_command(&exe, preloaded.as_deref())?;
-    let library = preload::install()?;
     let caps = Capacities {
         threads: cli.in_process_threads,
         sites: cli.stack_map_size,
@@ -109,6 +108,8 @@ fn launch_with_library(
     };
     let mode = mode_word(cli.mode);
     let region = Region::create(caps, mode, count_as(&provider), cli.temporary_allocs)?;
+    // After the region: a size it refuses is said first, alone.
+    let library = preload::install()?;
     let (fd, env) = region.handoff();
     let (name, value) = env.split_once('=').unwrap_or_default();
     let inherit = Inherit {
