@@ -15,7 +15,7 @@ use crate::{
 
 /// "HTINPROC", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"HTINPROC");
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 /// The environment variable that hands the library its region: `FD:SIZE:TOKEN` (decimal,
 /// decimal, 32 hex digits).
 pub const ENV: &str = "HEAPTRACE_INPROC";
@@ -98,8 +98,20 @@ pub struct Header {
     pub bytes: u64,
     /// Rows of the unwind area (`--unwind-table-size`); 0: no area, frame pointers only.
     pub unwind_rows: u32,
-    pub _pad1: u32,
-    pub _reserved: [u64; 7],
+    /// Why the library of the process that last read the header could not take the region
+    /// (`failure`): told to the daemon, which says it at the end. 0: none.
+    pub failure: u32,
+    /// Calls from threads that share another's pthread data (made by a raw `clone`): not
+    /// counted, and counted here (shared, atomic).
+    pub raw_thread_calls: u64,
+    pub _reserved: [u64; 6],
+}
+
+/// `Header::failure`.
+pub mod failure {
+    /// The region's descriptor was there but could not be mapped whole (its address space:
+    /// `ulimit -v`, or `vm.max_map_count`).
+    pub const MAP: u32 = 1;
 }
 
 const _: () = assert!(core::mem::size_of::<Header>() <= HEADER_BYTES);
@@ -126,11 +138,17 @@ pub struct ThreadHead {
     /// Live bytes this thread changed since it last added them to the header's shared live
     /// heap (wrapping, signed): added at `PEAK_BATCH` either way.
     pub live_delta: u64,
+    /// 1 + the MiB of stack (address >> 20) of the owner's last call made off its own stack
+    /// (a signal's, a coroutine's), found to be the owner's by its thread id: 0 none.
+    pub alt_window: u64,
     pub counters: ProcCounters,
 }
 
 pub const THREAD_HEAD_BYTES: usize = 512;
 const _: () = assert!(core::mem::size_of::<ThreadHead>() <= THREAD_HEAD_BYTES);
+
+/// `ThreadHead::owner` of the shared slot (`Layout::shared`) once a call counted in it.
+pub const SHARED_OWNER: u32 = u32::MAX;
 
 /// An exact size count of one thread: (function, size, stack id) -> allocations.
 #[repr(C)]
@@ -301,7 +319,8 @@ impl Layout {
         let latency_at = sites_at + site_entries * core::mem::size_of::<SiteEntry>();
         let thread_stride = page(latency_at + FUNC_COUNT * LOG2_BUCKETS * 8);
         let threads_at = HEADER_BYTES;
-        let index = threads_at + threads as usize * thread_stride;
+        // One slot more: the shared one (`Layout::shared`).
+        let index = threads_at + (threads as usize + 1) * thread_stride;
         let stacks = page(index + site_index as usize * core::mem::size_of::<IndexEntry>());
         let stack_stride = core::mem::size_of::<StackHead>() + depth as usize * 8;
         let live_at = page(stacks + sites as usize * stack_stride);
@@ -360,6 +379,13 @@ impl Layout {
     pub const fn thread(&self, i: usize) -> usize {
         self.threads + i * self.thread_stride
     }
+
+    /// The byte offset of the shared slot, after the thread slots: the calls of threads that
+    /// have no slot of their own (made by a raw `clone`, sharing their creator's pthread
+    /// data) count there, with atomic adds. Its owner is `SHARED_OWNER` once used.
+    pub const fn shared(&self) -> usize {
+        self.index - self.thread_stride
+    }
 }
 
 /// The slot of `ptr` in a live table of `slots` (a power of two): its address in 16-byte units
@@ -406,6 +432,8 @@ mod tests {
         let l = Layout::of(4, 16, 32, 1024, 64, 8).unwrap();
         assert!(l.live + 1024 * 40 <= l.lifetimes && l.lifetimes < l.bytes);
         assert_eq!(l.thread(1) - l.thread(0), l.thread_stride);
+        assert_eq!(l.shared(), l.thread(4));
+        assert!(l.shared() + l.thread_stride <= l.index);
     }
 
     #[test]
@@ -420,6 +448,23 @@ mod tests {
         assert_eq!(u.rows % 4096, 0);
         assert!(u.rows + 1000 * 8 <= u.bytes);
         assert!(l.with_unwind(MAX_UNWIND_ROWS + 1, 4).is_none());
+    }
+
+    /// tests/fixtures/hostile.c writes over these, by offset.
+    #[test]
+    fn the_offsets_a_hostile_fixture_writes_are_these() {
+        use core::mem::offset_of;
+        assert_eq!(offset_of!(Header, threads), 48);
+        assert_eq!(offset_of!(Header, sites), 52);
+        assert_eq!(offset_of!(Header, live), 60);
+        assert_eq!(offset_of!(Header, sizes), 64);
+        assert_eq!(offset_of!(Header, threads_used), 112);
+        assert_eq!(offset_of!(Header, sites_used), 116);
+        assert_eq!(offset_of!(Header, losses), 120);
+        assert_eq!(offset_of!(Header, peak_max), 216);
+        assert_eq!(offset_of!(Header, peak_stack), 232);
+        assert_eq!(offset_of!(ThreadHead, counters), 56);
+        assert_eq!(core::mem::size_of::<crate::FnCounters>(), 24);
     }
 
     #[test]

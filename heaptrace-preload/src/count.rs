@@ -6,7 +6,8 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use heaptrace_common::{
     FUNC_COUNT, Func, Loss, NO_SITE, ProcCounters,
     inproc::{
-        FIRST_KEY, LOST_STACK, LiveEntry, PEAK_BATCH, PROBES, SiteEntry, SizeEntry, ThreadHead,
+        BUSY, FIRST_KEY, LOST_STACK, LiveEntry, PEAK_BATCH, PROBES, SHARED_OWNER, SiteEntry,
+        SizeEntry, ThreadHead,
     },
     mode,
 };
@@ -16,7 +17,7 @@ use crate::{live, region::Region, stack, thread};
 /// Adds to a counter only its thread writes: a plain load and store (the daemon reads it
 /// whole, as an aligned word).
 #[inline(always)]
-fn add(p: *mut u64, v: u64) {
+fn plain_add(p: *mut u64, v: u64) {
     // SAFETY: an aligned word of the region.
     let a = unsafe { AtomicU64::from_ptr(p) };
     a.store(a.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed);
@@ -34,6 +35,9 @@ pub fn lose(r: &Region, what: Loss) {
 pub struct Call {
     r: &'static Region,
     t: *mut ThreadHead,
+    /// `t` is the shared slot (`Layout::shared`): every add is atomic, and nothing of a
+    /// thread's own (nesting, timing, temporaries) is kept.
+    shared: bool,
     fp: usize,
     /// When a timed call began (`clock`); 0: not timed.
     ts: u64,
@@ -69,6 +73,9 @@ impl Call {
             }
             Err(thread::NoSlot::Own) => return None,
         };
+        if thread::foreign(t, fp) {
+            return Some(Call::shared(r, fp));
+        }
         // SAFETY: the thread's own slot.
         let busy = unsafe { AtomicU32::from_ptr(&raw mut (*t).busy) };
         if busy.load(Ordering::Relaxed) != 0 {
@@ -80,10 +87,42 @@ impl Call {
         Some(Call {
             r,
             t,
+            shared: false,
             fp,
             ts: 0,
             done: 0,
         })
+    }
+
+    /// A call of a thread with no slot of its own, in the shared slot.
+    #[cold]
+    fn shared(r: &'static Region, fp: usize) -> Call {
+        // SAFETY: words of the header and of the shared slot, in the mapping.
+        unsafe {
+            let n = AtomicU64::from_ptr(&raw mut (*r.header_ptr()).raw_thread_calls);
+            n.fetch_add(1, Ordering::Relaxed);
+            let t = r.at::<ThreadHead>(r.layout.shared());
+            AtomicU32::from_ptr(&raw mut (*t).owner).store(SHARED_OWNER, Ordering::Relaxed);
+            Call {
+                r,
+                t,
+                shared: true,
+                fp,
+                ts: 0,
+                done: 0,
+            }
+        }
+    }
+
+    /// Adds to a counter of the call's slot: atomic in the shared one.
+    #[inline(always)]
+    fn add(&self, p: *mut u64, v: u64) {
+        if self.shared {
+            // SAFETY: an aligned word of the region.
+            unsafe { AtomicU64::from_ptr(p) }.fetch_add(v, Ordering::Relaxed);
+        } else {
+            plain_add(p, v);
+        }
     }
 
     /// An allocating call: timed, one in `latency_every` at random (gaps drawn uniformly
@@ -98,9 +137,9 @@ impl Call {
     }
 
     fn due(&self) -> bool {
-        let h = self.r.header();
+        let h = &self.r.fixed;
         let every = h.latency_every;
-        if every == 0 || h.mode < mode::SIZES {
+        if every == 0 || h.mode < mode::SIZES || self.shared {
             return false;
         }
         if every == 1 {
@@ -130,7 +169,7 @@ impl Call {
         let b = heaptrace_common::log2_bucket(self.done.wrapping_sub(self.ts));
         let at = self.r.layout.latency_at + (func * heaptrace_common::LOG2_BUCKETS + b) * 8;
         // SAFETY: within the thread's slot.
-        add(unsafe { (self.t as *mut u8).add(at) } as *mut u64, 1);
+        self.add(unsafe { (self.t as *mut u8).add(at) } as *mut u64, 1);
     }
 
     fn counters(&self) -> *mut ProcCounters {
@@ -139,11 +178,11 @@ impl Call {
     }
 
     fn mode(&self) -> u32 {
-        self.r.header().mode
+        self.r.fixed.mode
     }
 
     fn func(&self, f: Func) -> usize {
-        let as_ = self.r.header().count_as[f as usize] as usize;
+        let as_ = self.r.fixed.count_as[f as usize] as usize;
         if as_ < FUNC_COUNT { as_ } else { f as usize }
     }
 
@@ -161,12 +200,12 @@ impl Call {
         self.timed(func);
         // SAFETY: the thread's own counters.
         unsafe {
-            add(&raw mut (*pc).funcs[func].calls, 1);
+            self.add(&raw mut (*pc).funcs[func].calls, 1);
             if ptr == 0 {
-                add(&raw mut (*pc).funcs[func].failed, 1);
+                self.add(&raw mut (*pc).funcs[func].failed, 1);
                 return;
             }
-            add(&raw mut (*pc).funcs[func].bytes, size);
+            self.add(&raw mut (*pc).funcs[func].bytes, size);
         }
         self.track(func as u32, size, ptr);
     }
@@ -177,13 +216,13 @@ impl Call {
         self.timed(f);
         // SAFETY: the thread's own counters.
         unsafe {
-            add(&raw mut (*pc).funcs[f].calls, 1);
+            self.add(&raw mut (*pc).funcs[f].calls, 1);
             if ret == 0 {
                 if old != 0 && size == 0 {
-                    add(&raw mut (*pc).realloc_frees, 1);
+                    self.add(&raw mut (*pc).realloc_frees, 1);
                     self.released(held, true);
                 } else {
-                    add(&raw mut (*pc).funcs[f].failed, 1);
+                    self.add(&raw mut (*pc).funcs[f].failed, 1);
                     // The block stays the program's: back in the table as it was, or, with no
                     // room, out of the live figures as a block the table refused (its free
                     // will be untracked).
@@ -195,14 +234,14 @@ impl Call {
                 }
                 return;
             }
-            add(&raw mut (*pc).funcs[f].bytes, size);
+            self.add(&raw mut (*pc).funcs[f].bytes, size);
             if old != 0 {
                 let outcome = if ret == old {
                     &raw mut (*pc).realloc_in_place
                 } else {
                     &raw mut (*pc).realloc_moves
                 };
-                add(outcome, 1);
+                self.add(outcome, 1);
                 self.released(held, true);
             }
         }
@@ -212,7 +251,7 @@ impl Call {
     pub fn freed(self, held: Option<LiveEntry>) {
         let pc = self.counters();
         // SAFETY: the thread's own counters.
-        unsafe { add(&raw mut (*pc).funcs[Func::Free as usize].calls, 1) };
+        unsafe { self.add(&raw mut (*pc).funcs[Func::Free as usize].calls, 1) };
         self.released(held, false);
     }
 
@@ -221,19 +260,19 @@ impl Call {
         let pc = self.counters();
         let Some(b) = held else {
             // SAFETY: the thread's own counters.
-            unsafe { add(&raw mut (*pc).untracked_frees, 1) };
+            unsafe { self.add(&raw mut (*pc).untracked_frees, 1) };
             return;
         };
         // SAFETY: the thread's own counters.
         unsafe {
-            add(&raw mut (*pc).live_blocks, u64::MAX);
-            add(&raw mut (*pc).live_bytes, b.size.wrapping_neg());
+            self.add(&raw mut (*pc).live_blocks, u64::MAX);
+            self.add(&raw mut (*pc).live_bytes, b.size.wrapping_neg());
             let bytes = if by_realloc {
                 &raw mut (*pc).realloc_released_bytes
             } else {
                 &raw mut (*pc).funcs[Func::Free as usize].bytes
             };
-            add(bytes, b.size);
+            self.add(bytes, b.size);
         }
         self.peak_add(b.size.wrapping_neg());
         if b.stack_id != NO_SITE {
@@ -248,15 +287,15 @@ impl Call {
         let pc = self.counters();
         // SAFETY: the thread's own counters.
         unsafe {
-            add(&raw mut (*pc).live_blocks, u64::MAX);
-            add(&raw mut (*pc).live_bytes, b.size.wrapping_neg());
+            self.add(&raw mut (*pc).live_blocks, u64::MAX);
+            self.add(&raw mut (*pc).live_bytes, b.size.wrapping_neg());
         }
         self.peak_add(b.size.wrapping_neg());
         if let Some(s) = self.site(b.stack_id, b.func) {
             // SAFETY: the thread's own site entry.
             unsafe {
-                add(&raw mut (*s).untracked, 1);
-                add(&raw mut (*s).untracked_bytes, b.size);
+                self.add(&raw mut (*s).untracked, 1);
+                self.add(&raw mut (*s).untracked_bytes, b.size);
             }
         }
     }
@@ -267,13 +306,14 @@ impl Call {
         };
         // SAFETY: the thread's own site entry.
         unsafe {
-            add(&raw mut (*s).frees, 1);
-            add(&raw mut (*s).freed_bytes, b.size);
+            self.add(&raw mut (*s).frees, 1);
+            self.add(&raw mut (*s).freed_bytes, b.size);
             let (tid, seq) = ((*self.t).owner, (*self.t).seq as u32);
             let between = seq.wrapping_sub(b.seq).wrapping_sub(1);
-            if b.tid == tid && between < self.r.header().temporary_allocs {
-                add(&raw mut (*s).temp_blocks, 1);
-                add(&raw mut (*s).temp_bytes, b.size);
+            let own = b.tid == tid && tid != SHARED_OWNER;
+            if own && between < self.r.fixed.temporary_allocs {
+                self.add(&raw mut (*s).temp_blocks, 1);
+                self.add(&raw mut (*s).temp_bytes, b.size);
             }
         }
         if b.ts_ns != 0
@@ -292,7 +332,7 @@ impl Call {
     /// A site's index among each thread's site entries (and the lifetimes): its stack id, or
     /// past the stored ones, the lost stack of its function.
     fn site_index(&self, stack_id: i32, func: u32) -> Option<usize> {
-        let sites = self.r.header().sites as usize;
+        let sites = self.r.fixed.sites as usize;
         match stack_id {
             LOST_STACK => Some(sites + func as usize % FUNC_COUNT),
             id if id >= 0 && (id as usize) < sites => Some(id as usize),
@@ -318,17 +358,22 @@ impl Call {
         };
         // SAFETY: the thread's own slot.
         let seq = unsafe {
-            let s = (*self.t).seq;
-            add(&raw mut (*self.t).seq, 1);
-            s as u32
+            let seq = AtomicU64::from_ptr(&raw mut (*self.t).seq);
+            if self.shared {
+                seq.fetch_add(1, Ordering::Relaxed) as u32
+            } else {
+                let s = seq.load(Ordering::Relaxed);
+                seq.store(s.wrapping_add(1), Ordering::Relaxed);
+                s as u32
+            }
         };
         if mode >= mode::STACKS
             && let Some(s) = self.site(stack_id, func)
         {
             // SAFETY: the thread's own site entry.
             unsafe {
-                add(&raw mut (*s).calls, 1);
-                add(&raw mut (*s).bytes, size);
+                self.add(&raw mut (*s).calls, 1);
+                self.add(&raw mut (*s).bytes, size);
             }
         }
         if mode >= mode::SIZES {
@@ -349,8 +394,8 @@ impl Call {
             if let Some(s) = self.site(stack_id, func) {
                 // SAFETY: the thread's own site entry.
                 unsafe {
-                    add(&raw mut (*s).untracked, 1);
-                    add(&raw mut (*s).untracked_bytes, size);
+                    self.add(&raw mut (*s).untracked, 1);
+                    self.add(&raw mut (*s).untracked_bytes, size);
                 }
             }
             return;
@@ -358,38 +403,47 @@ impl Call {
         let pc = self.counters();
         // SAFETY: the thread's own counters.
         unsafe {
-            add(&raw mut (*pc).live_blocks, 1);
-            add(&raw mut (*pc).live_bytes, size);
+            self.add(&raw mut (*pc).live_blocks, 1);
+            self.add(&raw mut (*pc).live_bytes, size);
         }
         self.peak_grew(size, stack_id);
     }
 
     /// The exact size count of (function, size, stack) in this thread's table.
     fn count_size(&self, func: u32, size: u64, stack_id: i32) {
-        let slots = self.r.header().sizes;
+        let slots = self.r.fixed.sizes;
         let key = size.saturating_add(FIRST_KEY);
         let tag = (u64::from(func) << 32) | u64::from(stack_id as u32);
         let first = heaptrace_common::inproc::size_slot(size, tag, slots);
         for p in 0..PROBES as usize {
             let i = (first + p) & (slots as usize - 1);
             let at = self.r.layout.sizes_at + i * core::mem::size_of::<SizeEntry>();
-            // SAFETY: within the thread's slot, which only this thread writes.
+            // SAFETY: within the thread's slot, which only this thread writes (or, the shared
+            // one, with atomics).
             let e = unsafe { (self.t as *mut u8).add(at) } as *mut SizeEntry;
             // SAFETY: as above.
             let k = unsafe { AtomicU64::from_ptr(&raw mut (*e).key) };
-            match k.load(Ordering::Relaxed) {
+            match k.load(Ordering::Acquire) {
                 0 => {
+                    // In the shared slot, claimed first: another thread may be at it. One
+                    // that loses goes on, and a second entry of the same key is summed.
+                    if self.shared
+                        && k.compare_exchange(0, BUSY, Ordering::AcqRel, Ordering::Relaxed)
+                            .is_err()
+                    {
+                        continue;
+                    }
                     // SAFETY: as above; the key is published after its tag.
                     unsafe { (*e).tag = tag };
                     k.store(key, Ordering::Release);
                     // SAFETY: as above.
-                    unsafe { add(&raw mut (*e).count, 1) };
+                    unsafe { self.add(&raw mut (*e).count, 1) };
                     return;
                 }
                 // SAFETY: as above.
                 seen if seen == key && unsafe { (*e).tag } == tag => {
                     // SAFETY: as above.
-                    unsafe { add(&raw mut (*e).count, 1) };
+                    unsafe { self.add(&raw mut (*e).count, 1) };
                     return;
                 }
                 _ => {}
@@ -428,6 +482,11 @@ impl Call {
     /// Adds `delta` (wrapping) to the thread's change of the live heap; once that reaches
     /// `PEAK_BATCH` either way, adds it to the shared live heap and returns the new total.
     fn peak_add(&self, delta: u64) -> Option<u64> {
+        if self.shared {
+            // SAFETY: a word of the header.
+            let live = unsafe { AtomicU64::from_ptr(&raw mut (*self.r.header_ptr()).peak_live) };
+            return Some(live.fetch_add(delta, Ordering::Relaxed).wrapping_add(delta));
+        }
         // SAFETY: the thread's own slot.
         let mine = unsafe { &mut (*self.t).live_delta };
         *mine = mine.wrapping_add(delta);
@@ -443,6 +502,9 @@ impl Call {
 
 impl Drop for Call {
     fn drop(&mut self) {
+        if self.shared {
+            return;
+        }
         core::sync::atomic::compiler_fence(Ordering::SeqCst);
         // SAFETY: the thread's own slot.
         unsafe { AtomicU32::from_ptr(&raw mut (*self.t).busy).store(0, Ordering::Relaxed) };

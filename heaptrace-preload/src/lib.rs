@@ -28,6 +28,21 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
     unsafe { libc::abort() }
 }
 
+/// Marks the file as heaptrace's own library (`targets::allocator`): a system-wide trace
+/// probes the allocator behind it, never it.
+#[unsafe(no_mangle)]
+pub extern "C" fn heaptrace_preload_library() {}
+
+/// Maps the region as the library is loaded, before the program's own code runs: a program
+/// that closes or reuses descriptors before its first allocation is counted all the same.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static AT_LOAD: extern "C" fn() = at_load;
+
+extern "C" fn at_load() {
+    let _ = region::get();
+}
+
 /// The caller's frame: this function's frame pointer (the library is built with frame
 /// pointers), whose saved return address is the allocation's first frame.
 macro_rules! frame {
@@ -116,7 +131,8 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     if p.is_null() || real::is_bootstrap(p) {
         return;
     }
-    let Some(call) = Call::begin(0) else {
+    let fp = frame!();
+    let Some(call) = Call::begin(fp) else {
         return unsafe { real::free(p) };
     };
     let held = call.take(p as u64);

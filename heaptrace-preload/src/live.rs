@@ -18,7 +18,7 @@ fn key(e: *mut LiveEntry) -> &'static AtomicU64 {
 
 /// Puts a block in; false if no slot was free within the probes (the table is full).
 pub fn insert(r: &Region, block: LiveEntry) -> bool {
-    let slots = r.header().live;
+    let slots = r.fixed.live;
     let first = inproc::live_slot(block.key, slots);
     for p in 0..PROBES as usize {
         let e = slot(r, (first + p) & (slots as usize - 1));
@@ -49,7 +49,7 @@ pub fn insert(r: &Region, block: LiveEntry) -> bool {
 /// Takes a block out, if it is in: only the one caller that swaps its key out gets it (a
 /// double free by the program counts once).
 pub fn take(r: &Region, ptr: u64) -> Option<LiveEntry> {
-    let slots = r.header().live;
+    let slots = r.fixed.live;
     let first = inproc::live_slot(ptr, slots);
     for p in 0..PROBES as usize {
         let e = slot(r, (first + p) & (slots as usize - 1));

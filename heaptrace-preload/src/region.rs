@@ -11,6 +11,55 @@ pub struct Region {
     pub base: *mut u8,
     pub layout: Layout,
     pub pid: u32,
+    /// The header's settings as the region was taken. The program can write its header;
+    /// calls read these instead, so that what it writes there never sends a call outside
+    /// the mapping.
+    pub fixed: Fixed,
+}
+
+/// The settings a call reads, copied from the header once.
+#[derive(Clone, Copy)]
+pub struct Fixed {
+    pub mode: u32,
+    pub threads: u32,
+    pub sites: u32,
+    pub site_index: u32,
+    pub live: u32,
+    pub sizes: u32,
+    pub depth: u32,
+    pub latency_every: u32,
+    pub temporary_allocs: u32,
+    pub count_as: [u32; heaptrace_common::FUNC_COUNT],
+}
+
+impl Fixed {
+    const ZERO: Fixed = Fixed {
+        mode: 0,
+        threads: 0,
+        sites: 0,
+        site_index: 0,
+        live: 0,
+        sizes: 0,
+        depth: 0,
+        latency_every: 0,
+        temporary_allocs: 0,
+        count_as: [0; heaptrace_common::FUNC_COUNT],
+    };
+
+    fn of(h: &Header) -> Fixed {
+        Fixed {
+            mode: h.mode,
+            threads: h.threads,
+            sites: h.sites,
+            site_index: h.site_index,
+            live: h.live,
+            sizes: h.sizes,
+            depth: h.depth,
+            latency_every: h.latency_every,
+            temporary_allocs: h.temporary_allocs,
+            count_as: h.count_as,
+        }
+    }
 }
 
 // SAFETY: the region is shared memory; every access to it goes through atomics or a thread's
@@ -18,11 +67,6 @@ pub struct Region {
 unsafe impl Sync for Region {}
 
 impl Region {
-    pub fn header(&self) -> &Header {
-        // SAFETY: the first page of a mapping checked by `map`.
-        unsafe { &*(self.base as *const Header) }
-    }
-
     pub fn header_ptr(&self) -> *mut Header {
         self.base as *mut Header
     }
@@ -67,6 +111,7 @@ static mut THE_REGION: Region = Region {
         bytes: 0,
     },
     pid: 0,
+    fixed: Fixed::ZERO,
 };
 /// Set in a fork's child: it counts nothing (the region is its parent's).
 static FORKED: AtomicBool = AtomicBool::new(false);
@@ -181,6 +226,7 @@ fn map() -> Option<Region> {
         )
     };
     if base == libc::MAP_FAILED {
+        tell_failure(fd, token, inproc::failure::MAP);
         return None;
     }
     let r = take(base as *mut u8, fd, size, token);
@@ -189,6 +235,33 @@ fn map() -> Option<Region> {
         unsafe { libc::munmap(base, size as usize) };
     }
     r
+}
+
+/// Tells the daemon why the region could not be taken, in its header, if the descriptor is
+/// the region (its token checks out).
+fn tell_failure(fd: i32, token: [u64; 2], why: u32) {
+    // SAFETY: a new shared mapping of the first page, whose size was checked.
+    let page = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            inproc::HEADER_BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if page == libc::MAP_FAILED {
+        return;
+    }
+    let h = page as *mut Header;
+    // SAFETY: the header's page, just mapped; its words read and written whole.
+    unsafe {
+        if (*h).magic == inproc::MAGIC && (*h).token == token {
+            AtomicU32::from_ptr(&raw mut (*h).failure).store(why, Ordering::Release);
+        }
+        libc::munmap(page, inproc::HEADER_BYTES);
+    }
 }
 
 fn take(base: *mut u8, fd: i32, size: u64, token: [u64; 2]) -> Option<Region> {
@@ -216,7 +289,13 @@ fn take(base: *mut u8, fd: i32, size: u64, token: [u64; 2]) -> Option<Region> {
     }
     // SAFETY: registers a handler; no allocation for the first handlers.
     unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
-    Some(Region { base, layout, pid })
+    let fixed = Fixed::of(h);
+    Some(Region {
+        base,
+        layout,
+        pid,
+        fixed,
+    })
 }
 
 /// A new image of the traced process takes the region over: everything but the header is

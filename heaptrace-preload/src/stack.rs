@@ -203,7 +203,7 @@ fn frames<'a>(h: *mut StackHead, len: usize) -> &'a mut [u64] {
 /// `LOST_STACK` when the table has no room for it.
 pub fn site(r: &Region, t: *mut ThreadHead, func: u32, fp: usize) -> i32 {
     let mut ips = [0u64; STACK_FRAMES];
-    let depth = (r.header().depth as usize).min(STACK_FRAMES);
+    let depth = (r.fixed.depth as usize).min(STACK_FRAMES);
     let w = walk(r, t, fp, &mut ips[..depth]);
     match w.end {
         End::Depth => lose(r, Loss::StackDepth),
@@ -217,7 +217,7 @@ pub fn site(r: &Region, t: *mut ThreadHead, func: u32, fp: usize) -> i32 {
     let (n, cut) = (w.n, w.end == End::Depth);
     let ips = &ips[..n];
     let key = inproc::stack_key(func, ips);
-    let slots = r.header().site_index as usize;
+    let slots = r.fixed.site_index as usize;
     for p in 0..PROBES as usize {
         let e = index(r, (key as usize + p) & (slots - 1));
         // SAFETY: the key word of an index entry.
@@ -232,6 +232,9 @@ pub fn site(r: &Region, t: *mut ThreadHead, func: u32, fp: usize) -> i32 {
         if seen == key {
             // SAFETY: the id was written before the key was published.
             let id = unsafe { (*e).id };
+            if id >= r.fixed.sites {
+                continue; // written by the program, not by a store here
+            }
             let h = record(r, id);
             // SAFETY: a record published with its key.
             let same =
@@ -257,7 +260,7 @@ fn store(
 ) -> i32 {
     // SAFETY: a u32 of the header.
     let used = unsafe { AtomicU32::from_ptr(&raw mut (*r.header_ptr()).sites_used) };
-    let sites = r.header().sites;
+    let sites = r.fixed.sites;
     // Checked first so that the count never wraps; past the capacity it only says "full".
     let id = if used.load(Ordering::Acquire) < sites {
         used.fetch_add(1, Ordering::AcqRel)

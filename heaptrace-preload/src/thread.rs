@@ -69,8 +69,7 @@ fn claim(r: &Region) -> Option<*mut ThreadHead> {
     // SAFETY: KEY is set.
     unsafe { libc::pthread_setspecific(KEY, CLAIMING as *const core::ffi::c_void) };
     let tid = crate::real::gettid() as u32;
-    let h = r.header();
-    let slot = (0..h.threads as usize)
+    let slot = (0..r.fixed.threads as usize)
         .map(|i| r.at::<ThreadHead>(r.layout.thread(i)))
         .find(|t| take(*t, 0, tid))
         .or_else(|| steal(r, tid));
@@ -88,9 +87,45 @@ fn claim(r: &Region) -> Option<*mut ThreadHead> {
     unsafe {
         AtomicU64::from_ptr(&raw mut (*t).stack_lo).store(lo, Ordering::Relaxed);
         AtomicU64::from_ptr(&raw mut (*t).stack_hi).store(hi, Ordering::Relaxed);
+        AtomicU64::from_ptr(&raw mut (*t).alt_window).store(0, Ordering::Relaxed);
         libc::pthread_setspecific(KEY, t as *const core::ffi::c_void);
     }
     Some(t)
+}
+
+/// Whether the call on frame `fp` is made by another thread than the slot's owner: a thread
+/// made by a raw `clone` shares its creator's pthread data, key values included. A frame on
+/// the owner's stack is the owner's; one elsewhere (a signal's stack, a coroutine's, or
+/// another thread's) is told apart by the thread id, once per MiB of stack for the owner.
+#[inline(always)]
+pub fn foreign(t: *mut ThreadHead, fp: usize) -> bool {
+    let fp = fp as u64;
+    // SAFETY: words of the slot, written by its owner at its claim.
+    let (lo, hi) = unsafe { ((*t).stack_lo, (*t).stack_hi) };
+    if fp >= lo && fp < hi {
+        return false;
+    }
+    off_stack(t, fp)
+}
+
+#[cold]
+fn off_stack(t: *mut ThreadHead, fp: u64) -> bool {
+    // SAFETY: words of the slot, read and written whole.
+    let (window, owner) = unsafe {
+        (
+            AtomicU64::from_ptr(&raw mut (*t).alt_window),
+            AtomicU32::from_ptr(&raw mut (*t).owner).load(Ordering::Relaxed),
+        )
+    };
+    let w = (fp >> 20) + 1;
+    if window.load(Ordering::Relaxed) == w {
+        return false;
+    }
+    if crate::real::gettid() as u32 != owner {
+        return true;
+    }
+    window.store(w, Ordering::Relaxed);
+    false
 }
 
 fn take(t: *mut ThreadHead, from: u32, tid: u32) -> bool {
@@ -104,7 +139,7 @@ fn take(t: *mut ThreadHead, from: u32, tid: u32) -> bool {
 /// A slot whose owner is gone without giving it back (it allocated after its key's
 /// destructors ran): the kernel says the thread no longer exists.
 fn steal(r: &Region, tid: u32) -> Option<*mut ThreadHead> {
-    (0..r.header().threads as usize)
+    (0..r.fixed.threads as usize)
         .map(|i| r.at::<ThreadHead>(r.layout.thread(i)))
         .find(|t| {
             // SAFETY: a u32 of a slot.

@@ -33,6 +33,7 @@ impl Daemon {
         self.reserves_lost = self.reserves.lost;
         // Since the start, the first provider's and the scan's skips included.
         self.profile.unsafe_files = crate::targets::target_file::skipped();
+        self.profile.region_lost = self.maps.region_lost();
         if let Some(filter) = &self.filter {
             filter.apply(&mut round, &mut self.matched);
         }

@@ -11,7 +11,7 @@ use std::{
         fd::{AsRawFd as _, FromRawFd as _},
         unix::fs::FileExt as _,
     },
-    sync::atomic::{AtomicU32, Ordering},
+    sync::atomic::{AtomicU32, AtomicU64, Ordering},
 };
 
 use heaptrace_common::{
@@ -21,7 +21,12 @@ use heaptrace_common::{
 
 use crate::error::{Error, Result};
 
+mod check;
 mod read;
+
+/// The most address space a region takes in the command (1 TiB): beyond, a mapping that
+/// could fail or crowd it out. The defaults take about 300 MiB.
+const MAX_REGION: usize = 1 << 40;
 
 /// The region's capacities, from the command line.
 #[derive(Clone, Copy, Debug)]
@@ -53,6 +58,15 @@ pub struct Region {
     /// image it was of.
     last: crate::drain::round::Snapshot,
     epoch: u32,
+    /// What the region was made with: every read is sized from these, never from the
+    /// header, which the target can write (`check`).
+    caps: Capacities,
+    made: Header,
+    /// Things found wrong in the region (`check::bad` flags), and how many times.
+    bad: AtomicU64,
+    faults: AtomicU64,
+    /// Execs of the command held and started over here.
+    execs: u32,
 }
 
 fn io_err(what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
@@ -68,7 +82,7 @@ impl Region {
         count_as: [u32; FUNC_COUNT],
         temporary_allocs: u32,
     ) -> Result<Region> {
-        let site_index = (caps.sites.max(1) * 2).next_power_of_two();
+        let site_index = (caps.sites.clamp(1, 1 << 22) * 2).next_power_of_two();
         let layout = Layout::of(
             caps.threads,
             caps.sites,
@@ -78,7 +92,23 @@ impl Region {
             caps.depth,
         )
         .and_then(|l| l.with_unwind(caps.unwind_rows, caps.threads))
-        .ok_or_else(|| Error::Usage(format!("--in-process: capacities out of bounds: {caps:?}")))?;
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "--in-process: --in-process-threads {}, --stack-map-size {}, --live-map-size {} \
+                 or --stack-depth {} is out of its range",
+                caps.threads, caps.sites, caps.live, caps.depth
+            ))
+        })?;
+        if layout.bytes > MAX_REGION {
+            return Err(Error::Usage(format!(
+                "--in-process: the region for --in-process-threads {} and --stack-map-size {} \
+                 would take {} of the command's address space (at most {}): lower either",
+                caps.threads,
+                caps.sites,
+                crate::view::units::bytes(layout.bytes as i64),
+                crate::view::units::bytes(MAX_REGION as i64)
+            )));
+        }
         // SAFETY: a name; the descriptor is owned by the File below.
         let fd = unsafe { libc::memfd_create(c"heaptrace-inproc".as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {
@@ -119,8 +149,9 @@ impl Region {
             peak_stack: NO_SITE as i64,
             bytes: layout.bytes as u64,
             unwind_rows: caps.unwind_rows,
-            _pad1: 0,
-            _reserved: [0; 7],
+            failure: 0,
+            raw_thread_calls: 0,
+            _reserved: [0; 6],
         };
         // SAFETY: a shared mapping of the header's page of the file just sized.
         let map = unsafe {
@@ -139,6 +170,7 @@ impl Region {
         let header_ptr = map as *mut Header;
         // SAFETY: the page just mapped, nobody else's yet.
         unsafe { header_ptr.write(header) };
+        let made = header;
         Ok(Region {
             file,
             header: header_ptr,
@@ -150,6 +182,11 @@ impl Region {
             comm: String::new(),
             last: Default::default(),
             epoch: 1,
+            caps,
+            made,
+            bad: AtomicU64::new(0),
+            faults: AtomicU64::new(0),
+            execs: 0,
         })
     }
 
@@ -205,6 +242,7 @@ impl Region {
     /// zeroed and the epoch moved on, so that the next read starts the process over; the new
     /// image's library takes the region as a first one does (owner 0).
     pub fn start_over(&mut self) -> Result<()> {
+        self.execs += 1;
         let body = inproc::HEADER_BYTES as i64;
         // SAFETY: punches a hole in our own file, past the header.
         let r = unsafe {
@@ -230,6 +268,8 @@ impl Region {
             (*h).peak_max = 0;
             (*h).peak_size = 0;
             (*h).peak_stack = NO_SITE as i64;
+            (*h).raw_thread_calls = 0;
+            (*h).failure = 0;
             (*h).epoch = (*h).epoch.wrapping_add(1).max(1);
             AtomicU32::from_ptr(&raw mut (*h).owner).store(0, Ordering::Release);
         }
@@ -254,15 +294,34 @@ impl Region {
             .collect())
     }
 
+    /// Thread slots to read: as many as were taken, within the daemon's own count.
     fn threads_used(&self, h: &Header) -> usize {
-        (h.threads_used as usize).min(h.threads as usize)
+        (h.threads_used as usize).min(self.caps.threads as usize)
+    }
+
+    /// The byte offsets of the thread slots to read: those taken, and the shared one once a
+    /// call counted in it.
+    fn slots(&self, h: &Header) -> Result<Vec<usize>> {
+        let mut out: Vec<usize> = (0..self.threads_used(h))
+            .map(|i| self.layout.thread(i))
+            .collect();
+        let owner = self.read::<u32>(self.layout.shared(), 1)?;
+        if owner.first() == Some(&inproc::SHARED_OWNER) {
+            out.push(self.layout.shared());
+        }
+        Ok(out)
+    }
+
+    /// Stacks stored, within the daemon's own count.
+    fn sites_used(&self, h: &Header) -> usize {
+        (h.sites_used as usize).min(self.caps.sites as usize)
     }
 
     fn thread_heads(&self, h: &Header) -> Result<Vec<ThreadHead>> {
-        (0..self.threads_used(h))
-            .map(|i| {
-                let bytes =
-                    self.read::<u8>(self.layout.thread(i), std::mem::size_of::<ThreadHead>())?;
+        self.slots(h)?
+            .into_iter()
+            .map(|at| {
+                let bytes = self.read::<u8>(at, std::mem::size_of::<ThreadHead>())?;
                 // SAFETY: as in `read`.
                 Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const ThreadHead) })
             })
@@ -277,6 +336,8 @@ impl Region {
             let head = self.read::<u8>(at, std::mem::size_of::<StackHead>())?;
             // SAFETY: as in `read`.
             let head: StackHead = unsafe { std::ptr::read_unaligned(head.as_ptr() as *const _) };
+            // A function no call names is the target's writing: the site is left out.
+            self.found(check::bad::STACK, head.func as usize >= FUNC_COUNT);
             self.funcs.push(head.func);
         }
         Ok(())

@@ -31,9 +31,13 @@ pub trait Source {
     fn purge_inflight(&mut self, thread_alive: &dyn Fn(u32, u32) -> bool) -> Result<usize>;
     /// Nothing is counted from here on (the probes' own detach does it for the kernel).
     fn stop(&mut self) {}
-    /// What the summary should warn of about this source at the end, if anything.
-    fn warning(&self) -> Option<String> {
-        None
+    /// What the in-process region lost beyond the loss counters.
+    fn region_lost(&self) -> crate::profile::complete::RegionLost {
+        Default::default()
+    }
+    /// Why this source's counts are known incomplete, besides the losses (at the end).
+    fn incomplete(&self) -> Vec<crate::profile::complete::Incomplete> {
+        Vec::new()
     }
     /// The launched command exec'ed and is held before its new image runs: whether its
     /// counts were started over here (the kernel's start over at the exec by themselves).

@@ -1,5 +1,6 @@
 //! Folds rounds into one Profile that every view reads, so the round lines, the summary and the
 //! JSON document can never disagree.
+pub mod complete;
 pub mod exited;
 pub mod grouped;
 pub mod histogram;
@@ -85,6 +86,12 @@ pub struct Profile {
     /// What collected the figures: a loss names the flag of its collector.
     #[serde(skip)]
     pub collector: crate::run_info::Collector,
+    /// What the in-process region lost beyond the loss counters. A fact of the live trace.
+    #[serde(skip)]
+    pub region_lost: complete::RegionLost,
+    /// Why the counts are known incomplete, besides losses (set at the end of a live trace).
+    #[serde(skip)]
+    pub incomplete: Vec<complete::Incomplete>,
 }
 
 /// What folding ended processes keeps (`exited`): how many processes, and each folded stack's

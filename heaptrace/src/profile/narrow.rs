@@ -77,6 +77,8 @@ impl Profile {
             reservations: of_pid(&self.reservations, pid),
             unsafe_files: self.unsafe_files,
             collector: self.collector,
+            region_lost: self.region_lost,
+            incomplete: self.incomplete.clone(),
         }
     }
 }

@@ -28,9 +28,24 @@ pub struct Provider {
     pub abi: Abi,
 }
 
+/// The function heaptrace's own preload library (`heaptrace-preload`) defines to be told apart:
+/// it defines the malloc family, and passes every call on to the allocator behind it, which
+/// is the one to probe. Probes on it would count a `--in-process` run's calls twice and move
+/// its entry points' first instructions out of line, where its frame-pointer walk loses them.
+pub const PRELOAD_MARKER: &str = "heaptrace_preload_library";
+
+/// Whether `file` is heaptrace's own preload library, by the function only it defines.
+pub fn is_heaptrace_preload(file: &TargetFile) -> bool {
+    let marker = [(Func::Malloc, PRELOAD_MARKER.to_string())];
+    elf::named_sites(file, &marker).is_ok_and(|s| !s.is_empty())
+}
+
 impl Provider {
     fn load(file: Arc<TargetFile>) -> Result<Option<Provider>> {
         let sites = elf::alloc_sites(&file)?;
+        if elf::defines_malloc(&sites) && is_heaptrace_preload(&file) {
+            return Ok(None);
+        }
         Ok(elf::defines_malloc(&sites).then_some(Provider {
             path: file.shown().to_path_buf(),
             file,

@@ -81,8 +81,8 @@ struct Prepared {
     args: Vec<CString>,
     /// The whole environment, when it is not this process's.
     env: Option<Vec<CString>>,
-    /// A descriptor made inheritable in the child.
-    keep_fd: Option<i32>,
+    /// Descriptors made inheritable in the child.
+    keep_fds: Vec<i32>,
     /// (stdout+stderr, stdin) for the child, when redirected; the caller keeps them open.
     redirect: Option<(i32, i32)>,
 }
@@ -132,7 +132,7 @@ pub fn spawn_stopped_with(
             })
             .transpose()
             .map_err(|e| exec_err(e.to_string()))?,
-        keep_fd: inherit.and_then(|i| i.fd),
+        keep_fds: inherit.map(|i| i.fds.clone()).unwrap_or_default(),
     };
     let (pid_tx, pid_rx) = mpsc::channel();
     let (resume_tx, resume_rx) = mpsc::channel();
@@ -311,8 +311,8 @@ unsafe fn exec_when_told(
             libc::dup2(out, 2);
             libc::dup2(input, 0);
         }
-        if let Some(fd) = p.keep_fd {
-            libc::fcntl(fd, libc::F_SETFD, 0);
+        for fd in &p.keep_fds {
+            libc::fcntl(*fd, libc::F_SETFD, 0);
         }
         match envp {
             Some(envp) => libc::execve(p.exe.as_ptr(), argv.as_ptr(), envp.as_ptr()),

@@ -4,6 +4,7 @@
 //! another user has it ignored.
 use std::{
     io::Read as _,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     os::unix::{
         ffi::OsStrExt as _,
         fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _},
@@ -79,8 +80,8 @@ fn interpreter(exe: &Path) -> std::io::Result<bool> {
 
 /// The directory the library goes in: /run/heaptrace for root, else the user's runtime
 /// directory (or /tmp/heaptrace-UID), made if missing; it must be ours and writable by no
-/// one else, so that nobody can swap the library a traced command loads.
-fn directory() -> Result<PathBuf> {
+/// one else, so that nobody can swap the library a traced command loads. Err: why not.
+fn directory() -> std::result::Result<PathBuf, String> {
     // SAFETY: no preconditions.
     let euid = unsafe { libc::geteuid() };
     let dir = if euid == 0 {
@@ -95,24 +96,95 @@ fn directory() -> Result<PathBuf> {
     match std::fs::DirBuilder::new().mode(mode).create(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(source) => return Err(Error::Write { path: dir, source }),
+        Err(e) => return Err(format!("cannot make {}: {e}", dir.display())),
     }
-    let meta = std::fs::symlink_metadata(&dir).map_err(|source| Error::Read {
-        path: dir.clone(),
-        source,
-    })?;
-    if !meta.is_dir() || meta.uid() != euid || meta.permissions().mode() & 0o022 != 0 {
-        return Err(Error::Usage(format!(
-            "--in-process: {} must be a directory of yours that no one else can write to",
-            dir.display()
-        )));
+    let meta = std::fs::symlink_metadata(&dir)
+        .map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("{} is not a directory", dir.display()));
+    }
+    if meta.uid() != euid {
+        return Err(format!(
+            "{} is owned by uid {}, not by you",
+            dir.display(),
+            meta.uid()
+        ));
+    }
+    if meta.permissions().mode() & 0o022 != 0 {
+        return Err(format!("others can write to {}", dir.display()));
     }
     Ok(dir)
 }
 
-/// The library's path, written there once per build (named by its checksum).
-pub fn install() -> Result<PathBuf> {
-    let dir = directory()?;
+/// Where the command's dynamic loader finds the library.
+pub enum Library {
+    /// A file of heaptrace's directory.
+    File(PathBuf),
+    /// A sealed memfd the command inherits, named by /proc/self/fd: heaptrace's directory
+    /// could not be used.
+    Memfd(OwnedFd),
+}
+
+impl Library {
+    /// The library's path in the command's LD_PRELOAD.
+    pub fn preload_path(&self) -> String {
+        match self {
+            Library::File(p) => p.display().to_string(),
+            Library::Memfd(fd) => format!("/proc/self/fd/{}", fd.as_raw_fd()),
+        }
+    }
+
+    /// The descriptor the command must inherit, if any.
+    pub fn fd(&self) -> Option<i32> {
+        match self {
+            Library::File(_) => None,
+            Library::Memfd(fd) => Some(fd.as_raw_fd()),
+        }
+    }
+}
+
+/// The library, written once per build to heaptrace's directory (named by its checksum); or,
+/// when that directory cannot be used (another user made it first, others can write to it),
+/// handed to the command as a sealed memfd, and the reason said.
+pub fn install() -> Result<Library> {
+    let why = match directory() {
+        Ok(dir) => return Ok(Library::File(install_in(&dir)?)),
+        Err(why) => why,
+    };
+    let fd = sealed_memfd()?;
+    crate::say!(
+        "heaptrace: not using heaptrace's library directory: {why}; the command gets the \
+         library as a sealed memfd"
+    );
+    Ok(Library::Memfd(fd))
+}
+
+/// The library in a memfd no one can change any more (sealed against writes and resizing).
+fn sealed_memfd() -> Result<OwnedFd> {
+    let err = |what: &str| {
+        let e = std::io::Error::last_os_error();
+        Error::Io(std::io::Error::new(e.kind(), format!("{what}: {e}")))
+    };
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    // SAFETY: a NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(c"heaptrace-preload".as_ptr(), flags) };
+    if fd < 0 {
+        return Err(err("memfd_create for the library"));
+    }
+    // SAFETY: a new descriptor, ours alone.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut file = std::fs::File::from(fd.try_clone()?);
+    std::io::Write::write_all(&mut file, LIBRARY)?;
+    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    // SAFETY: adds seals to our own memfd.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(err("sealing the library's memfd"));
+    }
+    Ok(fd)
+}
+
+/// The library's path in `dir`, written there once per build (named by its checksum).
+fn install_in(dir: &Path) -> Result<PathBuf> {
     let name = format!("libheaptrace-preload-{:08x}.so", crc32fast::hash(LIBRARY));
     let path = dir.join(&name);
     if let Ok(meta) = std::fs::symlink_metadata(&path)

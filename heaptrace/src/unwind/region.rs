@@ -81,7 +81,8 @@ impl RegionStore {
         fence(Ordering::Release);
         // SAFETY: the head's modules, in the mapping; volatile: another process reads them.
         unsafe { std::ptr::write_volatile(&raw mut (*self.head()).modules, *entry) };
-        g.store((before | 1) + 1, Ordering::Release);
+        // Wrapping: the target can write the word (it only spoils its own walks).
+        g.store((before | 1).wrapping_add(1), Ordering::Release);
     }
 }
 
@@ -178,5 +179,9 @@ mod tests {
         assert_eq!(s.generation().load(Ordering::Relaxed), 4);
         file.read_exact_at(&mut buf[..4], count_at as u64).unwrap();
         assert_eq!(buf[..4], [0, 0, 0, 0]);
+        // The target can write the word: its highest value wraps, never panics.
+        s.generation().store(u64::MAX, Ordering::Relaxed);
+        s.set_entry(7, &entry);
+        assert_eq!(s.generation().load(Ordering::Relaxed), 0);
     }
 }

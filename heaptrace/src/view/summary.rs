@@ -316,6 +316,15 @@ pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
     let shown = profile.losses_of(pid);
     let files =
         (profile.unsafe_files > 0).then(|| format!("unsafe_files {}", profile.unsafe_files));
+    let region = profile.region_lost;
+    let overwritten = (region.region_overwritten > 0).then(|| {
+        format!(
+            "region_overwritten {} (the command wrote over heaptrace's region: its figures \
+             are partly its own writing)",
+            region.region_overwritten
+        )
+    });
+
     Loss::ALL
         .iter()
         .filter(|l| shown[**l as usize] > 0 || profile.losses[**l as usize] > 0)
@@ -332,6 +341,7 @@ pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
             }
         })
         .chain(files)
+        .chain(overwritten)
         .collect()
 }
 

@@ -40,8 +40,17 @@ pub(super) fn finish(
     };
     daemon.maps.stop();
     daemon.round()?;
-    if let Some(w) = daemon.maps.warning() {
-        crate::say!("heaptrace: warning: {w}");
+    daemon.profile.incomplete = daemon.maps.incomplete();
+    let raw = daemon.profile.region_lost.raw_thread_calls;
+    if raw > 0 {
+        crate::say!(
+            "heaptrace: {raw} calls of threads made by a raw clone (not pthread_create) were \
+             counted together: their stacks are of one frame, their temporaries and call \
+             times not taken"
+        );
+    }
+    for why in &daemon.profile.incomplete {
+        crate::say!("heaptrace: warning: {}", why.says());
     }
     // Every followed process's blocks, not the root's alone.
     let pids: Option<HashSet<u32>> = pid

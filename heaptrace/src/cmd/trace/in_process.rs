@@ -35,6 +35,23 @@ fn check_in_process(cli: &TraceArgs, target: &Target) -> Result<()> {
             "{flag} works with the kernel's probes only: leave out --in-process or {flag}"
         )));
     }
+    check_sizes(cli)
+}
+
+/// The region's tables, each within what its layout takes (`inproc::Layout::of`): the live
+/// table is a power of two of at most 2^28 slots, the stack table at most 2^22 stacks.
+fn check_sizes(cli: &TraceArgs) -> Result<()> {
+    let bounds = [
+        ("--live-map-size", cli.live_map_size, 1 << 28),
+        ("--stack-map-size", cli.stack_map_size, 1 << 22),
+    ];
+    for (flag, value, most) in bounds {
+        if value == 0 || value > most {
+            return Err(Error::Usage(format!(
+                "{flag} {value} is out of range with --in-process: 1 to {most}"
+            )));
+        }
+    }
     Ok(())
 }
 
@@ -69,7 +86,6 @@ fn launch_with_library(
     }
     let preloaded = std::env::var("LD_PRELOAD").ok();
     let provider = allocator::for_command(&exe, preloaded.as_deref())?;
-    let library = preload::install()?;
     let caps = Capacities {
         threads: cli.in_process_threads,
         sites: cli.stack_map_size,
@@ -92,14 +108,16 @@ fn launch_with_library(
     };
     let mode = mode_word(cli.mode);
     let region = Region::create(caps, mode, count_as(&provider), cli.temporary_allocs)?;
+    // After the region: a size it refuses is said first, alone.
+    let library = preload::install()?;
     let (fd, env) = region.handoff();
     let (name, value) = env.split_once('=').unwrap_or_default();
     let inherit = Inherit {
         env: vec![
-            ("LD_PRELOAD".into(), library.display().to_string()),
+            ("LD_PRELOAD".into(), library.preload_path()),
             (name.into(), value.into()),
         ],
-        fd: Some(fd),
+        fds: std::iter::once(fd).chain(library.fd()).collect(),
     };
     let redirect = redirect(cli, live_view)?;
     let stopped = launch::spawn_stopped_with(&exe, argv, redirect.as_ref(), Some(&inherit))?;

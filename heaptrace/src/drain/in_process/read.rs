@@ -8,7 +8,10 @@ use heaptrace_common::{
     mode,
 };
 
-use super::Region;
+use super::{
+    Region,
+    check::{MAX_COUNT, MAX_SIZE, bad},
+};
 use crate::{
     drain::{
         Freed,
@@ -16,6 +19,7 @@ use crate::{
         source::Source,
     },
     error::Result,
+    profile::complete::{Incomplete, RegionLost},
     targets::procfs,
 };
 
@@ -24,44 +28,46 @@ const LIVE_CHUNK: usize = 1 << 15;
 
 impl Region {
     fn read_sizes(&self, h: &Header, snap: &mut Snapshot) -> Result<()> {
-        for i in 0..self.threads_used(h) {
-            let at = self.layout.thread(i) + self.layout.sizes_at;
-            for e in self.read::<SizeEntry>(at, h.sizes as usize)? {
+        let used = self.sites_used(h);
+        let mut wrong = false;
+        for slot in self.slots(h)? {
+            let at = slot + self.layout.sizes_at;
+            for e in self.read::<SizeEntry>(at, self.caps.sizes as usize)? {
                 if e.key < FIRST_KEY || e.count == 0 {
                     continue;
                 }
-                let key = (
-                    self.pid,
-                    (e.tag >> 32) as u32,
-                    e.key - FIRST_KEY,
-                    e.tag as u32 as i32,
-                );
+                let (func, size, stack) = ((e.tag >> 32) as u32, e.key - FIRST_KEY, e.tag as i32);
+                if !self.known_site(func, stack, used) || size > MAX_SIZE || e.count > MAX_COUNT {
+                    wrong = true;
+                    continue;
+                }
+                let key = (self.pid, func, size, stack);
                 let n = snap.sizes.entry(key).or_default();
                 *n = n.wrapping_add(e.count);
             }
         }
+        self.found(bad::SIZES, wrong);
         Ok(())
     }
 
     /// Each site's entries summed over the threads: ids below the stacks stored, then the
     /// lost stack of each function.
     fn read_sites(&mut self, h: &Header, snap: &mut Snapshot) -> Result<()> {
-        let used = (h.sites_used as usize).min(h.sites as usize);
+        let used = self.sites_used(h);
+        let sites = self.caps.sites as usize;
         self.learn_funcs(used)?;
         let mut sums = vec![SiteEntry::default(); used + FUNC_COUNT];
-        for i in 0..self.threads_used(h) {
-            let at = self.layout.thread(i) + self.layout.sites_at;
+        for slot in self.slots(h)? {
+            let at = slot + self.layout.sites_at;
             let stored = self.read::<SiteEntry>(at, used)?;
-            let lost_at = at + h.sites as usize * std::mem::size_of::<SiteEntry>();
+            let lost_at = at + sites * std::mem::size_of::<SiteEntry>();
             let lost = self.read::<SiteEntry>(lost_at, FUNC_COUNT)?;
             for (sum, e) in sums.iter_mut().zip(stored.iter().chain(lost.iter())) {
                 add_entry(sum, e);
             }
         }
-        let lifetimes = self.read::<u64>(
-            self.layout.lifetimes,
-            (h.sites as usize + FUNC_COUNT) * LOG2_BUCKETS,
-        )?;
+        let lifetimes =
+            self.read::<u64>(self.layout.lifetimes, (sites + FUNC_COUNT) * LOG2_BUCKETS)?;
         for (i, sum) in sums.iter().enumerate() {
             if *sum == SiteEntry::default() {
                 continue;
@@ -69,12 +75,15 @@ impl Region {
             // Stored stacks' lifetimes first, the lost stacks' at the end, as the entries.
             let at = match i.checked_sub(used) {
                 None => i,
-                Some(f) => h.sites as usize + f,
+                Some(f) => sites + f,
             } * LOG2_BUCKETS;
             let key = match i.checked_sub(used) {
                 None => (self.pid, i as i32, self.funcs[i]),
                 Some(f) => (self.pid, LOST_STACK, f as u32),
             };
+            if key.2 as usize >= FUNC_COUNT {
+                continue; // counted in `learn_funcs`
+            }
             let c = SiteCounters {
                 calls: sum.calls,
                 bytes: sum.bytes,
@@ -93,8 +102,8 @@ impl Region {
 
     /// The threads' latency histograms, summed.
     fn read_latency(&self, h: &Header, snap: &mut Snapshot) -> Result<()> {
-        for i in 0..self.threads_used(h) {
-            let at = self.layout.thread(i) + self.layout.latency_at;
+        for slot in self.slots(h)? {
+            let at = slot + self.layout.latency_at;
             let counts = self.read::<u64>(at, FUNC_COUNT * LOG2_BUCKETS)?;
             for (f, hist) in snap.latency.iter_mut().enumerate() {
                 for (b, n) in hist.iter_mut().enumerate() {
@@ -105,22 +114,34 @@ impl Region {
         Ok(())
     }
 
-    /// Every block in the live table, by site.
+    /// Every block in the live table, by site. An entry no call can have written (a size or
+    /// a site out of bounds) is left out and counted: its keys could otherwise make as many
+    /// sites as the table has slots.
     fn live_by_site(&self) -> Result<BTreeMap<SiteId, Leak>> {
-        let h = self.header();
+        let used = self.sites_used(&self.header());
         let mut out: BTreeMap<SiteId, Leak> = BTreeMap::new();
-        let slots = h.live as usize;
+        let slots = self.caps.live as usize;
         let size = std::mem::size_of::<LiveEntry>();
+        let mut wrong = false;
+        // Live blocks share the address space: more bytes than it has cannot be.
+        let mut total = 0u64;
         for start in (0..slots).step_by(LIVE_CHUNK) {
             let n = LIVE_CHUNK.min(slots - start);
             for e in self.read::<LiveEntry>(self.layout.live + start * size, n)? {
-                if e.key >= FIRST_KEY {
-                    let l = out.entry((self.pid, e.stack_id, e.func)).or_default();
-                    l.blocks += 1;
-                    l.bytes += e.size;
+                if e.key < FIRST_KEY {
+                    continue;
                 }
+                if e.size > MAX_SIZE - total || !self.known_site(e.func, e.stack_id, used) {
+                    wrong = true;
+                    continue;
+                }
+                total += e.size;
+                let l = out.entry((self.pid, e.stack_id, e.func)).or_default();
+                l.blocks = l.blocks.saturating_add(1);
+                l.bytes = l.bytes.saturating_add(e.size);
             }
         }
+        self.found(bad::LIVE, wrong);
         Ok(out)
     }
 }
@@ -128,7 +149,7 @@ impl Region {
 impl Region {
     fn read_snapshot(&mut self, h: &Header) -> Result<Snapshot> {
         let mut snap = Snapshot::default();
-        if self.pid == 0 || self.threads_used(h) == 0 {
+        if self.pid == 0 || self.slots(h)?.is_empty() {
             return Ok(snap);
         }
         let heads = self.thread_heads(h)?;
@@ -142,11 +163,11 @@ impl Region {
             epoch: h.epoch,
         };
         snap.procs.insert(self.pid, proc);
-        if h.mode >= mode::SIZES {
+        if self.made.mode >= mode::SIZES {
             self.read_sizes(h, &mut snap)?;
             self.read_latency(h, &mut snap)?;
         }
-        if h.mode >= mode::STACKS {
+        if self.made.mode >= mode::STACKS {
             self.read_sites(h, &mut snap)?;
         }
         snap.losses = h.losses;
@@ -180,29 +201,31 @@ impl Source for Region {
     /// the last one stands until the next round.
     fn snapshot(&mut self) -> Result<Snapshot> {
         let h = self.header();
+        self.check_header(&h);
         if h.epoch == 0 {
             return Ok(self.last.clone());
         }
-        if h.epoch != self.epoch {
+        let same_image = h.epoch == self.epoch;
+        if !same_image {
             self.epoch = h.epoch;
             self.funcs.clear();
         }
-        let snap = self.read_snapshot(&h)?;
+        let mut snap = self.read_snapshot(&h)?;
         if self.header().epoch != h.epoch {
             return Ok(self.last.clone());
         }
+        self.vet(&mut snap, &self.last, same_image, self.sites_used(&h));
         self.last = snap.clone();
         Ok(snap)
     }
     fn stack(&self, id: i32) -> Option<(Vec<u64>, bool)> {
-        let h = self.header();
-        let used = (h.sites_used as usize).min(h.sites as usize);
+        let used = self.sites_used(&self.header());
         let id = usize::try_from(id).ok().filter(|i| *i < used)?;
         let at = self.layout.stacks + id * self.layout.stack_stride;
         let head = self.read::<u8>(at, std::mem::size_of::<StackHead>()).ok()?;
         // SAFETY: plain #[repr(C)] integers.
         let head: StackHead = unsafe { std::ptr::read_unaligned(head.as_ptr() as *const _) };
-        let len = (head.len as usize).min(h.depth as usize);
+        let len = (head.len as usize).min(self.caps.depth as usize);
         let ips = self
             .read::<u64>(at + std::mem::size_of::<StackHead>(), len)
             .ok()?;
@@ -244,14 +267,28 @@ impl Source for Region {
         self.set_counting(false);
     }
 
-    fn warning(&self) -> Option<String> {
-        (self.pid != 0 && self.owner() == 0).then(|| {
-            format!(
-                "the preloaded library never ran in pid {}: nothing was counted in it (it \
-                 replaced LD_PRELOAD, or its loader ignored it)",
-                self.pid
-            )
-        })
+    fn region_lost(&self) -> RegionLost {
+        let h = self.header();
+        RegionLost {
+            region_overwritten: self.faults(),
+            raw_thread_calls: h.raw_thread_calls.min(MAX_COUNT),
+        }
+    }
+
+    /// The library never took the region: which of the reasons it can tell (or the daemon
+    /// knows: an exec it held).
+    fn incomplete(&self) -> Vec<Incomplete> {
+        if self.pid == 0 || self.owner() != 0 {
+            return Vec::new();
+        }
+        let why = if self.header().failure == heaptrace_common::inproc::failure::MAP {
+            Incomplete::RegionNotMapped
+        } else if self.execs > 0 {
+            Incomplete::LibraryNotAfterExec
+        } else {
+            Incomplete::LibraryNeverRan
+        };
+        vec![why]
     }
 
     fn exec_held(&mut self) -> Result<bool> {

@@ -3,12 +3,12 @@
 use std::os::unix::ffi::OsStrExt as _;
 
 /// What a launched command gets beyond its arguments: environment entries (replacing those
-/// of the same name; LD_PRELOAD put first in front of any it has) and a descriptor left open
-/// across its exec (`--in-process`: the library and its region).
+/// of the same name; LD_PRELOAD put first in front of any it has) and descriptors left open
+/// across its exec (`--in-process`: the region, and the library when it is a memfd).
 #[derive(Default)]
 pub struct Inherit {
     pub env: Vec<(String, String)>,
-    pub fd: Option<i32>,
+    pub fds: Vec<i32>,
 }
 
 impl Inherit {

@@ -365,6 +365,12 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
         profile.losses[Loss::Stack as usize].into(),
     );
     lost.insert("unsafe_files".into(), profile.unsafe_files.into());
+    let region = profile.region_lost;
+    lost.insert(
+        "region_overwritten".into(),
+        region.region_overwritten.into(),
+    );
+    let incomplete = incomplete(profile, &lost);
     let aliases = info.aliases.to_vec();
     let processes = Node::list(move || {
         let aliases = aliases.clone();
@@ -439,6 +445,9 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
         "totals": totals_summary(&totals),
         "live": live_all(profile, &totals),
         "lost": lost,
+        "complete": incomplete.is_empty(),
+        "incomplete": incomplete,
+        "raw_thread_calls": region.raw_thread_calls,
         "latency": latency(profile),
     });
     let Value::Object(plain) = plain else {
@@ -464,6 +473,21 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
         ("reservations".into(), reservations(profile)),
     ]);
     Node::object(m)
+}
+
+/// Why the counts are known incomplete: the trace's reasons, and `lost` when anything was.
+fn incomplete(
+    profile: &Profile,
+    lost: &Map<String, Value>,
+) -> Vec<crate::profile::complete::Incomplete> {
+    let mut why = profile.incomplete.clone();
+    let any_lost = lost
+        .iter()
+        .any(|(k, v)| k != "stack_all_processes" && v.as_u64().is_some_and(|n| n > 0));
+    if any_lost {
+        why.insert(0, crate::profile::complete::Incomplete::Lost);
+    }
+    why
 }
 
 /// All processes' live figures, and the part of them held by processes that ended (system-wide
