@@ -22,6 +22,7 @@ mod oom;
 mod peak;
 mod preempt;
 mod procs;
+mod signals;
 mod sites;
 mod sizes;
 mod stacks;
@@ -73,7 +74,8 @@ fn entry_sp(ctx: &ProbeContext, cookie: u64) -> u64 {
 /// or below the stack pointer of the call in flight on this thread is nested inside it and is
 /// left to the outer call: small-alignment posix_memalign calls malloc (lower stack pointer),
 /// and realloc(NULL, n) tail-calls it (`jmp`: the same stack pointer). A call entered above it
-/// means the recorded call's return was never seen; the stale record is replaced.
+/// means the recorded call's return was never seen; the stale record is replaced. A signal
+/// handler's calls are not nested: the delivery set the interrupted call aside (signals.rs).
 #[inline(always)]
 fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64> {
     if !counting() {
@@ -109,7 +111,8 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
         size,
         sp,
         ts_ns,
-        func: func as u32,
+        func: func as u16,
+        level: 0,
         flags: 0,
         seq: 0,
         verdict: heaptrace_common::filter::UNKNOWN,
@@ -119,11 +122,15 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
     // no bucket lock); a completed call leaves sp = 0. The entry goes when the thread exits
     // (threads.rs).
     if let Some(f) = inflight::get(id) {
+        if f.level != 0 {
+            signals::resume(id, f, sp);
+        }
         if f.sp != 0 && sp <= f.sp {
             return Ok(()); // nested in the call in flight
         }
         *f = InFlight {
             seq: f.seq,
+            level: f.level,
             verdict: f.verdict,
             cgroup: f.cgroup,
             ..rec
@@ -151,6 +158,9 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
 fn count_at_entry(id: u64, func: Func, size: u64, sp: u64) {
     match inflight::get(id) {
         Some(f) => {
+            if f.level != 0 {
+                signals::resume(id, f, sp);
+            }
             if f.sp != 0 {
                 if sp <= f.sp {
                     return; // nested in the call in flight
@@ -310,6 +320,9 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
     let Some(f) = inflight::get(id) else {
         return Ok(()); // entry not seen (attached mid-call) or lost (counted at entry)
     };
+    if f.level != 0 {
+        signals::resume(id, f, stack_pointer(ctx.regs));
+    }
     let rec = *f;
     if rec.sp == 0 {
         return Ok(()); // no call in flight (already completed, e.g. by a tail-called inner)
@@ -325,11 +338,11 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
     // Bounded, not matched: the verifier must see the index into the counters bounded, and a
     // match gave it one state per function, each followed through the rest of the program
     // (the stack walk among it: start-up time).
-    if rec.func as usize >= FUNC_COUNT || rec.func == Func::Free as u32 {
+    if rec.func as usize >= FUNC_COUNT || rec.func == Func::Free as u16 {
         return Ok(());
     }
     // SAFETY: Func is repr(u32) with every value below FUNC_COUNT a variant.
-    let func: Func = unsafe { core::mem::transmute::<u32, Func>(rec.func) };
+    let func: Func = unsafe { core::mem::transmute::<u32, Func>(u32::from(rec.func)) };
     let ret: u64 = ctx.ret();
     // The block the call returned (0: none): posix_memalign returns an error number and
     // writes the block through memptr.
@@ -560,7 +573,12 @@ fn try_free(ctx: &ProbeContext, ptr: u64) -> Result<(), i64> {
     // A free inside realloc (realloc(p, 0), moves of mmapped blocks) belongs to the realloc.
     // The stack pointer at free's entry (the cookie says how many pushes ran before the
     // probe) only where a call is in flight: the cookie's helper call is not free.
-    let rec = inflight::get(id);
+    let mut rec = inflight::get(id);
+    if let Some(f) = rec.as_deref_mut()
+        && f.level != 0
+    {
+        signals::resume(id, f, entry_sp(ctx, cookie(ctx)));
+    }
     if rec
         .as_ref()
         .is_some_and(|f| f.sp != 0 && entry_sp(ctx, cookie(ctx)) <= f.sp)

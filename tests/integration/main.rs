@@ -25,6 +25,7 @@ mod placement;
 mod recording;
 mod sampling;
 mod scale;
+mod sighandler;
 mod signals;
 mod slots;
 mod stacks;
