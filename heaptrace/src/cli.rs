@@ -292,7 +292,8 @@ pub struct TraceArgs {
 
     /// The command to launch and trace (after --).
     #[arg(last = true, value_name = "COMMAND")]
-    pub command: Vec<String>,
+    // Bytes, not text: an argument need not be UTF-8, and reaches the command unchanged.
+    pub command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Subcommand, Debug)]

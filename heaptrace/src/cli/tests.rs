@@ -287,3 +287,17 @@ fn process_filters_are_refused_with_one_target() {
         assert!(Cli::try_parse_from(["heaptrace", "--all", flag, value]).is_ok());
     }
 }
+
+/// The command and its arguments are bytes: one that is not UTF-8 is taken as given.
+#[test]
+fn a_command_argument_need_not_be_utf8() {
+    use std::{ffi::OsString, os::unix::ffi::OsStringExt as _};
+    let odd = OsString::from_vec(vec![b'a', 0xff, 0xfe]);
+    let args: Vec<OsString> = ["heaptrace", "--", "./prog"]
+        .into_iter()
+        .map(OsString::from)
+        .chain([odd.clone()])
+        .collect();
+    let c = Cli::try_parse_from(args).unwrap();
+    assert_eq!(c.trace.command, vec![OsString::from("./prog"), odd]);
+}
