@@ -311,8 +311,9 @@ pub struct LatencyHist {
 /// (pid_tgid). `sp` is the stack pointer at entry: a call entered with a lower stack pointer is
 /// nested inside it (realloc(NULL, n) runs malloc's code); a call at or above it means the
 /// record is stale (its return was never seen) and is replaced. A signal handler's calls are
-/// not nested: the delivery of the signal sets the call in flight aside (`level`) and its
-/// return from the handler puts it back (heaptrace-ebpf's signals.rs).
+/// not nested: the delivery of the signal sets the call in flight aside (`level`), and the
+/// thread's first probe back above the handler's frames puts it back (heaptrace-ebpf's
+/// signals.rs).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InFlight {
@@ -323,8 +324,9 @@ pub struct InFlight {
     /// Entry time (0 in counts mode, which measures no latency).
     pub ts_ns: u64,
     pub func: u16,
-    /// Signal handlers the thread is in (deliveries minus returns from them): kept from call
-    /// to call. 16 bits beside `func`: the record keeps its 56 bytes, one cache line a slot.
+    /// Calls of the thread set aside for the signal handlers that interrupted them (0 nearly
+    /// always): kept from call to call. 16 bits beside `func`: the record keeps its 56 bytes,
+    /// one cache line a slot.
     pub level: u16,
     /// [`INFLIGHT_RESERVED`] once the call made a memory syscall (mmap, brk, ...).
     pub flags: u32,
