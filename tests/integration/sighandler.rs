@@ -84,6 +84,22 @@ bpf_test!(
 );
 
 bpf_test!(
+    /// The main code's realloc(NULL, 24) runs malloc nested inside (not counted), and the
+    /// handler's mallocs that interrupt either are counted: each call once.
+    fn handler_calls_interrupting_a_nested_call_count_exactly() {
+        let (doc, (main, handler)) = attached("counts", &["realloc"]);
+        assert!(handler > 0, "the timer never fired");
+        let f = &doc["functions"];
+        assert_eq!(f["realloc"]["calls"], main);
+        assert_eq!(f["realloc"]["bytes"], main * MAIN_SIZE);
+        assert_eq!(f["malloc"]["calls"], handler);
+        assert_eq!(f["malloc"]["bytes"], handler * HANDLER_SIZE);
+        assert_eq!(f["free"]["calls"], main + handler);
+        assert_eq!(doc["lost"]["in_flight"], 0);
+    }
+);
+
+bpf_test!(
     /// A handler on an alternate stack may run above or below the call it interrupts: that
     /// call cannot be told apart from its handler's, and each such interruption is a loss
     /// (`in_flight`), never "lost: none". The handler's one malloc is then the call missed.
