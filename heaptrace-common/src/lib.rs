@@ -310,7 +310,10 @@ pub struct LatencyHist {
 /// An outermost allocation call between its entry and return probe, keyed by thread
 /// (pid_tgid). `sp` is the stack pointer at entry: a call entered with a lower stack pointer is
 /// nested inside it (realloc(NULL, n) runs malloc's code); a call at or above it means the
-/// record is stale (its return was never seen) and is replaced.
+/// record is stale (its return was never seen) and is replaced. A signal handler's calls are
+/// not nested: the delivery of the signal sets the call in flight aside (`level`), and the
+/// thread's first probe back above the handler's frames puts it back (heaptrace-ebpf's
+/// signals.rs).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InFlight {
@@ -320,7 +323,11 @@ pub struct InFlight {
     pub sp: u64,
     /// Entry time (0 in counts mode, which measures no latency).
     pub ts_ns: u64,
-    pub func: u32,
+    pub func: u16,
+    /// Calls of the thread set aside for the signal handlers that interrupted them (0 nearly
+    /// always): kept from call to call. 16 bits beside `func`: the record keeps its 56 bytes,
+    /// one cache line a slot.
+    pub level: u16,
     /// [`INFLIGHT_RESERVED`] once the call made a memory syscall (mmap, brk, ...).
     pub flags: u32,
     /// The thread's allocations so far (wrapping, from a random start): kept from call to
@@ -362,6 +369,7 @@ impl InFlight {
         sp: 0,
         ts_ns: 0,
         func: 0,
+        level: 0,
         flags: 0,
         seq: 0,
         verdict: filter::UNKNOWN,

@@ -8,7 +8,9 @@ pub enum Loss {
     LiveMap = 0,
     /// A (process, function, size) triple did not fit in the size histogram.
     SizeHistogram = 1,
-    /// A call could not be recorded in the in-flight map: it was not counted.
+    /// A call could not be recorded in the in-flight map, or could not be set aside for a
+    /// signal handler that interrupted it (on an alternate stack, or more than 4 deep): it was
+    /// not counted.
     InFlight = 2,
     /// A process did not fit in the process map: its calls were not counted.
     ProcessMap = 3,

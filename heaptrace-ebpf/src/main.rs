@@ -11,6 +11,7 @@
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
 
+mod entries;
 mod filter;
 mod forks;
 mod inflight;
@@ -22,6 +23,7 @@ mod oom;
 mod peak;
 mod preempt;
 mod procs;
+mod signals;
 mod sites;
 mod sizes;
 mod stacks;
@@ -73,9 +75,10 @@ fn entry_sp(ctx: &ProbeContext, cookie: u64) -> u64 {
 /// or below the stack pointer of the call in flight on this thread is nested inside it and is
 /// left to the outer call: small-alignment posix_memalign calls malloc (lower stack pointer),
 /// and realloc(NULL, n) tail-calls it (`jmp`: the same stack pointer). A call entered above it
-/// means the recorded call's return was never seen; the stale record is replaced.
+/// means the recorded call's return was never seen; the stale record is replaced. A signal
+/// handler's calls are not nested: the delivery set the interrupted call aside (signals.rs).
 #[inline(always)]
-fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64> {
+pub(crate) fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64> {
     if !counting() {
         return Ok(()); // before every link is in place, or detaching: see maps::COUNTING
     }
@@ -109,7 +112,8 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
         size,
         sp,
         ts_ns,
-        func: func as u32,
+        func: func as u16,
+        level: 0,
         flags: 0,
         seq: 0,
         verdict: heaptrace_common::filter::UNKNOWN,
@@ -119,11 +123,15 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
     // no bucket lock); a completed call leaves sp = 0. The entry goes when the thread exits
     // (threads.rs).
     if let Some(f) = inflight::get(id) {
+        if f.level != 0 {
+            signals::resume(id, f, sp);
+        }
         if f.sp != 0 && sp <= f.sp {
             return Ok(()); // nested in the call in flight
         }
         *f = InFlight {
             seq: f.seq,
+            level: f.level,
             verdict: f.verdict,
             cgroup: f.cgroup,
             ..rec
@@ -151,6 +159,9 @@ fn enter(ctx: &ProbeContext, func: Func, size: u64, arg: u64) -> Result<(), i64>
 fn count_at_entry(id: u64, func: Func, size: u64, sp: u64) {
     match inflight::get(id) {
         Some(f) => {
+            if f.level != 0 {
+                signals::resume(id, f, sp);
+            }
             if f.sp != 0 {
                 if sp <= f.sp {
                     return; // nested in the call in flight
@@ -176,100 +187,6 @@ fn count_at_entry(id: u64, func: Func, size: u64, sp: u64) {
     }
     add(&mut fc.bytes, size);
     sizes::count(&Atomic, tgid, pc.epoch as u32, func, size, NO_SITE);
-}
-
-#[uprobe]
-pub fn malloc_entry(ctx: ProbeContext) -> u32 {
-    let size: u64 = ctx.arg(0).unwrap_or(0);
-    let _ = enter(&ctx, Func::Malloc, size, 0);
-    0
-}
-
-#[uprobe]
-pub fn calloc_entry(ctx: ProbeContext) -> u32 {
-    let n: u64 = ctx.arg(0).unwrap_or(0);
-    let each: u64 = ctx.arg(1).unwrap_or(0);
-    // An overflowing product fails inside calloc: recorded as a request that cannot succeed.
-    // Not checked_mul: LLVM lowers overflow checks (and `n > MAX / each`, which it recognizes)
-    // to a 128-bit multiply from compiler_builtins, a call BPF cannot make. A volatile read of
-    // the quotient keeps the division.
-    let limit = if each == 0 { u64::MAX } else { u64::MAX / each };
-    // SAFETY: a read of a local.
-    let limit = unsafe { core::ptr::read_volatile(&limit) };
-    let size = if n > limit {
-        u64::MAX
-    } else {
-        n.wrapping_mul(each)
-    };
-    let _ = enter(&ctx, Func::Calloc, size, 0);
-    0
-}
-
-#[uprobe]
-pub fn realloc_entry(ctx: ProbeContext) -> u32 {
-    let old: u64 = ctx.arg(0).unwrap_or(0);
-    let size: u64 = ctx.arg(1).unwrap_or(0);
-    let _ = enter(&ctx, Func::Realloc, size, old);
-    0
-}
-
-// Allocators with other signatures (`--allocator-symbols rust`) get entry programs of their own
-// rather than an argument index in the attach cookie: the cookie already carries the probe's
-// push count, and a fixed register per program keeps each program trivial for the verifier.
-// `__rust_alloc(size, align)` and `__rust_dealloc(ptr, size, align)` read their first argument
-// like malloc and free, and use those programs.
-
-/// `__rust_alloc_zeroed(size, align)`: a zeroed allocation of `size` bytes, counted as calloc.
-#[uprobe]
-pub fn alloc_zeroed_entry(ctx: ProbeContext) -> u32 {
-    let size: u64 = ctx.arg(0).unwrap_or(0);
-    let _ = enter(&ctx, Func::Calloc, size, 0);
-    0
-}
-
-/// `__rust_realloc(ptr, old_size, align, new_size)`, counted as realloc.
-#[uprobe]
-pub fn rust_realloc_entry(ctx: ProbeContext) -> u32 {
-    let old: u64 = ctx.arg(0).unwrap_or(0);
-    let size: u64 = ctx.arg(3).unwrap_or(0);
-    let _ = enter(&ctx, Func::Realloc, size, old);
-    0
-}
-
-#[uprobe]
-pub fn posix_memalign_entry(ctx: ProbeContext) -> u32 {
-    let memptr: u64 = ctx.arg(0).unwrap_or(0);
-    let size: u64 = ctx.arg(2).unwrap_or(0);
-    let _ = enter(&ctx, Func::PosixMemalign, size, memptr);
-    0
-}
-
-#[uprobe]
-pub fn aligned_alloc_entry(ctx: ProbeContext) -> u32 {
-    let size: u64 = ctx.arg(1).unwrap_or(0);
-    let _ = enter(&ctx, Func::AlignedAlloc, size, 0);
-    0
-}
-
-#[uprobe]
-pub fn memalign_entry(ctx: ProbeContext) -> u32 {
-    let size: u64 = ctx.arg(1).unwrap_or(0);
-    let _ = enter(&ctx, Func::Memalign, size, 0);
-    0
-}
-
-#[uprobe]
-pub fn valloc_entry(ctx: ProbeContext) -> u32 {
-    let size: u64 = ctx.arg(0).unwrap_or(0);
-    let _ = enter(&ctx, Func::Valloc, size, 0);
-    0
-}
-
-#[uprobe]
-pub fn pvalloc_entry(ctx: ProbeContext) -> u32 {
-    let size: u64 = ctx.arg(0).unwrap_or(0);
-    let _ = enter(&ctx, Func::Pvalloc, size, 0);
-    0
 }
 
 /// One return program for every allocating function: the in-flight record says which one.
@@ -310,6 +227,9 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
     let Some(f) = inflight::get(id) else {
         return Ok(()); // entry not seen (attached mid-call) or lost (counted at entry)
     };
+    if f.level != 0 {
+        signals::resume(id, f, stack_pointer(ctx.regs));
+    }
     let rec = *f;
     if rec.sp == 0 {
         return Ok(()); // no call in flight (already completed, e.g. by a tail-called inner)
@@ -325,11 +245,11 @@ fn try_alloc_return(ctx: &RetProbeContext) -> Result<(), i64> {
     // Bounded, not matched: the verifier must see the index into the counters bounded, and a
     // match gave it one state per function, each followed through the rest of the program
     // (the stack walk among it: start-up time).
-    if rec.func as usize >= FUNC_COUNT || rec.func == Func::Free as u32 {
+    if rec.func as usize >= FUNC_COUNT || rec.func == Func::Free as u16 {
         return Ok(());
     }
     // SAFETY: Func is repr(u32) with every value below FUNC_COUNT a variant.
-    let func: Func = unsafe { core::mem::transmute::<u32, Func>(rec.func) };
+    let func: Func = unsafe { core::mem::transmute::<u32, Func>(u32::from(rec.func)) };
     let ret: u64 = ctx.ret();
     // The block the call returned (0: none): posix_memalign returns an error number and
     // writes the block through memptr.
@@ -560,7 +480,12 @@ fn try_free(ctx: &ProbeContext, ptr: u64) -> Result<(), i64> {
     // A free inside realloc (realloc(p, 0), moves of mmapped blocks) belongs to the realloc.
     // The stack pointer at free's entry (the cookie says how many pushes ran before the
     // probe) only where a call is in flight: the cookie's helper call is not free.
-    let rec = inflight::get(id);
+    let mut rec = inflight::get(id);
+    if let Some(f) = rec.as_deref_mut()
+        && f.level != 0
+    {
+        signals::resume(id, f, entry_sp(ctx, cookie(ctx)));
+    }
     if rec
         .as_ref()
         .is_some_and(|f| f.sp != 0 && entry_sp(ctx, cookie(ctx)) <= f.sp)

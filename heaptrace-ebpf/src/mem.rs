@@ -83,7 +83,7 @@ fn traced_call(id: u64) -> Option<u32> {
     // In an allocator call: traced. Otherwise traced only if the process allocated before
     // (it has counters); the rest of the host is not our business.
     match crate::inflight::get(id) {
-        Some(f) if f.sp != 0 => Some(f.func),
+        Some(f) if f.sp != 0 => Some(u32::from(f.func)),
         _ if crate::maps::has_counters(tgid) => Some(mem::NO_FUNC),
         _ => None,
     }

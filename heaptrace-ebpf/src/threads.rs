@@ -10,6 +10,8 @@ use aya_ebpf::{
 /// which it never runs user code again: no probe can record a call for it afterwards.
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn on_thread_exit(_ctx: RawTracePointContext) -> i32 {
-    crate::inflight::release(bpf_get_current_pid_tgid());
+    let id = bpf_get_current_pid_tgid();
+    crate::signals::forget(id);
+    crate::inflight::release(id);
     0
 }

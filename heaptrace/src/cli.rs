@@ -56,7 +56,9 @@ pub struct TraceArgs {
     pub all: bool,
 
     /// With --all: only processes whose command name contains this.
-    #[arg(long, requires = "all", value_name = "NAME")]
+    // `requires` alone lets `-p PID --comm X` through: clap drops a requirement on an
+    // argument that conflicts with one given.
+    #[arg(long, requires = "all", conflicts_with_all = ["pid", "command"], value_name = "NAME")]
     pub comm: Option<String>,
 
     /// With --all: ended processes kept one by one.
@@ -81,7 +83,7 @@ pub struct TraceArgs {
     /// With --all: only processes whose cgroup path contains this.
     ///
     /// A container's or a systemd unit's cgroup, judged in the kernel.
-    #[arg(long, requires = "all", value_name = "PATH")]
+    #[arg(long, requires = "all", conflicts_with_all = ["pid", "command"], value_name = "PATH")]
     pub cgroup: Option<String>,
 
     /// Time between rounds (e.g. 1s, 500ms, 2).
@@ -192,7 +194,8 @@ pub struct TraceArgs {
     pub unwind_table_size: u32,
 
     /// Capacity of the stack map (distinct user stacks).
-    #[arg(long, default_value_t = 16384, value_name = "STACKS")]
+    #[arg(long, default_value_t = 16384, value_name = "STACKS",
+          value_parser = clap::value_parser!(u32).range(1..=1 << 24))]
     pub stack_map_size: u32,
 
     /// Capacity of the site map ((process, stack, function) entries).
@@ -200,19 +203,21 @@ pub struct TraceArgs {
     /// Default: 1.5 times --stack-map-size (each stack it holds, and the callers of
     /// allocations whose whole stack it could not take), or less on hosts with many CPUs (the
     /// map is per CPU and preallocated; 64 MiB budget).
-    #[arg(long, value_name = "SITES")]
+    #[arg(long, value_name = "SITES", value_parser = clap::value_parser!(u32).range(1..=1 << 22))]
     pub site_map_size: Option<u32>,
 
     /// Capacity of the live-block map (blocks tracked at once).
     ///
     /// Slots for a sixteenth more stand in front of it.
-    #[arg(long, default_value_t = 1 << 20, value_name = "BLOCKS")]
+    #[arg(long, default_value_t = 1 << 20, value_name = "BLOCKS",
+          value_parser = clap::value_parser!(u32).range(1..=1 << 26))]
     pub live_map_size: u32,
 
     /// Capacity of the size histogram map.
     ///
     /// Its entries are (process, function, size, stack).
-    #[arg(long, default_value_t = 65536, value_name = "ENTRIES")]
+    #[arg(long, default_value_t = 65536, value_name = "ENTRIES",
+          value_parser = clap::value_parser!(u32).range(1..=1 << 24))]
     pub size_map_size: u32,
 
     /// Print where each probe was attached.
@@ -265,7 +270,8 @@ pub struct TraceArgs {
 
     /// Capacity of the kernel's in-flight call map (threads with a call recorded). For tests:
     /// a small one shows that exited threads give their entries back.
-    #[arg(long, default_value_t = 16384, value_name = "THREADS", hide = true)]
+    #[arg(long, default_value_t = 16384, value_name = "THREADS", hide = true,
+          value_parser = clap::value_parser!(u32).range(1..=1 << 22))]
     pub inflight_map_size: u32,
 
     /// Process slots per CPU in front of the kernel's process map (a power of two, at most
@@ -286,7 +292,8 @@ pub struct TraceArgs {
 
     /// The command to launch and trace (after --).
     #[arg(last = true, value_name = "COMMAND")]
-    pub command: Vec<String>,
+    // Bytes, not text: an argument need not be UTF-8, and reaches the command unchanged.
+    pub command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -1,6 +1,8 @@
 //! Integration tests: the real heaptrace binary, real uprobes, C fixtures with known calls.
 //! Those declared with `bpf_test!` need root, BTF and uprobes: built where they are missing
 //! they are ignored, but in CI (`CI` set) a missing capability fails them.
+mod access;
+mod arguments;
 mod before_attach;
 mod busy;
 mod busy_attach;
@@ -27,6 +29,7 @@ mod placement;
 mod recording;
 mod sampling;
 mod scale;
+mod sighandler;
 mod signals;
 mod slots;
 mod stacks;

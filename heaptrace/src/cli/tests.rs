@@ -249,3 +249,55 @@ fn completions_and_the_manual_page_come_from_the_same_definitions() {
     assert!(page.contains("sample\\-bytes"));
     assert!(page.contains("Examples:"));
 }
+
+/// Each kernel map's capacity is checked as it is parsed, naming the option and its range: a
+/// size the kernel refuses used to fail at load as "failed to create map `LIVE`".
+#[test]
+fn map_sizes_out_of_range_name_the_option_and_the_range() {
+    for (flag, max) in [
+        ("--live-map-size", 1u64 << 26),
+        ("--stack-map-size", 1 << 24),
+        ("--site-map-size", 1 << 22),
+        ("--size-map-size", 1 << 24),
+        ("--inflight-map-size", 1 << 22),
+    ] {
+        for bad in ["0".to_string(), (max + 1).to_string(), u32::MAX.to_string()] {
+            let e = Cli::try_parse_from(["heaptrace", flag, &bad, "--", "ls"]).unwrap_err();
+            let line = e.to_string();
+            let line = line.lines().next().unwrap();
+            assert!(
+                line.contains(flag) && line.contains(&format!("1..={max}")),
+                "{flag} {bad}: {line}"
+            );
+        }
+        let ok = Cli::try_parse_from(["heaptrace", flag, &max.to_string(), "--", "ls"]);
+        assert!(ok.is_ok(), "{flag} {max}");
+    }
+}
+
+/// `--comm` and `--cgroup` filter `--all` only: with -p or a command they were accepted and
+/// ignored.
+#[test]
+fn process_filters_are_refused_with_one_target() {
+    for (flag, value) in [("--comm", "x"), ("--cgroup", "/x")] {
+        let e = Cli::try_parse_from(["heaptrace", "-p", "1", flag, value]).unwrap_err();
+        assert!(e.to_string().contains(flag), "{e}");
+        let e = Cli::try_parse_from(["heaptrace", flag, value, "--", "ls"]).unwrap_err();
+        assert!(e.to_string().contains(flag), "{e}");
+        assert!(Cli::try_parse_from(["heaptrace", "--all", flag, value]).is_ok());
+    }
+}
+
+/// The command and its arguments are bytes: one that is not UTF-8 is taken as given.
+#[test]
+fn a_command_argument_need_not_be_utf8() {
+    use std::{ffi::OsString, os::unix::ffi::OsStringExt as _};
+    let odd = OsString::from_vec(vec![b'a', 0xff, 0xfe]);
+    let args: Vec<OsString> = ["heaptrace", "--", "./prog"]
+        .into_iter()
+        .map(OsString::from)
+        .chain([odd.clone()])
+        .collect();
+    let c = Cli::try_parse_from(args).unwrap();
+    assert_eq!(c.trace.command, vec![OsString::from("./prog"), odd]);
+}

@@ -32,7 +32,7 @@ use crate::{
 enum Target {
     Pid(u32),
     All,
-    Command(Vec<String>),
+    Command(Vec<std::ffi::OsString>),
 }
 
 impl Target {
@@ -282,7 +282,10 @@ fn run_info(
         target: target.kind(),
         pids: pid.into_iter().collect(),
         command: match target {
-            Target::Command(argv) => argv.clone(),
+            Target::Command(argv) => argv
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
             _ => Vec::new(),
         },
         comm: cli.comm.clone(),
@@ -341,7 +344,11 @@ fn open_view(
                 procfs::comm(*p).unwrap_or_else(|| "?".into())
             ),
             Target::All => summary::all_processes(cli.comm.as_deref(), cli.cgroup.as_deref()),
-            Target::Command(argv) => format!("{} (pid {})", argv.join(" "), pid.unwrap_or(0)),
+            Target::Command(argv) => format!(
+                "{} (pid {})",
+                argv.join(std::ffi::OsStr::new(" ")).to_string_lossy(),
+                pid.unwrap_or(0)
+            ),
         },
         run: info.clone(),
         attached: attached.to_vec(),

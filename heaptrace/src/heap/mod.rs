@@ -25,6 +25,14 @@ pub enum HeapError {
         "{who} allocates with {path}, not glibc's malloc: heaptrace heap reads glibc's heap only"
     )]
     OtherAllocator { who: String, path: PathBuf },
+    /// glibc's malloc linked into the executable: it is glibc's, but there is no libc.so.6
+    /// whose version banner says which layout its structures have.
+    #[error(
+        "{who} is statically linked with glibc's malloc (in {path}): heaptrace heap reads the \
+         heap of a shared glibc (libc.so.6) only, whose banner gives its version and layout; \
+         tracing it works"
+    )]
+    StaticGlibc { who: String, path: PathBuf },
     #[error("{0} maps no glibc (libc.so.6)")]
     NoGlibc(String),
     #[error("{0}")]
@@ -43,10 +51,7 @@ fn live_glibc(
     let provider = crate::targets::allocator::for_pid(pid)
         .map_err(|e| HeapError::Unreadable(e.to_string()))?;
     if !is_glibc(&provider.path) {
-        return Err(HeapError::OtherAllocator {
-            who,
-            path: provider.path,
-        });
+        return Err(other_allocator(who, &provider.file, provider.path));
     }
     let regions =
         memory::live_regions(pid).map_err(|e| HeapError::Unreadable(format!("{who}: {e}")))?;
@@ -151,8 +156,8 @@ pub fn of_core(path: &Path, symbols: bool) -> Result<Census, HeapError> {
     let core = core::Core::open(path)
         .map_err(|e| HeapError::Unreadable(format!("{}: {e}", path.display())))?;
     let who = format!("core file {}", path.display());
-    if let Some(other) = core_allocator(&core.regions) {
-        return Err(HeapError::OtherAllocator { who, path: other });
+    if let Some((file, other)) = core_allocator(&core.regions) {
+        return Err(other_allocator(who, &file, other));
     }
     let libc = core
         .regions
@@ -194,9 +199,39 @@ fn base_of(regions: &[Region], file: &Path) -> Option<u64> {
         .map(|r| r.start)
 }
 
+/// Why the allocator in `path` is not read: another allocator, or glibc's linked statically.
+fn other_allocator(
+    who: String,
+    file: &crate::targets::target_file::TargetFile,
+    path: PathBuf,
+) -> HeapError {
+    if has_glibc_malloc(file) {
+        HeapError::StaticGlibc { who, path }
+    } else {
+        HeapError::OtherAllocator { who, path }
+    }
+}
+
+/// Whether a file holds glibc's malloc, by the messages only its malloc prints (an
+/// executable, so no libc.so.6 name or version banner to go by).
+fn has_glibc_malloc(file: &crate::targets::target_file::TargetFile) -> bool {
+    const GLIBC_ONLY: [&[u8]; 2] = [
+        b"malloc(): unaligned tcache chunk detected",
+        b"corrupted size vs. prev_size",
+    ];
+    let Ok(data) = file.read_at(0, file.size().min(256 << 20) as usize) else {
+        return false;
+    };
+    GLIBC_ONLY
+        .iter()
+        .all(|m| data.windows(m.len()).any(|w| w == *m))
+}
+
 /// The first file of a core's mappings (the executable first, libc last) that defines malloc,
 /// if it is not libc: a static binary, a preloaded jemalloc.
-fn core_allocator(regions: &[Region]) -> Option<PathBuf> {
+fn core_allocator(
+    regions: &[Region],
+) -> Option<(crate::targets::target_file::TargetFile, PathBuf)> {
     let mut files: Vec<&PathBuf> = Vec::new();
     for f in regions.iter().filter_map(|r| r.file.as_ref()) {
         if !files.contains(&f) {
@@ -211,12 +246,14 @@ fn core_allocator(regions: &[Region]) -> Option<PathBuf> {
         if !std::fs::metadata(f).is_ok_and(|m| m.is_file()) {
             continue;
         }
-        if crate::targets::target_file::TargetFile::host(f)
+        let Ok(tf) = crate::targets::target_file::TargetFile::host(f) else {
+            continue;
+        };
+        if crate::targets::elf::alloc_sites(&tf)
             .ok()
-            .and_then(|tf| crate::targets::elf::alloc_sites(&tf).ok())
             .is_some_and(|s| crate::targets::elf::defines_malloc(&s))
         {
-            return Some(f.clone());
+            return Some((tf, f.clone()));
         }
     }
     None

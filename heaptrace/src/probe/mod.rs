@@ -18,6 +18,7 @@ mod load;
 pub mod placement;
 mod plan;
 pub mod sampling;
+mod signals;
 pub mod syscall_sites;
 
 pub use load::{
@@ -317,6 +318,7 @@ impl Probes {
             ])
             .collect();
         thread_exits(&mut ebpf);
+        signals::attach(&mut ebpf);
         let multi = if multi {
             MultiPrograms::load(object, &ebpf, &names)
                 .inspect_err(|e| log::debug!("no uprobe_multi links, perf-event uprobes: {e}"))

@@ -61,7 +61,15 @@ impl Privileges {
     /// of the same uid is readable without CAP_SYS_PTRACE (unless it made itself
     /// undumpable).
     pub fn check_pid(&self, pid: u32) -> Result<()> {
-        let Err(e) = fs::File::open(format!("/proc/{pid}/maps")) else {
+        // Both: CAP_PERFMON lets another user's maps be read, not the files it maps (which
+        // heaptrace opens through map_files), and "no malloc found" was all that said so.
+        let maps = format!("/proc/{pid}/maps");
+        let files = format!("/proc/{pid}/map_files");
+        let denied = fs::File::open(&maps)
+            .err()
+            .map(|e| (maps, e))
+            .or_else(|| fs::read_dir(&files).err().map(|e| (files, e)));
+        let Some((path, e)) = denied else {
             return Ok(());
         };
         if !matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)) {
@@ -83,7 +91,10 @@ impl Privileges {
              CAP_SYS_PTRACE overrides"
                 .to_string()
         };
-        Err(Error::NoAccess { pid, reason })
+        Err(Error::NoAccess {
+            pid,
+            reason: format!("permission denied reading {path}: {reason}"),
+        })
     }
 
     /// `--all`: what is counted but cannot be looked into, when that is anything.

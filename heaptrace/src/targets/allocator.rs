@@ -320,8 +320,9 @@ pub fn for_command(exe: &Path, ld_preload: Option<&str>) -> Result<Provider> {
 }
 
 /// Resolves a command name the way execvp does.
-pub fn resolve_command(cmd: &str) -> Option<PathBuf> {
-    if cmd.contains('/') {
+pub fn resolve_command(cmd: &std::ffi::OsStr) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt as _;
+    if cmd.as_bytes().contains(&b'/') {
         return Some(PathBuf::from(cmd));
     }
     let path = std::env::var_os("PATH")?;

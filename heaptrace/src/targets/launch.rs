@@ -97,19 +97,26 @@ pub fn check_executable(exe: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-pub fn spawn_stopped(exe: &Path, argv: &[String], redirect: Option<&Redirect>) -> Result<Stopped> {
+pub fn spawn_stopped(
+    exe: &Path,
+    argv: &[impl AsRef<std::ffi::OsStr>],
+    redirect: Option<&Redirect>,
+) -> Result<Stopped> {
     spawn_stopped_with(exe, argv, redirect, None)
 }
 
 /// `spawn_stopped`, with what the command inherits besides.
 pub fn spawn_stopped_with(
     exe: &Path,
-    argv: &[String],
+    argv: &[impl AsRef<std::ffi::OsStr>],
     redirect: Option<&Redirect>,
     inherit: Option<&Inherit>,
 ) -> Result<Stopped> {
     use std::os::fd::AsRawFd as _;
-    let cmd = argv.first().cloned().unwrap_or_default();
+    let cmd = argv
+        .first()
+        .map(|a| a.as_ref().to_string_lossy().into_owned())
+        .unwrap_or_default();
     let exec_err = |reason: String| Error::Exec {
         cmd: cmd.clone(),
         reason,
@@ -119,7 +126,7 @@ pub fn spawn_stopped_with(
         exe: CString::new(exe.as_os_str().as_bytes()).map_err(|e| exec_err(e.to_string()))?,
         args: argv
             .iter()
-            .map(|a| CString::new(a.as_bytes()))
+            .map(|a| CString::new(a.as_ref().as_bytes()))
             .collect::<std::result::Result<_, _>>()
             .map_err(|e| exec_err(e.to_string()))?,
         redirect: redirect.map(|r| (r.output.as_raw_fd(), r.input.as_raw_fd())),

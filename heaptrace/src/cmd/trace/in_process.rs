@@ -77,7 +77,7 @@ fn mode_word(mode: crate::run_info::Mode) -> u32 {
 /// over; the region and the provider of its malloc.
 fn launch_with_library(
     cli: &TraceArgs,
-    argv: &[String],
+    argv: &[std::ffi::OsString],
     live_view: bool,
 ) -> Result<(Region, Provider, launch::Stopped)> {
     let exe = executable(argv)?;
@@ -130,7 +130,7 @@ fn launch_with_library(
 fn unwind_tables(
     region: &Region,
     pid: u32,
-    cmd: &str,
+    cmd: &std::ffi::OsStr,
     provider: &Provider,
 ) -> Result<Option<crate::unwind::loaded::Tables>> {
     let Some(store) = region.unwind_store(pid)? else {

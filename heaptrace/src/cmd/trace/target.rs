@@ -96,14 +96,15 @@ pub(super) fn find_target(
 
 /// A command's executable, found as the shell would find it and checked to be one: said
 /// before anything is launched or attached, as the shell would say it.
-pub(super) fn executable(argv: &[String]) -> Result<std::path::PathBuf> {
+pub(super) fn executable(argv: &[std::ffi::OsString]) -> Result<std::path::PathBuf> {
+    let cmd = argv[0].to_string_lossy().into_owned();
     let exe = allocator::resolve_command(&argv[0]).ok_or_else(|| Error::Exec {
-        cmd: argv[0].clone(),
+        cmd: cmd.clone(),
         reason: "command not found".into(),
         found: false,
     })?;
     launch::check_executable(&exe).map_err(|e| Error::Exec {
-        cmd: argv[0].clone(),
+        cmd,
         reason: e.to_string(),
         found: e.kind() != std::io::ErrorKind::NotFound,
     })?;

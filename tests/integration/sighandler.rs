@@ -1,0 +1,135 @@
+//! Signal handlers that allocate while the code they interrupt is inside malloc: each call
+//! counted once, the handler's as well as the interrupted one (`sighandler.c`). A handler's
+//! call is taken for a nested call (glibc's realloc calling malloc) unless the delivery of the
+//! signal set the interrupted call aside.
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    process::{Command, Stdio},
+};
+
+use serde_json::Value;
+
+use crate::support::*;
+
+const PAIRS: &str = "200000";
+const MAIN_SIZE: u64 = 24;
+const HANDLER_SIZE: u64 = 200;
+
+/// The fixture's "done MAIN HANDLER" line: the malloc+free pairs of each.
+fn made(line: &str) -> (u64, u64) {
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert_eq!(v.len(), 2, "{line}");
+    (v[0], v[1])
+}
+
+/// Every malloc and free of the run, counted once: `pairs` of each size made while traced.
+fn check(doc: &Value, (main, handler): (u64, u64)) {
+    assert!(handler > 0, "the timer never fired");
+    let f = &doc["functions"];
+    assert_eq!(f["malloc"]["calls"], main + handler);
+    assert_eq!(
+        f["malloc"]["bytes"],
+        main * MAIN_SIZE + handler * HANDLER_SIZE
+    );
+    assert_eq!(f["free"]["calls"], main + handler);
+    assert_eq!(doc["lost"]["in_flight"], 0);
+}
+
+/// Attaches with `-p` to the fixture waiting (its warm-up calls made), a signal every 100 us;
+/// the JSON document and what the fixture made.
+fn attached(mode: &str, extra: &[&str]) -> (Value, (u64, u64)) {
+    let _g = shared();
+    let mut target = Command::new(fixture("sighandler", "", &[]))
+        .args([PAIRS, "100", "wait"])
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(target.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let json = json_path(&format!("sighandler-{mode}{}", extra.concat()));
+    let mut cmd = heaptrace();
+    cmd.args(["--no-tui", "-q", "--mode", mode, "--json"])
+        .arg(&json)
+        .args(["-p", &target.id().to_string()]);
+    let tracer = start_attached(&mut cmd);
+    target.stdin.take().unwrap().write_all(b"g").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert!(target.wait().unwrap().success());
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    (read_json(&json), made(&line))
+}
+
+bpf_test!(
+    fn handler_calls_interrupting_malloc_count_exactly_attached() {
+        let (doc, made) = attached("counts", &[]);
+        check(&doc, made);
+    }
+);
+
+bpf_test!(
+    fn handler_calls_interrupting_malloc_count_exactly_in_stacks_mode() {
+        let (doc, made) = attached("stacks", &[]);
+        check(&doc, made);
+    }
+);
+
+bpf_test!(
+    /// The main code's realloc(NULL, 24) runs malloc nested inside (not counted), and the
+    /// handler's mallocs that interrupt either are counted: each call once.
+    fn handler_calls_interrupting_a_nested_call_count_exactly() {
+        let (doc, (main, handler)) = attached("counts", &["realloc"]);
+        assert!(handler > 0, "the timer never fired");
+        let f = &doc["functions"];
+        assert_eq!(f["realloc"]["calls"], main);
+        assert_eq!(f["realloc"]["bytes"], main * MAIN_SIZE);
+        assert_eq!(f["malloc"]["calls"], handler);
+        assert_eq!(f["malloc"]["bytes"], handler * HANDLER_SIZE);
+        assert_eq!(f["free"]["calls"], main + handler);
+        assert_eq!(doc["lost"]["in_flight"], 0);
+    }
+);
+
+bpf_test!(
+    /// A handler on an alternate stack may run above or below the call it interrupts: that
+    /// call cannot be told apart from its handler's, and each such interruption is a loss
+    /// (`in_flight`), never "lost: none". The handler's one malloc is then the call missed.
+    fn handler_calls_on_an_alternate_stack_are_counted_as_lost() {
+        let (doc, (main, handler)) = attached("counts", &["altstack"]);
+        let lost = doc["lost"]["in_flight"].as_u64().unwrap();
+        assert!(lost > 0, "no interruption seen");
+        let counted = doc["functions"]["malloc"]["calls"].as_u64().unwrap();
+        assert_eq!(counted + lost, main + handler);
+    }
+);
+
+bpf_test!(
+    shared,
+    /// Launched, at 1 kHz: the two warm-up pairs (one of each size) are counted too.
+    fn handler_calls_interrupting_malloc_count_exactly_launched() {
+        let json = json_path("sighandler-launched");
+        let mut cmd = heaptrace();
+        cmd.args(["--no-tui", "-q", "--mode", "counts", "--json"])
+            .arg(&json)
+            .arg("--")
+            .arg(fixture("sighandler", "", &[]))
+            .args([PAIRS, "1000"]);
+        let mut tracer = start_attached(&mut cmd);
+        let mut stdout = tracer.child.stdout.take().unwrap();
+        let (code, stderr) = tracer.wait();
+        assert_eq!(code, 0, "{stderr}");
+        let mut line = String::new();
+        stdout.read_to_string(&mut line).unwrap();
+        let (main, handler) = made(&line);
+        check(&read_json(&json), (main + 1, handler + 1));
+    }
+);
