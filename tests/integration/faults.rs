@@ -84,7 +84,8 @@ bpf_test!(
         assert_eq!(out.status.code(), Some(1), "{out:?}");
         let line = error_line(&out);
         assert!(
-            line.contains("cannot look into process 1: it belongs to uid 0")
+            line.contains("cannot look into process 1: permission denied")
+                && line.contains("it belongs to uid 0")
                 && line.contains("lacks CAP_SYS_PTRACE"),
             "{line}"
         );
