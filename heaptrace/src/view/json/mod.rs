@@ -30,6 +30,8 @@ pub struct Run<'a> {
     pub programs: Option<Value>,
     /// How the programs added to their counters.
     pub counting: Option<Counting>,
+    /// `--json-max-processes`: the cap the Profile was folded to (`Profile::keep_processes`).
+    pub max_processes: Option<usize>,
 }
 
 impl<'a> Run<'a> {
@@ -44,6 +46,7 @@ impl<'a> Run<'a> {
             own_rss_kb: None,
             programs: None,
             counting: None,
+            max_processes: None,
         }
     }
 
@@ -141,10 +144,15 @@ fn percentiles_json(p: Option<crate::profile::histogram::Percentiles>) -> Value 
     }
 }
 
+/// How many entries a list by stack holds (`--json-max-stacks`).
+fn stacks_cap(profile: &Profile) -> usize {
+    profile.folded.document_stacks.unwrap_or(usize::MAX)
+}
+
 pub(crate) fn stacks(profile: &Profile) -> Node<'_> {
     Node::list(move || {
         profile
-            .top_sites(usize::MAX, |t| t.bytes as i64)
+            .top_sites(stacks_cap(profile), |t| t.bytes as i64)
             .into_iter()
             .map(move |(id, t)| stack(profile, &id, &t))
     })
@@ -181,7 +189,7 @@ pub(crate) fn temporary(profile: &Profile, rule: Temporary) -> Node<'_> {
     let bytes: u64 = profile.sites.values().map(|t| t.temp_bytes).sum();
     let by = Node::list(move || {
         profile
-            .top_sites(usize::MAX, |t| t.temp_blocks as i64)
+            .top_sites(stacks_cap(profile), |t| t.temp_blocks as i64)
             .into_iter()
             .map(move |(id, t)| {
                 with(
@@ -324,6 +332,7 @@ pub(crate) fn leaks(profile: &Profile, pid: Option<u32>) -> Node<'_> {
             .filter(move |(id, _)| {
                 pid.is_none_or(|p| p == id.0) && id.1 != heaptrace_common::NO_SITE
             })
+            .take(stacks_cap(profile))
             .map(move |(id, l)| {
                 with(
                     site(profile, &id),
@@ -433,6 +442,7 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
         "live": live_all(profile, &totals),
         "lost": lost,
         "latency": latency(profile),
+        "folded": folded(profile, run.max_processes),
     });
     let Value::Object(plain) = plain else {
         unreachable!("json! of an object")
@@ -457,6 +467,38 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
         ("reservations".into(), reservations(profile)),
     ]);
     Node::object(m)
+}
+
+/// How many processes `[N ... processes]` stands for, how many stacks the lists by stack
+/// left out (and their figures), and the flags that would have kept them.
+fn folded(profile: &Profile, max_processes: Option<usize>) -> Value {
+    let f = &profile.folded;
+    let cap = stacks_cap(profile);
+    let out = |n: usize| n.saturating_sub(cap);
+    // Those the `stacks` list leaves out: its sites past the cap, largest first.
+    let sites = profile.top_sites(usize::MAX, |t| t.bytes as i64);
+    let (calls, bytes) = sites
+        .iter()
+        .skip(cap)
+        .fold((0, 0), |(c, b), (_, t)| (c + t.calls, b + t.bytes));
+    let temporary = profile.sites.values().filter(|t| t.temp_blocks > 0).count();
+    let leaks = profile.leaks.as_ref().map_or(0, |l| l.len());
+    json!({
+        "processes": f.processes,
+        "by_keep_exited": f.processes - f.document,
+        "by_json_max_processes": f.document,
+        "json_max_processes": max_processes,
+        "json_max_stacks": f.document_stacks,
+        "stacks_left_out": {
+            "stacks": out(sites.len()),
+            "calls": calls,
+            "bytes": bytes,
+            "temporary": out(temporary),
+            "leaks": out(leaks),
+        },
+        "keep_with": "--keep-exited N (in the trace), --json-max-processes N and \
+                      --json-max-stacks N (in this document)",
+    })
 }
 
 /// All processes' live figures, and the part of them held by processes that ended (system-wide
