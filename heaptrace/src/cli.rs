@@ -118,8 +118,9 @@ pub struct TraceArgs {
 
     /// The JSON document's lists by stack (stacks, temporary, leaks): the N largest each.
     ///
-    /// The document's `folded` says how many stacks were left out, and what they add up to.
-    #[arg(long, default_value_t = 5000, value_name = "N")]
+    /// Each process's leaks by stack: N / 50. The document's `folded` says how many stacks
+    /// were left out, and what they add up to.
+    #[arg(long, default_value_t = 2000, value_name = "N")]
     pub json_max_stacks: u32,
 
     /// Replace a file already at an output path.

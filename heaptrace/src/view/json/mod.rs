@@ -332,7 +332,11 @@ pub(crate) fn leaks(profile: &Profile, pid: Option<u32>) -> Node<'_> {
             .filter(move |(id, _)| {
                 pid.is_none_or(|p| p == id.0) && id.1 != heaptrace_common::NO_SITE
             })
-            .take(stacks_cap(profile))
+            .take(match pid {
+                // Each process's list repeats the document's: a fiftieth of the cap each.
+                Some(_) => (stacks_cap(profile) / 50).max(1),
+                None => stacks_cap(profile),
+            })
             .map(move |(id, l)| {
                 with(
                     site(profile, &id),
