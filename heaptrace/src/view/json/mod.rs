@@ -3,7 +3,9 @@
 use heaptrace_common::{Func, Loss};
 use serde_json::{Map, Value, json};
 
+mod folded;
 mod node;
+use folded::{folded, stacks_cap};
 pub use node::Node;
 
 use crate::{
@@ -142,11 +144,6 @@ fn percentiles_json(p: Option<crate::profile::histogram::Percentiles>) -> Value 
         Some(p) => json!({ "count": p.count, "p50_ns": p.p50, "p99_ns": p.p99, "max_ns": p.max }),
         None => Value::Null,
     }
-}
-
-/// How many entries a list by stack holds (`--json-max-stacks`).
-fn stacks_cap(profile: &Profile) -> usize {
-    profile.folded.document_stacks.unwrap_or(usize::MAX)
 }
 
 pub(crate) fn stacks(profile: &Profile) -> Node<'_> {
@@ -471,38 +468,6 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
         ("reservations".into(), reservations(profile)),
     ]);
     Node::object(m)
-}
-
-/// How many processes `[N ... processes]` stands for, how many stacks the lists by stack
-/// left out (and their figures), and the flags that would have kept them.
-fn folded(profile: &Profile, max_processes: Option<usize>) -> Value {
-    let f = &profile.folded;
-    let cap = stacks_cap(profile);
-    let out = |n: usize| n.saturating_sub(cap);
-    // Those the `stacks` list leaves out: its sites past the cap, largest first.
-    let sites = profile.top_sites(usize::MAX, |t| t.bytes as i64);
-    let (calls, bytes) = sites
-        .iter()
-        .skip(cap)
-        .fold((0, 0), |(c, b), (_, t)| (c + t.calls, b + t.bytes));
-    let temporary = profile.sites.values().filter(|t| t.temp_blocks > 0).count();
-    let leaks = profile.leaks.as_ref().map_or(0, |l| l.len());
-    json!({
-        "processes": f.processes,
-        "by_keep_exited": f.processes - f.document,
-        "by_json_max_processes": f.document,
-        "json_max_processes": max_processes,
-        "json_max_stacks": f.document_stacks,
-        "stacks_left_out": {
-            "stacks": out(sites.len()),
-            "calls": calls,
-            "bytes": bytes,
-            "temporary": out(temporary),
-            "leaks": out(leaks),
-        },
-        "keep_with": "--keep-exited N (in the trace), --json-max-processes N and \
-                      --json-max-stacks N (in this document)",
-    })
 }
 
 /// All processes' live figures, and the part of them held by processes that ended (system-wide
