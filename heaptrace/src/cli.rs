@@ -63,8 +63,8 @@ pub struct TraceArgs {
 
     /// With --all: ended processes kept one by one.
     ///
-    /// Older ones are folded into one, `[N exited processes]`, whose sites are their stacks by
-    /// frames (bounded memory).
+    /// Older ones, and the oldest while they hold more than 50,000 sites, are folded into one,
+    /// `[N exited processes]`, whose sites are their stacks by frames (bounded memory).
     #[arg(long, default_value_t = 1000, value_name = "N")]
     pub keep_exited: usize,
 
@@ -110,6 +110,20 @@ pub struct TraceArgs {
     /// Write the JSON document at exit to FILE ("-": stdout).
     #[arg(long, value_name = "FILE")]
     pub json: Option<String>,
+
+    /// The JSON document's processes kept one by one: those that allocated the most.
+    ///
+    /// The others are folded into one, their sites merged by frames; totals stay exact and
+    /// the document's `folded` says how many (a day of --all stays a document one can open).
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    pub json_max_processes: u32,
+
+    /// The JSON document's lists by stack (stacks, temporary, leaks): the N largest each.
+    ///
+    /// Each process's leaks by stack: N / 50. The document's `folded` says how many stacks
+    /// were left out, and what they add up to.
+    #[arg(long, default_value_t = 2000, value_name = "N")]
+    pub json_max_stacks: u32,
 
     /// Replace a file already at an output path.
     ///

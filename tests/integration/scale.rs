@@ -95,3 +95,113 @@ bpf_test!(
         assert!(stderr.contains("heaptrace itself: RSS"), "{stderr}");
     }
 );
+
+bpf_test!(
+    exclusive,
+    /// A day of `--all` meets tens of thousands of processes: the JSON document keeps the
+    /// `--json-max-processes` that allocated the most one by one and folds the others into
+    /// one, whose counts are theirs summed exactly; the document says how many it folded.
+    /// Six short runs of 10 to 60 iterations, two kept: the runs of 50 and 60.
+    fn all_caps_the_documents_processes_and_folds_the_rest_exactly() {
+        let bin = fixture("allocs", "-cap", &[]);
+        let (tracer, json) = start_all(
+            "sys-cap",
+            &[
+                "--comm",
+                "allocs-cap",
+                "--json-max-processes",
+                "2",
+                "--json-max-stacks",
+                "1",
+            ],
+        );
+        let runs: Vec<(u32, Expected)> = (1..=6)
+            .map(|i| {
+                let fx = Fixture::main_thread(10 * i, 1);
+                let c = Command::new(&bin)
+                    .args(["0", &(10 * i).to_string(), "1"])
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .unwrap();
+                let pid = c.id();
+                assert!(c.wait_with_output().unwrap().status.success());
+                (pid, Expected::of(&fx))
+            })
+            .collect();
+        // Two rounds: one reads the last one's final counts, the next sees it gone.
+        std::thread::sleep(Duration::from_millis(600));
+        let (stderr, doc) = stop(tracer, &json);
+
+        let procs = doc["processes"].as_array().unwrap();
+        assert_eq!(procs.len(), 3, "{}", doc["processes"]);
+        for (pid, want) in &runs[4..] {
+            let p = process(&doc, *pid);
+            assert_eq!(Expected::observed(p, &p["sizes"], want), *want, "{p}");
+        }
+        let folded = procs.iter().find(|p| p["folded"] == true).unwrap();
+        assert_eq!(folded["comm"], "[4 exited processes]");
+        let of_folded = &runs[..4];
+        for f in runs[0].1.funcs.keys() {
+            for k in ["calls", "bytes"] {
+                let sum: u64 = of_folded
+                    .iter()
+                    .map(|(_, w)| {
+                        if k == "calls" {
+                            w.funcs[f].calls
+                        } else {
+                            w.funcs[f].bytes
+                        }
+                    })
+                    .sum();
+                assert_eq!(folded["functions"][f][k].as_u64(), Some(sum), "{f}.{k}");
+            }
+        }
+        let frees: u64 = of_folded.iter().map(|(_, w)| w.free_calls).sum();
+        assert_eq!(folded["functions"]["free"]["calls"].as_u64(), Some(frees));
+        let leaked: u64 = of_folded.iter().map(|(_, w)| w.live_blocks).sum();
+        assert_eq!(folded["leaks"]["blocks"].as_u64(), Some(leaked));
+        // The document's totals are its processes' summed, the folded one's included.
+        for k in ["allocations", "frees", "bytes_allocated"] {
+            let sum: u64 = procs.iter().map(|p| p["totals"][k].as_u64().unwrap()).sum();
+            assert_eq!(doc["totals"][k].as_u64(), Some(sum), "totals.{k}");
+        }
+        assert_eq!(doc["folded"]["processes"], 4, "{}", doc["folded"]);
+        assert_eq!(doc["folded"]["by_json_max_processes"], 4);
+        assert_eq!(doc["folded"]["by_keep_exited"], 0);
+        assert_eq!(doc["folded"]["json_max_processes"], 2);
+        assert!(
+            doc["folded"]["keep_with"]
+                .as_str()
+                .unwrap()
+                .contains("--json-max-processes"),
+        );
+        // Per-stack entries name only the processes kept, and the folded one: the largest
+        // stack alone, the others summed in `folded`.
+        let kept: Vec<u64> = runs[4..].iter().map(|(p, _)| u64::from(*p)).collect();
+        let stacks = doc["stacks"].as_array().unwrap();
+        assert_eq!(stacks.len(), 1, "{}", doc["stacks"]);
+        let s = &stacks[0];
+        assert!(
+            s["folded"] == true || kept.contains(&s["pid"].as_u64().unwrap()),
+            "{s}"
+        );
+        let out = &doc["folded"]["stacks_left_out"];
+        assert_eq!(doc["folded"]["json_max_stacks"], 1);
+        assert!(out["stacks"].as_u64().unwrap() >= 1, "{out}");
+        // Its sites hold exactly the runs' successful allocations' bytes.
+        let want: u64 = runs
+            .iter()
+            .flat_map(|(_, w)| w.funcs.values())
+            .map(|f| f.bytes)
+            .sum();
+        let got = s["bytes"].as_u64().unwrap() + out["bytes"].as_u64().unwrap();
+        assert_eq!(got, want, "the stack listed and those left out");
+        assert!(doc["temporary"]["by_stack"].as_array().unwrap().len() <= 1);
+        assert_eq!(doc["leaks"]["by_stack"].as_array().unwrap().len(), 1);
+        // Each run leaks from two sites; each process's list holds the larger alone.
+        for p in procs {
+            assert_eq!(p["leaks"]["by_stack"].as_array().unwrap().len(), 1, "{p}");
+        }
+        assert!(stderr.contains("folds 4 processes"), "{stderr}");
+    }
+);

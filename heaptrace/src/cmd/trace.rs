@@ -243,8 +243,18 @@ fn conclude(
     let view_error = view_error.filter(|_| !matches!(end, End::Signal(Sig::Hup)));
     let own = procfs::own_rss_kb();
     print_summary(cli, &daemon.profile, info, &done, own);
-    if let Some(path) = &cli.json {
-        match write_json(path, cli.force, &daemon.profile, info, exit, &done, own) {
+    if cli.json.is_some() {
+        // The summary is out: the Profile is the document's alone now.
+        let max = cli.json_max_processes as usize;
+        let folded = daemon.profile.keep_processes(max);
+        daemon.profile.folded.document_stacks = Some(cli.json_max_stacks as usize);
+        if folded > 0 {
+            crate::say!(
+                "heaptrace: the JSON document folds {folded} processes into one \
+                 (--json-max-processes {max})"
+            );
+        }
+        match write_json(cli, &daemon.profile, info, exit, &done, own) {
             // `--json - | head`: its reader chose to stop; the command's status still counts.
             Err(e) if e.is_broken_pipe() => {
                 crate::say!("heaptrace: the JSON document's reader closed the pipe")

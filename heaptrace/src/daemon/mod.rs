@@ -95,9 +95,9 @@ pub struct Daemon {
     pub freed: crate::drain::Freed,
     /// Processes that had the pid of one gone before: the figures' process keys.
     pub incarnations: crate::profile::incarnation::Incarnations,
-    /// Ended processes kept one by one (`--keep-exited`), oldest first; older ones are folded.
+    /// Ended processes kept one by one (`--keep-exited`); older ones are folded.
     pub keep_exited: usize,
-    pub exited_order: std::collections::VecDeque<u32>,
+    pub exited_kept: crate::profile::exited::Kept,
     /// Folded stacks made since the last round was recorded: the recording names them too.
     pub folded_stacks: Vec<(i32, std::sync::Arc<[Frame]>)>,
     /// Processes that exec'ed since the last round (`Round::restarted`).
@@ -192,7 +192,7 @@ impl Daemon {
             freed: Default::default(),
             incarnations: Default::default(),
             keep_exited: s.keep_exited,
-            exited_order: Default::default(),
+            exited_kept: Default::default(),
             folded_stacks: Vec::new(),
             restarted: Default::default(),
             notice: None,

@@ -27,15 +27,13 @@ impl Daemon {
             if self.profile.end(key) {
                 // An OOM victim's heap is the evidence: kept whole, never folded.
                 if !self.profile.procs.get(&key).is_some_and(|pp| pp.oom_killed) {
-                    self.exited_order.push_back(key);
+                    let sites = self.profile.sites_of(key);
+                    self.exited_kept.push(key, sites);
                 }
                 ended.push(key);
             }
         }
-        while self.exited_order.len() > self.keep_exited {
-            let Some(key) = self.exited_order.pop_front() else {
-                break;
-            };
+        while let Some(key) = self.exited_kept.next_to_fold(self.keep_exited) {
             let made = self.profile.fold(key, &mut self.exited_leaks);
             self.folded_stacks.extend(made);
             folded.push(key);

@@ -40,6 +40,8 @@ impl Daemon {
         // After the filter: the stacks of processes left out are never symbolized (in --all,
         // those of every other program on the host, and their debug info would stay loaded).
         self.new_stacks(&mut round);
+        // Its caches grow with every program the host runs: bounded here, between rounds.
+        self.symbolizer.trim();
         self.same.round(&mut round);
         self.incarnations.rekey(&mut round);
         // Those not ended already; the Profile ends them as it applies the round, so that its

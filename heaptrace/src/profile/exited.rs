@@ -5,7 +5,7 @@
 //! sizes, reservations and leaks add up there, and its sites go under the folded stack with
 //! the same frames, so the same code in many short processes is one site. Totals stay exact.
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, VecDeque},
     sync::Arc,
 };
 
@@ -15,11 +15,41 @@ use crate::{
     symbolize::Frame,
 };
 
+/// The sites the ended processes kept one by one may hold, all together: a site is ~1.1 KB
+/// with its histograms, and a compiler's process has thousands (cc1 ~2,500), so a thousand
+/// of them alone would be gigabytes on a host that builds software. Past it the oldest
+/// fold, however few they are.
+pub const KEEP_EXITED_SITES: usize = 50_000;
+
+/// Ended processes kept one by one, oldest first, with the sites each held: which to fold.
+#[derive(Debug, Default)]
+pub struct Kept {
+    order: VecDeque<(u32, usize)>,
+    sites: usize,
+}
+
+impl Kept {
+    pub fn push(&mut self, key: u32, sites: usize) {
+        self.order.push_back((key, sites));
+        self.sites += sites;
+    }
+
+    /// The oldest, to fold now: past `max` processes or past [`KEEP_EXITED_SITES`] sites.
+    pub fn next_to_fold(&mut self, max: usize) -> Option<u32> {
+        if self.order.len() <= max && self.sites <= KEEP_EXITED_SITES {
+            return None;
+        }
+        let (key, sites) = self.order.pop_front()?;
+        self.sites -= sites;
+        Some(key)
+    }
+}
+
 /// The key of the folded processes. Never a process's: it is above every pid Linux gives.
 pub const FOLDED: u32 = u32::MAX;
 
 /// Distinct stacks the folded processes keep; the rest go under [`OTHER`].
-const STACKS: usize = 65_536;
+const STACKS: usize = 16_384;
 /// The folded stack of the stacks past [`STACKS`], and of those never named.
 const OTHER: i32 = 0;
 
@@ -33,6 +63,11 @@ impl Profile {
         p.exited = true;
         p.leaks_at_exit = true;
         true
+    }
+
+    /// How many sites process `key` has.
+    pub fn sites_of(&self, key: u32) -> usize {
+        self.sites.range(site_ids(key)).count()
     }
 
     /// Folds process `key` (ended) into [`FOLDED`]; `leaks` (its blocks left at its end) are
@@ -274,6 +309,26 @@ mod tests {
             p.peak.unwrap().sites,
             [((FOLDED, work, 0), 3, 150), ((FOLDED, other, 0), 1, 60)]
         );
+    }
+
+    #[test]
+    fn the_oldest_fold_past_the_count_or_past_the_sites() {
+        let mut k = Kept::default();
+        for key in 1..=3 {
+            k.push(key, 10);
+        }
+        assert_eq!(k.next_to_fold(2), Some(1), "three past two");
+        assert_eq!(k.next_to_fold(2), None);
+        // Two compilers' worth of sites: under the count, past the sites.
+        k.push(4, KEEP_EXITED_SITES / 2);
+        k.push(5, KEEP_EXITED_SITES / 2);
+        let folded: Vec<u32> = std::iter::from_fn(|| k.next_to_fold(1000)).collect();
+        assert_eq!(folded, [2, 3], "until the sites are within the bound");
+        k.push(6, 1);
+        assert_eq!(k.next_to_fold(1000), Some(4), "one site past it");
+        assert_eq!(k.next_to_fold(0), Some(5));
+        assert_eq!(k.next_to_fold(0), Some(6));
+        assert_eq!(k.next_to_fold(0), None);
     }
 
     #[test]

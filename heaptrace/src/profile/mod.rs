@@ -1,5 +1,6 @@
 //! Folds rounds into one Profile that every view reads, so the round lines, the summary and the
 //! JSON document can never disagree.
+pub mod capped;
 pub mod complete;
 pub mod exited;
 pub mod grouped;
@@ -99,6 +100,11 @@ pub struct Profile {
 #[derive(Clone, Debug, Default)]
 pub struct Folded {
     pub processes: u64,
+    /// Of `processes`, those folded for the JSON document alone (`capped`).
+    pub document: u64,
+    /// `--json-max-stacks`: the JSON document's lists by stack list this many at most, the
+    /// largest (None: all).
+    pub document_stacks: Option<usize>,
     ids: std::collections::HashMap<Arc<[Frame]>, i32>,
 }
 

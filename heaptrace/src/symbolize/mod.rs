@@ -175,6 +175,13 @@ const MORE_LOST_FUNCTION: &str =
 /// stack's return addresses (and in recordings) so that it symbolizes as [`Frame::more_lost`].
 pub const MORE_FRAMES_LOST: u64 = u64::MAX;
 
+/// Files blazesym may keep parsed (symbol tables, DWARF) at once, with their private copies.
+/// Under `--all` every program the host runs brings its own, and on a host that builds
+/// software each build brings new ones: past the bound the symbolizer starts over.
+const MAX_FILES: usize = 64;
+/// Named locations cached, as many files' code: the same bound for them.
+const MAX_LOCATIONS: usize = 1 << 18;
+
 pub struct Symbolizer {
     blaze: Blaze,
     cache: HashMap<Location, Vec<Frame>>,
@@ -242,6 +249,23 @@ impl Symbolizer {
             }
         }
         out
+    }
+
+    /// Starts over when past [`MAX_FILES`] or [`MAX_LOCATIONS`]: the frames named so far
+    /// are the Profile's and stay; a file still in use is parsed again when next needed.
+    /// True if it did.
+    pub fn trim(&mut self) -> bool {
+        self.trim_at(MAX_FILES, MAX_LOCATIONS)
+    }
+
+    fn trim_at(&mut self, files: usize, locations: usize) -> bool {
+        if self.sources.len() <= files && self.cache.len() <= locations {
+            return false;
+        }
+        // blazesym's own cache goes too: it is keyed by path, and a private copy's path
+        // (/proc/self/fd/N) names another file once its descriptor is closed and reused.
+        *self = Symbolizer::default();
+        true
     }
 
     /// The path blazesym reads `file` through: never its path in the process, which may lead
@@ -364,6 +388,23 @@ mod tests {
             "{frames:?}"
         );
         assert!(!last.inlined);
+    }
+
+    #[test]
+    fn past_its_bounds_it_starts_over_and_still_names_frames() {
+        let me = std::process::id();
+        let mut modules = Modules::default();
+        modules.refresh(me);
+        let mut s = Symbolizer::default();
+        let addr = marker_function_for_symbolization as *const () as u64 + 1;
+        let before = s.stack(&modules, me, &[addr]);
+        assert!(!s.trim(), "one file, a few locations: under the bounds");
+        assert_eq!((s.sources.len(), s.cache.len()), (1, 1));
+        assert!(s.trim_at(0, 1), "past the files' bound");
+        assert_eq!((s.sources.len(), s.cache.len()), (0, 0));
+        assert_eq!(s.stack(&modules, me, &[addr]), before);
+        assert!(s.trim_at(1, 0), "past the locations' bound");
+        assert!(s.cache.is_empty());
     }
 
     #[test]

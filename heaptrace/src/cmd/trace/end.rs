@@ -95,10 +95,9 @@ pub(super) fn finish(
     })
 }
 
-/// The `--json` document, whole, to `path` ("-": stdout).
+/// The `--json` document, whole, to its path ("-": stdout).
 pub(super) fn write_json(
-    path: &str,
-    force: bool,
+    cli: &TraceArgs,
     profile: &Profile,
     info: &RunInfo,
     exit: Option<ExitStatus>,
@@ -124,8 +123,10 @@ pub(super) fn write_json(
         programs,
         counting: done.counting,
         released: done.released.map(|r| (r.after_ms, r.per_second)),
+        max_processes: Some(cli.json_max_processes as usize),
     };
     let doc = json::document(profile, &run);
+    let (path, force) = (cli.json.as_deref().unwrap_or("-"), cli.force);
     if path == "-" {
         doc.write_pretty(std::io::stdout().lock())?;
         return Ok(());

@@ -3,7 +3,9 @@
 use heaptrace_common::{Func, Loss};
 use serde_json::{Map, Value, json};
 
+mod folded;
 mod node;
+use folded::{folded, stacks_cap};
 pub use node::Node;
 
 use crate::{
@@ -32,6 +34,8 @@ pub struct Run<'a> {
     pub counting: Option<Counting>,
     /// A launched command let go of by its tracer: (ms into the trace, its signals a second).
     pub released: Option<(u64, u32)>,
+    /// `--json-max-processes`: the cap the Profile was folded to (`Profile::keep_processes`).
+    pub max_processes: Option<usize>,
 }
 
 impl<'a> Run<'a> {
@@ -47,6 +51,7 @@ impl<'a> Run<'a> {
             programs: None,
             counting: None,
             released: None,
+            max_processes: None,
         }
     }
 
@@ -147,7 +152,7 @@ fn percentiles_json(p: Option<crate::profile::histogram::Percentiles>) -> Value 
 pub(crate) fn stacks(profile: &Profile) -> Node<'_> {
     Node::list(move || {
         profile
-            .top_sites(usize::MAX, |t| t.bytes as i64)
+            .top_sites(stacks_cap(profile), |t| t.bytes as i64)
             .into_iter()
             .map(move |(id, t)| stack(profile, &id, &t))
     })
@@ -184,7 +189,7 @@ pub(crate) fn temporary(profile: &Profile, rule: Temporary) -> Node<'_> {
     let bytes: u64 = profile.sites.values().map(|t| t.temp_bytes).sum();
     let by = Node::list(move || {
         profile
-            .top_sites(usize::MAX, |t| t.temp_blocks as i64)
+            .top_sites(stacks_cap(profile), |t| t.temp_blocks as i64)
             .into_iter()
             .map(move |(id, t)| {
                 with(
@@ -327,6 +332,11 @@ pub(crate) fn leaks(profile: &Profile, pid: Option<u32>) -> Node<'_> {
             .filter(move |(id, _)| {
                 pid.is_none_or(|p| p == id.0) && id.1 != heaptrace_common::NO_SITE
             })
+            .take(match pid {
+                // Each process's list repeats the document's: a fiftieth of the cap each.
+                Some(_) => (stacks_cap(profile) / 50).max(1),
+                None => stacks_cap(profile),
+            })
             .map(move |(id, l)| {
                 with(
                     site(profile, &id),
@@ -449,6 +459,7 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
         "incomplete": incomplete,
         "raw_thread_calls": region.raw_thread_calls,
         "latency": latency(profile),
+        "folded": folded(profile, run.max_processes),
     });
     let Value::Object(plain) = plain else {
         unreachable!("json! of an object")

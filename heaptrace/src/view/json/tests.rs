@@ -117,3 +117,37 @@ fn stacks_carry_frames_and_counters() {
     );
     assert_eq!(leaks(&p, Some(8)).to_value()["by_stack"], json!([]));
 }
+
+/// Past `--json-max-stacks`, the lists by stack hold the largest and `folded` sums the rest.
+#[test]
+fn lists_by_stack_stop_at_the_cap_and_say_what_they_left_out() {
+    let mut p = Profile::default();
+    p.procs.insert(7, ProcProfile::default());
+    let mut leaks = std::collections::BTreeMap::new();
+    for (stack, bytes) in [(1, 100), (2, 300), (3, 200)] {
+        let t = crate::drain::round::SiteTotals {
+            calls: 1,
+            bytes,
+            temp_blocks: 1,
+            ..Default::default()
+        };
+        p.sites.insert((7, stack, 0), t);
+        let leak = crate::drain::round::Leak { blocks: 1, bytes };
+        leaks.insert((7, stack, 0), leak);
+    }
+    p.set_leaks(leaks);
+    p.folded.document_stacks = Some(1);
+    let doc = document(&p, &Run::described(&RunInfo::default(), Some(0))).to_value();
+    assert_eq!(doc["stacks"].as_array().unwrap().len(), 1);
+    assert_eq!(doc["stacks"][0]["bytes"], 300);
+    assert_eq!(doc["temporary"]["by_stack"].as_array().unwrap().len(), 1);
+    assert_eq!(doc["leaks"]["by_stack"].as_array().unwrap().len(), 1);
+    assert_eq!(doc["leaks"]["bytes"], 600, "totals are never cut");
+    let out = &doc["folded"]["stacks_left_out"];
+    assert_eq!(out["stacks"], 2);
+    assert_eq!(out["calls"], 2);
+    assert_eq!(out["bytes"], 300);
+    assert_eq!(out["temporary"], 2);
+    assert_eq!(out["leaks"], 2);
+    assert_eq!(doc["folded"]["json_max_stacks"], 1);
+}
