@@ -108,14 +108,16 @@ impl Totals {
                 } else {
                     0
                 };
-                t.calls - t.failed - frees
+                t.calls.wrapping_sub(t.failed).wrapping_sub(frees)
             })
-            .sum()
+            // Wrapping, as the deltas are (`minus`): a round's delta can be below zero for a
+            // round, and the next puts it right.
+            .fold(0, u64::wrapping_add)
     }
 
     /// Blocks given back: free() of a non-NULL pointer and realloc(p, 0).
     pub fn frees(&self) -> u64 {
-        self.func(Func::Free).calls + self.realloc_frees
+        self.func(Func::Free).calls.wrapping_add(self.realloc_frees)
     }
 
     /// Bytes requested by successful allocating calls.
@@ -124,7 +126,7 @@ impl Totals {
             .iter()
             .filter(|f| **f != Func::Free)
             .map(|f| self.func(*f).bytes)
-            .sum()
+            .fold(0, u64::wrapping_add)
     }
 }
 
