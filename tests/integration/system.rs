@@ -370,7 +370,8 @@ pub(crate) fn recurse_one_after_another(
     n: usize,
     cmd: impl Fn() -> Command,
 ) -> Vec<u64> {
-    let mut args = vec!["--comm", "recurse"];
+    // Every run's stacks in the document (8 runs of 255 pass the default 2,000).
+    let mut args = vec!["--comm", "recurse", "--json-max-stacks", "100000"];
     args.extend_from_slice(extra);
     let (tracer, json) = start_all("sys-stacks", &args);
     let mut pids = Vec::new();
@@ -735,7 +736,15 @@ bpf_test!(
 pub(crate) fn count_200_short_lived_processes(name: &str, extra: &[&str]) {
     let _g = exclusive();
     let bin = fixture("allocs", "", &[]);
-    let mut args = vec!["--mode", "counts", "--comm", "allocs"];
+    // Every process in the document (200 pass the default 100).
+    let mut args = vec![
+        "--mode",
+        "counts",
+        "--comm",
+        "allocs",
+        "--json-max-processes",
+        "1000",
+    ];
     args.extend_from_slice(extra);
     let (tracer, json) = start_all(name, &args);
     let fx = Fixture::main_thread(20, 1);
