@@ -104,7 +104,10 @@ pub struct Header {
     /// Calls from threads that share another's pthread data (made by a raw `clone`): not
     /// counted, and counted here (shared, atomic).
     pub raw_thread_calls: u64,
-    pub _reserved: [u64; 6],
+    /// Calls made on a thread while its own call was being counted: a signal handler's that
+    /// interrupted it. Not counted, and counted here (atomic).
+    pub nested_calls: u64,
+    pub _reserved: [u64; 5],
 }
 
 /// `Header::failure`.

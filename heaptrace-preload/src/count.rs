@@ -79,6 +79,11 @@ impl Call {
         // SAFETY: the thread's own slot.
         let busy = unsafe { AtomicU32::from_ptr(&raw mut (*t).busy) };
         if busy.load(Ordering::Relaxed) != 0 {
+            // A signal handler's call inside one being counted: the real allocator never
+            // calls back into this library. Said, not counted (see `Header::nested_calls`).
+            // SAFETY: a word of the header.
+            let n = unsafe { AtomicU64::from_ptr(&raw mut (*r.header_ptr()).nested_calls) };
+            n.fetch_add(1, Ordering::Relaxed);
             return None;
         }
         busy.store(1, Ordering::Relaxed);

@@ -137,9 +137,11 @@ fn in_process_signal_handlers_allocations_never_deadlock_or_unbalance() {
     assert!(handled > 0, "the timer never fired: {out}");
     assert_eq!(sized(&doc, "malloc", 16), n);
     // A handler's pair that interrupted a call being counted goes through uncounted, both its
-    // halves: nothing is left unbalanced.
+    // halves: nothing is left unbalanced, and both are said (`lost.nested_calls`).
     let in_handler = sized(&doc, "malloc", 200) - 7;
     assert!(in_handler <= handled, "{in_handler} > {handled}");
+    assert_eq!(doc["lost"]["nested_calls"], 2 * (handled - in_handler));
+    assert_eq!(doc["complete"], (handled == in_handler));
     assert_eq!(doc["leaks"]["blocks"], 0);
     assert_eq!(doc["functions"]["free"]["untracked"], 0);
     assert_eq!(func(&doc, "free").0, n + 7 + in_handler);

@@ -151,7 +151,8 @@ impl Region {
             unwind_rows: caps.unwind_rows,
             failure: 0,
             raw_thread_calls: 0,
-            _reserved: [0; 6],
+            nested_calls: 0,
+            _reserved: [0; 5],
         };
         // SAFETY: a shared mapping of the header's page of the file just sized.
         let map = unsafe {
@@ -269,6 +270,7 @@ impl Region {
             (*h).peak_size = 0;
             (*h).peak_stack = NO_SITE as i64;
             (*h).raw_thread_calls = 0;
+            (*h).nested_calls = 0;
             (*h).failure = 0;
             (*h).epoch = (*h).epoch.wrapping_add(1).max(1);
             AtomicU32::from_ptr(&raw mut (*h).owner).store(0, Ordering::Release);

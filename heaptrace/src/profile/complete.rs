@@ -51,4 +51,8 @@ pub struct RegionLost {
     /// region's shared slot: their stacks are of one frame, their temporaries and latency not
     /// taken.
     pub raw_thread_calls: u64,
+    /// Calls a signal handler made while it interrupted one of its thread's calls being
+    /// counted: they went through uncounted (a lock-free count of them would race with the
+    /// interrupted call's plain stores to the same thread's figures).
+    pub nested_calls: u64,
 }

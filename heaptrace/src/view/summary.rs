@@ -342,6 +342,13 @@ pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
         })
         .chain(files)
         .chain(overwritten)
+        .chain((region.nested_calls > 0).then(|| {
+            format!(
+                "nested_calls {} (signal handlers' calls inside a call being counted, in \
+                 process: not counted)",
+                region.nested_calls
+            )
+        }))
         .collect()
 }
 

@@ -272,6 +272,7 @@ impl Source for Region {
         RegionLost {
             region_overwritten: self.faults(),
             raw_thread_calls: h.raw_thread_calls.min(MAX_COUNT),
+            nested_calls: h.nested_calls.min(MAX_COUNT),
         }
     }
 

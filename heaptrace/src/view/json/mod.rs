@@ -380,6 +380,7 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
         "region_overwritten".into(),
         region.region_overwritten.into(),
     );
+    lost.insert("nested_calls".into(), region.nested_calls.into());
     let incomplete = incomplete(profile, &lost);
     let aliases = info.aliases.to_vec();
     let processes = Node::list(move || {
