@@ -5,8 +5,10 @@ use serde_json::{Map, Value, json};
 
 mod folded;
 mod node;
+mod processes;
 use folded::{folded, stacks_cap};
 pub use node::Node;
+use processes::processes;
 
 use crate::{
     drain::round::{SiteId, Totals},
@@ -364,62 +366,10 @@ fn totals_summary(t: &Totals) -> Value {
 pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
     let info = run.info;
     let totals = profile.totals();
-    // Of the processes shown; the kernel's stack loss for every process traced beside it.
-    let mut lost = Map::new();
-    let shown = profile.losses_of(None);
-    for l in Loss::ALL {
-        lost.insert(l.name().into(), shown[l as usize].into());
-    }
-    lost.insert(
-        "stack_all_processes".into(),
-        profile.losses[Loss::Stack as usize].into(),
-    );
-    lost.insert("unsafe_files".into(), profile.unsafe_files.into());
     let region = profile.region_lost;
-    lost.insert(
-        "region_overwritten".into(),
-        region.region_overwritten.into(),
-    );
-    lost.insert("nested_calls".into(), region.nested_calls.into());
+    let lost = lost(profile);
     let incomplete = incomplete(profile, &lost);
-    let aliases = info.aliases.to_vec();
-    let processes = Node::list(move || {
-        let aliases = aliases.clone();
-        profile.procs.iter().map(move |(pid, p)| {
-            let leaks = if profile.calls {
-                Value::Null.into()
-            } else {
-                leaks(profile, Some(*pid))
-            };
-            let fields = json!({
-                "comm": p.comm,
-                "cgroup": p.cgroup,
-                "functions": functions(&p.totals, &aliases, profile),
-                "totals": totals_summary(&p.totals),
-                "live": live(profile, &p.totals),
-                "rss_kb": p.mem.map(|m| m.rss_kb),
-                "virt_kb": p.mem.map(|m| m.virt_kb),
-                "peak_rss_kb": p.peak_rss_kb,
-                "peak": p.peak.map(|k| json!({
-                    "live_bytes": k.bytes,
-                    "reached_by": { "size": k.size, "stack_id": k.stack_id },
-                })),
-                "memory": memory(profile, p),
-                "exited": p.exited,
-                "leaks_at_exit": p.leaks_at_exit,
-                "oom_killed": p.oom_killed,
-            });
-            let Value::Object(mut fields) = fields else {
-                unreachable!("json! of an object")
-            };
-            pid_fields(&mut fields, *pid);
-            let mut m: Vec<(String, Node<'a>)> =
-                fields.into_iter().map(|(k, v)| (k, v.into())).collect();
-            m.push(("sizes".into(), sizes(profile, Some(*pid))));
-            m.push(("leaks".into(), leaks));
-            Node::object(m)
-        })
-    });
+    let processes = processes(profile, info.aliases.to_vec());
     let alias_names: Map<String, Value> = info
         .aliases
         .iter()
@@ -488,6 +438,28 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
 }
 
 /// Why the counts are known incomplete: the trace's reasons, and `lost` when anything was.
+/// `lost`: of the processes shown; the kernel's stack loss for every process traced beside
+/// them; what the in-process region lost.
+fn lost(profile: &Profile) -> Map<String, Value> {
+    let mut lost = Map::new();
+    let shown = profile.losses_of(None);
+    for l in Loss::ALL {
+        lost.insert(l.name().into(), shown[l as usize].into());
+    }
+    lost.insert(
+        "stack_all_processes".into(),
+        profile.losses[Loss::Stack as usize].into(),
+    );
+    lost.insert("unsafe_files".into(), profile.unsafe_files.into());
+    let region = profile.region_lost;
+    lost.insert(
+        "region_overwritten".into(),
+        region.region_overwritten.into(),
+    );
+    lost.insert("nested_calls".into(), region.nested_calls.into());
+    lost
+}
+
 fn incomplete(
     profile: &Profile,
     lost: &Map<String, Value>,

@@ -1,0 +1,46 @@
+//! The document's `processes[]`, one object a process, written as the list is.
+use heaptrace_common::Func;
+use serde_json::{Value, json};
+
+use super::*;
+
+/// `processes[]`: each process's figures, sizes and leaks, written as they are listed.
+pub(super) fn processes<'a>(profile: &'a Profile, aliases: Vec<(Func, Func)>) -> Node<'a> {
+    Node::list(move || {
+        let aliases = aliases.clone();
+        profile.procs.iter().map(move |(pid, p)| {
+            let leaks = if profile.calls {
+                Value::Null.into()
+            } else {
+                leaks(profile, Some(*pid))
+            };
+            let fields = json!({
+                "comm": p.comm,
+                "cgroup": p.cgroup,
+                "functions": functions(&p.totals, &aliases, profile),
+                "totals": totals_summary(&p.totals),
+                "live": live(profile, &p.totals),
+                "rss_kb": p.mem.map(|m| m.rss_kb),
+                "virt_kb": p.mem.map(|m| m.virt_kb),
+                "peak_rss_kb": p.peak_rss_kb,
+                "peak": p.peak.map(|k| json!({
+                    "live_bytes": k.bytes,
+                    "reached_by": { "size": k.size, "stack_id": k.stack_id },
+                })),
+                "memory": memory(profile, p),
+                "exited": p.exited,
+                "leaks_at_exit": p.leaks_at_exit,
+                "oom_killed": p.oom_killed,
+            });
+            let Value::Object(mut fields) = fields else {
+                unreachable!("json! of an object")
+            };
+            pid_fields(&mut fields, *pid);
+            let mut m: Vec<(String, Node<'a>)> =
+                fields.into_iter().map(|(k, v)| (k, v.into())).collect();
+            m.push(("sizes".into(), sizes(profile, Some(*pid))));
+            m.push(("leaks".into(), leaks));
+            Node::object(m)
+        })
+    })
+}
