@@ -84,12 +84,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         .transpose()?;
     let live_view = !cli.no_tui && tui::wanted();
     // Listening for a `-p` target's end before anything else: it may end at any moment.
-    let exit_watch = match target {
-        Target::Pid(pid) => ExitWatch::open(pid)
-            .inspect_err(|e| log::debug!("no exit status for pid {pid}: {e}"))
-            .ok(),
-        _ => None,
-    };
+    let exit_watch = exit_watch(&target);
     // Find the target and its allocator; a launched command waits, stopped, until attached.
     let (provider, scope, stopped) = find_target(cli, &target, live_view)?;
     let attached = match attach(cli, &provider, scope) {
@@ -142,20 +137,9 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     announce(cli, &probes, first, &provider, scope);
     let mut unwind = unwind;
     if let (Some(t), Target::Command(argv)) = (&mut unwind, &target) {
-        // Read before it runs, so that its entry takes no reading as it starts.
-        if let Some(exe) = crate::targets::allocator::resolve_command(&argv[0]) {
-            t.preload(&exe);
-        }
-        t.preload(&provider.path);
+        preload_tables(t, argv, &provider);
     }
-    let (pid, child) = match (stopped, scope) {
-        (Some(stopped), _) => {
-            let child = stopped.resume()?;
-            (Some(child.pid), Some(child))
-        }
-        (None, Scope::Process(pid) | Scope::Tree(pid)) => (Some(pid), None),
-        (None, Scope::All) => (None, None),
-    };
+    let (pid, child) = start(stopped, scope)?;
     let info = run_info(cli, &target, pid, &provider, &opts);
     let recorder = recording
         .map(|out| start_recording(out, &info))
@@ -199,6 +183,44 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         }),
     });
     conclude(cli, &target, &rt, daemon, pid, view, stats_fd, &info)
+}
+
+/// A `-p` target's end, listened for (None for the other targets, or when it cannot be).
+fn exit_watch(target: &Target) -> Option<ExitWatch> {
+    match target {
+        Target::Pid(pid) => ExitWatch::open(*pid)
+            .inspect_err(|e| log::debug!("no exit status for pid {pid}: {e}"))
+            .ok(),
+        _ => None,
+    }
+}
+
+/// A launched command's executable's and allocator's unwind rows, read before it runs, so that
+/// its entry takes no reading as it starts.
+fn preload_tables(
+    t: &mut crate::unwind::loaded::Tables,
+    argv: &[std::ffi::OsString],
+    provider: &Provider,
+) {
+    if let Some(exe) = crate::targets::allocator::resolve_command(&argv[0]) {
+        t.preload(&exe);
+    }
+    t.preload(&provider.path);
+}
+
+/// Lets a launched command run; the pid traced and the launched child, if any.
+fn start(
+    stopped: Option<crate::targets::launch::Stopped>,
+    scope: Scope,
+) -> Result<(Option<u32>, Option<crate::targets::launch::Child>)> {
+    Ok(match (stopped, scope) {
+        (Some(stopped), _) => {
+            let child = stopped.resume()?;
+            (Some(child.pid), Some(child))
+        }
+        (None, Scope::Process(pid) | Scope::Tree(pid)) => (Some(pid), None),
+        (None, Scope::All) => (None, None),
+    })
 }
 
 /// The trace's loop until the target ends or heaptrace is told to stop, then the last round,

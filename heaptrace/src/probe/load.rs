@@ -261,20 +261,7 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
     };
     let rows = slot_rows(opts)?;
     let (pattern, task) = comm_filter(opts);
-    // The OOM program reads a victim's tgid at these offsets too: without them it is off.
-    let ids = if opts.follow_forks {
-        crate::bpf::btf::id_offsets()?
-    } else {
-        crate::bpf::btf::id_offsets().unwrap_or_default()
-    };
-    let oom_victim = crate::bpf::btf::oom_victim()
-        .map_err(|e| e.to_string())
-        .and_then(|how| match how {
-            heaptrace_common::OOM_TASK if ids.tgid == 0 => {
-                Err("no tgid in the kernel's task_struct".to_string())
-            }
-            how => Ok(how),
-        });
+    let (ids, oom_victim) = task_offsets(opts)?;
     let mut ebpf = EbpfLoader::new()
         .override_global(globals::COMM_FILTER, &pattern.bytes, true)
         .override_global(globals::COMM_FILTER_MASK, &pattern.mask, true)
@@ -362,16 +349,7 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
         })?;
     if opts.sample_bytes > 0 {
         // Before any probe is attached: a draw before the table is there would read zeros.
-        let mut table: aya::maps::Array<_, u64> = ebpf
-            .map_mut(maps::LOG2_TABLE)
-            .ok_or_else(|| Error::Load(format!("map {} missing", maps::LOG2_TABLE)))?
-            .try_into()
-            .map_err(|e| Error::Load(format!("{}: {e}", maps::LOG2_TABLE)))?;
-        for (j, v) in sampling::log2_table().into_iter().enumerate() {
-            table
-                .set(j as u32, v, 0)
-                .map_err(|e| Error::Load(format!("{}: {e}", maps::LOG2_TABLE)))?;
-        }
+        fill_log2_table(&mut ebpf)?;
     }
     Ok(Loaded {
         ebpf,
@@ -379,6 +357,42 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
         preempt_off: object.preempt_off,
         oom_victim,
     })
+}
+
+/// Where the kernel's task_struct keeps a thread's ids, and how the OOM program finds its
+/// victim (or why it cannot: it reads the victim's tgid at these offsets too).
+fn task_offsets(
+    opts: &LoadOptions,
+) -> Result<(crate::bpf::btf::IdOffsets, std::result::Result<u32, String>)> {
+    let ids = if opts.follow_forks {
+        crate::bpf::btf::id_offsets()?
+    } else {
+        crate::bpf::btf::id_offsets().unwrap_or_default()
+    };
+    let oom_victim = crate::bpf::btf::oom_victim()
+        .map_err(|e| e.to_string())
+        .and_then(|how| match how {
+            heaptrace_common::OOM_TASK if ids.tgid == 0 => {
+                Err("no tgid in the kernel's task_struct".to_string())
+            }
+            how => Ok(how),
+        });
+    Ok((ids, oom_victim))
+}
+
+/// Sampling's table of log2 values, which the programs draw from.
+fn fill_log2_table(ebpf: &mut aya::Ebpf) -> Result<()> {
+    let mut table: aya::maps::Array<_, u64> = ebpf
+        .map_mut(maps::LOG2_TABLE)
+        .ok_or_else(|| Error::Load(format!("map {} missing", maps::LOG2_TABLE)))?
+        .try_into()
+        .map_err(|e| Error::Load(format!("{}: {e}", maps::LOG2_TABLE)))?;
+    for (j, v) in sampling::log2_table().into_iter().enumerate() {
+        table
+            .set(j as u32, v, 0)
+            .map_err(|e| Error::Load(format!("{}: {e}", maps::LOG2_TABLE)))?;
+    }
+    Ok(())
 }
 
 /// The kernel's `--comm` filter: the pattern (a zero one: off) and where a thread finds its
