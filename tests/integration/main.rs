@@ -36,6 +36,8 @@ mod stacks;
 mod supervision;
 mod support;
 mod system;
+mod system_ended;
+mod system_stacks;
 mod temporaries;
 mod threads;
 mod tui;
