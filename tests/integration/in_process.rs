@@ -47,16 +47,6 @@ fn func(doc: &Value, name: &str) -> (u64, u64) {
 }
 
 /// Allocations of `size` bytes by `function` in the exact size histogram.
-fn sized(doc: &Value, function: &str, size: u64) -> u64 {
-    doc["sizes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["function"] == function && s["size"] == size)
-        .map(|s| s["count"].as_u64().unwrap())
-        .sum()
-}
-
 #[test]
 fn in_process_one_thread_counts_exactly() {
     launch_exact(0, 1000, 3, &[IN_PROCESS]);

@@ -37,16 +37,6 @@ fn traced(tag: &str, args: &[&str]) -> (String, i32, String, Value) {
     )
 }
 
-fn sized(doc: &Value, size: u64) -> u64 {
-    doc["sizes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["function"] == "malloc" && s["size"] == size)
-        .map(|s| s["count"].as_u64().unwrap())
-        .sum()
-}
-
 /// Blocks of `size` bytes left live at the end.
 fn leaked(doc: &Value, size: u64) -> u64 {
     doc["leaks"]["by_stack"]
@@ -74,7 +64,7 @@ fn in_process_a_command_that_writes_over_its_region_is_traced_to_its_end() {
     // The losses it wrote are not taken.
     assert_eq!(doc["lost"]["live_map"], 0, "{}", doc["lost"]);
     // The library counts by the capacities it took the region with: the blocks are found.
-    assert_eq!(sized(&doc, 4242), 10, "{}", doc["sizes"]);
+    assert_eq!(sized(&doc, "malloc", 4242), 10, "{}", doc["sizes"]);
     assert_eq!(leaked(&doc, 4242), 10, "{}", doc["leaks"]);
     let rss = doc["heaptrace"]["peak_rss_kb"].as_u64().unwrap();
     assert!(rss < 200 << 10, "heaptrace grew to {rss} KiB");
@@ -93,7 +83,7 @@ fn in_process_a_command_that_fills_its_tables_with_garbage_is_traced_to_its_end(
     assert_eq!(leaked(&doc, 4243), 10, "{}", doc["leaks"]);
     let sites = doc["leaks"]["by_stack"].as_array().unwrap().len();
     assert!(sites < 10, "{sites} sites of leaks");
-    assert_eq!(sized(&doc, 4243), 10, "{}", doc["sizes"]);
+    assert_eq!(sized(&doc, "malloc", 4243), 10, "{}", doc["sizes"]);
     let rss = doc["heaptrace"]["peak_rss_kb"].as_u64().unwrap();
     assert!(rss < 200 << 10, "heaptrace grew to {rss} KiB");
 }
@@ -106,7 +96,7 @@ fn in_process_a_command_that_spoils_its_descriptors_is_counted() {
     for (mode, size) in [("closefds", 777), ("dup2", 778)] {
         let (out, code, stderr, doc) = traced(&format!("hostile-{mode}"), &[mode]);
         assert_eq!((out.as_str(), code), ("spoiled\n", 0), "{stderr}");
-        assert_eq!(sized(&doc, size), 10, "{mode}: {}", doc["sizes"]);
+        assert_eq!(sized(&doc, "malloc", size), 10, "{mode}: {}", doc["sizes"]);
         assert_eq!(leaked(&doc, size), 10, "{mode}: {}", doc["leaks"]);
         assert_eq!(doc["complete"], true, "{mode}: {}", doc["incomplete"]);
         assert_eq!(doc["incomplete"], serde_json::json!([]));
@@ -139,7 +129,7 @@ fn in_process_raw_clone_threads_calls_are_counted_apart() {
     let n = 5000;
     let (out, code, stderr, doc) = traced("hostile-clone", &["clone", &n.to_string()]);
     assert_eq!((out.as_str(), code), ("cloned\n", 0), "{stderr}");
-    assert_eq!(sized(&doc, 32), 3 * n, "{}", doc["sizes"]);
+    assert_eq!(sized(&doc, "malloc", 32), 3 * n, "{}", doc["sizes"]);
     assert_eq!(doc["raw_thread_calls"], 4 * n, "{stderr}");
     assert_eq!(doc["functions"]["free"]["untracked"], 0);
     let ours = |s: &&Value| s["bytes"] == s["blocks"].as_u64().unwrap() * 32;

@@ -39,16 +39,6 @@ fn tolerance(n: u64, size: u64) -> f64 {
     5.0 * (n as f64 * (1.0 - p(size)) / p(size)).sqrt()
 }
 
-fn count_of(doc: &Value, size: u64) -> u64 {
-    doc["sizes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["function"] == "malloc" && s["size"] == size)
-        .map(|s| s["count"].as_u64().unwrap())
-        .sum()
-}
-
 bpf_test!(
     shared,
     fn sampled_stacks_estimate_sites_and_keep_counts_exact() {
@@ -66,8 +56,8 @@ bpf_test!(
             Some((N_A + N_B) * KIB + N_C * MIB)
         );
         assert_eq!(f["free"]["calls"].as_u64(), Some(N_A + N_C));
-        assert_eq!(count_of(&doc, KIB), N_A + N_B);
-        assert_eq!(count_of(&doc, MIB), N_C);
+        assert_eq!(sized(&doc, "malloc", KIB), N_A + N_B);
+        assert_eq!(sized(&doc, "malloc", MIB), N_C);
         // Frees of unsampled blocks miss the live map: not reported as untracked.
         assert!(f["free"]["untracked"].is_null(), "{}", f["free"]);
         assert!(f["free"]["not_in_live_map"].as_u64().unwrap() > N_A / 2);

@@ -485,6 +485,17 @@ pub fn ready(mut cmd: Command) -> Child {
     child
 }
 
+/// How many calls of `function` asked for `size` bytes, by the document's size histogram.
+pub fn sized(doc: &Value, function: &str, size: u64) -> u64 {
+    doc["sizes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["function"] == function && s["size"] == size)
+        .map(|s| s["count"].as_u64().unwrap())
+        .sum()
+}
+
 /// A document's stacks as (innermost function, calls, bytes), sorted: two documents of the
 /// same run compare equal whatever order their stacks came in.
 pub fn stacks_by_function(doc: &serde_json::Value) -> Vec<(String, u64, u64)> {
