@@ -447,6 +447,12 @@ pub struct ReportArgs {
     #[arg(long, value_enum, default_value = "bytes")]
     pub by: FlameBy,
 
+    /// `flame` and the folded and SVG exports: one graph of every process's stacks summed
+    /// (by default each process, or command with `--group-by command`, has a root frame of
+    /// its own when there are several).
+    #[arg(long)]
+    pub merge_processes: bool,
+
     /// Name frames by their qualified function name only.
     ///
     /// No return type, template arguments, parameters or file:line:

@@ -491,6 +491,78 @@ bpf_test!(
         assert!(frames >= 6, "{frames} flame-graph frames");
         assert!(dom.contains(">helper_c<") && dom.contains(">main<"));
         assert!(dom.matches("<polyline").count() >= 3, "charts missing");
-        assert!(dom.contains("<td>command</td>"), "the run's header");
+        assert!(dom.contains("<td>traced</td>"), "the run's header");
+        // One process: no pid column.
+        let sites = dom.split("id=\"sites\"").nth(1).unwrap();
+        let sites = sites.split("</table>").next().unwrap();
+        assert!(
+            !sites.contains(">pid</th>"),
+            "a pid column for one process: {sites}"
+        );
+    }
+);
+
+bpf_test!(
+    shared,
+    /// Several processes (`--follow-forks`): the page counts them, lists them, says whose each
+    /// site is, and the folded stacks give each a root frame unless merged.
+    fn the_html_report_and_flame_tell_processes_apart() {
+        let bin = fixture("forkers", "", &[]);
+        let rec = out("rec-html-forks", "bin");
+        run_ok(
+            heaptrace()
+                .args(["record", "-q", "--follow-forks", "-o"])
+                .arg(&rec)
+                .arg("--")
+                .arg(&bin)
+                .arg("300"),
+        );
+        let rec = rec.to_str().unwrap();
+        // Workers 0, 1, 2 malloc 300 blocks of 1000, 1100 and 1200 bytes.
+        let flame = report(&[rec, "flame", "--by", "count"]);
+        let text = String::from_utf8_lossy(&flame.stdout);
+        let mut workers: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains(";worker;") && l.ends_with(";malloc 300"))
+            .map(|l| l.split(';').next().unwrap())
+            .collect();
+        workers.sort();
+        workers.dedup();
+        assert_eq!(workers.len(), 3, "a root frame per worker: {text}");
+        assert!(
+            workers
+                .iter()
+                .all(|w| w.starts_with("pid ") && w.ends_with(" forkers"))
+        );
+        let merged = report(&[rec, "flame", "--by", "count", "--merge-processes"]);
+        let merged = String::from_utf8_lossy(&merged.stdout);
+        assert!(merged.lines().all(|l| !l.starts_with("pid ")), "{merged}");
+        let lines: Vec<&str> = merged
+            .lines()
+            .map(|l| l.rsplit_once(' ').unwrap().0)
+            .collect();
+        let mut unique = lines.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(lines.len(), unique.len(), "a stack repeated: {merged}");
+        let worker_calls: u64 = merged
+            .lines()
+            .filter(|l| l.contains(";worker;") && l.contains(";malloc "))
+            .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(worker_calls, 900, "{merged}");
+
+        let (page, _) = export(rec, "rec-html-forks", "html", &[]);
+        let Some(dom) = chromium(&page) else {
+            return;
+        };
+        let procs = dom.split("id=\"procs\"").nth(1).unwrap();
+        let procs = procs.split("</table>").next().unwrap();
+        assert_eq!(procs.matches(">forkers").count(), 4, "{procs}");
+        assert!(dom.contains("<td>4</td>"), "the processes' count");
+        let sites = dom.split("id=\"sites\"").nth(1).unwrap();
+        let sites = sites.split("</table>").next().unwrap();
+        assert!(sites.contains("<th class=\"num\">pid</th>"), "{sites}");
+        assert!(sites.contains("<th>command</th>"), "{sites}");
     }
 );

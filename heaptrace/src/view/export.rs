@@ -1,7 +1,7 @@
 //! Exports for the tools people already use: pprof (`go tool pprof`), folded stacks and SVG
 //! flame graphs (inferno), and massif's text format (`ms_print`).
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     io::{BufWriter, Write},
     path::Path,
 };
@@ -52,12 +52,12 @@ fn write_kind(
     match kind {
         Export::Html => f.write_all(crate::view::html::report(rec, p, names).as_bytes())?,
         Export::Folded => {
-            for line in folded(p, names, args.by) {
+            for line in folded(p, names, args.by, flame_roots(p, args.merge_processes)) {
                 writeln!(f, "{line}")?;
             }
         }
         Export::Svg => {
-            let lines = folded(p, names, args.by);
+            let lines = folded(p, names, args.by, flame_roots(p, args.merge_processes));
             let mut opts = inferno::flamegraph::Options::default();
             opts.title = format!("heaptrace: {}", by_title(args.by));
             if p.sample_bytes > 0 {
@@ -428,8 +428,22 @@ impl Pprof {
     }
 }
 
-/// Folded stacks, outermost frame first, the allocating function last, then the value.
-pub fn folded(p: &Profile, names: &Names, by: FlameBy) -> Vec<String> {
+/// Whether a flame graph gives each process (or command, grouped) a root frame of its own:
+/// when more than one was traced, unless told to merge them.
+pub fn flame_roots(p: &Profile, merge: bool) -> bool {
+    !merge && p.procs.len() > 1
+}
+
+/// The root frame of a process's stacks in a flame graph.
+fn root_frame(p: &Profile, pid: u32) -> String {
+    let comm = p.procs.get(&pid).map_or("", |pp| pp.comm.as_str());
+    let real = crate::profile::incarnation::Pid(pid).real();
+    format!("pid {real} {comm}").trim_end().replace(';', ":")
+}
+
+/// Folded stacks, outermost frame first, the allocating function last, then the value; under
+/// a root frame per process when `roots`, else the processes' same stacks summed into one line.
+pub fn folded(p: &Profile, names: &Names, by: FlameBy, roots: bool) -> Vec<String> {
     let value = |id: &crate::drain::round::SiteId| -> u64 {
         match by {
             FlameBy::Count => p.sites.get(id).map(|t| t.calls).unwrap_or(0),
@@ -443,7 +457,7 @@ pub fn folded(p: &Profile, names: &Names, by: FlameBy) -> Vec<String> {
             FlameBy::Temporary => p.sites.get(id).map(|t| t.temp_bytes).unwrap_or(0),
         }
     };
-    let mut lines = Vec::new();
+    let mut lines: BTreeMap<String, u64> = BTreeMap::new();
     let mut ids: Vec<crate::drain::round::SiteId> = p.sites.keys().copied().collect();
     if let Some(l) = &p.leaks {
         ids.extend(l.keys().copied().filter(|k| !p.sites.contains_key(k)));
@@ -453,22 +467,22 @@ pub fn folded(p: &Profile, names: &Names, by: FlameBy) -> Vec<String> {
         if v == 0 {
             continue;
         }
-        let mut frames: Vec<String> = p
-            .frames(&id)
-            .iter()
-            .rev()
-            .map(|f| names.function(f).replace(';', ":"))
-            .collect();
+        let mut frames: Vec<String> = roots.then(|| root_frame(p, id.0)).into_iter().collect();
+        frames.extend(
+            p.frames(&id)
+                .iter()
+                .rev()
+                .map(|f| names.function(f).replace(';', ":")),
+        );
         frames.push(
             heaptrace_common::Func::from_u32(id.2)
                 .map(|f| f.name())
                 .unwrap_or("?")
                 .into(),
         );
-        lines.push(format!("{} {v}", frames.join(";")));
+        *lines.entry(frames.join(";")).or_default() += v;
     }
-    lines.sort();
-    lines
+    lines.into_iter().map(|(s, v)| format!("{s} {v}")).collect()
 }
 
 mod massif;

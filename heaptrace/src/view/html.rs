@@ -35,7 +35,12 @@ pub fn report(rec: &Recording, p: &Profile, names: &Names) -> String {
 }
 
 fn title(rec: &Recording) -> String {
-    let target = if rec.header.command.is_empty() {
+    format!("heaptrace: {}", target(rec))
+}
+
+/// What was traced, as the command line named it.
+fn target(rec: &Recording) -> String {
+    if rec.header.command.is_empty() {
         match rec.header.pids.as_slice() {
             [] => "all processes".to_string(),
             pids => format!(
@@ -48,8 +53,7 @@ fn title(rec: &Recording) -> String {
         }
     } else {
         rec.header.command.join(" ")
-    };
-    format!("heaptrace: {target}")
+    }
 }
 
 fn html_escape(s: &str) -> String {
@@ -67,6 +71,7 @@ fn data(rec: &Recording, p: &Profile, names: &Names) -> Value {
     json!({
         "title": title(rec),
         "run": {
+            "target": target(rec),
             "command": h.command,
             "pids": h.pids,
             "mode": h.mode.name(),
@@ -88,9 +93,12 @@ fn data(rec: &Recording, p: &Profile, names: &Names) -> Value {
             "leaked_blocks": leaks.map(|l| l.blocks),
             "leaked_bytes": leaks.map(|l| l.bytes),
         },
+        "processes": processes(p),
         "timeline": timeline(p),
         "flame": stacks(p, names),
         "sites": p.top_sites(TOP, |s| s.bytes as i64).iter().map(|(id, s)| json!({
+            "pid": id.0,
+            "comm": comm(p, id.0),
             "site": label(p, id, names),
             "calls": s.calls,
             "bytes": s.bytes,
@@ -98,6 +106,8 @@ fn data(rec: &Recording, p: &Profile, names: &Names) -> Value {
             "temporary_blocks": s.temp_blocks,
         })).collect::<Vec<_>>(),
         "leaks": p.top_leaks(TOP).iter().map(|(id, l)| json!({
+            "pid": id.0,
+            "comm": comm(p, id.0),
             "site": label(p, id, names),
             "blocks": l.blocks,
             "bytes": l.bytes,
@@ -107,6 +117,8 @@ fn data(rec: &Recording, p: &Profile, names: &Names) -> Value {
             "live_blocks": pk.live_blocks,
             "elapsed_ms": pk.elapsed_ms,
             "sites": pk.sites.iter().take(TOP).map(|(id, blocks, bytes)| json!({
+                "pid": id.0,
+                "comm": comm(p, id.0),
                 "site": label(p, id, names),
                 "blocks": blocks,
                 "bytes": bytes,
@@ -114,6 +126,29 @@ fn data(rec: &Recording, p: &Profile, names: &Names) -> Value {
         })),
         "memory": summary::memory(p, TOP),
     })
+}
+
+fn comm(p: &Profile, pid: u32) -> &str {
+    p.procs.get(&pid).map_or("", |pp| pp.comm.as_str())
+}
+
+/// Every process traced, the busiest first: the page tells them apart when there are several.
+fn processes(p: &Profile) -> Vec<Value> {
+    let mut procs: Vec<_> = p.procs.iter().collect();
+    procs.sort_by_key(|(pid, pp)| (std::cmp::Reverse(pp.totals.bytes_allocated()), **pid));
+    procs
+        .iter()
+        .map(|(pid, pp)| {
+            json!({
+                "pid": pid,
+                "comm": pp.comm,
+                "allocations": pp.totals.allocations(),
+                "bytes_allocated": pp.totals.bytes_allocated(),
+                "live_bytes": pp.totals.live_bytes,
+                "exited": pp.exited,
+            })
+        })
+        .collect()
 }
 
 fn label(p: &Profile, id: &SiteId, names: &Names) -> String {
@@ -139,8 +174,9 @@ fn timeline(p: &Profile) -> Vec<Value> {
         .collect()
 }
 
-/// Each stack once, `[frames, bytes, allocations, live bytes at the end]`: its frames
-/// outermost first, the allocating function last; the page picks the value for the width.
+/// Each stack once, `[frames, bytes, allocations, live bytes at the end, pid]`: its frames
+/// outermost first, the allocating function last; the page picks the value for the width, and
+/// merges the processes' stacks or roots each process's under a frame of its own.
 fn stacks(p: &Profile, names: &Names) -> Vec<Value> {
     let mut ids: Vec<SiteId> = p.sites.keys().copied().collect();
     if let Some(l) = &p.leaks {
@@ -171,7 +207,7 @@ fn stacks(p: &Profile, names: &Names) -> Vec<Value> {
                     .unwrap_or("?")
                     .into(),
             );
-            Some(json!([frames, bytes, calls, live]))
+            Some(json!([frames, bytes, calls, live, id.0]))
         })
         .collect()
 }

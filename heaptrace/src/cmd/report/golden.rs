@@ -190,6 +190,7 @@ fn args(view: View) -> ReportArgs {
         reverse: false,
         top: 10,
         by: FlameBy::Bytes,
+        merge_processes: false,
         just_function_name: false,
         shorten_templates: false,
         full_names: false,

@@ -3,7 +3,10 @@ use std::fmt::Write as _;
 
 use serde_json::{Value, json};
 
-use crate::view::{export::folded, tree};
+use crate::view::{
+    export::{flame_roots, folded},
+    tree,
+};
 use crate::{
     cli::{ReportArgs, View},
     error::{Error, Result},
@@ -122,7 +125,9 @@ pub fn text(
             View::Hotspots => {
                 site_tables::top_by_calls(p, top, names) + &site_tables::top_by_bytes(p, top, names)
             }
-            View::Flame => folded(p, names, args.by).join("\n") + "\n",
+            View::Flame => {
+                folded(p, names, args.by, flame_roots(p, args.merge_processes)).join("\n") + "\n"
+            }
             View::Leaks => site_tables::leaks(p, top, names),
             View::Temporary => site_tables::temporary(p, top, rec.header.temporary(), names),
             View::Peak => site_tables::peak(p, top, names),
@@ -173,7 +178,7 @@ pub fn json<'a>(
                 .map(|(id, t)| { let mut m = doc::site(p, id); m.insert("calls".into(), t.calls.into()); m.insert("bytes".into(), t.bytes.into()); Value::Object(m) })
                 .collect::<Vec<_>>(),
         }),
-        View::Flame => folded(p, names, args.by)
+        View::Flame => folded(p, names, args.by, flame_roots(p, args.merge_processes))
             .iter()
             .filter_map(|l| {
                 let (stack, v) = l.rsplit_once(' ')?;

@@ -327,12 +327,19 @@ impl App {
         app
     }
 
-    /// Screens this run has: processes only when tracing all of them.
+    /// Screens this run has: processes once more than one is traced (--all, or a traced
+    /// process's children under --follow-forks).
     pub fn screens(&self) -> Vec<Screen> {
         Screen::ALL
             .into_iter()
-            .filter(|s| *s != Screen::Processes || self.info.run.target == TargetKind::All)
+            .filter(|s| *s != Screen::Processes || self.many_processes())
             .collect()
+    }
+
+    /// Whether rows need to say whose they are: tracing all processes, or more than one seen
+    /// (kept once seen, so screens and columns do not come and go as children end).
+    pub fn many_processes(&self) -> bool {
+        self.info.run.target == TargetKind::All || self.history.len() > 1
     }
 
     /// The Profile on screen: since the baseline, narrowed to the focused process.

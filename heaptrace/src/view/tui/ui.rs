@@ -14,11 +14,8 @@ use super::app::{
     App, ProcRow, Published, Screen, SiteRow, SiteSort, meaningful_frame, short_symbol,
 };
 use crate::{
-    profile::histogram::percentiles,
-    run_info::{Mode, TargetKind},
-    symbolize::Frame as StackFrame,
-    view::units::bytes,
-    view::units::nanos,
+    profile::histogram::percentiles, run_info::Mode, symbolize::Frame as StackFrame,
+    view::units::bytes, view::units::nanos,
 };
 
 const SELECTED: &str = "> ";

@@ -405,6 +405,21 @@ fn focusing_a_process_narrows_every_screen() {
 }
 
 #[test]
+fn a_traced_process_with_children_gets_the_processes_screen() {
+    // -p PID --follow-forks: one process at first, its children later.
+    let mut app = App::new(info(TargetKind::Pid), published(1, false));
+    assert!(!app.many_processes());
+    app.update(published(2, true));
+    assert!(app.many_processes());
+    app.on_key(key('5'));
+    assert_eq!(app.screen, Screen::Processes);
+    assert_eq!(app.proc_rows().len(), 2);
+    // Kept once seen: a child that ended does not take the screen away.
+    app.update(published(3, false));
+    assert!(app.screens().contains(&Screen::Processes));
+}
+
+#[test]
 fn tab_cycles_screens_and_help_closes_on_any_key() {
     let mut app = App::new(info(TargetKind::Pid), published(1, false));
     let seen: Vec<Screen> = (0..4)

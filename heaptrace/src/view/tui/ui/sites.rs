@@ -44,7 +44,7 @@ pub(super) fn draw_sites(f: &mut Frame, app: &App, area: Rect) {
     let wide = area.width >= 100;
     let temp = wide || app.site_sort == SiteSort::Temporary;
     let leaks = wide || app.site_sort == SiteSort::Leaks;
-    let pid = app.info.run.target == TargetKind::All;
+    let pid = app.many_processes();
     let mut header = vec![
         format!("{:>10}", "bytes"),
         format!("{:>9}", "calls"),

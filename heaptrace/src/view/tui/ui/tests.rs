@@ -7,6 +7,7 @@ use ratatui::{
 };
 
 use super::*;
+use crate::run_info::TargetKind;
 use crate::{
     drain::round::{NewStack, Round, SiteTotals},
     profile::Profile,
