@@ -143,8 +143,11 @@ pub struct TimelineRow {
     pub bytes_allocated: u64,
     pub live_blocks: i64,
     pub live_bytes: i64,
+    /// Summed over the processes read (`rss_processes`): pages they share count once each.
     pub rss_kb: u64,
     pub virt_kb: u64,
+    /// How many processes' memory `rss_kb` and `virt_kb` sum.
+    pub rss_processes: u64,
     /// Bytes the allocators hold from the kernel (heap, arenas, mmapped blocks).
     pub reserved_bytes: u64,
 }
@@ -281,6 +284,7 @@ impl Profile {
             live_bytes: total.live_bytes,
             rss_kb: round.mem.values().map(|m| m.rss_kb).sum(),
             virt_kb: round.mem.values().map(|m| m.virt_kb).sum(),
+            rss_processes: round.mem.len() as u64,
             reserved_bytes: round.reserved.values().map(|r| r.total()).sum(),
         });
         if self

@@ -48,12 +48,26 @@ pub fn round_line(row: &TimelineRow, profile: &Profile) -> String {
         let _ = write!(s, ", reserved {}", bytes(row.reserved_bytes as i64));
     }
     if row.rss_kb > 0 {
-        let _ = write!(s, ", RSS {}", bytes(row.rss_kb as i64 * 1024));
+        let _ = write!(
+            s,
+            ", {} {}",
+            rss_label(row),
+            bytes(row.rss_kb as i64 * 1024)
+        );
     }
     if sample_bytes > 0 {
         let _ = write!(s, " (sampled 1/{sample_bytes} B)");
     }
     s
+}
+
+/// What a row's RSS is: one process's, or a sum over several that counts their shared pages
+/// (a database's buffers, a pre-forked server's copy-on-write heap) once per process.
+pub fn rss_label(row: &TimelineRow) -> String {
+    match row.rss_processes {
+        0 | 1 => "RSS".into(),
+        n => format!("sum of RSS of {n} processes"),
+    }
 }
 
 /// The sampling line of every text output: what was sampled and which figures estimate.
@@ -565,6 +579,27 @@ mod tests {
         assert!(
             round_line(&row, &Profile::of_mode(crate::run_info::Mode::Counts, 0))
                 .contains("live 0 blocks")
+        );
+    }
+
+    #[test]
+    fn a_sum_of_rss_over_processes_says_so() {
+        let p = Profile::of_mode(crate::run_info::Mode::Counts, 0);
+        let mut row = TimelineRow {
+            rss_kb: 2048,
+            rss_processes: 1,
+            ..Default::default()
+        };
+        assert!(
+            round_line(&row, &p).ends_with(", RSS 2.0 MiB"),
+            "{}",
+            round_line(&row, &p)
+        );
+        row.rss_processes = 8;
+        assert!(
+            round_line(&row, &p).ends_with(", sum of RSS of 8 processes 2.0 MiB"),
+            "{}",
+            round_line(&row, &p)
         );
     }
 }

@@ -204,8 +204,13 @@ fn timeline(p: &Profile) -> String {
         0 | 1 => "a row per round".to_string(),
         n => format!("a row per {n} rounds"),
     };
+    // A sum of RSS counts the pages processes share once per process.
+    let rss = match p.rounds.iter().map(|r| r.rss_processes).max().unwrap_or(0) {
+        0 | 1 => "RSS",
+        _ => "sum of RSS",
+    };
     let mut s = format!(
-        "{row}: allocs and frees made in it; live and RSS at its end; allocated since the start\n\
+        "{row}: allocs and frees made in it; live and {rss} at its end; allocated since the start\n\
          {:>8} {:>10} {:>10} {:>12} {:>12} {:>10} {:>14}\n",
         "time", "allocs", "frees", "live blocks", "live", "RSS", "allocated"
     );

@@ -410,6 +410,7 @@ impl App {
                 live_bytes: pp.totals.live_bytes,
                 rss_kb: pp.mem.map_or(0, |m| m.rss_kb),
                 virt_kb: pp.mem.map_or(0, |m| m.virt_kb),
+                rss_processes: pp.mem.is_some() as u64,
                 reserved_bytes: pp.reserved.map_or(0, |r| r.total()),
             });
             if h.len() > PROC_HISTORY {
@@ -518,13 +519,15 @@ impl App {
         })
     }
 
-    /// Memory of the processes on screen, in KiB: (RSS, VIRT) summed over the live ones.
-    pub fn memory(&self) -> Option<(u64, u64)> {
+    /// Memory of the processes on screen, in KiB: (RSS, VIRT, how many) summed over the live
+    /// ones.
+    pub fn memory(&self) -> Option<(u64, u64, usize)> {
         let mems: Vec<_> = self.view().procs.values().filter_map(|p| p.mem).collect();
         (!mems.is_empty()).then(|| {
             (
                 mems.iter().map(|m| m.rss_kb).sum(),
                 mems.iter().map(|m| m.virt_kb).sum(),
+                mems.len(),
             )
         })
     }

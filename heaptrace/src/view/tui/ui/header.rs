@@ -61,7 +61,11 @@ pub(super) fn status_line(app: &App, shown: &Published) -> Vec<Span<'static>> {
     };
     let mem = app
         .memory()
-        .map(|(rss, virt)| format!("RSS {}  VIRT {}  ", kib(rss), kib(virt)))
+        .map(|(rss, virt, n)| match n {
+            1 => format!("RSS {}  VIRT {}  ", kib(rss), kib(virt)),
+            // Shared pages count once per process: a sum, not the host's memory.
+            n => format!("sum of {n} RSS {}  VIRT {}  ", kib(rss), kib(virt)),
+        })
         .unwrap_or_default();
     let mut line = vec![
         Span::raw(format!(
