@@ -3,7 +3,7 @@ pub const SELF_TGID: &str = "SELF_TGID";
 /// One of [`super::mode`].
 pub const MODE: &str = "MODE";
 /// A block freed by the thread that allocated it, with fewer than this many of that
-/// thread's allocations in between, is temporary (1: none in between).
+/// thread's allocations and frees in between, is temporary (1: none in between).
 pub const TEMPORARY_ALLOCS: &str = "TEMPORARY_ALLOCS";
 /// `--sample-bytes`: the mean number of bytes between two sampled allocations; 0 samples
 /// every allocation.

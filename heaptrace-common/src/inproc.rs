@@ -68,7 +68,7 @@ pub struct Header {
     /// 1 + the execs of `owner` whose new image took the region over, each starting it over.
     pub epoch: u32,
     /// `--temporary-allocs`: a block freed by its allocating thread with fewer of that
-    /// thread's allocations in between is temporary.
+    /// thread's allocations and frees in between is temporary.
     pub temporary_allocs: u32,
     /// Capacities: thread slots, sites (stacks), site index slots (a power of two), live
     /// table slots (a power of two), size entries per thread (a power of two), frames kept.

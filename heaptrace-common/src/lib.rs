@@ -173,7 +173,8 @@ pub struct LiveBlock {
     /// stack could not be stored).
     pub stack_id: i32,
     /// The allocating thread's [`InFlight::seq`] before this block: a free by the same thread
-    /// with fewer than `globals::TEMPORARY_ALLOCS` allocations in between makes it temporary.
+    /// with fewer than `globals::TEMPORARY_ALLOCS` allocations and frees in between makes it
+    /// temporary.
     pub seq: u32,
 }
 
@@ -330,8 +331,8 @@ pub struct InFlight {
     pub level: u16,
     /// [`INFLIGHT_RESERVED`] once the call made a memory syscall (mmap, brk, ...).
     pub flags: u32,
-    /// The thread's allocations so far (wrapping, from a random start): kept from call to
-    /// call, for temporaries.
+    /// The thread's allocations and frees so far (wrapping, from a random start): kept from
+    /// call to call, for temporaries.
     pub seq: u32,
     /// Whether the thread's process is traced, where a filter applies (one of [`filter`]'s
     /// verdicts): kept from call to call, judged again at an exec.

@@ -492,8 +492,14 @@ fn try_free(ctx: &ProbeContext, ptr: u64) -> Result<(), i64> {
     {
         return Ok(());
     }
-    // Not an Option: two states of the rest of the program for the verifier.
-    let freer = rec.map_or((0, 0), |f| (id as u32, f.seq));
+    // Not an Option: two states of the rest of the program for the verifier. A free moves the
+    // thread's count on as an allocation does: a block freed after another free of its thread
+    // is not temporary (heaptrack's rule).
+    let freer = rec.map_or((0, 0), |f| {
+        let seq = f.seq;
+        f.seq = seq.wrapping_add(1);
+        (id as u32, seq)
+    });
     let count = PreemptOff::take();
     let Some(pc) = proc_counters(tgid) else {
         return Ok(());

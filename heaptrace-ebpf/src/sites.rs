@@ -103,9 +103,9 @@ pub fn bare_stack(ctx: &RetProbeContext) {
 }
 
 /// Counts the release of a block at the site that allocated it, by the thread `freer` (its id
-/// and allocations so far; see `untrack`). Temporary, as heaptrack and memray count it: freed
-/// by its own thread with fewer than `TEMPORARY_ALLOCS` of that thread's allocations in between
-/// (by default none). Exact, and no clock read. A thread id reused after its thread exited (pid
+/// and its allocations and frees so far; see `untrack`). Temporary, as heaptrack counts it:
+/// freed by its own thread with fewer than `TEMPORARY_ALLOCS` of that thread's allocations and
+/// frees in between (by default none). Exact, and no clock read. A thread id reused after its thread exited (pid
 /// wrap) starts its count at random (`enter`): one of the dead thread's blocks freed by it is
 /// taken for temporary with odds of N in 2^32.
 #[inline(always)]
@@ -129,8 +129,8 @@ pub fn released(c: &impl Count, tgid: u32, epoch: u32, block: &LiveBlock, (tid, 
         let lifetime = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() }.wrapping_sub(block.ts_ns);
         c.add(&mut site.lifetimes[log2_bucket(lifetime >> 10)], 1);
     }
-    // The thread's allocations in between: its count now, less the count before this block and
-    // this block itself.
+    // The thread's allocations and frees in between: its count now, less the count before this
+    // block and this block itself.
     let between = seq.wrapping_sub(block.seq).wrapping_sub(1);
     if block.tid == tid && between < temporary_allocs() {
         c.add(&mut site.temp_blocks, 1);

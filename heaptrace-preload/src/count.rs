@@ -258,6 +258,24 @@ impl Call {
         // SAFETY: the thread's own counters.
         unsafe { self.add(&raw mut (*pc).funcs[Func::Free as usize].calls, 1) };
         self.released(held, false);
+        // A free moves the thread's count on as an allocation does (heaptrack's rule: a block
+        // freed after another free of its thread is not temporary).
+        self.next_seq();
+    }
+
+    /// The thread's count of allocations and frees before this one, moved on by one.
+    fn next_seq(&self) -> u32 {
+        // SAFETY: the thread's own slot.
+        unsafe {
+            let seq = AtomicU64::from_ptr(&raw mut (*self.t).seq);
+            if self.shared {
+                seq.fetch_add(1, Ordering::Relaxed) as u32
+            } else {
+                let s = seq.load(Ordering::Relaxed);
+                seq.store(s.wrapping_add(1), Ordering::Relaxed);
+                s as u32
+            }
+        }
     }
 
     /// A block given back: out of the live figures and its site's, or an untracked free.
@@ -361,17 +379,7 @@ impl Call {
         } else {
             NO_SITE
         };
-        // SAFETY: the thread's own slot.
-        let seq = unsafe {
-            let seq = AtomicU64::from_ptr(&raw mut (*self.t).seq);
-            if self.shared {
-                seq.fetch_add(1, Ordering::Relaxed) as u32
-            } else {
-                let s = seq.load(Ordering::Relaxed);
-                seq.store(s.wrapping_add(1), Ordering::Relaxed);
-                s as u32
-            }
-        };
+        let seq = self.next_seq();
         if mode >= mode::STACKS
             && let Some(s) = self.site(stack_id, func)
         {

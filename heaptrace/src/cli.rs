@@ -189,7 +189,7 @@ pub struct TraceArgs {
     /// What counts as temporary.
     ///
     /// A block freed by the thread that allocated it, with fewer than N of that thread's
-    /// allocations in between (heaptrack's and memray's rule; 1: none between).
+    /// allocations and frees in between (1, the default: none between, heaptrack's rule).
     #[arg(long, default_value_t = 1, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub temporary_allocs: u32,

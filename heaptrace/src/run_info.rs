@@ -183,14 +183,19 @@ impl RunInfo {
     }
 }
 
-/// What makes a freed block temporary. heaptrace counts it as heaptrack and memray do: a block
-/// freed by the thread that allocated it with fewer than N of that thread's allocations in
-/// between (N = 1: none), exactly, from a per-thread allocation count with no clock read.
-/// Recordings before format 7 counted a block freed within a time of its allocation instead,
-/// and are shown with that rule.
+/// What makes a freed block temporary. heaptrace counts it as heaptrack does: a block freed by
+/// the thread that allocated it with fewer than N of that thread's allocations and frees in
+/// between (N = 1, the default: none, heaptrack's rule), exactly, from a per-thread count with
+/// no clock read. Recordings of formats 7 to 11 counted allocations only (memray's rule, which
+/// a free in between does not reset), and those before 7 a block freed within a time of its
+/// allocation; each is shown with its rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Temporary {
-    /// Fewer than this many of the freeing thread's allocations in between (`--temporary-allocs`).
+    /// Fewer than this many of the freeing thread's allocations and frees in between
+    /// (`--temporary-allocs`).
+    Events(u32),
+    /// Fewer than this many of the freeing thread's allocations in between (recordings of
+    /// formats 7 to 11).
     Allocs(u32),
     /// Freed within this many milliseconds of its allocation (recordings before format 7).
     WithinMs(u64),
@@ -198,7 +203,7 @@ pub enum Temporary {
 
 impl Default for Temporary {
     fn default() -> Temporary {
-        Temporary::Allocs(1)
+        Temporary::Events(1)
     }
 }
 
@@ -206,6 +211,10 @@ impl Temporary {
     /// The rule's fields in the JSON document's `temporary` object.
     pub fn json(&self) -> Vec<(&'static str, Value)> {
         match *self {
+            Temporary::Events(n) => vec![
+                ("rule", json!("freed by its own thread")),
+                ("allocations_and_frees_between_below", json!(n)),
+            ],
             Temporary::Allocs(n) => vec![
                 ("rule", json!("freed by its own thread")),
                 ("allocations_between_below", json!(n)),
@@ -218,6 +227,14 @@ impl Temporary {
 impl fmt::Display for Temporary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
+            Temporary::Events(1) => write!(
+                f,
+                "freed before its thread's next allocation or free (heaptrack's rule)"
+            ),
+            Temporary::Events(n) => write!(
+                f,
+                "freed with fewer than {n} allocations and frees of its thread in between"
+            ),
             Temporary::Allocs(1) => write!(f, "freed before its thread's next allocation"),
             Temporary::Allocs(n) => write!(
                 f,

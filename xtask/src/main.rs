@@ -17,7 +17,8 @@ const BPF_LINKER_LLVM: std::ops::RangeInclusive<u32> = 21..=23;
 const RUN_APT_PACKAGES: &[&str] = &["gcc", "libc6-dev"];
 /// And what the tests need besides: the fixtures' compilers and runtimes, gdb for `gcore` (the
 /// heap census of a core), tmux for the live view, and the tools the exports are checked with
-/// (go tool pprof, ms_print, a headless chromium for the HTML report).
+/// (go tool pprof, ms_print, a headless chromium for the HTML report, heaptrack for the
+/// temporaries' rule).
 const TEST_APT_PACKAGES: &[&str] = &[
     "g++",
     "libjemalloc2",
@@ -26,6 +27,7 @@ const TEST_APT_PACKAGES: &[&str] = &[
     "golang-go",
     "valgrind",
     "chromium",
+    "heaptrack",
 ];
 
 /// What a task installs when it is missing.

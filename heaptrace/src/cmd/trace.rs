@@ -325,7 +325,7 @@ fn run_info(
         interval_ms: cli.interval.as_millis() as u64,
         provider: provider.path.display().to_string(),
         aliases: aliases(provider),
-        temporary: Temporary::Allocs(cli.temporary_allocs),
+        temporary: Temporary::Events(cli.temporary_allocs),
         sample_bytes: cli.sample_bytes,
         latency_every: cli.latency_every,
         collector: crate::run_info::Collector::Kernel,

@@ -18,6 +18,8 @@ use crate::run_info::{Collector, Mode, RunInfo, TargetKind, Temporary};
 
 pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
 /// What each version added:
+/// - 12: the header's `temporary_counts_frees` (a free in between makes a block not temporary,
+///   heaptrack's rule); version 7 to 11 headers read with false (allocations only).
 /// - 8: the header's `comm` and `cgroup` (`--all --comm`/`--cgroup`: the processes the trace
 ///   was narrowed to); version 3 to 7 headers read with neither (every process).
 /// - 7: the header's `temporary_allocs` (`--temporary-allocs`: temporaries by the freeing
@@ -35,7 +37,7 @@ pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
 ///   header without it, as unsampled).
 /// - 2: rounds carry the allocators' reservations (the memory behind malloc) and one more loss
 ///   counter. Version 1 files (written before any release) are not read.
-pub const VERSION: u16 = 11;
+pub const VERSION: u16 = 12;
 /// The oldest version this reader reads.
 pub const OLDEST: u16 = 2;
 /// No frame is larger: a hostile length cannot make the reader allocate more.
@@ -133,6 +135,8 @@ pub struct Header {
     /// What collected the figures (format 11), by name: empty (earlier formats) is the
     /// kernel's probes.
     pub collector: String,
+    /// Whether `temporary_allocs` counts the thread's frees in between too (format 12).
+    pub temporary_counts_frees: bool,
 }
 
 impl Header {
@@ -187,7 +191,7 @@ impl Header {
             provider: run.provider.clone(),
             temporary_ms: match run.temporary {
                 Temporary::WithinMs(ms) => ms,
-                Temporary::Allocs(_) => 0,
+                Temporary::Allocs(_) | Temporary::Events(_) => 0,
             },
             cmdlines,
             aliases: run
@@ -198,12 +202,13 @@ impl Header {
             sample_bytes: run.sample_bytes,
             latency_every: run.latency_every,
             temporary_allocs: match run.temporary {
-                Temporary::Allocs(n) => n,
+                Temporary::Allocs(n) | Temporary::Events(n) => n,
                 Temporary::WithinMs(_) => 0,
             },
             comm: run.comm.clone(),
             cgroup: run.cgroup.clone(),
             collector: run.collector.name().into(),
+            temporary_counts_frees: matches!(run.temporary, Temporary::Events(_)),
         }
     }
 
@@ -212,6 +217,7 @@ impl Header {
     pub fn temporary(&self) -> Temporary {
         match self.temporary_allocs {
             0 => Temporary::WithinMs(self.temporary_ms),
+            n if self.temporary_counts_frees => Temporary::Events(n),
             n => Temporary::Allocs(n),
         }
     }
@@ -531,12 +537,13 @@ pub fn decode_round(
 pub fn decode_header(frame: &RawFrame, version: u16) -> Result<Header, FormatError> {
     // Fields are only ever added at the end; a missing one decodes from a zero byte.
     let missing = match version {
-        11.. => 0,
-        8..=10 => 1,
-        7 => 3,
-        6 => 4,
-        3..=5 => 5,
-        _ => 6,
+        12.. => 0,
+        11 => 1,
+        8..=10 => 2,
+        7 => 4,
+        6 => 5,
+        3..=5 => 6,
+        _ => 7,
     };
     decode_padded(frame, missing)
 }

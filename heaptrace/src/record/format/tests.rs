@@ -184,7 +184,36 @@ fn recordings_before_format_7_keep_their_time_rule() {
     );
     assert_eq!(
         Temporary::default().to_string(),
-        "freed before its thread's next allocation"
+        "freed before its thread's next allocation or free (heaptrack's rule)"
+    );
+}
+
+/// Formats 7 to 11 counted the thread's allocations in between only; format 12 its frees too.
+#[test]
+fn headers_before_12_counted_allocations_only_in_between() {
+    let frame = |payload: Vec<u8>| RawFrame {
+        kind: Kind::Header,
+        offset: 0,
+        stored_len: 0,
+        payload,
+    };
+    let h = Header::new(
+        &RunInfo {
+            temporary: Temporary::Events(2),
+            ..RunInfo::default()
+        },
+        vec![],
+    );
+    let v12 = postcard::to_allocvec(&h).unwrap();
+    assert_eq!(
+        decode_header(&frame(v12.clone()), 12).unwrap().temporary(),
+        Temporary::Events(2)
+    );
+    let mut v11 = v12;
+    assert_eq!(v11.pop(), Some(1), "temporary_counts_frees, last");
+    assert_eq!(
+        decode_header(&frame(v11), 11).unwrap().temporary(),
+        Temporary::Allocs(2)
     );
 }
 
@@ -203,12 +232,14 @@ fn headers_before_11_were_counted_by_the_probes() {
         collector: Collector::InProcess.name().into(),
         ..Default::default()
     };
-    let v11 = postcard::to_allocvec(&h).unwrap();
+    let mut v11 = postcard::to_allocvec(&h).unwrap();
+    assert_eq!(v11.pop(), Some(0), "temporary_counts_frees, last");
     let back = decode_header(&frame(v11), 11).unwrap();
     assert_eq!(back.run_info().collector, Collector::InProcess);
     let old = Header::default();
     let mut v10 = postcard::to_allocvec(&old).unwrap();
-    assert_eq!(v10.pop(), Some(0), "the empty collector, last");
+    assert_eq!(v10.pop(), Some(0), "temporary_counts_frees, last");
+    assert_eq!(v10.pop(), Some(0), "the empty collector, before it");
     let back = decode_header(&frame(v10), 10).unwrap();
     assert_eq!(back.run_info().collector, Collector::Kernel);
 }
