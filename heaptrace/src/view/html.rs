@@ -124,7 +124,11 @@ fn data(rec: &Recording, p: &Profile, names: &Names) -> Value {
                 "bytes": bytes,
             })).collect::<Vec<_>>(),
         })),
-        "memory": summary::memory(p, TOP),
+        "memory": summary::memory(
+            p,
+            TOP,
+            rec.header.target_mode != crate::run_info::TargetKind::Command
+        ),
     })
 }
 

@@ -84,7 +84,9 @@ pub fn sampling_line(sample_bytes: u64) -> String {
 
 /// The memory behind malloc, per process (most reserved first, at most `top`): requested and
 /// still live, held by the allocator, RSS and VIRT; then the sites that reserved the most.
-pub fn memory(profile: &Profile, top: usize) -> String {
+/// `attached`: the trace began with processes already running (`-p`, `--all`), whose arenas
+/// and mapped blocks made before it are not known: said, rather than shown as nothing.
+pub fn memory(profile: &Profile, top: usize, attached: bool) -> String {
     let mut procs: Vec<_> = profile
         .procs
         .iter()
@@ -94,7 +96,12 @@ pub fn memory(profile: &Profile, top: usize) -> String {
         return String::new();
     }
     procs.sort_by_key(|(pid, _, r)| (std::cmp::Reverse(r.total()), *pid));
-    let mut s = String::from("memory behind malloc:\n");
+    let mut s = String::from(if attached {
+        "memory behind malloc (arenas and mapped blocks: those made since the attach; a process \
+         running before it may hold more, in its RSS):\n"
+    } else {
+        "memory behind malloc:\n"
+    });
     for (pid, p, r) in procs.iter().take(top) {
         let pid = crate::profile::incarnation::Pid(*pid);
         let _ = writeln!(
@@ -601,5 +608,31 @@ mod tests {
             "{}",
             round_line(&row, &p)
         );
+    }
+
+    #[test]
+    fn an_attached_trace_says_what_it_cannot_know_of_the_memory_behind_malloc() {
+        let mut p = Profile::of_mode(crate::run_info::Mode::Counts, 0);
+        p.procs.insert(
+            7,
+            crate::profile::ProcProfile {
+                comm: "redis-server".into(),
+                reserved: Some(crate::reserve::Reserved::default()),
+                ..Default::default()
+            },
+        );
+        let launched = memory(&p, 10, false);
+        assert!(
+            launched.starts_with("memory behind malloc:\n"),
+            "{launched}"
+        );
+        let attached = memory(&p, 10, true);
+        assert!(
+            attached.starts_with(
+                "memory behind malloc (arenas and mapped blocks: those made since the attach"
+            ),
+            "{attached}"
+        );
+        assert!(attached.contains("pid 7 redis-server: "), "{attached}");
     }
 }

@@ -131,7 +131,7 @@ pub fn text(
             View::Leaks => site_tables::leaks(p, top, names),
             View::Temporary => site_tables::temporary(p, top, rec.header.temporary(), names),
             View::Peak => site_tables::peak(p, top, names),
-            View::Memory => match crate::view::summary::memory(p, top) {
+            View::Memory => match crate::view::summary::memory(p, top, attached(rec)) {
                 s if s.is_empty() => "no memory reservations recorded\n".into(),
                 s => s,
             },
@@ -257,4 +257,9 @@ fn histogram(p: &Profile, pid: Option<u32>) -> String {
         let _ = writeln!(s, "{size:>12} {n:>12} {bar}");
     }
     s
+}
+
+/// Whether the recorded trace began with processes already running (see `summary::memory`).
+fn attached(rec: &crate::record::Recording) -> bool {
+    rec.header.target_mode != crate::run_info::TargetKind::Command
 }

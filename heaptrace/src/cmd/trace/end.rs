@@ -211,7 +211,8 @@ pub(super) fn print_summary(
             crate::view::units::bytes(peak as i64 * 1024)
         );
     }
-    crate::say_part!("{}", summary::memory(profile, 10));
+    let attached = info.target != crate::run_info::TargetKind::Command;
+    crate::say_part!("{}", summary::memory(profile, 10, attached));
 }
 
 /// The JSON document's `provider.syscall_probes`: each memory syscall wrapper probed.
