@@ -186,6 +186,18 @@ pub struct TraceArgs {
     #[arg(long)]
     pub full_names: bool,
 
+    /// Name sites past functions matching REGEX, as allocator wrappers (repeatable).
+    ///
+    /// A site is named by its first frame outside the allocator and its wrappers (`zmalloc`,
+    /// `xmalloc`); stacks keep every frame. Wrappers are also detected: a function seen only
+    /// right above the allocator, called from 4 or more functions.
+    #[arg(long, value_name = "REGEX", value_parser = crate::profile::wrappers::parse_hide)]
+    pub hide: Vec<regex::Regex>,
+
+    /// Do not detect allocator wrappers: only the known ones and --hide's are passed over.
+    #[arg(long)]
+    pub no_wrapper_detection: bool,
+
     /// What counts as temporary.
     ///
     /// A block freed by the thread that allocated it, with fewer than N of that thread's
@@ -471,6 +483,18 @@ pub struct ReportArgs {
     /// parameters by default).
     #[arg(long)]
     pub full_names: bool,
+
+    /// Name sites past functions matching REGEX, as allocator wrappers (repeatable).
+    ///
+    /// A site is named by its first frame outside the allocator and its wrappers (`zmalloc`,
+    /// `xmalloc`); stacks keep every frame. Wrappers are also detected: a function seen only
+    /// right above the allocator, called from 4 or more functions.
+    #[arg(long, value_name = "REGEX", value_parser = crate::profile::wrappers::parse_hide)]
+    pub hide: Vec<regex::Regex>,
+
+    /// Do not detect allocator wrappers: only the known ones and --hide's are passed over.
+    #[arg(long)]
+    pub no_wrapper_detection: bool,
 
     /// Only this process.
     #[arg(long, value_name = "PID")]

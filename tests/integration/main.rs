@@ -42,3 +42,4 @@ mod temporaries;
 mod threads;
 mod tui;
 mod unwinding;
+mod wrappers;

@@ -16,6 +16,7 @@ use crate::{
     output::{self, NewFile},
     probe::{self, LoadOptions, Probes, Scope},
     profile::Profile,
+    profile::wrappers::WrapperRule,
     record::{Header, Recorder, format::EndRec},
     reserve::ring::MemRing,
     run_info::{RunInfo, TargetKind, Temporary},
@@ -157,8 +158,13 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         &probes.attached,
         probes.probe_count(),
     );
-    let mut profile =
-        Profile::of_mode(info.mode, cli.sample_bytes).with_latency_every(cli.latency_every);
+    let mut profile = Profile::of_mode(info.mode, cli.sample_bytes)
+        .with_latency_every(cli.latency_every)
+        .with_wrapper_rule(WrapperRule::new(
+            &cli.hide,
+            cli.no_wrapper_detection,
+            &info.provider,
+        ));
     profile.before_attach = before;
     let daemon = Daemon::new(Start {
         maps: Box::new(maps),

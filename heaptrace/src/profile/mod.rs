@@ -11,6 +11,7 @@ mod peak;
 pub use peak::Peak;
 pub mod same_stacks;
 pub mod sampling;
+pub mod wrappers;
 use std::{collections::BTreeMap, sync::Arc};
 
 use heaptrace_common::{FUNC_COUNT, LOSS_COUNT, Loss};
@@ -93,6 +94,11 @@ pub struct Profile {
     /// Why the counts are known incomplete, besides losses (set at the end of a live trace).
     #[serde(skip)]
     pub incomplete: Vec<complete::Incomplete>,
+    /// Which frames are allocator wrappers, passed over in naming a site (`wrappers`).
+    #[serde(skip)]
+    pub wrapper_rule: Arc<wrappers::WrapperRule>,
+    #[serde(skip)]
+    pub wrappers_cache: wrappers::Cache,
 }
 
 /// What folding ended processes keeps (`exited`): how many processes, and each folded stack's
@@ -201,6 +207,14 @@ impl Profile {
     pub fn with_latency_every(self, n: u32) -> Profile {
         Profile {
             latency_every: n,
+            ..self
+        }
+    }
+
+    /// This Profile, its sites named past the wrappers of `rule`.
+    pub fn with_wrapper_rule(self, rule: wrappers::WrapperRule) -> Profile {
+        Profile {
+            wrapper_rule: Arc::new(rule),
             ..self
         }
     }

@@ -24,6 +24,7 @@ impl Profile {
             weights: self.weights.clone(),
             calls: self.calls,
             latency_every: self.latency_every,
+            wrapper_rule: self.wrapper_rule.clone(),
             ..Profile::default()
         };
         out.samples = map_delta(&self.samples, &base.samples, SiteTotals::minus);
@@ -79,6 +80,8 @@ impl Profile {
             collector: self.collector,
             region_lost: self.region_lost,
             incomplete: self.incomplete.clone(),
+            wrapper_rule: self.wrapper_rule.clone(),
+            wrappers_cache: Default::default(),
         }
     }
 }

@@ -96,34 +96,15 @@ fn data(rec: &Recording, p: &Profile, names: &Names) -> Value {
         "processes": processes(p),
         "timeline": timeline(p),
         "flame": stacks(p, names),
-        "sites": p.top_sites(TOP, |s| s.bytes as i64).iter().map(|(id, s)| json!({
-            "pid": id.0,
-            "comm": comm(p, id.0),
-            "site": label(p, id, names),
-            "calls": s.calls,
-            "bytes": s.bytes,
-            "live_bytes": s.live_bytes,
-            "temporary_blocks": s.temp_blocks,
-        })).collect::<Vec<_>>(),
-        "leaks": p.top_leaks(TOP).iter().map(|(id, l)| json!({
-            "pid": id.0,
-            "comm": comm(p, id.0),
-            "site": label(p, id, names),
-            "blocks": l.blocks,
-            "bytes": l.bytes,
-        })).collect::<Vec<_>>(),
+        "sites": sites(p, names),
+        "leaks": leak_sites(p, names),
         "peak": p.peak.as_ref().map(|pk| json!({
             "live_bytes": pk.live_bytes,
             "live_blocks": pk.live_blocks,
             "elapsed_ms": pk.elapsed_ms,
-            "sites": pk.sites.iter().take(TOP).map(|(id, blocks, bytes)| json!({
-                "pid": id.0,
-                "comm": comm(p, id.0),
-                "site": label(p, id, names),
-                "blocks": blocks,
-                "bytes": bytes,
-            })).collect::<Vec<_>>(),
+            "sites": peak_sites(pk, p, names),
         })),
+        "wrappers": site_tables::wrappers_note(p),
         "memory": summary::memory(
             p,
             TOP,
@@ -155,8 +136,49 @@ fn processes(p: &Profile) -> Vec<Value> {
         .collect()
 }
 
-fn label(p: &Profile, id: &SiteId, names: &Names) -> String {
-    site_tables::site_label_with(p, id, 6, names)
+/// The top sites by bytes, each named as the summary names it (no two alike), with whose.
+fn sites(p: &Profile, names: &Names) -> Vec<Value> {
+    let rows = p.top_sites(TOP, |s| s.bytes as i64);
+    let ids: Vec<SiteId> = rows.iter().map(|r| r.0).collect();
+    let labels = site_tables::labels(p, &ids, names);
+    rows.iter()
+        .zip(labels)
+        .map(|((id, s), label)| {
+            json!({
+                "pid": id.0,
+                "comm": comm(p, id.0),
+                "site": label,
+                "calls": s.calls,
+                "bytes": s.bytes,
+                "live_bytes": s.live_bytes,
+                "temporary_blocks": s.temp_blocks,
+            })
+        })
+        .collect()
+}
+
+fn leak_sites(p: &Profile, names: &Names) -> Vec<Value> {
+    let rows = p.top_leaks(TOP);
+    let ids: Vec<SiteId> = rows.iter().map(|r| r.0).collect();
+    let labels = site_tables::labels(p, &ids, names);
+    rows.iter()
+        .zip(labels)
+        .map(|((id, l), label)| {
+            json!({ "pid": id.0, "comm": comm(p, id.0), "site": label, "blocks": l.blocks, "bytes": l.bytes })
+        })
+        .collect()
+}
+
+fn peak_sites(pk: &crate::profile::Peak, p: &Profile, names: &Names) -> Vec<Value> {
+    let rows: Vec<_> = pk.sites.iter().take(TOP).collect();
+    let ids: Vec<SiteId> = rows.iter().map(|r| r.0).collect();
+    let labels = site_tables::labels(p, &ids, names);
+    rows.iter()
+        .zip(labels)
+        .map(|((id, blocks, bytes), label)| {
+            json!({ "pid": id.0, "comm": comm(p, id.0), "site": label, "blocks": blocks, "bytes": bytes })
+        })
+        .collect()
 }
 
 /// The timeline's rows: time, live heap, RSS, and the allocation rate of each row.

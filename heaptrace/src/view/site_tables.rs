@@ -19,26 +19,7 @@ pub fn frame_label(f: &Frame) -> String {
     Names::SHORT.label(f)
 }
 
-/// A site in one line: the allocating function, then the innermost frames.
-pub fn site_label(profile: &Profile, site: &SiteId, depth: usize) -> String {
-    site_label_with(profile, site, depth, &Names::SHORT)
-}
-
-pub fn site_label_with(profile: &Profile, site: &SiteId, depth: usize, names: &Names) -> String {
-    if site.1 == heaptrace_common::BEFORE_ATTACH {
-        return "allocated before attach".into();
-    }
-    let func = Func::from_u32(site.2).map(|f| f.name()).unwrap_or("?");
-    let frames: Vec<String> = profile
-        .frames(site)
-        .iter()
-        .take(depth)
-        .map(|f| names.label(f))
-        .collect();
-    format!("{func} <- {}", frames.join(" <- "))
-}
-
-fn pid_prefix(profile: &Profile, site: &SiteId) -> String {
+pub(crate) fn pid_prefix(profile: &Profile, site: &SiteId) -> String {
     // A group (`--group-by command`) by its command and count.
     if crate::profile::grouped::is_group(site.0) {
         let comm = profile.procs.get(&site.0).map_or("", |p| p.comm.as_str());
@@ -48,41 +29,6 @@ fn pid_prefix(profile: &Profile, site: &SiteId) -> String {
         format!("[{}] ", crate::profile::incarnation::Pid(site.0))
     } else {
         String::new()
-    }
-}
-
-const DEPTH: usize = 4;
-/// The most frames a list shows to tell two of its sites apart.
-const MAX_DEPTH: usize = 16;
-
-/// The labels of one list's sites, the process first where there are several: DEPTH frames
-/// each, more for sites that would read the same (stacks that part further down, up to
-/// MAX_DEPTH frames), so that no two lines of a list look alike.
-pub fn labels(profile: &Profile, ids: &[SiteId], names: &Names) -> Vec<String> {
-    let mut depth = vec![DEPTH; ids.len()];
-    loop {
-        let labels: Vec<String> = ids
-            .iter()
-            .zip(&depth)
-            .map(|(id, d)| {
-                let site = site_label_with(profile, id, *d, names);
-                format!("{}{site}", pid_prefix(profile, id))
-            })
-            .collect();
-        let mut alike: std::collections::HashMap<&str, Vec<usize>> = Default::default();
-        for (i, l) in labels.iter().enumerate() {
-            alike.entry(l).or_default().push(i);
-        }
-        let mut deeper = false;
-        for i in alike.values().filter(|g| g.len() > 1).flatten() {
-            if depth[*i] < MAX_DEPTH && profile.frames(&ids[*i]).len() > depth[*i] {
-                depth[*i] += 1;
-                deeper = true;
-            }
-        }
-        if !deeper {
-            return labels;
-        }
     }
 }
 
@@ -215,8 +161,9 @@ pub fn peak(profile: &Profile, top: usize, names: &Names) -> String {
 /// Everything about sites, as printed at the end of a stacks-mode trace.
 pub fn sites(profile: &Profile, top: usize, rule: Temporary, n: Names) -> String {
     format!(
-        "\n{}{}{}{}{}{}",
+        "\n{}{}{}{}{}{}{}",
         shallow_stacks(profile).unwrap_or_default(),
+        wrappers_note(profile).unwrap_or_default(),
         top_by_bytes(profile, top, &n),
         top_by_calls(profile, top, &n),
         leaks(profile, top, &n),
@@ -389,6 +336,9 @@ pub fn latency(profile: &Profile) -> String {
     }
     s
 }
+
+mod label;
+pub use label::{labels, site_label, site_label_with, wrappers_note};
 
 #[cfg(test)]
 mod tests;

@@ -194,6 +194,8 @@ fn args(view: View) -> ReportArgs {
         just_function_name: false,
         shorten_templates: false,
         full_names: false,
+        hide: Vec::new(),
+        no_wrapper_detection: false,
         pid: None,
         from: None,
         to: None,

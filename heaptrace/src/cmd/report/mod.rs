@@ -11,7 +11,7 @@ use crate::{
     cli::{Format, ReportArgs},
     drain::round::Round,
     error::{Error, Result},
-    profile::Profile,
+    profile::{Profile, wrappers::WrapperRule},
     record::{FormatError, Recording, Replay},
     symbolize::Symbolizer,
     symbolize::modules::Location,
@@ -178,7 +178,8 @@ fn replayed(path: &Path, args: &ReportArgs) -> Result<(Recording, Profile), Form
     if args.group_by == crate::cli::GroupBy::Command {
         p = p.by_command();
     }
-    Ok((rec, p))
+    let rule = WrapperRule::new(&args.hide, args.no_wrapper_detection, &rec.header.provider);
+    Ok((rec, p.with_wrapper_rule(rule)))
 }
 
 /// The pid of a process key: `--pid` takes every process that had it.

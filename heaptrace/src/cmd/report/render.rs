@@ -123,7 +123,9 @@ pub fn text(
             }
             View::Tree => tree::render(&tree::build(p, names, args.reverse), top),
             View::Hotspots => {
-                site_tables::top_by_calls(p, top, names) + &site_tables::top_by_bytes(p, top, names)
+                site_tables::wrappers_note(p).unwrap_or_default()
+                    + &site_tables::top_by_calls(p, top, names)
+                    + &site_tables::top_by_bytes(p, top, names)
             }
             View::Flame => {
                 folded(p, names, args.by, flame_roots(p, args.merge_processes)).join("\n") + "\n"
@@ -160,8 +162,9 @@ pub fn json<'a>(
         View::Filter => {
             let size = need_size(args)?;
             return Ok(doc::Node::list(move || {
+                let w = p.wrappers();
                 p.sites_with_size(size).into_iter().map(move |(id, n)| {
-                    let mut m = doc::site(p, &id);
+                    let mut m = doc::site(p, &w, &id);
                     m.insert("count".into(), n.into());
                     Value::Object(m)
                 })
@@ -172,10 +175,10 @@ pub fn json<'a>(
             "sample_bytes": p.sample_bytes,
             "estimated": p.sample_bytes > 0,
             "by_calls": p.top_sites(args.top, |t| t.calls as i64).iter()
-                .map(|(id, t)| { let mut m = doc::site(p, id); m.insert("calls".into(), t.calls.into()); m.insert("bytes".into(), t.bytes.into()); Value::Object(m) })
+                .map(|(id, t)| { let mut m = doc::site(p, &p.wrappers(), id); m.insert("calls".into(), t.calls.into()); m.insert("bytes".into(), t.bytes.into()); Value::Object(m) })
                 .collect::<Vec<_>>(),
             "by_bytes": p.top_sites(args.top, |t| t.bytes as i64).iter()
-                .map(|(id, t)| { let mut m = doc::site(p, id); m.insert("calls".into(), t.calls.into()); m.insert("bytes".into(), t.bytes.into()); Value::Object(m) })
+                .map(|(id, t)| { let mut m = doc::site(p, &p.wrappers(), id); m.insert("calls".into(), t.calls.into()); m.insert("bytes".into(), t.bytes.into()); Value::Object(m) })
                 .collect::<Vec<_>>(),
         }),
         View::Flame => folded(p, names, args.by, flame_roots(p, args.merge_processes))

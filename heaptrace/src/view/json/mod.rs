@@ -15,6 +15,7 @@ use crate::{
     probe::{Attached, Counting},
     profile::Profile,
     profile::histogram::percentiles,
+    profile::wrappers::Wrappers,
     run_info::{RunInfo, Temporary},
 };
 
@@ -88,7 +89,9 @@ impl<'a> Run<'a> {
 }
 
 /// A site's identity and frames, the common part of every per-stack entry.
-pub(crate) fn site(profile: &Profile, id: &SiteId) -> Map<String, Value> {
+/// `site` names the function of the frame `site_frame` (an index into `frames`), the first
+/// past the allocator's own frames and its wrappers' (`profile::wrappers`).
+pub(crate) fn site(profile: &Profile, w: &Wrappers, id: &SiteId) -> Map<String, Value> {
     let mut m = Map::new();
     pid_fields(&mut m, id.0);
     let function = match id.1 {
@@ -97,9 +100,15 @@ pub(crate) fn site(profile: &Profile, id: &SiteId) -> Map<String, Value> {
     };
     m.insert("function".into(), function);
     m.insert("stack_id".into(), id.1.into());
+    let frames = profile.frames(id);
+    let at = w.site(&frames);
+    if let Some(f) = at.frame(&frames).filter(|_| id.1 >= 0) {
+        m.insert("site".into(), f.function.to_string().into());
+        m.insert("site_frame".into(), at.0.into());
+    }
     m.insert(
         "frames".into(),
-        serde_json::to_value(profile.frames(id)).unwrap_or(Value::Null),
+        serde_json::to_value(frames).unwrap_or(Value::Null),
     );
     m
 }
@@ -153,14 +162,20 @@ fn percentiles_json(p: Option<crate::profile::histogram::Percentiles>) -> Value 
 
 pub(crate) fn stacks(profile: &Profile) -> Node<'_> {
     Node::list(move || {
+        let w = profile.wrappers();
         profile
             .top_sites(stacks_cap(profile), |t| t.bytes as i64)
             .into_iter()
-            .map(move |(id, t)| stack(profile, &id, &t))
+            .map(move |(id, t)| stack(profile, &w, &id, &t))
     })
 }
 
-fn stack(profile: &Profile, id: &SiteId, t: &crate::drain::round::SiteTotals) -> Value {
+fn stack(
+    profile: &Profile,
+    w: &Wrappers,
+    id: &SiteId,
+    t: &crate::drain::round::SiteTotals,
+) -> Value {
     let sizes: Vec<Value> = t
         .sizes
         .iter()
@@ -169,7 +184,7 @@ fn stack(profile: &Profile, id: &SiteId, t: &crate::drain::round::SiteTotals) ->
         .map(|(b, n)| json!({ "from": heaptrace_common::log2_bucket_floor(b), "count": n }))
         .collect();
     with(
-        site(profile, id),
+        site(profile, w, id),
         json!({
             "estimated": profile.sample_bytes > 0,
             "samples": profile.samples.get(id).map_or(t.calls, |s| s.calls),
@@ -190,12 +205,13 @@ pub(crate) fn temporary(profile: &Profile, rule: Temporary) -> Node<'_> {
     let blocks: u64 = profile.sites.values().map(|t| t.temp_blocks).sum();
     let bytes: u64 = profile.sites.values().map(|t| t.temp_bytes).sum();
     let by = Node::list(move || {
+        let w = profile.wrappers();
         profile
             .top_sites(stacks_cap(profile), |t| t.temp_blocks as i64)
             .into_iter()
             .map(move |(id, t)| {
                 with(
-                    site(profile, &id),
+                    site(profile, &w, &id),
                     json!({ "blocks": t.temp_blocks, "bytes": t.temp_bytes, "calls": t.calls }),
                 )
             })
@@ -214,9 +230,10 @@ pub(crate) fn peak(profile: &Profile) -> Node<'_> {
         return Value::Null.into();
     };
     let by = Node::list(move || {
+        let w = profile.wrappers();
         p.sites.iter().map(move |(id, blocks, bytes)| {
             with(
-                site(profile, id),
+                site(profile, &w, id),
                 json!({ "live_blocks": blocks, "live_bytes": bytes }),
             )
         })
@@ -232,7 +249,7 @@ pub(crate) fn peak(profile: &Profile) -> Node<'_> {
             "reached_by",
             match p.reached_by {
                 Some((pid, stack_id, size)) => {
-                    let mut m = site(profile, &(pid, stack_id, u32::MAX));
+                    let mut m = site(profile, &profile.wrappers(), &(pid, stack_id, u32::MAX));
                     m.remove("function");
                     m.insert("size".into(), size.into());
                     Value::Object(m).into()
@@ -328,6 +345,7 @@ pub(crate) fn leaks(profile: &Profile, pid: Option<u32>) -> Node<'_> {
         }
     }
     let by_stack = Node::list(move || {
+        let w = profile.wrappers();
         profile
             .top_leaks(usize::MAX)
             .into_iter()
@@ -341,7 +359,7 @@ pub(crate) fn leaks(profile: &Profile, pid: Option<u32>) -> Node<'_> {
             })
             .map(move |(id, l)| {
                 with(
-                    site(profile, &id),
+                    site(profile, &w, &id),
                     json!({ "blocks": l.blocks, "bytes": l.bytes }),
                 )
             })
@@ -430,6 +448,10 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
             }),
         ),
         ("stacks".into(), stacks(profile)),
+        (
+            "wrappers".into(),
+            crate::profile::wrappers::summary(&profile.wrappers()).into(),
+        ),
         ("temporary".into(), temporary(profile, info.temporary)),
         ("peak".into(), peak(profile)),
         ("reservations".into(), reservations(profile)),
@@ -547,10 +569,11 @@ pub(crate) fn memory_by_process(profile: &Profile) -> Value {
 /// The allocators' reservations and releases by site, most bytes first.
 pub(crate) fn reservations(profile: &Profile) -> Node<'_> {
     Node::list(move || {
+        let w = profile.wrappers();
         let mut v: Vec<_> = profile.reservations.iter().collect();
         v.sort_by_key(|(k, t)| (std::cmp::Reverse(t.bytes), **k));
         v.into_iter().map(move |((pid, kind, stack_id, func), t)| {
-            let mut m = site(profile, &(*pid, *stack_id, *func));
+            let mut m = site(profile, &w, &(*pid, *stack_id, *func));
             if *func == heaptrace_common::mem::NO_FUNC {
                 m.insert("function".into(), Value::Null);
             }

@@ -206,3 +206,62 @@ fn sites_view_lists_sites_by_bytes_and_leaks() {
     assert!(text.contains("not freed at the end"), "{text}");
     assert!(nanos(1500).contains("1.5 us"));
 }
+
+/// Stacks whose frames read the same to the end (no file:line: calls from one function at
+/// different places) show the address where they part; the same frames, the stack id. No two
+/// lines of a list alike.
+#[test]
+fn sites_that_read_the_same_to_the_end_show_an_address_or_the_stack() {
+    use crate::symbolize::FrameInfo;
+    let mut p = Profile::default();
+    let stack = |at: u64| -> Vec<Frame> {
+        vec![
+            FrameInfo::named("dictCreate")
+                .in_module("redis", 0x10)
+                .into(),
+            FrameInfo::named("createClient")
+                .in_module("redis", at)
+                .into(),
+            FrameInfo::named("main").in_module("redis", 0x90).into(),
+        ]
+    };
+    p.stacks.insert((1, 5), stack(0x40).into());
+    p.stacks.insert((1, 6), stack(0x48).into());
+    p.stacks.insert((1, 7), stack(0x48).into());
+    let ids = [(1, 5, 0), (1, 6, 0), (1, 7, 0)];
+    let l = labels(&p, &ids, &Names::default());
+    assert_eq!(
+        l,
+        [
+            "malloc <- dictCreate <- createClient (redis+0x40) <- main",
+            "malloc <- dictCreate <- createClient (redis+0x48) <- main (stack 6)",
+            "malloc <- dictCreate <- createClient (redis+0x48) <- main (stack 7)",
+        ]
+    );
+}
+
+/// A site is named past the wrappers: the allocating function says which it went through,
+/// then the site's frame and DEPTH frames; the stack keeps every frame.
+#[test]
+fn sites_are_labelled_past_their_wrappers() {
+    use crate::{profile::wrappers::WrapperRule, symbolize::FrameInfo};
+    let mut p = Profile::default().with_wrapper_rule(WrapperRule::new(
+        &[crate::profile::wrappers::parse_hide("^zmalloc$").unwrap()],
+        false,
+        "/lib/libc.so.6",
+    ));
+    let frames: Vec<Frame> = ["zmalloc", "a", "b", "c", "d", "e"]
+        .iter()
+        .map(|f| FrameInfo::named(f).into())
+        .collect();
+    p.stacks.insert((1, 5), frames.into());
+    assert_eq!(
+        labels(&p, &[(1, 5, 0)], &Names::default()),
+        ["malloc via zmalloc <- a <- b <- c <- d"]
+    );
+    assert_eq!(p.frames(&(1, 5, 0)).len(), 6);
+    // The allocation that reached the peak has no function: the wrapper reads as a frame.
+    assert_eq!(site_label(&p, &(1, 5, u32::MAX), 1), "? <- zmalloc <- a");
+    let note = wrappers_note(&p).unwrap();
+    assert!(note.contains("zmalloc (--hide)"), "{note}");
+}

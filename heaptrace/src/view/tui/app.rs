@@ -260,28 +260,11 @@ pub struct App {
     last_totals: BTreeMap<u32, Totals>,
 }
 
-/// Frames of allocation wrappers that are never the interesting caller.
-fn is_wrapper(f: &Frame) -> bool {
-    const WRAPPERS: [&str; 7] = [
-        "operator new",
-        "__rust_alloc",
-        "__rust_realloc",
-        "__rdl_alloc",
-        "__rdl_realloc",
-        "__rg_alloc",
-        "alloc::alloc::",
-    ];
-    WRAPPERS.iter().any(|w| f.function.starts_with(w))
-}
-
-/// The frame a site is named by: the innermost one that is neither in the allocator's own
-/// module (libc.so.6 calls malloc from strdup, fopen, ...) nor an allocation wrapper (C++
-/// `operator new`, Rust's `__rust_alloc`), or the innermost one if every frame is.
-pub fn meaningful_frame(frames: &[Frame], allocator_module: &str) -> usize {
-    frames
-        .iter()
-        .position(|f| *f.module != *allocator_module && !is_wrapper(f))
-        .unwrap_or(0)
+/// The frame a site is named by (`profile::wrappers`): the innermost one that is neither in
+/// the allocator's own module nor an allocation wrapper, or the innermost one if every frame
+/// is.
+pub fn meaningful_frame(view: &Profile, frames: &[Frame]) -> usize {
+    view.wrappers().site(frames).0
 }
 
 pub use crate::view::names::short_symbol;

@@ -9,7 +9,7 @@ pub struct SiteRow {
     /// Blocks of this site still live at the end; None while tracing goes on.
     pub leak: Option<Leak>,
     /// The site's stack (shared with the Profile, not copied) and the frame it is named by:
-    /// the innermost one outside the allocator (see `meaningful_frame`).
+    /// the innermost one past the allocator and its wrappers (`profile::wrappers`).
     pub frames: Arc<[Frame]>,
     pub named: usize,
 }
@@ -117,8 +117,8 @@ impl SiteRow {
 impl App {
     pub fn site_rows(&self) -> Vec<SiteRow> {
         let needle = self.filter.to_lowercase();
-        let module = self.info.run.allocator_module();
         let view = self.view();
+        let wrappers = view.wrappers();
         let leaks = view.leaks.as_ref();
         let mut rows: Vec<SiteRow> = view
             .sites
@@ -142,7 +142,7 @@ impl App {
                     id: *id,
                     totals: *t,
                     leak: leaks.map(|l| l.get(id).copied().unwrap_or_default()),
-                    named: meaningful_frame(&frames, module),
+                    named: wrappers.site(&frames).0,
                     frames,
                 })
             })

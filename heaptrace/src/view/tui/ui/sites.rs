@@ -164,7 +164,7 @@ pub(super) fn draw_no_site(f: &mut Frame, app: &App, area: Rect) {
 pub(super) fn draw_stack(f: &mut Frame, app: &App, area: Rect) {
     let Some(id) = app.detail else { return };
     let frames = app.site_frames(&id);
-    let named = meaningful_frame(&frames, app.info.run.allocator_module());
+    let named = meaningful_frame(app.view(), &frames);
     let func = heaptrace_common::Func::from_u32(id.2).map_or("?", |f| f.name());
     let mut lines: Vec<Line> = Vec::new();
     if let Some(t) = app.view().sites.get(&id) {

@@ -299,7 +299,7 @@ fn very_long_cxx_symbols() {
             .into(),
         },
     );
-    let mut p = Profile::default();
+    let mut p = crate::view::tui::app::tests::traced();
     p.apply(&r);
     let mut app = App::new(
         info(TargetKind::Command),
@@ -332,7 +332,7 @@ fn an_exec_is_said_in_the_status_line() {
 /// them apart from the live ones, and the processes screen marks them.
 #[test]
 fn ended_processes_are_told_apart_from_the_live_ones() {
-    let mut p = Profile::default();
+    let mut p = crate::view::tui::app::tests::traced();
     for (pid, comm, blocks, bytes, exited) in
         [(10, "alive", 3, 300, false), (11, "gone", 5, 5000, true)]
     {
@@ -374,7 +374,7 @@ fn ended_processes_are_told_apart_from_the_live_ones() {
 /// process's own in focus; a process the OOM killer killed is marked on the processes screen.
 #[test]
 fn the_header_shows_the_exact_peak_and_the_oom_victims_are_marked() {
-    let mut p = Profile::default();
+    let mut p = crate::view::tui::app::tests::traced();
     for (pid, comm, peak, oom) in [(10, "alive", 2 << 20, false), (11, "leaky", 48 << 20, true)] {
         p.procs.insert(
             pid,
@@ -415,7 +415,7 @@ fn the_header_shows_the_exact_peak_and_the_oom_victims_are_marked() {
 /// a row per process. A command's row is no process to show alone.
 #[test]
 fn the_processes_screen_groups_by_command() {
-    let mut p = Profile::default();
+    let mut p = crate::view::tui::app::tests::traced();
     for pid in 10..46 {
         let mut totals = crate::drain::round::Totals::default();
         totals.funcs[heaptrace_common::Func::Malloc as usize].calls = 100;
@@ -457,7 +457,7 @@ fn the_processes_screen_groups_by_command() {
 /// (marked) only without it, and never outside the buckets hit.
 #[test]
 fn a_sites_sizes_are_exact_where_known() {
-    let mut p = Profile::default();
+    let mut p = crate::view::tui::app::tests::traced();
     let id = (9, 1, 1); // pid 9, stack 1, calloc
     p.sizes.insert((9, 1, 262_144, 1), 1);
     let mut log2 = [0u64; heaptrace_common::LOG2_BUCKETS];
