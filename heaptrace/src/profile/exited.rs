@@ -48,9 +48,11 @@ impl Kept {
 /// The key of the folded processes. Never a process's: it is above every pid Linux gives.
 pub const FOLDED: u32 = u32::MAX;
 
-/// Distinct stacks the folded processes keep; the rest go under [`OTHER`].
-const STACKS: usize = 16_384;
-/// The folded stack of the stacks past [`STACKS`], and of those never named.
+/// Distinct stacks the folded processes keep; the rest go under [`OTHER`]. Above the sites the
+/// ended processes keep one by one ([`KEEP_EXITED_SITES`]), so that one large process folded
+/// alone (a compiler's cc1plus has tens of thousands of stacks) keeps every stack.
+pub const FOLDED_STACKS: usize = 65_536;
+/// The folded stack of the stacks past [`FOLDED_STACKS`], and of those never named.
 const OTHER: i32 = 0;
 
 impl Profile {
@@ -185,7 +187,7 @@ impl Profile {
             .and_then(|f| self.folded.ids.get(f).copied());
         let (fid, f) = match (known, frames) {
             (Some(fid), Some(f)) => (fid, f),
-            (None, Some(f)) if self.folded.ids.len() < STACKS => {
+            (None, Some(f)) if self.folded.ids.len() < FOLDED_STACKS => {
                 let fid = self.folded.ids.len() as i32 + 1;
                 self.folded.ids.insert(f.clone(), fid);
                 (fid, f)
@@ -335,7 +337,7 @@ mod tests {
     fn stacks_past_the_bound_fold_under_one() {
         let (mut p, mut leaks) = two_processes();
         // As if the folded stacks were full already.
-        for i in 0..STACKS {
+        for i in 0..FOLDED_STACKS {
             p.folded.ids.insert(frames(&[&i.to_string()]), i as i32 + 1);
         }
         p.fold(10, &mut leaks);

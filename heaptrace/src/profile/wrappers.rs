@@ -37,16 +37,6 @@ const PASSES: usize = 4;
 /// Callers and call sites kept per function while detecting: enough to decide.
 const KEEP: usize = MAX_CALL_SITES + MIN_CALLERS + 1;
 
-/// Where a stack ends: never a wrapper, however it calls malloc.
-const BOTTOMS: [&str; 6] = [
-    "main",
-    "_start",
-    "__libc_start_main",
-    "__libc_start_call_main",
-    "start_thread",
-    "clone3",
-];
-
 /// How wrappers are chosen: set once from the command line (`--hide`,
 /// `--no-wrapper-detection`) and the allocator's file, and kept with the Profile.
 #[derive(Clone, Debug, Default)]
@@ -321,7 +311,8 @@ fn is_wrapper((_, function): &Key, s: &Seen) -> bool {
         && s.callers.len() >= MIN_CALLERS
         && s.call_sites.len() <= MAX_CALL_SITES
         && !function.starts_with('[')
-        && !BOTTOMS.contains(&crate::view::names::qualified_name(function).as_str())
+        // Where a stack ends: never a wrapper, however it calls malloc.
+        && !crate::view::names::is_stack_bottom(function)
 }
 
 /// The line saying which wrappers the sites were named past, or None when none was.

@@ -61,6 +61,9 @@ pub struct FrameInfo {
     pub inlined: bool,
 }
 
+/// The text of [`Frame::folded_other`].
+const FOLDED_OTHER_FUNCTION: &str = "[other stacks of exited processes]";
+
 /// Frames for tests: `FrameInfo::named("f")` is `f` in module "m" at offset 0, then each
 /// builder sets one more field.
 #[cfg(test)]
@@ -152,7 +155,12 @@ impl Frame {
     /// The folded stack of the ended processes' stacks past the folded ones' bound, or never
     /// named (`profile::exited`).
     pub fn folded_other() -> Frame {
-        Frame::placeholder("[other stacks of exited processes]", "[folded]", 0)
+        Frame::placeholder(FOLDED_OTHER_FUNCTION, "[folded]", 0)
+    }
+
+    /// Whether this is [`Frame::folded_other`] (by its text, as recordings keep it).
+    pub fn is_folded_other(&self) -> bool {
+        &*self.function == FOLDED_OTHER_FUNCTION
     }
 
     fn placeholder(function: &str, module: &str, offset: u64) -> Frame {

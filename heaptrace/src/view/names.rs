@@ -217,6 +217,28 @@ pub fn fit_end(text: &str, width: usize) -> String {
     format!("…{keep}")
 }
 
+/// Where a whole stack ends: a process's or a thread's start, or `main` (a frame-pointer walk
+/// stops in libc's caller of it). glibc's start frames as its debug file names them
+/// (`__libc_start_main_impl`) and as its dynamic symbols do (`__libc_start_main`): a stripped
+/// executable's `main` and `_start` have no name.
+const STACK_BOTTOMS: [&str; 10] = [
+    "_start",
+    "__libc_start_main",
+    "__libc_start_main_impl",
+    "__libc_start_call_main",
+    "main",
+    "clone3",
+    "__clone3",
+    "clone",
+    "__clone",
+    "start_thread",
+];
+
+/// Whether a frame of this function is where a whole stack ends (see [`STACK_BOTTOMS`]).
+pub fn is_stack_bottom(function: &str) -> bool {
+    STACK_BOTTOMS.contains(&qualified_name(function).as_str())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -172,25 +172,13 @@ pub fn sites(profile: &Profile, top: usize, rule: Temporary, n: Names) -> String
     )
 }
 
-/// Where a whole stack ends: a process's or a thread's start, or `main` (a frame-pointer walk
-/// stops in libc's caller of it).
-const STACK_BOTTOMS: [&str; 9] = [
-    "_start",
-    "__libc_start_main",
-    "__libc_start_call_main",
-    "main",
-    "clone3",
-    "__clone3",
-    "clone",
-    "__clone",
-    "start_thread",
-];
-
 /// Why a stack ends short of main or a thread's start.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Cut {
     /// The stack maps had no room for the frames past the caller.
     MapFull,
+    /// An ended process's stack folded with others' past the folded stacks' bound.
+    Folded,
     /// The walk stopped at its depth with frames left.
     Depth,
     /// In this module neither frame pointers nor unwind rows led further.
@@ -201,15 +189,15 @@ impl Cut {
     fn of(frames: &[Frame]) -> Option<Cut> {
         // Whole when it reaches a bottom anywhere: a walk may go on past `main` into libc's
         // start frames, which a stripped libc names only by address.
-        let bottom = |f: &Frame| {
-            STACK_BOTTOMS.contains(&crate::view::names::qualified_name(&f.function).as_str())
-        };
+        let bottom = |f: &Frame| crate::view::names::is_stack_bottom(&f.function);
         if frames.iter().any(bottom) {
             return None;
         }
         let last = frames.last()?;
         Some(if last.is_more_lost() {
             Cut::MapFull
+        } else if last.is_folded_other() {
+            Cut::Folded
         } else if frames.len() >= heaptrace_common::STACK_FRAMES {
             Cut::Depth
         } else {
@@ -221,6 +209,7 @@ impl Cut {
     pub fn brief(&self) -> String {
         match self {
             Cut::MapFull => "the stack maps were full".into(),
+            Cut::Folded => "folded with other ended processes' stacks".into(),
             Cut::Depth => format!("at {} frames", heaptrace_common::STACK_FRAMES),
             Cut::NoUnwind(module) => format!("in {module}"),
         }
@@ -232,6 +221,11 @@ impl Cut {
             Cut::MapFull => "because the stack maps had no room for their frames past the caller \
                  (see lost: stack; raise --stack-map-size)"
                 .into(),
+            Cut::Folded => format!(
+                "because their processes had ended and were folded into one, whose distinct \
+                 stacks past {} share one (--keep-exited)",
+                crate::profile::exited::FOLDED_STACKS
+            ),
             Cut::Depth => format!(
                 "at the walk's depth of {} frames (see lost: stack_depth)",
                 heaptrace_common::STACK_FRAMES

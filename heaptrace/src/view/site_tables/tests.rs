@@ -160,6 +160,34 @@ fn stacks_cut_by_a_full_stack_map_say_so() {
     );
 }
 
+/// Stacks of ended processes folded past the folded stacks' bound name the fold, not a
+/// module "without unwind rows" called `[folded]`.
+#[test]
+fn stacks_folded_past_the_bound_say_so() {
+    let whole = vec![in_module("malloc", "libc.so.6"), in_module("main", "prog")];
+    let folded = vec![crate::symbolize::Frame::folded_other()];
+    let said = shallow_stacks(&two_sites(whole, folded)).unwrap();
+    assert!(
+        said.contains("most (75%) because their processes had ended and were folded")
+            && !said.contains("unwind rows"),
+        "{said}"
+    );
+}
+
+/// A stripped executable's stack that reaches libc's start frames, named from libc's debug
+/// file, is whole.
+#[test]
+fn stacks_through_libcs_start_frames_are_whole() {
+    let stripped = vec![
+        in_module("malloc", "libc.so.6"),
+        in_module("cc1plus+0x5743", "cc1plus"),
+        in_module("__libc_start_call_main", "libc.so.6"),
+        in_module("__libc_start_main_impl", "libc.so.6"),
+        in_module("cc1plus+0x5870", "cc1plus"),
+    ];
+    assert_eq!(shallow(&two_sites(stripped.clone(), stripped)), None);
+}
+
 /// Stacks cut at the walk's depth say so.
 #[test]
 fn stacks_cut_at_the_depth_say_so() {
