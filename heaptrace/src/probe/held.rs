@@ -38,11 +38,13 @@ pub struct Spec {
     pub ret: bool,
 }
 
+/// A probed file's probe addresses: each one's file offset and the byte the file has there.
+type FileBytes = (Arc<TargetFile>, Vec<(u64, u8)>);
+
 #[derive(Default)]
 struct Inner {
     specs: Vec<Spec>,
-    /// Each probed address, by file: its file offset and the byte the file has there.
-    bytes: Vec<(Arc<TargetFile>, Vec<(u64, u8)>)>,
+    bytes: Vec<FileBytes>,
     /// The links of each fork followed and not yet gone.
     links: HashMap<u32, Vec<Link>>,
 }
@@ -80,7 +82,11 @@ impl HeldForks {
             .iter()
             .filter_map(|o| Some((*o, *spec.file.read_at(*o, 1).ok()?.first()?)))
             .collect();
-        match inner.bytes.iter_mut().find(|(f, _)| f.id() == spec.file.id()) {
+        match inner
+            .bytes
+            .iter_mut()
+            .find(|(f, _)| f.id() == spec.file.id())
+        {
             Some((_, b)) => b.extend(bytes),
             None => inner.bytes.push((spec.file.clone(), bytes)),
         }
@@ -160,7 +166,14 @@ fn address(m: &maps::MapsEntry, offset: u64) -> Option<u64> {
 fn attach(multi: &MultiPrograms, spec: &Spec, pid: u32) -> Result<Link, MultiError> {
     let path = spec.file.attach_path();
     multi
-        .attach(spec.prog, &path, &spec.offsets, &spec.cookies, spec.ret, pid)
+        .attach(
+            spec.prog,
+            &path,
+            &spec.offsets,
+            &spec.cookies,
+            spec.ret,
+            pid,
+        )
         .map(Link::Multi)
 }
 
