@@ -141,10 +141,11 @@ impl Tracee {
                 return;
             }
             let mut status = 0;
+            // This thread's own child and tracees only: never another thread's children.
             let wait_flags = if self.started.is_some() {
-                libc::__WALL | libc::WNOHANG
+                libc::__WALL | libc::__WNOTHREAD | libc::WNOHANG
             } else {
-                libc::__WALL
+                libc::__WALL | libc::__WNOTHREAD
             };
             // SAFETY: waiting for our own child and tracees.
             let r = unsafe { libc::waitpid(-1, &mut status, wait_flags) };
