@@ -42,14 +42,21 @@ pub struct TraceArgs {
     #[arg(short, long, value_name = "PID", conflicts_with_all = ["all", "command"])]
     pub pid: Option<u32>,
 
-    /// With -p or a command: also trace the processes it forks (and -p's forked already).
+    /// With -p: also trace the processes it forks (and those it forked already).
     ///
     /// Each from its first call, as its own process. The probes then sit in every process that
     /// maps the allocator's file, as with --all, and the kernel counts only the traced tree:
     /// every other process on the host pays a trap per call while it runs (an unrelated loop of
     /// 1,000,000 malloc+free pairs took 1.43 s instead of 6 ms here). Off by default for that.
-    #[arg(long, conflicts_with = "all")]
+    /// A launched command's forks are followed by default, at no other process's cost (each
+    /// is held at its fork and given probes of its own).
+    #[arg(long, conflicts_with_all = ["all", "no_follow_forks"])]
     pub follow_forks: bool,
+
+    /// With a command: trace it alone, not the processes it forks. Those run untraced, at
+    /// their own speed (the probes' breakpoints they inherit are taken out at their fork).
+    #[arg(long, conflicts_with_all = ["all", "pid"])]
+    pub no_follow_forks: bool,
 
     /// Trace every process on the host that uses the host's libc.
     #[arg(long, conflicts_with = "command")]

@@ -1,6 +1,11 @@
-//! Following forks (`--follow-forks`): a launched command's forks, `-p PID`'s existing and
-//! later ones. Each process is counted exactly from its first call, as its own entry.
-use std::{io::Write as _, process::Command};
+//! Following forks: a launched command's (by default; `--no-follow-forks` not), `-p PID`'s
+//! existing and later ones (`--follow-forks`). Each process is counted exactly from its first
+//! call, as its own entry. A fork not followed, and any process outside the tree, has no
+//! breakpoint in its text (`forkcheck` reads its own malloc and free).
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Command, Stdio},
+};
 
 use serde_json::Value;
 
@@ -66,17 +71,12 @@ fn check(doc: &Value, root: u64, attached: bool) {
 }
 
 bpf_test!(
+    /// Followed by default: each fork held at its fork until links bound to it are in place.
     fn a_launched_command_is_followed_into_its_forks() {
         let json = json_path("forks-launch");
         let out = run_ok(
             heaptrace()
-                .args([
-                    "--no-tui",
-                    "--follow-forks",
-                    "--interval",
-                    "100ms",
-                    "--json",
-                ])
+                .args(["--no-tui", "--interval", "100ms", "--json"])
                 .arg(&json)
                 .arg("--")
                 .arg(fixture("forkers", "", &[]))
@@ -96,7 +96,7 @@ bpf_test!(
         let json = json_path("forks-none");
         run_ok(
             heaptrace()
-                .args(["--no-tui", "--json"])
+                .args(["--no-tui", "--no-follow-forks", "--json"])
                 .arg(&json)
                 .arg("--")
                 .arg(fixture("forkers", "", &[]))
@@ -137,5 +137,102 @@ bpf_test!(
         let (code, stderr) = tracer.wait();
         assert_eq!(code, 0, "{stderr}");
         check(&read_json(&json), root.into(), true);
+    }
+);
+
+/// The int3 count `forkcheck` printed for `who` ("parent", "child", "self").
+fn int3s(stdout: &str, who: &str) -> u64 {
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{who} int3 ")))
+        .unwrap_or_else(|| panic!("no {who} line in {stdout:?}"));
+    line.trim().parse().unwrap()
+}
+
+/// `heaptrace [flags] -- forkcheck 1000`: its stdout and JSON document.
+fn forkcheck(flags: &[&str]) -> (String, Value) {
+    let json = json_path("forkcheck");
+    let out = run_ok(
+        heaptrace()
+            .args(["--no-tui", "--quiet"])
+            .args(flags)
+            .arg("--json")
+            .arg(&json)
+            .arg("--")
+            .arg(fixture("forkcheck", "", &[]))
+            .arg("1000"),
+    );
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        read_json(&json),
+    )
+}
+
+bpf_test!(
+    /// A fork not followed runs at its own speed: the breakpoints it inherited are taken out
+    /// of its copy of the text at its fork (before: 2 of them, a trap at each of its calls).
+    fn a_fork_not_followed_has_no_breakpoints_and_is_not_counted() {
+        let (stdout, doc) = forkcheck(&["--no-follow-forks"]);
+        assert!(int3s(&stdout, "parent") >= 1, "{stdout}");
+        assert_eq!(int3s(&stdout, "child"), 0, "{stdout}");
+        let procs = doc["processes"].as_array().unwrap();
+        assert_eq!(procs.len(), 1, "{procs:#?}");
+        assert_eq!(calls(&procs[0], "malloc"), (1, 100));
+        assert_eq!(calls(&procs[0], "free"), (1, 100));
+    }
+);
+
+bpf_test!(
+    /// A fork followed keeps its breakpoints, and its own links count each of its calls.
+    fn a_followed_fork_is_counted_exactly_from_its_first_call() {
+        let (stdout, doc) = forkcheck(&[]);
+        assert!(int3s(&stdout, "child") >= 1, "{stdout}");
+        let procs = doc["processes"].as_array().unwrap();
+        assert_eq!(procs.len(), 2, "{procs:#?}");
+        let root = doc["target"]["pids"][0].as_u64().unwrap();
+        let child = procs.iter().find(|p| p["pid"] != root).unwrap();
+        assert_eq!(calls(child, "malloc"), (K, K * 64));
+        assert_eq!(calls(child, "free"), (K, K * 64));
+        assert_eq!(child["live"]["blocks"], 0);
+    }
+);
+
+bpf_test!(
+    /// While a launched command's forks are followed, a process outside its tree has no
+    /// breakpoint in its libc (`--follow-forks` put them in every process that maps it).
+    fn a_process_outside_a_followed_tree_is_not_trapped() {
+        let mut tracer = heaptrace()
+            .args(["--no-tui", "--quiet", "--"])
+            .arg(fixture("forkcheck", "", &[]))
+            .arg("10")
+            .env("FORKCHECK_WAIT", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn heaptrace");
+        let mut lines = BufReader::new(tracer.stdout.take().unwrap()).lines();
+        let mut seen = String::new();
+        while !seen.contains("parent int3") {
+            match lines.next() {
+                Some(Ok(l)) => seen.push_str(&(l + "\n")),
+                _ => break,
+            }
+        }
+        // The tree is traced and still running (its root waits on stdin).
+        assert!(int3s(&seen, "parent") >= 1, "{seen}");
+        assert!(int3s(&seen, "child") >= 1, "{seen}");
+        let alone = Command::new(fixture("forkcheck", "", &[]))
+            .arg("self")
+            .output()
+            .unwrap();
+        tracer.stdin.take().unwrap().write_all(b"g").unwrap();
+        let out = tracer.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(int3s(&String::from_utf8_lossy(&alone.stdout), "self"), 0);
     }
 );

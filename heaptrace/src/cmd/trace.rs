@@ -109,11 +109,12 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         stats_fd,
         first,
         unwind,
+        scope,
     } = attached;
     let (procwatch, memring) = watchers(cli, &mut probes, &provider, scope, &opts)?;
     // The root (and, for -p, what it forked already) in the kernel's set before it counts.
     let followed = match scope {
-        Scope::Tree(root) => Some(probe::follow::Followed::start(
+        Scope::Tree(root) | Scope::Held(root) => Some(probe::follow::Followed::start(
             &mut probes,
             root,
             stopped.is_none(),
@@ -139,6 +140,11 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     let mut unwind = unwind;
     if let (Some(t), Target::Command(argv)) = (&mut unwind, &target) {
         preload_tables(t, argv, &provider);
+    }
+    if let Some(s) = &stopped {
+        // Its forks: followed (links of their own) or let go of with their text restored.
+        probes.forks.set_follow(matches!(scope, Scope::Held(_)));
+        s.on_forks(probes.forks.clone());
     }
     let (pid, child) = start(stopped, scope)?;
     let info = run_info(cli, &target, pid, &provider, &opts);
@@ -224,7 +230,7 @@ fn start(
             let child = stopped.resume()?;
             (Some(child.pid), Some(child))
         }
-        (None, Scope::Process(pid) | Scope::Tree(pid)) => (Some(pid), None),
+        (None, Scope::Process(pid) | Scope::Tree(pid) | Scope::Held(pid)) => (Some(pid), None),
         (None, Scope::All) => (None, None),
     })
 }

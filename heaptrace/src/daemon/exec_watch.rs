@@ -155,7 +155,7 @@ impl ProcWatch {
                 comm,
                 cgroup: cgroup.clone(),
             },
-            Scope::Process(_) | Scope::Tree(_) => Wanted::default(),
+            Scope::Process(_) | Scope::Tree(_) | Scope::Held(_) => Wanted::default(),
         };
         let mut cgroups = crate::targets::cgroups::CgroupNames::default();
         let verdicts = match cgroup {

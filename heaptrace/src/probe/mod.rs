@@ -14,6 +14,7 @@
 //! those waits overlap too. Perf-event uprobes remain the fallback.
 pub mod cgroup_filter;
 pub mod follow;
+pub mod held;
 mod load;
 pub mod placement;
 mod plan;
@@ -60,13 +61,17 @@ pub enum Scope {
     /// A process and every process it forks, present (`-p --follow-forks`) and future: the
     /// probes fire in every process, and the kernel counts the followed ones (`follow`).
     Tree(u32),
+    /// A launched command and every process it forks, each held at its fork by the
+    /// command's tracer and given links bound to it (`held`): no other process traps. The
+    /// kernel counts the followed ones as for `Tree`.
+    Held(u32),
 }
 
 impl Scope {
     /// The process the probes' links are bound to; 0: none (every process).
     pub fn probe_pid(self) -> u32 {
         match self {
-            Scope::Process(pid) => pid,
+            Scope::Process(pid) | Scope::Held(pid) => pid,
             Scope::All | Scope::Tree(_) => 0,
         }
     }
@@ -74,7 +79,7 @@ impl Scope {
     /// The process traced first: one's, a tree's root; None for all.
     pub fn root(self) -> Option<u32> {
         match self {
-            Scope::Process(pid) | Scope::Tree(pid) => Some(pid),
+            Scope::Process(pid) | Scope::Tree(pid) | Scope::Held(pid) => Some(pid),
             Scope::All => None,
         }
     }
@@ -114,7 +119,9 @@ pub struct Probes {
     /// Every uprobe link, owned here (not by its program) so that Drop can close them at once.
     links: Vec<Link>,
     /// The programs loaded again for uprobe_multi links; None where the kernel refused them.
-    multi: Option<MultiPrograms>,
+    multi: Option<std::sync::Arc<MultiPrograms>>,
+    /// A launched command's forks: the links made, remade for each fork followed.
+    pub forks: std::sync::Arc<held::HeldForks>,
     /// Calls mode: see [`plan`].
     calls: bool,
     /// Probe the memory syscalls' wrappers of each allocator file that has them.
@@ -287,7 +294,14 @@ impl Probes {
             // Closing the links still ends tracing; only the last instants may be inconsistent.
             crate::say!("heaptrace: warning: counting not stopped before detaching ({e})");
         }
-        links::detach_all(std::mem::take(&mut self.links));
+        let mut all = std::mem::take(&mut self.links);
+        all.append(&mut self.forks.take_links());
+        links::detach_all(all);
+    }
+
+    /// Whether the probes are uprobe_multi links, which a fork can have bound to it alone.
+    pub fn multi_links(&self) -> bool {
+        self.multi.is_some()
     }
 
     pub fn counting(&self) -> Counting {
@@ -323,6 +337,7 @@ impl Probes {
             MultiPrograms::load(object, &ebpf, &names)
                 .inspect_err(|e| log::debug!("no uprobe_multi links, perf-event uprobes: {e}"))
                 .ok()
+                .map(std::sync::Arc::new)
         } else {
             None
         };
@@ -343,6 +358,7 @@ impl Probes {
                 reason: format!("{e}"),
             })?;
         Ok(Probes {
+            forks: std::sync::Arc::new(held::HeldForks::new(multi.clone())),
             counting,
             ebpf,
             preempt_off,
@@ -371,7 +387,7 @@ impl Probes {
     /// are traced. All or nothing: what cannot be probed is a warning, and the syscall
     /// tracepoints trace the memory syscalls unless other wrappers were probed
     /// (`reserve::ring`).
-    pub fn attach_syscalls_in(&mut self, file: &TargetFile, scope: Scope) {
+    pub fn attach_syscalls_in(&mut self, file: &std::sync::Arc<TargetFile>, scope: Scope) {
         if !self.reservations {
             return;
         }
@@ -391,7 +407,11 @@ impl Probes {
 
     /// The wrapper probes' links, attached, and how many probes they hold (None: no wrappers to
     /// probe). On an error the links made so far are closed (detached) on return.
-    fn syscall_links(&mut self, file: &TargetFile, scope: Scope) -> Result<Option<WrapperLinks>> {
+    fn syscall_links(
+        &mut self,
+        file: &std::sync::Arc<TargetFile>,
+        scope: Scope,
+    ) -> Result<Option<WrapperLinks>> {
         let Some(sites) = crate::probe::syscall_sites::find(file)? else {
             return Ok(None);
         };
@@ -404,6 +424,13 @@ impl Probes {
             offsets.push(s.file_offset);
             cookies.push(u64::from(s.nr) | heaptrace_common::mem::COOKIE_BEGIN);
         }
+        self.forks.record(held::Spec {
+            prog: SYSCALL_PROGRAM,
+            file: file.clone(),
+            offsets: offsets.clone(),
+            cookies: cookies.clone(),
+            ret: false,
+        });
         if let Some(multi) = &self.multi {
             let pid = scope.probe_pid();
             match multi.attach(SYSCALL_PROGRAM, path, &offsets, &cookies, false, pid) {
@@ -432,32 +459,44 @@ impl Probes {
         Ok(Some(WrapperLinks { links, sites }))
     }
 
-    /// One uprobe_multi link for every return probe, then one per entry program, releasing
-    /// functions first (`releasing_first`). All or nothing: on an error, the links made so
-    /// far are closed (detached) on return.
-    fn attach_multi(
-        multi: &MultiPrograms,
-        plan: &[Planned],
-        provider: &Provider,
-        pid: u32,
-    ) -> std::result::Result<Vec<Link>, crate::bpf::uprobe_multi::MultiError> {
-        let path = &provider.file.attach_path();
-        let mut links = Vec::new();
+    /// The links for `plan`: one for every return probe, then one per entry program,
+    /// releasing functions first (`releasing_first`).
+    fn specs(plan: &[Planned], provider: &Provider) -> Vec<held::Spec> {
+        let spec = |prog, offsets: Vec<u64>, cookies, ret| held::Spec {
+            prog,
+            file: provider.file.clone(),
+            offsets,
+            cookies,
+            ret,
+        };
         let returns: Vec<u64> = plan
             .iter()
             .filter(|p| p.uretprobe)
             .map(Planned::file_offset)
             .collect();
+        let mut specs = Vec::new();
         if !returns.is_empty() {
             let cookies = vec![0; returns.len()];
-            let fd = multi.attach(RETURN_PROGRAM, path, &returns, &cookies, true, pid)?;
-            links.push(Link::Multi(fd));
+            specs.push(spec(RETURN_PROGRAM, returns, cookies, true));
         }
         for p in releasing_first(plan) {
-            let offset = p.file_offset();
-            let cookie = p.cookie();
             let name = entry_program(p.site.func, provider.abi);
-            let fd = multi.attach(name, path, &[offset], &[cookie], false, pid)?;
+            specs.push(spec(name, vec![p.file_offset()], vec![p.cookie()], false));
+        }
+        specs
+    }
+
+    /// One uprobe_multi link per spec. All or nothing: on an error, the links made so far
+    /// are closed (detached) on return.
+    fn attach_multi(
+        multi: &MultiPrograms,
+        specs: &[held::Spec],
+        pid: u32,
+    ) -> std::result::Result<Vec<Link>, crate::bpf::uprobe_multi::MultiError> {
+        let mut links = Vec::new();
+        for s in specs {
+            let path = s.file.attach_path();
+            let fd = multi.attach(s.prog, &path, &s.offsets, &s.cookies, s.ret, pid)?;
             links.push(Link::Multi(fd));
         }
         Ok(links)
@@ -483,11 +522,13 @@ impl Probes {
     /// attached while counting is on (`enable`) counts from its first link.
     pub fn attach(&mut self, provider: &Provider, scope: Scope, at_entry: bool) -> Result<()> {
         let plan = plan(provider, at_entry, self.calls)?;
+        let specs = Self::specs(&plan, provider);
         if let Some(multi) = &self.multi {
             let pid = scope.probe_pid();
-            match Self::attach_multi(multi, &plan, provider, pid) {
+            match Self::attach_multi(multi, &specs, pid) {
                 Ok(mut links) => {
                     self.links.append(&mut links);
+                    specs.into_iter().for_each(|s| self.forks.record(s));
                     self.record(provider, &plan);
                     self.attach_syscalls(provider, scope);
                     return Ok(());
@@ -527,6 +568,7 @@ impl Probes {
                 .map_err(|e| attach_err(site.func, &e))?;
             self.links.push(Link::Perf(own(prog, id)?));
         }
+        specs.into_iter().for_each(|s| self.forks.record(s));
         self.record(provider, &plan);
         self.attach_syscalls(provider, family_scope);
         Ok(())

@@ -16,6 +16,10 @@
 //! SIGKILL, the kernel kills the child (`PTRACE_O_EXITKILL`, and `PR_SET_PDEATHSIG` once it
 //! is no longer traced): a launched command never runs on untraced.
 //!
+//! Each process it forks (`fork`, `vfork`, not a thread) is held before its first instruction
+//! while the probe stage decides what becomes of it (`forks.rs`): followed (kept traced, its
+//! own forks held in turn) or let go of.
+//!
 //! Job control works as without heaptrace: a group-stop is left stopped (`PTRACE_LISTEN`)
 //! until SIGCONT, and every other `PTRACE_EVENT_STOP` resumed. The signals it is delivered
 //! are noted (`Delivered`) for the daemon. A command that takes signals faster than it can be
@@ -65,6 +69,7 @@ pub struct Stopped {
     ack: Option<mpsc::Sender<()>>,
     delivered: Arc<Delivered>,
     cmd: String,
+    forks: ForkSlot,
 }
 
 /// A running child: its tracer's events, and the way to let it go on at its exit.
@@ -147,10 +152,12 @@ pub fn spawn_stopped_with(
     let (event_tx, event_rx) = tokio::sync::mpsc::unbounded_channel();
     let (ack_tx, ack_rx) = mpsc::channel();
     let delivered = Arc::new(Delivered::default());
+    let forks = ForkSlot::default();
     let link = Link {
         events: event_tx,
         ack: ack_rx,
         delivered: delivered.clone(),
+        forks: forks.clone(),
     };
     std::thread::Builder::new()
         .name("heaptrace-tracer".into())
@@ -167,10 +174,18 @@ pub fn spawn_stopped_with(
         ack: Some(ack_tx),
         delivered,
         cmd,
+        forks,
     })
 }
 
 impl Stopped {
+    /// What becomes of its forks: held at each until `forks` has decided. Set before `resume`.
+    pub fn on_forks(&self, forks: Arc<dyn Forks>) {
+        if let Ok(mut slot) = self.forks.lock() {
+            *slot = Some(forks);
+        }
+    }
+
     /// Lets the child exec; fails if exec failed.
     pub fn resume(mut self) -> Result<Child> {
         let _ = self.resume.send(true);
@@ -206,6 +221,8 @@ struct Link {
     events: tokio::sync::mpsc::UnboundedSender<Event>,
     ack: mpsc::Receiver<()>,
     delivered: Arc<Delivered>,
+    /// Told of each fork, with the new process held.
+    forks: ForkSlot,
 }
 
 /// The tracer thread: every ptrace request and wait for the child happens here.
@@ -343,6 +360,8 @@ fn seize(pid: i32) -> bool {
             0,
             (libc::PTRACE_O_TRACEEXIT
                 | libc::PTRACE_O_TRACEEXEC
+                | libc::PTRACE_O_TRACEFORK
+                | libc::PTRACE_O_TRACEVFORK
                 | libc::PTRACE_O_EXITKILL
                 | libc::PTRACE_O_TRACESYSGOOD) as libc::c_ulong,
         )
@@ -412,10 +431,12 @@ fn wait_exit(pid: i32) {
 }
 
 mod delivered;
+mod forks;
 mod inherit;
 mod redirect;
 mod tracee;
 pub use delivered::{Delivered, monotonic_ns};
+pub use forks::{ForkSlot, Forks};
 pub use inherit::Inherit;
 pub use redirect::Redirect;
 use tracee::Tracee;

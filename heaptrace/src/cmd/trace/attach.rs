@@ -12,6 +12,9 @@ pub(super) struct Attached {
     pub(super) stats_fd: Option<OwnedFd>,
     /// The probes on the target's allocator, before any other file is probed.
     pub(super) first: usize,
+    /// The scope the probes have: a launched tree's forks get links bound to them only where
+    /// the probes are uprobe_multi links; with perf-event uprobes, the tree is `Tree`.
+    pub(super) scope: Scope,
 }
 
 pub(super) fn load_options(cli: &TraceArgs, scope: Scope) -> LoadOptions {
@@ -35,7 +38,7 @@ pub(super) fn load_options(cli: &TraceArgs, scope: Scope) -> LoadOptions {
     };
     match scope {
         Scope::Process(pid) => opts.watch_tgid = pid,
-        Scope::Tree(_) => opts.follow_forks = true,
+        Scope::Tree(_) | Scope::Held(_) => opts.follow_forks = true,
         Scope::All => {
             opts.comm.clone_from(&cli.comm);
             opts.cgroup = cli
@@ -65,6 +68,10 @@ pub(super) fn attach(cli: &TraceArgs, provider: &Provider, scope: Scope) -> Resu
         opts.at_entry(),
         opts.reservations && !cli.syscall_tracepoints,
     )?;
+    let scope = match scope {
+        Scope::Held(root) if !probes.multi_links() => Scope::Tree(root),
+        s => s,
+    };
     probes.attach(provider, scope, cli.probe_at_entry)?;
     if let Some(pid) = scope.root()
         && !probes.syscalls_probed()
@@ -83,6 +90,7 @@ pub(super) fn attach(cli: &TraceArgs, provider: &Provider, scope: Scope) -> Resu
         .then(|| crate::unwind::loaded::Tables::take(&mut probes.ebpf))
         .transpose()?;
     Ok(Attached {
+        scope,
         first: probes.probe_count(),
         unwind,
         probes,
@@ -115,8 +123,8 @@ pub(super) fn watchers(
             w.scan(probes);
             Some(w)
         }
-        (Ok(w), Scope::Process(_) | Scope::Tree(_)) => Some(w),
-        (Err(e), Scope::All | Scope::Tree(_)) => return Err(e),
+        (Ok(w), Scope::Process(_) | Scope::Tree(_) | Scope::Held(_)) => Some(w),
+        (Err(e), Scope::All | Scope::Tree(_) | Scope::Held(_)) => return Err(e),
         (Err(e), Scope::Process(pid)) => {
             crate::say!(
                 "heaptrace: warning: execs not followed ({e}): if pid {pid} execs, its new \
@@ -148,7 +156,7 @@ pub(super) fn announce(
     let what = match scope {
         Scope::All => summary::all_processes(cli.comm.as_deref(), cli.cgroup.as_deref()),
         Scope::Process(pid) => format!("pid {pid}"),
-        Scope::Tree(pid) => format!("pid {pid} and its forks"),
+        Scope::Tree(pid) | Scope::Held(pid) => format!("pid {pid} and its forks"),
     };
     crate::say!(
         "heaptrace: attached {first} probes to {} ({what})",

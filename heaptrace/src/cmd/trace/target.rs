@@ -85,9 +85,10 @@ pub(super) fn find_target(
             };
             let redirect = redirect(cli, live_view)?;
             let child = launch::spawn_stopped(&exe, argv, redirect.as_ref())?;
-            let scope = match cli.follow_forks {
-                true => Scope::Tree(child.pid),
-                false => Scope::Process(child.pid),
+            // Its forks held at each fork (`probe::held`): followed unless told not to.
+            let scope = match cli.no_follow_forks {
+                false => Scope::Held(child.pid),
+                true => Scope::Process(child.pid),
             };
             (provider, scope, Some(child))
         }

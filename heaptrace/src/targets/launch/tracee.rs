@@ -7,6 +7,7 @@
 //! of (`PTRACE_DETACH`, its signal delivered) and from then on only waited for, as the parent
 //! it still is: no longer held at its exit or later execs.
 use std::{
+    collections::{HashMap, HashSet},
     io::{self, Read as _},
     sync::mpsc,
     time::Duration,
@@ -100,6 +101,14 @@ pub(super) struct Tracee {
     /// following one.
     startup: Option<u32>,
     storm: Storm,
+    /// Gone (reaped): the forks followed are still waited for.
+    gone: bool,
+    /// The forks followed, traced by this thread: their stops are passed on, never held.
+    kids: HashSet<i32>,
+    /// New processes seen stopped before their parent's fork event.
+    early: HashSet<i32>,
+    /// Fork events seen before the new process's first stop: whether each was a vfork.
+    pending: HashMap<i32, bool>,
 }
 
 impl Tracee {
@@ -117,23 +126,29 @@ impl Tracee {
             execs: 0,
             startup: None,
             storm: Storm::new(),
+            gone: false,
+            kids: HashSet::new(),
+            early: HashSet::new(),
+            pending: HashMap::new(),
         }
     }
 
-    /// Waits for the child's stops until it is gone (once let go of, for its end alone).
+    /// Waits for the child's stops until it is gone (once let go of, for its end alone), and
+    /// then for the forks followed until they are gone too.
     pub(super) fn run(mut self) {
         loop {
             if self.exec_failed() {
                 return;
             }
             let mut status = 0;
+            // This thread's own child and tracees only: never another thread's children.
             let wait_flags = if self.started.is_some() {
-                libc::__WALL | libc::WNOHANG
+                libc::__WALL | libc::__WNOTHREAD | libc::WNOHANG
             } else {
-                libc::__WALL
+                libc::__WALL | libc::__WNOTHREAD
             };
-            // SAFETY: waiting for our own child.
-            let r = unsafe { libc::waitpid(self.pid, &mut status, wait_flags) };
+            // SAFETY: waiting for our own child and tracees.
+            let r = unsafe { libc::waitpid(-1, &mut status, wait_flags) };
             if r == 0 {
                 continue; // WNOHANG, nothing yet
             }
@@ -141,20 +156,100 @@ impl Tracee {
                 if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                     continue;
                 }
-                let _ = self.link.events.send(Event::Exited(None));
+                if !self.gone {
+                    let _ = self.link.events.send(Event::Exited(None));
+                }
                 return;
+            }
+            if r != self.pid {
+                self.other(r, status);
+                continue;
             }
             if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
                 self.exec_done();
+                self.gone = true;
                 let _ = self
                     .link
                     .events
                     .send(Event::Exited(ExitStatus::from_wait(status)));
-                return;
+                continue; // on to the forks followed, until none is left (ECHILD)
             }
             if libc::WIFSTOPPED(status) {
                 self.stopped(status);
             }
+        }
+    }
+
+    /// A stop or end of a process other than the command: a fork of it.
+    fn other(&mut self, pid: i32, status: i32) {
+        if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+            if self.kids.remove(&pid)
+                && let Some(f) = super::forks::of(&self.link.forks)
+            {
+                f.gone(pid as u32);
+            }
+            return;
+        }
+        if !libc::WIFSTOPPED(status) {
+            return;
+        }
+        if !self.kids.contains(&pid) {
+            // A new process's first stop: settled once its parent's event told how it came.
+            match self.pending.remove(&pid) {
+                Some(vfork) => self.settle(pid, vfork),
+                None => {
+                    self.early.insert(pid);
+                }
+            }
+            return;
+        }
+        let (sig, event) = (libc::WSTOPSIG(status), status >> 16);
+        let resume = match event {
+            libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
+                self.forked(pid, event);
+                0
+            }
+            // SAFETY: a followed fork, traced by this thread, in a group-stop.
+            libc::PTRACE_EVENT_STOP if group_stop(sig) => unsafe {
+                libc::ptrace(libc::PTRACE_LISTEN, pid, 0, 0);
+                return;
+            },
+            0 if sig != SYSCALL_STOP => sig,
+            _ => 0,
+        };
+        // SAFETY: resuming a followed fork, traced by this thread and stopped.
+        unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, resume as libc::c_long) };
+    }
+
+    /// A fork event in `parent`: the new process is settled now if its first stop came
+    /// already, else at that stop.
+    fn forked(&mut self, parent: i32, event: i32) {
+        let mut msg: libc::c_ulong = 0;
+        // SAFETY: our stopped tracee, in a fork event stop; msg is a valid out-pointer.
+        if unsafe { libc::ptrace(libc::PTRACE_GETEVENTMSG, parent, 0, &mut msg) } != 0 {
+            return;
+        }
+        let child = msg as i32;
+        let vfork = event == libc::PTRACE_EVENT_VFORK;
+        if self.early.remove(&child) {
+            self.settle(child, vfork);
+        } else {
+            self.pending.insert(child, vfork);
+        }
+    }
+
+    /// A new process, held before its first instruction: followed (kept traced) or let go
+    /// of, as the probe stage decides.
+    fn settle(&mut self, pid: i32, vfork: bool) {
+        let followed =
+            super::forks::of(&self.link.forks).is_some_and(|f| f.forked(pid as u32, vfork));
+        if followed {
+            self.kids.insert(pid);
+            // SAFETY: resuming a new process traced by this thread, in its first stop.
+            unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
+        } else {
+            // SAFETY: letting go of a new process traced by this thread, in its first stop.
+            unsafe { libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0) };
         }
     }
 
@@ -206,6 +301,10 @@ impl Tracee {
                 }
                 // Followed from syscall to syscall until its libraries are mapped.
                 self.startup = Some(0);
+                self.resume(0);
+            }
+            libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
+                self.forked(pid, event);
                 self.resume(0);
             }
             // A group stop (SIGSTOP, SIGTSTP...): left stopped until SIGCONT.
