@@ -112,6 +112,7 @@ pub fn on_fork(ctx: RawTracePointContext) -> i32 {
         lose(Loss::ProcessMap);
         return 0;
     }
+    crate::unwind::inherit(parent, tgid);
     let event = ProcEvent {
         kind: PROC_FORK,
         tgid,

@@ -50,7 +50,11 @@ pub fn walk(ctx: &RetProbeContext, tgid: u32) -> Option<(&'static mut StoredStac
     let s = STACK_SCRATCH.get_ptr_mut(0)?;
     let c = STACK_CHUNK.get_ptr_mut(0)?;
     let w = WALK.get_ptr_mut(0)?;
-    let modules = crate::unwind::modules(tgid)?;
+    let (modules, late) = crate::unwind::modules(tgid)?;
+    if late != 0 {
+        // Walked before the process's tables went in: by frame pointer only, maybe cut.
+        lose(Loss::UnwindLate);
+    }
     // SAFETY: map value pointers; the program runs to its end on this CPU.
     let (sc, ch, st) = unsafe { (&mut *s, &mut *c, &mut *w) };
     // On a kernel with full preemption another task's walk on this CPU can read its stack into

@@ -109,7 +109,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         first,
         unwind,
     } = attached;
-    let (procwatch, memring) = watchers(cli, &mut probes, &provider, scope, &opts)?;
+    let (mut procwatch, memring) = watchers(cli, &mut probes, &provider, scope, &opts)?;
     // The root (and, for -p, what it forked already) in the kernel's set before it counts.
     let followed = match scope {
         Scope::Tree(root) => Some(probe::follow::Followed::start(
@@ -131,12 +131,15 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         Target::Pid(pid) => before_attach(cli, &opts, &mut maps, pid)?.unzip(),
         _ => (None, None),
     };
+    let mut modules = Modules::default();
+    modules.unwind = unwind;
+    // Their unwind tables in place before their first counted call.
+    modules.take_in(taken_in(&target, followed.as_ref(), procwatch.as_mut()));
     // Every probe of the start in place (the scan of `--all` included): count from here on.
     probes.enable()?;
     drop(held);
     announce(cli, &probes, first, &provider, scope);
-    let mut unwind = unwind;
-    if let (Some(t), Target::Command(argv)) = (&mut unwind, &target) {
+    if let (Some(t), Target::Command(argv)) = (&mut modules.unwind, &target) {
         preload_tables(t, argv, &provider);
     }
     let (pid, child) = start(stopped, scope)?;
@@ -144,8 +147,6 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     let recorder = recording
         .map(|out| start_recording(out, &info))
         .transpose()?;
-    let mut modules = Modules::default();
-    modules.unwind = unwind;
     if let (Target::Command(_), Some(pid)) = (&target, pid) {
         modules.settle(pid, &provider.path, Duration::from_millis(200));
     }
@@ -192,6 +193,24 @@ fn exit_watch(target: &Target) -> Option<ExitWatch> {
             .inspect_err(|e| log::debug!("no exit status for pid {pid}: {e}"))
             .ok(),
         _ => None,
+    }
+}
+
+/// The running processes a trace takes in as it starts: the `-p` process, with
+/// `--follow-forks` its descendants (seeded in `FOLLOWED`), under `--all` those the scan found.
+/// A launched command is not running yet (its tables go in at its start hold).
+fn taken_in(
+    target: &Target,
+    followed: Option<&probe::follow::Followed>,
+    procwatch: Option<&mut ProcWatch>,
+) -> Vec<u32> {
+    match (target, followed) {
+        (Target::Pid(_), Some(f)) => f.pids.iter().copied().collect(),
+        (Target::Pid(pid), None) => vec![*pid],
+        (Target::All, _) => procwatch
+            .map(|w| std::mem::take(&mut w.scanned))
+            .unwrap_or_default(),
+        _ => Vec::new(),
     }
 }
 

@@ -271,11 +271,14 @@ impl Tables {
     }
 
     /// Drops `pid`'s entry (it ended or exec'ed), and the tables no process maps any more.
+    /// The entry goes from the store even where this never wrote one: the kernel gives a
+    /// followed process's fork its parent's (heaptrace-ebpf's `unwind::inherit`), and a fork
+    /// gone before its mappings were read leaves that behind.
     pub fn forget(&mut self, pid: u32) {
+        self.store.remove_entry(pid);
         let Some(p) = self.pids.remove(&pid) else {
             return;
         };
-        self.store.remove_entry(pid);
         for f in p.files {
             self.release(f);
         }
