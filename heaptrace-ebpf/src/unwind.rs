@@ -8,8 +8,9 @@ use aya_ebpf::helpers::bpf_get_smp_processor_id;
 use heaptrace_common::{
     Loss,
     unwind::{
-        MAX_MODULES, MODULE_NO_ROOM, MODULE_STEPS, Module, ProcModules, ROW_STEPS,
-        RULE_FRAME_POINTER, RULE_NO_ROOM, Row, cached_rule, rule_index, rule_tag, rule_word,
+        MAX_MODULES, MODULE_NO_ROOM, MODULE_PENDING, MODULE_STEPS, Module, ProcModules, ROW_STEPS,
+        RULE_FRAME_POINTER, RULE_NO_ROOM, RULE_PENDING, Row, cached_rule, rule_index, rule_tag,
+        rule_word,
     },
 };
 
@@ -32,17 +33,23 @@ pub fn modules(tgid: u32) -> Option<(&'static ProcModules, u64)> {
     NO_MODULES.get(0).map(|pm| (pm, 0))
 }
 
-/// A followed process forked `child`: its address space is a copy of the parent's, so the
-/// parent's entry serves it from its first call, until user space writes its own (at the
-/// fork's event) or it execs. Nothing where the parent has none or the map is full.
+/// A process forked `child`: its address space is a copy of the parent's, so the parent's
+/// entry serves it from its first call, until user space writes its own (at its first read of
+/// the child's mappings) or it execs. Where the parent has none, an entry left under the
+/// child's pid by an earlier process goes.
 #[inline(always)]
 pub fn inherit(parent: u32, child: u32) {
     if !unwind_on() {
         return;
     }
     // SAFETY: a map value, passed as the new value: the helper copies it.
-    if let Some(pm) = unsafe { UNWIND_PROCS.get(&parent) } {
-        let _ = UNWIND_PROCS.insert(&child, pm, 0);
+    match unsafe { UNWIND_PROCS.get(&parent) } {
+        Some(pm) => {
+            let _ = UNWIND_PROCS.insert(&child, pm, 0);
+        }
+        None => {
+            let _ = UNWIND_PROCS.remove(&child);
+        }
     }
 }
 
@@ -140,6 +147,10 @@ pub fn rule(pm: &ProcModules, pc: u64) -> Result<Row, u64> {
         Some(m) if m.rows != 0 => row(m, pc).ok_or(Loss::UnwindNoRule as u64)?,
         Some(m) if m.flags & MODULE_NO_ROOM != 0 => Row {
             kind: RULE_FRAME_POINTER | RULE_NO_ROOM,
+            ..Row::default()
+        },
+        Some(m) if m.flags & MODULE_PENDING != 0 => Row {
+            kind: RULE_FRAME_POINTER | RULE_PENDING,
             ..Row::default()
         },
         _ => walked,

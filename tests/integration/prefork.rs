@@ -122,3 +122,88 @@ bpf_test!(
         check(&doc, &out);
     }
 );
+
+bpf_test!(
+    shared,
+    /// `--all --comm`, the master started during the trace: the workers it forks then get
+    /// its tables in the kernel at the fork, and walk whole from their first call.
+    fn forks_under_all_get_whole_stacks_from_their_first_call() {
+        let json = json_path("prefork-all-later");
+        let mut cmd = heaptrace();
+        cmd.args(["--no-tui", "-q", "--interval", "100ms", "--all"])
+            .args(["--comm", "prefork-nofp"])
+            .args(UNWIND)
+            .arg("--json")
+            .arg(&json);
+        let tracer = start_attached(&mut cmd);
+        let mut cmd = Command::new(prefork());
+        cmd.args([&WORKERS.to_string(), "later"]);
+        let mut target = ready(cmd);
+        // The master's own entry in place (its exec's reads of its mappings) before it forks.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let mut stdin = target.stdin.take().unwrap();
+        stdin.write_all(b"g").unwrap();
+        // Alive for a few rounds: no event reports a fork under --all, its mappings are read
+        // with its first new stack.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        drop(stdin);
+        assert!(target.wait().unwrap().success());
+        tracer.signal(libc::SIGINT);
+        let (code, out) = tracer.wait();
+        assert_eq!(code, 0, "{out}");
+        check(&read_json(&json), &out);
+    }
+);
+
+bpf_test!(
+    shared,
+    /// `--all`, a master that forks right after its exec, before the daemon has read its
+    /// mappings: its workers have no tables to inherit. Their counts stay exact, every call
+    /// walked without tables is in `lost.unwind_late`, and the summary blames the late
+    /// tables, not the program's frames.
+    fn walks_before_the_tables_are_counted_and_named() {
+        let json = json_path("prefork-all-late");
+        let mut cmd = heaptrace();
+        cmd.args(["--no-tui", "--interval", "1s", "--all"])
+            .args(["--comm", "prefork-nofp"])
+            .args(UNWIND)
+            .arg("--json")
+            .arg(&json);
+        let tracer = start_attached(&mut cmd);
+        let mut cmd = Command::new(prefork());
+        cmd.args([&WORKERS.to_string(), "later"]);
+        let mut target = ready(cmd);
+        let mut stdin = target.stdin.take().unwrap();
+        stdin.write_all(b"g").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2500));
+        drop(stdin);
+        assert!(target.wait().unwrap().success());
+        tracer.signal(libc::SIGINT);
+        let (code, out) = tracer.wait();
+        assert_eq!(code, 0, "{out}");
+        let doc = read_json(&json);
+        let (mut all, mut cut) = (0, 0);
+        for s in doc["stacks"].as_array().unwrap() {
+            let f = names(s);
+            if s["function"] != "malloc" || f.first().is_none_or(|f| f != "grow") {
+                continue;
+            }
+            let calls = s["calls"].as_u64().unwrap();
+            all += calls;
+            if !f.iter().any(|f| f == "main") {
+                cut += calls;
+            }
+        }
+        assert_eq!(all, 600, "{out}");
+        let late = doc["lost"]["unwind_late"].as_u64().unwrap();
+        assert!(cut <= late, "{cut} calls cut, {late} walks late: {out}");
+        assert!(!out.contains("neither frame pointers"), "{out}");
+        if cut * 2 > all {
+            assert!(
+                out.contains("walked before their process's unwind tables were loaded"),
+                "{out}"
+            );
+        }
+        eprintln!("{cut} of {all} calls cut, {late} walks late");
+    }
+);

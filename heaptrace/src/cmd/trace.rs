@@ -131,6 +131,9 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         Target::Pid(pid) => before_attach(cli, &opts, &mut maps, pid)?.unzip(),
         _ => (None, None),
     };
+    if scope == Scope::All && unwind.is_some() {
+        inherit_tables(&mut probes);
+    }
     let mut modules = Modules::default();
     modules.unwind = unwind;
     // Their unwind tables in place before their first counted call.
@@ -193,6 +196,19 @@ fn exit_watch(target: &Target) -> Option<ExitWatch> {
             .inspect_err(|e| log::debug!("no exit status for pid {pid}: {e}"))
             .ok(),
         _ => None,
+    }
+}
+
+/// Under `--all`, each fork gets its parent's unwind entry in the kernel (with `--follow-forks`
+/// the fork program does it already).
+fn inherit_tables(probes: &mut Probes) {
+    let done = crate::bpf::btf::id_offsets()
+        .map_err(|e| e.to_string())
+        .and_then(|_| probe::follow::inherit_tables(probes).map_err(|e| e.to_string()));
+    if let Err(e) = done {
+        crate::say!(
+            "heaptrace: warning: forks walk by frame pointer until their mappings are read ({e})"
+        );
     }
 }
 

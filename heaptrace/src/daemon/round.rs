@@ -172,6 +172,9 @@ impl Daemon {
         if let Some(f) = self.followed.as_mut() {
             f.forget(gone);
         }
+        if self.pid.is_none() {
+            self.modules.sweep();
+        }
         let Some(w) = self.procwatch.as_mut() else {
             return;
         };

@@ -229,6 +229,13 @@ impl Modules {
         self.early_gone.remove(&pid);
     }
 
+    /// Removes the unwind entries the kernel gave forks never read here, once they are gone.
+    pub fn sweep(&mut self) {
+        if let Some(t) = &mut self.unwind {
+            t.sweep(crate::targets::procfs::alive);
+        }
+    }
+
     /// Forgets the processes read only at their exec that were gone at the last call too: a
     /// process that never allocated is never forgotten at its end, as the others are. One
     /// call's grace, for the stacks of its last allocations, read the round after.
