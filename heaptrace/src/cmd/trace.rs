@@ -131,13 +131,8 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         Target::Pid(pid) => before_attach(cli, &opts, &mut maps, pid)?.unzip(),
         _ => (None, None),
     };
-    if scope == Scope::All && unwind.is_some() {
-        inherit_tables(&mut probes);
-    }
-    let mut modules = Modules::default();
-    modules.unwind = unwind;
-    // Their unwind tables in place before their first counted call.
-    modules.take_in(taken_in(&target, followed.as_ref(), procwatch.as_mut()));
+    let taken = taken_in(&target, followed.as_ref(), procwatch.as_mut());
+    let mut modules = tables_before_counting(&mut probes, unwind, scope, taken);
     // Every probe of the start in place (the scan of `--all` included): count from here on.
     probes.enable()?;
     drop(held);
@@ -197,6 +192,23 @@ fn exit_watch(target: &Target) -> Option<ExitWatch> {
             .ok(),
         _ => None,
     }
+}
+
+/// The processes taken in at the start with their unwind tables in place, before counting is
+/// on: their first counted calls walk whole.
+fn tables_before_counting(
+    probes: &mut Probes,
+    unwind: Option<crate::unwind::loaded::Tables>,
+    scope: Scope,
+    taken: Vec<u32>,
+) -> Modules {
+    if scope == Scope::All && unwind.is_some() {
+        inherit_tables(probes);
+    }
+    let mut modules = Modules::default();
+    modules.unwind = unwind;
+    modules.take_in(taken);
+    modules
 }
 
 /// Under `--all`, each fork gets its parent's unwind entry in the kernel (with `--follow-forks`
