@@ -464,8 +464,8 @@ mod tests {
         assert_eq!(offset_of!(Header, threads_used), 112);
         assert_eq!(offset_of!(Header, sites_used), 116);
         assert_eq!(offset_of!(Header, losses), 120);
-        assert_eq!(offset_of!(Header, peak_max), 216);
-        assert_eq!(offset_of!(Header, peak_stack), 232);
+        assert_eq!(offset_of!(Header, peak_max), 224);
+        assert_eq!(offset_of!(Header, peak_stack), 240);
         assert_eq!(offset_of!(ThreadHead, counters), 56);
         assert_eq!(core::mem::size_of::<crate::FnCounters>(), 24);
     }

@@ -36,9 +36,13 @@ pub enum Loss {
     UnwindTable = 9,
     /// A stack was cut at the walk's depth (127 frames) with frames left.
     StackDepth = 10,
+    /// A stack was walked while unwinding was on but before its process's unwind tables were
+    /// loaded (user space had not read its mappings yet): by frame pointer only, so cut at the
+    /// first frame without one.
+    UnwindLate = 11,
 }
 
-pub const LOSS_COUNT: usize = 11;
+pub const LOSS_COUNT: usize = 12;
 
 impl Loss {
     pub const ALL: [Loss; LOSS_COUNT] = [
@@ -53,6 +57,7 @@ impl Loss {
         Loss::UnwindNoRule,
         Loss::UnwindTable,
         Loss::StackDepth,
+        Loss::UnwindLate,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -68,6 +73,7 @@ impl Loss {
             Loss::UnwindNoRule => "unwind_no_rule",
             Loss::UnwindTable => "unwind_table",
             Loss::StackDepth => "stack_depth",
+            Loss::UnwindLate => "unwind_late",
         }
     }
 }

@@ -39,6 +39,9 @@ pub const MAX_MODULES: usize = 64;
 
 /// Module flags.
 pub const MODULE_NO_ROOM: u32 = 1;
+/// Its file's table is being read: the entry was written with the files known already first
+/// (`Loss::UnwindLate` for walks through it).
+pub const MODULE_PENDING: u32 = 2;
 
 /// A code mapping of a process: its addresses, the bias that turns them into the file's
 /// virtual addresses, and its file's rows in `UNWIND_ROWS` (none: a frame-pointer walk).
@@ -106,6 +109,8 @@ pub const RULE_CACHE_SHIFT: u32 = 10;
 pub const RULE_FRAME_POINTER: u8 = 0x80;
 /// With [`RULE_FRAME_POINTER`]: its module's table did not fit ([`MODULE_NO_ROOM`]).
 pub const RULE_NO_ROOM: u8 = 0x40;
+/// With [`RULE_FRAME_POINTER`]: its module's table was not loaded yet ([`MODULE_PENDING`]).
+pub const RULE_PENDING: u8 = 0x20;
 
 /// The tag of address `pc` in modules of `version`: never 0 (an empty entry).
 #[inline(always)]

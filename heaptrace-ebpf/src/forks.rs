@@ -90,17 +90,18 @@ pub fn tgid_of(task: u64) -> Option<u32> {
 /// sched_process_fork(parent, child): runs in the parent, before the child is woken.
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
 pub fn on_fork(ctx: RawTracePointContext) -> i32 {
-    if !following() {
-        return 0;
-    }
     let parent = (aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32;
-    if !followed(parent) {
-        return 0;
-    }
     let child: u64 = ctx.arg(1);
     let Some((pid, tgid)) = ids_of(child) else {
         return 0;
     };
+    if tgid != parent {
+        // Attached for this alone under `--all` with unwinding on.
+        crate::unwind::inherit(parent, tgid);
+    }
+    if !following() || !followed(parent) {
+        return 0;
+    }
     // A record left by a thread of this id whose exit was not seen holds a stale verdict.
     if let Some(f) = inflight::get((u64::from(tgid) << 32) | u64::from(pid)) {
         f.verdict = UNKNOWN;
@@ -112,6 +113,7 @@ pub fn on_fork(ctx: RawTracePointContext) -> i32 {
         lose(Loss::ProcessMap);
         return 0;
     }
+    crate::unwind::inherit(parent, tgid);
     let event = ProcEvent {
         kind: PROC_FORK,
         tgid,

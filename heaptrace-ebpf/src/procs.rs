@@ -75,6 +75,7 @@ pub fn on_exec(ctx: RawTracePointContext) -> i32 {
     }
     if tgid != self_tgid() {
         restart(tgid);
+        crate::unwind::exec(tgid);
         crate::filter::exec(bpf_get_current_pid_tgid());
         // The image's handlers are gone, and with them the calls they interrupted.
         crate::signals::forget(bpf_get_current_pid_tgid());

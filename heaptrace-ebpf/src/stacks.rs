@@ -16,7 +16,7 @@ use aya_ebpf::{
 use heaptrace_common::{
     Loss, STACK_FRAMES, StoredStack,
     stack::{HASH_START, cache_choice, cache_index, cache_word, hash_finish, hash_step, ids},
-    unwind::{ProcModules, RULE_FRAME_POINTER, RULE_NO_ROOM, kind},
+    unwind::{ProcModules, RULE_FRAME_POINTER, RULE_NO_ROOM, RULE_PENDING, kind},
 };
 
 use crate::maps::{
@@ -50,7 +50,11 @@ pub fn walk(ctx: &RetProbeContext, tgid: u32) -> Option<(&'static mut StoredStac
     let s = STACK_SCRATCH.get_ptr_mut(0)?;
     let c = STACK_CHUNK.get_ptr_mut(0)?;
     let w = WALK.get_ptr_mut(0)?;
-    let modules = crate::unwind::modules(tgid)?;
+    let (modules, late) = crate::unwind::modules(tgid)?;
+    if late != 0 {
+        // Walked before the process's tables went in: by frame pointer only, maybe cut.
+        lose(Loss::UnwindLate);
+    }
     // SAFETY: map value pointers; the program runs to its end on this CPU.
     let (sc, ch, st) = unsafe { (&mut *s, &mut *c, &mut *w) };
     // On a kernel with full preemption another task's walk on this CPU can read its stack into
@@ -94,8 +98,11 @@ pub fn walk(ctx: &RetProbeContext, tgid: u32) -> Option<(&'static mut StoredStac
     if st.cut != 0 {
         lose_index(st.cut as u32);
     }
-    if st.no_room != 0 {
+    if st.no_room & 1 != 0 {
         lose(Loss::UnwindTable);
+    }
+    if st.no_room & 2 != 0 {
+        lose(Loss::UnwindLate);
     }
     // SAFETY: as above.
     if unsafe { core::ptr::read_volatile(&ch[CHUNK_WORDS]) } != first.wrapping_add(st.reads) {
@@ -174,7 +181,10 @@ fn unwind_one(f: &mut Frames<'_>) -> Result<(), u64> {
         (ret, cfa, fp)
     } else {
         if rule.kind & RULE_NO_ROOM != 0 {
-            st.no_room = 1;
+            st.no_room |= 1;
+        }
+        if rule.kind & RULE_PENDING != 0 {
+            st.no_room |= 2;
         }
         if fp < sp {
             return Err(0);

@@ -8,8 +8,9 @@ use aya_ebpf::helpers::bpf_get_smp_processor_id;
 use heaptrace_common::{
     Loss,
     unwind::{
-        MAX_MODULES, MODULE_NO_ROOM, MODULE_STEPS, Module, ProcModules, ROW_STEPS,
-        RULE_FRAME_POINTER, RULE_NO_ROOM, Row, cached_rule, rule_index, rule_tag, rule_word,
+        MAX_MODULES, MODULE_NO_ROOM, MODULE_PENDING, MODULE_STEPS, Module, ProcModules, ROW_STEPS,
+        RULE_FRAME_POINTER, RULE_NO_ROOM, RULE_PENDING, Row, cached_rule, rule_index, rule_tag,
+        rule_word,
     },
 };
 
@@ -18,15 +19,47 @@ use crate::maps::{NO_MODULES, UNWIND_CACHE, UNWIND_PROCS, UNWIND_ROWS, slot_cpus
 /// The process's modules, where tables are on and it has any; else none (an empty list).
 /// Never None in practice: an empty list rather than an Option, because LLVM computed the
 /// address of an optional entry's fields before its null check, which the verifier refuses.
+/// The flag: 1 where tables are on and user space has written no entry for the process yet
+/// (its walk goes by frame pointer only: `Loss::UnwindLate`).
 #[inline(always)]
-pub fn modules(tgid: u32) -> Option<&'static ProcModules> {
+pub fn modules(tgid: u32) -> Option<(&'static ProcModules, u64)> {
     if unwind_on() {
         // SAFETY: a map value, read only; user space replaces a process's entry whole.
         if let Some(pm) = unsafe { UNWIND_PROCS.get(&tgid) } {
-            return Some(pm);
+            return Some((pm, 0));
+        }
+        return NO_MODULES.get(0).map(|pm| (pm, 1));
+    }
+    NO_MODULES.get(0).map(|pm| (pm, 0))
+}
+
+/// A process forked `child`: its address space is a copy of the parent's, so the parent's
+/// entry serves it from its first call, until user space writes its own (at its first read of
+/// the child's mappings) or it execs. Where the parent has none, an entry left under the
+/// child's pid by an earlier process goes.
+#[inline(always)]
+pub fn inherit(parent: u32, child: u32) {
+    if !unwind_on() {
+        return;
+    }
+    // SAFETY: a map value, passed as the new value: the helper copies it.
+    match unsafe { UNWIND_PROCS.get(&parent) } {
+        Some(pm) => {
+            let _ = UNWIND_PROCS.insert(&child, pm, 0);
+        }
+        None => {
+            let _ = UNWIND_PROCS.remove(&child);
         }
     }
-    NO_MODULES.get(0)
+}
+
+/// The process exec'ed: its entry described the image before, whose rows would misread the
+/// new one's frames. Its new entry comes with user space's next read of its mappings.
+#[inline(always)]
+pub fn exec(tgid: u32) {
+    if unwind_on() {
+        let _ = UNWIND_PROCS.remove(&tgid);
+    }
 }
 
 /// 1 where `a <= b`, else 0, for values below 2^63, without a branch: the sign of b - a,
@@ -114,6 +147,10 @@ pub fn rule(pm: &ProcModules, pc: u64) -> Result<Row, u64> {
         Some(m) if m.rows != 0 => row(m, pc).ok_or(Loss::UnwindNoRule as u64)?,
         Some(m) if m.flags & MODULE_NO_ROOM != 0 => Row {
             kind: RULE_FRAME_POINTER | RULE_NO_ROOM,
+            ..Row::default()
+        },
+        Some(m) if m.flags & MODULE_PENDING != 0 => Row {
+            kind: RULE_FRAME_POINTER | RULE_PENDING,
             ..Row::default()
         },
         _ => walked,

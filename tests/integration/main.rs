@@ -26,6 +26,7 @@ mod oom;
 mod outputs;
 mod peak;
 mod placement;
+mod prefork;
 mod recording;
 mod sampling;
 mod scale;

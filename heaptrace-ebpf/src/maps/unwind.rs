@@ -46,7 +46,8 @@ pub struct WalkState {
     pub reads: u64,
     /// Why the walk stopped, where that is a loss (a `Loss` index), else 0.
     pub cut: u64,
-    /// 1: a frame was in a module whose table did not fit.
+    /// Bit 0: a frame was in a module whose table did not fit; bit 1: in one whose table was
+    /// not loaded yet.
     pub no_room: u64,
 }
 

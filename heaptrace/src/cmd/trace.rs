@@ -111,7 +111,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         unwind,
         scope,
     } = attached;
-    let (procwatch, memring) = watchers(cli, &mut probes, &provider, scope, &opts)?;
+    let (mut procwatch, memring) = watchers(cli, &mut probes, &provider, scope, &opts)?;
     // The root (and, for -p, what it forked already) in the kernel's set before it counts.
     let followed = match scope {
         Scope::Tree(root) | Scope::Held(root) => Some(probe::follow::Followed::start(
@@ -133,12 +133,13 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         Target::Pid(pid) => before_attach(cli, &opts, &mut maps, pid)?.unzip(),
         _ => (None, None),
     };
+    let taken = taken_in(&target, followed.as_ref(), procwatch.as_mut());
+    let mut modules = tables_before_counting(&mut probes, unwind, scope, taken);
     // Every probe of the start in place (the scan of `--all` included): count from here on.
     probes.enable()?;
     drop(held);
     announce(cli, &probes, first, &provider, scope);
-    let mut unwind = unwind;
-    if let (Some(t), Target::Command(argv)) = (&mut unwind, &target) {
+    if let (Some(t), Target::Command(argv)) = (&mut modules.unwind, &target) {
         preload_tables(t, argv, &provider);
     }
     if let Some(s) = &stopped {
@@ -151,8 +152,6 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     let recorder = recording
         .map(|out| start_recording(out, &info))
         .transpose()?;
-    let mut modules = Modules::default();
-    modules.unwind = unwind;
     if let (Target::Command(_), Some(pid)) = (&target, pid) {
         modules.settle(pid, &provider.path, Duration::from_millis(200));
     }
@@ -204,6 +203,54 @@ fn exit_watch(target: &Target) -> Option<ExitWatch> {
             .inspect_err(|e| log::debug!("no exit status for pid {pid}: {e}"))
             .ok(),
         _ => None,
+    }
+}
+
+/// The processes taken in at the start with their unwind tables in place, before counting is
+/// on: their first counted calls walk whole.
+fn tables_before_counting(
+    probes: &mut Probes,
+    unwind: Option<crate::unwind::loaded::Tables>,
+    scope: Scope,
+    taken: Vec<u32>,
+) -> Modules {
+    if scope == Scope::All && unwind.is_some() {
+        inherit_tables(probes);
+    }
+    let mut modules = Modules::default();
+    modules.unwind = unwind;
+    modules.take_in(taken);
+    modules
+}
+
+/// Under `--all`, each fork gets its parent's unwind entry in the kernel (with `--follow-forks`
+/// the fork program does it already).
+fn inherit_tables(probes: &mut Probes) {
+    let done = crate::bpf::btf::id_offsets()
+        .map_err(|e| e.to_string())
+        .and_then(|_| probe::follow::inherit_tables(probes).map_err(|e| e.to_string()));
+    if let Err(e) = done {
+        crate::say!(
+            "heaptrace: warning: forks walk by frame pointer until their mappings are read ({e})"
+        );
+    }
+}
+
+/// The running processes a trace takes in as it starts: the `-p` process, with
+/// `--follow-forks` its descendants (seeded in `FOLLOWED`), under `--all` those the scan found.
+/// A launched command is not running yet (its tables go in at its start hold).
+fn taken_in(
+    target: &Target,
+    followed: Option<&probe::follow::Followed>,
+    procwatch: Option<&mut ProcWatch>,
+) -> Vec<u32> {
+    match (target, followed) {
+        (Target::Pid(_), Some(f)) => f.pids.iter().copied().collect(),
+        (Target::Pid(pid), None) => vec![*pid],
+        (Target::All, _) => procwatch
+            .map(|w| std::mem::take(&mut w.scanned))
+            .unwrap_or_default(),
+        _ => Vec::new(),
     }
 }
 

@@ -82,6 +82,9 @@ pub struct ProcWatch {
     pub forked: Vec<u32>,
     /// Victims of the OOM killer, reported since the daemon last took them.
     pub oom_killed: Vec<u32>,
+    /// The running processes the start-up scan of `--all` took in (those the filters want):
+    /// their unwind tables go in before counting starts.
+    pub scanned: Vec<u32>,
 }
 
 /// How long a new process may take to map its allocator.
@@ -185,6 +188,7 @@ impl ProcWatch {
             pending: Vec::new(),
             forked: Vec::new(),
             oom_killed: Vec::new(),
+            scanned: Vec::new(),
         })
     }
 
@@ -220,6 +224,7 @@ impl ProcWatch {
         for pid in pids {
             if self.wanted.judge_pid(pid) {
                 let _ = self.started(probes, pid);
+                self.scanned.push(pid);
             }
             progress.inc(1);
         }

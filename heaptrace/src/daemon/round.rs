@@ -94,6 +94,9 @@ impl Daemon {
         let mut known: HashSet<u32> = self.prev.procs.keys().copied().collect();
         known.extend(self.procwatch.iter().flat_map(|w| w.seen.keys()));
         known.extend(self.followed.iter().flat_map(|f| f.pids.iter()));
+        // Read but never counting (taken in at the start, or by a memory syscall): their
+        // unwind entries go too.
+        known.extend(self.modules.pids());
         // A tree's root ends the trace, as a single process does (its final round).
         if let Some(root) = self.pid {
             known.remove(&root);
@@ -168,6 +171,9 @@ impl Daemon {
     pub(super) fn forget_gone(&mut self, gone: &HashSet<u32>) {
         if let Some(f) = self.followed.as_mut() {
             f.forget(gone);
+        }
+        if self.pid.is_none() {
+            self.modules.sweep();
         }
         let Some(w) = self.procwatch.as_mut() else {
             return;

@@ -343,7 +343,10 @@ pub struct Round {
 /// the later ones (`Loss::UnwindNoRule` on) go at the end, where an older round reads as zeros.
 const WIRE_LOSSES: usize = 8;
 /// The losses recorded at a round's end (format 10 on).
-pub const LATER_LOSSES: usize = LOSS_COUNT - WIRE_LOSSES;
+pub const LATER_LOSSES: usize = 3;
+/// Those added since (format 12 on: `Loss::UnwindLate` on), a list: a loss added later needs
+/// no new format, an older round's list is shorter and reads its missing ones as zeros.
+const NEWER_LOSSES: usize = WIRE_LOSSES + LATER_LOSSES;
 
 /// A round as recordings hold it (postcard writes no field names: fields are only added at
 /// the end, `record::format::decode_round` pads older rounds).
@@ -365,13 +368,18 @@ pub struct RoundWire {
     peaks: BTreeMap<u32, KernelPeak>,
     /// Recording format 10.
     later_losses: [u64; LATER_LOSSES],
+    /// Recording format 12: the losses from `NEWER_LOSSES` on.
+    newer_losses: Vec<u64>,
 }
 
 impl From<RoundWire> for Round {
     fn from(w: RoundWire) -> Round {
         let mut losses = [0; LOSS_COUNT];
         losses[..WIRE_LOSSES].copy_from_slice(&w.losses);
-        losses[WIRE_LOSSES..].copy_from_slice(&w.later_losses);
+        losses[WIRE_LOSSES..NEWER_LOSSES].copy_from_slice(&w.later_losses);
+        for (to, from) in losses[NEWER_LOSSES..].iter_mut().zip(&w.newer_losses) {
+            *to = *from;
+        }
         Round {
             index: w.index,
             elapsed_ms: w.elapsed_ms,
@@ -397,7 +405,7 @@ impl From<Round> for RoundWire {
         let mut losses = [0; WIRE_LOSSES];
         losses.copy_from_slice(&r.losses[..WIRE_LOSSES]);
         let mut later_losses = [0; LATER_LOSSES];
-        later_losses.copy_from_slice(&r.losses[WIRE_LOSSES..]);
+        later_losses.copy_from_slice(&r.losses[WIRE_LOSSES..NEWER_LOSSES]);
         RoundWire {
             index: r.index,
             elapsed_ms: r.elapsed_ms,
@@ -414,6 +422,7 @@ impl From<Round> for RoundWire {
             folded: r.folded,
             peaks: r.peaks,
             later_losses,
+            newer_losses: r.losses[NEWER_LOSSES..].to_vec(),
         }
     }
 }

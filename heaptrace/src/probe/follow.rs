@@ -22,15 +22,26 @@ pub struct Followed {
     pub pids: BTreeSet<u32>,
 }
 
+/// Attaches the fork program alone (`--all` with unwinding on): it gives each fork of a process
+/// with an unwind entry a copy of it, so the fork's first calls walk whole.
+pub fn inherit_tables(probes: &mut Probes) -> Result<()> {
+    attach_fork(probes)
+}
+
+fn attach_fork(probes: &mut Probes) -> Result<()> {
+    let (prog, tp) = ("on_fork", "sched_process_fork");
+    let p: &mut RawTracePoint = crate::probe::program(&mut probes.ebpf, prog)?;
+    p.load().map_err(|e| Error::Load(format!("{prog}: {e}")))?;
+    p.attach(tp)
+        .map_err(|e| Error::Load(format!("{prog} on {tp}: {e}")))?;
+    Ok(())
+}
+
 impl Followed {
     /// Attaches the fork program and follows `root`, and with `existing` the processes it has
     /// forked already. Call before counting is on: each follows from its first counted call.
     pub fn start(probes: &mut Probes, root: u32, existing: bool) -> Result<Followed> {
-        let (prog, tp) = ("on_fork", "sched_process_fork");
-        let p: &mut RawTracePoint = crate::probe::program(&mut probes.ebpf, prog)?;
-        p.load().map_err(|e| Error::Load(format!("{prog}: {e}")))?;
-        p.attach(tp)
-            .map_err(|e| Error::Load(format!("{prog} on {tp}: {e}")))?;
+        attach_fork(probes)?;
         let map = probes
             .ebpf
             .take_map(maps::FOLLOWED)

@@ -19,7 +19,9 @@ use crate::run_info::{Collector, Mode, RunInfo, TargetKind, Temporary};
 pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
 /// What each version added:
 /// - 12: the header's `temporary_counts_frees` (a free in between makes a block not temporary,
-///   heaptrack's rule); version 7 to 11 headers read with false (allocations only).
+///   heaptrack's rule), version 7 to 11 headers read with false (allocations only); rounds
+///   end with the losses added since 10, a list (`Loss::UnwindLate` on), earlier rounds read
+///   with none.
 /// - 8: the header's `comm` and `cgroup` (`--all --comm`/`--cgroup`: the processes the trace
 ///   was narrowed to); version 3 to 7 headers read with neither (every process).
 /// - 7: the header's `temporary_allocs` (`--temporary-allocs`: temporaries by the freeing
@@ -518,15 +520,16 @@ pub fn decode_round(
     frame: &RawFrame,
     version: u16,
 ) -> Result<crate::drain::round::Round, FormatError> {
-    // The losses added in 10 (3 varints), the peaks added in 9 (an empty map), the lists
+    // The losses added in 12 (an empty list), in 10 (3 varints), the peaks added in 9 (an empty map), the lists
     // added in 5 and 4.
     let later_losses = crate::drain::round::LATER_LOSSES;
     let missing = match version {
-        10.. => 0,
-        9 => later_losses,
-        5..=8 => later_losses + 1,
-        4 => later_losses + 3,
-        _ => later_losses + 4,
+        12.. => 0,
+        10 | 11 => 1,
+        9 => later_losses + 1,
+        5..=8 => later_losses + 2,
+        4 => later_losses + 4,
+        _ => later_losses + 5,
     };
     decode_padded(frame, missing)
 }

@@ -171,6 +171,21 @@ impl Modules {
         }
     }
 
+    /// Reads the mappings of processes the trace takes in as it starts (the `-p` process, its
+    /// running descendants, those the scan of `--all` found), before counting is on: their
+    /// unwind tables are then in place for their first counted call.
+    pub fn take_in(&mut self, pids: impl IntoIterator<Item = u32>) {
+        for pid in pids {
+            self.refresh(pid);
+        }
+    }
+
+    /// The processes whose mappings were read: each is forgotten once found gone, its unwind
+    /// entry with it (a pid reused by another process must not find it).
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.procs.keys().copied()
+    }
+
     /// Whether the process's mappings were read since its libraries were mapped.
     pub fn knows(&self, pid: u32) -> bool {
         self.procs.contains_key(&pid) && !self.early.contains(&pid)
@@ -212,6 +227,13 @@ impl Modules {
         self.code.remove(&pid);
         self.early.remove(&pid);
         self.early_gone.remove(&pid);
+    }
+
+    /// Removes the unwind entries the kernel gave forks never read here, once they are gone.
+    pub fn sweep(&mut self) {
+        if let Some(t) = &mut self.unwind {
+            t.sweep(crate::targets::procfs::alive);
+        }
     }
 
     /// Forgets the processes read only at their exec that were gone at the last call too: a

@@ -13,7 +13,7 @@ use std::{
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use heaptrace_common::{
     maps,
-    unwind::{MAX_MODULES, MODULE_NO_ROOM, Module, ProcModules, Row},
+    unwind::{MAX_MODULES, MODULE_NO_ROOM, MODULE_PENDING, Module, ProcModules, Row},
 };
 
 use super::{
@@ -96,6 +96,10 @@ pub trait Store: Send {
     fn write_rows(&mut self, first: u32, rows: &[Row]);
     fn set_entry(&mut self, pid: u32, entry: &ProcModules);
     fn remove_entry(&mut self, pid: u32);
+    /// The processes it holds entries of (the kernel's: those it gave forks too).
+    fn entries(&self) -> Vec<u32> {
+        Vec::new()
+    }
 }
 
 /// The kernel's maps, which the return program reads.
@@ -123,6 +127,10 @@ impl Store for Kernel {
 
     fn remove_entry(&mut self, pid: u32) {
         let _ = self.procs.remove(&pid);
+    }
+
+    fn entries(&self) -> Vec<u32> {
+        self.procs.keys().filter_map(|k| k.ok()).collect()
     }
 }
 
@@ -179,7 +187,7 @@ impl Tables {
             .filter(|m| !self.files.contains_key(&m.file))
             .collect();
         if !unknown.is_empty() {
-            self.write_entry(pid, &code);
+            self.write_entry(pid, &code, true);
             for m in unknown {
                 if !self.files.contains_key(&m.file) {
                     let path = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
@@ -188,7 +196,7 @@ impl Tables {
                 }
             }
         }
-        self.write_entry(pid, &code);
+        self.write_entry(pid, &code, false);
         let mut files: Vec<FileKey> = code.iter().map(|m| m.file).collect();
         files.sort();
         files.dedup();
@@ -226,11 +234,20 @@ impl Tables {
         }
     }
 
-    /// Writes `pid`'s entry: its mappings of files with a table (or whose table did not fit).
-    fn write_entry(&mut self, pid: u32, code: &[CodeMapping]) {
+    /// Writes `pid`'s entry: its mappings of files with a table (or whose table did not fit),
+    /// and with `pending` those of files not read yet (their walks are counted late).
+    fn write_entry(&mut self, pid: u32, code: &[CodeMapping], pending: bool) {
         let mut modules = Vec::new();
         for m in code {
             let Some(entry) = self.files.get(&m.file) else {
+                if pending {
+                    modules.push(Module {
+                        start: m.start,
+                        end: m.end,
+                        flags: MODULE_PENDING,
+                        ..Module::default()
+                    });
+                }
                 continue;
             };
             let module = match entry.placement {
@@ -257,7 +274,7 @@ impl Tables {
         }
         modules.sort_by_key(|m| m.start);
         if modules.len() > MAX_MODULES {
-            self.stats.modules_over += 1;
+            self.stats.modules_over += u32::from(!pending);
             modules.truncate(MAX_MODULES);
         }
         self.version += 1;
@@ -271,13 +288,26 @@ impl Tables {
     }
 
     /// Drops `pid`'s entry (it ended or exec'ed), and the tables no process maps any more.
+    /// The entry goes from the store even where this never wrote one: the kernel gives a
+    /// followed process's fork its parent's (heaptrace-ebpf's `unwind::inherit`), and a fork
+    /// gone before its mappings were read leaves that behind.
     pub fn forget(&mut self, pid: u32) {
+        self.store.remove_entry(pid);
         let Some(p) = self.pids.remove(&pid) else {
             return;
         };
-        self.store.remove_entry(pid);
         for f in p.files {
             self.release(f);
+        }
+    }
+
+    /// Removes the entries the kernel gave forks that this never wrote, of processes `alive`
+    /// says are gone (under `--all` no event says a fork ended, or that it was there).
+    pub fn sweep(&mut self, alive: impl Fn(u32) -> bool) {
+        for pid in self.store.entries() {
+            if !self.pids.contains_key(&pid) && !alive(pid) {
+                self.store.remove_entry(pid);
+            }
         }
     }
 

@@ -183,6 +183,9 @@ pub enum Cut {
     Depth,
     /// In this module neither frame pointers nor unwind rows led further.
     NoUnwind(String),
+    /// In this module, walked before the process's unwind tables were loaded (by frame
+    /// pointer only): `lost.unwind_late` counts such walks.
+    Late(String),
 }
 
 impl Cut {
@@ -212,6 +215,7 @@ impl Cut {
             Cut::Folded => "folded with other ended processes' stacks".into(),
             Cut::Depth => format!("at {} frames", heaptrace_common::STACK_FRAMES),
             Cut::NoUnwind(module) => format!("in {module}"),
+            Cut::Late(module) => format!("in {module}, before its unwind tables"),
         }
     }
 
@@ -233,6 +237,10 @@ impl Cut {
             Cut::NoUnwind(module) => format!(
                 "in {module}, which has neither frame pointers nor unwind rows there (see \
                  lost: unwind_*, and --unwind-table-size)"
+            ),
+            Cut::Late(module) => format!(
+                "in {module}, walked before their process's unwind tables were loaded (see \
+                 lost: unwind_late)"
             ),
         }
     }
@@ -270,6 +278,13 @@ pub fn shallow(profile: &Profile) -> Option<Shallow> {
         return None;
     }
     let (cause, n) = by_cause.into_iter().max_by_key(|(c, n)| (*n, c.clone()))?;
+    // The frames cannot tell a module without rows from one whose rows were not loaded yet
+    // when the walk went through it; the kernel counted the walks made without tables.
+    let late = profile.losses[heaptrace_common::Loss::UnwindLate as usize];
+    let cause = match cause {
+        Cut::NoUnwind(module) if late * 2 >= n => Cut::Late(module),
+        c => c,
+    };
     Some(Shallow {
         percent: 100.0 * cut as f64 / calls as f64,
         cause,

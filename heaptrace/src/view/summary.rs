@@ -391,7 +391,8 @@ pub fn room_flag(loss: Loss, collector: crate::run_info::Collector) -> Option<&'
         | Loss::ProcessEvents
         | Loss::MemEvents
         | Loss::UnwindNoRule
-        | Loss::StackDepth => None,
+        | Loss::StackDepth
+        | Loss::UnwindLate => None,
     }
 }
 

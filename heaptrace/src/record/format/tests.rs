@@ -25,9 +25,9 @@ fn frames_round_trip_plain_and_deflated() {
     );
 }
 
-/// A round of an earlier version is a version 10 round without the fields added since, each
-/// an empty list or a zero at the end: the unwinding losses (10), the peaks (9), the ends and
-/// folds (5), the restarts (4). Each reads back whole, its losses of before 10 in their place.
+/// A round of an earlier version is a version 12 round without the fields added since, each
+/// an empty list or a zero at the end: the newer losses (12), the unwinding losses (10), the
+/// peaks (9), the ends and folds (5), the restarts (4). Each reads back whole, its losses of before 10 in their place.
 #[test]
 fn rounds_of_earlier_versions_read_without_the_later_fields() {
     use heaptrace_common::Loss;
@@ -47,11 +47,21 @@ fn rounds_of_earlier_versions_read_without_the_later_fields() {
         stored_len: 0,
         payload,
     };
-    let v10 = postcard::to_allocvec(&round).unwrap();
-    assert_eq!(decode_round(&frame(v10), 10).unwrap(), round);
+    round.losses[Loss::UnwindLate as usize] = 4;
+    let v12 = postcard::to_allocvec(&round).unwrap();
+    assert_eq!(decode_round(&frame(v12), 12).unwrap(), round);
+    // Version 10 and 11: without the list of newer losses (one here, a zero, cut off).
+    round.losses[Loss::UnwindLate as usize] = 0;
+    let v11 = |r: &crate::drain::round::Round| {
+        let mut v = postcard::to_allocvec(r).unwrap();
+        assert_eq!(v.split_off(v.len() - 2), [1, 0], "the newer losses, last");
+        v
+    };
+    assert_eq!(decode_round(&frame(v11(&round)), 11).unwrap(), round);
+    assert_eq!(decode_round(&frame(v11(&round)), 10).unwrap(), round);
     // Version 9: without the three later losses (written as zeros here to cut them off).
     round.losses[Loss::UnwindNoRule as usize] = 0;
-    let mut v9 = postcard::to_allocvec(&round).unwrap();
+    let mut v9 = v11(&round);
     assert_eq!(
         v9.split_off(v9.len() - 3),
         [0, 0, 0],
@@ -70,7 +80,7 @@ fn rounds_of_earlier_versions_read_without_the_later_fields() {
     assert_eq!(decode_round(&frame(v5), 5).unwrap(), round);
     round.ended.clear();
     round.folded.clear();
-    let mut v4 = postcard::to_allocvec(&round).unwrap();
+    let mut v4 = v11(&round);
     assert_eq!(
         v4.split_off(v4.len() - 6),
         [0; 6],
@@ -78,7 +88,7 @@ fn rounds_of_earlier_versions_read_without_the_later_fields() {
     );
     assert_eq!(decode_round(&frame(v4.clone()), 4).unwrap(), round);
     round.restarted.clear();
-    let mut v3 = postcard::to_allocvec(&round).unwrap();
+    let mut v3 = v11(&round);
     assert_eq!(v3.split_off(v3.len() - 7), [0; 7]);
     assert_eq!(decode_round(&frame(v3), 3).unwrap(), round);
 }

@@ -188,6 +188,32 @@ fn stacks_through_libcs_start_frames_are_whole() {
     assert_eq!(shallow(&two_sites(stripped.clone(), stripped)), None);
 }
 
+/// Stacks cut because they were walked before their process's unwind tables were loaded
+/// (the kernel counted those walks) name that cause, not a module without rows.
+#[test]
+fn stacks_walked_before_their_tables_say_so() {
+    let whole = vec![in_module("malloc", "libc.so.6"), in_module("main", "nginx")];
+    let cut = vec![in_module("ngx_memalign", "nginx")];
+    let mut p = two_sites(whole.clone(), cut.clone());
+    let said = shallow_stacks(&p).unwrap();
+    assert!(
+        said.contains("neither frame pointers nor unwind rows"),
+        "{said}"
+    );
+    p.losses[heaptrace_common::Loss::UnwindLate as usize] = 30;
+    let said = shallow_stacks(&p).unwrap();
+    assert!(
+        said.contains("most (75%) in nginx, walked before their process's unwind tables")
+            && said.contains("lost: unwind_late")
+            && !said.contains("neither"),
+        "{said}"
+    );
+    assert_eq!(
+        shallow(&p).unwrap().cause.brief(),
+        "in nginx, before its unwind tables"
+    );
+}
+
 /// Stacks cut at the walk's depth say so.
 #[test]
 fn stacks_cut_at_the_depth_say_so() {
