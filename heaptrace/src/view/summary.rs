@@ -5,7 +5,7 @@ use heaptrace_common::{Func, Loss};
 
 use crate::drain::round::Totals;
 use crate::profile::{Profile, TimelineRow};
-use crate::view::units::bytes;
+use crate::view::{lower_bound, units::bytes};
 
 /// A system-wide trace's target, with what `--comm` and `--cgroup` narrowed it to: the words
 /// every output (the attach line, the live view, a recording's report) gives it.
@@ -207,7 +207,14 @@ pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) ->
         } else {
             (0, 0)
         };
-        let _ = writeln!(s, "; {}", live(&totals, ended, profile.sample_bytes));
+        let untracked = lower_bound::untracked(profile, pid);
+        let live = live(&totals, ended, profile.sample_bytes);
+        let live = live.replacen(
+            "live ",
+            &format!("live {}", lower_bound::prefix(untracked)),
+            1,
+        );
+        let _ = writeln!(s, "; {live}{}", lower_bound::why(untracked));
         if let Some(line) = before_attach_line(profile) {
             s.push_str(&line);
         }
@@ -286,7 +293,13 @@ fn peak_line(profile: &Profile, pid: Option<u32>) -> Option<String> {
             (p.live_bytes, how)
         }
     };
-    Some(format!("peak live heap: {e}{} ({how})\n", bytes(bytes_at)))
+    let untracked = lower_bound::untracked(profile, pid);
+    Some(format!(
+        "peak live heap: {}{e}{} ({how}){}\n",
+        lower_bound::prefix(untracked),
+        bytes(bytes_at),
+        lower_bound::why(untracked)
+    ))
 }
 
 /// "live N blocks / B" of `totals`. When processes that ended hold `ended` of them (system-wide
