@@ -22,10 +22,22 @@ pub fn prefix(untracked: u64) -> &'static str {
 
 /// Why, after the figures: empty without untracked blocks.
 pub fn why(untracked: u64) -> String {
-    if untracked == 0 {
-        return String::new();
+    match untracked {
+        0 => String::new(),
+        _ => format!(" ({})", reason(untracked)),
     }
-    format!(" ({untracked} blocks had no room in the live map: raise --live-map-size)")
+}
+
+/// Why, inside parentheses already open: empty without untracked blocks.
+pub fn why_within(untracked: u64) -> String {
+    match untracked {
+        0 => String::new(),
+        _ => format!("; {}", reason(untracked)),
+    }
+}
+
+fn reason(untracked: u64) -> String {
+    format!("{untracked} blocks had no room in the live map: raise --live-map-size")
 }
 
 #[cfg(test)]
@@ -38,6 +50,8 @@ mod tests {
         assert_eq!(why(0), "");
         assert_eq!(prefix(3), "at least ");
         assert!(why(3).contains("3 blocks") && why(3).contains("--live-map-size"));
+        assert!(why_within(3).starts_with("; 3 blocks"));
+        assert_eq!(why_within(0), "");
         let mut p = Profile::default();
         assert_eq!(untracked(&p, None), 0);
         p.losses[Loss::LiveMap as usize] = 7;

@@ -37,9 +37,10 @@ pub fn round_line(row: &TimelineRow, profile: &Profile) -> String {
         bytes(row.bytes_allocated as i64),
     );
     if !profile.calls {
+        let at_least = lower_bound::prefix(lower_bound::untracked(profile, None));
         let _ = write!(
             s,
-            ", live {e}{} blocks / {e}{}",
+            ", live {at_least}{e}{} blocks / {e}{}",
             row.live_blocks,
             bytes(row.live_bytes)
         );
@@ -295,10 +296,10 @@ fn peak_line(profile: &Profile, pid: Option<u32>) -> Option<String> {
     };
     let untracked = lower_bound::untracked(profile, pid);
     Some(format!(
-        "peak live heap: {}{e}{} ({how}){}\n",
+        "peak live heap: {}{e}{} ({how}{})\n",
         lower_bound::prefix(untracked),
         bytes(bytes_at),
-        lower_bound::why(untracked)
+        lower_bound::why_within(untracked)
     ))
 }
 
