@@ -15,7 +15,7 @@ use crate::{
 
 /// "HTINPROC", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"HTINPROC");
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;
 /// The environment variable that hands the library its region: `FD:SIZE:TOKEN` (decimal,
 /// decimal, 32 hex digits).
 pub const ENV: &str = "HEAPTRACE_INPROC";
@@ -107,7 +107,11 @@ pub struct Header {
     /// Calls made on a thread while its own call was being counted: a signal handler's that
     /// interrupted it. Not counted, and counted here (atomic).
     pub nested_calls: u64,
-    pub _reserved: [u64; 5],
+    /// Entries of the shared size table (a power of two, or 0: none), which takes the
+    /// (function, size, stack) counts a thread's own table has no room for.
+    pub shared_sizes: u32,
+    pub _pad: u32,
+    pub _reserved: [u64; 4],
 }
 
 /// `Header::failure`.
@@ -279,6 +283,10 @@ pub struct Layout {
     /// Each site's lifetimes (`sites + FUNC_COUNT` of `LOG2_BUCKETS` counts, shared: a block
     /// may be freed by any thread), in units of 1024 ns.
     pub lifetimes: usize,
+    /// The shared size table (`shared_sizes` entries, claimed by compare-and-swap): the
+    /// counts a thread's own size table had no room for within `PROBES`.
+    pub shared_sizes_at: usize,
+    pub shared_sizes: usize,
     /// The unwind area (`UnwindHead`, each thread's `UnwindCache` from `caches`, then
     /// `unwind_rows` rows at `rows`); all 0 without one.
     pub unwind: usize,
@@ -293,13 +301,16 @@ const fn page(n: usize) -> usize {
 }
 
 impl Layout {
-    /// None if a capacity is out of its bounds (a hostile or broken header).
+    /// None if a capacity is out of its bounds (a hostile or broken header). `sizes` is each
+    /// thread's size table, `shared_sizes` the one shared behind them (0: none).
+    #[allow(clippy::too_many_arguments)]
     pub const fn of(
         threads: u32,
         sites: u32,
         site_index: u32,
         live: u32,
         sizes: u32,
+        shared_sizes: u32,
         depth: u32,
     ) -> Option<Layout> {
         let ok = threads >= 1
@@ -312,6 +323,8 @@ impl Layout {
             && live <= 1 << 28
             && sizes.is_power_of_two()
             && sizes <= 1 << 20
+            && (shared_sizes == 0 || shared_sizes.is_power_of_two())
+            && shared_sizes <= 1 << 24
             && depth as usize <= STACK_FRAMES;
         if !ok {
             return None;
@@ -328,7 +341,9 @@ impl Layout {
         let stack_stride = core::mem::size_of::<StackHead>() + depth as usize * 8;
         let live_at = page(stacks + sites as usize * stack_stride);
         let lifetimes = page(live_at + live as usize * core::mem::size_of::<LiveEntry>());
-        let bytes = page(lifetimes + site_entries * LOG2_BUCKETS * 8);
+        let shared_sizes_at = page(lifetimes + site_entries * LOG2_BUCKETS * 8);
+        let entry = core::mem::size_of::<SizeEntry>();
+        let bytes = page(shared_sizes_at + shared_sizes as usize * entry);
         Some(Layout {
             thread_stride,
             threads: threads_at,
@@ -340,6 +355,8 @@ impl Layout {
             stack_stride,
             live: live_at,
             lifetimes,
+            shared_sizes_at,
+            shared_sizes: shared_sizes as usize,
             unwind: 0,
             caches: 0,
             rows: 0,
@@ -372,7 +389,15 @@ impl Layout {
     }
 
     pub const fn of_header(h: &Header) -> Option<Layout> {
-        match Layout::of(h.threads, h.sites, h.site_index, h.live, h.sizes, h.depth) {
+        match Layout::of(
+            h.threads,
+            h.sites,
+            h.site_index,
+            h.live,
+            h.sizes,
+            h.shared_sizes,
+            h.depth,
+        ) {
             Some(l) => l.with_unwind(h.unwind_rows, h.threads),
             None => None,
         }
@@ -403,6 +428,23 @@ pub fn live_slot(ptr: u64, slots: u32) -> usize {
     ((ptr >> 4).wrapping_add(region >> 32)) as usize & (slots as usize - 1)
 }
 
+/// Where a block whose address's run of slots (`live_slot`, `PROBES` of them) has no room
+/// looks next: `LIVE_RETRIES` runs of `LIVE_RETRY_PROBES` slots each, at places drawn from
+/// its address. Blocks laid out by address pile up where the table's span of addresses
+/// wraps over parts of the heap that are dense at the same offsets (a heap of 3 M blocks of
+/// 32 bytes in a table of 4 M slots lost 100,000 in 2 runs of 8); these runs are spread over
+/// the whole table instead. A lookup goes through the runs in the same order and stops at
+/// an empty slot: an insert never went past one.
+pub const LIVE_RETRIES: u32 = 15;
+pub const LIVE_RETRY_PROBES: u32 = 16;
+
+/// The first slot of retry run `n` (1-based) of `ptr` in a table of `slots`.
+#[inline(always)]
+pub fn live_retry_slot(ptr: u64, n: u32, slots: u32) -> usize {
+    let h = crate::keyed::mix(ptr ^ (u64::from(n)).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    (h >> 16) as usize & (slots as usize - 1)
+}
+
 /// The hash of a stack's return addresses and function: never below `FIRST_KEY`.
 #[inline(always)]
 pub fn stack_key(func: u32, ips: &[u64]) -> u64 {
@@ -427,13 +469,16 @@ mod tests {
 
     #[test]
     fn layouts_refuse_out_of_bound_capacities() {
-        assert!(Layout::of(1024, 16384, 32768, 1 << 20, 4096, 127).is_some());
-        assert!(Layout::of(0, 16384, 32768, 1 << 20, 4096, 127).is_none());
-        assert!(Layout::of(4, 16384, 16384, 1 << 20, 4096, 127).is_none());
-        assert!(Layout::of(4, 16, 32, 1000, 4096, 127).is_none());
-        assert!(Layout::of(4, 16, 32, 1024, 4096, 128).is_none());
-        let l = Layout::of(4, 16, 32, 1024, 64, 8).unwrap();
-        assert!(l.live + 1024 * 40 <= l.lifetimes && l.lifetimes < l.bytes);
+        assert!(Layout::of(1024, 16384, 32768, 1 << 20, 4096, 65536, 127).is_some());
+        assert!(Layout::of(0, 16384, 32768, 1 << 20, 4096, 65536, 127).is_none());
+        assert!(Layout::of(4, 16384, 16384, 1 << 20, 4096, 65536, 127).is_none());
+        assert!(Layout::of(4, 16, 32, 1000, 4096, 65536, 127).is_none());
+        assert!(Layout::of(4, 16, 32, 1024, 4096, 65536, 128).is_none());
+        assert!(Layout::of(4, 16, 32, 1024, 4096, 1000, 127).is_none());
+        assert!(Layout::of(4, 16, 32, 1024, 4096, 1 << 25, 127).is_none());
+        let l = Layout::of(4, 16, 32, 1024, 64, 256, 8).unwrap();
+        assert!(l.live + 1024 * 40 <= l.lifetimes && l.lifetimes < l.shared_sizes_at);
+        assert!(l.shared_sizes_at + 256 * 32 <= l.bytes);
         assert_eq!(l.thread(1) - l.thread(0), l.thread_stride);
         assert_eq!(l.shared(), l.thread(4));
         assert!(l.shared() + l.thread_stride <= l.index);
@@ -441,7 +486,7 @@ mod tests {
 
     #[test]
     fn an_unwind_area_follows_the_rest_page_aligned() {
-        let l = Layout::of(4, 16, 32, 1024, 64, 8).unwrap();
+        let l = Layout::of(4, 16, 32, 1024, 64, 0, 8).unwrap();
         assert_eq!(l.with_unwind(0, 4), Some(l));
         let u = l.with_unwind(1000, 4).unwrap();
         assert_eq!(u.unwind, l.bytes);

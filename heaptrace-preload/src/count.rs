@@ -422,25 +422,50 @@ impl Call {
         self.peak_grew(size, stack_id);
     }
 
-    /// The exact size count of (function, size, stack) in this thread's table.
+    /// The exact size count of (function, size, stack) in this thread's table, or where
+    /// that has no room within `PROBES`, in the shared one.
     fn count_size(&self, func: u32, size: u64, stack_id: i32) {
-        let slots = self.r.fixed.sizes;
         let key = size.saturating_add(FIRST_KEY);
         let tag = (u64::from(func) << 32) | u64::from(stack_id as u32);
+        let (slots, at) = (self.r.fixed.sizes, self.r.layout.sizes_at);
+        // SAFETY: the thread's own table, within its slot.
+        let mine = unsafe { (self.t as *mut u8).add(at) } as *mut SizeEntry;
+        if self.count_in(mine, slots, self.shared, key, tag) {
+            return;
+        }
+        let shared = self.r.at::<SizeEntry>(self.r.layout.shared_sizes_at);
+        if !self.count_in(shared, self.r.fixed.shared_sizes, true, key, tag) {
+            lose(self.r, Loss::SizeHistogram);
+        }
+    }
+
+    /// Counts `key`/`tag` in the size table at `table` of `slots` entries (0: none); false if
+    /// it has no room within `PROBES`. A table shared between threads (`atomic`) is claimed
+    /// entry by entry: a thread that loses a claim goes on, and a second entry of the same
+    /// key is summed by the daemon.
+    fn count_in(&self, table: *mut SizeEntry, slots: u32, atomic: bool, key: u64, tag: u64) -> bool {
+        if slots == 0 {
+            return false;
+        }
+        let size = key - FIRST_KEY;
         let first = heaptrace_common::inproc::size_slot(size, tag, slots);
+        let add = |n: *mut u64| {
+            if atomic {
+                // SAFETY: a count word of an entry of the table.
+                unsafe { AtomicU64::from_ptr(n) }.fetch_add(1, Ordering::Relaxed);
+            } else {
+                plain_add(n, 1);
+            }
+        };
         for p in 0..PROBES as usize {
             let i = (first + p) & (slots as usize - 1);
-            let at = self.r.layout.sizes_at + i * core::mem::size_of::<SizeEntry>();
-            // SAFETY: within the thread's slot, which only this thread writes (or, the shared
-            // one, with atomics).
-            let e = unsafe { (self.t as *mut u8).add(at) } as *mut SizeEntry;
+            // SAFETY: within the table, which only this thread writes, or written with atomics.
+            let e = unsafe { table.add(i) };
             // SAFETY: as above.
             let k = unsafe { AtomicU64::from_ptr(&raw mut (*e).key) };
             match k.load(Ordering::Acquire) {
                 0 => {
-                    // In the shared slot, claimed first: another thread may be at it. One
-                    // that loses goes on, and a second entry of the same key is summed.
-                    if self.shared
+                    if atomic
                         && k.compare_exchange(0, BUSY, Ordering::AcqRel, Ordering::Relaxed)
                             .is_err()
                     {
@@ -450,19 +475,19 @@ impl Call {
                     unsafe { (*e).tag = tag };
                     k.store(key, Ordering::Release);
                     // SAFETY: as above.
-                    unsafe { self.add(&raw mut (*e).count, 1) };
-                    return;
+                    add(unsafe { &raw mut (*e).count });
+                    return true;
                 }
                 // SAFETY: as above.
                 seen if seen == key && unsafe { (*e).tag } == tag => {
                     // SAFETY: as above.
-                    unsafe { self.add(&raw mut (*e).count, 1) };
-                    return;
+                    add(unsafe { &raw mut (*e).count });
+                    return true;
                 }
                 _ => {}
             }
         }
-        lose(self.r, Loss::SizeHistogram);
+        false
     }
 
     /// The process's live heap, shared: its highest and the allocation that reached it.

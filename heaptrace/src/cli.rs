@@ -241,14 +241,20 @@ pub struct TraceArgs {
 
     /// Capacity of the live-block map (blocks tracked at once).
     ///
-    /// Slots for a sixteenth more stand in front of it.
-    #[arg(long, default_value_t = 1 << 20, value_name = "BLOCKS",
+    /// Slots for a sixteenth more (at most 65,536) stand in front of it. Kernel memory: 16
+    /// bytes a block of capacity from the start (64 MiB at the default) and ~105 bytes a
+    /// block held. --in-process: a table of this many slots (a power of two) of 40 bytes, its
+    /// pages used as written. A block with no room is counted in lost.live_map, and the live
+    /// and peak figures are then lower bounds, marked so.
+    #[arg(long, default_value_t = 1 << 22, value_name = "BLOCKS",
           value_parser = clap::value_parser!(u32).range(1..=1 << 26))]
     pub live_map_size: u32,
 
     /// Capacity of the size histogram map.
     ///
-    /// Its entries are (process, function, size, stack).
+    /// Its entries are (process, function, size, stack). --in-process: a shared table of
+    /// this many entries (a power of two, 32 bytes each) behind each thread's own of a
+    /// sixteenth, pages used as written.
     #[arg(long, default_value_t = 65536, value_name = "ENTRIES",
           value_parser = clap::value_parser!(u32).range(1..=1 << 24))]
     pub size_map_size: u32,

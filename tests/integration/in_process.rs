@@ -354,3 +354,30 @@ fn in_process_traces_a_script_through_its_interpreter() {
     assert_eq!(sized(&doc, "malloc", 200000), 1, "{}", doc["sizes"]);
     assert_eq!(doc["processes"][0]["comm"], "inproc");
 }
+
+/// More distinct (size, stack) pairs on one thread than its own size table holds (a
+/// sixteenth of --size-map-size, 4,096 by default, all that was kept before the shared
+/// table behind it): the shared table takes the rest, and each size is counted once.
+#[test]
+fn more_sizes_than_a_threads_table_are_all_counted() {
+    let _g = shared();
+    const M: u64 = 10_000;
+    let json = json_path("inproc-sizes");
+    run_ok(
+        heaptrace()
+            .args(["--no-tui", "-q", IN_PROCESS, "--mode", "stacks", "--json"])
+            .arg(&json)
+            .arg("--")
+            .arg(fixture("manyblocks", "", &[]))
+            .args(["sizes", &M.to_string()]),
+    );
+    let doc = read_json(&json);
+    assert_eq!(doc["lost"]["size_histogram"], 0, "{}", doc["lost"]);
+    let missing: Vec<u64> = (1..=M).filter(|s| sized(&doc, "malloc", *s) == 0).collect();
+    assert!(
+        missing.is_empty(),
+        "{} sizes not counted: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+}

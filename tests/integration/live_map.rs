@@ -91,3 +91,97 @@ fn full_live_map(collector: &[&str]) {
         );
     }
 }
+
+/// `manyblocks hold N` traced with `flags`: the JSON document and the summary (stderr).
+fn hold(tag: &str, n: u64, flags: &[&str]) -> (serde_json::Value, String) {
+    let json = json_path(tag);
+    let out = run_ok(
+        heaptrace()
+            .args(["--no-tui", "--json"])
+            .arg(&json)
+            .args(flags)
+            .arg("--")
+            .arg(fixture("manyblocks", "", &[]))
+            .args(["hold", &n.to_string()]),
+    );
+    (
+        read_json(&json),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// More live blocks than a small live map holds: the live and peak figures leave the
+/// blocks out, and say they are lower bounds, in JSON and on the summary's lines, with the
+/// flag that would have avoided it.
+fn more_blocks_than_the_map(collector: &[&str]) {
+    const N: u64 = 20_000;
+    let mut flags = vec!["--mode", "counts", "--live-map-size", "1024"];
+    flags.extend(collector);
+    let (doc, text) = hold(&format!("smallmap{}", collector.concat()), N, &flags);
+    assert!(
+        doc["lost"]["live_map"].as_u64().unwrap() > 0,
+        "{}",
+        doc["lost"]
+    );
+    for figure in [&doc["live"], &doc["peak"]] {
+        assert_eq!(figure["lower_bound"], true, "{figure}");
+        assert_eq!(figure["estimated"], true, "{figure}");
+    }
+    assert!(doc["live"]["blocks"].as_u64().unwrap() < N);
+    let line = |start: &str| {
+        text.lines()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("no {start:?} line: {text}"))
+            .to_string()
+    };
+    let (total, peak) = (line("total: "), line("peak live heap: "));
+    assert!(total.contains("live at least "), "{total}");
+    assert!(peak.starts_with("peak live heap: at least "), "{peak}");
+    for l in [total, peak] {
+        assert!(l.contains("raise --live-map-size"), "{l}");
+    }
+}
+
+/// ~3 million small blocks held to the end at the default sizes: none lost, and the live
+/// and peak figures exactly the fixture's, not marked lower bounds.
+fn three_million_blocks(collector: &[&str]) {
+    const N: u64 = 3_000_000;
+    let mut flags = vec!["--mode", "counts"];
+    flags.extend(collector);
+    let (doc, text) = hold(&format!("threemillion{}", collector.concat()), N, &flags);
+    assert_eq!(doc["lost"]["live_map"], 0, "{}", doc["lost"]);
+    let live = &doc["live"];
+    assert_eq!(live["blocks"].as_u64(), Some(N), "{live}");
+    assert_eq!(live["bytes"].as_u64(), Some(24 * N), "{live}");
+    assert_eq!(live["lower_bound"], false);
+    assert_eq!(doc["peak"]["lower_bound"], false);
+    assert!(doc["peak"]["live_blocks"].as_u64().unwrap() >= N);
+    assert!(doc["peak"]["live_bytes"].as_u64().unwrap() >= 24 * N);
+    assert!(!text.contains("at least"), "{text}");
+}
+
+bpf_test!(
+    shared,
+    fn more_live_blocks_than_the_map_make_lower_bounds_said_so() {
+        more_blocks_than_the_map(&[]);
+    }
+);
+
+bpf_test!(
+    shared,
+    fn three_million_live_blocks_fit_at_the_default_sizes() {
+        three_million_blocks(&[]);
+    }
+);
+
+#[test]
+fn in_process_more_live_blocks_than_the_table_make_lower_bounds_said_so() {
+    let _g = shared();
+    more_blocks_than_the_map(&["--in-process"]);
+}
+
+#[test]
+fn in_process_three_million_live_blocks_fit_at_the_default_sizes() {
+    let _g = shared();
+    three_million_blocks(&["--in-process"]);
+}

@@ -34,7 +34,9 @@ pub struct Capacities {
     pub threads: u32,
     pub sites: u32,
     pub live: u32,
+    /// Each thread's size table, and the shared one behind them (0: none).
     pub sizes: u32,
+    pub shared_sizes: u32,
     pub depth: u32,
     /// Rows of the unwind area (0: none, stacks by frame pointer only).
     pub unwind_rows: u32,
@@ -89,6 +91,7 @@ impl Region {
             site_index,
             caps.live,
             caps.sizes,
+            caps.shared_sizes,
             caps.depth,
         )
         .and_then(|l| l.with_unwind(caps.unwind_rows, caps.threads))
@@ -152,7 +155,9 @@ impl Region {
             failure: 0,
             raw_thread_calls: 0,
             nested_calls: 0,
-            _reserved: [0; 5],
+            shared_sizes: caps.shared_sizes,
+            _pad: 0,
+            _reserved: [0; 4],
         };
         // SAFETY: a shared mapping of the header's page of the file just sized.
         let map = unsafe {

@@ -47,7 +47,7 @@ impl Default for LoadOptions {
             mode: Mode::Stacks,
             floor: None,
             temporary_allocs: 1,
-            live_map_size: 1 << 20,
+            live_map_size: 1 << 22,
             size_map_size: 65536,
             proc_map_size: 4096,
             inflight_map_size: 16384,

@@ -131,7 +131,7 @@ mod tests {
 
     #[test]
     fn entries_are_published_under_an_even_generation_rows_in_place() {
-        let layout = Layout::of(1, 16, 32, 64, 64, 8)
+        let layout = Layout::of(1, 16, 32, 64, 64, 0, 8)
             .unwrap()
             .with_unwind(100, 1)
             .unwrap();

@@ -3,6 +3,7 @@
 pub mod export;
 pub mod html;
 pub mod json;
+pub mod lower_bound;
 pub mod names;
 pub mod site_tables;
 pub mod summary;

@@ -5,7 +5,7 @@ use heaptrace_common::{Func, Loss};
 
 use crate::drain::round::Totals;
 use crate::profile::{Profile, TimelineRow};
-use crate::view::units::bytes;
+use crate::view::{lower_bound, units::bytes};
 
 /// A system-wide trace's target, with what `--comm` and `--cgroup` narrowed it to: the words
 /// every output (the attach line, the live view, a recording's report) gives it.
@@ -37,9 +37,10 @@ pub fn round_line(row: &TimelineRow, profile: &Profile) -> String {
         bytes(row.bytes_allocated as i64),
     );
     if !profile.calls {
+        let at_least = lower_bound::prefix(lower_bound::untracked(profile, None));
         let _ = write!(
             s,
-            ", live {e}{} blocks / {e}{}",
+            ", live {at_least}{e}{} blocks / {e}{}",
             row.live_blocks,
             bytes(row.live_bytes)
         );
@@ -228,7 +229,14 @@ pub fn summary(profile: &Profile, pid: Option<u32>, aliased: &[(Func, Func)]) ->
         } else {
             (0, 0)
         };
-        let _ = writeln!(s, "; {}", live(&totals, ended, profile.sample_bytes));
+        let untracked = lower_bound::untracked(profile, pid);
+        let live = live(&totals, ended, profile.sample_bytes);
+        let live = live.replacen(
+            "live ",
+            &format!("live {}", lower_bound::prefix(untracked)),
+            1,
+        );
+        let _ = writeln!(s, "; {live}{}", lower_bound::why(untracked));
         if let Some(line) = before_attach_line(profile) {
             s.push_str(&line);
         }
@@ -307,7 +315,13 @@ fn peak_line(profile: &Profile, pid: Option<u32>) -> Option<String> {
             (p.live_bytes, how)
         }
     };
-    Some(format!("peak live heap: {e}{} ({how})\n", bytes(bytes_at)))
+    let untracked = lower_bound::untracked(profile, pid);
+    Some(format!(
+        "peak live heap: {}{e}{} ({how}{})\n",
+        lower_bound::prefix(untracked),
+        bytes(bytes_at),
+        lower_bound::why_within(untracked)
+    ))
 }
 
 /// "live N blocks / B" of `totals`. When processes that ended hold `ended` of them (system-wide

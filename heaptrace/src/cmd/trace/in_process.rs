@@ -90,10 +90,12 @@ fn launch_with_library(
         threads: cli.in_process_threads,
         sites: cli.stack_map_size,
         live: cli.live_map_size.next_power_of_two(),
-        // The kernel's map is shared by every process; here each thread has a table.
+        // The kernel's map is shared by every process; here each thread has a table of a
+        // sixteenth, and what does not fit in it goes to a shared one of the map's size.
         sizes: (cli.size_map_size / 16)
             .clamp(256, 1 << 20)
             .next_power_of_two(),
+        shared_sizes: cli.size_map_size.next_power_of_two(),
         depth: cli.stack_depth,
         latency_every: if cli.mode >= crate::run_info::Mode::Sizes {
             cli.latency_every

@@ -65,6 +65,7 @@ impl Region {
             && h.site_index == m.site_index
             && h.live == m.live
             && h.sizes == m.sizes
+            && h.shared_sizes == m.shared_sizes
             && h.depth == m.depth
             && h.count_as == m.count_as
             && h.latency_every == m.latency_every

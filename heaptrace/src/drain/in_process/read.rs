@@ -27,12 +27,24 @@ use crate::{
 const LIVE_CHUNK: usize = 1 << 15;
 
 impl Region {
+    /// Each thread's size table and the shared one, summed: a key may be in several (each
+    /// thread's, and the shared table's where a thread's had no room).
     fn read_sizes(&self, h: &Header, snap: &mut Snapshot) -> Result<()> {
         let used = self.sites_used(h);
         let mut wrong = false;
-        for slot in self.slots(h)? {
-            let at = slot + self.layout.sizes_at;
-            for e in self.read::<SizeEntry>(at, self.caps.sizes as usize)? {
+        let mut tables: Vec<(usize, usize)> = (self.slots(h)?.into_iter())
+            .map(|slot| (slot + self.layout.sizes_at, self.caps.sizes as usize))
+            .collect();
+        tables.push((self.layout.shared_sizes_at, self.layout.shared_sizes));
+        // In chunks: the shared table may be large (`--size-map-size`, up to 2^24 entries).
+        let chunks = tables.into_iter().flat_map(|(at, n)| {
+            (0..n).step_by(LIVE_CHUNK).map(move |i| {
+                let size = std::mem::size_of::<SizeEntry>();
+                (at + i * size, LIVE_CHUNK.min(n - i))
+            })
+        });
+        for (at, n) in chunks {
+            for e in self.read::<SizeEntry>(at, n)? {
                 if e.key < FIRST_KEY || e.count == 0 {
                     continue;
                 }

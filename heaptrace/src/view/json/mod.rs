@@ -238,8 +238,13 @@ pub(crate) fn peak(profile: &Profile) -> Node<'_> {
             )
         })
     });
+    let untracked = crate::view::lower_bound::untracked(profile, None);
     Node::object([
-        ("estimated", Node::from(json!(profile.sample_bytes > 0))),
+        (
+            "estimated",
+            Node::from(json!(profile.sample_bytes > 0 || untracked > 0)),
+        ),
+        ("lower_bound", json!(untracked > 0).into()),
         ("live_bytes", json!(p.live_bytes).into()),
         ("live_blocks", json!(p.live_blocks).into()),
         ("round", json!(p.round).into()),
@@ -516,10 +521,12 @@ fn live(profile: &Profile, t: &Totals) -> Value {
     if profile.calls {
         return Value::Null;
     }
+    let untracked = crate::view::lower_bound::untracked(profile, None);
     json!({
         "blocks": t.live_blocks,
         "bytes": t.live_bytes,
-        "estimated": profile.sample_bytes > 0,
+        "estimated": profile.sample_bytes > 0 || untracked > 0,
+        "lower_bound": untracked > 0,
     })
 }
 

@@ -25,6 +25,7 @@ pub(super) fn processes<'a>(profile: &'a Profile, aliases: Vec<(Func, Func)>) ->
                 "peak_rss_kb": p.peak_rss_kb,
                 "peak": p.peak.map(|k| json!({
                     "live_bytes": k.bytes,
+                    "lower_bound": crate::view::lower_bound::untracked(profile, Some(*pid)) > 0,
                     "reached_by": { "size": k.size, "stack_id": k.stack_id },
                 })),
                 "memory": memory(profile, p),

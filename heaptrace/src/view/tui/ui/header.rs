@@ -134,8 +134,10 @@ pub(super) fn totals_line(app: &App) -> String {
             Some(_) => (0, 0),
         };
         let e = crate::view::summary::est(sample_bytes);
+        let untracked = crate::view::lower_bound::untracked(app.view(), app.focus());
         line.push_str(&format!(
-            "  live {e}{} blocks / {e}{}",
+            "  live {}{e}{} blocks / {e}{}",
+            crate::view::lower_bound::prefix(untracked),
             t.live_blocks - ended.0,
             bytes(t.live_bytes - ended.1)
         ));
@@ -174,8 +176,16 @@ pub(super) fn peak(app: &App) -> String {
         return String::new();
     }
     let how = if exact { " (exact)" } else { "" };
+    // Blocks the live map had no room for are in neither figure: the flag that avoids it.
+    let untracked = crate::view::lower_bound::untracked(view, app.focus());
+    let raise = if untracked > 0 {
+        " (raise --live-map-size)"
+    } else {
+        ""
+    };
     format!(
-        "  peak {}{}{how}",
+        "  peak {}{}{}{how}{raise}",
+        crate::view::lower_bound::prefix(untracked),
         crate::view::summary::est(view.sample_bytes),
         bytes(live)
     )
