@@ -206,9 +206,20 @@ pub static FRAMES: HashMap<u32, StoredStack> = HashMap::with_max_entries(16384, 
 #[map(name = "STACK_CACHE")]
 pub static STACK_CACHE: Array<u64> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
-/// The stack cache's generation, moved on by user space after it frees stacks.
+/// The stack cache's generation, moved on by user space at every round's read and after it
+/// frees stacks; also the round generation of site and size keys (`round`).
 #[map(name = "STACK_GEN")]
 pub static STACK_GEN: Array<u64> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// The round generation of the keys a call counts under now (`heaptrace_common::round_gen`):
+/// one inlined array lookup.
+#[inline(always)]
+pub fn round() -> u16 {
+    STACK_GEN.get_ptr(0).map_or(0, |g| {
+        // SAFETY: map value pointer; user space writes it whole.
+        heaptrace_common::round_gen(unsafe { core::ptr::read_volatile(g) })
+    })
+}
 
 /// See `heaptrace_common::globals::STACK_CACHE_SHIFT`.
 #[unsafe(no_mangle)]

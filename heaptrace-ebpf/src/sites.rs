@@ -10,7 +10,7 @@ use heaptrace_common::{CALLER_ID_BASE, Func, LiveBlock, Loss, SiteCounters, Site
 use crate::{
     keyed,
     maps::{
-        CALLERS, SITE_SLOTS, SITES, get_or_insert, lose, site_slots_shift, site_zero,
+        CALLERS, SITE_SLOTS, SITES, get_or_insert, lose, round, site_slots_shift, site_zero,
         temporary_allocs,
     },
     preempt::Count,
@@ -44,7 +44,8 @@ pub fn allocated(c: &impl Count, tgid: u32, epoch: u32, func: Func, size: u64, s
     let key = SiteKey {
         tgid,
         stack_id,
-        func: func as u32,
+        func: func as u16,
+        round: round(),
         epoch,
     };
     let Some(site) = site_counters(&key) else {
@@ -62,7 +63,8 @@ pub fn untracked(c: &impl Count, tgid: u32, epoch: u32, func: Func, stack_id: i3
     let key = SiteKey {
         tgid,
         stack_id,
-        func: func as u32,
+        func: func as u16,
+        round: round(),
         epoch,
     };
     if let Some(site) = site_counters(&key) {
@@ -113,11 +115,13 @@ pub fn released(c: &impl Count, tgid: u32, epoch: u32, block: &LiveBlock, (tid, 
     let key = SiteKey {
         tgid,
         stack_id: block.stack_id,
-        func: block.func,
+        func: block.func as u16,
+        round: round(),
         epoch,
     };
-    // Created where missing: the allocation may have been counted in a slot on another CPU.
-    // Its site's counters are the sum over all CPUs, slots and map.
+    // Created where missing: the allocation may have been counted in a slot on another CPU, or
+    // in an earlier round (its key retired since). Its site's counters are the sum over all
+    // CPUs, slots and map, and the rounds.
     let Some(site) = site_counters(&key) else {
         lose(Loss::SiteMap);
         return;

@@ -12,6 +12,7 @@ pub mod keyed_slots;
 mod live;
 pub mod live_slots;
 pub mod proc_slots;
+mod retire;
 pub mod round;
 mod snapshot;
 pub mod source;
@@ -103,6 +104,8 @@ pub struct KernelMaps {
     /// (no grouping by process on every round's read); searched only when one is forgotten.
     size_keys: Vec<SizeKey>,
     site_keys: Vec<SiteKey>,
+    /// The figures of the keys of past rounds, deleted from the kernel (`retire`).
+    retired: retire::Retired,
 }
 
 fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
@@ -172,6 +175,7 @@ impl KernelMaps {
             cpus,
             size_keys: Vec::new(),
             site_keys: Vec::new(),
+            retired: Default::default(),
             losses: take(ebpf, maps::LOSSES)?,
             inflight: take(ebpf, maps::INFLIGHT)?,
             inflight_slots: MappedArray::map(ebpf, maps::INFLIGHT_SLOTS)?,
