@@ -27,6 +27,7 @@ mod outputs;
 mod peak;
 mod placement;
 mod recording;
+mod rounds;
 mod sampling;
 mod scale;
 mod sighandler;

@@ -100,15 +100,15 @@ impl LoadOptions {
 }
 
 /// The site map is per CPU and preallocated (a non-preallocated per-CPU hash map was seen
-/// losing fresh elements under bursts of inserts, without an error to count): size it to a
-/// 64 MiB budget, at least 1024 sites, and at most what the stack maps can name: each of
-/// their stacks, and a caller for as many more (`stack_maps`).
-pub fn default_site_map_size(stack_map_size: u32) -> u32 {
+/// losing fresh elements under bursts of inserts, without an error to count): 24,576 sites
+/// (it holds about two rounds' sites, `drain/retire.rs`), within a 64 MiB budget, at least
+/// 1024.
+pub fn default_site_map_size() -> u32 {
     const BUDGET: usize = 64 << 20;
+    const SITES: usize = 24576;
     let cpus = aya::util::nr_cpus().unwrap_or(1).max(1);
     let per_site = std::mem::size_of::<heaptrace_common::SiteCounters>() * cpus;
-    let most = stack_map_size.saturating_add(stack_map_size / 2).max(1024);
-    (BUDGET / per_site).clamp(1024, most as usize) as u32
+    (BUDGET / per_site).clamp(1024, SITES) as u32
 }
 
 /// Checks what loading needs before trying, so the error names the cause.
