@@ -196,8 +196,13 @@ pub static INFLIGHT: HashMap<u64, InFlight> = HashMap::with_max_entries(16384, 0
 #[map(name = "LOSSES")]
 pub static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_COUNT as u32, 0);
 
-/// Whole user stacks by id (`stacks.rs`). Allocated on demand: the capacity is a bound, and a
-/// trace that sees a few hundred stacks holds a few hundred.
+/// Which stack (its hash) holds each id (`stacks.rs`): every stack stored and not freed, 8
+/// bytes of value where FRAMES's are 1 KiB. Allocated on demand.
+#[map(name = "STACK_OWNERS")]
+pub static STACK_OWNERS: HashMap<u32, u64> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+
+/// The frames of stacks stored since user space last read them, by id (`stacks.rs`): it reads
+/// and deletes them every round. Allocated on demand.
 #[map(name = "FRAMES")]
 pub static FRAMES: HashMap<u32, StoredStack> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
 

@@ -19,7 +19,7 @@ use crate::{
 const BPF_F_USER_STACK: u64 = 1 << 8;
 
 /// The id of the user stack at this return probe, stored, and whether it was stored whole:
-/// false where FRAMES took its caller alone, or nothing (a negative id).
+/// false where it took its caller alone, or nothing (a negative id).
 #[inline(always)]
 pub fn stack_id(ctx: &RetProbeContext, tgid: u32) -> (i32, bool) {
     match store_stack(ctx, tgid) {
@@ -74,7 +74,7 @@ pub fn untracked(c: &impl Count, tgid: u32, epoch: u32, func: Func, stack_id: i3
 }
 
 /// The id of the user stack at this return probe, stored (`stacks.rs`), and true; or, where
-/// FRAMES takes no whole stack, the id of its first frame alone (CALLERS) and false.
+/// no whole stack can be stored (`stacks::store`), the id of its first frame alone (CALLERS) and false.
 #[inline(always)]
 fn store_stack(ctx: &RetProbeContext, tgid: u32) -> Result<(i64, bool), i32> {
     match crate::stacks::store(ctx, tgid) {

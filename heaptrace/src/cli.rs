@@ -209,8 +209,9 @@ pub struct TraceArgs {
 
     /// Capacity of the stack map (distinct user stacks held at once).
     ///
-    /// Default: 131072 for the kernel's probes (allocated as stacks come, ~1.1-2 KiB each; a
-    /// process's stacks are freed when it ends), 16384 with --in-process.
+    /// Default: 131072 for the kernel's probes (~100 bytes of kernel memory a stack held,
+    /// allocated as stacks come, freed when their processes end; the frames of half as many
+    /// new stacks a round), 16384 with --in-process.
     #[arg(long, value_name = "STACKS",
           value_parser = clap::value_parser!(u32).range(1..=1 << 24))]
     pub stack_map_size: Option<u32>,

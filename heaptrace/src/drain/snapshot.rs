@@ -17,6 +17,7 @@ impl KernelMaps {
         self.read_sizes(&mut snap, &epochs, round)?;
         self.read_losses(&mut snap)?;
         self.read_sites(&mut snap, &epochs, round)?;
+        self.read_frames()?;
         snap.fold_site_sizes();
         // Every round too, not only after frees: a word written for a copy that its program
         // then removed as torn (full preemption, `stacks::intact`) names an id with no stack,
