@@ -68,18 +68,23 @@ pub fn process(tgid: u32, epoch: u32) -> u64 {
     ((u64::from(tgid) << 32) | u64::from(epoch)).wrapping_mul(GOLDEN)
 }
 
+/// (stack, function, round generation) in distinct bits: a function index is below 256.
+#[inline(always)]
+fn site(stack_id: i32, func: u16, generation: u16) -> u64 {
+    (u64::from(generation) << 40) | (u64::from(stack_id as u32) << 8) | u64::from(func & 0xff)
+}
+
 impl SlotKey for SiteKey {
     #[inline(always)]
     fn state(&self) -> u64 {
-        mix(process(self.tgid, self.epoch)
-            ^ ((u64::from(self.stack_id as u32) << 8) | u64::from(self.func)))
+        mix(process(self.tgid, self.epoch) ^ site(self.stack_id, self.func, self.round))
     }
 }
 
 impl SlotKey for SizeKey {
     #[inline(always)]
     fn state(&self) -> u64 {
-        let site = (u64::from(self.stack_id as u32) << 8) | u64::from(self.func);
+        let site = site(self.stack_id, self.func, self.round);
         mix(process(self.tgid, self.epoch) ^ self.size.wrapping_mul(GOLDEN).rotate_left(29) ^ site)
     }
 }
@@ -109,11 +114,12 @@ mod tests {
     use super::*;
     use crate::LOG2_BUCKETS;
 
-    fn site(tgid: u32, stack_id: i32, func: u32, epoch: u32) -> SiteKey {
+    fn site(tgid: u32, stack_id: i32, func: u16, epoch: u32) -> SiteKey {
         SiteKey {
             tgid,
             stack_id,
             func,
+            round: 0,
             epoch,
         }
     }
@@ -122,6 +128,7 @@ mod tests {
         SizeKey {
             tgid,
             func: 0,
+            round: 0,
             size,
             stack_id,
             epoch: 1,
@@ -138,6 +145,11 @@ mod tests {
             site(100, 7, 1, 1).state(),
             site(100, 7, 0, 2).state(),
             site(100, -1, 0, 1).state(),
+            SiteKey {
+                round: 1,
+                ..site(100, 7, 0, 1)
+            }
+            .state(),
         ];
         assert_eq!(states.iter().collect::<HashSet<_>>().len(), states.len());
         for s in states {
@@ -145,6 +157,11 @@ mod tests {
         }
         assert_ne!(size(100, 64, 7).state(), size(100, 65, 7).state());
         assert_ne!(size(100, 64, 7).state(), size(100, 64, 8).state());
+        let next = SizeKey {
+            round: 1,
+            ..size(100, 64, 7)
+        };
+        assert_ne!(size(100, 64, 7).state(), next.state());
     }
 
     /// One process's sizes 16 bytes apart, or its stacks' consecutive ids, spread over a row

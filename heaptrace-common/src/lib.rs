@@ -136,13 +136,26 @@ impl ProcCounters {
     };
 }
 
+/// The round generation a site or size key of a call made now carries: the stack cache's
+/// generation (`stack::CACHE_GEN_MASK`, 15 bits), which user space moves on at every round's
+/// read (and after it frees stacks, also while it drains). A key of another generation than
+/// the current one was last written before the move, about a round ago: user space takes its
+/// last figures, keeps them, and deletes it, so the maps hold the keys of about two rounds,
+/// not of the whole run (docs/kernel.md, *Rounds*).
+#[inline(always)]
+pub fn round_gen(stack_gen: u64) -> u16 {
+    (stack_gen & stack::CACHE_GEN_MASK) as u16
+}
+
 /// Key of the exact size histogram: (process, function, requested size, allocation site's
 /// stack id: [`NO_SITE`] outside stacks mode).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SizeKey {
     pub tgid: u32,
-    pub func: u32,
+    pub func: u16,
+    /// The round generation it was counted in ([`round_gen`]).
+    pub round: u16,
     pub size: u64,
     pub stack_id: i32,
     /// [`ProcCounters::epoch`] of the image that counted it.
@@ -253,7 +266,9 @@ pub struct SiteKey {
     pub tgid: u32,
     /// Stored stack id (see [`CALLER_ID_BASE`]), or a negative errno when the stack could not be stored ("stack lost").
     pub stack_id: i32,
-    pub func: u32,
+    pub func: u16,
+    /// The round generation it was counted in ([`round_gen`]).
+    pub round: u16,
     /// [`ProcCounters::epoch`] of the image that allocated there.
     pub epoch: u32,
 }

@@ -11,6 +11,7 @@ pub const INFLIGHT: &str = "INFLIGHT";
 pub const INFLIGHT_SLOTS: &str = "INFLIGHT_SLOTS";
 pub const LOSSES: &str = "LOSSES";
 pub const FRAMES: &str = "FRAMES";
+pub const STACK_OWNERS: &str = "STACK_OWNERS";
 pub const CALLERS: &str = "CALLERS";
 pub const SITES: &str = "SITES";
 pub const LATENCY: &str = "LATENCY";

@@ -15,7 +15,8 @@ pub const CALLER_ID_BASE: u32 = 1 << 30;
 
 const ID_MASK: u64 = (CALLER_ID_BASE - 1) as u64;
 
-/// A user stack as the programs store it (the `FRAMES` map, keyed by its id): its hash, and
+/// A user stack as the programs store it (the `FRAMES` map, keyed by its id, until user space
+/// reads it; `STACK_OWNERS` keeps which hash holds the id): its hash, and
 /// its return addresses, innermost first, a zero after the last (unless all 127 are taken),
 /// then whatever an earlier, deeper stack left there.
 #[repr(C)]
@@ -65,15 +66,15 @@ pub fn ids(hash: u64) -> [u32; 2] {
     [(hash & ID_MASK) as u32, ((hash >> 32) & ID_MASK) as u32]
 }
 
-/// The stack cache: which of its two ids a stack recently found in FRAMES has, so that a stack
-/// seen before costs no FRAMES lookup (about 70 ns of program time per allocation here,
+/// The stack cache: which of its two ids a stack recently found in STACK_OWNERS has, so that a
+/// stack seen before costs no STACK_OWNERS lookup (about 70 ns of program time per allocation here,
 /// BENCHMARKS.md). A row of words per CPU, each holding a stack's hash but its low 16 bits,
 /// the cache's generation when it was written, and the id's choice (first or second).
 ///
-/// User space frees stacks of processes gone (deletes FRAMES entries), and a word naming a
+/// User space frees stacks of processes gone (deletes STACK_OWNERS entries), and a word naming a
 /// freed id must never be taken again: after deleting, user space moves the generation on, and
 /// a word counts only in the generation it was written in. A program reads the generation
-/// before it looks in FRAMES, so a word it writes after finding a stack that was deleted
+/// before it looks in STACK_OWNERS, so a word it writes after finding a stack that was deleted
 /// meanwhile carries the generation before the move. User space also moves it on every round,
 /// so that no word lives longer than a round whatever it names.
 pub const CACHE_GEN_MASK: u64 = 0x7fff;

@@ -196,8 +196,13 @@ pub static INFLIGHT: HashMap<u64, InFlight> = HashMap::with_max_entries(16384, 0
 #[map(name = "LOSSES")]
 pub static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_COUNT as u32, 0);
 
-/// Whole user stacks by id (`stacks.rs`). Allocated on demand: the capacity is a bound, and a
-/// trace that sees a few hundred stacks holds a few hundred.
+/// Which stack (its hash) holds each id (`stacks.rs`): every stack stored and not freed, 8
+/// bytes of value where FRAMES's are 1 KiB. Allocated on demand.
+#[map(name = "STACK_OWNERS")]
+pub static STACK_OWNERS: HashMap<u32, u64> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+
+/// The frames of stacks stored since user space last read them, by id (`stacks.rs`): it reads
+/// and deletes them every round. Allocated on demand.
 #[map(name = "FRAMES")]
 pub static FRAMES: HashMap<u32, StoredStack> = HashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
 
@@ -206,9 +211,20 @@ pub static FRAMES: HashMap<u32, StoredStack> = HashMap::with_max_entries(16384, 
 #[map(name = "STACK_CACHE")]
 pub static STACK_CACHE: Array<u64> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
-/// The stack cache's generation, moved on by user space after it frees stacks.
+/// The stack cache's generation, moved on by user space at every round's read and after it
+/// frees stacks; also the round generation of site and size keys (`round`).
 #[map(name = "STACK_GEN")]
 pub static STACK_GEN: Array<u64> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// The round generation of the keys a call counts under now (`heaptrace_common::round_gen`):
+/// one inlined array lookup.
+#[inline(always)]
+pub fn round() -> u16 {
+    STACK_GEN.get_ptr(0).map_or(0, |g| {
+        // SAFETY: map value pointer; user space writes it whole.
+        heaptrace_common::round_gen(unsafe { core::ptr::read_volatile(g) })
+    })
+}
 
 /// See `heaptrace_common::globals::STACK_CACHE_SHIFT`.
 #[unsafe(no_mangle)]

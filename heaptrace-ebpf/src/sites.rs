@@ -10,7 +10,7 @@ use heaptrace_common::{CALLER_ID_BASE, Func, LiveBlock, Loss, SiteCounters, Site
 use crate::{
     keyed,
     maps::{
-        CALLERS, SITE_SLOTS, SITES, get_or_insert, lose, site_slots_shift, site_zero,
+        CALLERS, SITE_SLOTS, SITES, get_or_insert, lose, round, site_slots_shift, site_zero,
         temporary_allocs,
     },
     preempt::Count,
@@ -19,7 +19,7 @@ use crate::{
 const BPF_F_USER_STACK: u64 = 1 << 8;
 
 /// The id of the user stack at this return probe, stored, and whether it was stored whole:
-/// false where FRAMES took its caller alone, or nothing (a negative id).
+/// false where it took its caller alone, or nothing (a negative id).
 #[inline(always)]
 pub fn stack_id(ctx: &RetProbeContext, tgid: u32) -> (i32, bool) {
     match store_stack(ctx, tgid) {
@@ -44,7 +44,8 @@ pub fn allocated(c: &impl Count, tgid: u32, epoch: u32, func: Func, size: u64, s
     let key = SiteKey {
         tgid,
         stack_id,
-        func: func as u32,
+        func: func as u16,
+        round: round(),
         epoch,
     };
     let Some(site) = site_counters(&key) else {
@@ -62,7 +63,8 @@ pub fn untracked(c: &impl Count, tgid: u32, epoch: u32, func: Func, stack_id: i3
     let key = SiteKey {
         tgid,
         stack_id,
-        func: func as u32,
+        func: func as u16,
+        round: round(),
         epoch,
     };
     if let Some(site) = site_counters(&key) {
@@ -72,7 +74,7 @@ pub fn untracked(c: &impl Count, tgid: u32, epoch: u32, func: Func, stack_id: i3
 }
 
 /// The id of the user stack at this return probe, stored (`stacks.rs`), and true; or, where
-/// FRAMES takes no whole stack, the id of its first frame alone (CALLERS) and false.
+/// no whole stack can be stored (`stacks::store`), the id of its first frame alone (CALLERS) and false.
 #[inline(always)]
 fn store_stack(ctx: &RetProbeContext, tgid: u32) -> Result<(i64, bool), i32> {
     match crate::stacks::store(ctx, tgid) {
@@ -113,11 +115,13 @@ pub fn released(c: &impl Count, tgid: u32, epoch: u32, block: &LiveBlock, (tid, 
     let key = SiteKey {
         tgid,
         stack_id: block.stack_id,
-        func: block.func,
+        func: block.func as u16,
+        round: round(),
         epoch,
     };
-    // Created where missing: the allocation may have been counted in a slot on another CPU.
-    // Its site's counters are the sum over all CPUs, slots and map.
+    // Created where missing: the allocation may have been counted in a slot on another CPU, or
+    // in an earlier round (its key retired since). Its site's counters are the sum over all
+    // CPUs, slots and map, and the rounds.
     let Some(site) = site_counters(&key) else {
         lose(Loss::SiteMap);
         return;

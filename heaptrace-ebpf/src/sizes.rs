@@ -4,7 +4,7 @@ use heaptrace_common::{Func, Loss, SizeKey, log2_bucket};
 
 use crate::{
     keyed,
-    maps::{LATENCY, SIZE_SLOTS, SIZES, get_or_insert, lose, size_slots_shift},
+    maps::{LATENCY, SIZE_SLOTS, SIZES, get_or_insert, lose, round, size_slots_shift},
     preempt::Count,
 };
 
@@ -13,7 +13,8 @@ use crate::{
 pub fn count(c: &impl Count, tgid: u32, epoch: u32, func: Func, size: u64, stack_id: i32) {
     let key = SizeKey {
         tgid,
-        func: func as u32,
+        func: func as u16,
+        round: round(),
         size,
         stack_id,
         epoch,

@@ -20,8 +20,8 @@ use heaptrace_common::{
 };
 
 use crate::maps::{
-    BPF_NOEXIST, CHUNK_WORDS, FRAMES, STACK_CACHE, STACK_CHUNK, STACK_GEN, STACK_SCRATCH, WALK,
-    WalkState, add, lose, lose_index, slot_cpus, stack_cache_shift,
+    BPF_NOEXIST, CHUNK_WORDS, FRAMES, STACK_CACHE, STACK_CHUNK, STACK_GEN, STACK_OWNERS,
+    STACK_SCRATCH, WALK, WalkState, add, lose, lose_index, slot_cpus, stack_cache_shift,
 };
 
 const EEXIST: i32 = 17;
@@ -255,8 +255,8 @@ impl Chunk<'_> {
     }
 }
 
-/// The stack's id in FRAMES, stored now if it was not. Err: an errno, FRAMES full (E2BIG,
-/// ENOMEM) or both of its ids held by other stacks (EEXIST).
+/// The stack's id, stored now if it was not. Err: an errno, STACK_OWNERS or FRAMES full
+/// (E2BIG, ENOMEM) or both of its ids held by other stacks (EEXIST).
 #[inline(always)]
 pub fn store(ctx: &RetProbeContext, tgid: u32) -> Result<u32, i32> {
     // The hash as the walk computed it, not read back from the scratch: see `intact`.
@@ -264,7 +264,7 @@ pub fn store(ctx: &RetProbeContext, tgid: u32) -> Result<u32, i32> {
         return Err(-EBUSY); // another walk ran in the middle of this one
     };
     let [first, second] = ids(hash);
-    // The generation before FRAMES is looked in: see `heaptrace_common::stack::cache_word`.
+    // The generation before STACK_OWNERS is looked in: see `heaptrace_common::stack::cache_word`.
     let generation = STACK_GEN.get_ptr(0).map_or(0, |g| {
         // SAFETY: map value pointer; user space writes it whole.
         unsafe { core::ptr::read_volatile(g) }
@@ -298,28 +298,25 @@ fn cached(hash: u64) -> Option<*mut u64> {
     STACK_CACHE.get_ptr_mut(cache_index(cpu, hash, stack_cache_shift()))
 }
 
-/// The stack's id in FRAMES and which of its two it is, stored now if it was not.
+/// The stack's id and which of its two it is, stored now if it was not. An id is the stack's
+/// while STACK_OWNERS holds its hash there; its frames wait in FRAMES until user space reads
+/// them (every round, and deletes them then).
 #[inline(always)]
 fn find_or_store(s: &StoredStack, hash: u64, ids: [u32; 2]) -> Result<(u32, u32), i32> {
     for (choice, id) in [(0, ids[0]), (1, ids[1])] {
-        // SAFETY: a read of the value's hash; a concurrent delete (user space freeing the
-        // stack of a process gone) leaves the element readable until the program ends.
-        match unsafe { FRAMES.get(&id) } {
-            Some(held) if held.hash == hash => return Ok((choice, id)),
+        // SAFETY: a read of the value; a concurrent delete (user space freeing the stack of a
+        // process gone) leaves the element readable until the program ends.
+        match unsafe { STACK_OWNERS.get(&id) } {
+            Some(held) if *held == hash => return Ok((choice, id)),
             Some(_) => continue,
             None => {}
         }
-        match FRAMES.insert(&id, s, BPF_NOEXIST) {
-            Ok(()) if intact(s, hash) => return Ok((choice, id)),
-            Ok(()) => {
-                // What was stored may be part another stack's: not kept.
-                let _ = FRAMES.remove(&id);
-                return Err(-EBUSY);
-            }
-            // Another CPU stored a stack there first: this one, or another.
+        match STACK_OWNERS.insert(&id, &hash, BPF_NOEXIST) {
+            Ok(()) => return store_frames(s, hash, id).map(|()| (choice, id)),
+            // Another CPU took the id first: for this stack, or another.
             Err(e) if e == -EEXIST => {
                 // SAFETY: as above.
-                if unsafe { FRAMES.get(&id) }.is_some_and(|held| held.hash == hash) {
+                if unsafe { STACK_OWNERS.get(&id) }.is_some_and(|held| *held == hash) {
                     return Ok((choice, id));
                 }
             }
@@ -327,6 +324,24 @@ fn find_or_store(s: &StoredStack, hash: u64, ids: [u32; 2]) -> Result<(u32, u32)
         }
     }
     Err(-EEXIST)
+}
+
+/// Stores the frames of the stack that has just taken `id`, for user space to read; where
+/// they cannot be (FRAMES full, or the scratch torn) the id is given back.
+#[inline(always)]
+fn store_frames(s: &StoredStack, hash: u64, id: u32) -> Result<(), i32> {
+    // BPF_ANY: frames a freed id's stack left unread are this one's now.
+    let r = match FRAMES.insert(&id, s, 0) {
+        Ok(()) if intact(s, hash) => return Ok(()),
+        Ok(()) => {
+            // What was stored may be part another stack's: not kept.
+            let _ = FRAMES.remove(&id);
+            -EBUSY
+        }
+        Err(e) => e,
+    };
+    let _ = STACK_OWNERS.remove(&id);
+    Err(r)
 }
 
 /// Whether the scratch still holds the stack that hashed to `hash`. A uprobe's program runs

@@ -226,16 +226,20 @@ pub struct TraceArgs {
           value_parser = clap::value_parser!(u32).range(0..=1 << 26))]
     pub unwind_table_size: u32,
 
-    /// Capacity of the stack map (distinct user stacks).
-    #[arg(long, default_value_t = 16384, value_name = "STACKS",
-          value_parser = clap::value_parser!(u32).range(1..=1 << 24))]
-    pub stack_map_size: u32,
-
-    /// Capacity of the site map ((process, stack, function) entries).
+    /// Capacity of the stack map (distinct user stacks held at once).
     ///
-    /// Default: 1.5 times --stack-map-size (each stack it holds, and the callers of
-    /// allocations whose whole stack it could not take), or less on hosts with many CPUs (the
-    /// map is per CPU and preallocated; 64 MiB budget).
+    /// Default: 131072 for the kernel's probes (~100 bytes of kernel memory a stack held,
+    /// allocated as stacks come, freed when their processes end; the frames of half as many
+    /// new stacks a round), 16384 with --in-process.
+    #[arg(long, value_name = "STACKS",
+          value_parser = clap::value_parser!(u32).range(1..=1 << 24))]
+    pub stack_map_size: Option<u32>,
+
+    /// Capacity of the site map ((process, stack, function) entries of about two rounds).
+    ///
+    /// Default: 24576, or less on hosts with many CPUs (the map is per CPU and preallocated;
+    /// 64 MiB budget). It holds the sites counted in the last two rounds only: older ones are
+    /// kept by heaptrace itself.
     #[arg(long, value_name = "SITES", value_parser = clap::value_parser!(u32).range(1..=1 << 22))]
     pub site_map_size: Option<u32>,
 
@@ -252,9 +256,9 @@ pub struct TraceArgs {
 
     /// Capacity of the size histogram map.
     ///
-    /// Its entries are (process, function, size, stack). --in-process: a shared table of
-    /// this many entries (a power of two, 32 bytes each) behind each thread's own of a
-    /// sixteenth, pages used as written.
+    /// Its entries are (process, function, size, stack) of about two rounds: older ones are
+    /// kept by heaptrace itself. --in-process: a shared table of this many entries (a power
+    /// of two, 32 bytes each) behind each thread's own of a sixteenth, pages used as written.
     #[arg(long, default_value_t = 65536, value_name = "ENTRIES",
           value_parser = clap::value_parser!(u32).range(1..=1 << 24))]
     pub size_map_size: u32,
@@ -333,6 +337,19 @@ pub struct TraceArgs {
     #[arg(last = true, value_name = "COMMAND")]
     // Bytes, not text: an argument need not be UTF-8, and reaches the command unchanged.
     pub command: Vec<std::ffi::OsString>,
+}
+
+impl TraceArgs {
+    /// `--stack-map-size` for the kernel's probes: the kernel maps hold what a process's
+    /// rounds name at once, allocated as stacks come (docs/kernel.md, *The stack walk*).
+    pub fn kernel_stack_map_size(&self) -> u32 {
+        self.stack_map_size.unwrap_or(131072)
+    }
+
+    /// `--stack-map-size` with --in-process: the region's stack table.
+    pub fn in_process_stack_map_size(&self) -> u32 {
+        self.stack_map_size.unwrap_or(16384)
+    }
 }
 
 #[derive(Subcommand, Debug)]

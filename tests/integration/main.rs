@@ -28,6 +28,7 @@ mod peak;
 mod placement;
 mod prefork;
 mod recording;
+mod rounds;
 mod sampling;
 mod scale;
 mod sighandler;

@@ -55,18 +55,20 @@ bpf_test!(
         stdin.write_all(b"g").unwrap();
         // `ready` took stdout, and with it the fixture's "done": wait for its last call instead.
         let deadline = Instant::now() + Duration::from_secs(20);
-        let snap = loop {
-            let snap = maps.snapshot().unwrap();
-            let calls = |s: &heaptrace::drain::round::Snapshot| {
-                s.procs
-                    .get(&pid)
-                    .map_or(0, |p| p.totals.funcs[Func::Free as usize].calls)
-            };
-            if calls(&snap) >= want.free_calls || Instant::now() > deadline {
-                break snap;
+        // Waited for in the process slots, not with snapshots: a snapshot moves the round on,
+        // and the next one retires the keys of the round before from their slots.
+        loop {
+            let owned = slots.owned();
+            let frees =
+                Totals::from_per_cpu(owned.iter().filter(|(t, _)| *t == pid).map(|(_, c)| c)).funcs
+                    [Func::Free as usize]
+                    .calls;
+            if frees >= want.free_calls || Instant::now() > deadline {
+                break;
             }
             std::thread::sleep(Duration::from_millis(50));
-        };
+        }
+        let snap = maps.snapshot().unwrap();
         let owned = slots.owned();
         let in_slots =
             Totals::from_per_cpu(owned.iter().filter(|(t, _)| *t == pid).map(|(_, c)| c));
@@ -94,7 +96,7 @@ bpf_test!(
         let mut by_site: BTreeMap<_, Vec<SiteCounters>> = BTreeMap::new();
         for (k, c) in site_slots.held() {
             by_site
-                .entry((k.tgid, k.stack_id, k.func))
+                .entry((k.tgid, k.stack_id, u32::from(k.func)))
                 .or_default()
                 .push(c);
         }
@@ -111,7 +113,7 @@ bpf_test!(
         let mut sizes = BTreeMap::new();
         for (k, n) in size_slots.held() {
             *sizes
-                .entry((k.tgid, k.func, k.size, k.stack_id))
+                .entry((k.tgid, u32::from(k.func), k.size, k.stack_id))
                 .or_insert(0u64) += n;
         }
         all_in_slots_but_a_collision(&snap.sizes, &sizes, |all, slots| all >= slots);

@@ -71,6 +71,8 @@ impl KernelMaps {
         Self::delete(&self.sites_fd, maps::SITES, &sites)?;
         self.size_slots.free_where(|k| pids.contains(&k.tgid));
         self.site_slots.free_where(|k| pids.contains(&k.tgid));
+        self.retired.drop_sizes(|k| pids.contains(&k.tgid));
+        self.retired.drop_sites(|k| pids.contains(&k.tgid));
         Ok(leaks)
     }
 
@@ -98,9 +100,12 @@ impl KernelMaps {
         Self::delete(&self.sites_fd, maps::SITES, &sites)?;
         self.size_slots.free_where(|k| old(k.tgid, k.epoch));
         let in_slots = self.site_slots.free_where(|k| old(k.tgid, k.epoch));
+        self.retired.drop_sizes(|k| old(k.tgid, k.epoch));
+        let retired = self.retired.drop_sites(|k| old(k.tgid, k.epoch));
         Ok(sites
             .iter()
             .chain(&in_slots)
+            .chain(&retired)
             .map(|k| k.stack_id)
             .filter(|id| *id >= 0)
             .collect())

@@ -89,6 +89,7 @@ mod tests {
             tgid,
             stack_id,
             func: 0,
+            round: 0,
             epoch: 1,
         }
     }

@@ -12,6 +12,7 @@ pub mod keyed_slots;
 mod live;
 pub mod live_slots;
 pub mod proc_slots;
+mod retire;
 pub mod round;
 mod snapshot;
 pub mod source;
@@ -73,8 +74,14 @@ pub struct KernelMaps {
     inflight: HashMap<MapData, u64, InFlight>,
     /// In-flight records of the threads that own a slot (`heaptrace_common::InFlightSlot`).
     inflight_slots: MappedArray<InFlightSlot>,
-    /// Whole stacks, by id (ids below `CALLER_ID_BASE`).
+    /// The frames of whole stacks stored since the last read, by id (ids below
+    /// `CALLER_ID_BASE`): read and deleted every round (`read_frames`).
     frames: HashMap<MapData, u32, StoredStack>,
+    frames_fd: OwnedFd,
+    /// Which stack holds each id (its hash), every stack's not freed.
+    owners: HashMap<MapData, u32, u64>,
+    /// The frames read from FRAMES, by id, until the id is freed.
+    archive: StdHashMap<u32, Vec<u64>>,
     /// One-frame stacks: the callers of allocations whose whole stack FRAMES did not take.
     callers: StackTraceMap<MapData>,
     /// Which id recent stacks have, and its generation (`heaptrace_common::stack::cache_word`).
@@ -103,6 +110,8 @@ pub struct KernelMaps {
     /// (no grouping by process on every round's read); searched only when one is forgotten.
     size_keys: Vec<SizeKey>,
     site_keys: Vec<SiteKey>,
+    /// The figures of the keys of past rounds, deleted from the kernel (`retire`).
+    retired: retire::Retired,
 }
 
 fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
@@ -156,6 +165,7 @@ impl KernelMaps {
         let sizes_fd = hash_fd(ebpf, maps::SIZES)?;
         let sites_fd = hash_fd(ebpf, maps::SITES)?;
         let live_fd = hash_fd(ebpf, maps::LIVE)?;
+        let frames_fd = hash_fd(ebpf, maps::FRAMES)?;
         let cpus = aya::util::nr_cpus().map_err(|(path, e)| Error::Read {
             path: path.into(),
             source: e,
@@ -172,10 +182,14 @@ impl KernelMaps {
             cpus,
             size_keys: Vec::new(),
             site_keys: Vec::new(),
+            retired: Default::default(),
             losses: take(ebpf, maps::LOSSES)?,
             inflight: take(ebpf, maps::INFLIGHT)?,
             inflight_slots: MappedArray::map(ebpf, maps::INFLIGHT_SLOTS)?,
             frames: take(ebpf, maps::FRAMES)?,
+            frames_fd,
+            owners: take(ebpf, maps::STACK_OWNERS)?,
+            archive: StdHashMap::new(),
             callers: take(ebpf, maps::CALLERS)?,
             stack_cache: MappedArray::map(ebpf, maps::STACK_CACHE)?,
             stack_gen: MappedArray::map(ebpf, maps::STACK_GEN)?,
@@ -193,7 +207,28 @@ impl KernelMaps {
             let trace = self.callers.get(&(id - CALLER_ID_BASE), 0).ok()?;
             return Some((trace.frames().iter().map(|f| f.ip).collect(), false));
         }
+        if let Some(frames) = self.archive.get(&id) {
+            return Some((frames.clone(), true));
+        }
+        // Stored since the last read.
         Some((self.frames.get(&id, 0).ok()?.frames().to_vec(), true))
+    }
+
+    /// Moves the frames stored since the last read into the archive, and deletes them from
+    /// FRAMES: it holds a round's new stacks, not the run's. Read after the sites and sizes:
+    /// the stacks of the keys read are stored by then (a program stores its stack before it
+    /// counts).
+    pub(super) fn read_frames(&mut self) -> Result<()> {
+        let mut read = Vec::new();
+        let archive = &mut self.archive;
+        batch::per_cpu_hash::<u32, StoredStack>(self.frames_fd.as_fd(), 1, |id, stack| {
+            if let Some(s) = stack.first() {
+                archive.insert(*id, s.frames().to_vec());
+                read.push(*id);
+            }
+        })
+        .map_err(read_err(maps::FRAMES))?;
+        Self::delete(&self.frames_fd, maps::FRAMES, &read)
     }
 
     /// Frees stored stacks for others to take (ids as in the site map; lost ones, negative,
@@ -209,7 +244,9 @@ impl KernelMaps {
             let removed = if u >= CALLER_ID_BASE {
                 self.callers.remove(&(u - CALLER_ID_BASE))
             } else {
-                self.frames.remove(&u)
+                let _ = self.frames.remove(&u);
+                self.archive.remove(&u);
+                self.owners.remove(&u)
             };
             if removed.is_ok() {
                 freed.insert(id, held);
@@ -233,7 +270,7 @@ impl KernelMaps {
     }
 }
 
-/// Moves the stack cache on to its next generation, after stacks were deleted from FRAMES: no
+/// Moves the stack cache on to its next generation, after stacks were freed (STACK_OWNERS): no
 /// word written before counts any more (`heaptrace_common::stack::cache_word`). The words of
 /// the next generation, written a wrap of the counter ago, are cleared first.
 fn next_stack_generation(cache: &MappedArray<u64>, generation: &MappedArray<u64>) {

@@ -10,10 +10,14 @@ impl KernelMaps {
     /// Every counter the kernel keeps, read once: processes, sizes, losses, sites, latency.
     pub fn snapshot(&mut self) -> Result<Snapshot> {
         let mut snap = Snapshot::default();
+        // Read before the maps: keys of any other generation are final (`retire`).
+        let round = self.round_now();
         let epochs = self.read_procs(&mut snap)?;
-        self.read_sizes(&mut snap, &epochs)?;
+        self.retired.add_to(&mut snap, &epochs);
+        self.read_sizes(&mut snap, &epochs, round)?;
         self.read_losses(&mut snap)?;
-        self.read_sites(&mut snap, &epochs)?;
+        self.read_sites(&mut snap, &epochs, round)?;
+        self.read_frames()?;
         snap.fold_site_sizes();
         // Every round too, not only after frees: a word written for a copy that its program
         // then removed as torn (full preemption, `stacks::intact`) names an id with no stack,
@@ -84,21 +88,27 @@ impl KernelMaps {
     }
 
     /// The size counters of the current images (`epochs`), and every image's keys for
-    /// `size_keys`.
+    /// `size_keys`; those of past rounds (not `round`) retired.
     pub(super) fn read_sizes(
         &mut self,
         snap: &mut Snapshot,
         epochs: &StdHashMap<u32, u32>,
+        round: u16,
     ) -> Result<()> {
         let mut size_keys = std::mem::take(&mut self.size_keys);
         size_keys.clear();
+        let mut past: retire::Past<SizeKey, u64> = Default::default();
         // A size counts in its slots and, on CPUs where another holds its slot, in the map:
         // its figures are the sum of both. Only the current images' count.
         let mut count_size = |key: &SizeKey, n: u64| {
+            if key.round != round {
+                let p = past.totals.entry(*key).or_default();
+                *p = p.wrapping_add(n);
+            }
             if epochs.get(&key.tgid) == Some(&key.epoch) {
                 let c = snap
                     .sizes
-                    .entry((key.tgid, key.func, key.size, key.stack_id))
+                    .entry((key.tgid, u32::from(key.func), key.size, key.stack_id))
                     .or_default();
                 *c = c.wrapping_add(n);
             }
@@ -106,13 +116,19 @@ impl KernelMaps {
         for (key, n) in self.size_slots.held() {
             count_size(&key, n);
         }
+        let mut in_map = Vec::new();
         batch::per_cpu_hash::<SizeKey, u64>(self.sizes_fd.as_fd(), self.cpus, |key, per_cpu| {
-            size_keys.push(*key);
+            if key.round == round {
+                size_keys.push(*key);
+            } else {
+                in_map.push(*key);
+            }
             count_size(key, per_cpu.iter().fold(0u64, |a, b| a.wrapping_add(*b)));
         })
         .map_err(read_err(maps::SIZES))?;
+        past.in_map = in_map;
         self.size_keys = size_keys;
-        Ok(())
+        self.retire_sizes(past)
     }
 
     pub(super) fn read_losses(&self, snap: &mut Snapshot) -> Result<()> {
@@ -127,32 +143,42 @@ impl KernelMaps {
     }
 
     /// The site counters of the current images (`epochs`), and every image's keys for
-    /// `site_keys`.
+    /// `site_keys`; those of past rounds (not `round`) retired.
     pub(super) fn read_sites(
         &mut self,
         snap: &mut Snapshot,
         epochs: &StdHashMap<u32, u32>,
+        round: u16,
     ) -> Result<()> {
         let mut site_keys = std::mem::take(&mut self.site_keys);
         site_keys.clear();
-        // As sizes: the slots' figures and the map's, summed.
+        let mut past: retire::Past<SiteKey, SiteTotals> = Default::default();
+        // As sizes: the slots' figures and the map's, summed; and a site's keys of every
+        // round too.
         let mut site_slots: StdHashMap<SiteKey, Vec<SiteCounters>> = StdHashMap::new();
         for (key, counters) in self.site_slots.held() {
             site_slots.entry(key).or_default().push(counters);
         }
         let mut add_site = |key: &SiteKey, per_cpu: &[SiteCounters], slots: &[SiteCounters]| {
+            let t = SiteTotals::from_per_cpu(per_cpu.iter().chain(slots));
+            if key.round != round {
+                past.totals.insert(*key, t);
+            }
             if epochs.get(&key.tgid) == Some(&key.epoch) {
-                snap.sites.insert(
-                    (key.tgid, key.stack_id, key.func),
-                    SiteTotals::from_per_cpu(per_cpu.iter().chain(slots)),
-                );
+                let id = (key.tgid, key.stack_id, u32::from(key.func));
+                snap.sites.entry(id).or_default().plus(&t);
             }
         };
+        let mut in_map = Vec::new();
         batch::per_cpu_hash::<SiteKey, SiteCounters>(
             self.sites_fd.as_fd(),
             self.cpus,
             |key, per_cpu| {
-                site_keys.push(*key);
+                if key.round == round {
+                    site_keys.push(*key);
+                } else {
+                    in_map.push(*key);
+                }
                 let slots = site_slots.remove(key).unwrap_or_default();
                 add_site(key, per_cpu, &slots);
             },
@@ -161,8 +187,9 @@ impl KernelMaps {
         for (key, slots) in site_slots {
             add_site(&key, &[], &slots);
         }
+        past.in_map = in_map;
         self.site_keys = site_keys;
-        Ok(())
+        self.retire_sites(past)
     }
 
     /// The call-time histograms, each function's summed over the CPUs.

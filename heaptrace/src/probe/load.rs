@@ -100,15 +100,15 @@ impl LoadOptions {
 }
 
 /// The site map is per CPU and preallocated (a non-preallocated per-CPU hash map was seen
-/// losing fresh elements under bursts of inserts, without an error to count): size it to a
-/// 64 MiB budget, at least 1024 sites, and at most what the stack maps can name: each of
-/// their stacks, and a caller for as many more (`stack_maps`).
-pub fn default_site_map_size(stack_map_size: u32) -> u32 {
+/// losing fresh elements under bursts of inserts, without an error to count): 24,576 sites
+/// (it holds about two rounds' sites, `drain/retire.rs`), within a 64 MiB budget, at least
+/// 1024.
+pub fn default_site_map_size() -> u32 {
     const BUDGET: usize = 64 << 20;
+    const SITES: usize = 24576;
     let cpus = aya::util::nr_cpus().unwrap_or(1).max(1);
     let per_site = std::mem::size_of::<heaptrace_common::SiteCounters>() * cpus;
-    let most = stack_map_size.saturating_add(stack_map_size / 2).max(1024);
-    (BUDGET / per_site).clamp(1024, most as usize) as u32
+    (BUDGET / per_site).clamp(1024, SITES) as u32
 }
 
 /// Checks what loading needs before trying, so the error names the cause.
@@ -152,9 +152,9 @@ pub struct Loaded {
     pub oom_victim: std::result::Result<u32, String>,
 }
 
-/// The capacities of the whole-stack map (FRAMES: `--stack-map-size` stacks, allocated as
-/// they come) and of the map of callers (one-frame stacks, for the allocations whose whole
-/// stack is lost). The callers' is a kernel stack map, preallocated, in buckets numbered by
+/// The capacities of the whole-stack map (STACK_OWNERS: `--stack-map-size` stacks, allocated
+/// as they come; FRAMES, `frames_unread`) and of the map of callers (one-frame stacks, for
+/// the allocations whose whole stack is lost). The callers' is a kernel stack map, preallocated, in buckets numbered by
 /// the frame's hash: half the capacity, and a power of two is asked for one more, which gives
 /// twice the buckets for one more frame's memory.
 pub fn stack_maps(opts: &LoadOptions) -> (u32, u32) {
@@ -168,6 +168,12 @@ pub fn stack_maps(opts: &LoadOptions) -> (u32, u32) {
         half
     };
     (opts.stack_map_size.max(1), callers)
+}
+
+/// The capacity of FRAMES, the frames of the stacks stored since user space last read them (a
+/// round's new stacks; STACK_OWNERS holds every stack's id, `stacks` of them): half as many.
+pub fn frames_unread(stacks: u32) -> u32 {
+    (stacks / 2).max(1)
 }
 
 /// The live slots in front of the live map (`heaptrace_common::live`): one where no mode
@@ -314,7 +320,8 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
         .map_max_entries(maps::EXECS, opts.proc_map_size)
         .map_max_entries(maps::PEAKS, opts.proc_map_size)
         .map_max_entries(maps::INFLIGHT, opts.inflight_map_size)
-        .map_max_entries(maps::FRAMES, frames)
+        .map_max_entries(maps::STACK_OWNERS, frames)
+        .map_max_entries(maps::FRAMES, frames_unread(frames))
         .map_max_entries(maps::CALLERS, callers)
         .map_max_entries(maps::SITES, if stacks { opts.site_map_size } else { 1 })
         .override_global(globals::UNWIND, &u32::from(opts.unwinds()), true)

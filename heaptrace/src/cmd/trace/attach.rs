@@ -26,11 +26,11 @@ pub(super) fn load_options(cli: &TraceArgs, scope: Scope) -> LoadOptions {
         size_map_size: cli.size_map_size,
         inflight_map_size: cli.inflight_map_size,
         proc_slots: cli.proc_slots,
-        stack_map_size: cli.stack_map_size,
+        stack_map_size: cli.kernel_stack_map_size(),
         unwind_rows: cli.unwind_table_size,
         site_map_size: cli
             .site_map_size
-            .unwrap_or_else(|| probe::default_site_map_size(cli.stack_map_size)),
+            .unwrap_or_else(probe::default_site_map_size),
         sample_bytes: cli.sample_bytes,
         latency_every: cli.latency_every,
         preempt_off: !cli.atomic_counters,

@@ -43,7 +43,7 @@ fn check_in_process(cli: &TraceArgs, target: &Target) -> Result<()> {
 fn check_sizes(cli: &TraceArgs) -> Result<()> {
     let bounds = [
         ("--live-map-size", cli.live_map_size, 1 << 28),
-        ("--stack-map-size", cli.stack_map_size, 1 << 22),
+        ("--stack-map-size", cli.in_process_stack_map_size(), 1 << 22),
     ];
     for (flag, value, most) in bounds {
         if value == 0 || value > most {
@@ -88,7 +88,7 @@ fn launch_with_library(
     let provider = allocator::for_command(&exe, preloaded.as_deref())?;
     let caps = Capacities {
         threads: cli.in_process_threads,
-        sites: cli.stack_map_size,
+        sites: cli.in_process_stack_map_size(),
         live: cli.live_map_size.next_power_of_two(),
         // The kernel's map is shared by every process; here each thread has a table of a
         // sixteenth, and what does not fit in it goes to a shared one of the map's size.
