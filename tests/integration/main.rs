@@ -31,6 +31,7 @@ mod recording;
 mod rounds;
 mod sampling;
 mod scale;
+mod services;
 mod sighandler;
 mod signals;
 mod slots;
