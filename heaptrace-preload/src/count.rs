@@ -443,7 +443,14 @@ impl Call {
     /// it has no room within `PROBES`. A table shared between threads (`atomic`) is claimed
     /// entry by entry: a thread that loses a claim goes on, and a second entry of the same
     /// key is summed by the daemon.
-    fn count_in(&self, table: *mut SizeEntry, slots: u32, atomic: bool, key: u64, tag: u64) -> bool {
+    fn count_in(
+        &self,
+        table: *mut SizeEntry,
+        slots: u32,
+        atomic: bool,
+        key: u64,
+        tag: u64,
+    ) -> bool {
         if slots == 0 {
             return false;
         }

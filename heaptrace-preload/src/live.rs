@@ -22,8 +22,12 @@ fn key(e: *mut LiveEntry) -> &'static AtomicU64 {
 /// (`inproc::live_slot`), then the retries (`inproc::LIVE_RETRIES`).
 fn runs(ptr: u64, slots: u32) -> impl Iterator<Item = (usize, usize)> {
     let own = (inproc::live_slot(ptr, slots), PROBES as usize);
-    let retries = (1..=LIVE_RETRIES)
-        .map(move |n| (inproc::live_retry_slot(ptr, n, slots), LIVE_RETRY_PROBES as usize));
+    let retries = (1..=LIVE_RETRIES).map(move |n| {
+        (
+            inproc::live_retry_slot(ptr, n, slots),
+            LIVE_RETRY_PROBES as usize,
+        )
+    });
     core::iter::once(own).chain(retries)
 }
 
