@@ -237,7 +237,7 @@ pub struct TraceArgs {
 
     /// Capacity of the site map ((process, stack, function) entries of about two rounds).
     ///
-    /// Default: 24576, or less on hosts with many CPUs (the map is per CPU and preallocated;
+    /// Default: 65536, or less on hosts with many CPUs (the map is per CPU and preallocated;
     /// 64 MiB budget). It holds the sites counted in the last two rounds only: older ones are
     /// kept by heaptrace itself.
     #[arg(long, value_name = "SITES", value_parser = clap::value_parser!(u32).range(1..=1 << 22))]
