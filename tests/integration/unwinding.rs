@@ -293,3 +293,43 @@ bpf_test!(
         assert_eq!(doc["lost"]["unwind_no_rule"], 0);
     }
 );
+
+bpf_test!(
+    shared,
+    /// A followed fork that execs (a shell running the program): its new image is held at its
+    /// start until its unwind tables are in, so its stacks are whole from its first call and
+    /// no walk is made before them.
+    fn an_execed_fork_gets_its_tables_before_its_first_call() {
+        let bin = unwinddeep(false, false);
+        let json = json_path("unwind-forkexec");
+        let mut cmd = heaptrace();
+        cmd.args(["--no-tui", "-q"])
+            .args(UNWIND)
+            .arg("--json")
+            .arg(&json)
+            .args(["--", "sh", "-c"])
+            .arg(format!("{}; true", bin.display()));
+        run_ok(&mut cmd);
+        let mut doc = read_json(&json);
+        // The program's stacks only, not the shell's.
+        let mine: Vec<Value> = doc["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| names(s).iter().any(|f| f == "round_of"))
+            .cloned()
+            .collect();
+        doc["stacks"] = Value::Array(mine);
+        let got: Vec<_> = sites(&doc)
+            .into_iter()
+            .map(|(b, c, f, _)| (b, c, f))
+            .collect();
+        let want: Vec<(u64, u64, Vec<String>)> = vec![
+            (1600, 100, expected(0)),
+            (6400, 200, expected(2)),
+            (14400, 300, expected(4)),
+        ];
+        assert_eq!(got, want);
+        assert_eq!(doc["lost"]["unwind_late"], 0, "{}", doc["lost"]);
+    }
+);

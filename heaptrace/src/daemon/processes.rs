@@ -85,6 +85,15 @@ impl Daemon {
                 }
                 Ok(false)
             }
+            Some(launch::Event::ForkStarted(pid)) => {
+                // A followed fork's new image: its unwind tables go in before it runs, as
+                // the command's do.
+                self.modules.refresh(pid);
+                if let Some(c) = &self.child {
+                    let _ = c.ack.send(());
+                }
+                Ok(false)
+            }
             Some(launch::Event::Started) => {
                 // Its startup libraries are mapped: their unwind tables go in before they run.
                 if let Some(pid) = self.pid {

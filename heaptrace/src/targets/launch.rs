@@ -53,6 +53,9 @@ pub enum Event {
     /// tables can go in before their first allocation). It goes on when acknowledged (or
     /// after a timeout).
     Started,
+    /// A followed fork's new image (it exec'ed), stopped as `Started` is; it goes on when
+    /// acknowledged (or after a timeout).
+    ForkStarted(u32),
     /// Let go of: it took signals faster than it could be stopped for each (`per_second`).
     /// From here on it is waited for as a child, not held at its exit or later execs.
     Released { per_second: u32 },

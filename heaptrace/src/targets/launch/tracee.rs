@@ -109,6 +109,9 @@ pub(super) struct Tracee {
     early: HashSet<i32>,
     /// Fork events seen before the new process's first stop: whether each was a vfork.
     pending: HashMap<i32, bool>,
+    /// Followed forks that exec'ed, followed from syscall to syscall to their image's start
+    /// (`Event::ForkStarted`), with the stops seen.
+    kid_startup: HashMap<i32, u32>,
 }
 
 impl Tracee {
@@ -130,6 +133,7 @@ impl Tracee {
             kids: HashSet::new(),
             early: HashSet::new(),
             pending: HashMap::new(),
+            kid_startup: HashMap::new(),
         }
     }
 
@@ -183,6 +187,7 @@ impl Tracee {
     /// A stop or end of a process other than the command: a fork of it.
     fn other(&mut self, pid: i32, status: i32) {
         if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+            self.kid_startup.remove(&pid);
             if self.kids.remove(&pid)
                 && let Some(f) = super::forks::of(&self.link.forks)
             {
@@ -204,10 +209,22 @@ impl Tracee {
             return;
         }
         let (sig, event) = (libc::WSTOPSIG(status), status >> 16);
+        if sig == SYSCALL_STOP && event == 0 {
+            self.kid_syscall_stop(pid);
+            return;
+        }
         let resume = match event {
             libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
                 self.forked(pid, event);
                 0
+            }
+            libc::PTRACE_EVENT_EXEC => {
+                // Its libraries are not mapped yet: followed to their start, as the
+                // command's new images are, so that their unwind tables go in first.
+                self.kid_startup.insert(pid, 0);
+                // SAFETY: a followed fork, traced by this thread, in its exec stop.
+                unsafe { libc::ptrace(libc::PTRACE_SYSCALL, pid, 0, 0) };
+                return;
             }
             // SAFETY: a followed fork, traced by this thread, in a group-stop.
             libc::PTRACE_EVENT_STOP if group_stop(sig) => unsafe {
@@ -219,6 +236,36 @@ impl Tracee {
         };
         // SAFETY: resuming a followed fork, traced by this thread and stopped.
         unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, resume as libc::c_long) };
+    }
+
+    /// A syscall stop of a followed fork's new image: at its first set_tid_address, holds it
+    /// for the daemon (`Event::ForkStarted`) and lets it run on; after `STARTUP_STOPS`
+    /// without one, lets it run on.
+    fn kid_syscall_stop(&mut self, pid: i32) {
+        let Some(stops) = self.kid_startup.get_mut(&pid) else {
+            // SAFETY: resuming a followed fork, traced by this thread and stopped.
+            unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
+            return;
+        };
+        *stops += 1;
+        // SAFETY: reading a word of a stopped tracee's user area.
+        let nr = unsafe { libc::ptrace(libc::PTRACE_PEEKUSER, pid, ORIG_RAX_OFFSET, 0) };
+        if nr != SYS_SET_TID_ADDRESS && *stops < STARTUP_STOPS {
+            // SAFETY: as above.
+            unsafe { libc::ptrace(libc::PTRACE_SYSCALL, pid, 0, 0) };
+            return;
+        }
+        self.kid_startup.remove(&pid);
+        if nr == SYS_SET_TID_ADDRESS {
+            hold(
+                &self.link.events,
+                Event::ForkStarted(pid as u32),
+                &self.link.ack,
+                EXEC_HOLD,
+            );
+        }
+        // SAFETY: as above.
+        unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
     }
 
     /// A fork event in `parent`: the new process is settled now if its first stop came
