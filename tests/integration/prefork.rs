@@ -139,8 +139,9 @@ bpf_test!(
         let mut cmd = Command::new(prefork());
         cmd.args([&WORKERS.to_string(), "later"]);
         let mut target = ready(cmd);
-        // The master's own entry in place (its exec's reads of its mappings) before it forks.
-        std::thread::sleep(std::time::Duration::from_millis(500));
+        // The master's own entry in place (its exec's reads of its mappings, its libraries'
+        // tables read) before it forks: generous, as a loaded machine reads them late.
+        std::thread::sleep(std::time::Duration::from_millis(1500));
         let mut stdin = target.stdin.take().unwrap();
         stdin.write_all(b"g").unwrap();
         // Alive for a few rounds: no event reports a fork under --all, its mappings are read

@@ -87,16 +87,8 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     // Listening for a `-p` target's end before anything else: it may end at any moment.
     let exit_watch = exit_watch(&target);
     // Find the target and its allocator; a launched command waits, stopped, until attached.
-    let (provider, scope, stopped) = find_target(cli, &target, live_view)?;
-    let attached = match attach(cli, &provider, scope) {
-        Ok(a) => a,
-        Err(e) => {
-            if let Some(child) = stopped {
-                child.abort();
-            }
-            return Err(e);
-        }
-    };
+    let (provider, scope, mut stopped) = find_target(cli, &target, live_view)?;
+    let attached = attach_or_abort(cli, &provider, scope, &mut stopped)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -163,18 +155,10 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         &probes.attached,
         probes.probe_count(),
     );
-    let mut profile = Profile::of_mode(info.mode, cli.sample_bytes)
-        .with_latency_every(cli.latency_every)
-        .with_wrapper_rule(WrapperRule::new(
-            &cli.hide,
-            cli.no_wrapper_detection,
-            &info.provider,
-        ));
-    profile.before_attach = before;
     let daemon = Daemon::new(Start {
         maps: Box::new(maps),
         probes: Some(probes),
-        profile,
+        profile: new_profile(cli, &info, before),
         pid,
         child,
         exit_watch,
@@ -194,6 +178,37 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         }),
     });
     conclude(cli, &target, &rt, daemon, pid, view, stats_fd, &info)
+}
+
+/// The probes attached, or the launched command (held before exec) ended if they could not be.
+fn attach_or_abort(
+    cli: &TraceArgs,
+    provider: &Provider,
+    scope: Scope,
+    stopped: &mut Option<crate::targets::launch::Stopped>,
+) -> Result<Attached> {
+    attach(cli, provider, scope).inspect_err(|_| {
+        if let Some(child) = stopped.take() {
+            child.abort();
+        }
+    })
+}
+
+/// The Profile the daemon folds the rounds into, with the run's rules.
+fn new_profile(
+    cli: &TraceArgs,
+    info: &RunInfo,
+    before: Option<crate::drain::before_attach::BeforeAttach>,
+) -> Profile {
+    let mut profile = Profile::of_mode(info.mode, cli.sample_bytes)
+        .with_latency_every(cli.latency_every)
+        .with_wrapper_rule(WrapperRule::new(
+            &cli.hide,
+            cli.no_wrapper_detection,
+            &info.provider,
+        ));
+    profile.before_attach = before;
+    profile
 }
 
 /// A `-p` target's end, listened for (None for the other targets, or when it cannot be).

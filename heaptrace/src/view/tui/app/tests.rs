@@ -61,6 +61,42 @@ fn site(calls: u64, bytes: u64, live: i64, temp: u64) -> SiteTotals {
     t
 }
 
+/// The stacks of `sites_round`'s three sites in pid 4242, new in its first round.
+fn sites_stacks(r: &mut Round) {
+    let mk = |fs: Vec<Frame>| crate::drain::round::NewStack {
+        locations: Vec::new(),
+        ips: vec![],
+        frames: fs.into(),
+    };
+    r.stacks.insert(
+        (4242, 1),
+        mk(vec![
+            frame("alloc_a", "/src/sites.c", 19, "sites"),
+            frame("main", "/src/sites.c", 48, "sites"),
+        ]),
+    );
+    r.stacks.insert(
+        (4242, 2),
+        mk(vec![
+            frame("alloc_b", "/src/sites.c", 27, "sites"),
+            frame("main", "/src/sites.c", 49, "sites"),
+        ]),
+    );
+    r.stacks.insert(
+        (4242, 3),
+        mk(vec![
+            frame("__libc_strdup", "", 0, "libc.so.6"),
+            frame("helper_c", "/src/sites.c", 31, "sites"),
+            (*frame("inlined_c", "/src/sites.h", 3, "sites"))
+                .clone()
+                .inlined(true)
+                .into(),
+            frame("alloc_c", "/src/sites.c", 36, "sites"),
+            frame("main", "/src/sites.c", 50, "sites"),
+        ]),
+    );
+}
+
 /// A round of the sites fixture: three sites in pid 4242 (plus one in pid 7 when `two`).
 pub fn sites_round(index: u64, scale: u64, two: bool) -> Round {
     let mut r = Round {
@@ -123,38 +159,7 @@ pub fn sites_round(index: u64, scale: u64, two: bool) -> Round {
     r.latency[1][9] = scale;
     r.latency[3][7] = scale;
     if index == 1 {
-        let mk = |fs: Vec<Frame>| crate::drain::round::NewStack {
-            locations: Vec::new(),
-            ips: vec![],
-            frames: fs.into(),
-        };
-        r.stacks.insert(
-            (4242, 1),
-            mk(vec![
-                frame("alloc_a", "/src/sites.c", 19, "sites"),
-                frame("main", "/src/sites.c", 48, "sites"),
-            ]),
-        );
-        r.stacks.insert(
-            (4242, 2),
-            mk(vec![
-                frame("alloc_b", "/src/sites.c", 27, "sites"),
-                frame("main", "/src/sites.c", 49, "sites"),
-            ]),
-        );
-        r.stacks.insert(
-            (4242, 3),
-            mk(vec![
-                frame("__libc_strdup", "", 0, "libc.so.6"),
-                frame("helper_c", "/src/sites.c", 31, "sites"),
-                (*frame("inlined_c", "/src/sites.h", 3, "sites"))
-                    .clone()
-                    .inlined(true)
-                    .into(),
-                frame("alloc_c", "/src/sites.c", 36, "sites"),
-                frame("main", "/src/sites.c", 50, "sites"),
-            ]),
-        );
+        sites_stacks(&mut r);
     }
     if two {
         let mut d = Totals::default();
