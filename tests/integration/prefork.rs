@@ -2,6 +2,8 @@
 //! process the trace takes in has its unwind tables before its first counted call, whether it
 //! ran before the attach (`-p MASTER --follow-forks`, `--all --comm`) or was forked during the
 //! trace (`-- CMD --follow-forks`). Each worker's stacks reach main, with its exact calls.
+//! The `--all --comm prefork-nofp` tests run alone (`exclusive`): the other tests' masters and
+//! workers bear the same name, and were counted in theirs.
 use std::{io::Write as _, process::Command};
 
 use serde_json::Value;
@@ -114,7 +116,7 @@ bpf_test!(
 );
 
 bpf_test!(
-    shared,
+    exclusive,
     /// `--all --comm`: the master and workers running before heaptrace are taken in by the
     /// start-up scan, with their tables.
     fn running_processes_under_all_get_whole_stacks() {
@@ -124,7 +126,7 @@ bpf_test!(
 );
 
 bpf_test!(
-    shared,
+    exclusive,
     /// `--all --comm`, the master started during the trace: the workers it forks then get
     /// its tables in the kernel at the fork, and walk whole from their first call.
     fn forks_under_all_get_whole_stacks_from_their_first_call() {
@@ -157,7 +159,7 @@ bpf_test!(
 );
 
 bpf_test!(
-    shared,
+    exclusive,
     /// `--all`, a master that forks right after its exec, before the daemon has read its
     /// mappings: its workers have no tables to inherit. Their counts stay exact, every call
     /// walked without tables is in `lost.unwind_late`, and the summary blames the late
