@@ -39,6 +39,29 @@ pub struct Cli {
 }
 
 /// What to trace and how: the flags of tracing itself and of `record`.
+/// How sites are named past allocator wrappers: tracing and `report` alike.
+#[derive(Args, Debug, Clone, Default)]
+pub struct SiteNaming {
+    /// Name sites past functions matching REGEX, as allocator wrappers (repeatable).
+    ///
+    /// A site is named by its first frame outside the allocator and its wrappers (`zmalloc`,
+    /// `xmalloc`); stacks keep every frame. Wrappers are also detected: a function seen only
+    /// right above the allocator, called from 4 or more functions.
+    #[arg(long, value_name = "REGEX", value_parser = crate::profile::wrappers::parse_hide)]
+    pub hide: Vec<regex::Regex>,
+
+    /// Do not detect allocator wrappers: only the known ones and --hide's are passed over.
+    #[arg(long)]
+    pub no_wrapper_detection: bool,
+}
+
+impl SiteNaming {
+    /// The rule for a trace of the allocator in file `provider`.
+    pub fn rule(&self, provider: &str) -> crate::profile::wrappers::WrapperRule {
+        crate::profile::wrappers::WrapperRule::new(&self.hide, self.no_wrapper_detection, provider)
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct TraceArgs {
     /// Attach to a running process (and all its threads).
@@ -196,17 +219,8 @@ pub struct TraceArgs {
     #[arg(long)]
     pub full_names: bool,
 
-    /// Name sites past functions matching REGEX, as allocator wrappers (repeatable).
-    ///
-    /// A site is named by its first frame outside the allocator and its wrappers (`zmalloc`,
-    /// `xmalloc`); stacks keep every frame. Wrappers are also detected: a function seen only
-    /// right above the allocator, called from 4 or more functions.
-    #[arg(long, value_name = "REGEX", value_parser = crate::profile::wrappers::parse_hide)]
-    pub hide: Vec<regex::Regex>,
-
-    /// Do not detect allocator wrappers: only the known ones and --hide's are passed over.
-    #[arg(long)]
-    pub no_wrapper_detection: bool,
+    #[command(flatten)]
+    pub site_naming: SiteNaming,
 
     /// What counts as temporary.
     ///

@@ -8,10 +8,25 @@ use std::{io::Write as _, process::Command};
 
 use serde_json::Value;
 
-use crate::{support::*, unwinding::names};
+use crate::{
+    support::*,
+    unwinding::{names, upto_main},
+};
 
 const WORKERS: u64 = 3;
 const UNWIND: [&str; 2] = ["--unwind-table-size", "1048576"];
+
+/// `heaptrace --all --comm prefork-nofp` with `opts`, attached: its handle and JSON path.
+fn trace_all(tag: &str, opts: &[&str]) -> (Running, std::path::PathBuf) {
+    let json = json_path(tag);
+    let mut cmd = heaptrace();
+    cmd.args(["--no-tui", "--all", "--comm", "prefork-nofp"])
+        .args(opts)
+        .args(UNWIND)
+        .arg("--json")
+        .arg(&json);
+    (start_attached(&mut cmd), json)
+}
 
 fn prefork() -> std::path::PathBuf {
     fixture("prefork", "-nofp", &["-O2", "-fomit-frame-pointer"])
@@ -27,11 +42,7 @@ fn check(doc: &Value, summary: &str) {
         .iter()
         .filter(|s| s["function"] == "malloc")
         .map(|s| {
-            let all = names(s);
-            let upto = all
-                .iter()
-                .position(|f| f == "main")
-                .map_or(all.clone(), |i| all[..=i].to_vec());
+            let upto = upto_main(&names(s));
             (
                 s["calls"].as_u64().unwrap(),
                 s["bytes"].as_u64().unwrap(),
@@ -130,14 +141,7 @@ bpf_test!(
     /// `--all --comm`, the master started during the trace: the workers it forks then get
     /// its tables in the kernel at the fork, and walk whole from their first call.
     fn forks_under_all_get_whole_stacks_from_their_first_call() {
-        let json = json_path("prefork-all-later");
-        let mut cmd = heaptrace();
-        cmd.args(["--no-tui", "-q", "--interval", "100ms", "--all"])
-            .args(["--comm", "prefork-nofp"])
-            .args(UNWIND)
-            .arg("--json")
-            .arg(&json);
-        let tracer = start_attached(&mut cmd);
+        let (tracer, json) = trace_all("prefork-all-later", &["-q", "--interval", "100ms"]);
         let mut cmd = Command::new(prefork());
         cmd.args([&WORKERS.to_string(), "later"]);
         let mut target = ready(cmd);
@@ -165,14 +169,7 @@ bpf_test!(
     /// walked without tables is in `lost.unwind_late`, and the summary blames the late
     /// tables, not the program's frames.
     fn walks_before_the_tables_are_counted_and_named() {
-        let json = json_path("prefork-all-late");
-        let mut cmd = heaptrace();
-        cmd.args(["--no-tui", "--interval", "1s", "--all"])
-            .args(["--comm", "prefork-nofp"])
-            .args(UNWIND)
-            .arg("--json")
-            .arg(&json);
-        let tracer = start_attached(&mut cmd);
+        let (tracer, json) = trace_all("prefork-all-late", &["--interval", "1s"]);
         let mut cmd = Command::new(prefork());
         cmd.args([&WORKERS.to_string(), "later"]);
         let mut target = ready(cmd);

@@ -6,17 +6,7 @@ use crate::support::*;
 
 /// Traces a launched fixture; returns the JSON document.
 fn trace(tag: &str, bin: &std::path::Path, args: &[&str], opts: &[&str]) -> Value {
-    let json = json_path(tag);
-    let mut cmd = heaptrace();
-    cmd.args(["--no-tui", "-q"])
-        .args(opts)
-        .arg("--json")
-        .arg(&json)
-        .arg("--")
-        .arg(bin)
-        .args(args);
-    run_ok(&mut cmd);
-    read_json(&json)
+    launch(tag, bin, args, opts).0
 }
 
 fn fname(frame: &Value) -> &str {

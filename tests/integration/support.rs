@@ -308,6 +308,22 @@ pub fn planned_probes_with(
     (path, probes)
 }
 
+/// Launches `bin args` under heaptrace with `opts`, which must succeed: the JSON document and
+/// heaptrace's output.
+pub fn launch(tag: &str, bin: &Path, args: &[&str], opts: &[&str]) -> (Value, Output) {
+    let json = json_path(tag);
+    let mut cmd = heaptrace();
+    cmd.args(["--no-tui", "-q"])
+        .args(opts)
+        .arg("--json")
+        .arg(&json)
+        .arg("--")
+        .arg(bin)
+        .args(args);
+    let out = run_ok(&mut cmd);
+    (read_json(&json), out)
+}
+
 /// A new path for one output: heaptrace replaces no existing file without --force, and tests
 /// that share a tag run side by side (a leftover of an earlier run's same pid is removed).
 pub fn json_path(tag: &str) -> PathBuf {

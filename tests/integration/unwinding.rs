@@ -62,6 +62,13 @@ pub(crate) fn names(site: &Value) -> Vec<String> {
         .collect()
 }
 
+/// A stack's function names up to `main`, or all of them where it has none.
+pub(crate) fn upto_main(all: &[String]) -> Vec<String> {
+    all.iter()
+        .position(|f| f == "main")
+        .map_or(all.to_vec(), |i| all[..=i].to_vec())
+}
+
 /// The three sites of unwinddeep, by bytes: (calls, frames up to main).
 pub(crate) fn sites(doc: &Value) -> Vec<(u64, u64, Vec<String>, Vec<String>)> {
     let mut out: Vec<_> = doc["stacks"]
@@ -71,10 +78,7 @@ pub(crate) fn sites(doc: &Value) -> Vec<(u64, u64, Vec<String>, Vec<String>)> {
         .filter(|s| s["function"] == "malloc")
         .map(|s| {
             let all = names(s);
-            let upto = all
-                .iter()
-                .position(|f| f == "main")
-                .map_or(all.clone(), |i| all[..=i].to_vec());
+            let upto = upto_main(&all);
             let rest = all[upto.len()..].to_vec();
             (
                 s["bytes"].as_u64().unwrap(),

@@ -10,17 +10,7 @@ const N: u64 = 1000;
 /// Traces the fixture with `opts`: the JSON document and the summary (stderr).
 fn trace(tag: &str, opts: &[&str]) -> (Value, String) {
     let bin = fixture("wrappers", "", &[]);
-    let json = json_path(tag);
-    let mut cmd = heaptrace();
-    cmd.args(["--no-tui", "-q"])
-        .args(opts)
-        .arg("--json")
-        .arg(&json)
-        .arg("--")
-        .arg(&bin)
-        .arg(N.to_string());
-    let out = run_ok(&mut cmd);
-    let doc = read_json(&json);
+    let (doc, out) = launch(tag, &bin, &[&N.to_string()], opts);
     assert_eq!(doc["lost"]["stack"], 0);
     (doc, String::from_utf8_lossy(&out.stderr).into_owned())
 }

@@ -121,17 +121,8 @@ pub struct ReportArgs {
     #[arg(long)]
     pub full_names: bool,
 
-    /// Name sites past functions matching REGEX, as allocator wrappers (repeatable).
-    ///
-    /// A site is named by its first frame outside the allocator and its wrappers (`zmalloc`,
-    /// `xmalloc`); stacks keep every frame. Wrappers are also detected: a function seen only
-    /// right above the allocator, called from 4 or more functions.
-    #[arg(long, value_name = "REGEX", value_parser = crate::profile::wrappers::parse_hide)]
-    pub hide: Vec<regex::Regex>,
-
-    /// Do not detect allocator wrappers: only the known ones and --hide's are passed over.
-    #[arg(long)]
-    pub no_wrapper_detection: bool,
+    #[command(flatten)]
+    pub site_naming: super::SiteNaming,
 
     /// Only this process.
     #[arg(long, value_name = "PID")]

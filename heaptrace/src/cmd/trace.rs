@@ -16,7 +16,6 @@ use crate::{
     output::{self, NewFile},
     probe::{self, LoadOptions, Probes, Scope},
     profile::Profile,
-    profile::wrappers::WrapperRule,
     record::{Header, Recorder, format::EndRec},
     reserve::ring::MemRing,
     run_info::{RunInfo, TargetKind, Temporary},
@@ -195,18 +194,14 @@ fn attach_or_abort(
 }
 
 /// The Profile the daemon folds the rounds into, with the run's rules.
-fn new_profile(
+pub(super) fn new_profile(
     cli: &TraceArgs,
     info: &RunInfo,
     before: Option<crate::drain::before_attach::BeforeAttach>,
 ) -> Profile {
     let mut profile = Profile::of_mode(info.mode, cli.sample_bytes)
         .with_latency_every(cli.latency_every)
-        .with_wrapper_rule(WrapperRule::new(
-            &cli.hide,
-            cli.no_wrapper_detection,
-            &info.provider,
-        ));
+        .with_wrapper_rule(cli.site_naming.rule(&info.provider));
     profile.before_attach = before;
     profile
 }

@@ -11,7 +11,7 @@ use crate::{
     cli::{Format, ReportArgs},
     drain::round::Round,
     error::{Error, Result},
-    profile::{Profile, wrappers::WrapperRule},
+    profile::Profile,
     record::{FormatError, Recording, Replay},
     symbolize::Symbolizer,
     symbolize::modules::Location,
@@ -178,7 +178,7 @@ fn replayed(path: &Path, args: &ReportArgs) -> Result<(Recording, Profile), Form
     if args.group_by == crate::cli::GroupBy::Command {
         p = p.by_command();
     }
-    let rule = WrapperRule::new(&args.hide, args.no_wrapper_detection, &rec.header.provider);
+    let rule = args.site_naming.rule(&rec.header.provider);
     Ok((rec, p.with_wrapper_rule(rule)))
 }
 

@@ -186,13 +186,7 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
     modules.unwind = unwind;
     modules.settle(pid, &provider.path, Duration::from_millis(200));
     let (view, live) = open_view(live_view, cli, target, &info, &[], 0);
-    let mut profile = Profile::of_mode(info.mode, cli.sample_bytes)
-        .with_latency_every(cli.latency_every)
-        .with_wrapper_rule(WrapperRule::new(
-            &cli.hide,
-            cli.no_wrapper_detection,
-            &info.provider,
-        ));
+    let mut profile = super::new_profile(cli, &info, None);
     profile.collector = Collector::InProcess;
     let daemon = Daemon::new(Start {
         maps: Box::new(region),
