@@ -244,8 +244,9 @@ pub const UNWIND_CACHE: usize = 64;
 
 /// `UnwindEntry::row.kind` beyond `unwind::kind`: the frame is stepped by frame pointer (no
 /// table for its module), and the same where its module's table did not fit.
-pub const CACHED_FP: u8 = 0x10;
-pub const CACHED_FP_NO_ROOM: u8 = 0x11;
+/// Bits no table row sets (`unwind::KIND_BITS`, `unwind::CFA_HIGH_BITS`).
+pub const CACHED_FP: u8 = 0x80;
+pub const CACHED_FP_NO_ROOM: u8 = 0xc0;
 
 /// A return address and what its frame is unwound with.
 #[repr(C)]

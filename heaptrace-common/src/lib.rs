@@ -13,7 +13,7 @@ pub mod sampling;
 pub mod stack;
 pub mod unwind;
 
-pub use stack::{CALLER_ID_BASE, STACK_FRAMES, StoredStack};
+pub use stack::{CALLER_ID_BASE, NO_ROOM_FRAME, STACK_FRAMES, StoredStack};
 
 /// Functions of the malloc family heaptrace probes, as indexes into [`ProcCounters::funcs`].
 ///

@@ -9,6 +9,11 @@
 /// Return addresses a stored stack holds (the kernel's PERF_MAX_STACK_DEPTH).
 pub const STACK_FRAMES: usize = 127;
 
+/// Not an address: the last "frame" of a stack cut at a file whose unwind rows found no room
+/// in `--unwind-table-size` (the kernel stops there rather than follow frame pointers the
+/// file does not keep, which would read junk into frames that make every stack new).
+pub const NO_ROOM_FRAME: u64 = u64::MAX - 1;
+
 /// Ids of stored stacks are below this; ids of one-frame stacks (the caller alone, where no
 /// whole stack could be stored) are this plus their bucket in the callers' map.
 pub const CALLER_ID_BASE: u32 = 1 << 30;

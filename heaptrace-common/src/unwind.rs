@@ -23,15 +23,50 @@ pub mod kind {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Row {
     pub pc: u32,
-    /// The CFA's offset from its register, in words (CFA offsets are multiples of 8).
+    /// The CFA's offset from its register, in words (CFA offsets are multiples of 8): its low
+    /// 16 bits ([`Row::cfa_words`]).
     pub cfa: u16,
-    /// [`kind`].
+    /// [`kind`] in [`KIND_BITS`], the CFA offset's high bits in [`CFA_HIGH_BITS`], and
+    /// `RULE_*` flags where it is a cached frame-pointer rule.
     pub kind: u8,
     /// 0: rbp is unchanged in the caller; k: the caller's rbp is saved at CFA - 8k.
     pub rbp: u8,
 }
 
 const _: () = assert!(core::mem::size_of::<Row>() == 8);
+
+/// The bits of [`Row::kind`] that are its [`kind`].
+pub const KIND_BITS: u8 = 0x03;
+/// The bits of [`Row::kind`] that hold the CFA's offset past `cfa`'s 16 bits: a frame of up
+/// to 4 MiB (rustc's `run_compiler` closures take 527 KiB).
+pub const CFA_HIGH_BITS: u8 = 0x1c;
+
+impl Row {
+    /// A rule of `kind` with the CFA `words` words past its register; None past 4 MiB.
+    pub fn new(pc: u32, kind: u8, words: u64, rbp: u8) -> Option<Row> {
+        let high = u8::try_from(words >> 16)
+            .ok()
+            .filter(|h| *h <= CFA_HIGH_BITS >> 2)?;
+        Some(Row {
+            pc,
+            cfa: words as u16,
+            kind: kind | high << 2,
+            rbp,
+        })
+    }
+
+    /// Its [`kind`].
+    #[inline(always)]
+    pub fn rule(&self) -> u8 {
+        self.kind & KIND_BITS
+    }
+
+    /// The CFA's offset from its register, in words.
+    #[inline(always)]
+    pub fn cfa_words(&self) -> u64 {
+        u64::from(self.cfa) | u64::from((self.kind & CFA_HIGH_BITS) >> 2) << 16
+    }
+}
 
 /// The most code mappings of a process that get unwind tables; the others walk by frame
 /// pointer (and count in `Loss::UnwindTable`).

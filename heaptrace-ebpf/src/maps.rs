@@ -13,7 +13,7 @@ use aya_ebpf::{
 };
 use heaptrace_common::{
     FUNC_COUNT, InFlight, InFlightSlot, LOSS_COUNT, LatencyHist, LiveBlock, LiveKey, Loss, MemCall,
-    ProcCounters, SiteCounters, SiteKey, SizeKey, StoredStack,
+    ProcCounters, SiteCounters, SiteKey, SizeKey,
     keyed::{SiteSlot, SizeSlot},
     live::LiveSlot,
     procs::{self, ProcSlot},

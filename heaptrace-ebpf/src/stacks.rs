@@ -14,7 +14,7 @@ use aya_ebpf::{
     programs::RetProbeContext,
 };
 use heaptrace_common::{
-    Loss, STACK_FRAMES, StoredStack,
+    Loss, NO_ROOM_FRAME, STACK_FRAMES, StoredStack,
     stack::{HASH_START, cache_choice, cache_index, cache_word, hash_finish, hash_step, ids},
     unwind::{ProcModules, RULE_FRAME_POINTER, RULE_NO_ROOM, RULE_PENDING, kind},
 };
@@ -98,11 +98,17 @@ pub fn walk(ctx: &RetProbeContext, tgid: u32) -> Option<(&'static mut StoredStac
     if st.cut != 0 {
         lose_index(st.cut as u32);
     }
-    if st.no_room & 1 != 0 {
-        lose(Loss::UnwindTable);
-    }
     if st.no_room & 2 != 0 {
         lose(Loss::UnwindLate);
+    }
+    let n = st.n;
+    if st.cut == Loss::UnwindTable as u64
+        && let Some(slot) = sc.ips.get_mut(n as usize)
+    {
+        // The cut is said in the stack itself, for user space to name it.
+        *slot = NO_ROOM_FRAME;
+        st.hash = hash_step(st.hash, NO_ROOM_FRAME);
+        st.n = n + 1;
     }
     // SAFETY: as above.
     if unsafe { core::ptr::read_volatile(&ch[CHUNK_WORDS]) } != first.wrapping_add(st.reads) {
@@ -160,13 +166,13 @@ fn unwind_one(f: &mut Frames<'_>) -> Result<(), u64> {
         reads: &mut st.reads,
     };
     let (ret, cfa, fp) = if rule.kind & RULE_FRAME_POINTER == 0 {
-        let reg = match rule.kind {
+        let reg = match rule.rule() {
             kind::RSP => sp,
             kind::RBP => fp,
             kind::END => return Err(0),
             _ => return Err(Loss::UnwindNoRule as u64),
         };
-        let cfa = reg.wrapping_add(u64::from(rule.cfa) * 8);
+        let cfa = reg.wrapping_add(rule.cfa_words() * 8);
         if cfa <= sp {
             return Err(0);
         }
@@ -181,7 +187,8 @@ fn unwind_one(f: &mut Frames<'_>) -> Result<(), u64> {
         (ret, cfa, fp)
     } else {
         if rule.kind & RULE_NO_ROOM != 0 {
-            st.no_room |= 1;
+            // No rows and no frame pointers: following rbp would read junk frames.
+            return Err(Loss::UnwindTable as u64);
         }
         if rule.kind & RULE_PENDING != 0 {
             st.no_room |= 2;

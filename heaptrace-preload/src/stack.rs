@@ -148,29 +148,29 @@ fn step(stack: &Stack, tables: Option<&Tables>, regs: Regs, w: &mut Walked) -> O
         },
         |t| t.rule(pc),
     );
-    let reg = match row.kind {
+    if row.kind == CACHED_FP || row.kind == CACHED_FP_NO_ROOM {
+        w.no_room |= row.kind == CACHED_FP_NO_ROOM;
+        if fp < sp {
+            return None;
+        }
+        let next = stack.word(fp)?;
+        let ret = stack.word(fp.checked_add(8)?)?;
+        return Some(Regs {
+            pc: ret,
+            sp: fp + 16,
+            fp: next,
+        });
+    }
+    let reg = match row.rule() {
         kind::RSP => sp,
         kind::RBP => fp,
         kind::END => return None,
-        CACHED_FP | CACHED_FP_NO_ROOM => {
-            w.no_room |= row.kind == CACHED_FP_NO_ROOM;
-            if fp < sp {
-                return None;
-            }
-            let next = stack.word(fp)?;
-            let ret = stack.word(fp.checked_add(8)?)?;
-            return Some(Regs {
-                pc: ret,
-                sp: fp + 16,
-                fp: next,
-            });
-        }
         _ => {
             w.end = End::NoRule;
             return None;
         }
     };
-    let cfa = reg.wrapping_add(u64::from(row.cfa) * 8);
+    let cfa = reg.wrapping_add(row.cfa_words() * 8);
     if cfa <= sp {
         return None;
     }

@@ -197,6 +197,51 @@ bpf_test!(
 
 bpf_test!(
     shared,
+    /// A frame of 600,000 bytes (CFA rsp + 600,016: more words than 16 bits hold) is unwound
+    /// by its row like any other, to main.
+    fn a_frame_past_512_kib_is_unwound() {
+        let bin = fixture("bigframe", "-nofp", &["-O2", "-fomit-frame-pointer"]);
+        let doc = trace("unwind-bigframe", &bin, &[]);
+        let got = sites(&doc);
+        let calls: u64 = got.iter().map(|s| s.1).sum();
+        assert_eq!(calls, 100, "{got:?}");
+        for (_, _, frames, _) in &got {
+            assert_eq!(frames, &["big", "main"], "{got:?}");
+        }
+        assert_eq!(doc["lost"]["unwind_no_rule"], 0);
+    }
+);
+
+bpf_test!(
+    shared,
+    /// A table too big for `--unwind-table-size` (one row here): the walk stops at the first
+    /// frame in its file, rather than follow frame pointers it does not keep into junk
+    /// frames, and the stack says so. Counts stay exact.
+    fn a_table_without_room_cuts_the_stack_there_and_says_so() {
+        let doc = trace(
+            "unwind-noroom",
+            &unwinddeep(false, false),
+            &["--unwind-table-size", "1"],
+        );
+        let got = sites(&doc);
+        let calls: u64 = got.iter().map(|s| s.1).sum();
+        assert_eq!(calls, 600, "{got:?}");
+        for (_, _, frames, _) in &got {
+            let last = frames.last().map(String::as_str).unwrap_or("");
+            assert!(
+                last.contains("no room for this file's unwind rows")
+                    && last.contains("--unwind-table-size"),
+                "{got:?}"
+            );
+            // The allocating frame, then the mark: nothing read from the junk above it.
+            assert_eq!(frames.len(), 2, "{got:?}");
+        }
+        assert!(doc["lost"]["unwind_table"].as_u64().unwrap() >= 600);
+    }
+);
+
+bpf_test!(
+    shared,
     /// Through libstdc++ (no frame pointers) from a program built without them:
     /// operator new <- (inlined allocator frames) <- vector::_M_realloc_insert <- main, 400
     /// calls of 60 bytes a vector.

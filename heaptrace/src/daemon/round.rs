@@ -278,12 +278,11 @@ impl Daemon {
         };
         ips.truncate(self.stack_depth);
         // The first frame is the return address the probe saw; past a function built
-        // without frame pointers, the walk read on through data.
-        if let Some(i) = ips
-            .iter()
-            .skip(1)
-            .position(|ip| self.modules.not_code(pid, *ip))
-        {
+        // without frame pointers, the walk read on through data. The kernel's mark of a cut
+        // for want of table room is kept, for the views to name.
+        if let Some(i) = ips.iter().skip(1).position(|ip| {
+            *ip != heaptrace_common::NO_ROOM_FRAME && self.modules.not_code(pid, *ip)
+        }) {
             ips.truncate(i + 1);
         }
         if !whole && ips.len() < self.stack_depth {

@@ -137,6 +137,17 @@ impl Frame {
         .contains(&&*self.function)
     }
 
+    /// The last frame of a stack the kernel cut at a file whose unwind rows found no room:
+    /// it stands for [`heaptrace_common::NO_ROOM_FRAME`].
+    pub fn no_room() -> Frame {
+        Frame::placeholder(NO_ROOM_FUNCTION, "[lost]", 0)
+    }
+
+    /// Whether this is [`Frame::no_room`].
+    pub fn is_no_room(&self) -> bool {
+        &*self.function == NO_ROOM_FUNCTION
+    }
+
     /// A frame standing for an allocation whose stack was lost (the errno says why).
     pub fn lost(errno: i32) -> Frame {
         Frame::placeholder(
@@ -178,6 +189,9 @@ impl Frame {
 
 const MORE_LOST_FUNCTION: &str =
     "[more frames lost: no room in the stack maps; raise --stack-map-size]";
+
+const NO_ROOM_FUNCTION: &str =
+    "[more frames lost: no room for this file's unwind rows; raise --unwind-table-size]";
 
 /// Not an address: the end of a stack whose frames past the caller were lost. Kept among a
 /// stack's return addresses (and in recordings) so that it symbolizes as [`Frame::more_lost`].
@@ -253,6 +267,7 @@ impl Symbolizer {
             match loc.as_ref().and_then(|l| self.cache.get(l)) {
                 Some(frames) => out.extend(frames.iter().cloned()),
                 None if *ip == MORE_FRAMES_LOST => out.push(Frame::more_lost()),
+                None if *ip == heaptrace_common::NO_ROOM_FRAME => out.push(Frame::no_room()),
                 None => out.push(Frame::unknown(*ip)),
             }
         }

@@ -271,7 +271,7 @@ fn row(pc: u32, r: &gimli::UnwindTableRow<usize>, stats: &mut Stats) -> Row {
             return none;
         }
     };
-    let Some(cfa) = words(offset).and_then(|w| u16::try_from(w).ok()) else {
+    let Some(cfa) = words(offset) else {
         stats.other += 1;
         return none;
     };
@@ -284,12 +284,10 @@ fn row(pc: u32, r: &gimli::UnwindTableRow<usize>, stats: &mut Stats) -> Row {
         stats.other += 1;
         return none;
     };
-    Row {
-        pc,
-        cfa,
-        kind: cfa_kind,
-        rbp,
-    }
+    Row::new(pc, cfa_kind, cfa, rbp).unwrap_or_else(|| {
+        stats.other += 1;
+        none
+    })
 }
 
 /// A positive multiple of 8, in words.

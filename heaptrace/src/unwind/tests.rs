@@ -163,3 +163,16 @@ fn bytes_that_are_not_elf_are_an_error_not_a_panic() {
     data.truncate(4096);
     let _ = build(&data[..]);
 }
+
+/// A CFA offset past 16 bits of words (a frame over 512 KiB) keeps its high bits in the kind
+/// byte; past 4 MiB there is no row.
+#[test]
+fn cfa_offsets_past_16_bits_of_words_keep_their_high_bits() {
+    let r = Row::new(0x10, kind::RSP, 67_510, 2).unwrap();
+    assert_eq!((r.rule(), r.cfa_words(), r.rbp), (kind::RSP, 67_510, 2));
+    let top = (1 << 19) - 1;
+    assert_eq!(Row::new(0, kind::RBP, top, 0).unwrap().cfa_words(), top);
+    assert_eq!(Row::new(0, kind::RBP, top, 0).unwrap().rule(), kind::RBP);
+    assert_eq!(Row::new(0, kind::RSP, 1 << 19, 0), None);
+    assert_eq!(Row::new(0, kind::RSP, 2, 0).unwrap().kind, kind::RSP);
+}

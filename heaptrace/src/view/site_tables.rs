@@ -177,6 +177,8 @@ pub fn sites(profile: &Profile, top: usize, rule: Temporary, n: Names) -> String
 pub enum Cut {
     /// The stack maps had no room for the frames past the caller.
     MapFull,
+    /// The unwind table had no room for this module's rows (`--unwind-table-size`).
+    NoRoom(String),
     /// An ended process's stack folded with others' past the folded stacks' bound.
     Folded,
     /// The walk stopped at its depth with frames left.
@@ -199,6 +201,9 @@ impl Cut {
         let last = frames.last()?;
         Some(if last.is_more_lost() {
             Cut::MapFull
+        } else if last.is_no_room() {
+            let module = frames.iter().rev().nth(1).map(|f| f.module.to_string());
+            Cut::NoRoom(module.unwrap_or_default())
         } else if last.is_folded_other() {
             Cut::Folded
         } else if frames.len() >= heaptrace_common::STACK_FRAMES {
@@ -212,6 +217,7 @@ impl Cut {
     pub fn brief(&self) -> String {
         match self {
             Cut::MapFull => "the stack maps were full".into(),
+            Cut::NoRoom(module) => format!("in {module}, no room for its unwind rows"),
             Cut::Folded => "folded with other ended processes' stacks".into(),
             Cut::Depth => format!("at {} frames", heaptrace_common::STACK_FRAMES),
             Cut::NoUnwind(module) => format!("in {module}"),
@@ -225,6 +231,10 @@ impl Cut {
             Cut::MapFull => "because the stack maps had no room for their frames past the caller \
                  (see lost: stack; raise --stack-map-size)"
                 .into(),
+            Cut::NoRoom(module) => format!(
+                "in {module}, whose unwind rows found no room in the unwind table (see lost: \
+                 unwind_table; raise --unwind-table-size)"
+            ),
             Cut::Folded => format!(
                 "because their processes had ended and were folded into one, whose distinct \
                  stacks past {} share one (--keep-exited)",

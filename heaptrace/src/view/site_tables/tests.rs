@@ -160,6 +160,24 @@ fn stacks_cut_by_a_full_stack_map_say_so() {
     );
 }
 
+/// Stacks the kernel cut at a file whose rows found no room in the unwind table name that
+/// file and the flag, not "neither frame pointers nor unwind rows".
+#[test]
+fn stacks_cut_for_want_of_unwind_table_room_say_so() {
+    let whole = vec![in_module("malloc", "libc.so.6"), in_module("main", "rustc")];
+    let cut = vec![
+        in_module("__rust_alloc", "librustc_driver.so"),
+        crate::symbolize::Frame::no_room(),
+    ];
+    let said = shallow_stacks(&two_sites(whole, cut)).unwrap();
+    assert!(
+        said.contains("most (75%) in librustc_driver.so, whose unwind rows found no room")
+            && said.contains("--unwind-table-size")
+            && !said.contains("neither frame pointers"),
+        "{said}"
+    );
+}
+
 /// Stacks of ended processes folded past the folded stacks' bound name the fold, not a
 /// module "without unwind rows" called `[folded]`.
 #[test]
