@@ -236,10 +236,10 @@ pub struct TraceArgs {
     pub stack_depth: u32,
 
     /// Rows of unwind tables the kernel holds, for stacks through code without frame
-    /// pointers (8 bytes each; libc takes ~28k, python3 ~65k): a file whose table does not
-    /// fit is walked by frame pointer, and counted in `lost.unwind_table`. 0: frame pointers
-    /// only.
-    #[arg(long, default_value_t = 1 << 20, value_name = "ROWS",
+    /// pointers (8 bytes each, 32 MiB at the default; libc takes ~28k, python3 ~65k, rustc's
+    /// libraries ~2.6M): a stack reaching a file whose table does not fit ends there, counted
+    /// in `lost.unwind_table`. 0: frame pointers only.
+    #[arg(long, default_value_t = 1 << 22, value_name = "ROWS",
           value_parser = clap::value_parser!(u32).range(0..=1 << 26))]
     pub unwind_table_size: u32,
 

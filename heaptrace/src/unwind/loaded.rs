@@ -1,11 +1,13 @@
 //! The unwind tables loaded for the walks: each file's rows once, however many traced
 //! processes map it, and each process's code mappings pointing at them. Kept in step with the
 //! mappings the daemon reads (`symbolize::modules::Modules`): a process's entry is written
-//! when its code mappings change, and a file's rows are given back when no process maps it.
+//! when its code mappings change. A file no process maps any more keeps its rows while the
+//! space allows (`IDLE_FILES` of them, oldest given back first): a compile loop execs the same
+//! compiler again and again, and its next process then starts with its tables in place.
 //! Where they go is a [`Store`]: the kernel's maps (`UNWIND_ROWS`, `UNWIND_PROCS`) or an
 //! in-process region's unwind area (`super::region`).
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     os::unix::fs::MetadataExt as _,
     time::{Duration, Instant},
 };
@@ -27,6 +29,9 @@ use crate::{
 
 /// Files larger than this are not read for their tables (walked by frame pointer).
 const MAX_FILE_BYTES: u64 = 1 << 30;
+
+/// Files no process maps that keep their tables, for the next process that maps them.
+const IDLE_FILES: usize = 256;
 
 /// A file, by device and inode: the same for every process that maps it.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
@@ -53,6 +58,27 @@ struct FileEntry {
     segments: Vec<Segment>,
     /// Processes whose entries point at it.
     users: u32,
+    /// The file as read: an idle entry is used again only for the same file, not another
+    /// that took its inode since.
+    stamp: Option<Stamp>,
+}
+
+/// What tells a file apart from a later one with its device and inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Stamp {
+        Stamp {
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
 }
 
 /// A process's code mappings as last written, and the files they map.
@@ -77,6 +103,8 @@ pub struct TableStats {
     pub no_room: u32,
     /// Process entries that held their first `MAX_MODULES` tables only.
     pub modules_over: u32,
+    /// Files mapped again while idle, their tables used without reading them.
+    pub reused: u32,
 }
 
 /// A code mapping of a file, from /proc/PID/maps.
@@ -138,6 +166,8 @@ pub struct Tables {
     store: Box<dyn Store>,
     space: RowSpace,
     files: HashMap<FileKey, FileEntry>,
+    /// Files no process maps, oldest first.
+    idle: VecDeque<FileKey>,
     pids: HashMap<u32, Proc>,
     /// The last entry's `ProcModules::version`.
     version: u32,
@@ -167,6 +197,7 @@ impl Tables {
             space: RowSpace::new(store.capacity()),
             store,
             files: HashMap::new(),
+            idle: VecDeque::new(),
             pids: HashMap::new(),
             version: 0,
             stats: TableStats::default(),
@@ -181,6 +212,9 @@ impl Tables {
         let code = code_mappings(maps);
         if self.pids.get(&pid).is_some_and(|p| p.signature == code) {
             return;
+        }
+        for m in &code {
+            self.check_idle(pid, m);
         }
         let unknown: Vec<&CodeMapping> = code
             .iter()
@@ -202,6 +236,9 @@ impl Tables {
         files.dedup();
         for f in &files {
             if let Some(e) = self.files.get_mut(f) {
+                if e.users == 0 {
+                    self.idle.retain(|k| k != f);
+                }
                 e.users += 1;
             }
         }
@@ -231,6 +268,26 @@ impl Tables {
         if !self.files.contains_key(&key) {
             let entry = self.read_file(&path.to_string_lossy());
             self.files.insert(key, entry);
+            self.idle.push_back(key);
+            self.trim_idle();
+        }
+    }
+
+    /// Gives back the idle table of `m`'s file where the file mapped now is not the one read:
+    /// a file deleted since, whose inode a new one took.
+    fn check_idle(&mut self, pid: u32, m: &CodeMapping) {
+        let Some(e) = self.files.get(&m.file) else {
+            return;
+        };
+        if e.users > 0 {
+            return;
+        }
+        let path = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+        let now = std::fs::metadata(path).ok().map(|meta| Stamp::of(&meta));
+        if now.is_some() && now == e.stamp {
+            self.stats.reused += 1;
+        } else {
+            self.evict(m.file);
         }
     }
 
@@ -319,6 +376,31 @@ impl Tables {
         if e.users > 0 {
             return;
         }
+        // A table that did not fit may fit next time.
+        if e.placement == Placement::NoRoom || e.stamp.is_none() {
+            self.evict(f);
+            return;
+        }
+        self.idle.push_back(f);
+        self.trim_idle();
+    }
+
+    /// Keeps at most `IDLE_FILES` idle files.
+    fn trim_idle(&mut self) {
+        while self.idle.len() > IDLE_FILES {
+            let Some(f) = self.idle.pop_front() else {
+                break;
+            };
+            self.evict(f);
+        }
+    }
+
+    /// Forgets file `f` and gives its rows back.
+    fn evict(&mut self, f: FileKey) {
+        self.idle.retain(|k| *k != f);
+        let Some(e) = self.files.remove(&f) else {
+            return;
+        };
         if let Placement::Rows { first, rows } = e.placement {
             // A walk on another CPU may still read them as this file's for a moment: a wrong
             // row there ends its stack early or in frames user space cuts (not code).
@@ -326,7 +408,6 @@ impl Tables {
             self.stats.files -= 1;
             self.stats.rows -= u64::from(rows);
         }
-        self.files.remove(&f);
     }
 
     /// Reads the file at `path` and places its table. A mapped file is read through
@@ -334,15 +415,17 @@ impl Tables {
     /// container's, one replaced since).
     fn read_file(&mut self, path: &str) -> FileEntry {
         let start = Instant::now();
-        let unusable = FileEntry {
+        let mut unusable = FileEntry {
             placement: Placement::Unusable,
             segments: Vec::new(),
             users: 0,
+            stamp: None,
         };
-        let Some(file) = open_bounded(path) else {
+        let Some((file, stamp)) = open_bounded(path) else {
             self.stats.unusable += 1;
             return unusable;
         };
+        unusable.stamp = Some(stamp);
         // Only the headers and the unwind sections are read, not the whole file.
         let cache = object::ReadCache::new(file);
         let built = table::build(&cache);
@@ -372,13 +455,23 @@ impl Tables {
             placement,
             segments: t.segments,
             users: 0,
+            stamp: Some(stamp),
         }
     }
 
     /// Writes `rows` into the store's where there is room.
     fn place(&mut self, rows: &[Row]) -> Placement {
         let n = rows.len() as u32;
-        let Some(first) = (n > 0).then(|| self.space.take(n)).flatten() else {
+        let mut first = (n > 0).then(|| self.space.take(n)).flatten();
+        // Idle files' rows go first, the longest idle first, until these fit.
+        while first.is_none() && n > 0 && n as usize <= self.space_total() {
+            let Some(f) = self.idle.pop_front() else {
+                break;
+            };
+            self.evict(f);
+            first = self.space.take(n);
+        }
+        let Some(first) = first else {
             self.stats.no_room += u32::from(n > 0);
             return if n > 0 {
                 Placement::NoRoom
@@ -392,6 +485,10 @@ impl Tables {
         Placement::Rows { first, rows: n }
     }
 
+    fn space_total(&self) -> usize {
+        self.store.capacity() as usize
+    }
+
     /// Rows free in the store.
     pub fn free_rows(&self) -> u64 {
         self.space.free_rows()
@@ -399,10 +496,10 @@ impl Tables {
 }
 
 /// The file at `path`, if it is a regular file no larger than [`MAX_FILE_BYTES`].
-fn open_bounded(path: &str) -> Option<std::fs::File> {
+fn open_bounded(path: &str) -> Option<(std::fs::File, Stamp)> {
     let f = std::fs::File::open(path).ok()?;
     let meta = f.metadata().ok()?;
-    (meta.is_file() && meta.size() <= MAX_FILE_BYTES).then_some(f)
+    (meta.is_file() && meta.size() <= MAX_FILE_BYTES).then(|| (f, Stamp::of(&meta)))
 }
 
 /// The bias of mapping `m`: run-time address less the file's virtual address.
@@ -451,6 +548,82 @@ fn code_mappings(maps: &str) -> Vec<CodeMapping> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rows and entries in memory.
+    struct Memory {
+        rows: Vec<Row>,
+        entries: HashMap<u32, ProcModules>,
+    }
+
+    impl Store for Memory {
+        fn capacity(&self) -> u32 {
+            self.rows.len() as u32
+        }
+        fn write_rows(&mut self, first: u32, rows: &[Row]) {
+            self.rows[first as usize..][..rows.len()].copy_from_slice(rows);
+        }
+        fn set_entry(&mut self, pid: u32, entry: &ProcModules) {
+            self.entries.insert(pid, *entry);
+        }
+        fn remove_entry(&mut self, pid: u32) {
+            self.entries.remove(&pid);
+        }
+    }
+
+    fn tables(rows: usize) -> Tables {
+        Tables::new(Box::new(Memory {
+            rows: vec![Row::default(); rows],
+            entries: HashMap::new(),
+        }))
+    }
+
+    /// This process's mappings, as the daemon reads a traced one's.
+    fn own_maps() -> (u32, String) {
+        let pid = std::process::id();
+        (pid, std::fs::read_to_string("/proc/self/maps").unwrap())
+    }
+
+    /// A process that ends leaves its files' rows in place: the next one that maps them
+    /// (a compile loop's next compiler) gets them without reading them again.
+    #[test]
+    fn files_no_process_maps_keep_their_rows_for_the_next() {
+        let (pid, maps) = own_maps();
+        let mut t = tables(1 << 22);
+        t.sync(pid, &maps);
+        let (read, rows) = (t.stats.read, t.stats.rows);
+        assert!(rows > 0, "{:?}", t.stats);
+        t.forget(pid);
+        assert_eq!(t.stats.rows, rows, "idle files keep their rows");
+        t.sync(pid, &maps);
+        assert_eq!(t.stats.read, read, "nothing read again: {:?}", t.stats);
+        assert!(t.stats.reused > 0);
+        assert_eq!(t.free_rows(), (1 << 22) - rows);
+    }
+
+    /// Idle files give their rows back, the longest idle first, when a new table needs them.
+    #[test]
+    fn idle_rows_are_given_back_when_a_new_table_needs_them() {
+        let (pid, maps) = own_maps();
+        let mut t = tables(1 << 22);
+        t.sync(pid, &maps);
+        let rows = t.stats.rows as usize;
+        // Room for this process's tables once, not twice.
+        let mut small = tables(rows + rows / 2);
+        small.sync(pid, &maps);
+        assert_eq!(small.stats.no_room, 0, "{:?}", small.stats);
+        small.forget(pid);
+        // A second, different file set cannot be had here: the same files, their stamps
+        // taken as changed, must be read again into rows the idle ones gave back.
+        for e in small.files.values_mut() {
+            if let Some(s) = &mut e.stamp {
+                s.size += 1;
+            }
+        }
+        small.sync(pid, &maps);
+        assert_eq!(small.stats.no_room, 0, "{:?}", small.stats);
+        assert_eq!(small.stats.rows as usize, rows);
+        assert_eq!(small.stats.reused, 0);
+    }
 
     #[test]
     fn code_mappings_are_the_executable_file_mappings() {
