@@ -30,6 +30,6 @@ pub const PEAKS: &str = "PEAKS";
 /// One u32: 1 while the programs count, 0 before every probe is in place and from the
 /// start of the detach (see heaptrace's `probe::Probes::enable`).
 pub const COUNTING: &str = "COUNTING";
-pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
+pub const UNWIND_CHUNKS: &str = "UNWIND_CHUNKS";
 pub const UNWIND_PROCS: &str = "UNWIND_PROCS";
 pub const UNWIND_CACHE: &str = "UNWIND_CACHE";

@@ -68,6 +68,14 @@ impl Row {
     }
 }
 
+/// The rows' index space is cut in chunks of `1 << CHUNK_SHIFT` rows (2 MiB), each an array
+/// map created when rows are first written into it: memory as the tables need it, up to
+/// `--unwind-table-size`. A row's chunk is its index's high bits, its place in it the low.
+pub const CHUNK_SHIFT: u32 = 18;
+pub const CHUNK_ROWS: u32 = 1 << CHUNK_SHIFT;
+/// Chunks at most: 64 M rows (512 MiB).
+pub const MAX_CHUNKS: u32 = 256;
+
 /// The most code mappings of a process that get unwind tables; the others walk by frame
 /// pointer (and count in `Loss::UnwindTable`).
 pub const MAX_MODULES: usize = 64;
@@ -79,7 +87,7 @@ pub const MODULE_NO_ROOM: u32 = 1;
 pub const MODULE_PENDING: u32 = 2;
 
 /// A code mapping of a process: its addresses, the bias that turns them into the file's
-/// virtual addresses, and its file's rows in `UNWIND_ROWS` (none: a frame-pointer walk).
+/// virtual addresses, and its file's rows in `UNWIND_CHUNKS` (none: a frame-pointer walk).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Module {
@@ -87,7 +95,7 @@ pub struct Module {
     pub end: u64,
     /// Run-time address less file virtual address.
     pub bias: u64,
-    /// The file's first row in `UNWIND_ROWS`.
+    /// The index of the file's first row (across `UNWIND_CHUNKS`, or in the in-process area).
     pub first: u32,
     /// Its rows; 0: walk by frame pointer (built with frame pointers, no unwind information,
     /// or [`MODULE_NO_ROOM`]).

@@ -8,13 +8,13 @@ use aya_ebpf::helpers::bpf_get_smp_processor_id;
 use heaptrace_common::{
     Loss,
     unwind::{
-        MAX_MODULES, MODULE_NO_ROOM, MODULE_PENDING, MODULE_STEPS, Module, ProcModules, ROW_STEPS,
-        RULE_FRAME_POINTER, RULE_NO_ROOM, RULE_PENDING, Row, cached_rule, rule_index, rule_tag,
-        rule_word,
+        CHUNK_ROWS, CHUNK_SHIFT, MAX_MODULES, MODULE_NO_ROOM, MODULE_PENDING, MODULE_STEPS, Module,
+        ProcModules, ROW_STEPS, RULE_FRAME_POINTER, RULE_NO_ROOM, RULE_PENDING, Row, cached_rule,
+        rule_index, rule_tag, rule_word,
     },
 };
 
-use crate::maps::{NO_MODULES, UNWIND_CACHE, UNWIND_PROCS, UNWIND_ROWS, slot_cpus, unwind_on};
+use crate::maps::{NO_MODULES, UNWIND_CACHE, UNWIND_CHUNKS, UNWIND_PROCS, slot_cpus, unwind_on};
 
 /// The process's modules, where tables are on and it has any; else none (an empty list).
 /// Never None in practice: an empty list rather than an Option, because LLVM computed the
@@ -107,12 +107,19 @@ pub fn row(m: &Module, pc: u64) -> Option<Row> {
             break;
         }
         let half = len / 2;
-        let r = UNWIND_ROWS.get((base + half) as u32)?;
+        let r = table_row(base + half)?;
         base += half * at_most(u64::from(r.pc), rel);
         len -= half;
     }
-    let r = UNWIND_ROWS.get(base as u32)?;
+    let r = table_row(base)?;
     (u64::from(r.pc) <= rel).then_some(*r)
+}
+
+/// Row `i` of the tables: in chunk `i >> CHUNK_SHIFT`.
+#[inline(always)]
+fn table_row(i: u64) -> Option<&'static Row> {
+    let i = i as u32;
+    UNWIND_CHUNKS.get_value(i >> CHUNK_SHIFT, &(i & (CHUNK_ROWS - 1)))
 }
 
 /// How to unwind the frame whose call is at `pc`: its row, or [`RULE_FRAME_POINTER`] (with

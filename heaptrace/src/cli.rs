@@ -235,13 +235,15 @@ pub struct TraceArgs {
           value_parser = clap::value_parser!(u32).range(1..=127))]
     pub stack_depth: u32,
 
-    /// Rows of unwind tables the kernel holds, for stacks through code without frame
-    /// pointers (8 bytes each, 32 MiB at the default; libc takes ~28k, python3 ~65k, rustc's
-    /// libraries ~2.6M): a stack reaching a file whose table does not fit ends there, counted
-    /// in `lost.unwind_table`. 0: frame pointers only.
-    #[arg(long, default_value_t = 1 << 22, value_name = "ROWS",
-          value_parser = clap::value_parser!(u32).range(0..=1 << 26))]
-    pub unwind_table_size: u32,
+    /// Rows of unwind tables held at most, for stacks through code without frame pointers
+    /// (8 bytes each; libc takes ~28k, python3 ~65k, rustc's libraries ~2.6M): a stack
+    /// reaching a file whose table does not fit ends there, counted in `lost.unwind_table`.
+    /// 0: frame pointers only.
+    ///
+    /// Default: 16777216 for the kernel's probes (at most 128 MiB, allocated 2 MiB at a time
+    /// as tables need it), 4194304 with --in-process (the region's area).
+    #[arg(long, value_name = "ROWS", value_parser = clap::value_parser!(u32).range(0..=1 << 26))]
+    pub unwind_table_size: Option<u32>,
 
     /// Capacity of the stack map (distinct user stacks held at once).
     ///
@@ -363,6 +365,16 @@ impl TraceArgs {
         self.stack_map_size.unwrap_or(131072)
     }
 
+    /// `--unwind-table-size` for the kernel's probes: a bound, allocated as used.
+    pub fn kernel_unwind_rows(&self) -> u32 {
+        self.unwind_table_size.unwrap_or(1 << 24)
+    }
+
+    /// `--unwind-table-size` with --in-process: the region's unwind area.
+    pub fn in_process_unwind_rows(&self) -> u32 {
+        self.unwind_table_size.unwrap_or(1 << 22)
+    }
+
     /// `--stack-map-size` with --in-process: the region's stack table.
     pub fn in_process_stack_map_size(&self) -> u32 {
         self.stack_map_size.unwrap_or(16384)
@@ -376,7 +388,7 @@ pub enum Command {
     Probes(ProbesArgs),
     /// Trace like `heaptrace` does and write every round to a recording.
     #[command(after_help = examples::RECORD, max_term_width = 80)]
-    Record(RecordArgs),
+    Record(Box<RecordArgs>),
     /// Answer questions about a recording: views, exports, comparisons.
     #[command(after_help = examples::REPORT, max_term_width = 80)]
     Report(ReportArgs),

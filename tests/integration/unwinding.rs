@@ -214,6 +214,81 @@ bpf_test!(
 
 bpf_test!(
     shared,
+    /// cc1plus's table (~420,000 rows) is larger than a chunk of the kernel's rows (262,144),
+    /// so it spans two: g++'s compiler, followed from the launched driver at the defaults,
+    /// has every listed stack whole, and no walk is lost to the tables.
+    fn a_table_larger_than_a_chunk_is_walked_whole() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/templates.cpp");
+        let out = json_path("unwind-gpp").with_extension("o");
+        let json = json_path("unwind-gpp");
+        let mut cmd = heaptrace();
+        cmd.args(["--no-tui", "-q", "--json"])
+            .arg(&json)
+            .args(["--", "g++", "-O2", "-c"])
+            .arg(&src)
+            .arg("-o")
+            .arg(&out);
+        run_ok(&mut cmd);
+        let doc = read_json(&json);
+        for loss in ["unwind_table", "unwind_late", "unwind_no_rule", "stack"] {
+            assert_eq!(doc["lost"][loss], 0, "{loss}: {}", doc["lost"]);
+        }
+        let cc1plus: Vec<u64> = doc["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["comm"] == "cc1plus")
+            .map(|p| p["pid"].as_u64().unwrap())
+            .collect();
+        assert_eq!(cc1plus.len(), 1, "{}", doc["processes"]);
+        let bottoms = ["main", "_start", "__libc_start_call_main"];
+        let mut listed = 0;
+        for s in doc["stacks"].as_array().unwrap() {
+            if s["pid"].as_u64() != Some(cc1plus[0]) {
+                continue;
+            }
+            listed += 1;
+            let frames = names(s);
+            assert!(
+                frames.iter().any(|f| bottoms.contains(&f.as_str())),
+                "{frames:?}"
+            );
+        }
+        assert!(listed > 100, "{listed} cc1plus stacks listed");
+    }
+);
+
+bpf_test!(
+    shared,
+    /// rustc's two libraries take ~2.6 M rows (the kernel's table held 1 M before it grew as
+    /// needed), and its `run_compiler` closures' frames take 527 KiB: at the defaults no walk
+    /// is lost to the table's room, and next to none to rows without a rule (~420 walks
+    /// through LLVM's functions whose CFA is another register's, 1 % of a debug build's).
+    fn rustcs_tables_fit_at_the_defaults() {
+        let dir = json_path("unwind-rustc").with_extension("d");
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("hello.rs");
+        std::fs::write(&src, "fn main() { println!(\"{:?}\", vec![1, 2, 3]); }\n").unwrap();
+        let json = json_path("unwind-rustc");
+        let mut cmd = heaptrace();
+        cmd.args(["--no-tui", "-q", "--json"])
+            .arg(&json)
+            .args(["--", "rustc", "--out-dir"])
+            .arg(&dir)
+            .arg(&src);
+        run_ok(&mut cmd);
+        let doc = read_json(&json);
+        let calls = doc["totals"]["allocations"].as_u64().unwrap();
+        assert!(calls > 10_000, "{calls}");
+        assert_eq!(doc["lost"]["unwind_table"], 0, "{}", doc["lost"]);
+        let no_rule = doc["lost"]["unwind_no_rule"].as_u64().unwrap();
+        assert!(no_rule * 50 < calls, "{no_rule} of {calls}");
+    }
+);
+
+bpf_test!(
+    shared,
     /// A table too big for `--unwind-table-size` (one row here): the walk stops at the first
     /// frame in its file, rather than follow frame pointers it does not keep into junk
     /// frames, and the stack says so. Counts stay exact.

@@ -1,13 +1,14 @@
 //! The unwind tables' maps and the stack walk's state (`stacks.rs`, `unwind.rs`).
 use aya_ebpf::{
-    macros::map,
+    btf_maps::{Array as BtfArray, ArrayOfMaps},
+    macros::{btf_map, map},
     maps::{Array, HashMap, PerCpuArray},
 };
-use heaptrace_common::unwind::{ProcModules, Row};
+use heaptrace_common::unwind::{CHUNK_ROWS, MAX_CHUNKS, ProcModules, Row};
 
 use super::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC};
 
-/// 1: unwind tables are loaded (`UNWIND_ROWS`, `UNWIND_PROCS`); see
+/// 1: unwind tables are loaded (`UNWIND_CHUNKS`, `UNWIND_PROCS`); see
 /// `heaptrace_common::globals::UNWIND`.
 #[unsafe(no_mangle)]
 static UNWIND: u32 = 0;
@@ -18,10 +19,14 @@ pub fn unwind_on() -> bool {
     unsafe { core::ptr::read_volatile(&UNWIND) != 0 }
 }
 
-/// Every file's unwind rows (`heaptrace_common::unwind::Row`), each file's together, written
-/// by user space in place (mappable) before a process's modules point at them.
-#[map(name = "UNWIND_ROWS")]
-pub static UNWIND_ROWS: Array<Row> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+/// Every file's unwind rows (`heaptrace_common::unwind::Row`), each file's together, in
+/// chunks of `CHUNK_ROWS` rows that user space creates as the rows need them, and writes in
+/// place (mappable) before a process's modules point at them.
+#[btf_map]
+pub static UNWIND_CHUNKS: ArrayOfMaps<
+    BtfArray<Row, { CHUNK_ROWS as usize }, { BPF_F_MMAPABLE as usize }>,
+    { MAX_CHUNKS as usize },
+> = ArrayOfMaps::new();
 
 /// Each traced process's code mappings with their files' rows, by tgid.
 #[map(name = "UNWIND_PROCS")]

@@ -3,7 +3,7 @@
 //! user space reads and frees in place, with atomics, while the programs run.
 use std::{
     marker::PhantomData,
-    os::fd::{AsFd as _, AsRawFd as _},
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
     ptr::NonNull,
     sync::atomic::AtomicU64,
 };
@@ -34,6 +34,12 @@ impl<T: Copy> MappedArray<T> {
             return Err(err("not an array in the object".into()));
         };
         let len = data.info().map_err(|e| err(e.to_string()))?.max_entries() as usize;
+        Self::map_fd(data.fd().as_fd(), len, map)
+    }
+
+    /// Maps the array map `fd` of `len` elements (created mappable), named `map` in errors.
+    pub fn map_fd(fd: BorrowedFd<'_>, len: usize, map: &'static str) -> Result<MappedArray<T>> {
+        let err = |reason: String| Error::Map { map, reason };
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
         let bytes = (len * size_of::<T>()).div_ceil(page) * page;
@@ -45,7 +51,7 @@ impl<T: Copy> MappedArray<T> {
                 bytes,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
-                data.fd().as_fd().as_raw_fd(),
+                fd.as_raw_fd(),
                 0,
             )
         };

@@ -64,7 +64,8 @@ fn map_fd(map: &Map) -> Option<RawFd> {
         | Map::RingBuf(d)
         | Map::StackTraceMap(d)
         | Map::LruHashMap(d)
-        | Map::PerCpuLruHashMap(d) => d,
+        | Map::PerCpuLruHashMap(d)
+        | Map::ArrayOfMaps(d) => d,
         _ => return None,
     };
     Some(data.fd().as_fd().as_raw_fd())

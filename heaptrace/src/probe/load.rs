@@ -326,10 +326,6 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
         .map_max_entries(maps::SITES, if stacks { opts.site_map_size } else { 1 })
         .override_global(globals::UNWIND, &u32::from(opts.unwinds()), true)
         .map_max_entries(
-            maps::UNWIND_ROWS,
-            if opts.unwinds() { opts.unwind_rows } else { 1 },
-        )
-        .map_max_entries(
             maps::UNWIND_CACHE,
             if opts.unwinds() {
                 rows.entries(heaptrace_common::unwind::RULE_CACHE_SHIFT)

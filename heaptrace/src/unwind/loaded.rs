@@ -4,7 +4,7 @@
 //! when its code mappings change. A file no process maps any more keeps its rows while the
 //! space allows (`IDLE_FILES` of them, oldest given back first): a compile loop execs the same
 //! compiler again and again, and its next process then starts with its tables in place.
-//! Where they go is a [`Store`]: the kernel's maps (`UNWIND_ROWS`, `UNWIND_PROCS`) or an
+//! Where they go is a [`Store`]: the kernel's maps (`UNWIND_CHUNKS`, `UNWIND_PROCS`) or an
 //! in-process region's unwind area (`super::region`).
 use std::{
     collections::{HashMap, VecDeque},
@@ -19,13 +19,11 @@ use heaptrace_common::{
 };
 
 use super::{
+    chunks::Chunks,
     space::RowSpace,
     table::{self, Segment},
 };
-use crate::{
-    bpf::mmap_array::MappedArray,
-    error::{Error, Result},
-};
+use crate::error::{Error, Result};
 
 /// Files larger than this are not read for their tables (walked by frame pointer).
 const MAX_FILE_BYTES: u64 = 1 << 30;
@@ -121,7 +119,8 @@ struct CodeMapping {
 pub trait Store: Send {
     /// Rows it holds.
     fn capacity(&self) -> u32;
-    fn write_rows(&mut self, first: u32, rows: &[Row]);
+    /// False where they could not be written (no memory for them).
+    fn write_rows(&mut self, first: u32, rows: &[Row]) -> bool;
     fn set_entry(&mut self, pid: u32, entry: &ProcModules);
     fn remove_entry(&mut self, pid: u32);
     /// The processes it holds entries of (the kernel's: those it gave forks too).
@@ -132,19 +131,17 @@ pub trait Store: Send {
 
 /// The kernel's maps, which the return program reads.
 struct Kernel {
-    rows: MappedArray<Row>,
+    rows: Chunks,
     procs: BpfHashMap<MapData, u32, ProcModules>,
 }
 
 impl Store for Kernel {
     fn capacity(&self) -> u32 {
-        self.rows.len() as u32
+        self.rows.capacity()
     }
 
-    fn write_rows(&mut self, first: u32, rows: &[Row]) {
-        for (i, r) in rows.iter().enumerate() {
-            self.rows.write(first as usize + i, *r);
-        }
+    fn write_rows(&mut self, first: u32, rows: &[Row]) -> bool {
+        self.rows.write(first, rows)
     }
 
     fn set_entry(&mut self, pid: u32, entry: &ProcModules) {
@@ -175,9 +172,10 @@ pub struct Tables {
 }
 
 impl Tables {
-    /// Takes the loaded object's unwind maps (`probe::LoadOptions::unwinds`).
-    pub fn take(ebpf: &mut aya::Ebpf) -> Result<Tables> {
-        let rows: MappedArray<Row> = MappedArray::map(ebpf, maps::UNWIND_ROWS)?;
+    /// Takes the loaded object's unwind maps (`probe::LoadOptions::unwinds`), to hold up to
+    /// `rows` rows.
+    pub fn take(ebpf: &mut aya::Ebpf, rows: u32) -> Result<Tables> {
+        let rows = Chunks::take(ebpf, rows)?;
         let map = ebpf
             .take_map(maps::UNWIND_PROCS)
             .ok_or_else(|| Error::Map {
@@ -479,7 +477,11 @@ impl Tables {
                 Placement::Unusable
             };
         };
-        self.store.write_rows(first, rows);
+        if !self.store.write_rows(first, rows) {
+            self.space.give(first, n);
+            self.stats.no_room += 1;
+            return Placement::NoRoom;
+        }
         self.stats.files += 1;
         self.stats.rows += u64::from(n);
         Placement::Rows { first, rows: n }
@@ -559,8 +561,9 @@ mod tests {
         fn capacity(&self) -> u32 {
             self.rows.len() as u32
         }
-        fn write_rows(&mut self, first: u32, rows: &[Row]) {
+        fn write_rows(&mut self, first: u32, rows: &[Row]) -> bool {
             self.rows[first as usize..][..rows.len()].copy_from_slice(rows);
+            true
         }
         fn set_entry(&mut self, pid: u32, entry: &ProcModules) {
             self.entries.insert(pid, *entry);

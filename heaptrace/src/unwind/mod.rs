@@ -2,6 +2,7 @@
 //! compact rows the return program searches (`table`), and the rows of the files traced
 //! processes map, loaded once per file (`loaded`) into the kernel or an in-process region
 //! (`region`). docs/unwinding.md has the design.
+pub mod chunks;
 pub mod loaded;
 pub mod region;
 pub mod space;

@@ -91,7 +91,7 @@ impl Store for RegionStore {
         self.rows
     }
 
-    fn write_rows(&mut self, first: u32, rows: &[Row]) {
+    fn write_rows(&mut self, first: u32, rows: &[Row]) -> bool {
         let end = first as usize + rows.len();
         assert!(end <= self.rows as usize, "rows past the unwind area");
         // SAFETY: rows [first, end) of the area, which no published entry points at (the
@@ -101,6 +101,7 @@ impl Store for RegionStore {
             std::ptr::copy_nonoverlapping(rows.as_ptr(), at.add(first as usize), rows.len());
         }
         // Published (by the entry's generation, a release store) after these.
+        true
     }
 
     fn set_entry(&mut self, pid: u32, entry: &ProcModules) {

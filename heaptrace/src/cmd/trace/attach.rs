@@ -27,7 +27,7 @@ pub(super) fn load_options(cli: &TraceArgs, scope: Scope) -> LoadOptions {
         inflight_map_size: cli.inflight_map_size,
         proc_slots: cli.proc_slots,
         stack_map_size: cli.kernel_stack_map_size(),
-        unwind_rows: cli.unwind_table_size,
+        unwind_rows: cli.kernel_unwind_rows(),
         site_map_size: cli
             .site_map_size
             .unwrap_or_else(probe::default_site_map_size),
@@ -87,7 +87,7 @@ pub(super) fn attach(cli: &TraceArgs, provider: &Provider, scope: Scope) -> Resu
     // A process's tables go in at the daemon's first read of its mappings.
     let unwind = opts
         .unwinds()
-        .then(|| crate::unwind::loaded::Tables::take(&mut probes.ebpf))
+        .then(|| crate::unwind::loaded::Tables::take(&mut probes.ebpf, opts.unwind_rows))
         .transpose()?;
     Ok(Attached {
         scope,

@@ -103,7 +103,7 @@ fn launch_with_library(
             0
         },
         unwind_rows: if cli.mode == crate::run_info::Mode::Stacks {
-            cli.unwind_table_size
+            cli.in_process_unwind_rows()
         } else {
             0
         },
