@@ -106,6 +106,7 @@ impl Region {
                 untracked: sum.untracked,
                 untracked_bytes: sum.untracked_bytes,
                 lifetimes: std::array::from_fn(|b| lifetimes[at + b]),
+                ..SiteCounters::ZERO
             };
             snap.sites.insert(key, SiteTotals::from_per_cpu([&c]));
         }

@@ -253,6 +253,11 @@ pub(crate) fn peak(profile: &Profile) -> Node<'_> {
         ("round", json!(p.round).into()),
         ("elapsed_ms", json!(p.elapsed_ms).into()),
         ("exact", json!(p.exact).into()),
+        // Where `by_stack` and `live_blocks` were taken: at the peak, or at its round's end.
+        (
+            "by_stack_at",
+            json!(if p.held { "peak" } else { "round_end" }).into(),
+        ),
         (
             "reached_by",
             match p.reached_by {

@@ -4,6 +4,23 @@ use serde_json::{Value, json};
 
 use super::*;
 
+/// The sites live at process `pid`'s peak, largest first (none where not kept).
+fn peak_sites(profile: &Profile, pid: u32, held: Option<&crate::drain::round::PeakHeld>) -> Value {
+    let Some(held) = held else {
+        return json!([]);
+    };
+    let mut peak = crate::profile::Peak::default();
+    peak.set_held(pid, held);
+    let w = profile.wrappers();
+    let sites = peak.sites.iter().map(|(id, blocks, bytes)| {
+        with(
+            site(profile, &w, id),
+            json!({ "live_blocks": blocks, "live_bytes": bytes }),
+        )
+    });
+    Value::Array(sites.collect())
+}
+
 /// `processes[]`: each process's figures, sizes and leaks, written as they are listed.
 pub(super) fn processes<'a>(profile: &'a Profile, aliases: Vec<(Func, Func)>) -> Node<'a> {
     Node::list(move || {
@@ -25,8 +42,10 @@ pub(super) fn processes<'a>(profile: &'a Profile, aliases: Vec<(Func, Func)>) ->
                 "peak_rss_kb": p.peak_rss_kb,
                 "peak": p.peak.map(|k| json!({
                     "live_bytes": k.bytes,
+                    "live_blocks": p.peak_held.as_ref().map(|h| h.blocks),
                     "lower_bound": crate::view::lower_bound::untracked(profile, Some(*pid)) > 0,
                     "reached_by": { "size": k.size, "stack_id": k.stack_id },
+                    "by_stack": peak_sites(profile, *pid, p.peak_held.as_ref()),
                 })),
                 "memory": memory(profile, p),
                 "exited": p.exited,
