@@ -31,6 +31,7 @@ fn assert_held_by_the_burst(peak: &Value, what: &str) {
     );
     assert_eq!(rows.iter().map(|r| r.1).sum::<u64>(), PEAK, "{what}");
     assert_eq!(peak["live_blocks"].as_u64(), Some(BLOCKS), "{what}: {peak}");
+    assert_eq!(peak["by_stack_left_out"]["stacks"], 0, "{what}: {peak}");
 }
 
 bpf_test!(

@@ -4,21 +4,27 @@ use serde_json::{Value, json};
 
 use super::*;
 
-/// The sites live at process `pid`'s peak, largest first (none where not kept).
-fn peak_sites(profile: &Profile, pid: u32, held: Option<&crate::drain::round::PeakHeld>) -> Value {
-    let Some(held) = held else {
-        return json!([]);
-    };
+/// The sites live at process `pid`'s peak, largest first (none where not kept), as many as
+/// its leaks list (a fiftieth of `--json-max-stacks`), and what that leaves out.
+fn peak_sites(
+    profile: &Profile,
+    pid: u32,
+    held: Option<&crate::drain::round::PeakHeld>,
+) -> (Value, Value) {
     let mut peak = crate::profile::Peak::default();
-    peak.set_held(pid, held);
+    if let Some(held) = held {
+        peak.set_held(pid, held);
+    }
+    let cap = (stacks_cap(profile) / 50).max(1);
     let w = profile.wrappers();
-    let sites = peak.sites.iter().map(|(id, blocks, bytes)| {
+    let sites = peak.sites.iter().take(cap).map(|(id, blocks, bytes)| {
         with(
             site(profile, &w, id),
             json!({ "live_blocks": blocks, "live_bytes": bytes }),
         )
     });
-    Value::Array(sites.collect())
+    let left_out = super::peak_left_out(&peak.sites, cap);
+    (Value::Array(sites.collect()), left_out)
 }
 
 /// `processes[]`: each process's figures, sizes and leaks, written as they are listed.
@@ -31,6 +37,7 @@ pub(super) fn processes<'a>(profile: &'a Profile, aliases: Vec<(Func, Func)>) ->
             } else {
                 leaks(profile, Some(*pid))
             };
+            let (peak_by, peak_left_out) = peak_sites(profile, *pid, p.peak_held.as_ref());
             let fields = json!({
                 "comm": p.comm,
                 "cgroup": p.cgroup,
@@ -45,7 +52,8 @@ pub(super) fn processes<'a>(profile: &'a Profile, aliases: Vec<(Func, Func)>) ->
                     "live_blocks": p.peak_held.as_ref().map(|h| h.blocks),
                     "lower_bound": crate::view::lower_bound::untracked(profile, Some(*pid)) > 0,
                     "reached_by": { "size": k.size, "stack_id": k.stack_id },
-                    "by_stack": peak_sites(profile, *pid, p.peak_held.as_ref()),
+                    "by_stack": peak_by,
+                    "by_stack_left_out": peak_left_out,
                 })),
                 "memory": memory(profile, p),
                 "exited": p.exited,
