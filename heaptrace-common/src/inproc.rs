@@ -15,7 +15,7 @@ use crate::{
 
 /// "HTINPROC", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"HTINPROC");
-pub const VERSION: u32 = 6;
+pub const VERSION: u32 = 7;
 /// The environment variable that hands the library its region: `FD:SIZE:TOKEN` (decimal,
 /// decimal, 32 hex digits).
 pub const ENV: &str = "HEAPTRACE_INPROC";
@@ -111,7 +111,11 @@ pub struct Header {
     /// (function, size, stack) counts a thread's own table has no room for.
     pub shared_sizes: u32,
     pub _pad: u32,
-    pub _reserved: [u64; 4],
+    /// The peak's number and whether a new high waits for a release (as the kernel's
+    /// `ProcPeak::seq` and `pending`): the sites' entries keep their figures at the peak.
+    pub peak_seq: u64,
+    pub peak_pending: u64,
+    pub _reserved: [u64; 2],
 }
 
 /// `Header::failure`.
@@ -185,6 +189,29 @@ pub struct SiteEntry {
     pub temp_bytes: u64,
     pub untracked: u64,
     pub untracked_bytes: u64,
+    /// The peak's composition, as the kernel's `SiteCounters::peak_seq` and the two after it.
+    pub peak_seq: u64,
+    pub peak_blocks: u64,
+    pub peak_bytes: u64,
+}
+
+impl SiteEntry {
+    /// As the kernel's site counters (`SiteCounters::fold_peak`): keeps the live figures of
+    /// before the entry's first change since the header's peak number moved on to `seq`.
+    #[inline(always)]
+    pub fn fold_peak(&mut self, seq: u64) {
+        if self.peak_seq != seq {
+            self.peak_blocks = self
+                .calls
+                .wrapping_sub(self.frees)
+                .wrapping_sub(self.untracked);
+            self.peak_bytes = self
+                .bytes
+                .wrapping_sub(self.freed_bytes)
+                .wrapping_sub(self.untracked_bytes);
+            self.peak_seq = seq;
+        }
+    }
 }
 
 /// The site index: a stack's hash -> its id (its place in the stack records).

@@ -300,6 +300,13 @@ pub struct SiteCounters {
     /// Lifetimes of released blocks whose allocation was timed (`--latency-every`), in units
     /// of 1024 ns (~us), power-of-two buckets.
     pub lifetimes: [u64; LOG2_BUCKETS],
+    /// The peak's composition, folded lazily (memray's high-water mark): the process's
+    /// [`ProcPeak::seq`] this entry last saw, and its live blocks and bytes (as the fields
+    /// above give them, wrapping) before its first change after `seq` moved there. An entry
+    /// whose `peak_seq` is the process's held those at the peak; any other, its figures now.
+    pub peak_seq: u64,
+    pub peak_blocks: u64,
+    pub peak_bytes: u64,
 }
 
 impl SiteCounters {
@@ -313,6 +320,9 @@ impl SiteCounters {
         untracked: 0,
         untracked_bytes: 0,
         lifetimes: [0; LOG2_BUCKETS],
+        peak_seq: 0,
+        peak_blocks: 0,
+        peak_bytes: 0,
     };
 }
 
@@ -400,31 +410,8 @@ pub const INFLIGHT_RESERVED: u32 = 1;
 mod loss;
 pub use loss::{LOSS_COUNT, Loss};
 
-/// A process's live heap as the kernel keeps it at each tracked allocation and release, and
-/// the highest it reached, with the allocation that reached it (`maps::PEAKS`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ProcPeak {
-    /// Live bytes now (wrapping adds: a release is an add of the negated size).
-    pub live: u64,
-    /// The highest `live` reached.
-    pub max: u64,
-    /// The size and stack id ([`NO_SITE`] outside stacks mode) of the allocation that
-    /// reached `max`.
-    pub max_size: u64,
-    pub max_stack: i32,
-    pub epoch: u32,
-}
-
-impl ProcPeak {
-    pub const ZERO: ProcPeak = ProcPeak {
-        live: 0,
-        max: 0,
-        max_size: 0,
-        max_stack: NO_SITE,
-        epoch: 0,
-    };
-}
+mod peak;
+pub use peak::ProcPeak;
 
 /// A process started (exec) or forked (followed processes only), from the scheduler's
 /// tracepoints.
@@ -523,7 +510,7 @@ const _: () = assert!(core::mem::size_of::<InFlight>() == 56);
 const _: () = assert!(core::mem::size_of::<InFlightSlot>() == 64);
 const _: () = assert!(core::mem::size_of::<SiteKey>() == 16);
 const _: () = assert!(core::mem::size_of::<StoredStack>() == 8 * (1 + STACK_FRAMES));
-const _: () = assert!(core::mem::size_of::<SiteCounters>() == 8 * 8 + 8 * LOG2_BUCKETS);
+const _: () = assert!(core::mem::size_of::<SiteCounters>() == 11 * 8 + 8 * LOG2_BUCKETS);
 const _: () = assert!(core::mem::size_of::<LatencyHist>() == 8 * LOG2_BUCKETS);
 const _: () = assert!(core::mem::size_of::<ProcEvent>() == 32);
 const _: () = assert!(core::mem::size_of::<MemEvent>() == 56);

@@ -340,11 +340,18 @@ fn allocated(call: &mut Call<'_>, size: u64, ptr: u64) -> Option<u64> {
 #[inline(always)]
 fn track(call: &mut Call<'_>, ptr: u64, size: u64, (stack_id, whole): (i32, bool)) {
     let sampled = stack_id != NOT_SAMPLED;
+    // The process's peak entry, first: its peak number is what the site folds at.
+    let peak = if sampled && !calls_mode() {
+        peak::entry(call.tgid)
+    } else {
+        None
+    };
+    let proc = (call.tgid, call.epoch, peak::seq(&peak));
     if mode() >= mode::STACKS && sampled {
         if !whole {
             lose(Loss::Stack);
         }
-        sites::allocated(call.count, call.tgid, call.epoch, call.func, size, stack_id);
+        sites::allocated(call.count, proc, call.func, size, stack_id);
     }
     if mode() >= mode::SIZES {
         sizes::count(call.count, call.tgid, call.epoch, call.func, size, stack_id);
@@ -370,13 +377,13 @@ fn track(call: &mut Call<'_>, ptr: u64, size: u64, (stack_id, whole): (i32, bool
     if !live::insert(&key, &block) && LIVE.insert(key, block, BPF_ANY).is_err() {
         lose(Loss::LiveMap);
         if mode() >= mode::STACKS {
-            sites::untracked(call.count, call.tgid, call.epoch, call.func, stack_id, size);
+            sites::untracked(call.count, proc, call.func, stack_id, size);
         }
         return;
     }
     call.count.add(&mut call.pc.live_blocks, 1);
     call.count.add(&mut call.pc.live_bytes, size);
-    peak::grew(call.tgid, call.epoch, size, stack_id);
+    peak::grew(peak, call.epoch, size, stack_id);
 }
 
 /// Forgets a block; returns its size if it was known (never in calls mode: no live map).
@@ -411,10 +418,10 @@ fn untrack(
     };
     c.add(&mut pc.live_blocks, u64::MAX); // -1, wrapping
     c.add(&mut pc.live_bytes, block.size.wrapping_neg());
-    peak::shrank(tgid, block.size);
+    let seq = peak::shrank(tgid, block.size);
     // A block live before attach has no site to count its free at (`BEFORE_ATTACH`).
     if block.stack_id != NO_SITE && block.stack_id != BEFORE_ATTACH {
-        sites::released(c, tgid, epoch, &block, freer);
+        sites::released(c, (tgid, epoch, seq), &block, freer);
     }
     Some(block.size)
 }

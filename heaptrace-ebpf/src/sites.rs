@@ -38,9 +38,15 @@ fn site_counters(key: &SiteKey) -> Option<&'static mut SiteCounters> {
     }
 }
 
-/// Counts an allocation at its site.
+/// Counts an allocation at its site; `seq`, its process's peak number (`ProcPeak::seq`).
 #[inline(always)]
-pub fn allocated(c: &impl Count, tgid: u32, epoch: u32, func: Func, size: u64, stack_id: i32) {
+pub fn allocated(
+    c: &impl Count,
+    (tgid, epoch, seq): (u32, u32, u32),
+    func: Func,
+    size: u64,
+    stack_id: i32,
+) {
     let key = SiteKey {
         tgid,
         stack_id,
@@ -52,6 +58,7 @@ pub fn allocated(c: &impl Count, tgid: u32, epoch: u32, func: Func, size: u64, s
         lose(Loss::SiteMap);
         return;
     };
+    site.fold_peak(seq);
     c.add(&mut site.calls, 1);
     c.add(&mut site.bytes, size);
 }
@@ -59,7 +66,13 @@ pub fn allocated(c: &impl Count, tgid: u32, epoch: u32, func: Func, size: u64, s
 /// A block counted at its site that the live map refused: its free will not find it, so the
 /// site's live figures must not wait for it.
 #[inline(always)]
-pub fn untracked(c: &impl Count, tgid: u32, epoch: u32, func: Func, stack_id: i32, size: u64) {
+pub fn untracked(
+    c: &impl Count,
+    (tgid, epoch, seq): (u32, u32, u32),
+    func: Func,
+    stack_id: i32,
+    size: u64,
+) {
     let key = SiteKey {
         tgid,
         stack_id,
@@ -68,6 +81,7 @@ pub fn untracked(c: &impl Count, tgid: u32, epoch: u32, func: Func, stack_id: i3
         epoch,
     };
     if let Some(site) = site_counters(&key) {
+        site.fold_peak(seq);
         c.add(&mut site.untracked, 1);
         c.add(&mut site.untracked_bytes, size);
     }
@@ -111,7 +125,12 @@ pub fn bare_stack(ctx: &RetProbeContext) {
 /// wrap) starts its count at random (`enter`): one of the dead thread's blocks freed by it is
 /// taken for temporary with odds of N in 2^32.
 #[inline(always)]
-pub fn released(c: &impl Count, tgid: u32, epoch: u32, block: &LiveBlock, (tid, seq): (u32, u32)) {
+pub fn released(
+    c: &impl Count,
+    (tgid, epoch, peak_seq): (u32, u32, u32),
+    block: &LiveBlock,
+    (tid, seq): (u32, u32),
+) {
     let key = SiteKey {
         tgid,
         stack_id: block.stack_id,
@@ -126,6 +145,7 @@ pub fn released(c: &impl Count, tgid: u32, epoch: u32, block: &LiveBlock, (tid, 
         lose(Loss::SiteMap);
         return;
     };
+    site.fold_peak(peak_seq);
     c.add(&mut site.frees, 1);
     c.add(&mut site.freed_bytes, block.size);
     if block.ts_ns != 0 {

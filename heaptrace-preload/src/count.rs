@@ -297,6 +297,7 @@ impl Call {
             };
             self.add(bytes, b.size);
         }
+        self.peak_released();
         self.peak_add(b.size.wrapping_neg());
         if b.stack_id != NO_SITE {
             self.site_released(b);
@@ -313,8 +314,10 @@ impl Call {
             self.add(&raw mut (*pc).live_blocks, u64::MAX);
             self.add(&raw mut (*pc).live_bytes, b.size.wrapping_neg());
         }
+        self.peak_released();
         self.peak_add(b.size.wrapping_neg());
         if let Some(s) = self.site(b.stack_id, b.func) {
+            self.fold_peak(s);
             // SAFETY: the thread's own site entry.
             unsafe {
                 self.add(&raw mut (*s).untracked, 1);
@@ -327,6 +330,7 @@ impl Call {
         let Some(s) = self.site(b.stack_id, b.func) else {
             return;
         };
+        self.fold_peak(s);
         // SAFETY: the thread's own site entry.
         unsafe {
             self.add(&raw mut (*s).frees, 1);
@@ -383,6 +387,7 @@ impl Call {
         if mode >= mode::STACKS
             && let Some(s) = self.site(stack_id, func)
         {
+            self.fold_peak(s);
             // SAFETY: the thread's own site entry.
             unsafe {
                 self.add(&raw mut (*s).calls, 1);
@@ -405,6 +410,7 @@ impl Call {
         if !live::insert(self.r, block) {
             lose(self.r, Loss::LiveMap);
             if let Some(s) = self.site(stack_id, func) {
+                self.fold_peak(s);
                 // SAFETY: the thread's own site entry.
                 unsafe {
                     self.add(&raw mut (*s).untracked, 1);
@@ -516,12 +522,40 @@ impl Call {
                         AtomicU64::from_ptr(&raw mut (*h).peak_size).store(size, Ordering::Relaxed);
                         AtomicU64::from_ptr(&raw mut (*h).peak_stack as *mut u64)
                             .store(stack_id as i64 as u64, Ordering::Relaxed);
+                        AtomicU64::from_ptr(&raw mut (*h).peak_pending).store(1, Ordering::Release);
                     }
                     return;
                 }
                 Err(seen) => was = seen,
             }
         }
+    }
+
+    /// A release: the first since a new high moves the peak's number on, before any site
+    /// counts it, so that the sites' entries keep their figures of the high (`fold_peak`).
+    fn peak_released(&self) {
+        let h = self.r.header_ptr();
+        // SAFETY: a word of the header.
+        let pending = unsafe { AtomicU64::from_ptr(&raw mut (*h).peak_pending) };
+        if pending.load(Ordering::Relaxed) != 0
+            && pending
+                .compare_exchange(1, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            // SAFETY: as above.
+            unsafe { AtomicU64::from_ptr(&raw mut (*h).peak_seq) }.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Site entry `s`'s figures at the peak, kept before its first change since the peak's
+    /// number moved on (`SiteEntry::fold_peak`).
+    fn fold_peak(&self, s: *mut SiteEntry) {
+        // SAFETY: a word of the header.
+        let seq = unsafe { AtomicU64::from_ptr(&raw mut (*self.r.header_ptr()).peak_seq) }
+            .load(Ordering::Acquire);
+        // SAFETY: the thread's own site entry (the shared slot's: as its other counters,
+        // written by the threads that share it).
+        unsafe { (*s).fold_peak(seq) };
     }
 
     /// Adds `delta` (wrapping) to the thread's change of the live heap; once that reaches

@@ -331,6 +331,8 @@ fn start_over(base: *mut u8, fd: i32, size: u64) -> Option<()> {
         (*h).peak_max = 0;
         (*h).peak_size = 0;
         (*h).peak_stack = heaptrace_common::NO_SITE as i64;
+        (*h).peak_seq = 0;
+        (*h).peak_pending = 0;
         epoch.store(next, Ordering::Release);
     }
     Some(())

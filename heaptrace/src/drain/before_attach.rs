@@ -84,6 +84,11 @@ impl KernelMaps {
             max_size: 0,
             max_stack: BEFORE_ATTACH,
             epoch,
+            // What is live now is the peak so far: no site's figures to fold until a release.
+            pending: 1,
+            blocks: t.blocks,
+            max_blocks: t.blocks,
+            ..ProcPeak::ZERO
         };
         self.peaks
             .insert(tgid, peak, 0)

@@ -157,7 +157,9 @@ impl Region {
             nested_calls: 0,
             shared_sizes: caps.shared_sizes,
             _pad: 0,
-            _reserved: [0; 4],
+            peak_seq: 0,
+            peak_pending: 0,
+            _reserved: [0; 2],
         };
         // SAFETY: a shared mapping of the header's page of the file just sized.
         let map = unsafe {

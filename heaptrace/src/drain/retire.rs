@@ -15,6 +15,10 @@ use super::*;
 pub struct Retired {
     sites: StdHashMap<SiteKey, SiteTotals>,
     sizes: StdHashMap<SizeKey, u64>,
+    /// What the retired keys add to their live figures to give them at their process's peak
+    /// (`SiteCounters::at_peak_correction`), with the peak number that holds for: a retired
+    /// key is final, so once its process's number moves on, its figures are the peak's too.
+    peak_fix: StdHashMap<SiteKey, (u32, (u64, u64))>,
 }
 
 /// A key's figures read this round, where its generation is a past one: to retire.
@@ -43,12 +47,28 @@ fn size_base(k: &SizeKey) -> SizeKey {
 }
 
 impl Retired {
-    /// Adds the current images' (`epochs`) retired figures to a snapshot being read.
-    pub(super) fn add_to(&self, snap: &mut Snapshot, epochs: &StdHashMap<u32, u32>) {
+    /// Adds the current images' (`epochs`) retired figures to a snapshot being read, and
+    /// their corrections at the peak of the processes' `peaks`.
+    pub(super) fn add_to(
+        &self,
+        snap: &mut Snapshot,
+        epochs: &StdHashMap<u32, u32>,
+        peaks: &snapshot::PeakStates,
+    ) {
         let current = |tgid: u32, epoch: u32| epochs.get(&tgid) == Some(&epoch);
         for (k, t) in self.sites.iter().filter(|(k, _)| current(k.tgid, k.epoch)) {
             let id = (k.tgid, k.stack_id, u32::from(k.func));
             snap.sites.entry(id).or_default().plus(t);
+        }
+        for (k, (seq, fix)) in self
+            .peak_fix
+            .iter()
+            .filter(|(k, _)| current(k.tgid, k.epoch))
+        {
+            if peaks.get(&k.tgid).is_some_and(|s| s.0 == *seq && !s.1) {
+                let id = (k.tgid, k.stack_id, u32::from(k.func));
+                snapshot::add_fix(snap.peak_fix.entry(id).or_default(), *fix);
+            }
         }
         for (k, n) in self.sizes.iter().filter(|(k, _)| current(k.tgid, k.epoch)) {
             let id = (k.tgid, u32::from(k.func), k.size, k.stack_id);
@@ -57,8 +77,22 @@ impl Retired {
         }
     }
 
+    /// Keeps a retiring key's correction at its process's peak `seq` (`peak_fix`); one of an
+    /// earlier number is of no use any more.
+    pub(super) fn keep_peak_fix(&mut self, key: SiteKey, seq: u32, fix: (u64, u64)) {
+        let e = self
+            .peak_fix
+            .entry(site_base(&key))
+            .or_insert((seq, (0, 0)));
+        if e.0 != seq {
+            *e = (seq, (0, 0));
+        }
+        snapshot::add_fix(&mut e.1, fix);
+    }
+
     /// Forgets the figures of the keys `gone` accepts; returns those keys.
     pub(super) fn drop_sites(&mut self, gone: impl Fn(&SiteKey) -> bool) -> Vec<SiteKey> {
+        self.peak_fix.retain(|k, _| !gone(k));
         let keys: Vec<SiteKey> = self.sites.keys().filter(|k| gone(k)).copied().collect();
         for k in &keys {
             self.sites.remove(k);
@@ -98,5 +132,133 @@ impl KernelMaps {
     /// The round generation programs write now (`heaptrace_common::round_gen`).
     pub(super) fn round_now(&self) -> u16 {
         heaptrace_common::round_gen(self.stack_gen.first_word(0).load(Ordering::Acquire))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use heaptrace_common::SiteCounters;
+
+    use super::*;
+    use crate::drain::round::KernelPeak;
+
+    /// One process's kernel side as `peak.rs` and `sites.rs` keep it: its peak number and
+    /// whether a new high waits for a release, and the site entries (one CPU).
+    #[derive(Default)]
+    struct Kernel {
+        seq: u32,
+        pending: bool,
+        live: u64,
+        max: u64,
+        entries: StdHashMap<SiteKey, SiteCounters>,
+    }
+
+    const PID: u32 = 7;
+
+    fn key(stack_id: i32, round: u16) -> SiteKey {
+        SiteKey {
+            tgid: PID,
+            stack_id,
+            func: 0,
+            round,
+            epoch: 1,
+        }
+    }
+
+    impl Kernel {
+        fn entry(&mut self, k: SiteKey) -> &mut SiteCounters {
+            self.entries.entry(k).or_insert(SiteCounters::ZERO)
+        }
+
+        fn alloc(&mut self, k: SiteKey, size: u64) {
+            let seq = self.seq;
+            let e = self.entry(k);
+            e.fold_peak(seq);
+            e.calls += 1;
+            e.bytes += size;
+            self.live += size;
+            if self.live > self.max {
+                (self.max, self.pending) = (self.live, true);
+            }
+        }
+
+        fn free(&mut self, k: SiteKey, size: u64) {
+            if self.pending {
+                (self.pending, self.seq) = (false, self.seq + 1);
+            }
+            self.live -= size;
+            let seq = self.seq;
+            let e = self.entry(k);
+            e.fold_peak(seq);
+            e.frees += 1;
+            e.freed_bytes += size;
+        }
+
+        /// What `snapshot` makes of it: the entries of `round` are current, the others
+        /// retired into `retired` (and gone from here).
+        fn read(&mut self, retired: &mut Retired, round: u16) -> PeakHeld {
+            let states = PeakStates::from([(PID, (self.seq, self.pending, 0))]);
+            let mut snap = Snapshot::default();
+            let epochs = StdHashMap::from([(PID, 1)]);
+            retired.add_to(&mut snap, &epochs, &states);
+            for (k, c) in &self.entries {
+                let id = (k.tgid, k.stack_id, 0);
+                snap.sites
+                    .entry(id)
+                    .or_default()
+                    .plus(&SiteTotals::from_per_cpu([c]));
+                let fix = snapshot::peak_fix([c].into_iter(), self.seq, self.pending);
+                snapshot::add_fix(snap.peak_fix.entry(id).or_default(), fix);
+            }
+            for (k, c) in self.entries.iter().filter(|(k, _)| k.round != round) {
+                let fix = snapshot::peak_fix([c].into_iter(), self.seq, self.pending);
+                retired.keep_peak_fix(*k, self.seq, fix);
+                let t = SiteTotals::from_per_cpu([c]);
+                retired.sites.entry(site_base(k)).or_default().plus(&t);
+            }
+            self.entries.retain(|k, _| k.round == round);
+            let k = KernelPeak {
+                bytes: self.max,
+                ..KernelPeak::default()
+            };
+            snap.peaks.insert(PID, k);
+            snap.compose_peaks(&states);
+            snap.peak_held.remove(&PID).unwrap()
+        }
+    }
+
+    use super::snapshot::PeakStates;
+    use crate::drain::round::PeakHeld;
+
+    #[test]
+    fn the_peak_keeps_each_sites_figures_of_its_moment() {
+        let (a, b, c) = (1, 2, 3);
+        let mut k = Kernel::default();
+        let mut retired = Retired::default();
+        for _ in 0..3 {
+            k.alloc(key(a, 1), 100);
+        }
+        k.alloc(key(b, 1), 1000);
+        // A new high with no release since: the figures now are the peak's.
+        let held = k.read(&mut retired, 1);
+        assert_eq!(held.sites, [(a, 0, 3, 300), (b, 0, 1, 1000)]);
+        // Site a touched after the peak, in the round of the peak and after it (that round's
+        // key retired in between); b untouched; c new since.
+        k.free(key(a, 1), 100);
+        k.read(&mut retired, 2);
+        k.free(key(a, 2), 100);
+        k.alloc(key(c, 2), 50);
+        let held = k.read(&mut retired, 3);
+        assert_eq!(held.bytes, 1300);
+        assert_eq!(held.sites, [(a, 0, 3, 300), (b, 0, 1, 1000)]);
+        // A higher peak later: the retired key's figures at the old one no longer count.
+        k.alloc(key(c, 3), 2000);
+        k.free(key(b, 3), 1000);
+        let held = k.read(&mut retired, 3);
+        assert_eq!(held.bytes, 3150);
+        assert_eq!(
+            held.sites,
+            [(a, 0, 1, 100), (b, 0, 1, 1000), (c, 0, 2, 2050)]
+        );
     }
 }

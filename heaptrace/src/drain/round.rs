@@ -268,6 +268,25 @@ pub struct Snapshot {
     pub latency: [Log2; FUNC_COUNT],
     /// Each process's highest live heap, from the kernel (`heaptrace_common::ProcPeak`).
     pub peaks: BTreeMap<u32, KernelPeak>,
+    /// What each of those was made of.
+    #[serde(default)]
+    pub peak_held: BTreeMap<u32, PeakHeld>,
+    /// While read: what each site's live figures add to be those at its process's peak
+    /// (blocks, bytes, wrapping; `SiteCounters::at_peak_correction`).
+    #[serde(skip)]
+    pub peak_fix: BTreeMap<SiteId, (u64, u64)>,
+}
+
+/// What a process's peak (`KernelPeak`) was made of, at the moment it was reached.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeakHeld {
+    /// The peak this is of (`KernelPeak::bytes`).
+    pub bytes: u64,
+    /// The blocks live then (every tracked block, with a site or not).
+    pub blocks: u64,
+    /// Stacks mode: the sites live then, (stack id, function index, live blocks, live
+    /// bytes), those with live bytes only.
+    pub sites: Vec<(i32, u32, i64, i64)>,
 }
 
 /// A process's highest live heap as the kernel took it, at the allocation that reached it:
@@ -334,6 +353,9 @@ pub struct Round {
     /// Processes whose highest live heap rose since the previous round (recording format 9;
     /// earlier rounds read with none).
     pub peaks: BTreeMap<u32, KernelPeak>,
+    /// What those peaks were made of, where it changed since the previous round (recording
+    /// format 13; earlier rounds read with none).
+    pub peak_held: BTreeMap<u32, PeakHeld>,
     /// Stacks first seen this round, by (process, stack id).
     #[serde(skip)]
     pub stacks: BTreeMap<(u32, i32), NewStack>,
@@ -370,6 +392,8 @@ pub struct RoundWire {
     later_losses: [u64; LATER_LOSSES],
     /// Recording format 12: the losses from `NEWER_LOSSES` on.
     newer_losses: Vec<u64>,
+    /// Recording format 13.
+    peak_held: BTreeMap<u32, PeakHeld>,
 }
 
 impl From<RoundWire> for Round {
@@ -395,6 +419,7 @@ impl From<RoundWire> for Round {
             ended: w.ended,
             folded: w.folded,
             peaks: w.peaks,
+            peak_held: w.peak_held,
             stacks: BTreeMap::new(),
         }
     }
@@ -423,6 +448,7 @@ impl From<Round> for RoundWire {
             peaks: r.peaks,
             later_losses,
             newer_losses: r.losses[NEWER_LOSSES..].to_vec(),
+            peak_held: r.peak_held,
         }
     }
 }
@@ -473,6 +499,37 @@ impl Snapshot {
         }
     }
 
+    /// What each process's peak was made of (`peak_held`): its sites' live figures now with
+    /// the corrections read (`peak_fix`) that give them as they were at the peak. `states`:
+    /// each process's peak number, whether its peak is pending, and its blocks at the peak.
+    pub fn compose_peaks(&mut self, states: &std::collections::HashMap<u32, (u32, bool, u64)>) {
+        let fix = std::mem::take(&mut self.peak_fix);
+        for (pid, k) in &self.peaks {
+            let blocks = states.get(pid).map_or(0, |s| s.2);
+            let sites = self
+                .sites
+                .range(site_ids(*pid))
+                .map(|(id, t)| {
+                    let (b, n) = fix.get(id).copied().unwrap_or_default();
+                    let blocks = (t.live_blocks as u64).wrapping_add(b) as i64;
+                    (
+                        id.1,
+                        id.2,
+                        blocks,
+                        (t.live_bytes as u64).wrapping_add(n) as i64,
+                    )
+                })
+                .filter(|s| s.3 > 0)
+                .collect();
+            let held = PeakHeld {
+                bytes: k.bytes,
+                blocks,
+                sites,
+            };
+            self.peak_held.insert(*pid, held);
+        }
+    }
+
     /// Processes whose counters here are of another image than in `prev`: the kernel started
     /// them over at an exec in between. What `prev` holds of them is of the image before.
     pub fn restarted_since(&self, prev: &Snapshot) -> Vec<u32> {
@@ -514,6 +571,12 @@ impl Snapshot {
             .iter()
             .filter(|(p, k)| prev.peaks.get(p).is_none_or(|was| k.bytes > was.bytes))
             .map(|(p, k)| (*p, *k))
+            .collect();
+        round.peak_held = self
+            .peak_held
+            .iter()
+            .filter(|(p, h)| prev.peak_held.get(p) != Some(*h))
+            .map(|(p, h)| (*p, h.clone()))
             .collect();
         for (f, hist) in self.latency.iter().enumerate() {
             round.latency[f] = log2_zip(hist, &prev.latency[f], u64::wrapping_sub);

@@ -6,6 +6,28 @@ pub(super) fn comm_str(comm: &[u8; 16]) -> String {
     String::from_utf8_lossy(&comm[..end]).into_owned()
 }
 
+/// Each process's peak number, whether its peak is pending, and its blocks at the peak
+/// (`heaptrace_common::ProcPeak`), by tgid.
+pub(super) type PeakStates = StdHashMap<u32, (u32, bool, u64)>;
+
+/// What the entries of one key add to its live figures to give them at the peak `seq`.
+pub(super) fn peak_fix<'a>(
+    entries: impl Iterator<Item = &'a SiteCounters>,
+    seq: u32,
+    pending: bool,
+) -> (u64, u64) {
+    let mut fix = (0, 0);
+    for c in entries {
+        add_fix(&mut fix, c.at_peak_correction(seq, pending));
+    }
+    fix
+}
+
+pub(super) fn add_fix(to: &mut (u64, u64), f: (u64, u64)) {
+    to.0 = to.0.wrapping_add(f.0);
+    to.1 = to.1.wrapping_add(f.1);
+}
+
 impl KernelMaps {
     /// Every counter the kernel keeps, read once: processes, sizes, losses, sites, latency.
     pub fn snapshot(&mut self) -> Result<Snapshot> {
@@ -13,10 +35,13 @@ impl KernelMaps {
         // Read before the maps: keys of any other generation are final (`retire`).
         let round = self.round_now();
         let epochs = self.read_procs(&mut snap)?;
-        self.retired.add_to(&mut snap, &epochs);
+        // Before the sites: the peak number their figures at the peak are kept for.
+        let peaks = self.read_peaks(&mut snap);
+        self.retired.add_to(&mut snap, &epochs, &peaks);
         self.read_sizes(&mut snap, &epochs, round)?;
         self.read_losses(&mut snap)?;
-        self.read_sites(&mut snap, &epochs, round)?;
+        self.read_sites(&mut snap, &epochs, round, &peaks)?;
+        snap.compose_peaks(&peaks);
         self.read_frames()?;
         snap.fold_site_sizes();
         // Every round too, not only after frees: a word written for a copy that its program
@@ -24,12 +49,13 @@ impl KernelMaps {
         // and is taken until the generation moves on. It lives a round at most.
         next_stack_generation(&self.stack_cache, &self.stack_gen);
         self.read_latency(&mut snap)?;
-        self.read_peaks(&mut snap);
         Ok(snap)
     }
 
-    /// The highest live heap of each process with counters (one lookup each).
-    fn read_peaks(&self, snap: &mut Snapshot) {
+    /// The highest live heap of each process with counters (one lookup each); returns each
+    /// one's peak state (`PeakStates`).
+    fn read_peaks(&self, snap: &mut Snapshot) -> PeakStates {
+        let mut states = PeakStates::new();
         for pid in snap.procs.keys() {
             if let Ok(p) = self.peaks.get(pid, 0)
                 && p.max as i64 > 0
@@ -40,8 +66,10 @@ impl KernelMaps {
                     stack_id: p.max_stack,
                 };
                 snap.peaks.insert(*pid, k);
+                states.insert(*pid, (p.seq, p.pending != 0, p.max_blocks));
             }
         }
+        states
     }
 
     /// The processes' counters; returns each one's current image: only its entries count (an
@@ -149,6 +177,7 @@ impl KernelMaps {
         snap: &mut Snapshot,
         epochs: &StdHashMap<u32, u32>,
         round: u16,
+        peaks: &PeakStates,
     ) -> Result<()> {
         let mut site_keys = std::mem::take(&mut self.site_keys);
         site_keys.clear();
@@ -159,14 +188,25 @@ impl KernelMaps {
         for (key, counters) in self.site_slots.held() {
             site_slots.entry(key).or_default().push(counters);
         }
+        let mut past_fix = Vec::new();
         let mut add_site = |key: &SiteKey, per_cpu: &[SiteCounters], slots: &[SiteCounters]| {
             let t = SiteTotals::from_per_cpu(per_cpu.iter().chain(slots));
+            let fix = peaks.get(&key.tgid).map(|&(seq, pending, _)| {
+                let fix = peak_fix(per_cpu.iter().chain(slots), seq, pending);
+                (seq, fix)
+            });
             if key.round != round {
                 past.totals.insert(*key, t);
+                if let Some(f) = fix.filter(|f| f.1 != (0, 0)) {
+                    past_fix.push((*key, f));
+                }
             }
             if epochs.get(&key.tgid) == Some(&key.epoch) {
                 let id = (key.tgid, key.stack_id, u32::from(key.func));
                 snap.sites.entry(id).or_default().plus(&t);
+                if let Some((_, f)) = fix {
+                    add_fix(snap.peak_fix.entry(id).or_default(), f);
+                }
             }
         };
         let mut in_map = Vec::new();
@@ -189,6 +229,9 @@ impl KernelMaps {
         }
         past.in_map = in_map;
         self.site_keys = site_keys;
+        for (key, (seq, fix)) in past_fix {
+            self.retired.keep_peak_fix(key, seq, fix);
+        }
         self.retire_sites(past)
     }
 

@@ -19,8 +19,8 @@ use serde::Serialize;
 
 use crate::{
     drain::round::{
-        KernelPeak, Leak, Log2, Round, SiteId, SiteTotals, Totals, map_delta, reservation_keys,
-        site_ids, size_keys, take_range,
+        KernelPeak, Leak, Log2, PeakHeld, Round, SiteId, SiteTotals, Totals, map_delta,
+        reservation_keys, site_ids, size_keys, take_range,
     },
     reserve::{ResKey, ResTotals, Reserved},
     run_info::Mode,
@@ -132,6 +132,8 @@ pub struct ProcProfile {
     /// Its highest live heap, taken by the kernel at the allocation that reached it (None
     /// in calls mode and under `--sample-bytes`, and in recordings before format 9).
     pub peak: Option<KernelPeak>,
+    /// What `peak` was made of (recordings before format 13: None).
+    pub peak_held: Option<PeakHeld>,
     /// The kernel's OOM killer killed it (`oom/mark_victim`): its leaks are its heap then.
     pub oom_killed: bool,
 }

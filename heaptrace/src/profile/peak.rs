@@ -3,23 +3,27 @@
 use serde::Serialize;
 
 use super::Profile;
-use crate::drain::round::{Round, SiteId, Totals};
+use crate::drain::round::{PeakHeld, Round, SiteId, Totals};
 
 /// How many sites the peak remembers.
 const PEAK_SITES: usize = 20;
 
 /// The highest live heap: at the allocation that reached it where the kernel took it (the
 /// highest of one process's, `exact`), else the highest total seen at the end of a round; and
-/// the sites holding the most at the end of the round that saw it.
+/// the sites holding it: at that moment where the kernel kept them (`PeakHeld`), else at the
+/// end of the round that saw it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Peak {
     pub live_bytes: i64,
-    /// At the end of the round that saw it (not known at an exact peak's allocation).
+    /// At the peak where the kernel kept them, else at the end of the round that saw it.
     pub live_blocks: i64,
     pub round: u64,
     pub elapsed_ms: u64,
-    /// (site, live blocks, live bytes), largest first, at the end of that round.
+    /// (site, live blocks, live bytes), largest first: at the peak where the kernel kept
+    /// them (every site live then), else the largest at the end of that round.
     pub sites: Vec<(SiteId, i64, i64)>,
+    /// `sites` and `live_blocks` are the peak's own (not a round end's).
+    pub held: bool,
     /// Taken by the kernel at an allocation rather than at a round's end.
     pub exact: bool,
     /// The allocation that reached an exact peak: (process, stack id, its size).
@@ -53,6 +57,23 @@ impl Profile {
                 self.peak = Some(peak);
             }
         }
+        // After the peaks: a composition can come a round after its peak (a new high read
+        // before the release that fixes its sites' figures).
+        for (pid, held) in &round.peak_held {
+            let Some(p) = self.procs.get_mut(pid) else {
+                continue;
+            };
+            if p.peak.is_none_or(|k| k.bytes != held.bytes) {
+                continue;
+            }
+            p.peak_held = Some(held.clone());
+            if let Some(peak) = self.peak.as_mut()
+                && peak.reached_by.is_some_and(|r| r.0 == *pid)
+                && peak.live_bytes == held.bytes as i64
+            {
+                peak.set_held(*pid, held);
+            }
+        }
     }
 
     pub(super) fn peak_now(&self, round: &Round, total: &Totals) -> Peak {
@@ -70,8 +91,24 @@ impl Profile {
             round: round.index,
             elapsed_ms: round.elapsed_ms,
             sites,
+            held: false,
             exact: false,
             reached_by: None,
         }
+    }
+}
+
+impl Peak {
+    /// Takes the sites and blocks of process `pid`'s peak, `held`.
+    pub fn set_held(&mut self, pid: u32, held: &PeakHeld) {
+        self.live_blocks = held.blocks as i64;
+        self.sites = held
+            .sites
+            .iter()
+            .map(|&(stack, func, blocks, bytes)| ((pid, stack, func), blocks, bytes))
+            .collect();
+        self.sites
+            .sort_by_key(|(id, _, bytes)| (std::cmp::Reverse(*bytes), *id));
+        self.held = true;
     }
 }

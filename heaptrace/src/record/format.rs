@@ -18,6 +18,8 @@ use crate::run_info::{Collector, Mode, RunInfo, TargetKind, Temporary};
 
 pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
 /// What each version added:
+/// - 13: rounds end with what the processes' peaks were made of (`PeakHeld`: blocks, and
+///   sites in stacks mode), where it changed; earlier rounds read with none.
 /// - 12: the header's `temporary_counts_frees` (a free in between makes a block not temporary,
 ///   heaptrack's rule), version 7 to 11 headers read with false (allocations only); rounds
 ///   end with the losses added since 10, a list (`Loss::UnwindLate` on), earlier rounds read
@@ -39,7 +41,7 @@ pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
 ///   header without it, as unsampled).
 /// - 2: rounds carry the allocators' reservations (the memory behind malloc) and one more loss
 ///   counter. Version 1 files (written before any release) are not read.
-pub const VERSION: u16 = 12;
+pub const VERSION: u16 = 13;
 /// The oldest version this reader reads.
 pub const OLDEST: u16 = 2;
 /// No frame is larger: a hostile length cannot make the reader allocate more.
@@ -520,16 +522,18 @@ pub fn decode_round(
     frame: &RawFrame,
     version: u16,
 ) -> Result<crate::drain::round::Round, FormatError> {
-    // The losses added in 12 (an empty list), in 10 (3 varints), the peaks added in 9 (an empty map), the lists
-    // added in 5 and 4.
+    // The peaks' compositions added in 13 (an empty map), the losses added in 12 (an empty
+    // list), in 10 (3 varints), the peaks added in 9 (an empty map), the lists added in 5
+    // and 4.
     let later_losses = crate::drain::round::LATER_LOSSES;
     let missing = match version {
-        12.. => 0,
-        10 | 11 => 1,
-        9 => later_losses + 1,
-        5..=8 => later_losses + 2,
-        4 => later_losses + 4,
-        _ => later_losses + 5,
+        13.. => 0,
+        12 => 1,
+        10 | 11 => 2,
+        9 => later_losses + 2,
+        5..=8 => later_losses + 3,
+        4 => later_losses + 5,
+        _ => later_losses + 6,
     };
     decode_padded(frame, missing)
 }

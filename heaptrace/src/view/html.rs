@@ -102,6 +102,7 @@ fn data(rec: &Recording, p: &Profile, names: &Names) -> Value {
             "live_bytes": pk.live_bytes,
             "live_blocks": pk.live_blocks,
             "elapsed_ms": pk.elapsed_ms,
+            "held": pk.held,
             "sites": peak_sites(pk, p, names),
         })),
         "wrappers": site_tables::wrappers_note(p),

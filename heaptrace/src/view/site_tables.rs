@@ -127,8 +127,20 @@ pub fn peak(profile: &Profile, top: usize, names: &Names) -> String {
         return String::new();
     };
     let mut s = match peak.reached_by {
-        // Taken by the kernel between two round ends: what held it then is known only for the
-        // allocation that reached it; the sites are those of the round's end.
+        // Taken by the kernel between two round ends, with what held it then.
+        Some((pid, stack_id, size)) if peak.held => {
+            let label = labels(profile, &[(pid, stack_id, u32::MAX)], names);
+            format!(
+                "peak: {} live in {} blocks, reached in round {} by {} from {}; held by:\n",
+                bytes(peak.live_bytes),
+                peak.live_blocks,
+                peak.round,
+                bytes(size as i64),
+                label.first().map_or("?", |l| l.trim_start_matches("? <- ")),
+            )
+        }
+        // Taken by the kernel where what held it then was not kept (a recording before
+        // format 13): the sites are those of the round's end.
         Some((pid, stack_id, size)) => {
             let label = labels(profile, &[(pid, stack_id, u32::MAX)], names);
             format!(

@@ -301,23 +301,31 @@ pub fn before_attach_line(profile: &Profile) -> Option<String> {
 /// "peak live heap ..." of one process (the kernel's, exact) or of the trace.
 fn peak_line(profile: &Profile, pid: Option<u32>) -> Option<String> {
     let e = est(profile.sample_bytes);
-    let (bytes_at, how) = match pid {
-        Some(p) => match profile.procs.get(&p)?.peak {
-            Some(k) => (k.bytes as i64, "at the allocation that reached it"),
-            None => (profile.peak.as_ref()?.live_bytes, "at a round's end"),
-        },
+    // Blocks where they are the peak's own (`PeakHeld`), not a round end's.
+    let (bytes_at, blocks, how) = match pid {
+        Some(p) => {
+            let proc = profile.procs.get(&p)?;
+            match proc.peak {
+                Some(k) => {
+                    let blocks = proc.peak_held.as_ref().map(|h| h.blocks as i64);
+                    (k.bytes as i64, blocks, "at the allocation that reached it")
+                }
+                None => (profile.peak.as_ref()?.live_bytes, None, "at a round's end"),
+            }
+        }
         None => {
             let p = profile.peak.as_ref()?;
             let how = match p.exact {
                 true => "one process's, at the allocation that reached it",
                 false => "at a round's end",
             };
-            (p.live_bytes, how)
+            (p.live_bytes, p.held.then_some(p.live_blocks), how)
         }
     };
     let untracked = lower_bound::untracked(profile, pid);
+    let blocks = blocks.map_or(String::new(), |b| format!(" in {e}{b} blocks"));
     Some(format!(
-        "peak live heap: {}{e}{} ({how}{})\n",
+        "peak live heap: {}{e}{}{blocks} ({how}{})\n",
         lower_bound::prefix(untracked),
         bytes(bytes_at),
         lower_bound::why_within(untracked)

@@ -69,13 +69,20 @@ impl Region {
         let sites = self.caps.sites as usize;
         self.learn_funcs(used)?;
         let mut sums = vec![SiteEntry::default(); used + FUNC_COUNT];
+        // What each site's live figures add to be those at the peak (`SiteEntry::fold_peak`).
+        let mut fixes = vec![(0u64, 0u64); used + FUNC_COUNT];
+        let (seq, pending) = (h.peak_seq, h.peak_pending != 0);
         for slot in self.slots(h)? {
             let at = slot + self.layout.sites_at;
             let stored = self.read::<SiteEntry>(at, used)?;
             let lost_at = at + sites * std::mem::size_of::<SiteEntry>();
             let lost = self.read::<SiteEntry>(lost_at, FUNC_COUNT)?;
-            for (sum, e) in sums.iter_mut().zip(stored.iter().chain(lost.iter())) {
+            let entries = stored.iter().chain(lost.iter());
+            for ((sum, fix), e) in sums.iter_mut().zip(fixes.iter_mut()).zip(entries) {
                 add_entry(sum, e);
+                let f = peak_fix(e, seq, pending);
+                fix.0 = fix.0.wrapping_add(f.0);
+                fix.1 = fix.1.wrapping_add(f.1);
             }
         }
         let lifetimes =
@@ -106,8 +113,12 @@ impl Region {
                 untracked: sum.untracked,
                 untracked_bytes: sum.untracked_bytes,
                 lifetimes: std::array::from_fn(|b| lifetimes[at + b]),
+                ..SiteCounters::ZERO
             };
             snap.sites.insert(key, SiteTotals::from_per_cpu([&c]));
+            if fixes[i] != (0, 0) {
+                snap.peak_fix.insert(key, fixes[i]);
+            }
         }
         Ok(())
     }
@@ -190,10 +201,38 @@ impl Region {
                 stack_id: h.peak_stack as i32,
             };
             snap.peaks.insert(self.pid, peak);
+            if self.made.mode >= mode::STACKS {
+                // No count of blocks at the peak here: those of its sites.
+                let states = std::collections::HashMap::from([(self.pid, (0, false, 0))]);
+                snap.compose_peaks(&states);
+                if let Some(held) = snap.peak_held.get_mut(&self.pid) {
+                    // Saturating: a region the process scribbled on can hold any figures.
+                    let blocks = held.sites.iter().map(|s| s.2.max(0) as u64);
+                    held.blocks = blocks.fold(0, u64::saturating_add);
+                }
+            }
         }
+        snap.peak_fix.clear();
         snap.fold_site_sizes();
         Ok(snap)
     }
+}
+
+/// What one thread's entry adds to its site's live figures to give them at the peak `seq`
+/// (`pending`: the figures now are the peak's), as the kernel's site counters do.
+fn peak_fix(e: &SiteEntry, seq: u64, pending: bool) -> (u64, u64) {
+    if pending || seq == 0 || e.peak_seq != seq {
+        return (0, 0);
+    }
+    let blocks = e.calls.wrapping_sub(e.frees).wrapping_sub(e.untracked);
+    let bytes = e
+        .bytes
+        .wrapping_sub(e.freed_bytes)
+        .wrapping_sub(e.untracked_bytes);
+    (
+        e.peak_blocks.wrapping_sub(blocks),
+        e.peak_bytes.wrapping_sub(bytes),
+    )
 }
 
 fn add_entry(sum: &mut SiteEntry, e: &SiteEntry) {

@@ -25,8 +25,8 @@ fn frames_round_trip_plain_and_deflated() {
     );
 }
 
-/// A round of an earlier version is a version 12 round without the fields added since, each
-/// an empty list or a zero at the end: the newer losses (12), the unwinding losses (10), the
+/// A round of an earlier version is a version 13 round without the fields added since, each
+/// an empty list or a zero at the end: the peaks' compositions (13), the newer losses (12), the unwinding losses (10), the
 /// peaks (9), the ends and folds (5), the restarts (4). Each reads back whole, its losses of before 10 in their place.
 #[test]
 fn rounds_of_earlier_versions_read_without_the_later_fields() {
@@ -48,13 +48,32 @@ fn rounds_of_earlier_versions_read_without_the_later_fields() {
         payload,
     };
     round.losses[Loss::UnwindLate as usize] = 4;
-    let v12 = postcard::to_allocvec(&round).unwrap();
+    let held = crate::drain::round::PeakHeld {
+        bytes: 300,
+        blocks: 3,
+        sites: vec![(4, 0, 3, 300)],
+    };
+    round.peak_held.insert(1, held);
+    let v13 = postcard::to_allocvec(&round).unwrap();
+    assert_eq!(decode_round(&frame(v13), 13).unwrap(), round);
+    // Version 12: without the peaks' compositions (an empty map, one byte).
+    round.peak_held.clear();
+    let mut v12 = postcard::to_allocvec(&round).unwrap();
+    assert_eq!(
+        v12.split_off(v12.len() - 1),
+        [0],
+        "the peaks' compositions, last"
+    );
     assert_eq!(decode_round(&frame(v12), 12).unwrap(), round);
-    // Version 10 and 11: without the list of newer losses (one here, a zero, cut off).
+    // Version 10 and 11: without the list of newer losses either (one here, a zero, cut off).
     round.losses[Loss::UnwindLate as usize] = 0;
     let v11 = |r: &crate::drain::round::Round| {
         let mut v = postcard::to_allocvec(r).unwrap();
-        assert_eq!(v.split_off(v.len() - 2), [1, 0], "the newer losses, last");
+        assert_eq!(
+            v.split_off(v.len() - 3),
+            [1, 0, 0],
+            "the newer losses, last"
+        );
         v
     };
     assert_eq!(decode_round(&frame(v11(&round)), 11).unwrap(), round);

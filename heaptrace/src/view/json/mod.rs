@@ -232,9 +232,10 @@ pub(crate) fn peak(profile: &Profile) -> Node<'_> {
     let Some(p) = &profile.peak else {
         return Value::Null.into();
     };
+    let cap = stacks_cap(profile);
     let by = Node::list(move || {
         let w = profile.wrappers();
-        p.sites.iter().map(move |(id, blocks, bytes)| {
+        p.sites.iter().take(cap).map(move |(id, blocks, bytes)| {
             with(
                 site(profile, &w, id),
                 json!({ "live_blocks": blocks, "live_bytes": bytes }),
@@ -253,6 +254,11 @@ pub(crate) fn peak(profile: &Profile) -> Node<'_> {
         ("round", json!(p.round).into()),
         ("elapsed_ms", json!(p.elapsed_ms).into()),
         ("exact", json!(p.exact).into()),
+        // Where `by_stack` and `live_blocks` were taken: at the peak, or at its round's end.
+        (
+            "by_stack_at",
+            json!(if p.held { "peak" } else { "round_end" }).into(),
+        ),
         (
             "reached_by",
             match p.reached_by {
@@ -266,7 +272,22 @@ pub(crate) fn peak(profile: &Profile) -> Node<'_> {
             },
         ),
         ("by_stack", by),
+        ("by_stack_left_out", peak_left_out(&p.sites, cap).into()),
     ])
+}
+
+/// What a peak's `by_stack` of `cap` entries leaves out: how many sites, and their blocks
+/// and bytes (with the list, the peak's own where it was kept).
+pub(super) fn peak_left_out(sites: &[(SiteId, i64, i64)], cap: usize) -> Value {
+    let rest = sites.iter().skip(cap);
+    let (blocks, bytes) = rest.fold((0i64, 0i64), |(b, y), s| {
+        (b.saturating_add(s.1), y.saturating_add(s.2))
+    });
+    json!({
+        "stacks": sites.len().saturating_sub(cap),
+        "live_blocks": blocks,
+        "live_bytes": bytes,
+    })
 }
 
 pub(crate) fn latency(profile: &Profile) -> Value {

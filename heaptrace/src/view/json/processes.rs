@@ -4,6 +4,29 @@ use serde_json::{Value, json};
 
 use super::*;
 
+/// The sites live at process `pid`'s peak, largest first (none where not kept), as many as
+/// its leaks list (a fiftieth of `--json-max-stacks`), and what that leaves out.
+fn peak_sites(
+    profile: &Profile,
+    pid: u32,
+    held: Option<&crate::drain::round::PeakHeld>,
+) -> (Value, Value) {
+    let mut peak = crate::profile::Peak::default();
+    if let Some(held) = held {
+        peak.set_held(pid, held);
+    }
+    let cap = (stacks_cap(profile) / 50).max(1);
+    let w = profile.wrappers();
+    let sites = peak.sites.iter().take(cap).map(|(id, blocks, bytes)| {
+        with(
+            site(profile, &w, id),
+            json!({ "live_blocks": blocks, "live_bytes": bytes }),
+        )
+    });
+    let left_out = super::peak_left_out(&peak.sites, cap);
+    (Value::Array(sites.collect()), left_out)
+}
+
 /// `processes[]`: each process's figures, sizes and leaks, written as they are listed.
 pub(super) fn processes<'a>(profile: &'a Profile, aliases: Vec<(Func, Func)>) -> Node<'a> {
     Node::list(move || {
@@ -14,6 +37,7 @@ pub(super) fn processes<'a>(profile: &'a Profile, aliases: Vec<(Func, Func)>) ->
             } else {
                 leaks(profile, Some(*pid))
             };
+            let (peak_by, peak_left_out) = peak_sites(profile, *pid, p.peak_held.as_ref());
             let fields = json!({
                 "comm": p.comm,
                 "cgroup": p.cgroup,
@@ -25,8 +49,11 @@ pub(super) fn processes<'a>(profile: &'a Profile, aliases: Vec<(Func, Func)>) ->
                 "peak_rss_kb": p.peak_rss_kb,
                 "peak": p.peak.map(|k| json!({
                     "live_bytes": k.bytes,
+                    "live_blocks": p.peak_held.as_ref().map(|h| h.blocks),
                     "lower_bound": crate::view::lower_bound::untracked(profile, Some(*pid)) > 0,
                     "reached_by": { "size": k.size, "stack_id": k.stack_id },
+                    "by_stack": peak_by,
+                    "by_stack_left_out": peak_left_out,
                 })),
                 "memory": memory(profile, p),
                 "exited": p.exited,

@@ -162,13 +162,25 @@ pub(super) fn totals_line(app: &App) -> String {
 /// the allocation that reached it; "exact"), else the highest at a round's end.
 pub(super) fn peak(app: &App) -> String {
     let view = app.view();
-    let (live, exact) = match app.focus() {
-        Some(pid) => match view.procs.get(&pid).and_then(|p| p.peak) {
-            Some(k) => (k.bytes as i64, true),
+    // And the site that held the most of it, where the kernel kept what held it (`PeakHeld`).
+    let (live, exact, top) = match app.focus() {
+        Some(pid) => match view.procs.get(&pid).and_then(|p| p.peak.map(|k| (k, p))) {
+            Some((k, p)) => {
+                let top = p.peak_held.as_ref().map(|h| {
+                    let mut peak = crate::profile::Peak::default();
+                    peak.set_held(pid, h);
+                    peak.sites.first().copied()
+                });
+                (k.bytes as i64, true, top.flatten())
+            }
             None => return String::new(),
         },
         None => match view.peak.as_ref() {
-            Some(p) => (p.live_bytes, p.exact),
+            Some(p) => (
+                p.live_bytes,
+                p.exact,
+                p.sites.first().copied().filter(|_| p.held),
+            ),
             None => return String::new(),
         },
     };
@@ -183,8 +195,15 @@ pub(super) fn peak(app: &App) -> String {
     } else {
         ""
     };
+    let held = top.map_or(String::new(), |(id, _, b)| {
+        let frames = view.frames(&id);
+        let at = view.wrappers().site(&frames);
+        let f = at.frame(&frames).filter(|_| id.1 >= 0);
+        let name = f.map_or("?".to_string(), |f| f.function.to_string());
+        format!(", {} from {name}", bytes(b))
+    });
     format!(
-        "  peak {}{}{}{how}{raise}",
+        "  peak {}{}{}{how}{raise}{held}",
         crate::view::lower_bound::prefix(untracked),
         crate::view::summary::est(view.sample_bytes),
         bytes(live)

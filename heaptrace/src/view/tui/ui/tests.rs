@@ -375,6 +375,15 @@ fn ended_processes_are_told_apart_from_the_live_ones() {
 #[test]
 fn the_header_shows_the_exact_peak_and_the_oom_victims_are_marked() {
     let mut p = crate::view::tui::app::tests::traced();
+    let mut r = Round::default();
+    r.stacks.insert(
+        (11, 4),
+        NewStack {
+            frames: vec![frame("alloc_big", "leaky.c", 9, "leaky")].into(),
+            ..Default::default()
+        },
+    );
+    p.apply(&r);
     for (pid, comm, peak, oom) in [(10, "alive", 2 << 20, false), (11, "leaky", 48 << 20, true)] {
         p.procs.insert(
             pid,
@@ -391,20 +400,35 @@ fn the_header_shows_the_exact_peak_and_the_oom_victims_are_marked() {
             },
         );
     }
+    // What held it, where kept: the site with the most then.
+    let held = crate::drain::round::PeakHeld {
+        bytes: 48 << 20,
+        blocks: 3,
+        sites: vec![(4, 0, 3, 48 << 20)],
+    };
+    p.procs.get_mut(&11).unwrap().peak_held = Some(held);
     p.peak = Some(crate::profile::Peak {
         live_bytes: 50 << 20,
         exact: true,
+        sites: vec![((11, 4, 0), 2, 40 << 20)],
+        held: true,
         ..Default::default()
     });
     let mut app = App::new(info(TargetKind::All), running(p));
     screen(&mut app, Screen::Processes);
     let text = format!("{:?}", render(&app, 160, 24));
-    assert!(text.contains("  peak 50.0 MiB (exact)"), "{text}");
+    assert!(
+        text.contains("  peak 50.0 MiB (exact), 40.0 MiB from alloc_big"),
+        "{text}"
+    );
     assert!(text.contains("leaky (OOM killed)"), "{text}");
     assert!(!text.contains("alive (OOM"), "{text}");
     app.set_focus(Some(11));
     let text = format!("{:?}", render(&app, 160, 24));
-    assert!(text.contains("  peak 48.0 MiB (exact)"), "{text}");
+    assert!(
+        text.contains("  peak 48.0 MiB (exact), 48.0 MiB from alloc_big"),
+        "{text}"
+    );
     // No room: left out whole.
     app.set_focus(None);
     let text = format!("{:?}", render(&app, 60, 24));

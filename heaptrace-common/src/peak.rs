@@ -1,0 +1,89 @@
+//! The true peak and what held it: each process's live heap and its highest ([`ProcPeak`]),
+//! and the site counters' figures at that moment (memray's high-water mark, folded lazily).
+use crate::{NO_SITE, SiteCounters};
+
+/// A process's live heap as the kernel keeps it at each tracked allocation and release, and
+/// the highest it reached, with the allocation that reached it (`maps::PEAKS`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcPeak {
+    /// Live bytes now (wrapping adds: a release is an add of the negated size).
+    pub live: u64,
+    /// The highest `live` reached.
+    pub max: u64,
+    /// The size and stack id ([`NO_SITE`] outside stacks mode) of the allocation that
+    /// reached `max`.
+    pub max_size: u64,
+    pub max_stack: i32,
+    pub epoch: u32,
+    /// The peak's number (memray's high-water mark): moves on at the first release after a
+    /// new high, before that release is counted anywhere, so that the site entries a change
+    /// touches next keep their figures as they were at the high ([`SiteCounters::peak_seq`]).
+    /// 0 before the first.
+    pub seq: u32,
+    /// 1 from a new high to the release that moves `seq` on: the live figures now are the
+    /// peak's.
+    pub pending: u32,
+    /// Live blocks now (wrapping, as `live`), and those live at `max`.
+    pub blocks: u64,
+    pub max_blocks: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<ProcPeak>() == 56);
+
+impl ProcPeak {
+    pub const ZERO: ProcPeak = ProcPeak {
+        live: 0,
+        max: 0,
+        max_size: 0,
+        max_stack: NO_SITE,
+        epoch: 0,
+        seq: 0,
+        pending: 0,
+        blocks: 0,
+        max_blocks: 0,
+    };
+}
+
+impl SiteCounters {
+    /// Live blocks and bytes now, wrapping (user space reads them signed).
+    #[inline(always)]
+    pub fn live(&self) -> (u64, u64) {
+        let blocks = self
+            .calls
+            .wrapping_sub(self.frees)
+            .wrapping_sub(self.untracked);
+        let bytes = self
+            .bytes
+            .wrapping_sub(self.freed_bytes)
+            .wrapping_sub(self.untracked_bytes);
+        (blocks, bytes)
+    }
+
+    /// Keeps the live figures as they were at the peak before the entry's first change since
+    /// its process's peak number moved on to `seq` (`ProcPeak::seq`): what it held at the
+    /// peak. Called before each change (the kernel's site counters).
+    #[inline(always)]
+    pub fn fold_peak(&mut self, seq: u32) {
+        // SAFETY: an aligned read of a value the caller holds.
+        if unsafe { core::ptr::read_volatile(&self.peak_seq) } != u64::from(seq) {
+            let (blocks, bytes) = self.live();
+            self.peak_blocks = blocks;
+            self.peak_bytes = bytes;
+            self.peak_seq = u64::from(seq);
+        }
+    }
+
+    /// What this entry adds to its site's live figures to give them at the peak `seq` of its
+    /// process (`pending`: a new high with no release since, the figures now are the peak's).
+    pub fn at_peak_correction(&self, seq: u32, pending: bool) -> (u64, u64) {
+        if pending || seq == 0 || self.peak_seq != u64::from(seq) {
+            return (0, 0);
+        }
+        let (blocks, bytes) = self.live();
+        (
+            self.peak_blocks.wrapping_sub(blocks),
+            self.peak_bytes.wrapping_sub(bytes),
+        )
+    }
+}
