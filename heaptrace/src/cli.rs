@@ -46,9 +46,9 @@ pub struct SiteNaming {
     ///
     /// A site is named by its first frame outside the allocator and its wrappers (`zmalloc`,
     /// `xmalloc`); stacks keep every frame. Services' wrappers are known by name (Redis,
-    /// nginx, PostgreSQL, GLib, SQLite), others detected: a function seen only right above
-    /// the allocator, called from 4 or more functions. A caller of a --hide or known
-    /// wrapper names a site.
+    /// nginx, PostgreSQL, CPython, GLib, SQLite), others detected: a function seen only
+    /// right above the allocator, called from 4 or more functions. A caller of a --hide or
+    /// known wrapper names a site.
     #[arg(long, value_name = "REGEX", value_parser = crate::profile::wrappers::parse_hide)]
     pub hide: Vec<regex::Regex>,
 

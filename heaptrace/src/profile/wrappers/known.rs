@@ -20,7 +20,7 @@ pub const BASE: [&str; 7] = [
 ];
 
 /// Services' allocation layers, by exact function name, with whose they are.
-pub const SERVICES: [(&str, &[&str]); 5] = [
+pub const SERVICES: [(&str, &[&str]); 6] = [
     (
         "Redis",
         &[
@@ -97,6 +97,42 @@ pub const SERVICES: [(&str, &[&str]); 5] = [
             "SlabContextCreate",
             "BumpAlloc",
             "BumpContextCreate",
+        ],
+    ),
+    (
+        "CPython",
+        &[
+            "PyMem_Malloc",
+            "PyMem_Calloc",
+            "PyMem_Realloc",
+            "PyMem_RawMalloc",
+            "PyMem_RawCalloc",
+            "PyMem_RawRealloc",
+            "PyObject_Malloc",
+            "PyObject_Calloc",
+            "PyObject_Realloc",
+            "_PyMem_RawMalloc",
+            "_PyMem_RawCalloc",
+            "_PyMem_RawRealloc",
+            "_PyMem_RawStrdup",
+            "_PyMem_RawWcsdup",
+            "_PyMem_Strdup",
+            "_PyObject_Malloc",
+            "_PyObject_Calloc",
+            "_PyObject_Realloc",
+            "pymalloc_alloc",
+            "pymalloc_realloc",
+            "allocate_from_new_pool",
+            "new_arena",
+            "arena_map_get",
+            "arena_map_mark_used",
+            "_PyMem_DebugRawAlloc",
+            "_PyMem_DebugRawMalloc",
+            "_PyMem_DebugRawCalloc",
+            "_PyMem_DebugRawRealloc",
+            "_PyMem_DebugMalloc",
+            "_PyMem_DebugCalloc",
+            "_PyMem_DebugRealloc",
         ],
     ),
     (
