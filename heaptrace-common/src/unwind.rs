@@ -15,7 +15,18 @@ pub mod kind {
     /// The outermost frame (the return address is undefined: `_start`, a thread's start in
     /// `clone3`): the stack ends here, whole.
     pub const END: u8 = 3;
+    /// A signal trampoline (`__restore_rt`, its FDE marked `S`): the interrupted frame's
+    /// registers are in the `ucontext` at the frame's sp (the handler's return popped),
+    /// at [`super::SIGNAL_RIP`], [`super::SIGNAL_RSP`] and [`super::SIGNAL_RBP`].
+    pub const SIGNAL: u8 = 4;
 }
+
+/// Where x86-64 Linux's signal frame keeps the interrupted registers, from the trampoline's
+/// sp: `ucontext.uc_mcontext` is 40 bytes in (flags, link, the 24-byte `stack_t`), and its
+/// registers run r8..r15, rdi, rsi, rbp (10), rbx, rdx, rax, rcx, rsp (15), rip (16).
+pub const SIGNAL_RBP: u64 = 40 + 8 * 10;
+pub const SIGNAL_RSP: u64 = 40 + 8 * 15;
+pub const SIGNAL_RIP: u64 = 40 + 8 * 16;
 
 /// From `pc` (the file's virtual address, less nothing: the module's bias is added at run
 /// time) to the next row's: how to find the caller's frame.

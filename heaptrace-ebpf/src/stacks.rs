@@ -16,7 +16,10 @@ use aya_ebpf::{
 use heaptrace_common::{
     Loss, STACK_FRAMES, StoredStack,
     stack::{HASH_START, cache_choice, cache_index, cache_word, hash_finish, hash_step, ids},
-    unwind::{ProcModules, RULE_FRAME_POINTER, RULE_NO_ROOM, RULE_PENDING, kind},
+    unwind::{
+        ProcModules, RULE_FRAME_POINTER, RULE_NO_ROOM, RULE_PENDING, SIGNAL_RBP, SIGNAL_RIP,
+        SIGNAL_RSP, kind,
+    },
 };
 
 use crate::maps::{
@@ -76,6 +79,7 @@ pub fn walk(ctx: &RetProbeContext, tgid: u32) -> Option<(&'static mut StoredStac
         reads: 0,
         cut: Loss::StackDepth as u64,
         no_room: 0,
+        interrupted: 0,
     };
     let mut frames = Frames {
         modules,
@@ -152,14 +156,27 @@ fn unwind_one(f: &mut Frames<'_>) -> Result<(), u64> {
         return Err(Loss::StackDepth as u64);
     }
     let (pc, sp, fp) = (st.pc, st.sp, st.fp);
-    // pc is a return address: the call before it is in the frame's function.
-    let rule = crate::unwind::rule(f.modules, pc.wrapping_sub(1))?;
+    // pc is a return address: the call before it is in the frame's function. Where a signal
+    // interrupted the frame, pc is the instruction it stopped at, in the function itself.
+    let rule = crate::unwind::rule(f.modules, pc.wrapping_sub(1 - st.interrupted))?;
+    st.interrupted = 0;
     let mut chunk = Chunk {
         c: &mut *f.chunk,
         base: &mut st.base,
         reads: &mut st.reads,
     };
-    let (ret, cfa, fp) = if rule.kind & RULE_FRAME_POINTER == 0 {
+    let (ret, cfa, fp) = if rule.kind == kind::SIGNAL {
+        // The interrupted frame: its registers as the kernel saved them. Its sp may be
+        // anywhere (a handler on an alternate stack): the walk's depth bounds it.
+        let ret = chunk.word(sp.wrapping_add(SIGNAL_RIP)).ok_or(0u64)?;
+        let next_sp = chunk.word(sp.wrapping_add(SIGNAL_RSP)).ok_or(0u64)?;
+        let next_fp = chunk.word(sp.wrapping_add(SIGNAL_RBP)).ok_or(0u64)?;
+        if next_sp == sp {
+            return Err(0);
+        }
+        st.interrupted = 1;
+        (ret, next_sp, next_fp)
+    } else if rule.kind & RULE_FRAME_POINTER == 0 {
         let reg = match rule.kind {
             kind::RSP => sp,
             kind::RBP => fp,

@@ -109,6 +109,13 @@ fn libc_rows_start_each_function_at_rsp_plus_8_and_end_at_start() {
     assert!(t.rows.windows(2).all(|w| rule(w[0]) != rule(w[1])));
     // clone3's child marks its return address undefined: the end of a thread's stack.
     assert!(t.rows.iter().any(|r| r.kind == kind::END), "{:?}", t.stats);
+    // __restore_rt's FDE is marked a signal trampoline: one row, read from the signal frame.
+    assert_eq!(
+        t.rows.iter().filter(|r| r.kind == kind::SIGNAL).count(),
+        1,
+        "{:?}",
+        t.stats
+    );
     // Read through a cache (headers and unwind sections only), as the daemon reads files.
     let cache = object::ReadCache::new(std::fs::File::open(path).unwrap());
     assert_eq!(build(&cache).unwrap().rows, t.rows);
