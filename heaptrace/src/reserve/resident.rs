@@ -91,7 +91,10 @@ pub fn parse(text: &str) -> Resident {
     let mut kind = Kind::Other;
     for line in text.lines() {
         if let Some(h) = header(line) {
-            let anon_rw = h.name.is_empty() && h.perms.starts_with("rw") && h.perms.ends_with('p');
+            // Named by prctl(PR_SET_VMA_ANON_NAME) still anonymous: glibc 2.39's
+            // `[anon: glibc: malloc arena]`.
+            let anon = h.name.is_empty() || h.name.starts_with("[anon:");
+            let anon_rw = anon && h.perms.starts_with("rw") && h.perms.ends_with('p');
             kind = match prev {
                 _ if h.name == "[heap]" => Kind::Heap,
                 _ if !anon_rw => Kind::Other,
@@ -154,6 +157,8 @@ Rss:                 200 kB
 Rss:                5000 kB
 21000000-21001000 rwxp 00000000 00:00 0
 Rss:                   3 kB
+22000000-22100000 rw-p 00000000 00:00 0 [anon: glibc: malloc arena]
+Rss:                  40 kB
 garbage line
 7ffff000-7ffff800 rw-p 00000000 00:00 0 [stack]
 Rss:                  12 kB
@@ -164,10 +169,11 @@ Rss:                  12 kB
         let r = parse(SMAPS);
         assert_eq!(r.heap_bytes, 100 << 10);
         // The arena (1000 kB), the mapping above a large PROT_NONE reserve (200 kB: not a
-        // guard), the rwx one (3 kB); not the .bss (4 kB), the shared one, the [stack].
-        assert_eq!(r.anonymous_bytes, (1000 + 200 + 3) << 10);
+        // guard), the rwx one (3 kB), the named one (40 kB); not the .bss (4 kB), the shared
+        // one, the [stack].
+        assert_eq!(r.anonymous_bytes, (1000 + 200 + 3 + 40) << 10);
         assert_eq!(r.stacks_bytes, 16 << 10);
-        assert_eq!(r.total(), (100 + 1203) << 10);
+        assert_eq!(r.total(), (100 + 1243) << 10);
     }
 
     #[test]
