@@ -164,9 +164,10 @@ impl Wrappers {
     /// How many innermost frames are passed over, by `skipped` (or by name only). A frame
     /// passed over by none is still a wrapper's own when a service's wrapper of its file
     /// follows within [`known::INSIDE`] frames of that file (`palloc` calling `AllocSetAlloc`
-    /// through a pointer), or when it has no name and a service's wrapper of its file is
-    /// right below it: a static helper the wrapper jumped to (nginx's `ngx_palloc` ends in a
-    /// jump to `ngx_palloc_large`, so its frame is gone and the helper's caller is the site).
+    /// through a pointer), or when it has no name and a service's wrapper of its file that
+    /// calls the allocator itself is right below it: a static helper the wrapper's caller
+    /// jumped to (nginx's `ngx_palloc` ends in a jump to `ngx_palloc_large`, which calls
+    /// `ngx_alloc`: `ngx_palloc`'s frame is gone and the helper's caller is the site).
     fn passed(&self, frames: &[Frame], by_name_only: bool) -> usize {
         let over = |f: &Frame| {
             if by_name_only {
@@ -192,7 +193,8 @@ impl Wrappers {
                 && i + 1 < frames.len()
                 && is_unnamed(at)
                 && frames[i - 1].module == at.module
-                && self.is_service(&frames[i - 1]);
+                && self.is_service(&frames[i - 1])
+                && frames[..i - 1].iter().all(|f| self.is_base(f));
             match inside {
                 Some(n) => i += n + 1,
                 None if jumped_to => i += 1,

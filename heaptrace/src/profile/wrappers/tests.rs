@@ -261,13 +261,21 @@ fn frames_a_known_wrapper_calls_or_jumps_to_are_its_own() {
         at("main", 0x500),
     ];
     // An unnamed frame that is the site of its own stays one when no known wrapper is
-    // beside it.
+    // beside it, or when the wrapper below it does not call the allocator itself (palloc
+    // calls AllocSetAlloc): a static function of PostgreSQL's calling palloc.
     let plain = vec![unnamed(0x300), at("caller", 0x310), at("main", 0x500)];
-    let all = [pg.clone(), ngx.clone(), plain.clone()];
+    let pg_static = vec![
+        unnamed(0x5c785f),
+        at("palloc", 0x5cd7a0),
+        unnamed(0x5952eb),
+        at("RelationCacheInitializePhase3", 0x100),
+    ];
+    let all = [pg.clone(), ngx.clone(), plain.clone(), pg_static.clone()];
     let w = Wrappers::with_rule(Arc::new(rule()), all.iter().map(|s| &s[..]));
     assert_eq!(site_name(&w, &pg), "ExprEvalPushStep");
     assert_eq!(site_name(&w, &ngx), "ngx_create_temp_buf");
     assert_eq!(w.site(&plain), SiteFrame(0));
+    assert_eq!(w.site(&pg_static), SiteFrame(2));
 }
 
 #[test]
