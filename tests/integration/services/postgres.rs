@@ -145,6 +145,43 @@ impl Drop for Postgres {
     }
 }
 
+/// Traces `pg` with heaptrace's `args` (`--json` added) during `pgbench -c 2 -t 300`; the
+/// document and the summary, after checking what both modes share: sites past palloc & co.,
+/// backends' stacks whole, and no warning of short stacks.
+fn traced(pg: &Postgres, tag: &str, args: &[&str]) -> (serde_json::Value, String) {
+    let json = json_path(tag);
+    let running = start_attached(
+        heaptrace()
+            .args(["--no-tui", "--json"])
+            .arg(&json)
+            .args(args),
+    );
+    assert!(pg.pgbench(&["-c", "2", "-t", "300"]), "pgbench failed");
+    running.signal(libc::SIGINT);
+    let (code, summary) = running.wait();
+    assert_eq!(code, 0, "{summary}");
+    let doc = read_json(&json);
+    let known = names(&doc["wrappers"]["known"]);
+    assert!(known.contains(&"palloc"), "{:?}", doc["wrappers"]);
+    let through = sites_past(&doc, &PALLOC);
+    assert!(through >= 5_000, "{through} calls through palloc & co.");
+    let whole = whole_share(&doc);
+    assert!(whole >= 0.95, "{:.1}% of calls reach main", whole * 100.0);
+    assert!(!summary.contains("end before main"), "{summary}");
+    (doc, summary)
+}
+
+bpf_test!(
+    exclusive,
+    /// The same under `--all --comm postgres`: every postgres process, this cluster's among
+    /// them, from whenever the probes reach it.
+    fn postgres_sites_name_its_callers_under_all() {
+        let Some(bin) = bin_dir() else { return };
+        let pg = Postgres::start(&bin, &workspace().join("target/test-out/postgres-all"));
+        traced(&pg, "postgres-all", &["--all", "--comm", "postgres"]);
+    }
+);
+
 bpf_test!(
     shared,
     /// PostgreSQL attached with its forks: sites are named past palloc and the memory
@@ -153,25 +190,7 @@ bpf_test!(
     fn postgres_sites_name_its_callers_not_palloc() {
         let Some(bin) = bin_dir() else { return };
         let pg = Postgres::start(&bin, &workspace().join("target/test-out/postgres"));
-        let json = json_path("postgres");
-        let running = start_attached(
-            heaptrace()
-                .args(["--no-tui", "--follow-forks", "--json"])
-                .arg(&json)
-                .args(["-p", &pg.child.id().to_string()]),
-        );
-        assert!(pg.pgbench(&["-c", "2", "-t", "300"]), "pgbench failed");
-        running.signal(libc::SIGINT);
-        let (code, summary) = running.wait();
-        drop(pg);
-        assert_eq!(code, 0, "{summary}");
-        let doc = read_json(&json);
-        let known = names(&doc["wrappers"]["known"]);
-        assert!(known.contains(&"palloc"), "{:?}", doc["wrappers"]);
-        let through = sites_past(&doc, &PALLOC);
-        assert!(through >= 5_000, "{through} calls through palloc & co.");
-        let whole = whole_share(&doc);
-        assert!(whole >= 0.95, "{:.1}% of calls reach main", whole * 100.0);
-        assert!(!summary.contains("end before main"), "{summary}");
+        let pid = pg.child.id().to_string();
+        traced(&pg, "postgres", &["--follow-forks", "-p", &pid]);
     }
 );
