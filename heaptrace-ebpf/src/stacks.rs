@@ -79,7 +79,6 @@ pub fn walk(ctx: &RetProbeContext, tgid: u32) -> Option<(&'static mut StoredStac
         reads: 0,
         cut: Loss::StackDepth as u64,
         no_room: 0,
-        interrupted: 0,
     };
     let mut frames = Frames {
         modules,
@@ -156,10 +155,8 @@ fn unwind_one(f: &mut Frames<'_>) -> Result<(), u64> {
         return Err(Loss::StackDepth as u64);
     }
     let (pc, sp, fp) = (st.pc, st.sp, st.fp);
-    // pc is a return address: the call before it is in the frame's function. Where a signal
-    // interrupted the frame, pc is the instruction it stopped at, in the function itself.
-    let rule = crate::unwind::rule(f.modules, pc.wrapping_sub(1 - st.interrupted))?;
-    st.interrupted = 0;
+    // pc is a return address: the call before it is in the frame's function.
+    let rule = crate::unwind::rule(f.modules, pc.wrapping_sub(1))?;
     let mut chunk = Chunk {
         c: &mut *f.chunk,
         base: &mut st.base,
@@ -167,14 +164,16 @@ fn unwind_one(f: &mut Frames<'_>) -> Result<(), u64> {
     };
     let (ret, cfa, fp) = if rule.kind == kind::SIGNAL {
         // The interrupted frame: its registers as the kernel saved them. Its sp may be
-        // anywhere (a handler on an alternate stack): the walk's depth bounds it.
-        let ret = chunk.word(sp.wrapping_add(SIGNAL_RIP)).ok_or(0u64)?;
+        // anywhere (a handler on an alternate stack): the walk's depth bounds it. Its pc is
+        // the instruction it stopped at, kept one past it as a return address is: the next
+        // row's lookup and the symbolizer take the byte before.
+        let rip = chunk.word(sp.wrapping_add(SIGNAL_RIP)).ok_or(0u64)?;
+        let ret = rip.wrapping_add(1);
         let next_sp = chunk.word(sp.wrapping_add(SIGNAL_RSP)).ok_or(0u64)?;
         let next_fp = chunk.word(sp.wrapping_add(SIGNAL_RBP)).ok_or(0u64)?;
         if next_sp == sp {
             return Err(0);
         }
-        st.interrupted = 1;
         (ret, next_sp, next_fp)
     } else if rule.kind & RULE_FRAME_POINTER == 0 {
         let reg = match rule.kind {

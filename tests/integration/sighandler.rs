@@ -178,3 +178,48 @@ bpf_test!(
         }
     }
 );
+
+bpf_test!(
+    /// The in-process library's walk goes through the signal frame too.
+    fn in_process_handler_stacks_go_on_through_the_signal_frame() {
+        let _g = shared();
+        let json = json_path("sighandler-in-process");
+        let out = heaptrace()
+            .args([
+                "--no-tui",
+                "-q",
+                "--in-process",
+                "--mode",
+                "stacks",
+                "--json",
+            ])
+            .arg(&json)
+            .arg("--")
+            .arg(fixture("sighandler", "", &[]))
+            .args([PAIRS, "100"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let doc = read_json(&json);
+        let (mut through, mut whole) = (0, 0);
+        for s in doc["stacks"].as_array().unwrap() {
+            let frames: Vec<&str> = s["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|f| f["function"].as_str())
+                .collect();
+            if frames.contains(&"on_alarm") {
+                let calls = s["calls"].as_u64().unwrap();
+                through += calls;
+                whole += calls * u64::from(frames.last() == Some(&"_start"));
+            }
+        }
+        assert!(through > 0, "no handler stacks");
+        assert_eq!(whole, through, "handler calls reaching _start");
+    }
+);

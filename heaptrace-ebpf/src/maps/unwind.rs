@@ -49,8 +49,6 @@ pub struct WalkState {
     /// Bit 0: a frame was in a module whose table did not fit; bit 1: in one whose table was
     /// not loaded yet.
     pub no_room: u64,
-    /// 1: `pc` is where a signal interrupted its frame, not a return address.
-    pub interrupted: u64,
 }
 
 #[map(name = "WALK")]
