@@ -15,7 +15,18 @@ pub mod kind {
     /// The outermost frame (the return address is undefined: `_start`, a thread's start in
     /// `clone3`): the stack ends here, whole.
     pub const END: u8 = 3;
+    /// A signal trampoline (`__restore_rt`, its FDE marked `S`): the interrupted frame's
+    /// registers are in the `ucontext` at the frame's sp (the handler's return popped),
+    /// at [`super::SIGNAL_RIP`], [`super::SIGNAL_RSP`] and [`super::SIGNAL_RBP`].
+    pub const SIGNAL: u8 = 4;
 }
+
+/// Where x86-64 Linux's signal frame keeps the interrupted registers, from the trampoline's
+/// sp: `ucontext.uc_mcontext` is 40 bytes in (flags, link, the 24-byte `stack_t`), and its
+/// registers run r8..r15, rdi, rsi, rbp (10), rbx, rdx, rax, rcx, rsp (15), rip (16).
+pub const SIGNAL_RBP: u64 = 40 + 8 * 10;
+pub const SIGNAL_RSP: u64 = 40 + 8 * 15;
+pub const SIGNAL_RIP: u64 = 40 + 8 * 16;
 
 /// From `pc` (the file's virtual address, less nothing: the module's bias is added at run
 /// time) to the next row's: how to find the caller's frame.
@@ -36,21 +47,22 @@ pub struct Row {
 const _: () = assert!(core::mem::size_of::<Row>() == 8);
 
 /// The bits of [`Row::kind`] that are its [`kind`].
-pub const KIND_BITS: u8 = 0x03;
+pub const KIND_BITS: u8 = 0x07;
 /// The bits of [`Row::kind`] that hold the CFA's offset past `cfa`'s 16 bits: a frame of up
-/// to 4 MiB (rustc's `run_compiler` closures take 527 KiB).
-pub const CFA_HIGH_BITS: u8 = 0x1c;
+/// to 2 MiB (rustc's `run_compiler` closures take 527 KiB).
+pub const CFA_HIGH_BITS: u8 = 0x18;
+const CFA_HIGH_SHIFT: u32 = 3;
 
 impl Row {
-    /// A rule of `kind` with the CFA `words` words past its register; None past 4 MiB.
+    /// A rule of `kind` with the CFA `words` words past its register; None past 2 MiB.
     pub fn new(pc: u32, kind: u8, words: u64, rbp: u8) -> Option<Row> {
         let high = u8::try_from(words >> 16)
             .ok()
-            .filter(|h| *h <= CFA_HIGH_BITS >> 2)?;
+            .filter(|h| *h <= CFA_HIGH_BITS >> CFA_HIGH_SHIFT)?;
         Some(Row {
             pc,
             cfa: words as u16,
-            kind: kind | high << 2,
+            kind: kind | high << CFA_HIGH_SHIFT,
             rbp,
         })
     }
@@ -64,7 +76,7 @@ impl Row {
     /// The CFA's offset from its register, in words.
     #[inline(always)]
     pub fn cfa_words(&self) -> u64 {
-        u64::from(self.cfa) | u64::from((self.kind & CFA_HIGH_BITS) >> 2) << 16
+        u64::from(self.cfa) | u64::from((self.kind & CFA_HIGH_BITS) >> CFA_HIGH_SHIFT) << 16
     }
 }
 

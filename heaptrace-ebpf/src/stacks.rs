@@ -16,7 +16,10 @@ use aya_ebpf::{
 use heaptrace_common::{
     Loss, NO_ROOM_FRAME, STACK_FRAMES, StoredStack,
     stack::{HASH_START, cache_choice, cache_index, cache_word, hash_finish, hash_step, ids},
-    unwind::{ProcModules, RULE_FRAME_POINTER, RULE_NO_ROOM, RULE_PENDING, kind},
+    unwind::{
+        ProcModules, RULE_FRAME_POINTER, RULE_NO_ROOM, RULE_PENDING, SIGNAL_RBP, SIGNAL_RIP,
+        SIGNAL_RSP, kind,
+    },
 };
 
 use crate::maps::{
@@ -165,7 +168,20 @@ fn unwind_one(f: &mut Frames<'_>) -> Result<(), u64> {
         base: &mut st.base,
         reads: &mut st.reads,
     };
-    let (ret, cfa, fp) = if rule.kind & RULE_FRAME_POINTER == 0 {
+    let (ret, cfa, fp) = if rule.kind == kind::SIGNAL {
+        // The interrupted frame: its registers as the kernel saved them. Its sp may be
+        // anywhere (a handler on an alternate stack): the walk's depth bounds it. Its pc is
+        // the instruction it stopped at, kept one past it as a return address is: the next
+        // row's lookup and the symbolizer take the byte before.
+        let rip = chunk.word(sp.wrapping_add(SIGNAL_RIP)).ok_or(0u64)?;
+        let ret = rip.wrapping_add(1);
+        let next_sp = chunk.word(sp.wrapping_add(SIGNAL_RSP)).ok_or(0u64)?;
+        let next_fp = chunk.word(sp.wrapping_add(SIGNAL_RBP)).ok_or(0u64)?;
+        if next_sp == sp {
+            return Err(0);
+        }
+        (ret, next_sp, next_fp)
+    } else if rule.kind & RULE_FRAME_POINTER == 0 {
         let reg = match rule.rule() {
             kind::RSP => sp,
             kind::RBP => fp,

@@ -8,7 +8,7 @@ use heaptrace_common::{
     Loss, STACK_FRAMES,
     inproc::{self, BUSY, EMPTY, IndexEntry, LOST_STACK, PROBES, StackHead, ThreadHead},
     inproc::{CACHED_FP, CACHED_FP_NO_ROOM},
-    unwind::{Row, kind},
+    unwind::{Row, SIGNAL_RBP, SIGNAL_RIP, SIGNAL_RSP, kind},
 };
 
 use crate::{count::lose, region::Region, unwind::Tables};
@@ -165,6 +165,17 @@ fn step(stack: &Stack, tables: Option<&Tables>, regs: Regs, w: &mut Walked) -> O
         kind::RSP => sp,
         kind::RBP => fp,
         kind::END => return None,
+        kind::SIGNAL => {
+            // The interrupted frame, as the kernel saved it (see heaptrace-common); its pc
+            // kept one past the instruction, as a return address is.
+            let rip = stack.word(sp.checked_add(SIGNAL_RIP)?)?;
+            let next = Regs {
+                pc: rip.wrapping_add(1),
+                sp: stack.word(sp.checked_add(SIGNAL_RSP)?)?,
+                fp: stack.word(sp.checked_add(SIGNAL_RBP)?)?,
+            };
+            return (next.sp != sp).then_some(next);
+        }
         _ => {
             w.end = End::NoRule;
             return None;

@@ -45,12 +45,15 @@ pub struct SiteNaming {
     /// Name sites past functions matching REGEX, as allocator wrappers (repeatable).
     ///
     /// A site is named by its first frame outside the allocator and its wrappers (`zmalloc`,
-    /// `xmalloc`); stacks keep every frame. Wrappers are also detected: a function seen only
-    /// right above the allocator, called from 4 or more functions.
+    /// `xmalloc`); stacks keep every frame. Services' wrappers are known by name (Redis,
+    /// nginx, PostgreSQL, CPython, GLib, SQLite), others detected: a function seen only
+    /// right above the allocator, called from 4 or more functions. A caller of a --hide or
+    /// known wrapper names a site.
     #[arg(long, value_name = "REGEX", value_parser = crate::profile::wrappers::parse_hide)]
     pub hide: Vec<regex::Regex>,
 
-    /// Do not detect allocator wrappers: only the known ones and --hide's are passed over.
+    /// Do not detect allocator wrappers nor use services' known ones: only `operator new`,
+    /// Rust's allocation functions and --hide's are passed over.
     #[arg(long)]
     pub no_wrapper_detection: bool,
 }

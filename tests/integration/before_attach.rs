@@ -147,3 +147,50 @@ bpf_test!(
         assert_eq!(n(&doc["functions"]["free"]["untracked"]), 32);
     }
 );
+
+bpf_test!(
+    shared,
+    /// glibc's memory behind malloc made before the attach: 400,000 blocks of 100 bytes on
+    /// the brk heap (112-byte chunks, each header written) and the 3.2 MB array holding
+    /// them (a mapping of its own), all touched. Resident, by smaps at the end, is those.
+    fn resident_memory_counts_what_glibc_mapped_before_the_attach() {
+        const COUNT: u64 = 400_000;
+        let bin = fixture("beforeattach", "", &[]);
+        let mut target = Command::new(bin)
+            .arg(COUNT.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(target.stdout.take().unwrap());
+        let mut line = String::new();
+        while line != "ready\n" {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "fixture ended");
+        }
+        let json = json_path("before-attach-resident");
+        let mut ht = heaptrace();
+        ht.args(["--no-tui", "-q", "--mode", "counts", "--json"])
+            .arg(&json)
+            .args(["-p", &target.id().to_string()]);
+        let tracer = start_attached(&mut ht);
+        tracer.signal(libc::SIGINT);
+        let (code, stderr) = tracer.wait();
+        drop(target.stdin.take());
+        assert!(target.wait().unwrap().success());
+        assert_eq!(code, 0, "{stderr}");
+        let doc = read_json(&json);
+        let r = &doc["processes"][0]["memory"]["resident"];
+        let (heap, anon) = (n(&r["heap_bytes"]), n(&r["anonymous_bytes"]));
+        let chunks = COUNT * 112;
+        assert!(
+            (chunks..chunks + (1 << 20)).contains(&heap),
+            "heap {heap} B resident, {chunks} B of chunks"
+        );
+        let array = COUNT * 8;
+        assert!(
+            (array..array + (1 << 20)).contains(&anon),
+            "anonymous {anon} B resident, the array {array} B"
+        );
+    }
+);

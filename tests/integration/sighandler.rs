@@ -133,3 +133,93 @@ bpf_test!(
         check(&read_json(&json), (main + 1, handler + 1));
     }
 );
+
+bpf_test!(
+    /// A handler's stacks go on through the signal frame (`__restore_rt`, whose CFA is a
+    /// DWARF expression) into the code it interrupted, to `_start`: on the thread's stack and
+    /// on an alternate one (but in a PLT stub, counted). Where the signal came while the kernel's uretprobe trampoline ran
+    /// (a probed malloc returning: its frame is in the `[uprobes]` page), the walk goes on by
+    /// frame pointer from there and misses main; elsewhere main is in the stack.
+    fn handler_stacks_go_on_through_the_signal_frame() {
+        for extra in [&[][..], &["altstack"][..]] {
+            let (doc, (_, handler)) = attached("stacks", extra);
+            assert!(handler > 0, "the timer never fired");
+            let (mut through, mut whole, mut main) = (0, 0, 0);
+            for s in doc["stacks"].as_array().unwrap() {
+                let frames: Vec<&str> = s["frames"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(|f| f["function"].as_str())
+                    .collect();
+                if frames.contains(&"on_alarm") {
+                    let calls = s["calls"].as_u64().unwrap();
+                    through += calls;
+                    whole += calls * u64::from(frames.last() == Some(&"_start"));
+                    main += calls * u64::from(frames.contains(&"main"));
+                }
+            }
+            assert!(through > 0, "{extra:?}: no handler stacks");
+            // A signal in a PLT stub (its CFA is an expression too) cuts the stack there,
+            // counted.
+            let cut = doc["lost"]["unwind_no_rule"].as_u64().unwrap();
+            assert!(
+                whole + cut >= through,
+                "{extra:?}: {whole} of {through} reach _start"
+            );
+            assert!(
+                whole * 100 >= through * 99,
+                "{extra:?}: {whole} of {through}"
+            );
+            assert!(
+                main * 10 >= through,
+                "{extra:?}: {main} of {through} reach main"
+            );
+        }
+    }
+);
+
+bpf_test!(
+    /// The in-process library's walk goes through the signal frame too.
+    fn in_process_handler_stacks_go_on_through_the_signal_frame() {
+        let _g = shared();
+        let json = json_path("sighandler-in-process");
+        let out = heaptrace()
+            .args([
+                "--no-tui",
+                "-q",
+                "--in-process",
+                "--mode",
+                "stacks",
+                "--json",
+            ])
+            .arg(&json)
+            .arg("--")
+            .arg(fixture("sighandler", "", &[]))
+            .args([PAIRS, "100"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let doc = read_json(&json);
+        let (mut through, mut whole) = (0, 0);
+        for s in doc["stacks"].as_array().unwrap() {
+            let frames: Vec<&str> = s["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|f| f["function"].as_str())
+                .collect();
+            if frames.contains(&"on_alarm") {
+                let calls = s["calls"].as_u64().unwrap();
+                through += calls;
+                whole += calls * u64::from(frames.last() == Some(&"_start"));
+            }
+        }
+        assert!(through > 0, "no handler stacks");
+        assert_eq!(whole, through, "handler calls reaching _start");
+    }
+);

@@ -121,6 +121,9 @@ pub struct ProcProfile {
     pub mem: Option<Mem>,
     /// What its allocator holds from the kernel (last read while it lived).
     pub reserved: Option<Reserved>,
+    /// What of it is resident, estimated from its mappings at the end of the trace (None:
+    /// ended before, or not read).
+    pub resident: Option<crate::reserve::resident::Resident>,
     pub peak_rss_kb: u64,
     /// Ended while traced (system-wide mode): its figures are final.
     pub exited: bool,

@@ -4,9 +4,10 @@
 //! JSON document, the live view, the HTML page and the reports name a site alike. Only the
 //! naming moves: a stack keeps all its frames, the wrappers' too.
 //!
-//! Wrappers are found three ways: a few known by name ([`KNOWN`]), those the user names
-//! (`--hide REGEX`), and those the profile shows (detection, see [`detect`] and
-//! docs/site-names.md).
+//! Wrappers are found three ways: known by name ([`known`]: a few every program shares, and
+//! well-known services' allocation layers), those the user names (`--hide REGEX`), and those
+//! the profile shows (detection, see [`detect`] and docs/site-names.md). The names are
+//! detection's first pass: a function calling a service's or a `--hide` wrapper names a site.
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     sync::Arc,
@@ -16,16 +17,7 @@ use serde::Serialize;
 
 use crate::{profile::Profile, symbolize::Frame};
 
-/// Wrappers every program shares, by the start of their names.
-pub const KNOWN: [&str; 7] = [
-    "operator new",
-    "__rust_alloc",
-    "__rust_realloc",
-    "__rdl_alloc",
-    "__rdl_realloc",
-    "__rg_alloc",
-    "alloc::alloc::",
-];
+pub mod known;
 
 /// Detection: a function is a wrapper when it is only ever seen right above the allocator,
 /// called from at least this many distinct functions...
@@ -43,7 +35,7 @@ const KEEP: usize = MAX_CALL_SITES + MIN_CALLERS + 1;
 pub struct WrapperRule {
     /// `--hide`: functions matching any of these are wrappers.
     pub hide: Vec<regex::Regex>,
-    /// `--no-wrapper-detection`.
+    /// `--no-wrapper-detection`: neither services' known wrappers nor detection.
     pub no_detection: bool,
     /// The allocator's file's base name: frames in it are the allocator's own.
     pub allocator_module: String,
@@ -66,7 +58,7 @@ impl WrapperRule {
 pub enum Skipped {
     /// In the allocator's own file.
     Allocator,
-    /// A wrapper known by name ([`KNOWN`]).
+    /// A wrapper known by name ([`known`]).
     Known,
     /// Named by `--hide`.
     Hidden,
@@ -133,35 +125,95 @@ impl Wrappers {
         w
     }
 
-    /// Why `f` is passed over in naming a site, or None: it can name one.
+    /// Why `f` is passed over in naming a site, or None: it can name one (though it may be
+    /// inside a service's wrapper, see [`Wrappers::site`]).
     pub fn skipped(&self, f: &Frame) -> Option<Skipped> {
-        let rule = &self.rule;
-        if !rule.allocator_module.is_empty() && *f.module == *rule.allocator_module {
-            Some(Skipped::Allocator)
-        } else if KNOWN.iter().any(|w| f.function.starts_with(w)) {
+        self.by_name(f)
+            .or_else(|| self.detected.contains(&key(f)).then_some(Skipped::Detected))
+    }
+
+    /// Why `f` is passed over without detection: the allocator's, known or `--hide`.
+    fn by_name(&self, f: &Frame) -> Option<Skipped> {
+        if self.is_base(f) {
+            Some(if known::is_base(&f.function) {
+                Skipped::Known
+            } else {
+                Skipped::Allocator
+            })
+        } else if self.is_service(f) {
             Some(Skipped::Known)
-        } else if rule.hide.iter().any(|r| r.is_match(&f.function)) {
+        } else if self.rule.hide.iter().any(|r| r.is_match(&f.function)) {
             Some(Skipped::Hidden)
-        } else if self.detected.contains(&key(f)) {
-            Some(Skipped::Detected)
         } else {
             None
+        }
+    }
+
+    /// The allocator's own frames and [`known::BASE`]: their callers may be wrappers.
+    fn is_base(&self, f: &Frame) -> bool {
+        let rule = &self.rule;
+        (!rule.allocator_module.is_empty() && *f.module == *rule.allocator_module)
+            || known::is_base(&f.function)
+    }
+
+    /// A service's known wrapper (off with `--no-wrapper-detection`).
+    fn is_service(&self, f: &Frame) -> bool {
+        !self.rule.no_detection && known::is_service(&f.function)
+    }
+
+    /// How many innermost frames are passed over, by `skipped` (or by name only). A frame
+    /// passed over by none is still a wrapper's own when a service's wrapper of its file
+    /// follows within [`known::INSIDE`] frames of that file (`palloc` calling `AllocSetAlloc`
+    /// through a pointer), or when it has no name and a service's wrapper of its file that
+    /// calls the allocator itself is right below it: a static helper the wrapper's caller
+    /// jumped to (nginx's `ngx_palloc` ends in a jump to `ngx_palloc_large`, which calls
+    /// `ngx_alloc`: `ngx_palloc`'s frame is gone and the helper's caller is the site).
+    fn passed(&self, frames: &[Frame], by_name_only: bool) -> usize {
+        let over = |f: &Frame| {
+            if by_name_only {
+                self.by_name(f).is_some()
+            } else {
+                self.skipped(f).is_some()
+            }
+        };
+        let mut i = 0;
+        loop {
+            while i < frames.len() && over(&frames[i]) {
+                i += 1;
+            }
+            let Some(at) = frames.get(i) else {
+                return i;
+            };
+            let inside = frames[i + 1..]
+                .iter()
+                .take(known::INSIDE)
+                .take_while(|f| f.module == at.module)
+                .position(|f| self.is_service(f));
+            let jumped_to = i > 0
+                && i + 1 < frames.len()
+                && is_unnamed(at)
+                && frames[i - 1].module == at.module
+                && self.is_service(&frames[i - 1])
+                && frames[..i - 1].iter().all(|f| self.is_base(f));
+            match inside {
+                Some(n) => i += n + 1,
+                None if jumped_to => i += 1,
+                None => return i,
+            }
         }
     }
 
     /// The frame that names a stack's site: the innermost one not passed over, or the
     /// innermost one when every frame is.
     pub fn site(&self, frames: &[Frame]) -> SiteFrame {
-        SiteFrame(
-            frames
-                .iter()
-                .position(|f| self.skipped(f).is_none())
-                .unwrap_or(0),
-        )
+        match self.passed(frames, false) {
+            n if n >= frames.len() => SiteFrame(0),
+            n => SiteFrame(n),
+        }
     }
 
     /// The wrappers passed over at the sites of `stacks`, by name, each with why (the
-    /// allocator's own frames left out: they were always passed over).
+    /// allocator's own frames and a service wrapper's unnamed insides left out).
     pub fn passed_over<'a>(
         &self,
         stacks: impl Iterator<Item = &'a [Frame]>,
@@ -273,17 +325,21 @@ fn detect<'a>(w: &Wrappers, stacks: impl Iterator<Item = &'a [Frame]> + Clone) -
 }
 
 /// One stack's part in a pass: the frame right above the allocator (past the wrappers found
-/// so far, through inlined frames only), and every other frame as seen elsewhere.
+/// so far, through inlined frames only), and every other frame as seen elsewhere. A stack
+/// through a service's or a `--hide` wrapper has none: its wrappers are named, and the
+/// function calling them is a site.
 fn see(w: &Wrappers, found: &HashSet<Key>, frames: &[Frame], seen: &mut HashMap<Key, Seen>) {
     let mut at = frames
         .iter()
-        .position(|f| {
-            !matches!(
-                w.skipped(f),
-                Some(Skipped::Allocator | Skipped::Known | Skipped::Hidden)
-            )
-        })
+        .position(|f| !w.is_base(f))
         .unwrap_or(frames.len());
+    let named = w.passed(frames, true);
+    if named > at {
+        for f in &frames[named.min(frames.len())..] {
+            seen.entry(key(f)).or_default().elsewhere = true;
+        }
+        return;
+    }
     // Past found wrappers inlined into their caller: the caller is right above the
     // allocator too, at the same return address.
     while at + 1 < frames.len() && frames[at].inlined && found.contains(&key(&frames[at])) {
@@ -304,6 +360,13 @@ fn see(w: &Wrappers, found: &HashSet<Key>, frames: &[Frame], seen: &mut HashMap<
             s.call_sites.insert(f.offset);
         }
     }
+}
+
+/// A frame no symbol names: it reads `file+0x...`.
+fn is_unnamed(f: &Frame) -> bool {
+    f.function
+        .strip_prefix(&*f.module)
+        .is_some_and(|rest| rest.starts_with("+0x"))
 }
 
 fn is_wrapper((_, function): &Key, s: &Seen) -> bool {
@@ -355,10 +418,18 @@ pub fn note(skipped: &BTreeMap<Arc<str>, Skipped>, rule: &WrapperRule) -> Option
     ))
 }
 
-/// Which functions `--hide` and detection made wrappers, for the JSON document.
-pub fn summary(w: &Wrappers) -> serde_json::Value {
+/// Which functions were wrappers in `stacks`, for the JSON document: `known` (by name,
+/// passed over at a site), `detected` (by the stacks' shape) and `hide` (the user's).
+pub fn summary<'a>(w: &Wrappers, stacks: impl Iterator<Item = &'a [Frame]>) -> serde_json::Value {
+    let known: Vec<Arc<str>> = w
+        .passed_over(stacks)
+        .into_iter()
+        .filter(|(_, why)| *why == Skipped::Known)
+        .map(|(name, _)| name)
+        .collect();
     serde_json::json!({
         "detection": !w.rule.no_detection,
+        "known": known,
         "detected": w.detected(),
         "hide": w.rule.hide.iter().map(|r| r.as_str()).collect::<Vec<_>>(),
     })

@@ -10,6 +10,7 @@
 //! Mappings made before heaptrace attached are not known, except the brk heap, whose size is
 //! read from /proc each round.
 mod regions;
+pub mod resident;
 pub mod ring;
 
 use std::collections::{BTreeMap, HashMap, hash_map::Entry};

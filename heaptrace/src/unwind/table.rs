@@ -190,6 +190,26 @@ fn collect<'a, S: UnwindSection<Reader<'a>>>(
         if fde.len() == 0 {
             continue;
         }
+        if fde.cie().is_signal_trampoline() {
+            // Its CFA is an expression reading the signal frame: one row the kernel follows.
+            let Ok(pc) = u32::try_from(fde.initial_address()) else {
+                continue;
+            };
+            let signal = Row {
+                pc,
+                kind: kind::SIGNAL,
+                ..Row::default()
+            };
+            stats.fdes += 1;
+            out.push(Fde {
+                start: fde.initial_address(),
+                end: fde.end_address(),
+                rows: vec![signal],
+                function: false,
+                fp: false,
+            });
+            continue;
+        }
         let Ok(mut table) = fde.rows(section, bases, &mut ctx) else {
             stats.bad_fdes += 1;
             continue;

@@ -109,6 +109,13 @@ fn libc_rows_start_each_function_at_rsp_plus_8_and_end_at_start() {
     assert!(t.rows.windows(2).all(|w| rule(w[0]) != rule(w[1])));
     // clone3's child marks its return address undefined: the end of a thread's stack.
     assert!(t.rows.iter().any(|r| r.kind == kind::END), "{:?}", t.stats);
+    // __restore_rt's FDE is marked a signal trampoline: one row, read from the signal frame.
+    assert_eq!(
+        t.rows.iter().filter(|r| r.kind == kind::SIGNAL).count(),
+        1,
+        "{:?}",
+        t.stats
+    );
     // Read through a cache (headers and unwind sections only), as the daemon reads files.
     let cache = object::ReadCache::new(std::fs::File::open(path).unwrap());
     assert_eq!(build(&cache).unwrap().rows, t.rows);
@@ -165,14 +172,18 @@ fn bytes_that_are_not_elf_are_an_error_not_a_panic() {
 }
 
 /// A CFA offset past 16 bits of words (a frame over 512 KiB) keeps its high bits in the kind
-/// byte; past 4 MiB there is no row.
+/// byte; past 2 MiB there is no row.
 #[test]
 fn cfa_offsets_past_16_bits_of_words_keep_their_high_bits() {
     let r = Row::new(0x10, kind::RSP, 67_510, 2).unwrap();
     assert_eq!((r.rule(), r.cfa_words(), r.rbp), (kind::RSP, 67_510, 2));
-    let top = (1 << 19) - 1;
+    let top = (1 << 18) - 1;
     assert_eq!(Row::new(0, kind::RBP, top, 0).unwrap().cfa_words(), top);
     assert_eq!(Row::new(0, kind::RBP, top, 0).unwrap().rule(), kind::RBP);
-    assert_eq!(Row::new(0, kind::RSP, 1 << 19, 0), None);
+    assert_eq!(Row::new(0, kind::RSP, 1 << 18, 0), None);
+    assert_eq!(
+        Row::new(0, kind::SIGNAL, 0, 0).unwrap().rule(),
+        kind::SIGNAL
+    );
     assert_eq!(Row::new(0, kind::RSP, 2, 0).unwrap().kind, kind::RSP);
 }

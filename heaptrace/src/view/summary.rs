@@ -103,12 +103,19 @@ pub fn memory(profile: &Profile, top: usize, attached: bool) -> String {
     } else {
         "memory behind malloc:\n"
     });
+    if procs.iter().any(|(_, p, _)| p.resident.is_some()) {
+        s.push_str(
+            "  (resident: Rss of the brk heap and private anonymous mappings but threads' stacks, \
+             from smaps at the end, made before the attach too: the allocator's, with any other \
+             anonymous memory of the program; an estimate)\n",
+        );
+    }
     for (pid, p, r) in procs.iter().take(top) {
         let pid = crate::profile::incarnation::Pid(*pid);
         let _ = writeln!(
             s,
             "  pid {pid} {}: requested and live {}{}; allocator holds {} (heap {}, arenas {}, \
-             mmapped {}); RSS {}; VIRT {}",
+             mmapped {}){}; RSS {}; VIRT {}",
             p.comm,
             est(profile.sample_bytes),
             bytes(p.totals.live_bytes),
@@ -116,6 +123,11 @@ pub fn memory(profile: &Profile, top: usize, attached: bool) -> String {
             bytes(r.heap as i64),
             bytes(r.arenas as i64),
             bytes(r.mmapped as i64),
+            p.resident.map_or(String::new(), |m| format!(
+                "; resident ~{}{}",
+                bytes(m.total() as i64),
+                if m.truncated { " or more" } else { "" }
+            )),
             p.mem.map_or("?".into(), |m| bytes(m.rss_kb as i64 * 1024)),
             p.mem.map_or("?".into(), |m| bytes(m.virt_kb as i64 * 1024)),
         );

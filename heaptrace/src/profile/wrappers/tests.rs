@@ -82,33 +82,36 @@ fn a_function_calling_malloc_from_many_places_is_not_a_wrapper() {
 
 #[test]
 fn a_constructor_calling_a_wrapper_stays_a_site() {
-    // dictCreate calls zmalloc (a call of its own, not inlined), from many callers: zmalloc
-    // is the wrapper, dictCreate the site.
+    // dictCreate calls a zmalloc of no known name (a call of its own, not inlined), from
+    // many callers: the wrapper is detected, dictCreate is the site.
     let mut stacks = Vec::new();
     for i in 0..6 {
         let caller = format!("caller_{i}");
         stacks.push(stack(&[
-            ("zmalloc", 0x10),
+            ("my_malloc", 0x10),
             ("dictCreate", 0x40),
             (&caller, 0x100),
         ]));
-        stacks.push(stack(&[("zmalloc", 0x10), (&caller, 0x200)]));
+        stacks.push(stack(&[("my_malloc", 0x10), (&caller, 0x200)]));
     }
     let detected = detected_in(rule(), &stacks);
-    assert_eq!(detected.into_iter().collect::<Vec<_>>(), ["zmalloc"]);
+    assert_eq!(detected.into_iter().collect::<Vec<_>>(), ["my_malloc"]);
 }
 
 #[test]
 fn a_wrapper_inlined_into_another_makes_both_wrappers() {
-    // ztrymalloc_usable inlined into zmalloc, zcalloc, zrealloc and zmalloc_usable; zmalloc
-    // called from many functions.
-    let outer = ["zmalloc", "zcalloc", "zrealloc", "zmalloc_usable"];
+    // Redis's shape under names of no known service: ztrymalloc_usable inlined into zmalloc,
+    // zcalloc, zrealloc and zmalloc_usable; zmalloc called from many functions.
+    let outer = ["my_malloc", "my_calloc", "my_realloc", "my_malloc_usable"];
     let mut stacks = Vec::new();
     for (n, o) in outer.iter().enumerate() {
         for i in 0..5 {
             let caller = format!("caller_{i}");
-            let mut s = stack(&[("ztrymalloc_usable", 0x10 + n as u64), (o, 0x10 + n as u64)]);
-            s[0] = FrameInfo::named("ztrymalloc_usable")
+            let mut s = stack(&[
+                ("my_trymalloc_usable", 0x10 + n as u64),
+                (o, 0x10 + n as u64),
+            ]);
+            s[0] = FrameInfo::named("my_trymalloc_usable")
                 .in_module("prog", 0x10 + n as u64)
                 .inlined(true)
                 .into();
@@ -120,11 +123,11 @@ fn a_wrapper_inlined_into_another_makes_both_wrappers() {
     assert_eq!(
         detected.into_iter().collect::<Vec<_>>(),
         [
-            "zcalloc",
-            "zmalloc",
-            "zmalloc_usable",
-            "zrealloc",
-            "ztrymalloc_usable"
+            "my_calloc",
+            "my_malloc",
+            "my_malloc_usable",
+            "my_realloc",
+            "my_trymalloc_usable"
         ]
     );
 }
@@ -186,4 +189,114 @@ fn the_allocators_own_and_known_wrappers_are_passed_over() {
     // Every frame passed over: the innermost names the site.
     let only = vec![FrameInfo::named("strdup").in_module("libc.so.6", 1).into()];
     assert_eq!(w.site(&only), SiteFrame(0));
+}
+
+/// A frame no symbol names, in "prog" at `offset`.
+fn unnamed(offset: u64) -> Frame {
+    FrameInfo::named(&format!("prog+{offset:#x}"))
+        .in_module("prog", offset)
+        .into()
+}
+
+fn site_name(w: &Wrappers, s: &[Frame]) -> String {
+    w.site(s).frame(s).unwrap().function.to_string()
+}
+
+#[test]
+fn a_services_known_wrapper_is_stripped_and_its_callers_stay_sites() {
+    // Redis: zmalloc known; dictCreate calls it from one place and six functions call
+    // dictCreate. Known names are detection's first pass: dictCreate calls a wrapper, so it
+    // names a site and is never detected.
+    let mut stacks = Vec::new();
+    for i in 0..6 {
+        let caller = format!("caller_{i}");
+        stacks.push(stack(&[
+            ("zmalloc", 0x10),
+            ("dictCreate", 0x40),
+            (&caller, 0x100),
+        ]));
+    }
+    let w = Wrappers::with_rule(Arc::new(rule()), stacks.iter().map(|s| &s[..]));
+    assert!(w.detected().is_empty(), "{:?}", w.detected());
+    for s in &stacks {
+        assert_eq!(site_name(&w, s), "dictCreate");
+    }
+    let over = w.passed_over(stacks.iter().map(|s| &s[..]));
+    assert_eq!(over.get("zmalloc"), Some(&Skipped::Known));
+    let json = summary(&w, stacks.iter().map(|s| &s[..]));
+    assert_eq!(json["known"], serde_json::json!(["zmalloc"]));
+}
+
+#[test]
+fn a_known_wrapper_with_one_caller_is_stripped() {
+    // nginx: ngx_alloc called from one function only, which detection would never take.
+    let s = stack(&[
+        ("ngx_alloc", 0x10),
+        ("ngx_event_accept", 0x40),
+        ("main", 0x90),
+    ]);
+    let w = Wrappers::with_rule(Arc::new(rule()), std::iter::once(&s[..]));
+    assert_eq!(site_name(&w, &s), "ngx_event_accept");
+    // A compiler's clone of a known wrapper is one too.
+    let s = stack(&[("ngx_palloc_small.isra.0", 0x10), ("ngx_array_push", 0x40)]);
+    assert_eq!(site_name(&w, &s), "ngx_array_push");
+}
+
+#[test]
+fn frames_a_known_wrapper_calls_or_jumps_to_are_its_own() {
+    // PostgreSQL: palloc calls AllocSetAlloc through a pointer; without a symbol table that
+    // frame has no name. It is palloc's own, not a site.
+    let pg = vec![
+        unnamed(0x5c785f),
+        at("palloc", 0x5cd7a0),
+        at("ExprEvalPushStep", 0x100),
+        at("main", 0x500),
+    ];
+    // nginx: ngx_palloc ends in a jump to its static ngx_palloc_large, which calls
+    // ngx_alloc: the unnamed frame above ngx_alloc is the wrapper's, its caller the site.
+    let ngx = vec![
+        at("ngx_alloc", 0x4cd00),
+        unnamed(0x278c4),
+        at("ngx_create_temp_buf", 0x200),
+        at("main", 0x500),
+    ];
+    // An unnamed frame that is the site of its own stays one when no known wrapper is
+    // beside it, or when the wrapper below it does not call the allocator itself (palloc
+    // calls AllocSetAlloc): a static function of PostgreSQL's calling palloc.
+    let plain = vec![unnamed(0x300), at("caller", 0x310), at("main", 0x500)];
+    let pg_static = vec![
+        unnamed(0x5c785f),
+        at("palloc", 0x5cd7a0),
+        unnamed(0x5952eb),
+        at("RelationCacheInitializePhase3", 0x100),
+    ];
+    let all = [pg.clone(), ngx.clone(), plain.clone(), pg_static.clone()];
+    let w = Wrappers::with_rule(Arc::new(rule()), all.iter().map(|s| &s[..]));
+    assert_eq!(site_name(&w, &pg), "ExprEvalPushStep");
+    assert_eq!(site_name(&w, &ngx), "ngx_create_temp_buf");
+    assert_eq!(w.site(&plain), SiteFrame(0));
+    assert_eq!(w.site(&pg_static), SiteFrame(2));
+}
+
+#[test]
+fn a_user_function_named_like_nothing_known_is_untouched() {
+    let s = stack(&[
+        ("my_zmalloc_helper", 0x10),
+        ("palloc_table", 0x20),
+        ("main", 0x30),
+    ]);
+    let w = Wrappers::with_rule(Arc::new(rule()), std::iter::once(&s[..]));
+    assert_eq!(w.site(&s), SiteFrame(0));
+    assert!(w.passed_over(std::iter::once(&s[..])).is_empty());
+}
+
+#[test]
+fn no_wrapper_detection_turns_the_known_services_off_too() {
+    let s = stack(&[("zmalloc", 0x10), ("dictCreate", 0x40)]);
+    let off = WrapperRule {
+        no_detection: true,
+        ..rule()
+    };
+    let w = Wrappers::with_rule(Arc::new(off), std::iter::once(&s[..]));
+    assert_eq!(site_name(&w, &s), "zmalloc");
 }

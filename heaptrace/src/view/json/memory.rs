@@ -13,6 +13,8 @@ pub(super) fn memory(profile: &Profile, p: &crate::profile::ProcProfile) -> Valu
         "reserved": p.reserved.map(|r| json!({
             "heap": r.heap, "arenas": r.arenas, "mmapped": r.mmapped,
         })),
+        // Estimated from smaps at the end: the brk heap and anonymous mappings, less stacks.
+        "resident": p.resident,
         "rss_bytes": p.mem.map(|m| m.rss_kb * 1024),
         "virt_bytes": p.mem.map(|m| m.virt_kb * 1024),
     })

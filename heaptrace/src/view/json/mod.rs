@@ -479,7 +479,11 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
         ("stacks".into(), stacks(profile)),
         (
             "wrappers".into(),
-            crate::profile::wrappers::summary(&profile.wrappers()).into(),
+            crate::profile::wrappers::summary(
+                &profile.wrappers(),
+                profile.stacks.values().map(|s| &s[..]),
+            )
+            .into(),
         ),
         ("temporary".into(), temporary(profile, info.temporary)),
         ("peak".into(), peak(profile)),

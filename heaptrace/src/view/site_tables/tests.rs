@@ -318,22 +318,22 @@ fn sites_that_read_the_same_to_the_end_show_an_address_or_the_stack() {
 fn sites_are_labelled_past_their_wrappers() {
     use crate::{profile::wrappers::WrapperRule, symbolize::FrameInfo};
     let mut p = Profile::default().with_wrapper_rule(WrapperRule::new(
-        &[crate::profile::wrappers::parse_hide("^zmalloc$").unwrap()],
+        &[crate::profile::wrappers::parse_hide("^my_alloc$").unwrap()],
         false,
         "/lib/libc.so.6",
     ));
-    let frames: Vec<Frame> = ["zmalloc", "a", "b", "c", "d", "e"]
+    let frames: Vec<Frame> = ["my_alloc", "a", "b", "c", "d", "e"]
         .iter()
         .map(|f| FrameInfo::named(f).into())
         .collect();
     p.stacks.insert((1, 5), frames.into());
     assert_eq!(
         labels(&p, &[(1, 5, 0)], &Names::default()),
-        ["malloc via zmalloc <- a <- b <- c <- d"]
+        ["malloc via my_alloc <- a <- b <- c <- d"]
     );
     assert_eq!(p.frames(&(1, 5, 0)).len(), 6);
     // The allocation that reached the peak has no function: the wrapper reads as a frame.
-    assert_eq!(site_label(&p, &(1, 5, u32::MAX), 1), "? <- zmalloc <- a");
+    assert_eq!(site_label(&p, &(1, 5, u32::MAX), 1), "? <- my_alloc <- a");
     let note = wrappers_note(&p).unwrap();
-    assert!(note.contains("zmalloc (--hide)"), "{note}");
+    assert!(note.contains("my_alloc (--hide)"), "{note}");
 }
