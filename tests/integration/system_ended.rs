@@ -2,7 +2,7 @@
 //! short-lived ones (milliseconds, ten at a time, 200 in all) counted exactly and named, and
 //! a pid given again kept apart from the process that had it.
 use std::{
-    io::{BufRead as _, BufReader},
+    io::{BufRead as _, BufReader, Write as _},
     process::{Child, Command, Stdio},
     time::Duration,
 };
@@ -39,17 +39,24 @@ bpf_test!(
             // milliseconds may end before its libraries' mappings are read (best effort, see
             // `all_names_the_executable_frames_of_millisecond_processes`), and its sites would
             // then not be the others' to fold with; under load that happened in 2 runs of 8.
+            // It waits before its work, too: a process that execs under `--all` is walked by
+            // frame pointer until the daemon has read its mappings (`lost.unwind_late`), and
+            // stacks cut by that timing in some runs and not others would not fold as one.
             let mut c = Command::new(&bin)
-                .args(["0", "100", "1", "hold"])
+                .args(["0", "100", "1", "wait", "hold"])
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .spawn()
                 .unwrap();
             pids.push(c.id());
+            let mut out = BufReader::new(c.stdout.take().unwrap());
             let mut line = String::new();
-            BufReader::new(c.stdout.take().unwrap())
-                .read_line(&mut line)
-                .unwrap();
+            out.read_line(&mut line).unwrap();
+            assert_eq!(line, "ready\n");
+            std::thread::sleep(Duration::from_millis(500));
+            c.stdin.as_mut().unwrap().write_all(b"g").unwrap();
+            line.clear();
+            out.read_line(&mut line).unwrap();
             assert_eq!(line, "done\n");
             std::thread::sleep(Duration::from_millis(300));
             drop(c.stdin.take());

@@ -1,0 +1,98 @@
+use super::*;
+
+/// Rows and entries in memory.
+struct Memory {
+    rows: Vec<Row>,
+    entries: HashMap<u32, ProcModules>,
+}
+
+impl Store for Memory {
+    fn capacity(&self) -> u32 {
+        self.rows.len() as u32
+    }
+    fn write_rows(&mut self, first: u32, rows: &[Row]) -> bool {
+        self.rows[first as usize..][..rows.len()].copy_from_slice(rows);
+        true
+    }
+    fn set_entry(&mut self, pid: u32, entry: &ProcModules) {
+        self.entries.insert(pid, *entry);
+    }
+    fn remove_entry(&mut self, pid: u32) {
+        self.entries.remove(&pid);
+    }
+}
+
+fn tables(rows: usize) -> Tables {
+    Tables::new(Box::new(Memory {
+        rows: vec![Row::default(); rows],
+        entries: HashMap::new(),
+    }))
+}
+
+/// This process's mappings, as the daemon reads a traced one's.
+fn own_maps() -> (u32, String) {
+    let pid = std::process::id();
+    (pid, std::fs::read_to_string("/proc/self/maps").unwrap())
+}
+
+/// A process that ends leaves its files' rows in place: the next one that maps them
+/// (a compile loop's next compiler) gets them without reading them again.
+#[test]
+fn files_no_process_maps_keep_their_rows_for_the_next() {
+    let (pid, maps) = own_maps();
+    let mut t = tables(1 << 22);
+    t.sync(pid, &maps);
+    let (read, rows) = (t.stats.read, t.stats.rows);
+    assert!(rows > 0, "{:?}", t.stats);
+    t.forget(pid);
+    assert_eq!(t.stats.rows, rows, "idle files keep their rows");
+    t.sync(pid, &maps);
+    assert_eq!(t.stats.read, read, "nothing read again: {:?}", t.stats);
+    assert!(t.stats.reused > 0);
+    assert_eq!(t.free_rows(), (1 << 22) - rows);
+}
+
+/// Idle files give their rows back, the longest idle first, when a new table needs them.
+#[test]
+fn idle_rows_are_given_back_when_a_new_table_needs_them() {
+    let (pid, maps) = own_maps();
+    let mut t = tables(1 << 22);
+    t.sync(pid, &maps);
+    let rows = t.stats.rows as usize;
+    // Room for this process's tables once, not twice.
+    let mut small = tables(rows + rows / 2);
+    small.sync(pid, &maps);
+    assert_eq!(small.stats.no_room, 0, "{:?}", small.stats);
+    small.forget(pid);
+    // A second, different file set cannot be had here: the same files, their stamps
+    // taken as changed, must be read again into rows the idle ones gave back.
+    for e in small.files.values_mut() {
+        if let Some(s) = &mut e.stamp {
+            s.size += 1;
+        }
+    }
+    small.sync(pid, &maps);
+    assert_eq!(small.stats.no_room, 0, "{:?}", small.stats);
+    assert_eq!(small.stats.rows as usize, rows);
+    assert_eq!(small.stats.reused, 0);
+}
+
+#[test]
+fn code_mappings_are_the_executable_file_mappings() {
+    let maps = "55d0c0000000-55d0c0001000 r--p 00000000 fe:01 11 /bin/prog\n\
+                55d0c0001000-55d0c0003000 r-xp 00001000 fe:01 11 /bin/prog\n\
+                7f0000000000-7f0000001000 r-xp 00000000 00:00 0 \n\
+                7f1000000000-7f1000020000 r-xp 00028000 103:02 2 /lib/libc.so.6 (deleted)\n\
+                7ffd00000000-7ffd00021000 r-xp 00000000 00:00 0 [vdso]\n";
+    let code = code_mappings(maps);
+    assert_eq!(code.len(), 2, "{code:?}");
+    assert_eq!(code[0].start, 0x55d0c0001000);
+    assert_eq!(code[0].offset, 0x1000);
+    assert_eq!(
+        code[1].file,
+        FileKey {
+            dev: 0x103 << 32 | 2,
+            inode: 2
+        }
+    );
+}
