@@ -4,6 +4,7 @@ use super::*;
 
 impl Daemon {
     pub fn round(&mut self) -> Result<()> {
+        let began = Instant::now();
         // Execs reported so far are applied before the read, so that it starts their new
         // counts from zero (the read counts only each process's current image).
         self.process_events();
@@ -78,6 +79,7 @@ impl Daemon {
         }
         self.emit(&round);
         self.prev = snap;
+        self.round_seconds = began.elapsed().as_secs_f64();
         self.publish(None, None);
         Ok(())
     }
