@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::support::*;
 
 /// Whether `cmd` is on the PATH; under CI a missing one fails (setup installs it).
-fn present(cmd: &str) -> bool {
+pub(crate) fn present(cmd: &str) -> bool {
     let found = Command::new("sh")
         .args(["-c", &format!("command -v {cmd}")])
         .output()

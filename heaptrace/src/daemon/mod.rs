@@ -130,8 +130,9 @@ pub struct Daemon {
     /// `--serve`: where each round's snapshot goes, and what it says of the trace.
     pub serve: Option<crate::serve::Publisher>,
     pub start_unix_ms: u64,
-    /// How long the last round took.
+    /// How long the last round took, and when rounds started.
     pub round_seconds: f64,
+    pub gaps: round::RoundGaps,
 }
 
 /// A launched command let go of (`launch::Event::Released`): no longer held at its exit or
@@ -219,6 +220,7 @@ impl Daemon {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
             round_seconds: 0.0,
+            gaps: Default::default(),
         }
     }
 }
@@ -304,6 +306,7 @@ impl Daemon {
                     if self.root_ended && !self.others_alive() {
                         return Ok(End::TargetExited);
                     }
+                    self.gaps.tick(interval);
                     self.round()?;
                     self.maps.purge_inflight(&procfs::thread_alive)?;
                     if let Some(w) = self.exit_watch.as_mut() {
@@ -377,6 +380,8 @@ impl Daemon {
                 start_unix_ms: self.start_unix_ms,
                 elapsed_ms: self.start.elapsed().as_millis() as u64,
                 round_seconds: self.round_seconds,
+                rounds_late: self.gaps.late,
+                round_gap_max_seconds: self.gaps.max_gap,
                 cpu_seconds: procfs::self_cpu_seconds().unwrap_or(0.0),
                 rss_kb: procfs::own_rss_kb().map_or(0, |(now, _)| now),
                 ended: ended.is_some(),

@@ -226,6 +226,18 @@ fn own(reg: &mut Registry, s: &Snapshot, folded: usize) {
         "How long the last round took",
         round,
     );
+    reg.register(
+        "rounds_late",
+        "Rounds that started more than half an interval after they were due",
+        counter(s.rounds_late),
+    );
+    let gap: Gauge<f64, AtomicU64> = Gauge::default();
+    gap.set(s.round_gap_max_seconds);
+    reg.register(
+        "round_gap_max_seconds",
+        "The longest time between two rounds' starts",
+        gap,
+    );
     let traced = p.procs.values().filter(|pp| !pp.exited).count();
     reg.register(
         "traced_processes",

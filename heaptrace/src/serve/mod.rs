@@ -31,6 +31,10 @@ pub struct Snapshot {
     pub elapsed_ms: u64,
     /// How long the last round took, in seconds.
     pub round_seconds: f64,
+    /// Rounds that started more than half an interval late, and the longest time between two
+    /// rounds' starts (seconds).
+    pub rounds_late: u64,
+    pub round_gap_max_seconds: f64,
     /// heaptrace's own CPU time and resident memory.
     pub cpu_seconds: f64,
     pub rss_kb: u64,
