@@ -376,7 +376,8 @@ impl Daemon {
     pub fn publish(&mut self, ended: Option<String>, exit_code: Option<i32>) {
         if let Some(serve) = &self.serve {
             serve.publish(crate::serve::Snapshot {
-                profile: self.profile.clone(),
+                profile: crate::serve::snapshot::running(&self.profile),
+                rounds: self.profile.round_count(),
                 start_unix_ms: self.start_unix_ms,
                 elapsed_ms: self.start.elapsed().as_millis() as u64,
                 round_seconds: self.round_seconds,

@@ -198,7 +198,7 @@ fn own(reg: &mut Registry, s: &Snapshot, folded: usize) {
         c
     };
     let p = &s.profile;
-    reg.register("rounds", "Rounds taken", counter(p.round_count()));
+    reg.register("rounds", "Rounds taken", counter(s.rounds));
     let losses: Family<LossLabels, Counter> = Family::default();
     for l in heaptrace_common::Loss::ALL {
         let kind = LossLabels {
@@ -237,6 +237,11 @@ fn own(reg: &mut Registry, s: &Snapshot, folded: usize) {
         "round_gap_max_seconds",
         "The longest time between two rounds' starts",
         gap,
+    );
+    reg.register(
+        "trace_ended",
+        "1 once the trace has ended: the figures are final",
+        gauge(i64::from(s.ended)),
     );
     let traced = p.procs.values().filter(|pp| !pp.exited).count();
     reg.register(

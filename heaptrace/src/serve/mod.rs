@@ -9,6 +9,9 @@ pub mod metrics;
 pub mod pprof;
 pub mod query;
 mod server;
+pub mod snapshot;
+
+pub use snapshot::Snapshot;
 #[cfg(test)]
 mod tests_support;
 
@@ -19,28 +22,7 @@ use tokio::sync::watch;
 use crate::{
     cli::ServeArgs,
     error::{Error, Result},
-    profile::Profile,
 };
-
-/// What a round publishes: the Profile as the round left it, and heaptrace's own figures.
-#[derive(Clone, Debug, Default)]
-pub struct Snapshot {
-    pub profile: Profile,
-    /// When the trace started (Unix milliseconds), and how long it has run.
-    pub start_unix_ms: u64,
-    pub elapsed_ms: u64,
-    /// How long the last round took, in seconds.
-    pub round_seconds: f64,
-    /// Rounds that started more than half an interval late, and the longest time between two
-    /// rounds' starts (seconds).
-    pub rounds_late: u64,
-    pub round_gap_max_seconds: f64,
-    /// heaptrace's own CPU time and resident memory.
-    pub cpu_seconds: f64,
-    pub rss_kb: u64,
-    /// The trace has ended: the figures are final.
-    pub ended: bool,
-}
 
 /// The daemon's end: replaces the published snapshot, never waits for a reader.
 #[derive(Clone)]
