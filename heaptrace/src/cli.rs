@@ -65,6 +65,29 @@ impl SiteNaming {
     }
 }
 
+/// Serving metrics and heap profiles over HTTP while tracing (docs/serving.md).
+#[derive(Args, Debug, Clone, Default)]
+pub struct ServeArgs {
+    /// Serve /metrics (Prometheus) and /debug/pprof/heap and /allocs (Go's layout) at ADDR.
+    ///
+    /// ADDR is HOST:PORT or a port alone (127.0.0.1:PORT). Read-only. An address other than
+    /// loopback needs --serve-token-file. See docs/serving.md for Prometheus, Parca and
+    /// Grafana Alloy configurations.
+    #[arg(long, value_name = "ADDR", value_parser = crate::serve::auth::parse_addr)]
+    pub serve: Option<std::net::SocketAddr>,
+
+    /// With --serve: requests must carry `Authorization: Bearer TOKEN`, TOKEN the file's
+    /// first line (compared in constant time). Needed for an address other than loopback.
+    #[arg(long, requires = "serve", value_name = "FILE")]
+    pub serve_token_file: Option<std::path::PathBuf>,
+
+    /// With --serve: processes given series of their own in /metrics, those that allocated
+    /// the most bytes; the others are summed into one series (pid="other"), and
+    /// heaptrace_serve_folded_processes says how many.
+    #[arg(long, requires = "serve", default_value_t = 500, value_name = "N")]
+    pub serve_max_processes: usize,
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct TraceArgs {
     /// Attach to a running process (and all its threads).
@@ -224,6 +247,9 @@ pub struct TraceArgs {
 
     #[command(flatten)]
     pub site_naming: SiteNaming,
+
+    #[command(flatten)]
+    pub serve: ServeArgs,
 
     /// What counts as temporary.
     ///

@@ -56,6 +56,7 @@ pub mod progress;
 pub mod record;
 pub mod reserve;
 pub mod run_info;
+pub mod serve;
 pub mod symbolize;
 pub mod targets;
 pub mod unwind;

@@ -31,6 +31,8 @@ mod recording;
 mod rounds;
 mod sampling;
 mod scale;
+mod serve;
+mod serve_hostile;
 mod services;
 mod sighandler;
 mod signals;

@@ -62,7 +62,7 @@ fn whole_share(doc: &Value) -> f64 {
 }
 
 /// Whether `cmd` is on the PATH; under CI a missing one fails (setup installs it).
-fn present(cmd: &str) -> bool {
+pub(crate) fn present(cmd: &str) -> bool {
     let found = Command::new("sh")
         .args(["-c", &format!("command -v {cmd}")])
         .output()

@@ -18,7 +18,8 @@ const RUN_APT_PACKAGES: &[&str] = &["gcc", "libc6-dev"];
 /// And what the tests need besides: the fixtures' compilers and runtimes, gdb for `gcore` (the
 /// heap census of a core), tmux for the live view, and the tools the exports are checked with
 /// (go tool pprof, ms_print, a headless chromium for the HTML report, heaptrack for the
-/// temporaries' rule), and the real services the tests trace (Redis, PostgreSQL, nginx).
+/// temporaries' rule), the real services the tests trace (Redis, PostgreSQL, nginx), and
+/// Prometheus, which scrapes `--serve` in its tests.
 const TEST_APT_PACKAGES: &[&str] = &[
     "g++",
     "libjemalloc2",
@@ -31,6 +32,7 @@ const TEST_APT_PACKAGES: &[&str] = &[
     "redis-server",
     "postgresql",
     "nginx",
+    "prometheus",
 ];
 
 /// What a task installs when it is missing.

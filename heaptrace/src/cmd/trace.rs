@@ -73,7 +73,10 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     }
     check(cli)?;
     check_outputs(cli, &target, record)?;
+    let serve = crate::serve::Options::from_cli(&cli.serve)?;
     probe::preflight()?;
+    // Listening before anything is launched or attached: a port in use stops nothing started.
+    let serve = serve.map(crate::serve::start).transpose()?;
     // From here on SIGINT, SIGTERM and SIGHUP are only recorded: one during the attach ends
     // the trace once the attach is complete, and never leaves a probe behind.
     signals::install()?;
@@ -175,6 +178,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
             dir,
             info: info.clone(),
         }),
+        serve,
     });
     conclude(cli, &target, &rt, daemon, pid, view, stats_fd, &info)
 }

@@ -127,6 +127,12 @@ pub struct Daemon {
     pub oom_victims: HashSet<u32>,
     /// `--oom-dir`: where each victim's report goes.
     pub oom_reports: Option<OomReports>,
+    /// `--serve`: where each round's snapshot goes, and what it says of the trace.
+    pub serve: Option<crate::serve::Publisher>,
+    pub start_unix_ms: u64,
+    /// How long the last round took, and when rounds started.
+    pub round_seconds: f64,
+    pub gaps: round::RoundGaps,
 }
 
 /// A launched command let go of (`launch::Event::Released`): no longer held at its exit or
@@ -160,6 +166,7 @@ pub struct Start {
     pub stack_depth: usize,
     pub keep_exited: usize,
     pub oom_reports: Option<OomReports>,
+    pub serve: Option<crate::serve::Publisher>,
 }
 
 impl Daemon {
@@ -208,6 +215,12 @@ impl Daemon {
             oom_pending: Vec::new(),
             oom_victims: HashSet::new(),
             oom_reports: s.oom_reports,
+            serve: s.serve,
+            start_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            round_seconds: 0.0,
+            gaps: Default::default(),
         }
     }
 }
@@ -293,6 +306,7 @@ impl Daemon {
                     if self.root_ended && !self.others_alive() {
                         return Ok(End::TargetExited);
                     }
+                    self.gaps.tick(interval);
                     self.round()?;
                     self.maps.purge_inflight(&procfs::thread_alive)?;
                     if let Some(w) = self.exit_watch.as_mut() {
@@ -358,8 +372,22 @@ impl Daemon {
         }
     }
 
-    /// Hands the live view a copy of the Profile; it never waits for the view.
+    /// Hands the live view and the server a copy of the Profile; it never waits for either.
     pub fn publish(&mut self, ended: Option<String>, exit_code: Option<i32>) {
+        if let Some(serve) = &self.serve {
+            serve.publish(crate::serve::Snapshot {
+                profile: crate::serve::snapshot::running(&self.profile),
+                rounds: self.profile.round_count(),
+                start_unix_ms: self.start_unix_ms,
+                elapsed_ms: self.start.elapsed().as_millis() as u64,
+                round_seconds: self.round_seconds,
+                rounds_late: self.gaps.late,
+                round_gap_max_seconds: self.gaps.max_gap,
+                cpu_seconds: procfs::self_cpu_seconds().unwrap_or(0.0),
+                rss_kb: procfs::own_rss_kb().map_or(0, |(now, _)| now),
+                ended: ended.is_some(),
+            });
+        }
         if let Some(live) = &self.live {
             let cpu_percent = self.cpu.sample();
             live.publish(tui::Published {

@@ -2,8 +2,32 @@
 //! the new stacks named, the difference folded into the Profile, recorded and printed.
 use super::*;
 
+/// When rounds started, against the interval: a round is late when it starts more than half an
+/// interval after it was due (a round that took long, or a daemon kept from its timer).
+#[derive(Default)]
+pub struct RoundGaps {
+    last: Option<Instant>,
+    pub late: u64,
+    /// The longest time between two rounds' starts, in seconds.
+    pub max_gap: f64,
+}
+
+impl RoundGaps {
+    pub fn tick(&mut self, interval: Duration) {
+        let now = Instant::now();
+        if let Some(last) = self.last.replace(now) {
+            let gap = now.duration_since(last);
+            self.max_gap = self.max_gap.max(gap.as_secs_f64());
+            if gap > interval + interval / 2 {
+                self.late += 1;
+            }
+        }
+    }
+}
+
 impl Daemon {
     pub fn round(&mut self) -> Result<()> {
+        let began = Instant::now();
         // Execs reported so far are applied before the read, so that it starts their new
         // counts from zero (the read counts only each process's current image).
         self.process_events();
@@ -78,6 +102,7 @@ impl Daemon {
         }
         self.emit(&round);
         self.prev = snap;
+        self.round_seconds = began.elapsed().as_secs_f64();
         self.publish(None, None);
         Ok(())
     }

@@ -150,6 +150,9 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
     check_in_process(cli, target)?;
     check(cli)?;
     check_outputs(cli, target, record)?;
+    let serve = crate::serve::Options::from_cli(&cli.serve)?
+        .map(crate::serve::start)
+        .transpose()?;
     signals::install()?;
     let recording = record
         .map(|path| NewFile::create(path, cli.force).map_err(write_error(path)))
@@ -206,6 +209,7 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
         stack_depth: cli.stack_depth as usize,
         keep_exited: cli.keep_exited,
         oom_reports: None,
+        serve,
     });
     conclude(cli, target, &rt, daemon, Some(pid), view, None, &info)
 }

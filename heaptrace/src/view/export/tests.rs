@@ -1,4 +1,5 @@
 use super::*;
+use crate::record::format::ModuleRec;
 
 fn fr(name: &str, inlined: bool) -> Frame {
     crate::symbolize::FrameInfo::named(name)
