@@ -187,12 +187,7 @@ bpf_test!(
             .find(|s| s["bytes"] == 7800)
             .unwrap_or_else(|| panic!("{}", doc["leaks"]))
             .clone();
-        let named: Vec<&str> = site["frames"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|f| f["function"].as_str())
-            .collect();
+        let named = function_names(&site);
         assert!(named.contains(&"keep"), "{site}");
         assert_eq!(doc["complete"], true, "{}", doc["lost"]);
     }

@@ -27,12 +27,7 @@ fn names(v: &Value) -> Vec<&str> {
 fn sites_past(doc: &Value, wrappers: &[&str]) -> u64 {
     let mut calls = 0;
     for s in doc["stacks"].as_array().unwrap() {
-        let frames: Vec<&str> = s["frames"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|f| f["function"].as_str())
-            .collect();
+        let frames = function_names(s);
         let site = s["site_frame"].as_u64().unwrap() as usize;
         assert!(!wrappers.contains(&frames[site]), "{s}");
         if let Some(w) = frames.iter().position(|f| wrappers.contains(f)) {

@@ -146,12 +146,7 @@ bpf_test!(
             assert!(handler > 0, "the timer never fired");
             let (mut through, mut whole, mut main) = (0, 0, 0);
             for s in doc["stacks"].as_array().unwrap() {
-                let frames: Vec<&str> = s["frames"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter_map(|f| f["function"].as_str())
-                    .collect();
+                let frames = function_names(s);
                 if frames.contains(&"on_alarm") {
                     let calls = s["calls"].as_u64().unwrap();
                     through += calls;
@@ -207,12 +202,7 @@ bpf_test!(
         let doc = read_json(&json);
         let (mut through, mut whole) = (0, 0);
         for s in doc["stacks"].as_array().unwrap() {
-            let frames: Vec<&str> = s["frames"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter_map(|f| f["function"].as_str())
-                .collect();
+            let frames = function_names(s);
             if frames.contains(&"on_alarm") {
                 let calls = s["calls"].as_u64().unwrap();
                 through += calls;

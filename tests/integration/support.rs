@@ -336,6 +336,19 @@ pub fn json_path(tag: &str) -> PathBuf {
     path
 }
 
+/// The function names of a JSON stack's (or site's) frames, innermost first.
+pub fn function_names(stack: &Value) -> Vec<&str> {
+    stack["frames"]
+        .as_array()
+        .map(|frames| {
+            frames
+                .iter()
+                .filter_map(|f| f["function"].as_str())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 pub fn read_json(path: &Path) -> Value {
     let text =
         std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
