@@ -55,11 +55,6 @@ impl Chunks {
         self.rows
     }
 
-    /// Bytes of kernel memory the chunks created so far hold.
-    pub fn bytes(&self) -> u64 {
-        self.mapped.len() as u64 * u64::from(CHUNK_ROWS) * size_of::<Row>() as u64
-    }
-
     /// Writes `rows` from index `first` on, creating the chunks they reach; false where a
     /// chunk could not be created (the kernel's memory, or the array's bound).
     pub fn write(&mut self, first: u32, rows: &[Row]) -> bool {

@@ -211,8 +211,12 @@ impl Tables {
         if self.pids.get(&pid).is_some_and(|p| p.signature == code) {
             return;
         }
-        for m in &code {
+        let mut seen = std::collections::HashSet::new();
+        for m in code.iter().filter(|m| seen.insert(m.file)) {
             self.check_idle(pid, m);
+            // Not to be given back for the room of this process's other files, read below:
+            // its entry points at them from the first write on.
+            self.idle.retain(|k| *k != m.file);
         }
         let unknown: Vec<&CodeMapping> = code
             .iter()
@@ -234,9 +238,6 @@ impl Tables {
         files.dedup();
         for f in &files {
             if let Some(e) = self.files.get_mut(f) {
-                if e.users == 0 {
-                    self.idle.retain(|k| k != f);
-                }
                 e.users += 1;
             }
         }
@@ -462,7 +463,7 @@ impl Tables {
         let n = rows.len() as u32;
         let mut first = (n > 0).then(|| self.space.take(n)).flatten();
         // Idle files' rows go first, the longest idle first, until these fit.
-        while first.is_none() && n > 0 && n as usize <= self.space_total() {
+        while first.is_none() && n > 0 && n <= self.store.capacity() {
             let Some(f) = self.idle.pop_front() else {
                 break;
             };
@@ -485,10 +486,6 @@ impl Tables {
         self.stats.files += 1;
         self.stats.rows += u64::from(n);
         Placement::Rows { first, rows: n }
-    }
-
-    fn space_total(&self) -> usize {
-        self.store.capacity() as usize
     }
 
     /// Rows free in the store.
