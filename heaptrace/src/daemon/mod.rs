@@ -383,8 +383,6 @@ impl Daemon {
                 round_seconds: self.round_seconds,
                 rounds_late: self.gaps.late,
                 round_gap_max_seconds: self.gaps.max_gap,
-                cpu_seconds: procfs::self_cpu_seconds().unwrap_or(0.0),
-                rss_kb: procfs::own_rss_kb().map_or(0, |(now, _)| now),
                 ended: ended.is_some(),
             });
         }

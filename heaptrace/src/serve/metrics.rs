@@ -212,12 +212,13 @@ fn own(reg: &mut Registry, s: &Snapshot, folded: usize) {
         losses,
     );
     let cpu: Counter<f64, AtomicU64> = Counter::default();
-    cpu.inc_by(s.cpu_seconds);
+    // Read at the scrape, not each round: the server runs in heaptrace's own process.
+    cpu.inc_by(crate::targets::procfs::self_cpu_seconds().unwrap_or(0.0));
     reg.register("cpu_seconds", "heaptrace's own CPU time", cpu);
     reg.register(
         "resident_bytes",
         "heaptrace's own resident memory",
-        gauge(s.rss_kb as i64 * 1024),
+        gauge(crate::targets::procfs::own_rss_kb().map_or(0, |(now, _)| now) as i64 * 1024),
     );
     let round: Gauge<f64, AtomicU64> = Gauge::default();
     round.set(s.round_seconds);

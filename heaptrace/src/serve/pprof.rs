@@ -81,11 +81,11 @@ pub fn build(
     for (frames, v) in &samples {
         b.sample(frames, &Names::FULL, *v);
     }
-    let mut out = b.finish((s.start_unix_ms + s.elapsed_ms) as i64, 0);
-    out.duration_nanos = match (base, q.seconds) {
-        (Some(_), Some(secs)) => secs as i64 * 1_000_000_000,
-        _ => s.elapsed_ms as i64 * 1_000_000,
+    let duration_ms = match (base, q.seconds) {
+        (Some(_), Some(secs)) => secs as i64 * 1000,
+        _ => s.elapsed_ms as i64,
     };
+    let mut out = b.finish((s.start_unix_ms + s.elapsed_ms) as i64, duration_ms);
     if kind == Kind::Allocs {
         // Go's allocs profile is the heap profile shown by alloc_space.
         let id = out.sample_type[1].r#type;

@@ -24,9 +24,6 @@ pub struct Snapshot {
     /// rounds' starts (seconds).
     pub rounds_late: u64,
     pub round_gap_max_seconds: f64,
-    /// heaptrace's own CPU time and resident memory.
-    pub cpu_seconds: f64,
-    pub rss_kb: u64,
     /// The trace has ended: the figures are final.
     pub ended: bool,
 }
