@@ -1,7 +1,7 @@
 //! `--serve` under a few thousand malformed requests over raw TCP (bad paths, methods and
 //! queries, huge headers, garbage, half-closed and idle connections, more connections than
 //! the cap): no panic, no hang, every connection answered or closed, the rounds go on, and the
-//! server answers well afterwards.
+//! server answers well afterwards (HEAD too: a GET's length, no body).
 use std::{
     io::{Read as _, Write as _},
     net::{Shutdown, TcpStream},
@@ -109,6 +109,30 @@ fn send(port: u16, i: usize) -> bool {
     closed(s)
 }
 
+/// HEAD `path`: (status, Content-Length, bytes after the header).
+fn head(port: u16, path: &str) -> (u16, usize, usize) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "HEAD {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    let (header, rest) = text.split_once("\r\n\r\n").expect("a header");
+    let length = header
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .expect("a Content-Length");
+    (header[9..12].parse().unwrap(), length, rest.len())
+}
+
 /// Reads until the server closes: false if it did not within the read time-out.
 fn closed(mut s: TcpStream) -> bool {
     s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
@@ -201,6 +225,12 @@ bpf_test!(
         assert_eq!(idle_closed, IDLE);
         assert_eq!(full, IDLE - 32, "the connections past the cap");
         assert!(r1 > r0, "no round during the barrage");
+        // Liveness, not speed: a barrage that stalled the daemon would leave a gap of many
+        // intervals (the machine may be busy, so the bound is 25 of them).
+        assert!(
+            gap < 5.0,
+            "rounds stalled for {gap:.3} s during the barrage"
+        );
         assert!(
             tracer.child.try_wait().unwrap().is_none(),
             "heaptrace ended"
@@ -209,6 +239,16 @@ bpf_test!(
         let (status, body) = get(port, "/debug/pprof/heap");
         assert_eq!(status, 200);
         assert_eq!(&body[..2], &[0x1f, 0x8b]);
+        // HEAD: a GET's length, no body.
+        let (status, length, rest) = head(port, "/");
+        assert_eq!((status, rest), (200, 0));
+        assert_eq!(length, get(port, "/").1.len());
+        let (status, length, rest) = head(port, "/debug/pprof/heap");
+        assert_eq!((status, rest), (200, 0));
+        assert!(
+            length > 20,
+            "HEAD /debug/pprof/heap: Content-Length {length}"
+        );
         tracer.signal(libc::SIGINT);
         let (code, stderr) = tracer.wait();
         assert_eq!(code, 0, "{stderr}");

@@ -73,7 +73,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     }
     check(cli)?;
     check_outputs(cli, &target, record)?;
-    let serve = crate::serve::Options::from_cli(&cli.serve)?;
+    let serve = crate::serve::Options::from_cli(&cli.serve, cli.interval)?;
     probe::preflight()?;
     // Listening before anything is launched or attached: a port in use stops nothing started.
     let serve = serve.map(crate::serve::start).transpose()?;

@@ -374,7 +374,11 @@ impl Daemon {
 
     /// Hands the live view and the server a copy of the Profile; it never waits for either.
     pub fn publish(&mut self, ended: Option<String>, exit_code: Option<i32>) {
-        if let Some(serve) = &self.serve {
+        if let Some(serve) = self
+            .serve
+            .as_ref()
+            .filter(|s| ended.is_some() || s.wanted())
+        {
             serve.publish(crate::serve::Snapshot {
                 profile: crate::serve::snapshot::running(&self.profile),
                 rounds: self.profile.round_count(),

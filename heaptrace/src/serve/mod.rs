@@ -4,6 +4,7 @@
 //! snapshot the daemon publishes each round (`Publisher`): a slow or hostile client holds
 //! nothing a round needs, and a round never waits for it.
 pub mod auth;
+mod demand;
 mod limits;
 pub mod metrics;
 pub mod pprof;
@@ -15,7 +16,7 @@ pub use snapshot::Snapshot;
 #[cfg(test)]
 mod tests_support;
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use tokio::sync::watch;
 
@@ -28,9 +29,16 @@ use crate::{
 #[derive(Clone)]
 pub struct Publisher {
     tx: watch::Sender<Option<Arc<Snapshot>>>,
+    demand: Arc<demand::Demand>,
 }
 
 impl Publisher {
+    /// Whether a round should build a snapshot: only while clients read them (a snapshot
+    /// copies the running processes' sites and stacks, which under `--all` is not free).
+    pub fn wanted(&self) -> bool {
+        self.demand.wanted()
+    }
+
     pub fn publish(&self, s: Snapshot) {
         self.tx.send_replace(Some(Arc::new(s)));
     }
@@ -41,12 +49,15 @@ pub struct Options {
     pub addr: SocketAddr,
     pub token: Option<auth::Token>,
     pub max_processes: usize,
+    /// The time between rounds: how long a request after a quiet spell waits for a fresh
+    /// snapshot.
+    pub interval: Duration,
 }
 
 impl Options {
     /// None without --serve; an error (one line) for an address that needs a token it was
     /// not given, or a token file that cannot be read.
-    pub fn from_cli(args: &ServeArgs) -> Result<Option<Options>> {
+    pub fn from_cli(args: &ServeArgs, interval: Duration) -> Result<Option<Options>> {
         let Some(addr) = args.serve else {
             return Ok(None);
         };
@@ -60,6 +71,7 @@ impl Options {
             addr,
             token,
             max_processes: args.serve_max_processes,
+            interval,
         }))
     }
 }
@@ -71,13 +83,16 @@ pub fn start(opts: Options) -> Result<Publisher> {
         .map_err(|e| Error::Usage(format!("--serve {}: cannot listen there: {e}", opts.addr)))?;
     listener.set_nonblocking(true)?;
     let (tx, rx) = watch::channel(None);
+    let demand = Arc::new(demand::Demand::new());
     let state = server::State {
         snapshots: rx,
+        demand: demand.clone(),
+        fresh_wait: opts.interval * 2 + Duration::from_secs(1),
         token: opts.token,
         max_processes: opts.max_processes,
     };
     std::thread::Builder::new()
         .name("heaptrace-serve".into())
         .spawn(move || server::run(listener, state))?;
-    Ok(Publisher { tx })
+    Ok(Publisher { tx, demand })
 }

@@ -1,6 +1,6 @@
 //! The HTTP server: its own thread and runtime, hyper's HTTP/1 with the bounds of `limits`,
 //! read-only routes over the latest snapshot.
-use std::{convert::Infallible, sync::Arc};
+use std::{convert::Infallible, sync::Arc, time::Duration};
 
 use http_body_util::Full;
 use hyper::{
@@ -11,11 +11,15 @@ use hyper::{
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{Semaphore, watch};
 
-use super::{Snapshot, auth::Token, limits, metrics, pprof, query::Query};
+use super::{Snapshot, auth::Token, demand::Demand, limits, metrics, pprof, query::Query};
 
 /// What every request reads.
 pub struct State {
     pub snapshots: watch::Receiver<Option<Arc<Snapshot>>>,
+    /// Told of each request, so that rounds build snapshots only while someone reads them.
+    pub demand: Arc<Demand>,
+    /// How long a request after a quiet spell waits for the next round's snapshot.
+    pub fresh_wait: Duration,
     pub token: Option<Token>,
     pub max_processes: usize,
 }
@@ -99,6 +103,11 @@ async fn respond(state: &State, deltas: &Semaphore, req: Request<Incoming>) -> R
     let head = req.method() == Method::HEAD;
     let mut r = route(state, deltas, &req).await;
     if head {
+        // The length a GET would have, as HTTP asks of a HEAD answer (hyper leaves an explicit
+        // Content-Length alone).
+        let len = hyper::body::Body::size_hint(r.body()).exact().unwrap_or(0);
+        r.headers_mut()
+            .insert(header::CONTENT_LENGTH, header::HeaderValue::from(len));
         *r.body_mut() = Full::new(Bytes::new());
     }
     r
@@ -142,7 +151,7 @@ async fn route(state: &State, deltas: &Semaphore, req: &Request<Incoming>) -> Re
         Err(e) => return text(StatusCode::BAD_REQUEST, &e),
     };
     let kind = match path {
-        "/metrics" => return metrics_reply(state, req),
+        "/metrics" => return metrics_reply(state, req).await,
         "/debug/pprof/heap" => pprof::Kind::Heap,
         "/debug/pprof/allocs" => pprof::Kind::Allocs,
         _ => return text(StatusCode::NOT_FOUND, "no such page: / lists them"),
@@ -155,6 +164,19 @@ fn latest(state: &State) -> Option<Arc<Snapshot>> {
     state.snapshots.borrow().clone()
 }
 
+/// A snapshot no older than a round: after a quiet spell the rounds built none, so the
+/// request waits (at most `fresh_wait`) for the next. `extra`: how long the request will go
+/// on reading snapshots (a delta profile's seconds).
+async fn fresh(state: &State, extra: Duration) -> Option<Arc<Snapshot>> {
+    let mut rx = state.snapshots.clone();
+    let now = rx.borrow_and_update().clone();
+    if state.demand.ask(extra) || now.as_ref().is_some_and(|s| s.ended) {
+        return now;
+    }
+    let _ = tokio::time::timeout(state.fresh_wait, rx.changed()).await;
+    latest(state).or(now)
+}
+
 fn no_round_yet() -> Reply {
     text(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -162,8 +184,8 @@ fn no_round_yet() -> Reply {
     )
 }
 
-fn metrics_reply(state: &State, req: &Request<Incoming>) -> Reply {
-    let s = match latest(state) {
+async fn metrics_reply(state: &State, req: &Request<Incoming>) -> Reply {
+    let s = match fresh(state, Duration::ZERO).await {
         Some(s) => s,
         None => return no_round_yet(),
     };
@@ -182,7 +204,8 @@ fn metrics_reply(state: &State, req: &Request<Incoming>) -> Reply {
 }
 
 async fn profile_reply(state: &State, deltas: &Semaphore, q: &Query, kind: pprof::Kind) -> Reply {
-    let s = match latest(state) {
+    let extra = Duration::from_secs(q.seconds.unwrap_or(0));
+    let s = match fresh(state, extra).await {
         Some(s) => s,
         None => return no_round_yet(),
     };

@@ -150,7 +150,7 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
     check_in_process(cli, target)?;
     check(cli)?;
     check_outputs(cli, target, record)?;
-    let serve = crate::serve::Options::from_cli(&cli.serve)?
+    let serve = crate::serve::Options::from_cli(&cli.serve, cli.interval)?
         .map(crate::serve::start)
         .transpose()?;
     signals::install()?;
