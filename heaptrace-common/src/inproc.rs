@@ -201,16 +201,30 @@ impl SiteEntry {
     #[inline(always)]
     pub fn fold_peak(&mut self, seq: u64) {
         if self.peak_seq != seq {
-            self.peak_blocks = self
-                .calls
-                .wrapping_sub(self.frees)
-                .wrapping_sub(self.untracked);
-            self.peak_bytes = self
-                .bytes
-                .wrapping_sub(self.freed_bytes)
-                .wrapping_sub(self.untracked_bytes);
+            (self.peak_blocks, self.peak_bytes) = self.live();
             self.peak_seq = seq;
         }
+    }
+
+    /// Live blocks and bytes now, wrapping.
+    #[inline(always)]
+    pub fn live(&self) -> (u64, u64) {
+        let blocks = self
+            .calls
+            .wrapping_sub(self.frees)
+            .wrapping_sub(self.untracked);
+        let bytes = self
+            .bytes
+            .wrapping_sub(self.freed_bytes)
+            .wrapping_sub(self.untracked_bytes);
+        (blocks, bytes)
+    }
+
+    /// What this thread's entry adds to its site's live figures to give them at the peak
+    /// `seq` (`crate::peak::correction`).
+    pub fn at_peak_correction(&self, seq: u64, pending: bool) -> (u64, u64) {
+        let kept = (self.peak_seq, self.peak_blocks, self.peak_bytes);
+        crate::peak::correction(self.live(), kept, seq, pending)
     }
 }
 

@@ -77,13 +77,28 @@ impl SiteCounters {
     /// What this entry adds to its site's live figures to give them at the peak `seq` of its
     /// process (`pending`: a new high with no release since, the figures now are the peak's).
     pub fn at_peak_correction(&self, seq: u32, pending: bool) -> (u64, u64) {
-        if pending || seq == 0 || self.peak_seq != u64::from(seq) {
-            return (0, 0);
-        }
-        let (blocks, bytes) = self.live();
-        (
-            self.peak_blocks.wrapping_sub(blocks),
-            self.peak_bytes.wrapping_sub(bytes),
+        correction(
+            self.live(),
+            (self.peak_seq, self.peak_blocks, self.peak_bytes),
+            u64::from(seq),
+            pending,
         )
     }
+}
+
+/// What an entry with live figures `live` and kept figures `kept` (the peak number it last
+/// saw, its blocks and bytes then) adds to give them at the peak `seq`: nothing when the
+/// figures now are the peak's (`pending`), before the first peak, or when the entry has not
+/// changed since the number moved on to `seq`. Shared by the kernel's site counters and the
+/// in-process site entries, which keep the same figures.
+#[inline(always)]
+pub fn correction(live: (u64, u64), kept: (u64, u64, u64), seq: u64, pending: bool) -> (u64, u64) {
+    let (peak_seq, peak_blocks, peak_bytes) = kept;
+    if pending || seq == 0 || peak_seq != seq {
+        return (0, 0);
+    }
+    (
+        peak_blocks.wrapping_sub(live.0),
+        peak_bytes.wrapping_sub(live.1),
+    )
 }

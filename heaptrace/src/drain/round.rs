@@ -519,7 +519,8 @@ impl Snapshot {
                         (t.live_bytes as u64).wrapping_add(n) as i64,
                     )
                 })
-                .filter(|s| s.3 > 0)
+                // Blocks of 0 bytes held at the peak count too (`malloc(0)`).
+                .filter(|s| s.3 > 0 || s.2 > 0)
                 .collect();
             let held = PeakHeld {
                 bytes: k.bytes,

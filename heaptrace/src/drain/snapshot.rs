@@ -23,6 +23,26 @@ pub(super) fn peak_fix<'a>(
     fix
 }
 
+/// Each process's peak state (`PeakStates`) and highest live bytes, read again.
+type PeaksNow = StdHashMap<u32, ((u32, bool, u64), u64)>;
+
+/// The processes whose peak moved between two reads: a new number, a new high, or other
+/// blocks at it.
+fn moved(
+    before: &PeakStates,
+    bytes: &BTreeMap<u32, crate::drain::round::KernelPeak>,
+    after: &PeaksNow,
+) -> Vec<u32> {
+    before
+        .iter()
+        .filter(|(pid, s)| {
+            let was = (**s, bytes.get(pid).map_or(0, |k| k.bytes));
+            after.get(pid) != Some(&was)
+        })
+        .map(|(pid, _)| *pid)
+        .collect()
+}
+
 pub(super) fn add_fix(to: &mut (u64, u64), f: (u64, u64)) {
     to.0 = to.0.wrapping_add(f.0);
     to.1 = to.1.wrapping_add(f.1);
@@ -42,6 +62,12 @@ impl KernelMaps {
         self.read_losses(&mut snap)?;
         self.read_sites(&mut snap, &epochs, round, &peaks)?;
         snap.compose_peaks(&peaks);
+        // A new high or its first release during the sites' read leaves sites read on
+        // either side of it: that process's composition waits for a round read whole.
+        let now = self.peak_states(peaks.keys());
+        for pid in moved(&peaks, &snap.peaks, &now) {
+            snap.peak_held.remove(&pid);
+        }
         self.read_frames()?;
         snap.fold_site_sizes();
         // Every round too, not only after frees: a word written for a copy that its program
@@ -70,6 +96,15 @@ impl KernelMaps {
             }
         }
         states
+    }
+
+    /// The peak state and highest bytes of each of `pids` now, as `read_peaks` reads them.
+    fn peak_states<'a>(&self, pids: impl Iterator<Item = &'a u32>) -> PeaksNow {
+        pids.filter_map(|pid| {
+            let p = self.peaks.get(pid, 0).ok()?;
+            Some((*pid, ((p.seq, p.pending != 0, p.max_blocks), p.max)))
+        })
+        .collect()
     }
 
     /// The processes' counters; returns each one's current image: only its entries count (an
@@ -249,5 +284,42 @@ impl KernelMaps {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peak_that_moved_during_the_read_is_named() {
+        use crate::drain::round::KernelPeak;
+        let before: PeakStates = [(1, (3, false, 10)), (2, (5, false, 7)), (3, (1, true, 2))]
+            .into_iter()
+            .collect();
+        let bytes: BTreeMap<u32, KernelPeak> = [1, 2, 3]
+            .into_iter()
+            .map(|pid| {
+                (
+                    pid,
+                    KernelPeak {
+                        bytes: 100,
+                        size: 8,
+                        stack_id: 0,
+                    },
+                )
+            })
+            .collect();
+        let mut after: PeaksNow = before.iter().map(|(p, s)| (*p, (*s, 100))).collect();
+        assert!(moved(&before, &bytes, &after).is_empty());
+        after.insert(1, ((3, true, 10), 100)); // a new high, not yet released
+        after.insert(3, ((2, false, 2), 100)); // its release moved the number
+        let mut m = moved(&before, &bytes, &after);
+        m.sort();
+        assert_eq!(m, [1, 3]);
+        after.insert(1, ((3, false, 10), 120)); // higher, the same blocks (a realloc)
+        assert_eq!(moved(&before, &bytes, &after).len(), 2);
+        after.remove(&2); // gone from the map: no composition to trust
+        assert_eq!(moved(&before, &bytes, &after).len(), 3);
     }
 }

@@ -80,7 +80,7 @@ impl Region {
             let entries = stored.iter().chain(lost.iter());
             for ((sum, fix), e) in sums.iter_mut().zip(fixes.iter_mut()).zip(entries) {
                 add_entry(sum, e);
-                let f = peak_fix(e, seq, pending);
+                let f = e.at_peak_correction(seq, pending);
                 fix.0 = fix.0.wrapping_add(f.0);
                 fix.1 = fix.1.wrapping_add(f.1);
             }
@@ -216,23 +216,6 @@ impl Region {
         snap.fold_site_sizes();
         Ok(snap)
     }
-}
-
-/// What one thread's entry adds to its site's live figures to give them at the peak `seq`
-/// (`pending`: the figures now are the peak's), as the kernel's site counters do.
-fn peak_fix(e: &SiteEntry, seq: u64, pending: bool) -> (u64, u64) {
-    if pending || seq == 0 || e.peak_seq != seq {
-        return (0, 0);
-    }
-    let blocks = e.calls.wrapping_sub(e.frees).wrapping_sub(e.untracked);
-    let bytes = e
-        .bytes
-        .wrapping_sub(e.freed_bytes)
-        .wrapping_sub(e.untracked_bytes);
-    (
-        e.peak_blocks.wrapping_sub(blocks),
-        e.peak_bytes.wrapping_sub(bytes),
-    )
 }
 
 fn add_entry(sum: &mut SiteEntry, e: &SiteEntry) {

@@ -184,3 +184,28 @@ fn stacks_only_of_leaves_those_another_process_holds() {
     let dropped = [6, 9].into_iter().collect();
     assert_eq!(s.stacks_only_of(&pids(&[2]), dropped), [9]);
 }
+
+#[test]
+fn the_peaks_composition_keeps_blocks_of_zero_bytes() {
+    let mut snap = Snapshot::default();
+    let site = |blocks, bytes| SiteTotals {
+        live_blocks: blocks,
+        live_bytes: bytes,
+        ..SiteTotals::default()
+    };
+    snap.sites.insert((7, 1, 0), site(3, 300));
+    snap.sites.insert((7, 2, 0), site(4, 0)); // malloc(0), held
+    snap.sites.insert((7, 3, 0), site(0, 0)); // all freed
+    snap.peaks.insert(
+        7,
+        KernelPeak {
+            bytes: 300,
+            ..KernelPeak::default()
+        },
+    );
+    snap.compose_peaks(&std::collections::HashMap::from([(7, (1, true, 7))]));
+    let held = &snap.peak_held[&7];
+    assert_eq!(held.sites, [(1, 0, 3, 300), (2, 0, 4, 0)]);
+    let blocks: i64 = held.sites.iter().map(|s| s.2).sum();
+    assert_eq!(blocks as u64, held.blocks);
+}
