@@ -209,15 +209,10 @@ impl SiteEntry {
     /// Live blocks and bytes now, wrapping.
     #[inline(always)]
     pub fn live(&self) -> (u64, u64) {
-        let blocks = self
-            .calls
-            .wrapping_sub(self.frees)
-            .wrapping_sub(self.untracked);
-        let bytes = self
-            .bytes
-            .wrapping_sub(self.freed_bytes)
-            .wrapping_sub(self.untracked_bytes);
-        (blocks, bytes)
+        crate::peak::live(
+            (self.calls, self.frees, self.untracked),
+            (self.bytes, self.freed_bytes, self.untracked_bytes),
+        )
     }
 
     /// What this thread's entry adds to its site's live figures to give them at the peak

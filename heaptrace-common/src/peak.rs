@@ -49,15 +49,10 @@ impl SiteCounters {
     /// Live blocks and bytes now, wrapping (user space reads them signed).
     #[inline(always)]
     pub fn live(&self) -> (u64, u64) {
-        let blocks = self
-            .calls
-            .wrapping_sub(self.frees)
-            .wrapping_sub(self.untracked);
-        let bytes = self
-            .bytes
-            .wrapping_sub(self.freed_bytes)
-            .wrapping_sub(self.untracked_bytes);
-        (blocks, bytes)
+        live(
+            (self.calls, self.frees, self.untracked),
+            (self.bytes, self.freed_bytes, self.untracked_bytes),
+        )
     }
 
     /// Keeps the live figures as they were at the peak before the entry's first change since
@@ -84,6 +79,16 @@ impl SiteCounters {
             pending,
         )
     }
+}
+
+/// Live figures from counts: what was allocated, less what was freed and what was freed
+/// untracked (blocks, then bytes), wrapping.
+#[inline(always)]
+pub fn live(blocks: (u64, u64, u64), bytes: (u64, u64, u64)) -> (u64, u64) {
+    (
+        blocks.0.wrapping_sub(blocks.1).wrapping_sub(blocks.2),
+        bytes.0.wrapping_sub(bytes.1).wrapping_sub(bytes.2),
+    )
 }
 
 /// What an entry with live figures `live` and kept figures `kept` (the peak number it last

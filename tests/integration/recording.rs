@@ -63,25 +63,6 @@ fn export(rec: &str, tag: &str, kind: &str, extra: &[&str]) -> (PathBuf, String)
     (path, text)
 }
 
-/// `go tool pprof -top -unit=B [EXTRA] FILE`: its text and the first row of its table.
-fn pprof_top(file: &Path, extra: &[&str]) -> (String, String) {
-    let o = Command::new("go")
-        .args(["tool", "pprof", "-top", "-unit=B"])
-        .args(extra)
-        .arg(file)
-        .output()
-        .expect("go tool pprof");
-    let text = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let first = text
-        .lines()
-        .skip_while(|l| !l.trim_start().starts_with("flat"))
-        .nth(1)
-        .unwrap()
-        .to_string();
-    (text, first)
-}
-
 fn report_ok(args: &[&str]) -> String {
     let o = report(args);
     assert!(
@@ -238,13 +219,13 @@ bpf_test!(
 
         let (pb, _) = export(r, "rec-export", "pprof", &[]);
         if tool("go") || ci {
-            let (text, first) = pprof_top(&pb, &[]);
+            let (text, first) = pprof_top(pb.to_str().unwrap(), &[]);
             assert!(text.contains("Type: inuse_space"), "{text}");
             assert!(
                 first.contains("200000B") && first.ends_with("alloc_b"),
                 "{text}"
             );
-            let (text, first) = pprof_top(&pb, &["-sample_index=alloc_space"]);
+            let (text, first) = pprof_top(pb.to_str().unwrap(), &["-sample_index=alloc_space"]);
             assert!(
                 first.contains(&format!("{}B", 333 * N)) && first.ends_with("helper_c"),
                 "{text}"

@@ -29,11 +29,17 @@ pub fn free_port() -> u16 {
 
 /// GET `path` over a new connection: (status, body).
 pub fn get(port: u16, path: &str) -> (u16, Vec<u8>) {
+    let (status, _, body) = request(port, "GET", path);
+    (status, body)
+}
+
+/// `method path` over a new connection: (status, header, body).
+pub fn request(port: u16, method: &str, path: &str) -> (u16, String, Vec<u8>) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
     let mut raw = Vec::new();
@@ -43,7 +49,8 @@ pub fn get(port: u16, path: &str) -> (u16, Vec<u8>) {
         .position(|w| w == b"\r\n\r\n")
         .unwrap_or_else(|| panic!("no header end: {}", String::from_utf8_lossy(&raw)));
     let status = std::str::from_utf8(&raw[9..12]).unwrap().parse().unwrap();
-    (status, raw[end + 4..].to_vec())
+    let header = String::from_utf8_lossy(&raw[..end]).into_owned();
+    (status, header, raw[end + 4..].to_vec())
 }
 
 /// Waits until `port` answers `/metrics` with 200 (after the first round).
@@ -188,27 +195,6 @@ impl Drop for Prometheus {
     }
 }
 
-/// `go tool pprof -top -unit=B` of `url`: its text and its first row.
-fn pprof_top(url: &str, index: &str) -> (String, String) {
-    let home = std::env::temp_dir().join("heaptrace-pprof-home");
-    let o = Command::new("go")
-        .args(["tool", "pprof", "-top", "-unit=B"])
-        .arg(format!("-sample_index={index}"))
-        .arg(url)
-        .env("PPROF_TMPDIR", &home)
-        .output()
-        .expect("go tool pprof");
-    let text = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let first = text
-        .lines()
-        .skip_while(|l| !l.trim_start().starts_with("flat"))
-        .nth(1)
-        .unwrap_or_default()
-        .to_string();
-    (text, first)
-}
-
 bpf_test!(
     exclusive,
     /// Prometheus's own API gives the oracle's exact counts from `--all --serve`, and `go tool
@@ -240,14 +226,20 @@ bpf_test!(
             let base = format!("http://{addr}/debug/pprof");
             let leak_bytes = want.live_bytes;
             let allocated = series[2].1;
-            let (text, first) = pprof_top(&format!("{base}/allocs?pid={pid}"), "alloc_space");
+            let (text, first) = pprof_top(
+                &format!("{base}/allocs?pid={pid}"),
+                &["-sample_index=alloc_space"],
+            );
             assert!(text.contains("Type: alloc_space"), "{text}");
             let want_first = format!("{}B", allocated - leak_bytes);
             assert!(
                 first.trim_start().starts_with(&want_first) && first.contains("one_iteration"),
                 "want {want_first} in one_iteration: {text}"
             );
-            let (text, first) = pprof_top(&format!("{base}/heap?pid={pid}"), "inuse_space");
+            let (text, first) = pprof_top(
+                &format!("{base}/heap?pid={pid}"),
+                &["-sample_index=inuse_space"],
+            );
             assert!(text.contains("Type: inuse_space"), "{text}");
             assert!(
                 first.trim_start().starts_with(&format!("{leak_bytes}B"))
@@ -255,8 +247,10 @@ bpf_test!(
                 "{text}"
             );
             // By command name too: the same process alone.
-            let (_, by_comm) =
-                pprof_top(&format!("{base}/heap?comm=allocs&pid={pid}"), "inuse_space");
+            let (_, by_comm) = pprof_top(
+                &format!("{base}/heap?comm=allocs&pid={pid}"),
+                &["-sample_index=inuse_space"],
+            );
             assert_eq!(by_comm, first);
         }
         drop(child.stdin.take());

@@ -10,7 +10,7 @@ use std::{
 };
 
 use crate::{
-    serve::{free_port, get, metric, wait_served},
+    serve::{free_port, get, metric, request, wait_served},
     support::*,
 };
 
@@ -111,17 +111,7 @@ fn send(port: u16, i: usize) -> bool {
 
 /// HEAD `path`: (status, Content-Length, bytes after the header).
 fn head(port: u16, path: &str) -> (u16, usize, usize) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        s,
-        "HEAD {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let text = String::from_utf8_lossy(&raw);
-    let (header, rest) = text.split_once("\r\n\r\n").expect("a header");
+    let (status, header, rest) = request(port, "HEAD", path);
     let length = header
         .lines()
         .find_map(|l| {
@@ -130,7 +120,7 @@ fn head(port: u16, path: &str) -> (u16, usize, usize) {
                 .then(|| v.trim().parse().ok())?
         })
         .expect("a Content-Length");
-    (header[9..12].parse().unwrap(), length, rest.len())
+    (status, length, rest.len())
 }
 
 /// Reads until the server closes: false if it did not within the read time-out.

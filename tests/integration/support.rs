@@ -543,3 +543,27 @@ pub fn stacks_by_function(doc: &serde_json::Value) -> Vec<(String, u64, u64)> {
     v.sort();
     v
 }
+
+/// `go tool pprof -top -unit=B [EXTRA] SOURCE` (a file or a URL): its text and the first row
+/// of its table (empty if it has none).
+pub fn pprof_top(source: &str, extra: &[&str]) -> (String, String) {
+    let o = Command::new("go")
+        .args(["tool", "pprof", "-top", "-unit=B"])
+        .args(extra)
+        .arg(source)
+        .env(
+            "PPROF_TMPDIR",
+            std::env::temp_dir().join("heaptrace-pprof-home"),
+        )
+        .output()
+        .expect("go tool pprof");
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let first = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("flat"))
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    (text, first)
+}
