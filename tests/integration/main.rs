@@ -27,6 +27,7 @@ mod outputs;
 mod peak;
 mod placement;
 mod prefork;
+mod python_code;
 mod recording;
 mod rounds;
 mod sampling;

@@ -5,6 +5,7 @@
 //! frames: a frame is a shared handle (one reference count to copy, a pointer to hold) and
 //! the strings of distinct frames are interned here.
 pub mod modules;
+pub mod python;
 use std::{
     collections::{HashMap, HashSet},
     path::{Path, PathBuf},

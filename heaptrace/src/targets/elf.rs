@@ -291,6 +291,31 @@ pub fn defines_malloc(sites: &[FuncSite]) -> bool {
     has(Func::Malloc) && has(Func::Free)
 }
 
+/// The file offsets of the data symbols of `names` that `target` defines (its dynamic
+/// symbols: what a stripped build still exports), as (name, file offset). A symbol in no
+/// file-backed segment (`.bss`) is left out.
+pub fn data_symbols(target: &TargetFile, names: &[&str]) -> Result<Vec<(String, u64)>> {
+    let image = ElfImage::read(target)?;
+    let file = object::File::parse(&image).map_err(|e| Error::Elf {
+        path: target.shown().into(),
+        reason: e.to_string(),
+    })?;
+    let mut found = Vec::new();
+    for sym in file.dynamic_symbols() {
+        if sym.is_undefined() || sym.kind() != SymbolKind::Data {
+            continue;
+        }
+        let Ok(name) = sym.name() else { continue };
+        if names.contains(&name)
+            && !found.iter().any(|(n, _)| n == name)
+            && let Some(off) = file_offset(&file, sym.address())
+        {
+            found.push((name.to_string(), off));
+        }
+    }
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

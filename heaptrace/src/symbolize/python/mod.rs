@@ -1,0 +1,5 @@
+//! Python frames from outside the process: CPython's code objects read from the traced
+//! process's memory and named `function (file.py:line)`.
+pub mod linetable;
+pub mod objects;
+pub mod runtime;

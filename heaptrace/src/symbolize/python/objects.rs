@@ -1,0 +1,205 @@
+//! CPython objects read from the traced process: the code object's fields (their offsets
+//! from `PyCode_Type`'s own member table, not hard-coded), its strings and its line table.
+//! Every byte is the process's: each read is bounded and checked, and an object whose type
+//! is not what it should be is not read.
+use crate::heap::memory::Memory;
+
+/// `PyTypeObject`'s fields read here: stable from 3.8 to 3.13.
+const TP_NAME: u64 = 24;
+const TP_BASICSIZE: u64 = 32;
+const TP_MEMBERS: u64 = 240;
+/// `PyObject.ob_type`, `PyVarObject.ob_size`.
+const OB_TYPE: u64 = 8;
+const OB_SIZE: u64 = 16;
+/// `PyBytesObject.ob_sval`.
+const BYTES_DATA: u64 = 32;
+/// `PyMemberDef`: name, type, offset, flags, doc.
+const MEMBER_SIZE: u64 = 40;
+const MEMBER_OFFSET: u64 = 16;
+/// Members read at most from a type (the code type has 14).
+const MEMBERS_MAX: u64 = 64;
+/// A name or file name longer than this is cut; a line table longer than this is not read.
+pub const STRING_MAX: u64 = 1024;
+pub const TABLE_MAX: u64 = 1 << 20;
+
+/// Where a code object's fields are, for one interpreter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CodeLayout {
+    pub code_type: u64,
+    /// `co_code_adaptive`: where the instructions start (`tp_basicsize`).
+    pub instructions: u64,
+    pub filename: u64,
+    pub qualname: u64,
+    pub first_line: u64,
+    pub linetable: u64,
+    pub strings: StringLayout,
+}
+
+/// `PyASCIIObject` and `PyCompactUnicodeObject`'s sizes: where a compact string's
+/// characters start. 3.12 dropped `wstr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StringLayout {
+    pub ascii_data: u64,
+    pub compact_data: u64,
+}
+
+impl StringLayout {
+    pub fn for_version(v: (u8, u8)) -> StringLayout {
+        match v {
+            (3, 11) => StringLayout {
+                ascii_data: 48,
+                compact_data: 72,
+            },
+            _ => StringLayout {
+                ascii_data: 40,
+                compact_data: 56,
+            },
+        }
+    }
+}
+
+fn u32_at(mem: &dyn Memory, addr: u64) -> Option<u32> {
+    let mut b = [0u8; 4];
+    mem.read(addr, &mut b).then(|| u32::from_le_bytes(b))
+}
+
+/// A NUL-terminated C string of at most `max` bytes.
+fn c_string(mem: &dyn Memory, addr: u64, max: usize) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 32];
+    while out.len() < max {
+        let at = addr.checked_add(out.len() as u64)?;
+        // A string near the end of a page: read the rest byte by byte.
+        let n = if mem.read(at, &mut chunk) {
+            chunk.len()
+        } else if mem.read(at, &mut chunk[..1]) {
+            1
+        } else {
+            return None;
+        };
+        if let Some(end) = chunk[..n].iter().position(|b| *b == 0) {
+            out.extend_from_slice(&chunk[..end]);
+            return Some(out);
+        }
+        out.extend_from_slice(&chunk[..n]);
+    }
+    None
+}
+
+impl CodeLayout {
+    /// From `PyCode_Type` at `code_type`: its name must be "code", its members name the
+    /// fields read.
+    pub fn read(mem: &dyn Memory, code_type: u64, version: (u8, u8)) -> Option<CodeLayout> {
+        let name = c_string(mem, mem.u64_at(code_type + TP_NAME)?, 16)?;
+        if name != b"code" {
+            return None;
+        }
+        let instructions = mem.u64_at(code_type + TP_BASICSIZE)?;
+        let members = mem.u64_at(code_type + TP_MEMBERS)?;
+        let (mut filename, mut qualname, mut first_line, mut linetable) = (None, None, None, None);
+        for i in 0..MEMBERS_MAX {
+            let m = members.checked_add(i * MEMBER_SIZE)?;
+            let name_at = mem.u64_at(m)?;
+            if name_at == 0 {
+                break;
+            }
+            let offset = mem.u64_at(m + MEMBER_OFFSET)?;
+            let slot = match c_string(mem, name_at, 32)?.as_slice() {
+                b"co_filename" => &mut filename,
+                b"co_qualname" => &mut qualname,
+                b"co_firstlineno" => &mut first_line,
+                b"co_linetable" => &mut linetable,
+                _ => continue,
+            };
+            *slot = Some(offset);
+        }
+        let layout = CodeLayout {
+            code_type,
+            instructions,
+            filename: filename?,
+            qualname: qualname?,
+            first_line: first_line?,
+            linetable: linetable?,
+            strings: StringLayout::for_version(version),
+        };
+        // Every field inside the object's fixed part.
+        let fields = [
+            layout.filename,
+            layout.qualname,
+            layout.first_line,
+            layout.linetable,
+        ];
+        (instructions <= 4096 && fields.iter().all(|f| f + 8 <= instructions)).then_some(layout)
+    }
+}
+
+/// A code object as read: what names its frames.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Code {
+    pub qualname: String,
+    pub filename: String,
+    pub first_line: i32,
+    pub linetable: Vec<u8>,
+}
+
+impl Code {
+    /// The code object at `addr`, if it is one.
+    pub fn read(mem: &dyn Memory, layout: &CodeLayout, addr: u64) -> Option<Code> {
+        if mem.u64_at(addr.checked_add(OB_TYPE)?)? != layout.code_type {
+            return None;
+        }
+        let qualname = string(mem, &layout.strings, mem.u64_at(addr + layout.qualname)?)?;
+        let filename = string(mem, &layout.strings, mem.u64_at(addr + layout.filename)?)?;
+        let first_line = u32_at(mem, addr + layout.first_line)? as i32;
+        let linetable = bytes(mem, mem.u64_at(addr + layout.linetable)?, TABLE_MAX)?;
+        Some(Code {
+            qualname,
+            filename,
+            first_line,
+            linetable,
+        })
+    }
+
+    /// The line of the instruction `unit` code units from the start of the instructions.
+    pub fn line(&self, unit: u32) -> Option<i32> {
+        super::linetable::line_of(&self.linetable, self.first_line, unit)
+    }
+}
+
+/// A `str` object's text: compact strings only (what the compiler makes of names and file
+/// names); cut at `STRING_MAX` characters.
+pub fn string(mem: &dyn Memory, strings: &StringLayout, addr: u64) -> Option<String> {
+    let length = mem.u64_at(addr.checked_add(OB_SIZE)?)?;
+    let state = u32_at(mem, addr + 32)?;
+    let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
+    if compact == 0 || !matches!(kind, 1 | 2 | 4) || length > 1 << 30 {
+        return None;
+    }
+    let data = addr
+        + if ascii == 1 {
+            strings.ascii_data
+        } else {
+            strings.compact_data
+        };
+    let n = length.min(STRING_MAX);
+    let mut raw = vec![0u8; (n * u64::from(kind)) as usize];
+    if !mem.read(data, &mut raw) {
+        return None;
+    }
+    let chars = raw.chunks(kind as usize).map(|c| {
+        let mut v = [0u8; 4];
+        v[..c.len()].copy_from_slice(c);
+        char::from_u32(u32::from_le_bytes(v)).unwrap_or(char::REPLACEMENT_CHARACTER)
+    });
+    Some(chars.collect())
+}
+
+/// A `bytes` object's contents, if at most `max` long.
+fn bytes(mem: &dyn Memory, addr: u64, max: u64) -> Option<Vec<u8>> {
+    let size = mem.u64_at(addr.checked_add(OB_SIZE)?)?;
+    if size > max {
+        return None;
+    }
+    let mut out = vec![0u8; size as usize];
+    mem.read(addr + BYTES_DATA, &mut out).then_some(out)
+}
