@@ -1,5 +1,6 @@
 //! Finding CPython in a process: the file (the `python3.X` binary or `libpython3.X.so`) that
-//! exports `Py_Version` and `PyCode_Type`, where they are mapped, and which version it is.
+//! exports `Py_Version`, `PyCode_Type` and `_PyRuntime`, where they are mapped, and which
+//! version it is.
 use std::fmt;
 
 use crate::{
@@ -19,8 +20,9 @@ pub const SUPPORTED: std::ops::RangeInclusive<(u8, u8)> = (3, 11)..=(3, 13);
 pub struct Runtime {
     /// (major, minor) from `Py_Version`.
     pub version: (u8, u8),
-    /// Where `PyCode_Type` is, in the process.
+    /// Where `PyCode_Type` and `_PyRuntime` are, in the process.
     pub code_type: u64,
+    pub runtime: u64,
 }
 
 /// Why a process's Python is not read.
@@ -60,14 +62,17 @@ pub fn find(pid: u32, mem: &dyn Memory) -> Result<Runtime, NotRead> {
         let Ok(file) = TargetFile::mapped(&dir, e) else {
             continue;
         };
-        let Ok(syms) = elf::data_symbols(&file, &["Py_Version", "PyCode_Type"]) else {
+        let Ok(syms) = elf::data_symbols(&file, &["Py_Version", "PyCode_Type", "_PyRuntime"])
+        else {
             continue;
         };
         let at = |name: &str| {
             let (_, off) = syms.iter().find(|(n, _)| n == name)?;
             address(&entries, e, *off)
         };
-        let (Some(version), Some(code_type)) = (at("Py_Version"), at("PyCode_Type")) else {
+        let (Some(version), Some(code_type), Some(runtime)) =
+            (at("Py_Version"), at("PyCode_Type"), at("_PyRuntime"))
+        else {
             continue;
         };
         let hex = mem.u64_at(version).ok_or(NotRead::Unreadable)? as u32;
@@ -75,7 +80,11 @@ pub fn find(pid: u32, mem: &dyn Memory) -> Result<Runtime, NotRead> {
         if !SUPPORTED.contains(&version) {
             return Err(NotRead::Unsupported(version));
         }
-        return Ok(Runtime { version, code_type });
+        return Ok(Runtime {
+            version,
+            code_type,
+            runtime,
+        });
     }
     Err(NotRead::NoInterpreter)
 }
