@@ -9,6 +9,7 @@ pub mod inproc;
 pub mod keyed;
 pub mod live;
 pub mod procs;
+pub mod python;
 pub mod sampling;
 pub mod stack;
 pub mod unwind;
@@ -539,6 +540,7 @@ mod pod {
     unsafe impl aya::Pod for MemEvent {}
     unsafe impl aya::Pod for unwind::Row {}
     unsafe impl aya::Pod for unwind::ProcModules {}
+    unsafe impl aya::Pod for python::PyProc {}
 }
 
 #[cfg(test)]

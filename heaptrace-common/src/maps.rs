@@ -33,3 +33,5 @@ pub const COUNTING: &str = "COUNTING";
 pub const UNWIND_CHUNKS: &str = "UNWIND_CHUNKS";
 pub const UNWIND_PROCS: &str = "UNWIND_PROCS";
 pub const UNWIND_CACHE: &str = "UNWIND_CACHE";
+pub const PY_PROCS: &str = "PY_PROCS";
+pub const PY_ON: &str = "PY_ON";

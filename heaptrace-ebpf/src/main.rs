@@ -23,6 +23,7 @@ mod oom;
 mod peak;
 mod preempt;
 mod procs;
+mod python;
 mod signals;
 mod sites;
 mod sizes;

@@ -117,6 +117,8 @@ pub fn walk(ctx: &RetProbeContext, tgid: u32) -> Option<(&'static mut StoredStac
     if unsafe { core::ptr::read_volatile(&ch[CHUNK_WORDS]) } != first.wrapping_add(st.reads) {
         return None;
     }
+    // A Python process's frames go after the native ones.
+    (st.n, st.hash) = crate::python::append(tgid, sc, st.n, st.hash);
     let n = st.n;
     // The end of the stack for its readers (`StoredStack::frames`), where a deeper one walked
     // before left its frames: one store, where zeroing the rest made the verifier follow every

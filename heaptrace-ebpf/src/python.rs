@@ -1,0 +1,288 @@
+//! Python frames at an allocation: for a process whose CPython user space found (`PY_PROCS`),
+//! the walk appends after the native frames a mark and two words per Python frame
+//! (`heaptrace_common::python`), innermost first: the thread's state (found once by its id in
+//! its pid namespace, then cached per thread), its current frame, and each caller's.
+//!
+//! A frame a `bpf_loop` step, as the native walk's; each reads the frame's first 128 bytes and
+//! its code object's first 256 in one read each, into this CPU's scratch.
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, generated},
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+};
+use heaptrace_common::{
+    STACK_FRAMES, StoredStack,
+    python::{
+        OWNED_BY_CSTACK, PATH_CFRAME, PY_FRAMES_MAX, PY_MARK, PyProc, frame_word, identity_word,
+    },
+    stack::hash_step,
+};
+
+/// Each Python process's interpreter, by tgid (user space writes it when it finds one).
+#[map(name = "PY_PROCS")]
+pub static PY_PROCS: HashMap<u32, PyProc> = HashMap::with_max_entries(1024, 1);
+
+/// 1 once user space put any process in `PY_PROCS`: until then no walk looks there (a hash
+/// lookup an allocation, for nothing, on a host with no Python traced).
+#[map(name = "PY_ON")]
+pub static PY_ON: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Each thread's state, by its global thread id: (tgid << 32 | namespaced id, state).
+#[map(name = "PY_THREADS")]
+pub static PY_THREADS: LruHashMap<u32, [u64; 2]> = LruHashMap::with_max_entries(16384, 0);
+
+/// Words of a frame and of a code object read at once (powers of two): every offset read is
+/// below them (user space checks, `unwind/python.rs`).
+pub const FRAME_WORDS: usize = 16;
+pub const CODE_WORDS: usize = 32;
+
+#[repr(C)]
+pub struct PyScratch {
+    frame: [u64; FRAME_WORDS],
+    code: [u64; CODE_WORDS],
+    /// The frame to read next, then the next's.
+    next: u64,
+    n: u64,
+    hash: u64,
+}
+
+#[map(name = "PY_SCRATCH")]
+static PY_SCRATCH: PerCpuArray<PyScratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Threads looked through at most to find one's state.
+const THREADS_MAX: u32 = 256;
+
+fn read<const N: usize>(to: &mut [u64; N], from: u64) -> bool {
+    // SAFETY: bpf_probe_read_user checks the user address; the size is the buffer's.
+    unsafe {
+        generated::bpf_probe_read_user(
+            to.as_mut_ptr().cast(),
+            (N * 8) as u32,
+            from as *const core::ffi::c_void,
+        ) == 0
+    }
+}
+
+fn read_u64(from: u64) -> Option<u64> {
+    let mut w = [0u64; 1];
+    read(&mut w, from).then_some(w[0])
+}
+
+/// The `width`-byte value at byte `off` of `words` (little-endian, not crossing a word).
+/// The index is masked, not compared: a compared one reached the verifier unbounded.
+#[inline(always)]
+fn field<const N: usize>(words: &[u64; N], off: u32, width: u32) -> u64 {
+    if off >= (N * 8) as u32 {
+        return 0;
+    }
+    let w = words[((off >> 3) as usize) & (N - 1)];
+    let v = w >> ((off & 7) * 8);
+    if width >= 8 {
+        v
+    } else {
+        v & ((1u64 << (width * 8)) - 1)
+    }
+}
+
+/// This thread's id in the process's pid namespace.
+fn ns_tid(p: &PyProc) -> Option<u32> {
+    if p.ns_ino == 0 {
+        return Some(bpf_get_current_pid_tgid() as u32);
+    }
+    let mut info = aya_ebpf::bindings::bpf_pidns_info { pid: 0, tgid: 0 };
+    // SAFETY: `info` is ours, of the size given.
+    let r = unsafe {
+        generated::bpf_get_ns_current_pid_tgid(
+            p.ns_dev,
+            p.ns_ino,
+            &mut info,
+            core::mem::size_of::<aya_ebpf::bindings::bpf_pidns_info>() as u32,
+        )
+    };
+    (r == 0).then_some(info.pid)
+}
+
+struct Search {
+    at: u64,
+    want: u32,
+    p: *const PyProc,
+    found: u64,
+}
+
+extern "C" fn search_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `thread_state`'s Search, alive for the loop.
+    let s = unsafe { &mut *ctx.cast::<Search>() };
+    // SAFETY: a PY_PROCS value, alive for the program's run.
+    let p = unsafe { &*s.p };
+    if s.at == 0 {
+        return 1;
+    }
+    let mut id = [0u64; 1];
+    if !read(&mut id, s.at + u64::from(p.native_thread_id)) {
+        return 1;
+    }
+    if id[0] as u32 == s.want {
+        s.found = s.at;
+        return 1;
+    }
+    match read_u64(s.at + u64::from(p.thread_next)) {
+        Some(next) => s.at = next,
+        None => return 1,
+    }
+    0
+}
+
+/// The calling thread's `PyThreadState`, 0 if it has none (yet).
+fn thread_state(tgid: u32, p: &PyProc) -> u64 {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let Some(ns) = ns_tid(p) else { return 0 };
+    let key = u64::from(tgid) << 32 | u64::from(ns);
+    // SAFETY: a copy of the value.
+    if let Some(v) = unsafe { PY_THREADS.get(&tid) }
+        && v[0] == key
+    {
+        // Still this thread's (a state freed and reused for another thread says so).
+        let mut id = [0u64; 1];
+        if read(&mut id, v[1] + u64::from(p.native_thread_id)) && id[0] as u32 == ns {
+            return v[1];
+        }
+    }
+    let Some(interp) = read_u64(p.runtime + u64::from(p.interpreters_head)) else {
+        return 0;
+    };
+    let Some(head) = read_u64(interp + u64::from(p.threads_head)) else {
+        return 0;
+    };
+    let mut s = Search {
+        at: head,
+        want: ns,
+        p,
+        found: 0,
+    };
+    // SAFETY: the callback is a static function; its context lives on this stack.
+    unsafe {
+        generated::bpf_loop(
+            THREADS_MAX,
+            search_step as *mut core::ffi::c_void,
+            (&raw mut s).cast(),
+            0,
+        )
+    };
+    if s.found != 0 {
+        let _ = PY_THREADS.insert(&tid, &[key, s.found], 0);
+    }
+    s.found
+}
+
+struct Walk {
+    p: *const PyProc,
+    scratch: *mut PyScratch,
+    stack: *mut StoredStack,
+}
+
+/// One Python frame: 0 to go on, 1 to stop.
+extern "C" fn frame_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `append`'s Walk; map values alive for the program's run.
+    let (p, sc, st) = unsafe {
+        let w = &*ctx.cast::<Walk>();
+        (&*w.p, &mut *w.scratch, &mut *w.stack)
+    };
+    let at = sc.next;
+    let n = sc.n;
+    if at == 0 || n + 2 > STACK_FRAMES as u64 - 1 || !read(&mut sc.frame, at) {
+        return 1;
+    }
+    let owner = field(&sc.frame, p.owner, 1) as u8;
+    let code = field(&sc.frame, p.code, 8);
+    let ip = field(&sc.frame, p.instruction, 8);
+    sc.next = field(&sc.frame, p.previous, 8);
+    if owner == OWNED_BY_CSTACK {
+        return 0;
+    }
+    let mut entry = p.is_entry != u32::MAX && field(&sc.frame, p.is_entry, 1) != 0;
+    if p.is_entry == u32::MAX && sc.next != 0 {
+        // 3.12+: the shim below an evaluation's first frame.
+        let mut below = [0u64; FRAME_WORDS];
+        entry = read(&mut below, sc.next) && field(&below, p.owner, 1) as u8 == OWNED_BY_CSTACK;
+    }
+    if code == 0 || !read(&mut sc.code, code) {
+        return 1;
+    }
+    let start = code + u64::from(p.code_start);
+    let unit = if ip > start { (ip - start) / 2 } else { 0 };
+    let first = frame_word(code, unit, entry);
+    let id = identity_word(
+        field(&sc.code, p.first_line, 4) as u32,
+        field(&sc.code, p.qualname, 8),
+    );
+    let (Some(a), Some(b)) = (
+        st.ips.get_mut(n as usize).map(|s| s as *mut u64),
+        st.ips.get_mut(n as usize + 1).map(|s| s as *mut u64),
+    ) else {
+        return 1;
+    };
+    // SAFETY: slots of the scratch stack, checked above.
+    unsafe {
+        *a = first;
+        *b = id;
+    }
+    sc.hash = hash_step(hash_step(sc.hash, first), id);
+    sc.n = n + 2;
+    0
+}
+
+/// Appends the Python frames of the calling thread of `tgid` to `stack` (frames `n` on,
+/// hash `hash` so far): the mark, then two words a frame. Returns the new (n, hash).
+#[inline(always)]
+pub fn append(tgid: u32, stack: &mut StoredStack, n: u64, hash: u64) -> (u64, u64) {
+    if PY_ON.get(0).is_none_or(|on| *on == 0) {
+        return (n, hash);
+    }
+    // SAFETY: a map value pointer, alive for the program's run.
+    let Some(p) = (unsafe { PY_PROCS.get(&tgid) }) else {
+        return (n, hash);
+    };
+    let Some(sc) = PY_SCRATCH.get_ptr_mut(0) else {
+        return (n, hash);
+    };
+    let tstate = thread_state(tgid, p);
+    if tstate == 0 || n + 3 > STACK_FRAMES as u64 - 1 {
+        return (n, hash);
+    }
+    let frame = if p.frame_path == PATH_CFRAME {
+        read_u64(tstate + u64::from(p.cframe))
+            .filter(|c| *c != 0)
+            .and_then(|c| read_u64(c + u64::from(p.current_frame)))
+    } else {
+        read_u64(tstate + u64::from(p.current_frame))
+    };
+    let Some(frame) = frame.filter(|f| *f != 0) else {
+        return (n, hash);
+    };
+    let Some(slot) = stack.ips.get_mut(n as usize) else {
+        return (n, hash);
+    };
+    *slot = PY_MARK;
+    // SAFETY: this CPU's scratch, alive for the program's run.
+    let s = unsafe { &mut *sc };
+    s.next = frame;
+    s.n = n + 1;
+    s.hash = hash_step(hash, PY_MARK);
+    let mut w = Walk {
+        p,
+        scratch: sc,
+        stack,
+    };
+    // SAFETY: the callback is a static function; its context lives on this stack.
+    unsafe {
+        generated::bpf_loop(
+            PY_FRAMES_MAX * 2,
+            frame_step as *mut core::ffi::c_void,
+            (&raw mut w).cast(),
+            0,
+        )
+    };
+    // SAFETY: as above.
+    let s = unsafe { &*sc };
+    (s.n, s.hash)
+}
