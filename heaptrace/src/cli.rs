@@ -274,6 +274,14 @@ pub struct TraceArgs {
     #[arg(long, value_name = "ROWS", value_parser = clap::value_parser!(u32).range(0..=1 << 26))]
     pub unwind_table_size: Option<u32>,
 
+    /// Leave Python frames out of stacks.
+    ///
+    /// By default a stack of a CPython 3.11-3.13 process that passes through the interpreter
+    /// shows the Python functions and lines (module `[python]`, docs/python.md): each
+    /// allocation then also reads its thread's Python frames (~2 us with a few frames).
+    #[arg(long)]
+    pub no_python_frames: bool,
+
     /// Capacity of the stack map (distinct user stacks held at once).
     ///
     /// Default: 131072 for the kernel's probes (~100 bytes of kernel memory a stack held,

@@ -28,6 +28,7 @@ mod peak;
 mod placement;
 mod prefork;
 mod python_code;
+mod python_lines;
 mod recording;
 mod rounds;
 mod sampling;

@@ -19,7 +19,7 @@ use heaptrace::{
 use serde_json::Value;
 
 /// Debian's stripped, non-PIE 3.11 and pyenv's builds (3.12 with a shared libpython).
-fn pythons() -> Vec<(String, (u8, u8))> {
+pub fn pythons() -> Vec<(String, (u8, u8))> {
     let pyenv = std::env::var("PYENV_ROOT")
         .unwrap_or_else(|_| format!("{}/.pyenv", std::env::var("HOME").unwrap_or_default()));
     vec![
@@ -59,6 +59,11 @@ fn check(python: &str, version: (u8, u8)) {
     let rt = runtime::find(pid, &mem).unwrap_or_else(|e| panic!("{python}: {e}"));
     assert_eq!(rt.version, version, "{python}");
     let layout = CodeLayout::read(&mem, rt.code_type, rt.version).expect("the code type");
+    // What the kernel walk reads before the code type can be: the same fields.
+    assert!(
+        Offsets::for_version(version).unwrap().agrees(&layout),
+        "{python}: {layout:?}"
+    );
     let (mut functions, mut units) = (0, 0);
     for d in &docs {
         if let Some(id) = d["not_code"].as_u64() {

@@ -128,7 +128,10 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         _ => (None, None),
     };
     let taken = taken_in(&target, followed.as_ref(), procwatch.as_mut());
-    let mut modules = tables_before_counting(&mut probes, unwind, scope, taken);
+    let python = (opts.unwinds() && !cli.no_python_frames)
+        .then(|| crate::unwind::python::Interpreters::take(&mut probes.ebpf))
+        .transpose()?;
+    let mut modules = tables_before_counting(&mut probes, (unwind, python), scope, taken);
     // Every probe of the start in place (the scan of `--all` included): count from here on.
     probes.enable()?;
     drop(held);
@@ -224,7 +227,10 @@ fn exit_watch(target: &Target) -> Option<ExitWatch> {
 /// on: their first counted calls walk whole.
 fn tables_before_counting(
     probes: &mut Probes,
-    unwind: Option<crate::unwind::loaded::Tables>,
+    (unwind, python): (
+        Option<crate::unwind::loaded::Tables>,
+        Option<crate::unwind::python::Interpreters>,
+    ),
     scope: Scope,
     taken: Vec<u32>,
 ) -> Modules {
@@ -233,6 +239,7 @@ fn tables_before_counting(
     }
     let mut modules = Modules::default();
     modules.unwind = unwind;
+    modules.python = python;
     modules.take_in(taken);
     modules
 }

@@ -269,6 +269,7 @@ impl Daemon {
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
+        self.read_python_first(&new);
         let mut refreshed = HashSet::new();
         for (pid, id) in new {
             if refreshed.insert(pid) && procfs::alive(pid) {
@@ -283,6 +284,26 @@ impl Daemon {
         // After the stacks are named: a process gone before this round's read may have
         // stacks in the next one.
         self.modules.prune_early(procfs::alive);
+    }
+
+    /// Names the Python frames of the new stacks before any native frame is: a code object
+    /// lives only as long as its process (or less), while symbolizing a library's DWARF the
+    /// first time can take seconds. The names wait in the code cache for `read_stack`.
+    fn read_python_first(&mut self, new: &[(u32, i32)]) {
+        let Some(py) = &mut self.modules.python else {
+            return;
+        };
+        for (pid, id) in new {
+            let Some((ips, _)) = self.maps.stack(*id) else {
+                continue;
+            };
+            if let Some(at) = ips
+                .iter()
+                .position(|ip| *ip == heaptrace_common::python::PY_MARK)
+            {
+                py.frames(*pid, &ips[at + 1..]);
+            }
+        }
     }
 
     /// A stack as stored in the kernel, cut to what is shown, and named.
@@ -301,6 +322,20 @@ impl Daemon {
                 ..Default::default()
             };
         };
+        // A Python process's walk appends its Python frames after a mark.
+        let python = match ips
+            .iter()
+            .position(|ip| *ip == heaptrace_common::python::PY_MARK)
+        {
+            Some(at) => {
+                let words = ips.split_off(at);
+                match &mut self.modules.python {
+                    Some(py) => py.frames(pid, &words[1..]),
+                    None => Vec::new(),
+                }
+            }
+            None => Vec::new(),
+        };
         ips.truncate(self.stack_depth);
         // The first frame is the return address the probe saw; past a function built
         // without frame pointers, the walk read on through data. The kernel's mark of a cut
@@ -314,7 +349,8 @@ impl Daemon {
             ips.push(crate::symbolize::MORE_FRAMES_LOST);
         }
         let locations = Symbolizer::locations(&self.modules, pid, &ips);
-        let frames = self.symbolizer.frames(&ips, &locations).into();
+        let frames = self.symbolizer.frames(&ips, &locations);
+        let frames = crate::symbolize::python::splice::splice(frames, python).into();
         crate::drain::round::NewStack {
             ips,
             locations,

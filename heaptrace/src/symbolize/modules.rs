@@ -51,6 +51,8 @@ pub struct Modules {
     early_gone: std::collections::HashSet<u32>,
     /// The kernel's unwind tables, kept in step with every read of a process's mappings.
     pub unwind: Option<crate::unwind::loaded::Tables>,
+    /// CPython processes' interpreters, for the walk's Python frames and their names.
+    pub python: Option<crate::unwind::python::Interpreters>,
     files: OpenFiles,
 }
 
@@ -145,6 +147,11 @@ impl Modules {
         {
             t.sync(pid, maps);
         }
+        if let Some(p) = &mut self.python
+            && !parsed.is_empty()
+        {
+            p.sync(pid, maps);
+        }
         if !parsed.is_empty() {
             self.procs.insert(pid, parsed);
             self.code.insert(pid, code_ranges(maps));
@@ -223,6 +230,9 @@ impl Modules {
         if let Some(t) = &mut self.unwind {
             t.forget(pid);
         }
+        if let Some(p) = &mut self.python {
+            p.forget(pid);
+        }
         self.procs.remove(&pid);
         self.code.remove(&pid);
         self.early.remove(&pid);
@@ -245,6 +255,9 @@ impl Modules {
         for p in gone.intersection(&self.early_gone) {
             if let Some(t) = &mut self.unwind {
                 t.forget(*p);
+            }
+            if let Some(py) = &mut self.python {
+                py.forget(*p);
             }
             self.procs.remove(p);
             self.code.remove(p);

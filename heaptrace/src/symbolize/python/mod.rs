@@ -4,4 +4,5 @@ pub mod linetable;
 pub mod objects;
 pub mod offsets;
 pub mod runtime;
+pub mod splice;
 pub mod threads;

@@ -136,6 +136,9 @@ impl CodeLayout {
 /// A code object as read: what names its frames.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Code {
+    /// Where its `co_qualname` was: with `first_line`, what tells it from a later code object
+    /// at the same address (`heaptrace_common::python::identity_word`).
+    pub qualname_at: u64,
     pub qualname: String,
     pub filename: String,
     pub first_line: i32,
@@ -148,11 +151,13 @@ impl Code {
         if mem.u64_at(addr.checked_add(OB_TYPE)?)? != layout.code_type {
             return None;
         }
-        let qualname = string(mem, &layout.strings, mem.u64_at(addr + layout.qualname)?)?;
+        let qualname_at = mem.u64_at(addr + layout.qualname)?;
+        let qualname = string(mem, &layout.strings, qualname_at)?;
         let filename = string(mem, &layout.strings, mem.u64_at(addr + layout.filename)?)?;
         let first_line = u32_at(mem, addr + layout.first_line)? as i32;
         let linetable = bytes(mem, mem.u64_at(addr + layout.linetable)?, TABLE_MAX)?;
         Some(Code {
+            qualname_at,
             qualname,
             filename,
             first_line,

@@ -1,8 +1,7 @@
 //! Where CPython keeps its threads and frames, per minor version: the few fields a walk from
 //! `_PyRuntime` to each thread's frames reads. Taken from the pyenv builds' DWARF
 //! (`gdb -ex 'p &((PyThreadState*)0)->native_thread_id'`, 3.11.7, 3.12.1, 3.13.0) and checked
-//! on each by `tests/integration/python_code.rs`, Debian's stripped 3.11 included. The code
-//! object's own fields are not here: `objects::CodeLayout` reads them from the process.
+//! on each by `tests/integration/python_code.rs`, Debian's stripped 3.11 included.
 
 /// Offsets of one CPython minor version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,6 +29,13 @@ pub struct Offsets {
     pub owner: u64,
     /// 3.11's `is_entry`: the first Python frame of a C-level evaluation.
     pub is_entry: Option<u64>,
+    /// The code object's instructions (`co_code_adaptive`), `co_firstlineno` and
+    /// `co_qualname`: what the walk reads before the code type's own members can be read
+    /// (a shared libpython's are relocated only after the kernel's first allocations);
+    /// checked against them then (`objects::CodeLayout`).
+    pub code_start: u64,
+    pub first_line: u64,
+    pub qualname: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +67,9 @@ impl Offsets {
                 instruction: 56,
                 owner: 69,
                 is_entry: Some(68),
+                code_start: 184,
+                first_line: 72,
+                qualname: 128,
             },
             (3, 12) => Offsets {
                 interpreters_head: 40,
@@ -77,6 +86,9 @@ impl Offsets {
                 instruction: 56,
                 owner: 70,
                 is_entry: None,
+                code_start: 192,
+                first_line: 68,
+                qualname: 128,
             },
             (3, 13) => Offsets {
                 interpreters_head: 632,
@@ -90,8 +102,19 @@ impl Offsets {
                 instruction: 56,
                 owner: 70,
                 is_entry: None,
+                code_start: 200,
+                first_line: 68,
+                qualname: 128,
             },
             _ => return None,
         })
+    }
+}
+
+impl Offsets {
+    /// Whether the code object's fields here are those the code type itself names.
+    pub fn agrees(&self, layout: &super::objects::CodeLayout) -> bool {
+        (self.code_start, self.first_line, self.qualname)
+            == (layout.instructions, layout.first_line, layout.qualname)
     }
 }

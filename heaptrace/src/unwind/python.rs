@@ -1,0 +1,274 @@
+//! The kernel walk's Python part: for each traced process running CPython 3.11 to 3.13, where
+//! its threads and frames are (`PY_PROCS`, `heaptrace_common::python::PyProc`), written at
+//! the first read of its mappings that shows the interpreter; and the naming of the frames
+//! the walk appends, from the code objects read back (cached, and checked against what the
+//! walk saw, so a code object freed and its address reused never names the wrong function).
+use std::{collections::HashMap, os::unix::fs::MetadataExt as _, sync::Arc};
+
+use aya::maps::{Array as BpfArray, HashMap as BpfHashMap, MapData};
+use heaptrace_common::{
+    maps,
+    python::{self as py, PyProc},
+};
+
+use crate::{
+    error::{Error, Result},
+    heap::memory::Live,
+    symbolize::{
+        Frame, FrameInfo,
+        python::{
+            objects::{Code, CodeLayout},
+            offsets::{FramePath, Offsets},
+            runtime::{self, NotRead, Runtime},
+        },
+    },
+};
+
+/// Code objects kept named, all processes together; past it the cache starts over.
+const CODES_MAX: usize = 65_536;
+/// Processes of unsupported versions kept to be named.
+const UNSUPPORTED_MAX: usize = 64;
+/// Processes whose python files were looked through without an interpreter found, kept so.
+const LOOKED_MAX: usize = 65_536;
+/// The bytes of a frame and of a code object the walk reads in one go
+/// (`heaptrace-ebpf/src/python.rs`, `FRAME_WORDS` and `CODE_WORDS`).
+const FRAME_BYTES: u64 = 128;
+const CODE_BYTES: u64 = 256;
+
+/// A Python frame whose code object was freed, replaced, or its process ended, before it
+/// was read.
+pub const CODE_GONE: &str = "[python code gone before read]";
+
+/// The module Python frames show: they are not in any file's code.
+pub const PYTHON_MODULE: &str = "[python]";
+
+struct Interp {
+    runtime: Runtime,
+    offsets: Offsets,
+    /// The code type's own layout, read once it can be (after relocation); None until then.
+    layout: Option<CodeLayout>,
+    /// In the walk's map.
+    walked: bool,
+}
+
+pub struct Interpreters {
+    map: BpfHashMap<MapData, u32, PyProc>,
+    /// The walk's switch: on at the first interpreter found.
+    on: BpfArray<MapData, u32>,
+    procs: HashMap<u32, Interp>,
+    /// The python files each process mapped when its interpreter was last looked for: looked
+    /// for again only when they change.
+    looked: HashMap<u32, Vec<String>>,
+    codes: HashMap<(u32, u64, u64), Option<Arc<Code>>>,
+    /// Processes whose CPython is of a version not read, by version.
+    pub unsupported: Vec<(u32, (u8, u8))>,
+}
+
+fn python_files(maps: &str) -> Vec<String> {
+    let mut v: Vec<String> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|p| {
+            p.rsplit('/')
+                .next()
+                .is_some_and(|n| n.starts_with("python") || n.starts_with("libpython"))
+        })
+        .map(str::to_string)
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+impl Interpreters {
+    pub fn take(ebpf: &mut aya::Ebpf) -> Result<Interpreters> {
+        let err = |reason: String| Error::Map {
+            map: maps::PY_PROCS,
+            reason,
+        };
+        let map = ebpf
+            .take_map(maps::PY_PROCS)
+            .ok_or_else(|| err("missing from the object".into()))?;
+        let on = ebpf
+            .take_map(maps::PY_ON)
+            .ok_or_else(|| err("PY_ON missing from the object".into()))?;
+        Ok(Interpreters {
+            map: BpfHashMap::try_from(map).map_err(|e| err(e.to_string()))?,
+            on: BpfArray::try_from(on).map_err(|e| err(e.to_string()))?,
+            procs: HashMap::new(),
+            looked: HashMap::new(),
+            codes: HashMap::new(),
+            unsupported: Vec::new(),
+        })
+    }
+
+    /// After a read of `pid`'s mappings: finds its interpreter where a python file is mapped
+    /// that was not when it was last looked for, and tells the walk where it is. Only what
+    /// needs no relocation is read here (`Py_Version` and the symbols' addresses), so that
+    /// the walk has it before the program's first allocation.
+    pub fn sync(&mut self, pid: u32, maps: &str) {
+        let files = python_files(maps);
+        if files.is_empty() || self.looked.get(&pid) == Some(&files) {
+            return;
+        }
+        let mem = Live::new(pid);
+        let (runtime, offsets) = match runtime::find(pid, &mem).and_then(|rt| {
+            let off = Offsets::for_version(rt.version).ok_or(NotRead::Unsupported(rt.version))?;
+            Ok((rt, off))
+        }) {
+            Ok(f) => f,
+            Err(e) => {
+                if let NotRead::Unsupported(v) = e
+                    && self.unsupported.len() < UNSUPPORTED_MAX
+                {
+                    self.unsupported.push((pid, v));
+                }
+                log::debug!("pid {pid}: no Python frames: {e}");
+                if e != NotRead::Unreadable && self.looked.len() < LOOKED_MAX {
+                    // Not looked for again until its python files change.
+                    self.looked.insert(pid, files);
+                }
+                return;
+            }
+        };
+        let entry = to_kernel(pid, &runtime, &offsets);
+        let walked = entry.is_some_and(|e| self.map.insert(pid, e, 0).is_ok());
+        if walked {
+            let _ = self.on.set(0, 1, 0);
+        }
+        log::debug!("pid {pid}: CPython {:?}, walked: {walked}", runtime.version);
+        self.looked.insert(pid, files);
+        self.procs.insert(
+            pid,
+            Interp {
+                runtime,
+                offsets,
+                layout: None,
+                walked,
+            },
+        );
+    }
+
+    pub fn forget(&mut self, pid: u32) {
+        self.looked.remove(&pid);
+        if self.procs.remove(&pid).is_some() {
+            let _ = self.map.remove(&pid);
+            self.codes.retain(|k, _| k.0 != pid);
+        }
+    }
+
+    /// The frames of the Python words a walk appended (`heaptrace_common::python`), innermost
+    /// first, each with whether it begins a C-level evaluation.
+    pub fn frames(&mut self, pid: u32, words: &[u64]) -> Vec<(Frame, bool)> {
+        let Some(interp) = self.procs.get_mut(&pid).filter(|p| p.walked) else {
+            return Vec::new();
+        };
+        let mem = Live::new(pid);
+        if interp.layout.is_none() {
+            let rt = &interp.runtime;
+            interp.layout = CodeLayout::read(&mem, rt.code_type, rt.version);
+            if interp.layout.is_some_and(|l| !interp.offsets.agrees(&l)) {
+                // This build's code objects are not the table's: its frames are not named.
+                log::warn!(
+                    "pid {pid}: CPython's code objects differ from {:?}'s",
+                    rt.version
+                );
+                interp.walked = false;
+                let _ = self.map.remove(&pid);
+                return Vec::new();
+            }
+        }
+        let Some(layout) = interp.layout else {
+            return Vec::new();
+        };
+        let mem = Live::new(pid);
+        let mut out = Vec::new();
+        for pair in words.chunks_exact(2) {
+            let Some((code, unit, entry, identity)) = py::read_frame(pair[0], pair[1]) else {
+                break;
+            };
+            if self.codes.len() >= CODES_MAX {
+                self.codes.clear();
+            }
+            let key = (pid, code, identity);
+            let read = self.codes.entry(key).or_insert_with(|| {
+                Code::read(&mem, &layout, code)
+                    .filter(|c| {
+                        let first = u32::try_from(c.first_line).unwrap_or(0);
+                        py::identity_word(first, c.qualname_at) & !(1 << 63) == identity
+                    })
+                    .map(Arc::new)
+            });
+            out.push((frame(read.as_deref(), unit), entry));
+        }
+        out
+    }
+}
+
+fn frame(code: Option<&Code>, unit: u32) -> Frame {
+    let info = match code {
+        Some(c) => FrameInfo {
+            function: c.qualname.as_str().into(),
+            file: Some(c.filename.as_str().into()),
+            line: c.line(unit).and_then(|l| u32::try_from(l).ok()),
+            module: PYTHON_MODULE.into(),
+            offset: u64::from(unit),
+            inlined: false,
+        },
+        // Freed (or replaced, or its process ended) before it was read: no name rather than
+        // another's.
+        None => FrameInfo {
+            function: CODE_GONE.into(),
+            file: None,
+            line: None,
+            module: PYTHON_MODULE.into(),
+            offset: 0,
+            inlined: false,
+        },
+    };
+    info.into()
+}
+
+/// The walk's entry for `pid`, if every offset it reads fits its reads.
+fn to_kernel(pid: u32, rt: &Runtime, off: &Offsets) -> Option<PyProc> {
+    let ns = std::fs::metadata(format!("/proc/{pid}/ns/pid")).ok()?;
+    let (frame_path, cframe, current_frame) = match off.frame {
+        FramePath::ThroughCFrame {
+            cframe,
+            current_frame,
+        } => (py::PATH_CFRAME, cframe, current_frame),
+        FramePath::Direct { current_frame } => (py::PATH_DIRECT, 0, current_frame),
+    };
+    let frame_fields = [off.code, off.previous, off.instruction, off.owner];
+    let code_fields = [off.first_line, off.qualname];
+    let fits = |f: &[u64], within: u64| f.iter().all(|o| o + 8 <= within);
+    if !fits(&frame_fields, FRAME_BYTES)
+        || !fits(&code_fields, CODE_BYTES)
+        || off.is_entry.is_some_and(|e| e >= FRAME_BYTES)
+    {
+        return None;
+    }
+    let small = |v: u64| u32::try_from(v).ok();
+    Some(PyProc {
+        runtime: rt.runtime,
+        ns_dev: ns.dev(),
+        ns_ino: ns.ino(),
+        interpreters_head: small(off.interpreters_head)?,
+        threads_head: small(off.threads_head)?,
+        interpreter_next: small(off.interpreter_next)?,
+        thread_next: small(off.thread_next)?,
+        native_thread_id: small(off.native_thread_id)?,
+        frame_path,
+        cframe: small(cframe)?,
+        current_frame: small(current_frame)?,
+        code: small(off.code)?,
+        previous: small(off.previous)?,
+        instruction: small(off.instruction)?,
+        owner: small(off.owner)?,
+        is_entry: off.is_entry.map_or(Some(u32::MAX), small)?,
+        code_start: small(off.code_start)?,
+        first_line: small(off.first_line)?,
+        qualname: small(off.qualname)?,
+        _pad: 0,
+    })
+}
