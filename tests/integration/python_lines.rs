@@ -140,3 +140,56 @@ bpf_test!(
         check(&read_json(&json), python);
     }
 );
+
+bpf_test!(
+    shared,
+    /// Code objects freed and their addresses reused by later functions never name the wrong
+    /// function: each Python frame named `f{i}` is at f{i}'s own line, and the functions kept
+    /// alive are named.
+    fn reused_code_objects_never_name_another_function() {
+        let python = &pythons()[3].0; // 3.13
+        let script = format!(
+            "{}/../tests/fixtures/python/reuse.py",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let json = json_path("pyreuse");
+        let mut child: Child = heaptrace()
+            .args(["-q", "--no-tui", "--interval", "200ms", "--json"])
+            .arg(&json)
+            .args(["--", python, &script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        finish(child.stdin.take().unwrap(), child.stdout.take().unwrap());
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let doc = read_json(&json);
+        let (mut named_kept, mut wrong) = (0, Vec::new());
+        for s in doc["stacks"].as_array().unwrap() {
+            for f in s["frames"].as_array().unwrap() {
+                let Some(i) = f["function"].as_str().and_then(|n| n.strip_prefix('f')) else {
+                    continue;
+                };
+                let Ok(i) = i.parse::<u64>() else { continue };
+                let (line, file) = (f["line"].as_u64(), f["file"].as_str());
+                if line != Some(i % 40 + 2) || file != Some(&format!("gen{i}.py")) {
+                    wrong.push(format!("f{i} at {file:?}:{line:?}"));
+                } else if i % 2 == 0 {
+                    named_kept += s["calls"].as_u64().unwrap();
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "misnamed: {wrong:?}");
+        assert!(
+            named_kept >= 950,
+            "kept functions named: {named_kept} of 1000"
+        );
+        eprintln!("kept functions' blocks named: {named_kept} of 1000, none misnamed");
+    }
+);
