@@ -53,12 +53,12 @@ impl Daemon {
         round.elapsed_ms = self.start.elapsed().as_millis() as u64;
         // Before the filter: a stack counted by any process is not idle.
         let (stored, rebound) = self.maps.take_stored();
-        self.idle.note(&stored, &round);
         for id in rebound {
             for pid in self.idle.taken(id) {
                 self.same.forget_id(pid, id);
             }
         }
+        self.idle.note(&stored, &round);
         self.describe_processes(&mut round, &snap);
         let lost = self.reserves.lost - self.reserves_lost;
         round.losses[heaptrace_common::Loss::MemEvents as usize] += lost;
@@ -126,7 +126,7 @@ impl Daemon {
             return;
         }
         let freed = self.maps.free_idle_stacks(picked.keys().copied().collect());
-        self.idle.freed_idle(picked, &freed);
+        self.idle.freed_idle(picked, &freed, now);
         self.freed.extend(freed);
     }
 

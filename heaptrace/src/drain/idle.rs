@@ -12,35 +12,65 @@
 use super::*;
 use crate::drain::round::Round;
 
-/// Rounds a stack goes uncounted before its id is freed: its keys of the round it was last
-/// counted in are retired at the next read (`retire`), so after two no kernel key names it.
+/// Rounds a stack goes uncounted before its id is freed, at first: its keys of the round it
+/// was last counted in are retired at the next read (`retire`), so after two no kernel key
+/// names it.
 pub const IDLE_ROUNDS: u64 = 2;
+/// The most rounds a stack waits. A stack freed that comes back within the rounds it waited
+/// waits twice as long the next time: one in use whose counts the site map had no room for
+/// (`lost.site_map`) looks idle, and would otherwise be freed and stored again every round.
+pub const MAX_IDLE_ROUNDS: u64 = 64;
+
+/// A stored stack: its last round counted or stored, and the rounds it must go uncounted.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    seen: u64,
+    wait: u64,
+}
+
+/// A stack freed while idle: the processes that counted under it (told when another stack
+/// takes its id), and when it was freed, after how long a wait.
+#[derive(Debug)]
+struct Gone {
+    users: Vec<u32>,
+    at: u64,
+    wait: u64,
+}
 
 /// Which stored stacks were counted when, and which processes used those freed while idle.
 #[derive(Default)]
 pub struct IdleStacks {
-    /// Each stored stack's last round with a count or a store (kernel ids).
-    last: StdHashMap<i32, u64>,
-    /// The processes that counted under each id freed while idle: told when another stack
-    /// takes it.
-    users: StdHashMap<i32, Vec<u32>>,
+    /// Each stored stack (kernel ids).
+    last: StdHashMap<i32, Held>,
+    /// The stacks freed while idle and not stored again.
+    gone: StdHashMap<i32, Gone>,
 }
 
 impl IdleStacks {
     /// Notes the stacks stored (`stored`) and those counted in `round` (kernel ids, before the
-    /// filter and `SameStacks`).
+    /// filter and `SameStacks`). Call `taken` for the ids another stack took first.
     pub fn note(&mut self, stored: &[i32], round: &Round) {
+        let now = round.index;
         for id in stored {
-            self.last.insert(*id, round.index);
+            // Back soon after it was freed: it waits longer the next time.
+            let wait = match self.gone.remove(id) {
+                Some(g) if now.saturating_sub(g.at) <= g.wait => (g.wait * 2).min(MAX_IDLE_ROUNDS),
+                _ => IDLE_ROUNDS,
+            };
+            self.last.insert(*id, Held { seen: now, wait });
         }
         for (_, id, _) in round.sites.keys() {
             if stored_id(*id) {
-                self.last.insert(*id, round.index);
+                let h = self.last.entry(*id).or_insert(Held {
+                    seen: now,
+                    wait: IDLE_ROUNDS,
+                });
+                h.seen = now;
             }
         }
     }
 
-    /// The stacks to free now: uncounted for `IDLE_ROUNDS` rounds and held by nothing of
+    /// The stacks to free now: uncounted for as long as each waits and held by nothing of
     /// `snap` (a live block, a peak) nor by `held` (reserved regions), with the processes
     /// that counted under each.
     pub fn pick(
@@ -52,7 +82,7 @@ impl IdleStacks {
         let mut idle: StdHashMap<i32, Vec<u32>> = self
             .last
             .iter()
-            .filter(|(id, seen)| now.saturating_sub(**seen) >= IDLE_ROUNDS && !held(**id))
+            .filter(|(id, h)| now.saturating_sub(h.seen) >= h.wait && !held(**id))
             .map(|(id, _)| (*id, Vec::new()))
             .collect();
         if idle.is_empty() {
@@ -80,26 +110,35 @@ impl IdleStacks {
     pub fn dropped(&mut self, ids: impl IntoIterator<Item = i32>) {
         for id in ids {
             self.last.remove(&id);
-            self.users.remove(&id);
+            self.gone.remove(&id);
         }
     }
 
-    /// The stacks `pick`ed, freed (`freed`) or not: each freed one keeps its users.
-    pub fn freed_idle(&mut self, picked: StdHashMap<i32, Vec<u32>>, freed: &Freed) {
+    /// The stacks `pick`ed in round `now`, freed (`freed`) or not: each freed one is
+    /// remembered until it is stored again.
+    pub fn freed_idle(&mut self, picked: StdHashMap<i32, Vec<u32>>, freed: &Freed, now: u64) {
         for (id, users) in picked {
-            self.last.remove(&id);
+            let held = self.last.remove(&id);
             if freed.contains_key(&id) {
-                self.users.insert(id, users);
+                let wait = held.map_or(IDLE_ROUNDS, |h| h.wait);
+                self.gone.insert(
+                    id,
+                    Gone {
+                        users,
+                        at: now,
+                        wait,
+                    },
+                );
             }
         }
     }
 
     /// The processes that used an id freed while idle, which another stack took now.
     pub fn taken(&mut self, id: i32) -> Vec<u32> {
-        self.users.remove(&id).unwrap_or_default()
+        self.gone.remove(&id).map(|g| g.users).unwrap_or_default()
     }
 
-    /// Ids known, for tests and figures.
+    /// How many stored stacks are known.
     pub fn held(&self) -> usize {
         self.last.len()
     }
@@ -113,17 +152,26 @@ fn stored_id(id: i32) -> bool {
 impl KernelMaps {
     /// Frees the ids of idle stacks of live processes (`IdleStacks::pick`), remembering each
     /// one's hash: the same stack stored again under it is the same site, another is not.
+    /// Returns what each held, as `free_stacks`. None is in FRAMES: read at the last drain,
+    /// and held since, so no stack could store its frames under it.
     pub fn free_idle_stacks(&mut self, ids: Vec<i32>) -> Freed {
-        let hashes: Vec<(u32, u64)> = ids
-            .iter()
-            .filter_map(|id| u32::try_from(*id).ok())
-            .filter_map(|u| self.owners.get(&u, 0).ok().map(|h| (u, h)))
-            .collect();
-        let freed = self.free_stacks(ids);
-        for (u, h) in hashes {
-            if freed.contains_key(&(u as i32)) {
-                self.idle.insert(u, h);
+        let mut freed = Freed::new();
+        for id in ids {
+            let Some(u) = u32::try_from(id).ok().filter(|u| *u < CALLER_ID_BASE) else {
+                continue;
+            };
+            let Ok(hash) = self.owners.get(&u, 0) else {
+                continue;
+            };
+            let held = self.stack(id);
+            if self.owners.remove(&u).is_ok() {
+                self.archive.remove(&u);
+                self.idle.insert(u, hash);
+                freed.insert(id, held);
             }
+        }
+        if !freed.is_empty() {
+            next_stack_generation(&self.stack_cache, &self.stack_gen);
         }
         freed
     }
@@ -216,12 +264,37 @@ mod tests {
         assert!(at4.contains_key(&6) && at4.contains_key(&5));
 
         let freed = Freed::from([(1, None), (9, None)]);
-        idle.freed_idle(idle.pick(&snap, 3, |id| id == 5), &freed);
+        idle.freed_idle(idle.pick(&snap, 3, |id| id == 5), &freed, 3);
         assert_eq!(idle.held(), 5);
         assert_eq!(idle.taken(1), [7, 8]);
         assert!(idle.taken(1).is_empty());
         assert!(idle.taken(9).is_empty(), "no process counted under it");
         idle.dropped([6]);
         assert_eq!(idle.held(), 4);
+    }
+
+    #[test]
+    fn a_stack_back_soon_after_its_id_was_freed_waits_longer_the_next_time() {
+        let mut idle = IdleStacks::default();
+        let round = |index| Round {
+            index,
+            ..Round::default()
+        };
+        let snap = Snapshot::default();
+        idle.note(&[1, 2], &round(1));
+        let mut at = 3;
+        for wait in [2, 4, 8, 16, 32, 64, 64] {
+            assert!(idle.pick(&snap, at - 1, |_| false).is_empty(), "{wait}");
+            let picked = idle.pick(&snap, at, |_| false);
+            assert!(picked.contains_key(&1), "waited {wait}");
+            let freed: Freed = picked.keys().map(|id| (*id, None)).collect();
+            idle.freed_idle(picked, &freed, at);
+            // Stored again the round after: it was in use.
+            idle.note(&[1], &round(at + 1));
+            at += 1 + (wait * 2).min(MAX_IDLE_ROUNDS);
+        }
+        // Stack 2 never came back; once back long after, it waits as a new one.
+        idle.note(&[2], &round(at + 100));
+        assert!(idle.pick(&snap, at + 102, |_| false).contains_key(&2));
     }
 }
