@@ -435,6 +435,72 @@ bpf_test!(
 
 bpf_test!(
     shared,
+    /// A process that makes 3,200 distinct stacks over its life, 200 at a time, into a stack
+    /// map of 1,024 ids: the ids of stacks idle for rounds (no live block) are freed and
+    /// taken again, so no stack is lost, every stack's count is exact, a stack that comes
+    /// back after its id was freed is the same site, and the one holding a block keeps it;
+    /// in the live document and in the report of the recording alike.
+    fn a_live_process_frees_the_ids_of_its_idle_stacks() {
+        let (phases, per) = (16u64, 200u64);
+        let rec = json_path("stackchurn").with_extension("bin");
+        let live = json_path("stackchurn");
+        run_ok(
+            heaptrace()
+                .args(["record", "-o"])
+                .arg(&rec)
+                .args(["-q", "--stack-map-size", "1024", "--interval", "100ms"])
+                .args(["--json-max-stacks", "10000", "--json"])
+                .arg(&live)
+                .arg("--")
+                .arg(fixture("stackchurn", "", &[]))
+                .args([&phases.to_string(), &per.to_string(), "500"]),
+        );
+        let out = run_ok(
+            heaptrace()
+                .arg("report")
+                .arg(&rec)
+                .args(["--format", "json"]),
+        );
+        let offline: Value = serde_json::from_slice(&out.stdout).unwrap();
+        for doc in [read_json(&live), offline] {
+            each_stack_once_and_exact(&doc, phases * per);
+        }
+    }
+);
+
+/// `stackchurn`'s stacks in `doc`: none lost, one site each, each with its calls.
+fn each_stack_once_and_exact(doc: &Value, stacks: u64) {
+    assert_eq!(doc["lost"]["stack"].as_u64(), Some(0), "{}", doc["lost"]);
+    let mut by_code = std::collections::BTreeMap::new();
+    for s in sites_at(doc, "stacks", "leaf") {
+        let names = function_names(s);
+        let digit = |i: usize| -> u64 {
+            let n = names.get(i).and_then(|f| f.strip_prefix("step"));
+            n.and_then(|d| d.parse().ok())
+                .unwrap_or_else(|| panic!("{names:?}"))
+        };
+        assert_eq!(names.get(4..6), Some(&["walk", "main"][..]), "{names:?}");
+        let code = digit(3) << 8 | digit(2) << 4 | digit(1);
+        let calls = s["calls"].as_u64().unwrap();
+        let live = s["live_blocks"].as_i64().unwrap();
+        assert!(
+            by_code.insert(code, (calls, live)).is_none(),
+            "two sites of stack {code}: {names:?}"
+        );
+    }
+    assert_eq!(by_code.len() as u64, stacks, "one site a stack");
+    for (code, (calls, live)) in by_code {
+        let want = match code {
+            0 => (3, 1),
+            1 => (4, 0),
+            _ => (2, 0),
+        };
+        assert_eq!((calls, live), want, "stack {code}");
+    }
+}
+
+bpf_test!(
+    shared,
     /// With no room left even for a caller (stack maps of one stack each), an allocation is counted
     /// under its process's "stack lost" site, which says why.
     fn with_no_room_for_a_caller_the_stack_is_lost_whole() {

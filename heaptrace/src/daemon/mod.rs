@@ -93,6 +93,8 @@ pub struct Daemon {
     pub same: crate::profile::same_stacks::SameStacks,
     /// Stacks of processes gone, freed after the last round's read (`KernelMaps::free_stacks`).
     pub freed: crate::drain::Freed,
+    /// When each stored stack was last counted: those idle are freed (`drain::idle`).
+    pub idle: crate::drain::idle::IdleStacks,
     /// Processes that had the pid of one gone before: the figures' process keys.
     pub incarnations: crate::profile::incarnation::Incarnations,
     /// Ended processes kept one by one (`--keep-exited`); older ones are folded.
@@ -197,6 +199,7 @@ impl Daemon {
             exited_leaks: BTreeMap::new(),
             same: Default::default(),
             freed: Default::default(),
+            idle: Default::default(),
             incarnations: Default::default(),
             keep_exited: s.keep_exited,
             exited_kept: Default::default(),

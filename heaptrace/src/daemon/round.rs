@@ -51,6 +51,14 @@ impl Daemon {
         round.restarted = std::mem::take(&mut self.restarted).into_iter().collect();
         round.index = self.profile.rounds.last().map_or(0, |r| r.index) + 1;
         round.elapsed_ms = self.start.elapsed().as_millis() as u64;
+        // Before the filter: a stack counted by any process is not idle.
+        let (stored, rebound) = self.maps.take_stored();
+        for id in rebound {
+            for pid in self.idle.taken(id) {
+                self.same.forget_id(pid, id);
+            }
+        }
+        self.idle.note(&stored, &round);
         self.describe_processes(&mut round, &snap);
         let lost = self.reserves.lost - self.reserves_lost;
         round.losses[heaptrace_common::Loss::MemEvents as usize] += lost;
@@ -89,8 +97,10 @@ impl Daemon {
         (round.ended, round.folded) = self.forget_exited(ending)?;
         self.forget_gone(&gone);
         if !theirs.is_empty() {
+            self.idle.dropped(theirs.iter().copied());
             self.freed = self.maps.free_stacks(theirs.into_iter().collect());
         }
+        self.free_idle_stacks(&snap, round.index);
         for (id, frames) in std::mem::take(&mut self.folded_stacks) {
             let stack = crate::drain::round::NewStack {
                 frames,
@@ -105,6 +115,19 @@ impl Daemon {
         self.round_seconds = began.elapsed().as_secs_f64();
         self.publish(None, None);
         Ok(())
+    }
+
+    /// Frees the ids of stacks that live processes no longer use (`drain::idle`): the
+    /// kernel's stack map then holds a working set, not every stack of a process's life.
+    fn free_idle_stacks(&mut self, snap: &Snapshot, now: u64) {
+        let reserved = self.reserves.stack_ids();
+        let picked = self.idle.pick(snap, now, |id| reserved.contains(&id));
+        if picked.is_empty() {
+            return;
+        }
+        let freed = self.maps.free_idle_stacks(picked.keys().copied().collect());
+        self.idle.freed_idle(picked, &freed, now);
+        self.freed.extend(freed);
     }
 
     /// The processes found gone. Decided before the snapshot, so that it holds their final
@@ -277,8 +300,8 @@ impl Daemon {
             }
             let stack = self.read_stack(pid, id);
             // Not when shown as a stack seen before: its counts go there.
-            if self.same.add(pid, id, &stack.frames) == id {
-                round.stacks.insert((pid, id), stack);
+            if let (to, true) = self.same.add(pid, id, &stack.frames) {
+                round.stacks.insert((pid, to), stack);
             }
         }
         // After the stacks are named: a process gone before this round's read may have

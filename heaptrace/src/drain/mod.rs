@@ -7,6 +7,7 @@
 //! after the read is simply in the next round's difference.
 pub mod before_attach;
 mod forget;
+pub mod idle;
 pub mod in_process;
 pub mod keyed_slots;
 mod live;
@@ -82,6 +83,12 @@ pub struct KernelMaps {
     owners: HashMap<MapData, u32, u64>,
     /// The frames read from FRAMES, by id, until the id is freed.
     archive: StdHashMap<u32, Vec<u64>>,
+    /// Ids freed while their processes lived (`idle`), with the hash of the stack they held.
+    idle: StdHashMap<u32, u64>,
+    /// Ids read from FRAMES since `take_stored`, and those of them that were freed while idle
+    /// and hold another stack now.
+    stored: Vec<i32>,
+    rebound: Vec<i32>,
     /// One-frame stacks: the callers of allocations whose whole stack FRAMES did not take.
     callers: StackTraceMap<MapData>,
     /// Which id recent stacks have, and its generation (`heaptrace_common::stack::cache_word`).
@@ -190,6 +197,9 @@ impl KernelMaps {
             frames_fd,
             owners: take(ebpf, maps::STACK_OWNERS)?,
             archive: StdHashMap::new(),
+            idle: StdHashMap::new(),
+            stored: Vec::new(),
+            rebound: Vec::new(),
             callers: take(ebpf, maps::CALLERS)?,
             stack_cache: MappedArray::map(ebpf, maps::STACK_CACHE)?,
             stack_gen: MappedArray::map(ebpf, maps::STACK_GEN)?,
@@ -224,11 +234,15 @@ impl KernelMaps {
         batch::per_cpu_hash::<u32, StoredStack>(self.frames_fd.as_fd(), 1, |id, stack| {
             if let Some(s) = stack.first() {
                 archive.insert(*id, s.frames().to_vec());
-                read.push(*id);
+                read.push((*id, s.hash));
             }
         })
         .map_err(read_err(maps::FRAMES))?;
-        Self::delete(&self.frames_fd, maps::FRAMES, &read)
+        for (id, hash) in &read {
+            self.stored_anew(*id, *hash);
+        }
+        let ids: Vec<u32> = read.into_iter().map(|(id, _)| id).collect();
+        Self::delete(&self.frames_fd, maps::FRAMES, &ids)
     }
 
     /// Frees stored stacks for others to take (ids as in the site map; lost ones, negative,
@@ -240,6 +254,8 @@ impl KernelMaps {
         let mut freed = Freed::new();
         for id in ids {
             let Ok(u) = u32::try_from(id) else { continue };
+            // Freed while idle before: no process's any more.
+            self.idle.remove(&u);
             let held = self.stack(id);
             let removed = if u >= CALLER_ID_BASE {
                 self.callers.remove(&(u - CALLER_ID_BASE))

@@ -24,6 +24,16 @@ pub trait Source {
     fn restarted(&mut self, pids: &HashSet<u32>) -> Result<BTreeSet<i32>>;
     /// Frees stored stacks for others to take; returns what each held.
     fn free_stacks(&mut self, ids: Vec<i32>) -> Freed;
+    /// Frees the ids of stacks idle while their processes live (`drain::idle`); returns what
+    /// each held. A source whose stacks have no ids to run out of frees none.
+    fn free_idle_stacks(&mut self, _ids: Vec<i32>) -> Freed {
+        Freed::new()
+    }
+    /// The ids stored since the last call, and those of them freed while idle and now
+    /// another stack's (`KernelMaps::take_stored`).
+    fn take_stored(&mut self) -> (Vec<i32>, Vec<i32>) {
+        Default::default()
+    }
     /// The image the counters of `tgid` are of.
     fn epoch(&self, tgid: u32) -> u32;
     fn has_restarted(&self, tgid: u32) -> bool;
@@ -64,6 +74,12 @@ impl Source for KernelMaps {
     }
     fn free_stacks(&mut self, ids: Vec<i32>) -> Freed {
         KernelMaps::free_stacks(self, ids)
+    }
+    fn free_idle_stacks(&mut self, ids: Vec<i32>) -> Freed {
+        KernelMaps::free_idle_stacks(self, ids)
+    }
+    fn take_stored(&mut self) -> (Vec<i32>, Vec<i32>) {
+        KernelMaps::take_stored(self)
     }
     fn epoch(&self, tgid: u32) -> u32 {
         KernelMaps::epoch(self, tgid)

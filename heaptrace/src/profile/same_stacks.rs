@@ -6,8 +6,14 @@
 //!
 //! The kernel's counters stay per kernel id (rounds are differences of them); each round, and
 //! the leaks, are then put under the ids kept, summed.
+//!
+//! A kernel id freed while its process lives (an idle stack, `drain::idle`) and then taken by
+//! another stack is told apart here too: the process's old translation of it is forgotten
+//! (`forget_id`), its next site with that id is named anew and merged by its frames, and
+//! where its frames are new while the id is shown already for the old ones, the site gets
+//! an id of user space's own (`FIRST_OWN_ID` on), never two stacks under one.
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     hash::{BuildHasher, RandomState},
     sync::Arc,
 };
@@ -21,6 +27,10 @@ use crate::{
 /// Stacks kept, each with its frames.
 type Kept = Vec<(i32, Arc<[Frame]>)>;
 
+/// The first id user space gives a stack whose kernel id shows another stack already: above
+/// the kernel's ids and its callers' (`heaptrace_common::CALLER_ID_BASE` on, fewer than 2^17).
+pub const FIRST_OWN_ID: i32 = (1 << 30) + (1 << 29);
+
 #[derive(Default)]
 pub struct SameStacks {
     /// (process, kernel stack id) -> the id its site goes under; every stack seen is here.
@@ -32,6 +42,11 @@ pub struct SameStacks {
     of: HashMap<u32, Vec<(i32, u64)>>,
     /// Stacks put under another's id so far: none, and rounds are left as they are.
     merged: usize,
+    /// Per process, the ids shown for a stack whose kernel id was forgotten since
+    /// (`forget_id`): a new stack with that kernel id must be shown under another.
+    shown: HashMap<u32, HashSet<i32>>,
+    /// The next id of user space's own (`FIRST_OWN_ID`).
+    next_own: i32,
     hasher: RandomState,
 }
 
@@ -41,23 +56,43 @@ impl SameStacks {
     }
 
     /// A stack of `pid` seen for the first time, with its frames as kept. Returns the id its
-    /// site goes under: that of an earlier stack of the process with the same frames, or its own.
-    pub fn add(&mut self, pid: u32, id: i32, frames: &Arc<[Frame]>) -> i32 {
+    /// site goes under: that of an earlier stack of the process with the same frames, or its
+    /// own (or, where its own shows another stack already, a new one); and whether that id is
+    /// new, its frames to be given with the round.
+    pub fn add(&mut self, pid: u32, id: i32, frames: &Arc<[Frame]>) -> (i32, bool) {
         let hash = self.hasher.hash_one(&**frames);
         let same = self.kept.entry((pid, hash)).or_default();
-        let to = match same.iter().find(|(_, f)| **f == **frames) {
+        let (to, new) = match same.iter().find(|(_, f)| **f == **frames) {
             Some((earlier, _)) => {
                 self.merged += 1;
-                *earlier
+                (*earlier, false)
             }
             None => {
-                same.push((id, frames.clone()));
-                id
+                let taken = self.shown.get(&pid).is_some_and(|s| s.contains(&id));
+                let to = match self.next_own.max(FIRST_OWN_ID).checked_add(1) {
+                    Some(next) if taken => {
+                        self.merged += 1;
+                        std::mem::replace(&mut self.next_own, next).max(FIRST_OWN_ID)
+                    }
+                    _ => id,
+                };
+                same.push((to, frames.clone()));
+                (to, true)
             }
         };
-        self.to.insert((pid, id), to);
-        self.of.entry(pid).or_default().push((id, hash));
-        to
+        if self.to.insert((pid, id), to).is_none() {
+            self.of.entry(pid).or_default().push((id, hash));
+        }
+        (to, new)
+    }
+
+    /// The kernel id `id` of `pid` holds another stack from now on (it was freed while the
+    /// process lived, and taken): its next site is named anew. The id it was shown under
+    /// stays that of the stack it held.
+    pub fn forget_id(&mut self, pid: u32, id: i32) {
+        if let Some(to) = self.to.remove(&(pid, id)) {
+            self.shown.entry(pid).or_default().insert(to);
+        }
     }
 
     /// The site a kernel site's counts go under. Lost stacks (negative ids) and blocks without
@@ -102,6 +137,7 @@ impl SameStacks {
 
     /// A process is gone: a new one with its pid has stacks of its own.
     pub fn forget(&mut self, pid: u32) {
+        self.shown.remove(&pid);
         for (id, hash) in self.of.remove(&pid).unwrap_or_default() {
             self.to.remove(&(pid, id));
             self.kept.remove(&(pid, hash));
@@ -134,10 +170,14 @@ mod tests {
     #[test]
     fn stacks_shown_the_same_are_one_site_per_process() {
         let mut s = SameStacks::default();
-        assert_eq!(s.add(1, 10, &frames(&["a", "b"])), 10);
-        assert_eq!(s.add(1, 11, &frames(&["a", "b"])), 10);
-        assert_eq!(s.add(1, 12, &frames(&["a", "c"])), 12);
-        assert_eq!(s.add(2, 11, &frames(&["a", "b"])), 11, "another process");
+        assert_eq!(s.add(1, 10, &frames(&["a", "b"])), (10, true));
+        assert_eq!(s.add(1, 11, &frames(&["a", "b"])), (10, false));
+        assert_eq!(s.add(1, 12, &frames(&["a", "c"])), (12, true));
+        assert_eq!(
+            s.add(2, 11, &frames(&["a", "b"])),
+            (11, true),
+            "another process"
+        );
         assert!(s.knows(1, 11) && !s.knows(1, 13));
 
         let mut round = Round::default();
@@ -196,6 +236,42 @@ mod tests {
         assert!(!s.knows(1, 10) && !s.knows(1, 11) && !s.knows(1, 12) && s.knows(2, 11));
         assert!(s.kept.keys().all(|k| k.0 == 2) && !s.of.contains_key(&1));
         // Its pid given again: stacks of its own, the old ones' ids as any other.
-        assert_eq!(s.add(1, 11, &frames(&["a", "b"])), 11);
+        assert_eq!(s.add(1, 11, &frames(&["a", "b"])), (11, true));
+    }
+
+    #[test]
+    fn a_kernel_id_taken_by_another_stack_of_the_process_is_never_two_sites() {
+        let mut s = SameStacks::default();
+        assert_eq!(s.add(1, 10, &frames(&["a", "b"])), (10, true));
+        assert_eq!(s.add(1, 20, &frames(&["c"])), (20, true));
+        // Id 10 freed while idle, then taken by another stack of the same process.
+        s.forget_id(1, 10);
+        assert!(!s.knows(1, 10));
+        let (own, new) = s.add(1, 10, &frames(&["x", "y"]));
+        assert!(new && own >= FIRST_OWN_ID, "{own}");
+        assert_eq!(s.site((1, 10, 0)), (1, own, 0));
+        // The old stack back under another kernel id: its first site, by its frames.
+        assert_eq!(s.add(1, 30, &frames(&["a", "b"])), (10, false));
+        // Taken again by a third stack: yet another id of user space's own.
+        s.forget_id(1, 10);
+        let (third, _) = s.add(1, 10, &frames(&["z"]));
+        assert!(third > own);
+        // Id 20 freed and taken back by its own stack: its site again.
+        s.forget_id(1, 20);
+        assert_eq!(s.add(1, 20, &frames(&["c"])), (20, false));
+        // Another process's id 10 is its own.
+        assert_eq!(s.add(2, 10, &frames(&["x", "y"])), (10, true));
+        let mut round = Round::default();
+        let t = |calls| SiteTotals {
+            calls,
+            ..SiteTotals::default()
+        };
+        round.sites.insert((1, 10, 0), t(1));
+        round.sites.insert((1, 30, 0), t(2));
+        s.round(&mut round);
+        let calls: Vec<(SiteId, u64)> = round.sites.iter().map(|(k, v)| (*k, v.calls)).collect();
+        assert_eq!(calls, [((1, 10, 0), 2), ((1, third, 0), 1)]);
+        s.forget(1);
+        assert_eq!(s.add(1, 10, &frames(&["x", "y"])), (10, true));
     }
 }

@@ -402,6 +402,12 @@ impl Tracker {
         out
     }
 
+    /// The stack ids that name a region still reserved (its release is counted there).
+    pub fn stack_ids(&self) -> std::collections::HashSet<i32> {
+        let regions = self.procs.values().flat_map(|st| st.regions.iter());
+        regions.map(|(_, r)| r.stack_id).collect()
+    }
+
     /// A process is gone: its mappings went with it.
     pub fn forget(&mut self, pid: u32) {
         self.procs.remove(&pid);
