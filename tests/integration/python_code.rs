@@ -107,7 +107,7 @@ fn code_objects_read_from_outside_match_the_interpreter() {
 }
 
 /// The line of `# at: MARK` in `script`.
-fn marked(script: &str, mark: &str) -> i32 {
+pub fn marked(script: &str, mark: &str) -> i32 {
     let text = std::fs::read_to_string(script).unwrap();
     let n = text
         .lines()

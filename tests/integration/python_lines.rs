@@ -22,11 +22,7 @@ fn fixture() -> String {
 
 /// The line of `# at: MARK` in the fixture.
 fn line_of(mark: &str) -> u64 {
-    let text = std::fs::read_to_string(fixture()).unwrap();
-    let n = text
-        .lines()
-        .position(|l| l.ends_with(&format!("# at: {mark}")));
-    n.expect(mark) as u64 + 1
+    crate::python_code::marked(&fixture(), mark) as u64
 }
 
 /// (calls, bytes) of the stacks whose innermost Python frame is `function` at `line`.
@@ -78,6 +74,28 @@ fn finish(mut stdin: std::process::ChildStdin, stdout: std::process::ChildStdout
     drop(stdin.flush());
 }
 
+/// `heaptrace -- PYTHON SCRIPT` to the end (`finish`): its JSON document.
+fn launched(python: &str, script: &str, tag: &str) -> Value {
+    let json = json_path(tag);
+    let mut child: Child = heaptrace()
+        .args(["-q", "--no-tui", "--interval", "200ms", "--json"])
+        .arg(&json)
+        .args(["--", python, script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    finish(child.stdin.take().unwrap(), child.stdout.take().unwrap());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    read_json(&json)
+}
+
 bpf_test!(
     shared,
     fn launched_pythons_name_their_lines() {
@@ -86,24 +104,7 @@ bpf_test!(
                 eprintln!("skipped: {python} missing");
                 continue;
             }
-            let json = json_path("pylines");
-            let mut child: Child = heaptrace()
-                .args(["-q", "--no-tui", "--interval", "200ms", "--json"])
-                .arg(&json)
-                .args(["--", &python, &fixture()])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            finish(child.stdin.take().unwrap(), child.stdout.take().unwrap());
-            let out = child.wait_with_output().unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            check(&read_json(&json), &python);
+            check(&launched(&python, &fixture(), "pylines"), &python);
         }
     }
 );
@@ -152,24 +153,7 @@ bpf_test!(
             "{}/../tests/fixtures/python/reuse.py",
             env!("CARGO_MANIFEST_DIR")
         );
-        let json = json_path("pyreuse");
-        let mut child: Child = heaptrace()
-            .args(["-q", "--no-tui", "--interval", "200ms", "--json"])
-            .arg(&json)
-            .args(["--", python, &script])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        finish(child.stdin.take().unwrap(), child.stdout.take().unwrap());
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let doc = read_json(&json);
+        let doc = launched(python, &script, "pyreuse");
         let (mut named_kept, mut wrong) = (0, Vec::new());
         for s in doc["stacks"].as_array().unwrap() {
             for f in s["frames"].as_array().unwrap() {
