@@ -233,11 +233,52 @@ extern "C" fn frame_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
 
 /// Appends the Python frames of the calling thread of `tgid` to `stack` (frames `n` on,
 /// hash `hash` so far): the mark, then two words a frame. Returns the new (n, hash).
+///
+/// The work is a one-step `bpf_loop`: the verifier checks a callback once, where inlined
+/// into the return program it followed it on each of the program's paths (500k instructions
+/// verified instead of 230k).
 #[inline(always)]
 pub fn append(tgid: u32, stack: &mut StoredStack, n: u64, hash: u64) -> (u64, u64) {
     if PY_ON.get(0).is_none_or(|on| *on == 0) {
         return (n, hash);
     }
+    let mut a = Append {
+        tgid,
+        stack,
+        n,
+        hash,
+    };
+    // SAFETY: the callback is a static function; its context lives on this stack.
+    unsafe {
+        generated::bpf_loop(
+            1,
+            append_step as *mut core::ffi::c_void,
+            (&raw mut a).cast(),
+            0,
+        )
+    };
+    (a.n, a.hash)
+}
+
+struct Append {
+    tgid: u32,
+    stack: *mut StoredStack,
+    n: u64,
+    hash: u64,
+}
+
+#[inline(never)]
+extern "C" fn append_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `append`'s Append, alive for the loop; its stack is a map value.
+    let a = unsafe { &mut *ctx.cast::<Append>() };
+    // SAFETY: as above.
+    let stack = unsafe { &mut *a.stack };
+    (a.n, a.hash) = append_now(a.tgid, stack, a.n, a.hash);
+    1
+}
+
+#[inline(always)]
+fn append_now(tgid: u32, stack: &mut StoredStack, n: u64, hash: u64) -> (u64, u64) {
     // SAFETY: a map value pointer, alive for the program's run.
     let Some(p) = (unsafe { PY_PROCS.get(&tgid) }) else {
         return (n, hash);
