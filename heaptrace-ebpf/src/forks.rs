@@ -97,7 +97,7 @@ pub fn on_fork(ctx: RawTracePointContext) -> i32 {
     };
     if tgid != parent {
         // Attached for this alone under `--all` with unwinding on.
-        let _ = crate::unwind::inherit(parent, tgid);
+        crate::unwind::inherit(parent, tgid);
     }
     if !following() || !followed(parent) {
         return 0;
@@ -113,8 +113,7 @@ pub fn on_fork(ctx: RawTracePointContext) -> i32 {
         lose(Loss::ProcessMap);
         return 0;
     }
-    let unwind = crate::unwind::inherit(parent, tgid);
-    crate::proc_state::claim(tgid, unwind);
+    crate::unwind::inherit(parent, tgid);
     let event = ProcEvent {
         kind: PROC_FORK,
         tgid,

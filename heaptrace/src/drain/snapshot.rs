@@ -83,8 +83,7 @@ impl KernelMaps {
     fn read_peaks(&self, snap: &mut Snapshot) -> PeakStates {
         let mut states = PeakStates::new();
         for pid in snap.procs.keys() {
-            let p = self.proc_states.peak(*pid);
-            if let Some(p) = p.or_else(|| self.peaks.get(pid, 0).ok())
+            if let Ok(p) = self.peaks.get(pid, 0)
                 && p.max as i64 > 0
             {
                 let k = crate::drain::round::KernelPeak {
