@@ -71,6 +71,27 @@ pub struct Region {
     execs: u32,
     /// Run once as counting stops (an attached process's GOT written back).
     on_stop: Option<Box<dyn FnOnce()>>,
+    /// The region lives on in a process heaptrace attached to (mapped for good by the
+    /// library): its pages are given back when heaptrace is done with it.
+    empty_at_drop: bool,
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if self.empty_at_drop {
+            let body = inproc::HEADER_BYTES as i64;
+            // SAFETY: punches a hole in our own descriptor of the file; the target's mapping
+            // reads zeros there from now on.
+            unsafe {
+                libc::fallocate(
+                    self.file.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    body,
+                    self.len as i64 - body,
+                )
+            };
+        }
+    }
 }
 
 fn new_memfd() -> Result<File> {
@@ -216,6 +237,7 @@ impl Region {
             faults: AtomicU64::new(0),
             execs: 0,
             on_stop: None,
+            empty_at_drop: false,
         })
     }
 
@@ -237,9 +259,11 @@ impl Region {
         (fd, env)
     }
 
-    /// `f` runs once, as counting stops at the end, before the last read.
+    /// `f` runs once, as counting stops at the end, before the last read; the region's
+    /// pages are given back once heaptrace is done with it (it stays mapped in the target).
     pub fn on_stop(&mut self, f: Box<dyn FnOnce()>) {
         self.on_stop = Some(f);
+        self.empty_at_drop = true;
     }
 
     /// Counting off, after `on_stop`'s hook.
