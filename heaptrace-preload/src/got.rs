@@ -339,3 +339,94 @@ pub fn restore() {
 pub fn lost() -> usize {
     LOST.load(Ordering::Relaxed)
 }
+
+/// Where `name` (`bare`, its bytes) is defined for the process: its global scope's first
+/// definition, but for a non-PIE executable that calls it, whose symbol is its own PLT entry
+/// (the canonical address), which would lead back here once the GOT is written: then the
+/// first module after it, in load order, that defines it itself (libc, or an allocator
+/// linked before it). Not this library, nor another heaptrace library.
+pub fn defined(name: &core::ffi::CStr, bare: &[u8]) -> usize {
+    // SAFETY: a NUL-terminated name.
+    let first = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
+    let mut look = Lookup {
+        name,
+        bare,
+        first,
+        index: 0,
+        canonical: false,
+        found: 0,
+    };
+    // SAFETY: a callback that reads the modules' loaded memory, bounded, and looks up
+    // symbols by handle (before any GOT entry leads here: its allocations are libc's).
+    unsafe { libc::dl_iterate_phdr(Some(definer), &mut look as *mut Lookup as *mut c_void) };
+    if look.canonical { look.found } else { first }
+}
+
+struct Lookup<'a> {
+    name: &'a core::ffi::CStr,
+    bare: &'a [u8],
+    first: usize,
+    index: usize,
+    /// `first` is the executable's PLT entry.
+    canonical: bool,
+    found: usize,
+}
+
+/// Whether a relocation table of `m` imports `bare` (a JUMP_SLOT or GLOB_DAT of it).
+fn imports(m: &Module, t: &Tables, (at, size): (usize, usize), bare: &[u8]) -> bool {
+    let n = (size / core::mem::size_of::<Rela>()).min(MAX_RELOCS);
+    if at == 0 || !m.holds(at, n * core::mem::size_of::<Rela>()) {
+        return false;
+    }
+    (0..n).any(|i| {
+        // SAFETY: within the module (checked).
+        let r = unsafe { &*((at as *const Rela).add(i)) };
+        let kind = r.info as u32;
+        (kind == R_X86_64_JUMP_SLOT || kind == R_X86_64_GLOB_DAT)
+            && name(m, t, (r.info >> 32) as usize) == Some(bare)
+    })
+}
+
+unsafe extern "C" fn definer(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
+    // SAFETY: the loader's record of one module; `data` is the Lookup of `defined`.
+    let (info, look) = unsafe { (&*info, &mut *(data as *mut Lookup)) };
+    let index = look.index;
+    look.index += 1;
+    if info.dlpi_phdr.is_null() || info.dlpi_phnum == 0 || info.dlpi_phnum > 256 {
+        return 0;
+    }
+    let m = Module {
+        base: info.dlpi_addr as usize,
+        // SAFETY: as in `each`.
+        phdrs: unsafe { core::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) },
+    };
+    if index == 0 {
+        look.canonical = m.holds(look.first, 1)
+            && tables(&m).is_some_and(|t| {
+                imports(&m, &t, t.jmprel, look.bare) || imports(&m, &t, t.rela, look.bare)
+            });
+        return if look.canonical { 0 } else { 1 };
+    }
+    if info.dlpi_name.is_null() || m.holds(redirect as *const () as usize, 1) {
+        return 0;
+    }
+    // SAFETY: a loaded module's name, NUL-terminated; RTLD_NOLOAD loads nothing.
+    let h = unsafe { libc::dlopen(info.dlpi_name, libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    if h.is_null() {
+        return 0;
+    }
+    // SAFETY: a handle just taken, given back below.
+    let (f, ours) = unsafe {
+        (
+            libc::dlsym(h, look.name.as_ptr()) as usize,
+            libc::dlsym(h, c"heaptrace_preload_library".as_ptr()) as usize,
+        )
+    };
+    // SAFETY: the handle's reference, taken above.
+    unsafe { libc::dlclose(h) };
+    if f != 0 && m.holds(f, 1) && !m.holds(ours, 1) {
+        look.found = f;
+        return 1;
+    }
+    0
+}

@@ -155,3 +155,47 @@ fn pid_in_process_refuses_a_stopped_process() {
     let _ = target.kill();
     let _ = target.wait();
 }
+
+/// Debian's python3 is not PIE: its malloc symbol is its own PLT entry (the canonical
+/// address), which the library must not take for the real malloc. Attached while it holds a
+/// dict of 1,000 strings, then replacing each 20 times: every new string is counted, the
+/// frees of the strings from before the attach are untracked, and it exits as usual.
+#[test]
+fn pid_in_process_counts_a_non_pie_python() {
+    use std::io::{BufRead as _, BufReader};
+    let script = "import sys\n\
+        d = {i: str(i) * 3 for i in range(1000)}\n\
+        print('ready', flush=True)\n\
+        sys.stdin.readline()\n\
+        for i in range(20000):\n    d[i % 1000] = str(i + 1000) * 3\n\
+        print('done', flush=True)\n\
+        sys.stdin.readline()\n";
+    let mut py = Command::new("/usr/bin/python3")
+        .args(["-c", script])
+        .env("PYTHONMALLOC", "malloc")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("/usr/bin/python3");
+    let mut out = BufReader::new(py.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let json = json_path("pid-in-process-python");
+    let tracer = start_attached(&mut attach_cmd(py.id(), &json));
+    let mut stdin = py.stdin.take().unwrap();
+    stdin.write_all(b"g\n").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "done\n");
+    tracer.signal(libc::SIGINT);
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    drop(stdin);
+    assert!(py.wait().unwrap().success());
+    let doc = read_json(&json);
+    let free = &doc["functions"]["free"];
+    let mallocs = doc["functions"]["malloc"]["calls"].as_u64().unwrap();
+    assert!(mallocs >= 20000, "{mallocs} mallocs: {stderr}");
+    assert!(free["untracked"].as_u64().unwrap() >= 1000, "{free}");
+}
