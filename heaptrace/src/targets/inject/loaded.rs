@@ -38,6 +38,22 @@ impl Symbols {
     }
 }
 
+/// How many heaptrace libraries `pid` has loaded (of any build), at most 64.
+pub fn instances(pid: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            cols.get(5) == Some(&"/memfd:heaptrace-preload")
+                && cols
+                    .get(2)
+                    .is_some_and(|o| o.trim_start_matches('0').is_empty())
+        })
+        .count()
+        .min(64)
+}
+
 /// The library's functions in `pid`, if this build's library is loaded there.
 pub fn find(pid: u32, library: &[u8]) -> Option<Symbols> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;

@@ -121,7 +121,10 @@ fn load_on(
     let lib_fd = memfd::create(pid, &c, f.memfd_create, c"heaptrace-preload")?;
     let opened = (|| {
         memfd::fill(pid, lib_fd, library).map_err(|e| err(pid, e))?;
-        let path = format!("/proc/self/fd/{lib_fd}\0");
+        // The loader takes a name it has loaded for that library again: an earlier build's,
+        // loaded from a descriptor of the same number, is told apart by its slashes.
+        let slashes = "/".repeat(loaded::instances(pid) + 1);
+        let path = format!("/proc/self/fd{slashes}{lib_fd}\0");
         let mode = (::libc::RTLD_NOW | ::libc::RTLD_LOCAL) as u64;
         let handle = c(f.dlopen, &[Arg::Bytes(path.as_bytes()), Arg::Num(mode)])?;
         if handle == 0 {
