@@ -8,7 +8,9 @@
 //! a fork of it) and the call is not nested in one already being counted on its thread.
 #![no_std]
 
+mod attach;
 mod count;
+mod got;
 mod live;
 mod real;
 mod region;

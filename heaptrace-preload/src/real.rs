@@ -178,3 +178,18 @@ pub unsafe fn realloc_bootstrap(old: *mut c_void, size: usize) -> *mut c_void {
     }
     new
 }
+
+/// Attached to a running process (`attach`): the functions its modules call now, the first
+/// definitions in its global scope (libc's, or an allocator linked or preloaded before it),
+/// which this library, loaded local, is not part of (`got::defined`). Before any call can
+/// reach it.
+pub fn resolve_global() -> bool {
+    ready();
+    for (name, slot) in NAMES.iter().zip(FNS.iter()) {
+        let f = crate::got::defined(name, name.to_bytes());
+        slot.store(f, Ordering::Relaxed);
+    }
+    let ok = FNS[0].load(Ordering::Relaxed) != 0 && FNS[4].load(Ordering::Relaxed) != 0;
+    STATE.store(RESOLVED, Ordering::Release);
+    ok
+}

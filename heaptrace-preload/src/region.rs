@@ -94,30 +94,34 @@ const DONE: i32 = 2;
 static INIT: AtomicI32 = AtomicI32::new(NOT_TRIED);
 static MAPPER: AtomicI32 = AtomicI32::new(0);
 static REGION: AtomicPtr<Region> = AtomicPtr::new(core::ptr::null_mut());
-static mut THE_REGION: Region = Region {
-    base: core::ptr::null_mut(),
-    layout: Layout {
-        thread_stride: 0,
-        threads: 0,
-        sizes_at: 0,
-        sites_at: 0,
-        latency_at: 0,
-        index: 0,
-        stacks: 0,
-        stack_stride: 0,
-        live: 0,
-        lifetimes: 0,
-        shared_sizes_at: 0,
-        shared_sizes: 0,
-        unwind: 0,
-        caches: 0,
-        rows: 0,
-        unwind_rows: 0,
-        bytes: 0,
-    },
-    pid: 0,
-    fixed: Fixed::ZERO,
-};
+static mut THE_REGION: Region = Region::EMPTY;
+
+impl Region {
+    const EMPTY: Region = Region {
+        base: core::ptr::null_mut(),
+        layout: Layout {
+            thread_stride: 0,
+            threads: 0,
+            sizes_at: 0,
+            sites_at: 0,
+            latency_at: 0,
+            index: 0,
+            stacks: 0,
+            stack_stride: 0,
+            live: 0,
+            lifetimes: 0,
+            shared_sizes_at: 0,
+            shared_sizes: 0,
+            unwind: 0,
+            caches: 0,
+            rows: 0,
+            unwind_rows: 0,
+            bytes: 0,
+        },
+        pid: 0,
+        fixed: Fixed::ZERO,
+    };
+}
 /// Set in a fork's child: it counts nothing (the region is its parent's).
 static FORKED: AtomicBool = AtomicBool::new(false);
 
@@ -200,6 +204,38 @@ fn hex(s: &[u8]) -> Option<u64> {
     })
 }
 
+/// Regions taken by attaches, one each: a region stays mapped after its detach, since a call
+/// that was running then may still count into it.
+const MAX_ATTACHES: usize = 64;
+static mut ATTACHED: [Region; MAX_ATTACHES] = [const { Region::EMPTY }; MAX_ATTACHES];
+static ATTACHES: AtomicU32 = AtomicU32::new(0);
+
+/// Attached to a running process: the region heaptrace made in it, at descriptor `fd`, mapped
+/// and taken as `map` does from the environment, and made the one calls count into (an
+/// earlier attach's is left as it is). False if it does not check out, if the process has a
+/// region from its environment (it was launched by heaptrace), or after `MAX_ATTACHES`.
+pub fn adopt(fd: i32, size: u64, token: [u64; 2]) -> bool {
+    let n = ATTACHES.load(Ordering::Relaxed) as usize;
+    if n >= MAX_ATTACHES || (n == 0 && get().is_some()) {
+        return false;
+    }
+    let Some(r) = map_fd(fd, size, token) else {
+        return false;
+    };
+    // SAFETY: one attach at a time (heaptrace's call, on one thread), into a slot no call
+    // has seen; published after it is written.
+    unsafe {
+        let slot = &raw mut ATTACHED[n];
+        *slot = r;
+        ATTACHES.store(n as u32 + 1, Ordering::Relaxed);
+        REGION.store(slot, Ordering::Release);
+    }
+    // A key of its own: the values of an earlier one are slots of an earlier region.
+    crate::thread::init();
+    INIT.store(DONE, Ordering::Release);
+    true
+}
+
 /// Maps the region and takes it for this process; None if anything does not check out.
 fn map() -> Option<Region> {
     // SAFETY: a NUL-terminated name; getenv does not allocate.
@@ -209,6 +245,10 @@ fn map() -> Option<Region> {
     }
     // SAFETY: getenv returns a NUL-terminated string.
     let (fd, size, token) = parse(unsafe { core::ffi::CStr::from_ptr(env) }.to_bytes())?;
+    map_fd(fd, size, token)
+}
+
+fn map_fd(fd: i32, size: u64, token: [u64; 2]) -> Option<Region> {
     // SAFETY: a plain struct for fstat to fill.
     let mut st: libc::stat = unsafe { core::mem::zeroed() };
     // SAFETY: fstat on any number is harmless; it only fills `st`.

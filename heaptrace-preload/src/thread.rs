@@ -29,9 +29,10 @@ unsafe extern "C" {
     static __libc_stack_end: *mut core::ffi::c_void;
 }
 
-/// Creates the key, once the region is mapped.
+/// Creates the key, once the region is mapped (again at each attach to a running process,
+/// while no GOT entry leads to the library).
 pub fn init() {
-    // SAFETY: KEY is written once, here, before any thread looks it up (KEY_OK).
+    // SAFETY: KEY is written here, before any thread looks it up (KEY_OK) or while none can.
     if unsafe { libc::pthread_key_create(&raw mut KEY, Some(exit)) } == 0 {
         KEY_OK.store(1, Ordering::Release);
     }

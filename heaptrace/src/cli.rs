@@ -195,12 +195,13 @@ pub struct TraceArgs {
     #[arg(long, value_enum, default_value = "stacks")]
     pub mode: Mode,
 
-    /// Count inside the launched command: a preloaded library, no probes.
+    /// Count inside the process: a library preloaded into the launched command, or loaded
+    /// into a running one (-p, with ptrace), no probes.
     ///
     /// No trap per call, so an allocation-heavy program runs several times faster than
-    /// under probes, and no root is needed. For a dynamically linked command only (not -p
-    /// or --all); stacks by frame pointer. See docs/in-process.md.
-    #[arg(long, conflicts_with_all = ["pid", "all"])]
+    /// under probes, and no root is needed for a launched command. For a dynamically linked
+    /// program only (not --all); stacks by frame pointer. See docs/in-process.md.
+    #[arg(long, conflicts_with_all = ["all"])]
     pub in_process: bool,
 
     /// --in-process: threads counted at once, each with counters of its own (a thread

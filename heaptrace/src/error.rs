@@ -65,6 +65,9 @@ pub enum Error {
     Map { map: &'static str, reason: String },
     #[error("{0}")]
     Usage(String),
+    /// `-p PID --in-process`: the library could not be loaded into the process.
+    #[error("--in-process -p {pid}: {reason}")]
+    Inject { pid: u32, reason: String },
     /// An output path that cannot be written, found before anything is started.
     #[error("{flag} {path}: {reason}")]
     Output {

@@ -129,16 +129,29 @@ pub enum Collector {
     Kernel,
     /// The preloaded library of `--in-process`, counting in a region shared with heaptrace.
     InProcess,
+    /// The same library loaded into a running process (`-p PID --in-process`) and the malloc
+    /// family redirected to it in every module's GOT.
+    InProcessAttached,
 }
 
 impl Collector {
-    pub const ALL: [Collector; 2] = [Collector::Kernel, Collector::InProcess];
+    pub const ALL: [Collector; 3] = [
+        Collector::Kernel,
+        Collector::InProcess,
+        Collector::InProcessAttached,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Collector::Kernel => "kernel",
             Collector::InProcess => "in-process",
+            Collector::InProcessAttached => "in-process-attached",
         }
+    }
+
+    /// Counted by the library in the process, however it got there.
+    pub fn in_process(self) -> bool {
+        self != Collector::Kernel
     }
 
     /// A recording's name for it; the empty name of recordings before format 11 is the

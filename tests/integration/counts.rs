@@ -98,7 +98,7 @@ pub fn args(fx: &Fixture, extra: &[&str]) -> Vec<String> {
     a
 }
 
-fn check_leaks(doc: &Value, want: &Expected) {
+pub fn check_leaks(doc: &Value, want: &Expected) {
     // The live map scanned at exit agrees with the running live counters, block for block.
     assert_eq!(
         doc["leaks"]["blocks"].as_u64(),

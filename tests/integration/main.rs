@@ -17,6 +17,7 @@ mod filters;
 mod forks;
 mod heap;
 mod in_process;
+mod in_process_attach;
 mod in_process_hostile;
 mod in_process_unwind;
 mod live_map;

@@ -62,6 +62,7 @@ pub static STARTED: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
 mod attach;
 mod end;
 mod in_process;
+mod inject;
 mod target;
 
 use self::{attach::*, end::*, target::*};

@@ -69,6 +69,39 @@ pub struct Region {
     faults: AtomicU64,
     /// Execs of the command held and started over here.
     execs: u32,
+    /// Run once as counting stops (an attached process's GOT written back).
+    on_stop: Option<Box<dyn FnOnce()>>,
+    /// The region lives on in a process heaptrace attached to (mapped for good by the
+    /// library): its pages are given back when heaptrace is done with it.
+    empty_at_drop: bool,
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if self.empty_at_drop {
+            let body = inproc::HEADER_BYTES as i64;
+            // SAFETY: punches a hole in our own descriptor of the file; the target's mapping
+            // reads zeros there from now on.
+            unsafe {
+                libc::fallocate(
+                    self.file.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    body,
+                    self.len as i64 - body,
+                )
+            };
+        }
+    }
+}
+
+fn new_memfd() -> Result<File> {
+    // SAFETY: a name; the descriptor is owned by the File below.
+    let fd = unsafe { libc::memfd_create(c"heaptrace-inproc".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io_err("memfd_create")(std::io::Error::last_os_error()));
+    }
+    // SAFETY: a new descriptor, ours alone.
+    Ok(unsafe { File::from_raw_fd(fd) })
 }
 
 fn io_err(what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
@@ -79,6 +112,17 @@ impl Region {
     /// A new region: `mode` is `heaptrace_common::mode`, `count_as` each function's counted
     /// name (aliases), `temporary_allocs` the rule for temporaries.
     pub fn create(
+        caps: Capacities,
+        mode: u32,
+        count_as: [u32; FUNC_COUNT],
+        temporary_allocs: u32,
+    ) -> Result<Region> {
+        Region::create_in(None, caps, mode, count_as, temporary_allocs)
+    }
+
+    /// The region in `file` (a memfd made in an attached process) or, None, in a new memfd.
+    pub fn create_in(
+        file: Option<File>,
         caps: Capacities,
         mode: u32,
         count_as: [u32; FUNC_COUNT],
@@ -112,13 +156,10 @@ impl Region {
                 crate::view::units::bytes(MAX_REGION as i64)
             )));
         }
-        // SAFETY: a name; the descriptor is owned by the File below.
-        let fd = unsafe { libc::memfd_create(c"heaptrace-inproc".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io_err("memfd_create")(std::io::Error::last_os_error()));
-        }
-        // SAFETY: a new descriptor, ours alone.
-        let file = unsafe { File::from_raw_fd(fd) };
+        let file = match file {
+            Some(f) => f,
+            None => new_memfd()?,
+        };
         file.set_len(layout.bytes as u64)
             .map_err(io_err("sizing the region"))?;
         let mut token = [0u64; 2];
@@ -195,7 +236,14 @@ impl Region {
             bad: AtomicU64::new(0),
             faults: AtomicU64::new(0),
             execs: 0,
+            on_stop: None,
+            empty_at_drop: false,
         })
+    }
+
+    /// The region's size and token, as the attached library checks them.
+    pub fn size_and_token(&self) -> (u64, [u64; 2]) {
+        (self.len as u64, self.token)
     }
 
     /// The descriptor the command inherits, and the environment entry that names it.
@@ -209,6 +257,21 @@ impl Region {
             self.token[1]
         );
         (fd, env)
+    }
+
+    /// `f` runs once, as counting stops at the end, before the last read; the region's
+    /// pages are given back once heaptrace is done with it (it stays mapped in the target).
+    pub fn on_stop(&mut self, f: Box<dyn FnOnce()>) {
+        self.on_stop = Some(f);
+        self.empty_at_drop = true;
+    }
+
+    /// Counting off, after `on_stop`'s hook.
+    pub fn stop_counting(&mut self) {
+        if let Some(f) = self.on_stop.take() {
+            f();
+        }
+        self.set_counting(false);
     }
 
     pub fn set_pid(&mut self, pid: u32) {

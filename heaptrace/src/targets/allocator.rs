@@ -148,13 +148,13 @@ fn host_file(path: &Path) -> Option<Arc<TargetFile>> {
         .map(Arc::new)
 }
 
-fn is_libc(path: &Path) -> bool {
+pub(crate) fn is_libc(path: &Path) -> bool {
     path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
         n.starts_with("libc.so") || n.starts_with("libc-") || n.starts_with("ld-musl")
     })
 }
 
-fn is_dynamic_loader(path: &Path) -> bool {
+pub(crate) fn is_dynamic_loader(path: &Path) -> bool {
     path.file_name()
         .and_then(|n| n.to_str())
         .is_some_and(|n| n.starts_with("ld-linux"))

@@ -8,6 +8,7 @@ pub mod cgroups;
 pub mod custom_symbols;
 pub mod elf;
 pub mod exit_watch;
+pub mod inject;
 pub mod launch;
 pub mod maps;
 pub mod preload;

@@ -16,6 +16,11 @@ use crate::error::{Error, Result};
 
 static LIBRARY: &[u8] = include_bytes!(env!("HEAPTRACE_PRELOAD_SO"));
 
+/// The library's bytes, as loaded into a running process (`targets::inject`).
+pub fn library() -> &'static [u8] {
+    LIBRARY
+}
+
 /// Why a command cannot be traced in process, in one line; None if it can.
 pub fn refusal(exe: &Path) -> Option<String> {
     let meta = std::fs::metadata(exe).ok()?;

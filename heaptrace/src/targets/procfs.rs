@@ -169,7 +169,7 @@ pub fn own_rss_kb() -> Option<(u64, u64)> {
     ))
 }
 
-fn status_field(status: &str, name: &str) -> u64 {
+pub(crate) fn status_field(status: &str, name: &str) -> u64 {
     status
         .lines()
         .find_map(|l| l.strip_prefix(name))

@@ -411,7 +411,7 @@ pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
 /// more room, where one does (the guide: a loss names the flag that would have avoided it).
 /// The rings' and the process map's are fixed.
 pub fn room_flag(loss: Loss, collector: crate::run_info::Collector) -> Option<&'static str> {
-    if collector == crate::run_info::Collector::InProcess && loss == Loss::InFlight {
+    if collector.in_process() && loss == Loss::InFlight {
         return Some("--in-process-threads");
     }
     match loss {

@@ -65,6 +65,7 @@ fn overview_head(rec: &Recording) -> String {
         h.mode,
         match h.run_info().collector {
             crate::run_info::Collector::InProcess => ", counted in process",
+            crate::run_info::Collector::InProcessAttached => ", counted in process (attached)",
             crate::run_info::Collector::Kernel => "",
         }
     );

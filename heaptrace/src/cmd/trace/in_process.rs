@@ -10,9 +10,10 @@ use crate::{
 
 /// Options that only the kernel's probes have, refused by name before anything starts.
 fn check_in_process(cli: &TraceArgs, target: &Target) -> Result<()> {
-    if !matches!(target, Target::Command(_)) {
+    if matches!(target, Target::All) {
         return Err(Error::Usage(
-            "--in-process traces a command heaptrace launches: heaptrace --in-process -- CMD"
+            "--in-process traces one process: heaptrace --in-process -- CMD, or -p PID \
+             --in-process; leave out --in-process for --all"
                 .into(),
         ));
     }
@@ -29,6 +30,7 @@ fn check_in_process(cli: &TraceArgs, target: &Target) -> Result<()> {
         (cli.oom_dir.is_some(), "--oom-dir"),
         (cli.comm.is_some(), "--comm"),
         (cli.cgroup.is_some(), "--cgroup"),
+        (cli.census && matches!(target, Target::Pid(_)), "--census"),
     ];
     if let Some((_, flag)) = refused.iter().find(|(set, _)| *set) {
         return Err(Error::Usage(format!(
@@ -57,7 +59,7 @@ fn check_sizes(cli: &TraceArgs) -> Result<()> {
 
 /// Each function's counted name in the region: aliases count as the function they are
 /// (glibc's memalign is aligned_alloc), as the probes count them.
-fn count_as(provider: &Provider) -> [u32; heaptrace_common::FUNC_COUNT] {
+pub(super) fn count_as(provider: &Provider) -> [u32; heaptrace_common::FUNC_COUNT] {
     let mut out = std::array::from_fn(|i| i as u32);
     for (alias, as_) in aliases(provider) {
         out[alias as usize] = as_ as u32;
@@ -65,7 +67,7 @@ fn count_as(provider: &Provider) -> [u32; heaptrace_common::FUNC_COUNT] {
     out
 }
 
-fn mode_word(mode: crate::run_info::Mode) -> u32 {
+pub(super) fn mode_word(mode: crate::run_info::Mode) -> u32 {
     match mode {
         crate::run_info::Mode::Stacks => heaptrace_common::mode::STACKS,
         crate::run_info::Mode::Sizes => heaptrace_common::mode::SIZES,
@@ -86,7 +88,31 @@ fn launch_with_library(
     }
     let preloaded = std::env::var("LD_PRELOAD").ok();
     let provider = allocator::for_command(&exe, preloaded.as_deref())?;
-    let caps = Capacities {
+    let region = Region::create(
+        capacities(cli),
+        mode_word(cli.mode),
+        count_as(&provider),
+        cli.temporary_allocs,
+    )?;
+    // After the region: a size it refuses is said first, alone.
+    let library = preload::install()?;
+    let (fd, env) = region.handoff();
+    let (name, value) = env.split_once('=').unwrap_or_default();
+    let inherit = Inherit {
+        env: vec![
+            ("LD_PRELOAD".into(), library.preload_path()),
+            (name.into(), value.into()),
+        ],
+        fds: std::iter::once(fd).chain(library.fd()).collect(),
+    };
+    let redirect = redirect(cli, live_view)?;
+    let stopped = launch::spawn_stopped_with(&exe, argv, redirect.as_ref(), Some(&inherit))?;
+    Ok((region, provider, stopped))
+}
+
+/// The region's capacities, from the command line.
+pub(super) fn capacities(cli: &TraceArgs) -> Capacities {
+    Capacities {
         threads: cli.in_process_threads,
         sites: cli.in_process_stack_map_size(),
         live: cli.live_map_size.next_power_of_two(),
@@ -107,29 +133,13 @@ fn launch_with_library(
         } else {
             0
         },
-    };
-    let mode = mode_word(cli.mode);
-    let region = Region::create(caps, mode, count_as(&provider), cli.temporary_allocs)?;
-    // After the region: a size it refuses is said first, alone.
-    let library = preload::install()?;
-    let (fd, env) = region.handoff();
-    let (name, value) = env.split_once('=').unwrap_or_default();
-    let inherit = Inherit {
-        env: vec![
-            ("LD_PRELOAD".into(), library.preload_path()),
-            (name.into(), value.into()),
-        ],
-        fds: std::iter::once(fd).chain(library.fd()).collect(),
-    };
-    let redirect = redirect(cli, live_view)?;
-    let stopped = launch::spawn_stopped_with(&exe, argv, redirect.as_ref(), Some(&inherit))?;
-    Ok((region, provider, stopped))
+    }
 }
 
 /// The unwind tables the library's walker reads, in the region: the executable's and its
 /// allocator's read now, before it runs, as the kernel path does; its entry is written at the
 /// first read of its mappings (its start is held there). None without an unwind area.
-fn unwind_tables(
+pub(super) fn unwind_tables(
     region: &Region,
     pid: u32,
     cmd: &std::ffi::OsStr,
@@ -150,6 +160,11 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
     check_in_process(cli, target)?;
     check(cli)?;
     check_outputs(cli, target, record)?;
+    if let Target::Pid(pid) = target
+        && let Some(why) = crate::targets::inject::refusal(*pid)
+    {
+        return Err(Error::Usage(why));
+    }
     let serve = crate::serve::Options::from_cli(&cli.serve, cli.interval)?
         .map(crate::serve::start)
         .transpose()?;
@@ -158,30 +173,24 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
         .map(|path| NewFile::create(path, cli.force).map_err(write_error(path)))
         .transpose()?;
     let live_view = !cli.no_tui && tui::wanted();
-    let Target::Command(argv) = target else {
-        unreachable!("checked: a command")
+    let started = match target {
+        Target::Command(argv) => launch(cli, argv, live_view)?,
+        Target::Pid(pid) => super::inject::attach(cli, *pid)?,
+        Target::All => unreachable!("checked: one process"),
     };
-    let (mut region, provider, stopped) = launch_with_library(cli, argv, live_view)?;
-    if let Some(got) = signals::take_pending() {
-        stopped.abort();
-        return Err(Error::Signalled(got.sig.to_string(), got.sig.number()));
-    }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let Started {
+        region,
+        provider,
+        pid,
+        child,
+        unwind,
+        collector,
+        rt,
+    } = started;
     let _in_runtime = rt.enter();
-    region.set_pid(stopped.pid);
-    let unwind = unwind_tables(&region, stopped.pid, &argv[0], &provider)?;
-    region.set_counting(true);
-    let child = stopped.resume()?;
-    let pid = child.pid;
-    crate::say!(
-        "heaptrace: counting in process (a preloaded library) in pid {pid}, {}",
-        provider.path.display()
-    );
     let mut info = run_info(cli, target, Some(pid), &provider, &LoadOptions::default());
     info.mode = cli.mode;
-    info.collector = Collector::InProcess;
+    info.collector = collector;
     let recorder = recording
         .map(|out| start_recording(out, &info))
         .transpose()?;
@@ -190,14 +199,18 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
     modules.settle(pid, &provider.path, Duration::from_millis(200));
     let (view, live) = open_view(live_view, cli, target, &info, &[], 0);
     let mut profile = super::new_profile(cli, &info, None);
-    profile.collector = Collector::InProcess;
+    profile.collector = collector;
+    let exit_watch = match target {
+        Target::Pid(_) => exit_watch(target),
+        _ => None,
+    };
     let daemon = Daemon::new(Start {
         maps: Box::new(region),
         probes: None,
         profile,
         pid: Some(pid),
-        child: Some(child),
-        exit_watch: None,
+        child,
+        exit_watch,
         followed: None,
         modules,
         recorder,
@@ -212,4 +225,47 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
         serve,
     });
     conclude(cli, target, &rt, daemon, Some(pid), view, None, &info)
+}
+
+/// A process counting into its region: launched, or attached to.
+pub(super) struct Started {
+    pub region: Region,
+    pub provider: Provider,
+    pub pid: u32,
+    pub child: Option<launch::Child>,
+    pub unwind: Option<crate::unwind::loaded::Tables>,
+    pub collector: Collector,
+    pub rt: tokio::runtime::Runtime,
+}
+
+/// The command launched with the library, counting.
+fn launch(cli: &TraceArgs, argv: &[std::ffi::OsString], live_view: bool) -> Result<Started> {
+    let (mut region, provider, stopped) = launch_with_library(cli, argv, live_view)?;
+    if let Some(got) = signals::take_pending() {
+        stopped.abort();
+        return Err(Error::Signalled(got.sig.to_string(), got.sig.number()));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let in_runtime = rt.enter();
+    region.set_pid(stopped.pid);
+    let unwind = unwind_tables(&region, stopped.pid, &argv[0], &provider)?;
+    region.set_counting(true);
+    let child = stopped.resume()?;
+    let pid = child.pid;
+    crate::say!(
+        "heaptrace: counting in process (a preloaded library) in pid {pid}, {}",
+        provider.path.display()
+    );
+    drop(in_runtime);
+    Ok(Started {
+        region,
+        provider,
+        pid,
+        child: Some(child),
+        unwind,
+        collector: Collector::InProcess,
+        rt,
+    })
 }

@@ -298,7 +298,7 @@ impl Source for Region {
     }
 
     fn stop(&mut self) {
-        self.set_counting(false);
+        self.stop_counting();
     }
 
     fn region_lost(&self) -> RegionLost {

@@ -10,6 +10,7 @@ pub(super) fn draw_header(f: &mut Frame, app: &App, area: Rect) {
     let how = match info.run.collector {
         crate::run_info::Collector::Kernel => format!("{} probes", info.probe_count()),
         crate::run_info::Collector::InProcess => "in process".into(),
+        crate::run_info::Collector::InProcessAttached => "in process, attached".into(),
     };
     let run = format!(
         "  {} mode{}, every {interval}, {how}",

@@ -1,0 +1,81 @@
+//! `-p PID --in-process`: heaptrace's library loaded into a running process
+//! (`targets::inject`) and counting into a region made there; from then on the trace is the
+//! launched `--in-process` one's. At the end, before the last read, every GOT entry is
+//! written back; the library stays loaded, inert.
+use super::{
+    in_process::{Started, capacities, count_as, mode_word, unwind_tables},
+    *,
+};
+use crate::{
+    drain::in_process::Region,
+    run_info::Collector,
+    targets::{inject, preload},
+};
+
+pub(super) fn attach(cli: &TraceArgs, pid: u32) -> Result<Started> {
+    let provider = allocator::for_pid(pid)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut made: Option<Region> = None;
+    let mut make = |file: std::fs::File| -> Result<(u64, [u64; 2])> {
+        let mut region = Region::create_in(
+            Some(file),
+            capacities(cli),
+            mode_word(cli.mode),
+            count_as(&provider),
+            cli.temporary_allocs,
+        )?;
+        region.set_pid(pid);
+        // On before the GOT is written: the first call redirected is counted.
+        region.set_counting(true);
+        let out = region.size_and_token();
+        made = Some(region);
+        Ok(out)
+    };
+    let loaded = inject::load(pid, preload::library(), &mut make)?;
+    let mut region = made.ok_or_else(|| Error::Inject {
+        pid,
+        reason: "no region was made".into(),
+    })?;
+    let detach = loaded.detach;
+    region.on_stop(Box::new(move || {
+        if !crate::targets::procfs::alive(pid) {
+            return;
+        }
+        match inject::unload(pid, detach) {
+            Ok(took) => crate::say!(
+                "heaptrace: pid {pid}'s GOT entries written back in {:.1} ms; the library \
+                 stays loaded, inert",
+                took.as_secs_f64() * 1e3
+            ),
+            Err(e) => crate::say!("heaptrace: warning: {e}"),
+        }
+    }));
+    crate::say!(
+        "heaptrace: attached in process to pid {pid} (loaded in {:.1} ms, {} GOT entries \
+         redirected{}), {}; blocks allocated before now and freed later count as untracked \
+         frees",
+        loaded.took.as_secs_f64() * 1e3,
+        loaded.redirected,
+        match loaded.lost {
+            0 => String::new(),
+            n => format!(", {n} could not be"),
+        },
+        provider.path.display()
+    );
+    let unwind = {
+        let _in_runtime = rt.enter();
+        let exe = std::ffi::OsString::from(format!("/proc/{pid}/exe"));
+        unwind_tables(&region, pid, &exe, &provider)?
+    };
+    Ok(Started {
+        region,
+        provider,
+        pid,
+        child: None,
+        unwind,
+        collector: Collector::InProcessAttached,
+        rt,
+    })
+}

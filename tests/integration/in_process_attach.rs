@@ -1,0 +1,201 @@
+//! `-p PID --in-process`: heaptrace's library loaded into a running process with ptrace and
+//! the malloc family redirected to it in every module's GOT. Exact over the counted phase as
+//! the kernel path's `-p`, and harmless to the target: attached and detached again and again
+//! while its threads allocate, or heaptrace killed in the middle of the attach, the target's
+//! own checks of its blocks find nothing wrong and it exits as it would have. Needs root
+//! (ptrace of a process that is not heaptrace's child), not BPF.
+use std::{
+    io::Write as _,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use crate::{
+    counts::{allocs, args, check_leaks},
+    expect::{Expected, Fixture},
+    support::*,
+};
+
+const THREADS: &str = "8";
+
+/// `attachloop 8`, running: its threads allocate, check and free until its stdin closes.
+fn attachloop() -> Child {
+    let mut cmd = Command::new(fixture("attachloop", "", &[]));
+    cmd.arg(THREADS);
+    ready(cmd)
+}
+
+/// Closes the fixture's stdin and checks that its threads found every block intact (its
+/// exit status says so).
+fn finish_attachloop(mut target: Child) {
+    drop(target.stdin.take());
+    let status = target.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+fn attach_cmd(pid: u32, json: &std::path::Path) -> Command {
+    let mut cmd = heaptrace();
+    cmd.args([
+        "--no-tui",
+        "-q",
+        "--interval",
+        "200ms",
+        "--in-process",
+        "--json",
+    ])
+    .arg(json)
+    .args(["-p", &pid.to_string()]);
+    cmd
+}
+
+/// The counted phase of `allocs`, attached to once its threads exist, is exact.
+#[test]
+fn pid_in_process_counts_exactly() {
+    let fx = Fixture {
+        threads: 4,
+        iterations: 2000,
+        leaks: 4,
+        memalign_apart: false,
+        no_pvalloc: false,
+    };
+    let mut cmd = Command::new(allocs());
+    cmd.args(args(&fx, &["wait"]));
+    let mut target = ready(cmd);
+    let json = json_path("pid-in-process");
+    let tracer = start_attached(&mut attach_cmd(target.id(), &json));
+    target.stdin.take().unwrap().write_all(b"g").unwrap();
+    assert!(target.wait().unwrap().success());
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("exited"), "{stderr}");
+    let doc = read_json(&json);
+    assert_eq!(doc["heaptrace"]["collector"], "in-process-attached");
+    let want = Expected::of(&fx);
+    let got = Expected::observed(&doc, &doc["sizes"], &want);
+    assert_eq!(got, want);
+    check_leaks(&doc, &want);
+}
+
+/// Ten attaches and detaches in a row to eight threads in malloc, realloc, calloc and free:
+/// each run counts, the target's checks never fail, it never crashes.
+#[test]
+fn pid_in_process_attaches_and_detaches_again_and_again() {
+    let target = attachloop();
+    for run in 0..10 {
+        let json = json_path("pid-in-process-again");
+        let tracer = start_attached(&mut attach_cmd(target.id(), &json));
+        std::thread::sleep(Duration::from_millis(300));
+        tracer.signal(libc::SIGINT);
+        let (code, stderr) = tracer.wait();
+        assert_eq!(code, 0, "run {run}: {stderr}");
+        assert!(stderr.contains("written back"), "run {run}: {stderr}");
+        let doc = read_json(&json);
+        assert_eq!(doc["heaptrace"]["collector"], "in-process-attached");
+        let calls = |f: &str| doc["functions"][f]["calls"].as_u64().unwrap();
+        assert!(
+            calls("malloc") > 0 && calls("calloc") > 0,
+            "run {run}: {doc}"
+        );
+        // Every block freed is one of the ring's or calloc's, each allocated once.
+        assert!(calls("free") <= calls("malloc") + calls("calloc") + 16 * 8);
+    }
+    finish_attachloop(target);
+}
+
+/// heaptrace killed at moments spread over its attach: the target runs on, intact, and can
+/// be attached to again.
+#[test]
+fn pid_in_process_killed_during_the_attach_leaves_the_target_running() {
+    let target = attachloop();
+    for delay_ms in [0, 2, 5, 10, 20, 30, 50, 80, 120, 200] {
+        let json = json_path("pid-in-process-killed");
+        let mut ht = attach_cmd(target.id(), &json)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        ht.kill().unwrap();
+        ht.wait().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let status = std::fs::read_to_string(format!("/proc/{}/status", target.id())).unwrap();
+        let state = status.lines().find(|l| l.starts_with("State:")).unwrap();
+        assert!(
+            !state.contains('T') && !state.contains('Z'),
+            "{delay_ms} ms: {state}"
+        );
+    }
+    // Attached to once more, and detached cleanly.
+    let json = json_path("pid-in-process-after-kills");
+    let tracer = start_attached(&mut attach_cmd(target.id(), &json));
+    std::thread::sleep(Duration::from_millis(200));
+    tracer.signal(libc::SIGINT);
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    finish_attachloop(target);
+}
+
+/// A stopped process is refused in one line before anything is loaded.
+#[test]
+fn pid_in_process_refuses_a_stopped_process() {
+    let mut target = attachloop();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(target.id() as i32, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_millis(100));
+    let json = json_path("pid-in-process-stopped");
+    let out = attach_cmd(target.id(), &json).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is stopped"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    // SAFETY: as above.
+    unsafe { libc::kill(target.id() as i32, libc::SIGCONT) };
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", target.id())).unwrap();
+    assert!(!maps.contains("heaptrace"), "loaded into a stopped process");
+    let _ = target.kill();
+    let _ = target.wait();
+}
+
+/// Debian's python3 is not PIE: its malloc symbol is its own PLT entry (the canonical
+/// address), which the library must not take for the real malloc. Attached while it holds a
+/// dict of 1,000 strings, then replacing each 20 times: every new string is counted, the
+/// frees of the strings from before the attach are untracked, and it exits as usual.
+#[test]
+fn pid_in_process_counts_a_non_pie_python() {
+    use std::io::{BufRead as _, BufReader};
+    let script = "import sys\n\
+        d = {i: str(i) * 3 for i in range(1000)}\n\
+        print('ready', flush=True)\n\
+        sys.stdin.readline()\n\
+        for i in range(20000):\n    d[i % 1000] = str(i + 1000) * 3\n\
+        print('done', flush=True)\n\
+        sys.stdin.readline()\n";
+    let mut py = Command::new("/usr/bin/python3")
+        .args(["-c", script])
+        .env("PYTHONMALLOC", "malloc")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("/usr/bin/python3");
+    let mut out = BufReader::new(py.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let json = json_path("pid-in-process-python");
+    let tracer = start_attached(&mut attach_cmd(py.id(), &json));
+    let mut stdin = py.stdin.take().unwrap();
+    stdin.write_all(b"g\n").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "done\n");
+    tracer.signal(libc::SIGINT);
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    drop(stdin);
+    assert!(py.wait().unwrap().success());
+    let doc = read_json(&json);
+    let free = &doc["functions"]["free"];
+    let mallocs = doc["functions"]["malloc"]["calls"].as_u64().unwrap();
+    assert!(mallocs >= 20000, "{mallocs} mallocs: {stderr}");
+    assert!(free["untracked"].as_u64().unwrap() >= 1000, "{free}");
+}
