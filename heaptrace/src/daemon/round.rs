@@ -316,7 +316,12 @@ impl Daemon {
         let Some(py) = &mut self.modules.python else {
             return;
         };
+        // Only stacks of processes whose walk appends Python frames: the others are not
+        // read twice.
         for (pid, id) in new {
+            if !py.walks(*pid) {
+                continue;
+            }
             let Some((ips, _)) = self.maps.stack(*id) else {
                 continue;
             };
