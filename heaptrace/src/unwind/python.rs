@@ -26,8 +26,6 @@ use crate::{
 
 /// Code objects kept named, all processes together; past it the cache starts over.
 const CODES_MAX: usize = 65_536;
-/// Processes of unsupported versions kept to be named.
-const UNSUPPORTED_MAX: usize = 64;
 /// Processes whose python files were looked through without an interpreter found, kept so.
 const LOOKED_MAX: usize = 65_536;
 /// The bytes of a frame and of a code object the walk reads in one go
@@ -60,8 +58,6 @@ pub struct Interpreters {
     /// for again only when they change.
     looked: HashMap<u32, Vec<String>>,
     codes: HashMap<(u32, u64, u64), Option<Arc<Code>>>,
-    /// Processes whose CPython is of a version not read, by version.
-    pub unsupported: Vec<(u32, (u8, u8))>,
 }
 
 fn python_files(maps: &str) -> Vec<String> {
@@ -98,7 +94,6 @@ impl Interpreters {
             procs: HashMap::new(),
             looked: HashMap::new(),
             codes: HashMap::new(),
-            unsupported: Vec::new(),
         })
     }
 
@@ -118,10 +113,9 @@ impl Interpreters {
         }) {
             Ok(f) => f,
             Err(e) => {
-                if let NotRead::Unsupported(v) = e
-                    && self.unsupported.len() < UNSUPPORTED_MAX
-                {
-                    self.unsupported.push((pid, v));
+                if matches!(e, NotRead::Unsupported(_)) {
+                    // Once per file set: `looked` keeps it from being looked for again.
+                    crate::say!("heaptrace: pid {pid}: {e}: its stacks show the interpreter only");
                 }
                 log::debug!("pid {pid}: no Python frames: {e}");
                 if e != NotRead::Unreadable && self.looked.len() < LOOKED_MAX {
@@ -147,6 +141,11 @@ impl Interpreters {
                 walked,
             },
         );
+    }
+
+    /// Whether `pid`'s walk appends Python frames.
+    pub fn walks(&self, pid: u32) -> bool {
+        self.procs.get(&pid).is_some_and(|p| p.walked)
     }
 
     pub fn forget(&mut self, pid: u32) {
