@@ -51,6 +51,7 @@ fn attach_cmd(pid: u32, json: &std::path::Path) -> Command {
 /// The counted phase of `allocs`, attached to once its threads exist, is exact.
 #[test]
 fn pid_in_process_counts_exactly() {
+    let _g = shared();
     let fx = Fixture {
         threads: 4,
         iterations: 2000,
@@ -80,6 +81,7 @@ fn pid_in_process_counts_exactly() {
 /// each run counts, the target's checks never fail, it never crashes.
 #[test]
 fn pid_in_process_attaches_and_detaches_again_and_again() {
+    let _g = shared();
     let target = attachloop();
     for run in 0..10 {
         let json = json_path("pid-in-process-again");
@@ -106,6 +108,7 @@ fn pid_in_process_attaches_and_detaches_again_and_again() {
 /// be attached to again.
 #[test]
 fn pid_in_process_killed_during_the_attach_leaves_the_target_running() {
+    let _g = shared();
     let target = attachloop();
     for delay_ms in [0, 2, 5, 10, 20, 30, 50, 80, 120, 200] {
         let json = json_path("pid-in-process-killed");
@@ -138,6 +141,7 @@ fn pid_in_process_killed_during_the_attach_leaves_the_target_running() {
 /// A stopped process is refused in one line before anything is loaded.
 #[test]
 fn pid_in_process_refuses_a_stopped_process() {
+    let _g = shared();
     let mut target = attachloop();
     // SAFETY: signalling our own child.
     unsafe { libc::kill(target.id() as i32, libc::SIGSTOP) };
@@ -162,6 +166,7 @@ fn pid_in_process_refuses_a_stopped_process() {
 /// frees of the strings from before the attach are untracked, and it exits as usual.
 #[test]
 fn pid_in_process_counts_a_non_pie_python() {
+    let _g = shared();
     use std::io::{BufRead as _, BufReader};
     let script = "import sys\n\
         d = {i: str(i) * 3 for i in range(1000)}\n\
