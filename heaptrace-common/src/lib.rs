@@ -476,6 +476,15 @@ pub struct MemCall {
 /// Map names, shared so that a rename on one side cannot silently break the other.
 pub mod maps;
 
+/// Indexes of [`maps::FILLS`]: the maps whose entries the programs count as they create them.
+pub mod fills {
+    pub const SITES: u32 = 0;
+    pub const SIZES: u32 = 1;
+    pub const COUNT: u32 = 2;
+    /// Creations not counted (the process map).
+    pub const NONE: u32 = u32::MAX;
+}
+
 /// Globals set by the loader before the programs are loaded.
 pub mod globals;
 

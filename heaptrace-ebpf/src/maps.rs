@@ -13,7 +13,7 @@ use aya_ebpf::{
 };
 use heaptrace_common::{
     FUNC_COUNT, InFlight, InFlightSlot, LOSS_COUNT, LatencyHist, LiveBlock, LiveKey, Loss, MemCall,
-    ProcCounters, SiteCounters, SiteKey, SizeKey,
+    ProcCounters, SiteCounters, SiteKey, SizeKey, fills,
     keyed::{SiteSlot, SizeSlot},
     live::LiveSlot,
     procs::{self, ProcSlot},
@@ -197,6 +197,10 @@ pub static INFLIGHT: HashMap<u64, InFlight> = HashMap::with_max_entries(16384, 0
 
 #[map(name = "LOSSES")]
 pub static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_COUNT as u32, 0);
+
+/// Entries created in SITES and SIZES (`heaptrace_common::fills`).
+#[map(name = "FILLS")]
+pub static FILLS: PerCpuArray<u64> = PerCpuArray::with_max_entries(fills::COUNT, 0);
 
 // Preallocated: without preallocation, fresh per-CPU elements were seen to vanish under bursts
 // of inserts (kernel 6.18), and a count that drops silently is worse than a bounded one.
@@ -392,16 +396,27 @@ pub fn temporary_allocs() -> u32 {
     unsafe { core::ptr::read_volatile(&TEMPORARY_ALLOCS) }
 }
 
-/// Looks up a per-CPU counter struct, creating it zeroed on first use. Returns None (and the
-/// caller counts the loss) when the map is full.
+/// Looks up a per-CPU counter struct, creating it zeroed on first use, and counting the
+/// creation in FILLS at `fill` (`fills::NONE`: not counted). Returns None (and the caller
+/// counts the loss) when the map is full.
 #[inline(always)]
-pub fn get_or_insert<K, V>(map: &PerCpuHashMap<K, V>, key: &K, zero: &V) -> Option<&'static mut V> {
+pub fn get_or_insert<K, V>(
+    map: &PerCpuHashMap<K, V>,
+    key: &K,
+    zero: &V,
+    fill: u32,
+) -> Option<&'static mut V> {
     if let Some(p) = map.get_ptr_mut(key) {
         // SAFETY: map value pointer.
         return Some(unsafe { &mut *p });
     }
     // EEXIST means another CPU created it first: fine, the lookup below finds it.
-    let _ = map.insert(key, zero, BPF_NOEXIST);
+    if map.insert(key, zero, BPF_NOEXIST).is_ok()
+        && let Some(n) = FILLS.get_ptr_mut(fill)
+    {
+        // SAFETY: map value pointer, valid for the program's run.
+        add(unsafe { &mut *n }, 1);
+    }
     // SAFETY: map value pointer.
     map.get_ptr_mut(key).map(|p| unsafe { &mut *p })
 }
@@ -418,7 +433,7 @@ pub fn proc_counters(tgid: u32) -> Option<&'static mut ProcCounters> {
             None => {
                 // SAFETY: a value nothing writes.
                 let zero = unsafe { &*(&raw const PROC_ZERO) };
-                let Some(pc) = get_or_insert(&PROCS, &tgid, zero) else {
+                let Some(pc) = get_or_insert(&PROCS, &tgid, zero, fills::NONE) else {
                     lose(Loss::ProcessMap);
                     return None;
                 };

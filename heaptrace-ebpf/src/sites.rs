@@ -5,7 +5,9 @@
 //! starts at the caller. (At malloc's entry the walk would miss it: glibc's malloc does not
 //! begin with `push %rbp`.) Only successful allocations pay for a stack.
 use aya_ebpf::{EbpfContext as _, programs::RetProbeContext};
-use heaptrace_common::{CALLER_ID_BASE, Func, LiveBlock, Loss, SiteCounters, SiteKey, log2_bucket};
+use heaptrace_common::{
+    CALLER_ID_BASE, Func, LiveBlock, Loss, SiteCounters, SiteKey, fills, log2_bucket,
+};
 
 use crate::{
     keyed,
@@ -34,7 +36,7 @@ pub fn stack_id(ctx: &RetProbeContext, tgid: u32) -> (i32, bool) {
 fn site_counters(key: &SiteKey) -> Option<&'static mut SiteCounters> {
     match keyed::counters(&SITE_SLOTS, site_slots_shift(), key) {
         Some(c) => Some(c),
-        None => get_or_insert(&SITES, key, site_zero()),
+        None => get_or_insert(&SITES, key, site_zero(), fills::SITES),
     }
 }
 

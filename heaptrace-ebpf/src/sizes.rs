@@ -1,6 +1,6 @@
 //! Sizes mode: the size histogram, by size (and site in stacks mode), and the functions'
 //! latency histograms.
-use heaptrace_common::{Func, Loss, SizeKey, log2_bucket};
+use heaptrace_common::{Func, Loss, SizeKey, fills, log2_bucket};
 
 use crate::{
     keyed,
@@ -21,7 +21,7 @@ pub fn count(c: &impl Count, tgid: u32, epoch: u32, func: Func, size: u64, stack
     };
     let n = match keyed::counters(&SIZE_SLOTS, size_slots_shift(), &key) {
         Some(n) => Some(n),
-        None => get_or_insert(&SIZES, &key, &0u64),
+        None => get_or_insert(&SIZES, &key, &0u64, fills::SIZES),
     };
     match n {
         Some(n) => c.add(n, 1),

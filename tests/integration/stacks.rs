@@ -468,6 +468,32 @@ bpf_test!(
     }
 );
 
+bpf_test!(
+    shared,
+    /// Rounds far apart (a minute: only the last one at the exit) while a process makes 1,600
+    /// site and size keys into maps of 256 each: the maps are read and their past keys
+    /// retired between rounds as they fill, so nothing is lost and every count is exact.
+    fn site_and_size_maps_are_relieved_between_long_rounds() {
+        let (phases, per) = (16u64, 100u64);
+        let json = json_path("stackchurn-relief");
+        run_ok(
+            heaptrace()
+                .args(["-q", "--no-tui", "--interval", "60s"])
+                .args(["--site-map-size", "256", "--size-map-size", "256"])
+                .args(["--json-max-stacks", "10000", "--json"])
+                .arg(&json)
+                .arg("--")
+                .arg(fixture("stackchurn", "", &[]))
+                .args([&phases.to_string(), &per.to_string(), "300"]),
+        );
+        let doc = read_json(&json);
+        for loss in ["site_map", "size_histogram"] {
+            assert_eq!(doc["lost"][loss].as_u64(), Some(0), "{}", doc["lost"]);
+        }
+        each_stack_once_and_exact(&doc, phases * per);
+    }
+);
+
 /// `stackchurn`'s stacks in `doc`: none lost, one site each, each with its calls.
 fn each_stack_once_and_exact(doc: &Value, stacks: u64) {
     assert_eq!(doc["lost"]["stack"].as_u64(), Some(0), "{}", doc["lost"]);

@@ -264,6 +264,9 @@ const EARLY_MAPS: Duration = Duration::from_secs(2);
 const EARLY_MAPS_EVERY: Duration = Duration::from_millis(20);
 /// How often, once a tree's root ended, the trace looks whether the rest of it has.
 const LAST_CHECK_EVERY: Duration = Duration::from_millis(20);
+/// How often the site and size maps are looked at between rounds (`drain::relief`): two small
+/// reads, and a retire when they are filling.
+const RELIEF_EVERY: Duration = Duration::from_millis(100);
 
 impl Daemon {
     pub async fn watch(&mut self, interval: Duration) -> Result<End> {
@@ -296,6 +299,8 @@ impl Daemon {
         let mut early = tokio::time::interval(EARLY_MAPS_EVERY);
         let mut retry = tokio::time::interval(crate::daemon::exec_watch::RETRY_EVERY);
         let mut last_check = tokio::time::interval(LAST_CHECK_EVERY);
+        let mut relief = tokio::time::interval(RELIEF_EVERY);
+        relief.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let pending = self.procwatch.as_ref().is_some_and(ProcWatch::has_pending);
             let early_maps = self.pid.is_some() && self.start.elapsed() < EARLY_MAPS;
@@ -326,6 +331,9 @@ impl Daemon {
                     if self.child_event(ev)? && !self.root_ends_trace() {
                         return Ok(End::TargetExited);
                     }
+                }
+                _ = relief.tick() => {
+                    self.maps.relieve()?;
                 }
                 _ = last_check.tick(), if self.root_ended => {
                     if !self.others_alive() {

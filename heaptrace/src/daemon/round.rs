@@ -72,6 +72,7 @@ impl Daemon {
         // After the filter: the stacks of processes left out are never symbolized (in --all,
         // those of every other program on the host, and their debug info would stay loaded).
         self.new_stacks(&mut round);
+        self.keep_up()?;
         // Its caches grow with every program the host runs: bounded here, between rounds.
         self.symbolizer.trim();
         self.same.round(&mut round);
@@ -88,6 +89,7 @@ impl Daemon {
             .collect();
         round.ended = ending.iter().map(|p| self.incarnations.key(*p)).collect();
         self.profile.apply(&round);
+        self.keep_up()?;
         // Before the processes gone are forgotten: a victim's blocks are still in the map.
         self.oom_killed()?;
         // Sites first seen from now on were counted after this round's read: the stacks
@@ -96,6 +98,7 @@ impl Daemon {
         let theirs = snap.stacks_only_of(&gone, dropped);
         (round.ended, round.folded) = self.forget_exited(ending)?;
         self.forget_gone(&gone);
+        self.keep_up()?;
         if !theirs.is_empty() {
             self.idle.dropped(theirs.iter().copied());
             self.freed = self.maps.free_stacks(theirs.into_iter().collect());
@@ -114,6 +117,16 @@ impl Daemon {
         self.prev = snap;
         self.round_seconds = began.elapsed().as_secs_f64();
         self.publish(None, None);
+        Ok(())
+    }
+
+    /// What must not wait for the end of a long round (one of seconds on a busy host): the
+    /// site and size maps' past keys retired if they are filling, the unwind tables of new
+    /// processes written before they allocate much, the memory events drained before their
+    /// ring fills.
+    fn keep_up(&mut self) -> Result<()> {
+        self.early_maps();
+        self.maps.relieve()?;
         Ok(())
     }
 

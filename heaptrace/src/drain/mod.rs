@@ -13,6 +13,7 @@ pub mod keyed_slots;
 mod live;
 pub mod live_slots;
 pub mod proc_slots;
+mod relief;
 mod retire;
 pub mod round;
 mod snapshot;
@@ -119,6 +120,8 @@ pub struct KernelMaps {
     site_keys: Vec<SiteKey>,
     /// The figures of the keys of past rounds, deleted from the kernel (`retire`).
     retired: retire::Retired,
+    /// How full the site and size maps are getting between reads (`relief`).
+    fills: relief::Fills,
 }
 
 fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
@@ -190,6 +193,7 @@ impl KernelMaps {
             size_keys: Vec::new(),
             site_keys: Vec::new(),
             retired: Default::default(),
+            fills: relief::Fills::take(ebpf)?,
             losses: take(ebpf, maps::LOSSES)?,
             inflight: take(ebpf, maps::INFLIGHT)?,
             inflight_slots: MappedArray::map(ebpf, maps::INFLIGHT_SLOTS)?,

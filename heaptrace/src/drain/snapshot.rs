@@ -74,13 +74,14 @@ impl KernelMaps {
         // then removed as torn (full preemption, `stacks::intact`) names an id with no stack,
         // and is taken until the generation moves on. It lives a round at most.
         next_stack_generation(&self.stack_cache, &self.stack_gen);
+        self.fills.moved()?;
         self.read_latency(&mut snap)?;
         Ok(snap)
     }
 
     /// The highest live heap of each process with counters (one lookup each); returns each
     /// one's peak state (`PeakStates`).
-    fn read_peaks(&self, snap: &mut Snapshot) -> PeakStates {
+    pub(super) fn read_peaks(&self, snap: &mut Snapshot) -> PeakStates {
         let mut states = PeakStates::new();
         for pid in snap.procs.keys() {
             if let Ok(p) = self.peaks.get(pid, 0)

@@ -14,6 +14,11 @@ use crate::{
 pub trait Source {
     /// Every counter, read once (cumulative).
     fn snapshot(&mut self) -> Result<Snapshot>;
+    /// Between rounds: retires what the maps hold of past rounds if they are filling, so that
+    /// a long round loses nothing (`drain::relief`); whether it did.
+    fn relieve(&mut self) -> Result<bool> {
+        Ok(false)
+    }
     /// A stored stack's return addresses, innermost first, and whether it is whole.
     fn stack(&self, id: i32) -> Option<(Vec<u64>, bool)>;
     /// Blocks still live, by site; `pids` narrows them.
@@ -59,6 +64,9 @@ pub trait Source {
 impl Source for KernelMaps {
     fn snapshot(&mut self) -> Result<Snapshot> {
         KernelMaps::snapshot(self)
+    }
+    fn relieve(&mut self) -> Result<bool> {
+        KernelMaps::relieve(self)
     }
     fn stack(&self, id: i32) -> Option<(Vec<u64>, bool)> {
         KernelMaps::stack(self, id)
