@@ -196,6 +196,11 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
         .transpose()?;
     let mut modules = Modules::default();
     modules.unwind = unwind;
+    // The library's walk appends the Python frames as the kernel's does (docs/python.md).
+    if cli.mode == crate::run_info::Mode::Stacks && !cli.no_python_frames {
+        let store = region.python_store(pid)?;
+        modules.python = Some(crate::unwind::python::Interpreters::with(Box::new(store)));
+    }
     modules.settle(pid, &provider.path, Duration::from_millis(200));
     let (view, live) = open_view(live_view, cli, target, &info, &[], 0);
     let mut profile = super::new_profile(cli, &info, None);
