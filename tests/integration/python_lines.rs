@@ -217,3 +217,63 @@ fn in_process_reused_code_objects_never_name_another_function() {
     let doc = launched_with(&["--in-process"], python, &reuse_script(), "pyreuse-inproc");
     check_reuse(&doc);
 }
+
+/// (calls of 128-255 bytes, bytes) of the stacks whose innermost Python frame is `small.py`'s
+/// marked line, in `options`' run of the fixture under Debian's 3.11.
+fn small_objects(options: &[&str], tag: &str) -> (u64, u64) {
+    let script = format!(
+        "{}/../tests/fixtures/python/small.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let line = crate::python_code::marked(&script, "small") as u64;
+    let doc = launched_with(options, "/usr/bin/python3.11", &script, tag);
+    // bytearray(200)'s buffer: 201 bytes (the object itself is 56).
+    let (mut calls, mut bytes) = (0, 0);
+    for s in doc["stacks"].as_array().unwrap() {
+        let py = s["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["module"] == "[python]");
+        if py.is_some_and(|f| f["function"] == "small" && f["line"] == line) {
+            calls += sized_from(s, 128);
+            bytes += s["bytes"].as_u64().unwrap();
+        }
+    }
+    (calls, bytes)
+}
+
+/// Calls in one stack's size bucket that starts at `from` bytes.
+fn sized_from(stack: &Value, from: u64) -> u64 {
+    stack["sizes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["from"].as_u64() == Some(from))
+        .map(|e| e["count"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// `--python-malloc` counts the objects of 512 bytes or less pymalloc would serve unseen: the
+/// 1,000 bytearray buffers of 201 bytes at their line, none without it.
+#[test]
+fn in_process_python_malloc_counts_small_objects() {
+    let _lock = shared();
+    let with = small_objects(&["--in-process", "--python-malloc"], "pysmall-inproc");
+    let without = small_objects(&["--in-process"], "pysmall-inproc-pymalloc");
+    eprintln!("201-byte buffers at the line: with {with:?}, without {without:?}");
+    assert!(with.0 >= 950, "with --python-malloc: {with:?}");
+    assert_eq!(without.0, 0, "without: {without:?}");
+}
+
+bpf_test!(
+    shared,
+    /// The same under the probes.
+    fn python_malloc_counts_small_objects() {
+        let with = small_objects(&["--python-malloc"], "pysmall");
+        let without = small_objects(&[], "pysmall-pymalloc");
+        eprintln!("201-byte buffers at the line: with {with:?}, without {without:?}");
+        assert!(with.0 >= 950, "with --python-malloc: {with:?}");
+        assert_eq!(without.0, 0, "without: {without:?}");
+    }
+);
