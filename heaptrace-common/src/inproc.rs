@@ -15,7 +15,7 @@ use crate::{
 
 /// "HTINPROC", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"HTINPROC");
-pub const VERSION: u32 = 7;
+pub const VERSION: u32 = 8;
 /// The environment variable that hands the library its region: `FD:SIZE:TOKEN` (decimal,
 /// decimal, 32 hex digits).
 pub const ENV: &str = "HEAPTRACE_INPROC";
@@ -115,6 +115,10 @@ pub struct Header {
     /// `ProcPeak::seq` and `pending`): the sites' entries keep their figures at the peak.
     pub peak_seq: u64,
     pub peak_pending: u64,
+    /// The process's CPython, for the walk's Python frames (`crate::python`), written by the
+    /// daemon once it found it, under this seqlock (odd while it changes, 0: none).
+    pub py_seq: u64,
+    pub python: crate::python::PyProc,
     pub _reserved: [u64; 2],
 }
 

@@ -47,7 +47,10 @@ pub struct PyProc {
     pub code_start: u32,
     pub first_line: u32,
     pub qualname: u32,
-    pub _pad: u32,
+    /// Where `_PyRuntime` keeps the pthread key of each thread's own state (its gilstate
+    /// `Py_tss_t`: an `int` set to 1 once made, then the key): the in-process walk asks
+    /// `pthread_getspecific` for its thread's state. The kernel walk finds it by thread id.
+    pub tss_key: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<PyProc>() == 24 + 4 * 18);

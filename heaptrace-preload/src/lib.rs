@@ -12,6 +12,7 @@ mod attach;
 mod count;
 mod got;
 mod live;
+mod python;
 mod real;
 mod region;
 mod stack;

@@ -1,7 +1,7 @@
 //! The region shared with the daemon, mapped at the first call: its descriptor, size and
 //! token come from the environment (`inproc::ENV`). Anything that does not check out leaves
 //! the library passing every call straight through.
-use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use heaptrace_common::inproc::{self, Header, Layout};
 
@@ -373,6 +373,8 @@ fn start_over(base: *mut u8, fd: i32, size: u64) -> Option<()> {
         (*h).peak_stack = heaptrace_common::NO_SITE as i64;
         (*h).peak_seq = 0;
         (*h).peak_pending = 0;
+        // The earlier image's interpreter is gone: the daemon finds the new one's.
+        AtomicU64::from_ptr(&raw mut (*h).py_seq).store(0, Ordering::Release);
         epoch.store(next, Ordering::Release);
     }
     Some(())

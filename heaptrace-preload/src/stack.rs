@@ -225,7 +225,11 @@ pub fn site(r: &Region, t: *mut ThreadHead, func: u32, fp: usize) -> i32 {
         lose(r, Loss::UnwindTable);
     }
     // Only a stack cut by depth says frames are missing, as the kernel's stacks do.
-    let (n, cut) = (w.n, w.end == End::Depth);
+    let (mut n, cut) = (w.n, w.end == End::Depth);
+    if !cut {
+        // A Python thread's frames go after the native ones, as the kernel walk puts them.
+        n = crate::python::append(r, t, &mut ips[..depth], n);
+    }
     let ips = &ips[..n];
     let key = inproc::stack_key(func, ips);
     let slots = r.fixed.site_index as usize;

@@ -283,6 +283,16 @@ pub struct TraceArgs {
     #[arg(long)]
     pub no_python_frames: bool,
 
+    /// A launched Python: count its small objects too (PYTHONMALLOC=malloc).
+    ///
+    /// CPython serves objects of up to 512 bytes from its own arenas (pymalloc), which
+    /// malloc never sees: without this they are not counted. With it the command runs with
+    /// PYTHONMALLOC=malloc, each object a malloc call of its own: every object counted, but
+    /// on another allocator than the program's usual one (slower, its heap laid out
+    /// differently). A launched command only.
+    #[arg(long, conflicts_with_all = ["all", "pid"])]
+    pub python_malloc: bool,
+
     /// Capacity of the stack map (distinct user stacks held at once).
     ///
     /// Default: 131072 for the kernel's probes (~100 bytes of kernel memory a stack held,

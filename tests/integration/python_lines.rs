@@ -2,7 +2,7 @@
 //! (tests/fixtures/python/lines.py: a function's blocks, a growing list, a thread's blocks,
 //! zlib called from Python) has at least 95 % of each set's bytes or calls under the right
 //! function and line, under Debian's stripped 3.11 and pyenv's 3.11, 3.12 and 3.13,
-//! launched and attached (`-p`).
+//! launched and attached (`-p`), and launched in process (`--in-process`).
 use std::{
     io::{BufRead as _, BufReader, Write as _},
     process::{Child, Command, Stdio},
@@ -74,12 +74,13 @@ fn finish(mut stdin: std::process::ChildStdin, stdout: std::process::ChildStdout
     drop(stdin.flush());
 }
 
-/// `heaptrace -- PYTHON SCRIPT` to the end (`finish`): its JSON document.
-fn launched(python: &str, script: &str, tag: &str) -> Value {
+/// `heaptrace OPTIONS -- PYTHON SCRIPT` to the end (`finish`): its JSON document.
+pub fn launched_with(options: &[&str], python: &str, script: &str, tag: &str) -> Value {
     let json = json_path(tag);
     let mut child: Child = heaptrace()
         .args(["-q", "--no-tui", "--interval", "200ms", "--json"])
         .arg(&json)
+        .args(options)
         .args(["--", python, script])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -96,6 +97,10 @@ fn launched(python: &str, script: &str, tag: &str) -> Value {
     read_json(&json)
 }
 
+fn launched(python: &str, script: &str, tag: &str) -> Value {
+    launched_with(&[], python, script, tag)
+}
+
 bpf_test!(
     shared,
     fn launched_pythons_name_their_lines() {
@@ -108,6 +113,25 @@ bpf_test!(
         }
     }
 );
+
+/// In process, the library reads the thread's Python frames itself (docs/python.md), named
+/// by the same code: Debian's 3.11 (stripped, non-PIE), 3.12 and 3.13 (shared libpython).
+#[test]
+fn in_process_pythons_name_their_lines() {
+    let _lock = shared();
+    for (python, version) in pythons() {
+        if python.contains("3.11.7") {
+            continue; // the same minor version as Debian's
+        }
+        if !std::path::Path::new(&python).exists() && std::env::var_os("CI").is_none() {
+            eprintln!("skipped: {python} missing");
+            continue;
+        }
+        let tag = format!("pylines-inproc-{}{}", version.0, version.1);
+        let doc = launched_with(&["--in-process"], &python, &fixture(), &tag);
+        check(&doc, &python);
+    }
+}
 
 bpf_test!(
     shared,
@@ -142,38 +166,114 @@ bpf_test!(
     }
 );
 
+fn reuse_script() -> String {
+    format!(
+        "{}/../tests/fixtures/python/reuse.py",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// Each Python frame named `f{i}` is at f{i}'s own line and file, and the blocks of the
+/// functions kept alive (1,000) are named.
+fn check_reuse(doc: &Value) {
+    let (mut named_kept, mut wrong) = (0, Vec::new());
+    for s in doc["stacks"].as_array().unwrap() {
+        for f in s["frames"].as_array().unwrap() {
+            let Some(i) = f["function"].as_str().and_then(|n| n.strip_prefix('f')) else {
+                continue;
+            };
+            let Ok(i) = i.parse::<u64>() else { continue };
+            let (line, file) = (f["line"].as_u64(), f["file"].as_str());
+            if line != Some(i % 40 + 2) || file != Some(&format!("gen{i}.py")) {
+                wrong.push(format!("f{i} at {file:?}:{line:?}"));
+            } else if i % 2 == 0 {
+                named_kept += s["calls"].as_u64().unwrap();
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "misnamed: {wrong:?}");
+    assert!(
+        named_kept >= 950,
+        "kept functions named: {named_kept} of 1000"
+    );
+    eprintln!("kept functions' blocks named: {named_kept} of 1000, none misnamed");
+}
+
 bpf_test!(
     shared,
     /// Code objects freed and their addresses reused by later functions never name the wrong
-    /// function: each Python frame named `f{i}` is at f{i}'s own line, and the functions kept
-    /// alive are named.
+    /// function.
     fn reused_code_objects_never_name_another_function() {
         let python = &pythons()[3].0; // 3.13
-        let script = format!(
-            "{}/../tests/fixtures/python/reuse.py",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        let doc = launched(python, &script, "pyreuse");
-        let (mut named_kept, mut wrong) = (0, Vec::new());
-        for s in doc["stacks"].as_array().unwrap() {
-            for f in s["frames"].as_array().unwrap() {
-                let Some(i) = f["function"].as_str().and_then(|n| n.strip_prefix('f')) else {
-                    continue;
-                };
-                let Ok(i) = i.parse::<u64>() else { continue };
-                let (line, file) = (f["line"].as_u64(), f["file"].as_str());
-                if line != Some(i % 40 + 2) || file != Some(&format!("gen{i}.py")) {
-                    wrong.push(format!("f{i} at {file:?}:{line:?}"));
-                } else if i % 2 == 0 {
-                    named_kept += s["calls"].as_u64().unwrap();
-                }
-            }
+        check_reuse(&launched(python, &reuse_script(), "pyreuse"));
+    }
+);
+
+/// The same in process: the library's words are checked by the same code.
+#[test]
+fn in_process_reused_code_objects_never_name_another_function() {
+    let _lock = shared();
+    let python = &pythons()[3].0; // 3.13
+    let doc = launched_with(&["--in-process"], python, &reuse_script(), "pyreuse-inproc");
+    check_reuse(&doc);
+}
+
+/// (calls of 128-255 bytes, bytes) of the stacks whose innermost Python frame is `small.py`'s
+/// marked line, in `options`' run of the fixture under Debian's 3.11.
+fn small_objects(options: &[&str], tag: &str) -> (u64, u64) {
+    let script = format!(
+        "{}/../tests/fixtures/python/small.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let line = crate::python_code::marked(&script, "small") as u64;
+    let doc = launched_with(options, "/usr/bin/python3.11", &script, tag);
+    // bytearray(200)'s buffer: 201 bytes (the object itself is 56).
+    let (mut calls, mut bytes) = (0, 0);
+    for s in doc["stacks"].as_array().unwrap() {
+        let py = s["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["module"] == "[python]");
+        if py.is_some_and(|f| f["function"] == "small" && f["line"] == line) {
+            calls += sized_from(s, 128);
+            bytes += s["bytes"].as_u64().unwrap();
         }
-        assert!(wrong.is_empty(), "misnamed: {wrong:?}");
-        assert!(
-            named_kept >= 950,
-            "kept functions named: {named_kept} of 1000"
-        );
-        eprintln!("kept functions' blocks named: {named_kept} of 1000, none misnamed");
+    }
+    (calls, bytes)
+}
+
+/// Calls in one stack's size bucket that starts at `from` bytes.
+fn sized_from(stack: &Value, from: u64) -> u64 {
+    stack["sizes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["from"].as_u64() == Some(from))
+        .map(|e| e["count"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// `--python-malloc` counts the objects of 512 bytes or less pymalloc would serve unseen: the
+/// 1,000 bytearray buffers of 201 bytes at their line, none without it.
+#[test]
+fn in_process_python_malloc_counts_small_objects() {
+    let _lock = shared();
+    let with = small_objects(&["--in-process", "--python-malloc"], "pysmall-inproc");
+    let without = small_objects(&["--in-process"], "pysmall-inproc-pymalloc");
+    eprintln!("201-byte buffers at the line: with {with:?}, without {without:?}");
+    assert!(with.0 >= 950, "with --python-malloc: {with:?}");
+    assert_eq!(without.0, 0, "without: {without:?}");
+}
+
+bpf_test!(
+    shared,
+    /// The same under the probes.
+    fn python_malloc_counts_small_objects() {
+        let with = small_objects(&["--python-malloc"], "pysmall");
+        let without = small_objects(&[], "pysmall-pymalloc");
+        eprintln!("201-byte buffers at the line: with {with:?}, without {without:?}");
+        assert!(with.0 >= 950, "with --python-malloc: {with:?}");
+        assert_eq!(without.0, 0, "without: {without:?}");
     }
 );

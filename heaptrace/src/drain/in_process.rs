@@ -200,6 +200,8 @@ impl Region {
             _pad: 0,
             peak_seq: 0,
             peak_pending: 0,
+            py_seq: 0,
+            python: Default::default(),
             _reserved: [0; 2],
         };
         // SAFETY: a shared mapping of the header's page of the file just sized.
@@ -284,6 +286,11 @@ impl Region {
         crate::unwind::region::RegionStore::map(self.file.as_fd(), &self.layout, pid)
     }
 
+    /// Where the library's walk in process `pid` finds its CPython (the header's `python`).
+    pub fn python_store(&self, pid: u32) -> Result<PyStore> {
+        PyStore::map(&self.file, pid)
+    }
+
     fn word(&self, f: impl Fn(*mut Header) -> *mut u32) -> &AtomicU32 {
         // SAFETY: a u32 of the mapped header, which lives as long as self.
         unsafe { AtomicU32::from_ptr(f(self.header)) }
@@ -342,6 +349,8 @@ impl Region {
             (*h).raw_thread_calls = 0;
             (*h).nested_calls = 0;
             (*h).failure = 0;
+            // The new image finds its interpreter again (`PyStore`).
+            AtomicU64::from_ptr(&raw mut (*h).py_seq).store(0, Ordering::Release);
             (*h).epoch = (*h).epoch.wrapping_add(1).max(1);
             AtomicU32::from_ptr(&raw mut (*h).owner).store(0, Ordering::Release);
         }
@@ -413,5 +422,87 @@ impl Region {
             self.funcs.push(head.func);
         }
         Ok(())
+    }
+}
+
+/// The header's `python`, written for the library's walk (`unwind::python::Walks`): a mapping
+/// of the header page of its own, so that it can live in the symbolizer's modules.
+pub struct PyStore {
+    header: std::ptr::NonNull<Header>,
+    /// The process the region counts: another's interpreter is not its to hold.
+    pid: u32,
+}
+
+// SAFETY: a shared mapping this one owner writes; the target only reads `python`.
+unsafe impl Send for PyStore {}
+
+impl Drop for PyStore {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, used by nothing else.
+        unsafe { libc::munmap(self.header.as_ptr().cast(), inproc::HEADER_BYTES) };
+    }
+}
+
+impl PyStore {
+    fn map(file: &File, pid: u32) -> Result<PyStore> {
+        // SAFETY: a new shared mapping of the region's first page.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                inproc::HEADER_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io_err("mapping the region's header")(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(PyStore {
+            header: std::ptr::NonNull::new(p.cast()).expect("mmap returned null"),
+            pid,
+        })
+    }
+
+    fn seq(&self) -> &AtomicU64 {
+        // SAFETY: a word of the mapped header, which lives as long as self.
+        unsafe { AtomicU64::from_ptr(&raw mut (*self.header.as_ptr()).py_seq) }
+    }
+
+    /// `p` (or none) under the seqlock: odd while it changes, then the next even number.
+    fn publish(&mut self, p: Option<heaptrace_common::python::PyProc>) {
+        let seq = self.seq();
+        let before = seq.load(Ordering::Relaxed);
+        seq.store(before | 1, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        // SAFETY: the header's `python`, written only here; the library copies it under
+        // the seqlock.
+        unsafe {
+            std::ptr::write_volatile(
+                &raw mut (*self.header.as_ptr()).python,
+                p.unwrap_or_default(),
+            )
+        };
+        let next = if p.is_some() { (before | 1) + 1 } else { 0 };
+        seq.store(next, Ordering::Release);
+    }
+}
+
+impl crate::unwind::python::Walks for PyStore {
+    fn insert(&mut self, pid: u32, p: heaptrace_common::python::PyProc) -> bool {
+        if pid != self.pid {
+            return false;
+        }
+        self.publish(Some(p));
+        true
+    }
+
+    fn remove(&mut self, pid: u32) {
+        if pid == self.pid {
+            self.publish(None);
+        }
     }
 }

@@ -49,10 +49,36 @@ struct Interp {
     walked: bool,
 }
 
-pub struct Interpreters {
+/// Where the walk finds each process's interpreter: the kernel's `PY_PROCS`, or an
+/// in-process region's header (`drain::in_process::PyStore`).
+pub trait Walks: Send {
+    /// Tells the walk where `pid`'s interpreter is; false if it could not be told.
+    fn insert(&mut self, pid: u32, p: PyProc) -> bool;
+    fn remove(&mut self, pid: u32);
+}
+
+/// The kernel walk's map, and its switch: on at the first interpreter found.
+struct KernelWalks {
     map: BpfHashMap<MapData, u32, PyProc>,
-    /// The walk's switch: on at the first interpreter found.
     on: BpfArray<MapData, u32>,
+}
+
+impl Walks for KernelWalks {
+    fn insert(&mut self, pid: u32, p: PyProc) -> bool {
+        let ok = self.map.insert(pid, p, 0).is_ok();
+        if ok {
+            let _ = self.on.set(0, 1, 0);
+        }
+        ok
+    }
+
+    fn remove(&mut self, pid: u32) {
+        let _ = self.map.remove(&pid);
+    }
+}
+
+pub struct Interpreters {
+    walks: Box<dyn Walks>,
     procs: HashMap<u32, Interp>,
     /// The python files each process mapped when its interpreter was last looked for: looked
     /// for again only when they change.
@@ -88,13 +114,20 @@ impl Interpreters {
         let on = ebpf
             .take_map(maps::PY_ON)
             .ok_or_else(|| err("PY_ON missing from the object".into()))?;
-        Ok(Interpreters {
+        Ok(Interpreters::with(Box::new(KernelWalks {
             map: BpfHashMap::try_from(map).map_err(|e| err(e.to_string()))?,
             on: BpfArray::try_from(on).map_err(|e| err(e.to_string()))?,
+        })))
+    }
+
+    /// Interpreters told to another walk than the kernel's (the in-process library's).
+    pub fn with(walks: Box<dyn Walks>) -> Interpreters {
+        Interpreters {
+            walks,
             procs: HashMap::new(),
             looked: HashMap::new(),
             codes: HashMap::new(),
-        })
+        }
     }
 
     /// After a read of `pid`'s mappings: finds its interpreter where a python file is mapped
@@ -126,10 +159,7 @@ impl Interpreters {
             }
         };
         let entry = to_kernel(pid, &runtime, &offsets);
-        let walked = entry.is_some_and(|e| self.map.insert(pid, e, 0).is_ok());
-        if walked {
-            let _ = self.on.set(0, 1, 0);
-        }
+        let walked = entry.is_some_and(|e| self.walks.insert(pid, e));
         log::debug!("pid {pid}: CPython {:?}, walked: {walked}", runtime.version);
         self.looked.insert(pid, files);
         self.procs.insert(
@@ -151,7 +181,7 @@ impl Interpreters {
     pub fn forget(&mut self, pid: u32) {
         self.looked.remove(&pid);
         if self.procs.remove(&pid).is_some() {
-            let _ = self.map.remove(&pid);
+            self.walks.remove(pid);
             self.codes.retain(|k, _| k.0 != pid);
         }
     }
@@ -173,7 +203,7 @@ impl Interpreters {
                     rt.version
                 );
                 interp.walked = false;
-                let _ = self.map.remove(&pid);
+                self.walks.remove(pid);
                 return Vec::new();
             }
         }
@@ -268,6 +298,6 @@ fn to_kernel(pid: u32, rt: &Runtime, off: &Offsets) -> Option<PyProc> {
         code_start: small(off.code_start)?,
         first_line: small(off.first_line)?,
         qualname: small(off.qualname)?,
-        _pad: 0,
+        tss_key: small(off.tss_key)?,
     })
 }

@@ -98,16 +98,25 @@ fn launch_with_library(
     let library = preload::install()?;
     let (fd, env) = region.handoff();
     let (name, value) = env.split_once('=').unwrap_or_default();
+    let mut env = vec![
+        ("LD_PRELOAD".into(), library.preload_path()),
+        (name.into(), value.into()),
+    ];
+    env.extend(python_malloc(cli));
     let inherit = Inherit {
-        env: vec![
-            ("LD_PRELOAD".into(), library.preload_path()),
-            (name.into(), value.into()),
-        ],
+        env,
         fds: std::iter::once(fd).chain(library.fd()).collect(),
     };
     let redirect = redirect(cli, live_view)?;
     let stopped = launch::spawn_stopped_with(&exe, argv, redirect.as_ref(), Some(&inherit))?;
     Ok((region, provider, stopped))
+}
+
+/// `--python-malloc`: CPython's object allocator routed to malloc, so that its objects of 512
+/// bytes or less are malloc calls, counted (docs/python.md, *pymalloc*).
+pub(super) fn python_malloc(cli: &TraceArgs) -> Option<(String, String)> {
+    cli.python_malloc
+        .then(|| ("PYTHONMALLOC".into(), "malloc".into()))
 }
 
 /// The region's capacities, from the command line.
@@ -196,6 +205,11 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
         .transpose()?;
     let mut modules = Modules::default();
     modules.unwind = unwind;
+    // The library's walk appends the Python frames as the kernel's does (docs/python.md).
+    if cli.mode == crate::run_info::Mode::Stacks && !cli.no_python_frames {
+        let store = region.python_store(pid)?;
+        modules.python = Some(crate::unwind::python::Interpreters::with(Box::new(store)));
+    }
     modules.settle(pid, &provider.path, Duration::from_millis(200));
     let (view, live) = open_view(live_view, cli, target, &info, &[], 0);
     let mut profile = super::new_profile(cli, &info, None);

@@ -84,7 +84,12 @@ pub(super) fn find_target(
                 None => allocator::for_command(&exe, preload.as_deref())?,
             };
             let redirect = redirect(cli, live_view)?;
-            let child = launch::spawn_stopped(&exe, argv, redirect.as_ref())?;
+            let inherit = super::in_process::python_malloc(cli).map(|e| launch::Inherit {
+                env: vec![e],
+                fds: Vec::new(),
+            });
+            let child =
+                launch::spawn_stopped_with(&exe, argv, redirect.as_ref(), inherit.as_ref())?;
             // Its forks held at each fork (`probe::held`): followed unless told not to.
             let scope = match cli.no_follow_forks {
                 false => Scope::Held(child.pid),

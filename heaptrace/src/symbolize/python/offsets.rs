@@ -36,6 +36,9 @@ pub struct Offsets {
     pub code_start: u64,
     pub first_line: u64,
     pub qualname: u64,
+    /// `_PyRuntimeState`'s gilstate `autoTSSkey` (3.11's `gilstate.autoTSSkey`): the key
+    /// under which each thread keeps its own thread state.
+    pub tss_key: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +73,7 @@ impl Offsets {
                 code_start: 184,
                 first_line: 72,
                 qualname: 128,
+                tss_key: 592,
             },
             (3, 12) => Offsets {
                 interpreters_head: 40,
@@ -89,6 +93,7 @@ impl Offsets {
                 code_start: 192,
                 first_line: 68,
                 qualname: 128,
+                tss_key: 1544,
             },
             (3, 13) => Offsets {
                 interpreters_head: 632,
@@ -105,6 +110,7 @@ impl Offsets {
                 code_start: 200,
                 first_line: 68,
                 qualname: 128,
+                tss_key: 2160,
             },
             _ => return None,
         })
