@@ -14,6 +14,7 @@ use heaptrace_common::{
     STACK_FRAMES, StoredStack,
     python::{
         OWNED_BY_CSTACK, PATH_CFRAME, PY_FRAMES_MAX, PY_MARK, PyProc, frame_word, identity_word,
+        name_words,
     },
     stack::hash_step,
 };
@@ -211,10 +212,15 @@ extern "C" fn frame_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let start = code + u64::from(p.code_start);
     let unit = if ip > start { (ip - start) / 2 } else { 0 };
     let first = frame_word(code, unit, entry);
-    let id = identity_word(
-        field(&sc.code, p.first_line, 4) as u32,
-        field(&sc.code, p.qualname, 8),
-    );
+    let qualname = field(&sc.code, p.qualname, 8);
+    let mut head = [0u64; 4];
+    let name = if read(&mut head, qualname.wrapping_add(16)) {
+        let text = read_u64(qualname.wrapping_add(u64::from(p.str_data))).unwrap_or(0);
+        name_words(head[0], head[2] as u32, text)
+    } else {
+        0
+    };
+    let id = identity_word(field(&sc.code, p.first_line, 4) as u32, qualname, name);
     let (Some(a), Some(b)) = (
         st.ips.get_mut(n as usize).map(|s| s as *mut u64),
         st.ips.get_mut(n as usize + 1).map(|s| s as *mut u64),

@@ -16,6 +16,7 @@ use heaptrace_common::{
     inproc::ThreadHead,
     python::{
         OWNED_BY_CSTACK, PATH_CFRAME, PY_FRAMES_MAX, PY_MARK, PyProc, frame_word, identity_word,
+        name_words,
     },
 };
 
@@ -210,10 +211,19 @@ fn frames(m: &Mem, p: &PyProc, frame: u64, ips: &mut [u64], mut out: usize, limi
         ) else {
             break;
         };
+        // As the kernel walk: 0 where the string's head cannot be read, its text 0 where
+        // that cannot.
+        let name = match (m.word(off(qualname, 16)), m.field(off(qualname, 32), 4)) {
+            (Some(length), Some(state)) => {
+                let text = m.word(off(qualname, p.str_data)).unwrap_or(0);
+                name_words(length, state as u32, text)
+            }
+            _ => 0,
+        };
         let start = off(code, p.code_start);
         let unit = if ip > start { (ip - start) / 2 } else { 0 };
         ips[out] = frame_word(code, unit, entry);
-        ips[out + 1] = identity_word(first_line as u32, qualname);
+        ips[out + 1] = identity_word(first_line as u32, qualname, name);
         out += 2;
         taken += 1;
     }

@@ -17,7 +17,7 @@ use crate::{
     symbolize::{
         Frame, FrameInfo,
         python::{
-            objects::{Code, CodeLayout},
+            objects::{Code, CodeLayout, StringLayout},
             offsets::{FramePath, Offsets},
             runtime::{self, NotRead, Runtime},
         },
@@ -86,16 +86,29 @@ pub struct Interpreters {
     codes: HashMap<(u32, u64, u64), Option<Arc<Code>>>,
 }
 
+/// The mappings of python files (`python*`, `libpython*`), whole lines, sorted.
 fn python_files(maps: &str) -> Vec<String> {
     let mut v: Vec<String> = maps
         .lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .filter(|p| {
-            p.rsplit('/')
-                .next()
-                .is_some_and(|n| n.starts_with("python") || n.starts_with("libpython"))
+        .filter(|l| {
+            l.split_whitespace().nth(5).is_some_and(|p| {
+                p.rsplit('/')
+                    .next()
+                    .is_some_and(|n| n.starts_with("python") || n.starts_with("libpython"))
+            })
         })
         .map(str::to_string)
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// Their paths alone, sorted.
+fn names(files: &[String]) -> Vec<String> {
+    let mut v: Vec<String> = files
+        .iter()
+        .filter_map(|l| l.split_whitespace().nth(5).map(str::to_string))
         .collect();
     v.sort();
     v.dedup();
@@ -136,7 +149,13 @@ impl Interpreters {
     /// the walk has it before the program's first allocation.
     pub fn sync(&mut self, pid: u32, maps: &str) {
         let files = python_files(maps);
-        if files.is_empty() || self.looked.get(&pid) == Some(&files) {
+        let paths = names(&files);
+        if files.is_empty()
+            || self
+                .looked
+                .get(&pid)
+                .is_some_and(|l| *l == files || *l == paths)
+        {
             return;
         }
         let mem = Live::new(pid);
@@ -152,8 +171,15 @@ impl Interpreters {
                 }
                 log::debug!("pid {pid}: no Python frames: {e}");
                 if e != NotRead::Unreadable && self.looked.len() < LOOKED_MAX {
-                    // Not looked for again until its python files change.
-                    self.looked.insert(pid, files);
+                    // Not looked for again until its python files change: where none is
+                    // found, until their mappings do (the loader maps a library a segment at
+                    // a time, and a look between two found no symbols where they were to be).
+                    let key = if e == NotRead::NoInterpreter {
+                        files
+                    } else {
+                        paths
+                    };
+                    self.looked.insert(pid, key);
                 }
                 return;
             }
@@ -161,7 +187,7 @@ impl Interpreters {
         let entry = to_kernel(pid, &runtime, &offsets);
         let walked = entry.is_some_and(|e| self.walks.insert(pid, e));
         log::debug!("pid {pid}: CPython {:?}, walked: {walked}", runtime.version);
-        self.looked.insert(pid, files);
+        self.looked.insert(pid, paths);
         self.procs.insert(
             pid,
             Interp {
@@ -224,7 +250,8 @@ impl Interpreters {
                 Code::read(&mem, &layout, code)
                     .filter(|c| {
                         let first = u32::try_from(c.first_line).unwrap_or(0);
-                        py::identity_word(first, c.qualname_at) & !(1 << 63) == identity
+                        py::identity_word(first, c.qualname_at, c.name_words) & !(1 << 63)
+                            == identity
                     })
                     .map(Arc::new)
             });
@@ -299,5 +326,7 @@ fn to_kernel(pid: u32, rt: &Runtime, off: &Offsets) -> Option<PyProc> {
         first_line: small(off.first_line)?,
         qualname: small(off.qualname)?,
         tss_key: small(off.tss_key)?,
+        str_data: small(StringLayout::for_version(rt.version).ascii_data)?,
+        _pad: 0,
     })
 }

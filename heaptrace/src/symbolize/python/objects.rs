@@ -58,6 +58,15 @@ impl StringLayout {
     }
 }
 
+/// Whether the object at `addr` looks alive: its reference count (the split count of 3.12+
+/// included, immortal objects' too) between 1 and 2^32 - 1. Freed, pymalloc's free list
+/// writes a pointer or 0 there: a code object freed and not yet reused, and what it points
+/// to, are not read as live.
+fn alive(mem: &dyn Memory, addr: u64) -> bool {
+    mem.u64_at(addr)
+        .is_some_and(|n| (1..=u64::from(u32::MAX)).contains(&n))
+}
+
 fn u32_at(mem: &dyn Memory, addr: u64) -> Option<u32> {
     let mut b = [0u8; 4];
     mem.read(addr, &mut b).then(|| u32::from_le_bytes(b))
@@ -139,6 +148,9 @@ pub struct Code {
     /// Where its `co_qualname` was: with `first_line`, what tells it from a later code object
     /// at the same address (`heaptrace_common::python::identity_word`).
     pub qualname_at: u64,
+    /// Its length and first text, as the walks read them (`heaptrace_common::python::
+    /// name_words`).
+    pub name_words: u64,
     pub qualname: String,
     pub filename: String,
     pub first_line: i32,
@@ -148,16 +160,24 @@ pub struct Code {
 impl Code {
     /// The code object at `addr`, if it is one.
     pub fn read(mem: &dyn Memory, layout: &CodeLayout, addr: u64) -> Option<Code> {
-        if mem.u64_at(addr.checked_add(OB_TYPE)?)? != layout.code_type {
+        if !alive(mem, addr) || mem.u64_at(addr.checked_add(OB_TYPE)?)? != layout.code_type {
             return None;
         }
-        let qualname_at = mem.u64_at(addr + layout.qualname)?;
+        let field = |off: u64| mem.u64_at(addr + off).filter(|at| alive(mem, *at));
+        let qualname_at = field(layout.qualname)?;
         let qualname = string(mem, &layout.strings, qualname_at)?;
-        let filename = string(mem, &layout.strings, mem.u64_at(addr + layout.filename)?)?;
+        let name_words = heaptrace_common::python::name_words(
+            mem.u64_at(qualname_at.checked_add(OB_SIZE)?)?,
+            u32_at(mem, qualname_at + 32)?,
+            mem.u64_at(qualname_at + layout.strings.ascii_data)
+                .unwrap_or(0),
+        );
+        let filename = string(mem, &layout.strings, field(layout.filename)?)?;
         let first_line = u32_at(mem, addr + layout.first_line)? as i32;
-        let linetable = bytes(mem, mem.u64_at(addr + layout.linetable)?, TABLE_MAX)?;
+        let linetable = bytes(mem, field(layout.linetable)?, TABLE_MAX)?;
         Some(Code {
             qualname_at,
+            name_words,
             qualname,
             filename,
             first_line,
@@ -207,4 +227,97 @@ fn bytes(mem: &dyn Memory, addr: u64, max: u64) -> Option<Vec<u8>> {
     }
     let mut out = vec![0u8; size as usize];
     mem.read(addr + BYTES_DATA, &mut out).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes at addresses: a code object at 0x1000, strings at 0x2000 and 0x3000, a line
+    /// table at 0x4000 (3.12 layout).
+    struct Fake(std::collections::BTreeMap<u64, Vec<u8>>);
+
+    impl Memory for Fake {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
+            let Some((base, bytes)) = self.0.range(..=addr).next_back() else {
+                return false;
+            };
+            let at = (addr - base) as usize;
+            let Some(src) = bytes.get(at..at + buf.len()) else {
+                return false;
+            };
+            buf.copy_from_slice(src);
+            true
+        }
+    }
+
+    fn object(refcnt: u64, ty: u64, size: u64, rest: &[u8]) -> Vec<u8> {
+        let mut v = [refcnt, ty, size].map(u64::to_le_bytes).concat();
+        v.extend_from_slice(rest);
+        v
+    }
+
+    fn ascii(refcnt: u64, text: &str) -> Vec<u8> {
+        // hash, then state: kind 1, compact, ascii
+        let mut rest = [u64::MAX.to_le_bytes(), 0x64u64.to_le_bytes()].concat();
+        rest.extend_from_slice(text.as_bytes());
+        rest.resize(rest.len() + 8, 0);
+        object(refcnt, 0x77, text.len() as u64, &rest)
+    }
+
+    const LAYOUT: CodeLayout = CodeLayout {
+        code_type: 0x55,
+        instructions: 192,
+        filename: 112,
+        qualname: 128,
+        first_line: 68,
+        linetable: 136,
+        strings: StringLayout {
+            ascii_data: 40,
+            compact_data: 56,
+        },
+    };
+
+    fn memory(code_refcnt: u64, name_refcnt: u64) -> Fake {
+        let mut code = vec![0u8; 200];
+        code[..8].copy_from_slice(&code_refcnt.to_le_bytes());
+        code[8..16].copy_from_slice(&0x55u64.to_le_bytes());
+        code[68..72].copy_from_slice(&7u32.to_le_bytes());
+        code[112..120].copy_from_slice(&0x3000u64.to_le_bytes());
+        code[128..136].copy_from_slice(&0x2000u64.to_le_bytes());
+        code[136..144].copy_from_slice(&0x4000u64.to_le_bytes());
+        let table = object(1, 0x66, 0, &[0u8; 16]);
+        Fake(
+            [
+                (0x1000, code),
+                (0x2000, ascii(name_refcnt, "f3")),
+                (0x3000, ascii(1, "gen3.py")),
+                (0x4000, table),
+            ]
+            .into_iter()
+            .collect(),
+        )
+    }
+
+    #[test]
+    fn a_live_code_object_is_read_and_a_freed_one_is_not() {
+        let c = Code::read(&memory(1, 2), &LAYOUT, 0x1000).unwrap();
+        assert_eq!(
+            (c.qualname.as_str(), c.filename.as_str()),
+            ("f3", "gen3.py")
+        );
+        assert_eq!(c.first_line, 7);
+        let text = u64::from_le_bytes(*b"f3\0\0\0\0\0\0");
+        assert_eq!(
+            c.name_words,
+            heaptrace_common::python::name_words(2, 0x64, text)
+        );
+        // Immortal (3.12's split count) is alive.
+        assert!(Code::read(&memory(0xffff_ffff, 2), &LAYOUT, 0x1000).is_some());
+        // Freed: pymalloc's free list wrote 0 or a pointer over the count.
+        assert!(Code::read(&memory(0, 2), &LAYOUT, 0x1000).is_none());
+        assert!(Code::read(&memory(0x7f12_3456_7000, 2), &LAYOUT, 0x1000).is_none());
+        // Its name freed: not read either.
+        assert!(Code::read(&memory(1, 0x5555_0000_1000), &LAYOUT, 0x1000).is_none());
+    }
 }
