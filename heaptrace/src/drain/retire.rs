@@ -13,7 +13,7 @@ use super::*;
 /// is dropped, `KernelMaps::restarted`).
 #[derive(Default)]
 pub struct Retired {
-    sites: StdHashMap<SiteKey, SiteTotals>,
+    sites: StdHashMap<SiteKey, RetiredSite>,
     sizes: StdHashMap<SizeKey, u64>,
     /// What the retired keys add to their live figures to give them at their process's peak
     /// (`SiteCounters::at_peak_correction`), with the peak number that holds for: a retired
@@ -38,6 +38,63 @@ impl<K, V> Default for Past<K, V> {
     }
 }
 
+/// A retired site's figures: a `SiteTotals` without its size histogram (the kernel's site
+/// counters have none: it is folded from the sizes at each snapshot) and with its lifetimes
+/// only where some were timed: a sixth of the room. Under `--all` the archive holds every
+/// live process's sites of past rounds (its table of `SiteTotals` reached 74 MiB beside a
+/// compile loop and Rust builds).
+#[derive(Default)]
+pub(super) struct RetiredSite {
+    calls: u64,
+    bytes: u64,
+    frees: u64,
+    freed_bytes: u64,
+    live_blocks: i64,
+    live_bytes: i64,
+    temp_blocks: u64,
+    temp_bytes: u64,
+    lifetimes: Option<Box<crate::drain::round::Log2>>,
+}
+
+impl RetiredSite {
+    fn plus(&mut self, t: &SiteTotals) {
+        let signed = |a: i64, b: i64| a.wrapping_add(b);
+        self.calls = self.calls.wrapping_add(t.calls);
+        self.bytes = self.bytes.wrapping_add(t.bytes);
+        self.frees = self.frees.wrapping_add(t.frees);
+        self.freed_bytes = self.freed_bytes.wrapping_add(t.freed_bytes);
+        self.live_blocks = signed(self.live_blocks, t.live_blocks);
+        self.live_bytes = signed(self.live_bytes, t.live_bytes);
+        self.temp_blocks = self.temp_blocks.wrapping_add(t.temp_blocks);
+        self.temp_bytes = self.temp_bytes.wrapping_add(t.temp_bytes);
+        debug_assert!(
+            t.sizes.iter().all(|n| *n == 0),
+            "a kernel site has no sizes"
+        );
+        if t.lifetimes.iter().any(|n| *n != 0) {
+            let l = self.lifetimes.get_or_insert_with(Default::default);
+            for (a, b) in l.iter_mut().zip(t.lifetimes.iter()) {
+                *a = a.wrapping_add(*b);
+            }
+        }
+    }
+
+    fn totals(&self) -> SiteTotals {
+        SiteTotals {
+            calls: self.calls,
+            bytes: self.bytes,
+            frees: self.frees,
+            freed_bytes: self.freed_bytes,
+            live_blocks: self.live_blocks,
+            live_bytes: self.live_bytes,
+            temp_blocks: self.temp_blocks,
+            temp_bytes: self.temp_bytes,
+            lifetimes: self.lifetimes.as_deref().copied().unwrap_or_default(),
+            ..SiteTotals::default()
+        }
+    }
+}
+
 fn site_base(k: &SiteKey) -> SiteKey {
     SiteKey { round: 0, ..*k }
 }
@@ -58,7 +115,7 @@ impl Retired {
         let current = |tgid: u32, epoch: u32| epochs.get(&tgid) == Some(&epoch);
         for (k, t) in self.sites.iter().filter(|(k, _)| current(k.tgid, k.epoch)) {
             let id = (k.tgid, k.stack_id, u32::from(k.func));
-            snap.sites.entry(id).or_default().plus(t);
+            snap.sites.entry(id).or_default().plus(&t.totals());
         }
         for (k, (seq, fix)) in self
             .peak_fix
@@ -229,6 +286,32 @@ mod tests {
 
     use super::snapshot::PeakStates;
     use crate::drain::round::PeakHeld;
+
+    #[test]
+    fn a_retired_site_keeps_its_figures_in_less_room() {
+        let mut a = SiteTotals {
+            calls: 3,
+            bytes: 300,
+            frees: 1,
+            freed_bytes: 100,
+            live_blocks: 2,
+            live_bytes: 200,
+            temp_blocks: 1,
+            temp_bytes: 100,
+            ..SiteTotals::default()
+        };
+        let mut r = RetiredSite::default();
+        r.plus(&a);
+        assert!(r.lifetimes.is_none(), "no lifetimes timed, none kept");
+        assert_eq!(r.totals(), a);
+        a.lifetimes[4] = 2;
+        r.plus(&a);
+        let mut twice = a;
+        twice.plus(&a);
+        twice.lifetimes = a.lifetimes;
+        assert_eq!(r.totals(), twice);
+        assert!(std::mem::size_of::<RetiredSite>() * 5 < std::mem::size_of::<SiteTotals>());
+    }
 
     #[test]
     fn the_peak_keeps_each_sites_figures_of_its_moment() {
