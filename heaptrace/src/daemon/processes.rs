@@ -191,6 +191,18 @@ impl Daemon {
     /// The mappings the exec watch read right after new processes' execs: the stacks read
     /// next may be theirs (a process of a millisecond, gone by now).
     pub(super) fn early_maps(&mut self) {
+        self.take_early_maps(true);
+    }
+
+    /// `early_maps` where the exec watch has read some since; every `EARLY_READS_EVERY`
+    /// between rounds, so that a new process's unwind tables go in within milliseconds of
+    /// its exec rather than at the next round (its allocations meanwhile walk without them:
+    /// `lost.unwind_late`).
+    pub(super) fn early_maps_if_any(&mut self) {
+        self.take_early_maps(false);
+    }
+
+    fn take_early_maps(&mut self, always: bool) {
         let Some(w) = self.procwatch.as_ref() else {
             return;
         };
@@ -198,6 +210,9 @@ impl Daemon {
             Ok(mut m) => std::mem::take(&mut *m),
             Err(_) => return,
         };
+        if early.is_empty() && !always {
+            return;
+        }
         // The exec markers among the memory events first: they drop what was read of the
         // image before.
         self.drain_mem();
