@@ -204,3 +204,90 @@ fn pid_in_process_counts_a_non_pie_python() {
     assert!(mallocs >= 20000, "{mallocs} mallocs: {stderr}");
     assert!(free["untracked"].as_u64().unwrap() >= 1000, "{free}");
 }
+
+fn n(v: &serde_json::Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+/// "WORD A B" from a fixture's output.
+fn pair(line: &str, word: &str) -> (u64, u64) {
+    let w: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(w.first(), Some(&word), "{line}");
+    (w[1].parse().unwrap(), w[2].parse().unwrap())
+}
+
+/// `--census`: tests/fixtures/beforeattach.c holds 64 blocks when attached to, then frees
+/// half of them and keeps 10 new malloc(64). The blocks taken in are exactly those a census
+/// of its heap finds while it waits attached (its 64 and the loader's for the library), each
+/// free is of a known block with its usable size, none untracked, and the rest are leaks of
+/// the "allocated before attach" site.
+#[test]
+fn pid_in_process_census_takes_in_the_blocks_live_before() {
+    use std::io::{BufRead as _, BufReader};
+    let _g = shared();
+    let mut target = Command::new(fixture("beforeattach", "", &[]))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(target.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let before = pair(&line, "before");
+    assert_eq!(before.0, 64);
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let json = json_path("pid-in-process-census");
+    let mut cmd = attach_cmd(target.id(), &json);
+    cmd.args(["--census", "--mode", "stacks"]);
+    let tracer = start_attached(&mut cmd);
+    // What the process holds now, attached and waiting: the census's oracle.
+    let heap = heaptrace()
+        .args([
+            "heap",
+            "-p",
+            &target.id().to_string(),
+            "--stop",
+            "--json",
+            "-",
+        ])
+        .output()
+        .unwrap();
+    assert!(heap.status.success(), "{heap:?}");
+    let heap: serde_json::Value = serde_json::from_slice(&heap.stdout).unwrap();
+    let held = (n(&heap["in_use"]["blocks"]), n(&heap["in_use"]["bytes"]));
+    assert!(held.0 >= before.0, "{}", heap["in_use"]);
+    target.stdin.take().unwrap().write_all(b"x").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let freed = pair(&line, "freed");
+    assert!(target.wait().unwrap().success());
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("blocks live before now taken in"),
+        "{stderr}"
+    );
+    let doc = read_json(&json);
+    let live = &doc["live"];
+    assert_eq!(n(&live["before_attach"]["blocks"]), held.0, "{live}");
+    assert_eq!(n(&live["before_attach"]["bytes"]), held.1, "{live}");
+    assert_eq!(n(&live["before_attach"]["lost_blocks"]), 0, "{live}");
+    let free = &doc["functions"]["free"];
+    assert_eq!(n(&free["untracked"]), 0, "{free}");
+    assert_eq!(n(&free["calls"]), freed.0, "{free}");
+    assert_eq!(n(&free["bytes"]), freed.1, "{free}");
+    let left = (held.0 - freed.0, held.1 - freed.1);
+    assert_eq!(n(&live["blocks"]), left.0 + 10, "{live}");
+    assert_eq!(n(&live["bytes"]), left.1 + 640, "{live}");
+    let old: Vec<&serde_json::Value> = doc["leaks"]["by_stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["stack_id"].as_i64() == Some(i32::MIN as i64 + 2))
+        .collect();
+    assert_eq!(old.len(), 1, "{}", doc["leaks"]);
+    assert_eq!((n(&old[0]["blocks"]), n(&old[0]["bytes"])), left);
+    assert_eq!(old[0]["frames"][0]["function"], "[allocated before attach]");
+}
