@@ -291,3 +291,45 @@ fn pid_in_process_census_takes_in_the_blocks_live_before() {
     assert_eq!((n(&old[0]["blocks"]), n(&old[0]["bytes"])), left);
     assert_eq!(old[0]["frames"][0]["function"], "[allocated before attach]");
 }
+
+/// A library dlopened after the attach (tests/fixtures/dlopenwork.c): its GOT entries are
+/// redirected at the program's `dlsym` of it, before its first call, so that each of its
+/// 300 malloc(4321) and its calloc(3, 1111) is counted, and each free of them known.
+#[test]
+fn pid_in_process_counts_a_library_loaded_after_the_attach() {
+    use std::io::{BufRead as _, BufReader};
+    let _g = shared();
+    let lib = fixture("dlopenwork", "", &["-shared", "-fPIC"]);
+    let mut target = Command::new(fixture("dlopenlater", "", &[]))
+        .arg(&lib)
+        .arg("300")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(target.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let json = json_path("pid-in-process-dlopen");
+    let mut cmd = attach_cmd(target.id(), &json);
+    cmd.args(["--mode", "sizes"]);
+    let tracer = start_attached(&mut cmd);
+    let mut stdin = target.stdin.take().unwrap();
+    stdin.write_all(b"g").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "done\n");
+    tracer.signal(libc::SIGINT);
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    drop(stdin);
+    assert!(target.wait().unwrap().success());
+    let doc = read_json(&json);
+    let sizes = crate::expect::Expected::observed_sizes(&doc["sizes"]);
+    assert_eq!(sizes.get(&("malloc".into(), 4321)), Some(&300), "{sizes:?}");
+    assert_eq!(sizes.get(&("calloc".into(), 3333)), Some(&1), "{sizes:?}");
+    let free = &doc["functions"]["free"];
+    assert!(n(&free["calls"]) >= 301, "{free}");
+    assert_eq!(n(&free["untracked"]), 0, "{free}");
+}
