@@ -45,8 +45,8 @@ pub extern "C" fn heaptrace_attach(
 }
 
 /// Writes back every entry redirected: the process calls its allocator directly again.
+/// -1: another thread was redirecting a module loaded later (`later`); to be tried again.
 #[unsafe(no_mangle)]
 pub extern "C" fn heaptrace_detach() -> i64 {
-    got::restore();
-    0
+    if got::restore() { 0 } else { -1 }
 }

@@ -6,7 +6,7 @@
 //! bounded and a module whose dynamic section does not check out is left alone.
 use core::{
     ffi::{c_int, c_void},
-    sync::atomic::{AtomicUsize, Ordering},
+    sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
 };
 
 /// The entries written at most; beyond, left alone (`lost`).
@@ -85,8 +85,74 @@ pub const NAMES: [&[u8]; 10] = [
 static OURS: [AtomicUsize; 10] = [const { AtomicUsize::new(0) }; 10];
 
 fn ours(name: &[u8]) -> Option<usize> {
+    if name == b"dlsym" {
+        return Some(crate::later::dlsym as *const () as usize);
+    }
     let i = NAMES.iter().position(|n| *n == name)?;
     Some(OURS[i].load(Ordering::Relaxed)).filter(|f| *f != 0)
+}
+
+/// Held while entries are written or written back: by the attach, the detach, and a
+/// `dlsym` that found modules loaded since the last pass (`later`), on any thread.
+static WRITING: AtomicBool = AtomicBool::new(false);
+/// Redirected, and not written back since.
+static ATTACHED: AtomicBool = AtomicBool::new(false);
+/// The loader's count of modules loaded (`dlpi_adds`) at the last pass.
+static ADDS: AtomicU64 = AtomicU64::new(0);
+
+/// Takes `WRITING`, trying at most `tries` times (yielding between): false if not taken.
+fn lock(tries: u32) -> bool {
+    for _ in 0..tries {
+        if WRITING
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return true;
+        }
+        // SAFETY: no preconditions.
+        unsafe { libc::sched_yield() };
+    }
+    false
+}
+
+fn unlock() {
+    WRITING.store(false, Ordering::Release);
+}
+
+unsafe extern "C" fn adds(info: *mut libc::dl_phdr_info, size: usize, out: *mut c_void) -> c_int {
+    if size >= core::mem::offset_of!(libc::dl_phdr_info, dlpi_subs) {
+        // SAFETY: the loader's record, which has the field (`size` says so); `out` a u64.
+        unsafe { *(out as *mut u64) = (*info).dlpi_adds };
+    }
+    1
+}
+
+/// The loader's count of modules loaded so far (0 if it keeps none).
+fn loads() -> u64 {
+    let mut n = 0u64;
+    // SAFETY: a callback that reads one field of the first module's record.
+    unsafe { libc::dl_iterate_phdr(Some(adds), &mut n as *mut u64 as *mut c_void) };
+    n
+}
+
+/// Called after each `dlsym` of a handle while attached: the modules loaded since the last
+/// pass get their entries redirected. Entries already redirected are skipped (their value
+/// is already this library's).
+pub fn after_dlsym() {
+    if !ATTACHED.load(Ordering::Acquire) || loads() == ADDS.load(Ordering::Relaxed) {
+        return;
+    }
+    if !lock(u32::MAX) {
+        return;
+    }
+    // Written back meanwhile: nothing to redirect any more.
+    if ATTACHED.load(Ordering::Acquire) {
+        ADDS.store(loads(), Ordering::Relaxed);
+        let own = redirect as *const () as *mut c_void;
+        // SAFETY: as in `redirect`.
+        unsafe { libc::dl_iterate_phdr(Some(each), own) };
+    }
+    unlock();
 }
 
 /// A module as loaded: where each of its segments is, to check its own pointers against.
@@ -244,7 +310,7 @@ fn redirect_table(m: &Module, t: &Tables, (at, size): (usize, usize)) {
         let page = slot & !4095;
         let protected = page >= relro.0 && page < relro.1;
         if write(slot, f, protected) {
-            // SAFETY: one writer (the attach runs on one thread); entries below USED only.
+            // SAFETY: one writer (`WRITING` held); entries below USED only.
             unsafe {
                 SLOTS[used] = Slot {
                     at: slot,
@@ -319,20 +385,34 @@ pub fn redirect(ours: &[usize; 10]) -> Option<usize> {
         .checked_sub(0)
         .filter(|f| *f != 0)?;
     let own = redirect as *const () as *mut c_void;
+    if !lock(u32::MAX) {
+        return None;
+    }
+    ADDS.store(loads(), Ordering::Relaxed);
     // SAFETY: as above.
     unsafe { libc::dl_iterate_phdr(Some(each), own) };
+    ATTACHED.store(true, Ordering::Release);
+    unlock();
     Some(USED.load(Ordering::Acquire))
 }
 
 /// Writes back every entry redirected, last first (an entry written twice gets its first
-/// value back), and forgets them.
-pub fn restore() {
+/// value back), and forgets them. False if a pass of another thread (`after_dlsym`) held
+/// the entries all along (the caller tries again later).
+pub fn restore() -> bool {
+    // Bounded: the thread heaptrace calls through may be one stopped inside a pass.
+    if !lock(10_000) {
+        return false;
+    }
+    ATTACHED.store(false, Ordering::Release);
     let used = USED.swap(0, Ordering::AcqRel);
     for i in (0..used).rev() {
         // SAFETY: entries below the count taken, written by `redirect`.
         let s = unsafe { SLOTS[i] };
         write(s.at, s.old, s.relro);
     }
+    unlock();
+    true
 }
 
 /// Entries found that could not be redirected.

@@ -11,6 +11,7 @@
 mod attach;
 mod count;
 mod got;
+mod later;
 mod live;
 mod python;
 mod real;

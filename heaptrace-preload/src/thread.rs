@@ -49,6 +49,13 @@ extern "C" fn exit(v: *mut core::ffi::c_void) {
     }
 }
 
+/// Threads taking a slot now, by id: a call one of them makes meanwhile is the library's
+/// own. The key's own value cannot say so at first: past the C library's first 32 keys
+/// (a process that made many, or attached to many times), `pthread_setspecific` allocates
+/// the key's second level with calloc, which leads back here.
+const CLAIMERS: usize = 64;
+static CLAIMING_TIDS: [AtomicU32; CLAIMERS] = [const { AtomicU32::new(0) }; CLAIMERS];
+
 /// This thread's slot, taking one if it has none.
 #[inline(always)]
 pub fn current(r: &Region) -> Result<*mut ThreadHead, NoSlot> {
@@ -58,18 +65,38 @@ pub fn current(r: &Region) -> Result<*mut ThreadHead, NoSlot> {
     // SAFETY: KEY is set (KEY_OK).
     let v = unsafe { libc::pthread_getspecific(KEY) } as usize;
     match v {
-        0 => claim(r).ok_or(NoSlot::Full),
+        0 => claim(r),
         NO_SLOT => Err(NoSlot::Full),
         CLAIMING => Err(NoSlot::Own),
         _ => Ok(v as *mut ThreadHead),
     }
 }
 
+/// A slot taken for this thread, with its id among the claimers meanwhile.
 #[cold]
-fn claim(r: &Region) -> Option<*mut ThreadHead> {
+fn claim(r: &Region) -> Result<*mut ThreadHead, NoSlot> {
+    let tid = crate::real::gettid() as u32;
+    if CLAIMING_TIDS
+        .iter()
+        .any(|t| t.load(Ordering::Acquire) == tid)
+    {
+        return Err(NoSlot::Own);
+    }
+    // No room to say so: uncounted, tried again at its next call.
+    let Some(mine) = CLAIMING_TIDS.iter().find(|t| {
+        t.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }) else {
+        return Err(NoSlot::Own);
+    };
+    let got = claim_as(r, tid);
+    mine.store(0, Ordering::Release);
+    got.ok_or(NoSlot::Full)
+}
+
+fn claim_as(r: &Region, tid: u32) -> Option<*mut ThreadHead> {
     // SAFETY: KEY is set.
     unsafe { libc::pthread_setspecific(KEY, CLAIMING as *const core::ffi::c_void) };
-    let tid = crate::real::gettid() as u32;
     let slot = (0..r.fixed.threads as usize)
         .map(|i| r.at::<ThreadHead>(r.layout.thread(i)))
         .find(|t| take(*t, 0, tid))

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Cost per malloc+free pair once attached: Hoard's threadtest (P = 1, 30,000 live blocks a
 # round, ROUNDS rounds) started and held before its work, attached to with `heaptrace -q -p`
-# (kernel path) and `heaptrace -q -p --in-process`, in counts and stacks modes, then let go;
-# REPS interleaved rounds against native runs, by the program's own timer. Also the attach
-# time of --in-process as heaptrace says it (stop to let go). Root.
+# (kernel path), `heaptrace -q -p --in-process`, in counts and stacks modes, and Debian's
+# `heaptrack -p` (gdb injects its library; it records stacks), then let go; REPS interleaved
+# rounds against native runs, by the program's own timer. Also the attach time of
+# --in-process as heaptrace says it (stop to let go). Root.
 #
 #   tests/bench/inattach.sh [REPS] [ROUNDS]      (from the repository root)
 set -euo pipefail
@@ -35,6 +36,20 @@ def run(flags):
                          stderr=subprocess.PIPE, text=True)
     assert t.stdout.readline() == "ready\n"
     h, took = None, None
+    if flags == "heaptrack":
+        h = subprocess.Popen(["heaptrack", "-o", f"/tmp/inattach-heaptrack-{t.pid}", "-p",
+                              str(t.pid)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             text=True)
+        for line in h.stdout:
+            if "injection finished" in line:
+                break
+        t.stdin.write("g"); t.stdin.flush()
+        out = t.communicate()[0]
+        h.communicate()
+        for f in os.listdir("/tmp"):
+            if f.startswith(f"inattach-heaptrack-{t.pid}"):
+                os.remove(os.path.join("/tmp", f))
+        return float(re.search(r"elapsed=([0-9.]+)", out).group(1)), None
     if flags is not None:
         h = subprocess.Popen([ht, "-q", "--no-tui", *flags, "-p", str(t.pid)],
                              stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
@@ -50,7 +65,8 @@ def run(flags):
     return float(re.search(r"elapsed=([0-9.]+)", out).group(1)), took
 ways = {"native": None, "kernel counts": ["--mode", "counts"], "kernel stacks": ["--mode", "stacks"],
         "in-process counts": ["--in-process", "--mode", "counts"],
-        "in-process stacks": ["--in-process", "--mode", "stacks"]}
+        "in-process stacks": ["--in-process", "--mode", "stacks"],
+        "heaptrack -p (stacks)": "heaptrack"}
 runs, attach = {k: [] for k in ways}, []
 for _ in range(reps):
     for k, f in ways.items():

@@ -419,3 +419,37 @@ bpf_test!(
         assert!(unnamed.len() <= 1, "unnamed: {unnamed:?} of {pids:?}");
     }
 );
+
+/// `-p PID --in-process` into a process in a container (a mount namespace of its own, its
+/// root pivoted, its own /proc): the library and the region reach it as descriptors made in
+/// it (memfds, opened by it through its own /proc/self/fd), never by a host path; its
+/// counted phase is exact. Needs root (ptrace), not BPF.
+#[test]
+fn pid_in_process_attaches_into_a_container() {
+    let _g = shared();
+    let ct = Container::build("inproc", "/ctapp");
+    fs::create_dir_all(ct.root.join("proc")).unwrap();
+    let fx = Fixture::main_thread(300, 3);
+    let child = ct.start(&["0", "300", "3"]);
+    let pid = child.pid();
+    let json = json_path("ct-in-process");
+    let mut ht = heaptrace();
+    ht.args([
+        "--no-tui",
+        "-q",
+        "--in-process",
+        "--mode",
+        "sizes",
+        "--json",
+    ])
+    .arg(&json)
+    .args(["-p", &pid.to_string()]);
+    let tracer = start_attached(&mut ht);
+    child.run();
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    let doc = read_json(&json);
+    assert_eq!(doc["heaptrace"]["collector"], "in-process-attached");
+    let want = Expected::of(&fx);
+    assert_eq!(Expected::observed(&doc, &doc["sizes"], &want), want);
+}

@@ -21,6 +21,7 @@ use heaptrace_common::{
 
 use crate::error::{Error, Result};
 
+mod before_attach;
 mod check;
 mod read;
 

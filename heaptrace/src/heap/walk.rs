@@ -491,6 +491,34 @@ impl ArenaWalk {
     }
 }
 
+/// Pages of an anonymous region looked at for its first mmapped chunk: a library's `.bss`
+/// (zeroed memory past its file, such as one dlopened after the chunks were mapped, just
+/// below them) is merged with them into one region by the kernel.
+const LEAD_PAGES: u64 = 64;
+
+/// The size of the mmapped chunk at `addr` (its mapping's start: `prev_size` 0), if one is.
+fn mmapped_at(mem: &dyn Memory, r: &Region, addr: u64) -> Option<u64> {
+    let (prev, word) = (mem.u64_at(addr)?, mem.u64_at(addr.wrapping_add(8))?);
+    let size = layout::chunk_size(word);
+    // memalign'ed chunks sit `prev` bytes into their mapping; prev_size says so.
+    let ok = prev == 0
+        && word & 7 == IS_MMAPPED
+        && size >= PAGE
+        && size.is_multiple_of(PAGE)
+        && size <= r.end - addr;
+    ok.then_some(size)
+}
+
+/// Where the region's first mmapped chunk starts: its start, or one of its first
+/// `LEAD_PAGES` pages; its end if none does.
+fn first_mmapped(mem: &dyn Memory, r: &Region) -> u64 {
+    (0..LEAD_PAGES)
+        .map(|i| r.start + i * PAGE)
+        .take_while(|a| a.saturating_add(16) <= r.end)
+        .find(|a| mmapped_at(mem, r, *a).is_some())
+        .unwrap_or(r.end)
+}
+
 /// Chunks with their own mapping: anonymous writable regions outside the arenas whose first
 /// chunk header says mmapped (the kernel merges neighbouring ones into one region).
 fn mmapped(mem: &dyn Memory, regions: &[Region], w: &mut Walk, keep: bool) {
@@ -507,22 +535,12 @@ fn mmapped(mem: &dyn Memory, regions: &[Region], w: &mut Walk, keep: bool) {
         if in_arena(r) {
             continue;
         }
-        let mut addr = r.start;
+        let mut addr = first_mmapped(mem, r);
         while addr.saturating_add(16) <= r.end {
-            let (Some(prev), Some(word)) = (mem.u64_at(addr), mem.u64_at(addr.wrapping_add(8)))
-            else {
-                break;
-            };
-            let size = layout::chunk_size(word);
-            // memalign'ed chunks sit `prev` bytes into their mapping; prev_size says so.
-            let whole = size.checked_add(prev);
-            let ok = word & 7 == IS_MMAPPED
-                && size >= PAGE
-                && whole.is_some_and(|n| n % PAGE == 0 && n <= r.end - addr);
-            if !ok || prev != 0 {
+            let Some(size) = mmapped_at(mem, r, addr) else {
                 // An aligned block starts inside its mapping: not walked (docs/heap-census.md).
                 break;
-            }
+            };
             *found.entry(size).or_insert(0u64) += 1;
             if keep {
                 w.blocks.push(Block {

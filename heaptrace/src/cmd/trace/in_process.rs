@@ -30,7 +30,6 @@ fn check_in_process(cli: &TraceArgs, target: &Target) -> Result<()> {
         (cli.oom_dir.is_some(), "--oom-dir"),
         (cli.comm.is_some(), "--comm"),
         (cli.cgroup.is_some(), "--cgroup"),
-        (cli.census && matches!(target, Target::Pid(_)), "--census"),
     ];
     if let Some((_, flag)) = refused.iter().find(|(set, _)| *set) {
         return Err(Error::Usage(format!(
@@ -194,6 +193,7 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
         child,
         unwind,
         collector,
+        before,
         rt,
     } = started;
     let _in_runtime = rt.enter();
@@ -212,7 +212,7 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
     }
     modules.settle(pid, &provider.path, Duration::from_millis(200));
     let (view, live) = open_view(live_view, cli, target, &info, &[], 0);
-    let mut profile = super::new_profile(cli, &info, None);
+    let mut profile = super::new_profile(cli, &info, before);
     profile.collector = collector;
     let exit_watch = match target {
         Target::Pid(_) => exit_watch(target),
@@ -249,6 +249,8 @@ pub(super) struct Started {
     pub child: Option<launch::Child>,
     pub unwind: Option<crate::unwind::loaded::Tables>,
     pub collector: Collector,
+    /// `-p --census`: the blocks live before the attach, taken in.
+    pub before: Option<crate::drain::before_attach::BeforeAttach>,
     pub rt: tokio::runtime::Runtime,
 }
 
@@ -280,6 +282,7 @@ fn launch(cli: &TraceArgs, argv: &[std::ffi::OsString], live_view: bool) -> Resu
         child: Some(child),
         unwind,
         collector: Collector::InProcess,
+        before: None,
         rt,
     })
 }

@@ -7,7 +7,7 @@ use super::{
     *,
 };
 use crate::{
-    drain::in_process::Region,
+    drain::{before_attach::BeforeAttach, in_process::Region},
     run_info::Collector,
     targets::{inject, preload},
 };
@@ -27,8 +27,9 @@ pub(super) fn attach(cli: &TraceArgs, pid: u32) -> Result<Started> {
             cli.temporary_allocs,
         )?;
         region.set_pid(pid);
-        // On before the GOT is written: the first call redirected is counted.
-        region.set_counting(true);
+        // On before the GOT is written: the first call redirected is counted. With a census,
+        // on once its blocks are in, the process stopped.
+        region.set_counting(!cli.census);
         let out = region.size_and_token();
         made = Some(region);
         Ok(out)
@@ -52,17 +53,26 @@ pub(super) fn attach(cli: &TraceArgs, pid: u32) -> Result<Started> {
             Err(e) => crate::say!("heaptrace: warning: {e}"),
         }
     }));
+    let before = if cli.census {
+        census(&mut region, pid)?
+    } else {
+        None
+    };
     crate::say!(
         "heaptrace: attached in process to pid {pid} (loaded in {:.1} ms, {} GOT entries \
-         redirected{}), {}; blocks allocated before now and freed later count as untracked \
-         frees",
+         redirected{}), {}{}",
         loaded.took.as_secs_f64() * 1e3,
         loaded.redirected,
         match loaded.lost {
             0 => String::new(),
             n => format!(", {n} could not be"),
         },
-        provider.path.display()
+        provider.path.display(),
+        match before {
+            Some(b) => format!("; {} blocks live before now taken in", b.blocks),
+            None =>
+                "; blocks allocated before now and freed later count as untracked frees".to_string(),
+        }
     );
     let unwind = {
         let _in_runtime = rt.enter();
@@ -76,6 +86,37 @@ pub(super) fn attach(cli: &TraceArgs, pid: u32) -> Result<Started> {
         child: None,
         unwind,
         collector: Collector::InProcessAttached,
+        before,
         rt,
     })
+}
+
+/// `--census`: the blocks the process holds now, read with every thread stopped, put in the
+/// region's live table; counting on before the process runs again (it was off since the
+/// region was made: calls through the GOT went straight through). None, with a line saying
+/// why, where the heap cannot be read (another allocator, an unknown glibc).
+fn census(region: &mut Region, pid: u32) -> Result<Option<BeforeAttach>> {
+    let held = match crate::heap::blocks_of_process(pid, true) {
+        Ok(h) => h,
+        Err(e) => {
+            region.set_counting(true);
+            crate::say!("heaptrace: blocks live before attach not counted: {e}");
+            return Ok(None);
+        }
+    };
+    for w in &held.warnings {
+        crate::say!("heaptrace: warning: heap of pid {pid} before attach: {w}");
+    }
+    let taken = region.take_in_before_attach(&held.blocks);
+    region.set_counting(true);
+    drop(held.frozen);
+    let taken = taken?;
+    if taken.lost_blocks > 0 {
+        crate::say!(
+            "heaptrace: warning: {} blocks live before attach did not fit in the live table \
+             (--live-map-size): counted lost",
+            taken.lost_blocks
+        );
+    }
+    Ok(Some(taken))
 }

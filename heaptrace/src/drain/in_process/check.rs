@@ -6,7 +6,9 @@
 //! wrong, never heaptrace's memory, time or other processes' figures.
 use std::sync::atomic::Ordering;
 
-use heaptrace_common::{FUNC_COUNT, NO_SITE, inproc::Header, inproc::LOST_STACK};
+use heaptrace_common::{
+    BEFORE_ATTACH, BEFORE_ATTACH_FUNC, FUNC_COUNT, NO_SITE, inproc::Header, inproc::LOST_STACK,
+};
 
 use super::Region;
 use crate::drain::round::{Snapshot, Totals};
@@ -82,8 +84,10 @@ impl Region {
     }
 
     /// Whether a function index and a stack id read from the region can be a site's.
+    /// A block heaptrace put in from the heap's census (`before_attach`) is one.
     pub(super) fn known_site(&self, func: u32, id: i32, used: usize) -> bool {
-        (func as usize) < FUNC_COUNT && self.known_stack(id, used)
+        (id == BEFORE_ATTACH && func == BEFORE_ATTACH_FUNC)
+            || ((func as usize) < FUNC_COUNT && self.known_stack(id, used))
     }
 
     /// Keeps of `snap` what is within bounds and, in the same image as `last`, never below it

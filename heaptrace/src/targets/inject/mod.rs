@@ -200,17 +200,32 @@ fn read_cstr(pid: u32, at: u64) -> String {
     String::from_utf8_lossy(&b[..end]).into_owned()
 }
 
+/// Tries of the detach: another thread may be redirecting a module it loaded.
+const DETACH_TRIES: u32 = 20;
+
 /// Writes back every GOT entry the attach redirected (`heaptrace_detach` at `detach`).
 pub fn unload(pid: u32, detach: u64) -> crate::error::Result<std::time::Duration> {
     let found = libc::find(pid).map_err(|r| err(pid, r))?;
     let start = Instant::now();
-    let held = stop::safe_thread(pid, &found.avoid).map_err(|r| err(pid, r))?;
-    let tramp = Trampoline::install(pid, found.scratch, &held).map_err(|e| err(pid, e))?;
-    let result = call(pid, &held, &tramp, detach, &[]);
-    let removed = tramp.remove(pid);
-    let released = held.release();
-    result.map_err(|e| err(pid, e))?;
-    removed.map_err(|e| err(pid, e))?;
-    released.map_err(|e| err(pid, e))?;
-    Ok(start.elapsed())
+    for _ in 0..DETACH_TRIES {
+        let held = stop::safe_thread(pid, &found.avoid).map_err(|r| err(pid, r))?;
+        let tramp = Trampoline::install(pid, found.scratch, &held).map_err(|e| err(pid, e))?;
+        let result = call(pid, &held, &tramp, detach, &[]);
+        let removed = tramp.remove(pid);
+        let released = held.release();
+        let done = result.map_err(|e| err(pid, e))? as i64 == 0;
+        removed.map_err(|e| err(pid, e))?;
+        released.map_err(|e| err(pid, e))?;
+        if done {
+            return Ok(start.elapsed());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    Err(err(
+        pid,
+        format!(
+            "its GOT entries were being redirected for a module it loaded each of \
+             {DETACH_TRIES} times: left redirected, counting off"
+        ),
+    ))
 }
