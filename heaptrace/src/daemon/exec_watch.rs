@@ -54,6 +54,10 @@ pub struct ProcWatch {
     /// Execs as the reader thread forwards them, until the daemon takes the receiver.
     pub events: Option<mpsc::Receiver<ProcEvent>>,
     pub early: EarlyMaps,
+    /// Readable once the reader has put mappings in `early`: the daemon takes them at once,
+    /// so that a new process's unwind tables are in the kernel within milliseconds of its
+    /// exec rather than at the next round (`lost.unwind_late` meanwhile).
+    pub early_ready: Option<AsyncFd<Arc<OwnedFd>>>,
     early_cgroups: Option<EarlyCgroups>,
     stop: Arc<AtomicBool>,
     /// Written to end the reader's wait at once.
@@ -128,6 +132,13 @@ impl ProcWatch {
         // SAFETY: a valid fd that nothing else owns.
         let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(wake) });
         let early = EarlyMaps::default();
+        // SAFETY: no pointers; the new fd is owned at once.
+        let ready = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if ready < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        // SAFETY: a valid fd that nothing else owns.
+        let ready = Arc::new(unsafe { OwnedFd::from_raw_fd(ready) });
         let early_cgroups =
             crate::targets::cgroups::v1_memory_mount().map(|_| EarlyCgroups::default());
         let reader = Reader {
@@ -138,6 +149,7 @@ impl ProcWatch {
             wake: wake.clone(),
             comm: comm.clone(),
             early: early.clone(),
+            ready: ready.clone(),
             delay: delay_for_tests(),
             files: OpenFiles::default(),
         };
@@ -173,6 +185,8 @@ impl ProcWatch {
         Ok(ProcWatch {
             events: Some(events),
             early,
+            // SAFETY: the fd stays open while registered (the Arc holds it).
+            early_ready: unsafe { AsyncFd::register(ready) }.ok(),
             early_cgroups,
             stop,
             wake,
@@ -287,6 +301,15 @@ impl ProcWatch {
     }
 
     /// Prints what the kernel side logged.
+    /// Resets `early_ready` (its counter read), before the mappings are taken.
+    pub fn early_taken(&self) {
+        if let Some(fd) = &self.early_ready {
+            let mut n = [0u8; 8];
+            // SAFETY: an 8-byte read from a nonblocking eventfd we own.
+            let _ = unsafe { libc::read(fd.get_ref().as_raw_fd(), n.as_mut_ptr().cast(), 8) };
+        }
+    }
+
     pub fn flush_logs(&mut self) {
         if let Some(l) = self.logs.as_mut() {
             l.get_mut().flush();
@@ -413,6 +436,7 @@ struct Reader {
     wake: Arc<OwnedFd>,
     comm: Option<String>,
     early: EarlyMaps,
+    ready: Arc<OwnedFd>,
     delay: Option<Duration>,
     /// The files of the mappings read, opened at once (a container's are reached through
     /// the process alone).
@@ -552,6 +576,9 @@ impl Reader {
         match self.early.lock() {
             Ok(mut early) if early.len() < EARLY_MAPS || early.contains_key(&pid) => {
                 early.insert(pid, read);
+                let one = 1u64.to_ne_bytes();
+                // SAFETY: an 8-byte write to an eventfd we own; a full counter only fails.
+                let _ = unsafe { libc::write(self.ready.as_raw_fd(), one.as_ptr().cast(), 8) };
                 true
             }
             _ => false,

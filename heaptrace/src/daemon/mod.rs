@@ -267,9 +267,6 @@ const LAST_CHECK_EVERY: Duration = Duration::from_millis(20);
 /// How often the site and size maps are looked at between rounds (`drain::relief`): two small
 /// reads, and a retire when they are filling.
 const RELIEF_EVERY: Duration = Duration::from_millis(100);
-/// How often the exec watch's reads of new processes' mappings are taken between rounds
-/// (`Daemon::early_maps_if_any`): a look under a lock when there are none.
-const EARLY_READS_EVERY: Duration = Duration::from_millis(10);
 
 impl Daemon {
     pub async fn watch(&mut self, interval: Duration) -> Result<End> {
@@ -304,8 +301,6 @@ impl Daemon {
         let mut last_check = tokio::time::interval(LAST_CHECK_EVERY);
         let mut relief = tokio::time::interval(RELIEF_EVERY);
         relief.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut early_reads = tokio::time::interval(EARLY_READS_EVERY);
-        early_reads.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let pending = self.procwatch.as_ref().is_some_and(ProcWatch::has_pending);
             let early_maps = self.pid.is_some() && self.start.elapsed() < EARLY_MAPS;
@@ -340,7 +335,12 @@ impl Daemon {
                 _ = relief.tick() => {
                     self.maps.relieve()?;
                 }
-                _ = early_reads.tick(), if self.procwatch.is_some() => self.early_maps_if_any(),
+                _ = readable(self.procwatch.as_ref().and_then(|w| w.early_ready.as_ref())) => {
+                    if let Some(w) = self.procwatch.as_ref() {
+                        w.early_taken();
+                    }
+                    self.early_maps_if_any();
+                }
                 _ = last_check.tick(), if self.root_ended => {
                     if !self.others_alive() {
                         return Ok(End::TargetExited);

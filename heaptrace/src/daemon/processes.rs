@@ -194,10 +194,10 @@ impl Daemon {
         self.take_early_maps(true);
     }
 
-    /// `early_maps` where the exec watch has read some since; every `EARLY_READS_EVERY`
-    /// between rounds, so that a new process's unwind tables go in within milliseconds of
-    /// its exec rather than at the next round (its allocations meanwhile walk without them:
-    /// `lost.unwind_late`).
+    /// `early_maps` where the exec watch has read some since: between rounds, as soon as it
+    /// says so (`ProcWatch::early_ready`), so that a new process's unwind tables go in within
+    /// milliseconds of its exec rather than at the next round (its allocations meanwhile walk
+    /// without them: `lost.unwind_late`).
     pub(super) fn early_maps_if_any(&mut self) {
         self.take_early_maps(false);
     }
