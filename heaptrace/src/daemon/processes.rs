@@ -257,13 +257,16 @@ impl Daemon {
         }
         if self.pid.is_some() {
             for p in &pids {
-                // The name the kernel gave at the exec: a short command may be gone by now.
-                let comm = self
-                    .procwatch
-                    .as_ref()
-                    .and_then(|w| w.seen.get(p).map(|(c, _)| c.clone()))
+                // Its name now; else the name the kernel gave at the exec (a short command
+                // may be gone by now). Not that name first: when the read finds the exec before
+                // its event comes, the watch still has the name before it.
+                let comm = procfs::comm(*p)
                     .filter(|c| !c.is_empty())
-                    .or_else(|| procfs::comm(*p))
+                    .or_else(|| {
+                        self.procwatch
+                            .as_ref()
+                            .and_then(|w| w.seen.get(p).map(|(c, _)| c.clone()))
+                    })
                     .unwrap_or_default();
                 let says = format!("pid {p} exec'ed {comm}: its counts start over");
                 if !self.quiet && self.live.is_none() {

@@ -35,7 +35,9 @@ impl Daemon {
         self.drain_mem();
         let snap = self.maps.snapshot()?;
         // Started over at an exec whose event is not read yet: the read says so by its epoch.
-        self.start_over(snap.restarted_since(&self.prev).into_iter().collect());
+        let mut restarted: HashSet<u32> = snap.restarted_since(&self.prev).into_iter().collect();
+        restarted.extend(self.execed_uncounted(&snap, &gone));
+        self.start_over(restarted);
         // The earlier images of the processes that exec'ed go from the maps (the snapshot
         // counted their current images only), and their stacks are freed below unless others
         // hold them: a shell's forks that exec leave theirs (a pyenv shim's ~35 bash a run).
@@ -128,6 +130,21 @@ impl Daemon {
         self.early_maps();
         self.maps.relieve()?;
         Ok(())
+    }
+
+    /// Processes of the last read missing from this one, alive, whose epoch the kernel moved
+    /// on: they exec'ed (their counters went) and have not counted since. Started over now:
+    /// once the read no longer holds them, a later read's epoch has nothing to differ from,
+    /// and a launched command held at its exec for a round kept its earlier image's figures
+    /// when the exec event came late.
+    fn execed_uncounted(&self, snap: &Snapshot, gone: &HashSet<u32>) -> Vec<u32> {
+        self.prev
+            .procs
+            .iter()
+            .filter(|(p, _)| !snap.procs.contains_key(p) && !gone.contains(p))
+            .filter(|(p, read)| self.maps.epoch(**p) != read.epoch && procfs::alive(**p))
+            .map(|(p, _)| *p)
+            .collect()
     }
 
     /// Frees the ids of stacks that live processes no longer use (`drain::idle`): the
