@@ -385,31 +385,10 @@ fn pid_in_process_census_takes_in_the_blocks_live_before() {
 fn pid_in_process_counts_a_library_loaded_after_the_attach() {
     let _g = shared();
     let lib = fixture("dlopenwork", "", &["-shared", "-fPIC"]);
-    let mut target = Command::new(fixture("dlopenlater", "", &[]))
-        .arg(&lib)
-        .arg("300")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(target.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line, "ready\n");
-    let json = json_path("pid-in-process-dlopen");
-    let mut cmd = attach_cmd(target.id(), &json);
-    cmd.args(["--mode", "sizes"]);
-    let tracer = start_attached(&mut cmd);
-    let mut stdin = target.stdin.take().unwrap();
-    stdin.write_all(b"g").unwrap();
-    line.clear();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line, "done\n");
-    tracer.signal(libc::SIGINT);
-    let (code, stderr) = tracer.wait();
-    assert_eq!(code, 0, "{stderr}");
-    drop(stdin);
-    assert!(target.wait().unwrap().success());
+    let mut target = Command::new(fixture("dlopenlater", "", &[]));
+    target.arg(&lib).arg("300");
+    let (json, done) = attached_run(target, "pid-in-process-dlopen", "sizes");
+    assert_eq!(done, "done\n");
     let doc = read_json(&json);
     let sizes = crate::expect::Expected::observed_sizes(&doc["sizes"]);
     assert_eq!(sizes.get(&("malloc".into(), 4321)), Some(&300), "{sizes:?}");
@@ -419,14 +398,10 @@ fn pid_in_process_counts_a_library_loaded_after_the_attach() {
     assert_eq!(n(&free["untracked"]), 0, "{free}");
 }
 
-/// A C++ program allocating through libstdc++'s operator new (its malloc and free entries
-/// redirected as any module's): 500 new char[777] and 500 new std::vector<int>(250) counted
-/// exactly, each as malloc of its size, every delete a free of a known block.
-#[test]
-fn pid_in_process_counts_operator_new_of_libstdcxx() {
-    let _g = shared();
-    let mut target = Command::new(cpp_fixture("cppnew"))
-        .arg("500")
+/// Starts `target` (which says "ready", works on a byte on stdin, then says its last line),
+/// attaches in `mode`, lets it work, detaches; returns the JSON's path and that last line.
+fn attached_run(mut target: Command, tag: &str, mode: &str) -> (std::path::PathBuf, String) {
+    let mut target = target
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -435,20 +410,32 @@ fn pid_in_process_counts_operator_new_of_libstdcxx() {
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     assert_eq!(line, "ready\n");
-    let json = json_path("pid-in-process-cpp");
+    let json = json_path(tag);
     let mut cmd = attach_cmd(target.id(), &json);
-    cmd.args(["--mode", "stacks"]);
+    cmd.args(["--mode", mode]);
     let tracer = start_attached(&mut cmd);
     let mut stdin = target.stdin.take().unwrap();
     stdin.write_all(b"g").unwrap();
     line.clear();
     out.read_line(&mut line).unwrap();
-    assert!(line.starts_with("done"), "{line}");
     tracer.signal(libc::SIGINT);
     let (code, stderr) = tracer.wait();
     assert_eq!(code, 0, "{stderr}");
     drop(stdin);
     assert!(target.wait().unwrap().success());
+    (json, line)
+}
+
+/// A C++ program allocating through libstdc++'s operator new (its malloc and free entries
+/// redirected as any module's): 500 new char[777] and 500 new std::vector<int>(250) counted
+/// exactly, each as malloc of its size, every delete a free of a known block.
+#[test]
+fn pid_in_process_counts_operator_new_of_libstdcxx() {
+    let _g = shared();
+    let mut target = Command::new(cpp_fixture("cppnew"));
+    target.arg("500");
+    let (json, done) = attached_run(target, "pid-in-process-cpp", "stacks");
+    assert!(done.starts_with("done"), "{done}");
     let doc = read_json(&json);
     assert_eq!(sized(&doc, "malloc", 777), 500);
     assert_eq!(sized(&doc, "malloc", 1000), 500);

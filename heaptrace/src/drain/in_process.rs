@@ -105,6 +105,25 @@ fn new_memfd() -> Result<File> {
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
+/// A new shared mapping of the region's header page, read and write.
+fn map_header(file: &File) -> std::io::Result<*mut Header> {
+    // SAFETY: a new shared mapping of the first page of a file at least that long.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            inproc::HEADER_BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if map == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(map.cast())
+}
+
 fn io_err(what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
     move |e| Error::Io(std::io::Error::new(e.kind(), format!("{what}: {e}")))
 }
@@ -205,21 +224,7 @@ impl Region {
             python: Default::default(),
             _reserved: [0; 2],
         };
-        // SAFETY: a shared mapping of the header's page of the file just sized.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                inproc::HEADER_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if map == libc::MAP_FAILED {
-            return Err(io_err("mapping the region")(std::io::Error::last_os_error()));
-        }
-        let header_ptr = map as *mut Header;
+        let header_ptr = map_header(&file).map_err(io_err("mapping the region"))?;
         // SAFETY: the page just mapped, nobody else's yet.
         unsafe { header_ptr.write(header) };
         let made = header;
@@ -446,24 +451,9 @@ impl Drop for PyStore {
 
 impl PyStore {
     fn map(file: &File, pid: u32) -> Result<PyStore> {
-        // SAFETY: a new shared mapping of the region's first page.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                inproc::HEADER_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io_err("mapping the region's header")(
-                std::io::Error::last_os_error(),
-            ));
-        }
+        let p = map_header(file).map_err(io_err("mapping the region's header"))?;
         Ok(PyStore {
-            header: std::ptr::NonNull::new(p.cast()).expect("mmap returned null"),
+            header: std::ptr::NonNull::new(p).expect("mmap returned null"),
             pid,
         })
     }
