@@ -97,6 +97,45 @@ pub fn launched_with(options: &[&str], python: &str, script: &str, tag: &str) ->
     read_json(&json)
 }
 
+/// `heaptrace OPTIONS -- PYTHON lines.py wait`: the script starts its work once heaptrace has
+/// found its interpreter (its debug line), which a launched `--in-process` command is not held
+/// for: what it allocates before has no Python frames (docs/python.md).
+fn launched_once_found(options: &[&str], python: &str, tag: &str) -> Value {
+    let json = json_path(tag);
+    let mut child: Child = heaptrace()
+        .env("RUST_LOG", "warn,heaptrace::unwind::python=debug")
+        .args(["-q", "--no-tui", "--interval", "200ms", "--json"])
+        .arg(&json)
+        .args(options)
+        .args(["--", python, &fixture(), "wait"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (found_tx, found) = std::sync::mpsc::channel();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in stderr.lines().map_while(Result::ok) {
+            if line.contains("walked: true") {
+                let _ = found_tx.send(());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let mut stdin = child.stdin.take().unwrap();
+    let seen = found.recv_timeout(Duration::from_secs(60)).is_ok();
+    stdin.write_all(b"go\n").unwrap();
+    finish(stdin, child.stdout.take().unwrap());
+    let status = child.wait().unwrap();
+    let stderr = reader.join().unwrap();
+    assert!(seen && status.success(), "{stderr}");
+    read_json(&json)
+}
+
 fn launched(python: &str, script: &str, tag: &str) -> Value {
     launched_with(&[], python, script, tag)
 }
@@ -128,7 +167,7 @@ fn in_process_pythons_name_their_lines() {
             continue;
         }
         let tag = format!("pylines-inproc-{}{}", version.0, version.1);
-        let doc = launched_with(&["--in-process"], &python, &fixture(), &tag);
+        let doc = launched_once_found(&["--in-process"], &python, &tag);
         check(&doc, &python);
     }
 }
