@@ -30,14 +30,7 @@ fn n(v: &Value) -> u64 {
 /// held at attach, and those of them it freed.
 fn attach_after(tag: &str, mode: &str) -> (Value, (u64, u64), (u64, u64)) {
     let bin = fixture("beforeattach", "", &[]);
-    let mut target = Command::new(bin)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(target.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    let (mut target, mut out, mut line) = piped(&mut Command::new(bin));
     let before = pair(&line, "before");
     line.clear();
     out.read_line(&mut line).unwrap();

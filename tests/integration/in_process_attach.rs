@@ -31,15 +31,7 @@ impl Loop {
 }
 
 fn attachloop() -> Loop {
-    let mut child = Command::new(fixture("attachloop", "", &[]))
-        .arg(THREADS)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    let (child, out, line) = piped(Command::new(fixture("attachloop", "", &[])).arg(THREADS));
     assert_eq!(line, "ready\n");
     Loop { child, out }
 }
@@ -311,14 +303,8 @@ fn pair(line: &str, word: &str) -> (u64, u64) {
 #[test]
 fn pid_in_process_census_takes_in_the_blocks_live_before() {
     let _g = shared();
-    let mut target = Command::new(fixture("beforeattach", "", &[]))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(target.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    let (mut target, mut out, mut line) =
+        piped(&mut Command::new(fixture("beforeattach", "", &[])));
     let before = pair(&line, "before");
     assert_eq!(before.0, 64);
     line.clear();
@@ -401,14 +387,7 @@ fn pid_in_process_counts_a_library_loaded_after_the_attach() {
 /// Starts `target` (which says "ready", works on a byte on stdin, then says its last line),
 /// attaches in `mode`, lets it work, detaches; returns the JSON's path and that last line.
 fn attached_run(mut target: Command, tag: &str, mode: &str) -> (std::path::PathBuf, String) {
-    let mut target = target
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(target.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    let (mut target, mut out, mut line) = piped(&mut target);
     assert_eq!(line, "ready\n");
     let json = json_path(tag);
     let mut cmd = attach_cmd(target.id(), &json);

@@ -3,8 +3,8 @@
 //! call is taken for a nested call (glibc's realloc calling malloc) unless the delivery of the
 //! signal set the interrupted call aside.
 use std::{
-    io::{BufRead, BufReader, Read, Write},
-    process::{Command, Stdio},
+    io::{BufRead, Read, Write},
+    process::Command,
 };
 
 use serde_json::Value;
@@ -43,16 +43,11 @@ fn check(doc: &Value, (main, handler): (u64, u64)) {
 /// the JSON document and what the fixture made.
 fn attached(mode: &str, extra: &[&str]) -> (Value, (u64, u64)) {
     let _g = shared();
-    let mut target = Command::new(fixture("sighandler", "", &[]))
-        .args([PAIRS, "100", "wait"])
-        .args(extra)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(target.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    let (mut target, mut out, mut line) = piped(
+        Command::new(fixture("sighandler", "", &[]))
+            .args([PAIRS, "100", "wait"])
+            .args(extra),
+    );
     assert_eq!(line, "ready\n");
     let json = json_path(&format!("sighandler-{mode}{}", extra.concat()));
     let mut cmd = heaptrace();

@@ -499,6 +499,19 @@ pub fn program_runs(doc: &Value, program: &str) -> u64 {
         .sum()
 }
 
+/// Starts `cmd` with its stdin and stdout piped; returns it, its stdout and its first line.
+pub fn piped(cmd: &mut Command) -> (Child, BufReader<std::process::ChildStdout>, String) {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    (child, out, line)
+}
+
 /// Starts a fixture in "wait" mode and reads its "ready" line.
 pub fn ready(mut cmd: Command) -> Child {
     let mut child = cmd
