@@ -1,0 +1,165 @@
+//! The exec watch's reader thread: the kernel's exec events as they come, and each new
+//! process's mappings read at once and again as its loader maps its libraries.
+use super::*;
+
+/// Reads the kernel's exec events as they come, on a thread of its own, and each new process's
+/// mappings at once. The daemon can be busy with a round for tens of milliseconds, and a
+/// process that lives a millisecond is gone by then; its executable is mapped at the exec,
+/// so read now its own frames can be named.
+pub(super) struct Reader {
+    pub(super) early_cgroups: Option<EarlyCgroups>,
+    pub(super) ring: RingBuf<MapData>,
+    pub(super) tx: mpsc::Sender<ProcEvent>,
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) wake: Arc<OwnedFd>,
+    pub(super) comm: Option<String>,
+    pub(super) early: EarlyMaps,
+    pub(super) ready: Arc<OwnedFd>,
+    pub(super) delay: Option<Duration>,
+    /// The files of the mappings read, opened at once (a container's are reached through
+    /// the process alone).
+    pub(super) files: OpenFiles,
+}
+
+/// Tests only: `HEAPTRACE_DELAY_EXEC_EVENTS_MS` holds each exec event that long before the
+/// daemon gets it, as a loaded host may (the reads of /proc before it, the scheduler), so that
+/// a test can make the event come after the counters of the image it starts.
+pub(super) fn delay_for_tests() -> Option<Duration> {
+    let ms = std::env::var("HEAPTRACE_DELAY_EXEC_EVENTS_MS").ok()?;
+    ms.parse().ok().map(Duration::from_millis)
+}
+
+impl Reader {
+    /// Waits while the daemon's queue is full (the kernel's ring then fills, and counts what it
+    /// cannot hold); false once the watch is stopped or gone.
+    fn send(&self, mut exec: ProcEvent) -> bool {
+        if let Some(d) = self.delay {
+            std::thread::sleep(d);
+        }
+        loop {
+            match self.tx.try_send(exec) {
+                Ok(()) => return true,
+                Err(mpsc::error::TrySendError::Closed(_)) => return false,
+                Err(mpsc::error::TrySendError::Full(e)) => {
+                    if self.stop.load(Ordering::Relaxed) {
+                        return false;
+                    }
+                    exec = e;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        }
+    }
+
+    pub(super) fn run(mut self) {
+        // Run as soon as woken: a process of a millisecond is gone if the read waits for a
+        // time slice behind the daemon's round and the traced programs (with this thread at
+        // normal priority, 2 runs of 8 of `recurse 7` often went unread). Its work is bounded
+        // (`READS_PER_SECOND`); where the priority cannot be had, it runs as any thread.
+        let param = libc::sched_param { sched_priority: 1 };
+        // SAFETY: a valid sched_param; 0 is the calling thread.
+        let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+        let mut budget = (Instant::now(), READS_PER_SECOND);
+        // (when, pid, how many reads after the exec's): the reads to come.
+        let mut again: Vec<(Instant, u32, usize)> = Vec::new();
+        let mut fds = [self.ring.as_raw_fd(), self.wake.as_raw_fd()].map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        while !self.stop.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            let wait = again
+                .iter()
+                .map(|a| a.0.saturating_duration_since(now))
+                .min()
+                .unwrap_or(Duration::from_millis(100))
+                .min(Duration::from_millis(100));
+            // Rounded up: a timeout of 0 would spin (at real-time priority) until the next read.
+            let ms = wait.as_micros().div_ceil(1000) as i32;
+            // SAFETY: two valid pollfds.
+            if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) } < 0 {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let mut events = Vec::new();
+            while let Some(item) = self.ring.next() {
+                if item.len() >= std::mem::size_of::<ProcEvent>() {
+                    // SAFETY: the kernel wrote a ProcEvent (repr(C), no padding); read unaligned.
+                    events.push(unsafe {
+                        std::ptr::read_unaligned(item.as_ptr().cast::<ProcEvent>())
+                    });
+                }
+            }
+            if budget.0.elapsed() >= Duration::from_secs(1) {
+                budget = (Instant::now(), READS_PER_SECOND);
+            }
+            for event in events {
+                // A fork's mappings are its parent's, and it may be gone at the next round.
+                let wanted = (event.kind == PROC_EXEC || event.kind == PROC_FORK)
+                    && self.comm.as_ref().is_none_or(|c| {
+                        comm_str(&event.comm).is_some_and(|n| n.contains(c.as_str()))
+                    });
+                if event.kind == PROC_EXEC {
+                    self.read_cgroup(event.tgid);
+                }
+                if wanted && self.read(event.tgid, &mut budget.1) && again.len() < EARLY_MAPS {
+                    again.push((Instant::now() + READ_AGAIN[0], event.tgid, 0));
+                }
+                if !self.send(event) {
+                    return;
+                }
+            }
+            let now = Instant::now();
+            let due: Vec<(u32, usize)> = again
+                .iter()
+                .filter(|a| a.0 <= now)
+                .map(|a| (a.1, a.2))
+                .collect();
+            again.retain(|a| a.0 > now);
+            for (pid, n) in due {
+                if self.read(pid, &mut budget.1) && n + 1 < READ_AGAIN.len() {
+                    again.push((now + READ_AGAIN[n + 1] - READ_AGAIN[n], pid, n + 1));
+                }
+            }
+        }
+    }
+
+    /// On a host with a v1 memory hierarchy, a new process's cgroup path for the daemon.
+    fn read_cgroup(&self, pid: u32) {
+        let Some(c) = &self.early_cgroups else {
+            return;
+        };
+        if let Some(path) = crate::targets::procfs::cgroup(pid)
+            && let Ok(mut c) = c.lock()
+            && c.len() < EARLY_MAPS
+        {
+            c.insert(pid, path);
+        }
+    }
+
+    /// Reads a process's mappings for the daemon, if the budget allows; false if it is gone
+    /// (or nothing could be read).
+    fn read(&mut self, pid: u32, budget: &mut u32) -> bool {
+        if *budget == 0 {
+            return false;
+        }
+        let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            return false;
+        };
+        *budget -= 1;
+        if maps.is_empty() {
+            return false; // ended, not reaped yet
+        }
+        let read = self.files.read(pid, maps);
+        match self.early.lock() {
+            Ok(mut early) if early.len() < EARLY_MAPS || early.contains_key(&pid) => {
+                early.insert(pid, read);
+                let one = 1u64.to_ne_bytes();
+                // SAFETY: an 8-byte write to an eventfd we own; a full counter only fails.
+                let _ = unsafe { libc::write(self.ready.as_raw_fd(), one.as_ptr().cast(), 8) };
+                true
+            }
+            _ => false,
+        }
+    }
+}
