@@ -6,6 +6,7 @@ mod arguments;
 mod before_attach;
 mod busy;
 mod busy_attach;
+mod churn;
 mod closed_stderr;
 mod containers;
 mod counts;

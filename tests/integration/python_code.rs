@@ -18,6 +18,8 @@ use heaptrace::{
 };
 use serde_json::Value;
 
+use crate::support::piped;
+
 /// Debian's stripped, non-PIE 3.11 and pyenv's builds (3.12 with a shared libpython).
 pub fn pythons() -> Vec<(String, (u8, u8))> {
     let pyenv = std::env::var("PYENV_ROOT")
@@ -138,16 +140,7 @@ fn walk(pid: u32, tid: u32) -> (Vec<String>, usize) {
 
 fn check_threads(python: &str) {
     let script = fixture("threads.py");
-    let mut child = Command::new(python)
-        .arg(&script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (mut child, _out, line) = piped(Command::new(python).arg(&script));
     let ids: Vec<u32> = line
         .split_whitespace()
         .skip(1)
