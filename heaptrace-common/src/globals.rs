@@ -31,6 +31,8 @@ pub const INFLIGHT_SLOTS_MASK: &str = "INFLIGHT_SLOTS_MASK";
 pub const UNWIND: &str = "UNWIND";
 /// log2 of the process slots per CPU (see [`super::procs`]).
 pub const PROC_SLOTS_SHIFT: &str = "PROC_SLOTS_SHIFT";
+/// The process state slots' count less one (see [`super::proc_state`]).
+pub const PROC_STATE_MASK: &str = "PROC_STATE_MASK";
 /// log2 of the site slots per CPU (see [`super::keyed`]).
 pub const SITE_SLOTS_SHIFT: &str = "SITE_SLOTS_SHIFT";
 /// log2 of the size slots per CPU (see [`super::keyed`]).

@@ -8,6 +8,7 @@ pub mod filter;
 pub mod inproc;
 pub mod keyed;
 pub mod live;
+pub mod proc_state;
 pub mod procs;
 pub mod python;
 pub mod sampling;
@@ -537,6 +538,7 @@ mod pod {
     unsafe impl aya::Pod for LiveBlock {}
     unsafe impl aya::Pod for live::LiveSlot {}
     unsafe impl aya::Pod for procs::ProcSlot {}
+    unsafe impl aya::Pod for proc_state::ProcState {}
     unsafe impl aya::Pod for keyed::SiteSlot {}
     unsafe impl aya::Pod for keyed::SizeSlot {}
     unsafe impl aya::Pod for InFlight {}

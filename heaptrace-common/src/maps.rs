@@ -30,6 +30,9 @@ pub const CGROUP_VERDICTS: &str = "CGROUP_VERDICTS";
 pub const FOLLOWED: &str = "FOLLOWED";
 /// Each process's live heap and its highest ([`super::ProcPeak`]), by tgid.
 pub const PEAKS: &str = "PEAKS";
+/// Processes' peaks and unwind entries in slots, before PEAKS and UNWIND_PROCS
+/// ([`super::proc_state`]).
+pub const PROC_STATE: &str = "PROC_STATE";
 /// One u32: 1 while the programs count, 0 before every probe is in place and from the
 /// start of the detach (see heaptrace's `probe::Probes::enable`).
 pub const COUNTING: &str = "COUNTING";

@@ -97,7 +97,7 @@ pub fn on_fork(ctx: RawTracePointContext) -> i32 {
     };
     if tgid != parent {
         // Attached for this alone under `--all` with unwinding on.
-        crate::unwind::inherit(parent, tgid);
+        let _ = crate::unwind::inherit(parent, tgid);
     }
     if !following() || !followed(parent) {
         return 0;
@@ -113,7 +113,8 @@ pub fn on_fork(ctx: RawTracePointContext) -> i32 {
         lose(Loss::ProcessMap);
         return 0;
     }
-    crate::unwind::inherit(parent, tgid);
+    let unwind = crate::unwind::inherit(parent, tgid);
+    crate::proc_state::claim(tgid, unwind);
     let event = ProcEvent {
         kind: PROC_FORK,
         tgid,

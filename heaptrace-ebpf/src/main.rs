@@ -22,6 +22,7 @@ mod mem;
 mod oom;
 mod peak;
 mod preempt;
+mod proc_state;
 mod procs;
 mod python;
 mod signals;

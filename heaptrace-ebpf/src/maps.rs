@@ -25,7 +25,7 @@ pub const BPF_NOEXIST: u64 = 1;
 /// Allocate entries on demand: the map's bound is its capacity, not its footprint.
 const BPF_F_NO_PREALLOC: u32 = 1;
 /// An array user space can mmap.
-const BPF_F_MMAPABLE: u32 = 1 << 10;
+pub(crate) const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 /// heaptrace's own tgid, set by the loader: heaptrace never traces itself.
 #[unsafe(no_mangle)]

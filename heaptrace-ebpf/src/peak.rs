@@ -3,13 +3,15 @@
 //!
 //! One counter a process for all CPUs: a peak is a maximum of a sum, which per-CPU counters
 //! cannot give without summing them at each call. An atomic add on a line the process's CPUs
-//! share, and a hash lookup, each allocation and release: BENCHMARKS.md, *The true peak*.
+//! share each allocation and release, in the process's slot (`proc_state.rs`) or, where it
+//! has none, in the map: BENCHMARKS.md, *The true peak*.
 use aya_ebpf::{macros::map, maps::HashMap};
 use heaptrace_common::{Loss, ProcPeak};
 
 use crate::maps::{BPF_NOEXIST, lose};
 
-/// By tgid. Preallocated, as SITES: the loader sizes it as the process map.
+/// By tgid, for processes without a slot (`proc_state.rs`). Preallocated, as SITES: the
+/// loader sizes it as the process map.
 #[map]
 pub static PEAKS: HashMap<u32, ProcPeak> = HashMap::with_max_entries(4096, 0);
 
@@ -19,6 +21,9 @@ static mut PEAK_ZERO: ProcPeak = ProcPeak::ZERO;
 /// `tgid`'s entry, created where missing; None where the map is full.
 #[inline(always)]
 pub fn entry(tgid: u32) -> Option<&'static mut ProcPeak> {
+    if let Some(s) = crate::proc_state::of(tgid) {
+        return Some(&mut s.peak);
+    }
     if let Some(p) = PEAKS.get_ptr_mut(&tgid) {
         // SAFETY: map value pointer, valid for the program's run.
         return Some(unsafe { &mut *p });
@@ -74,11 +79,14 @@ pub fn grew(p: Option<&'static mut ProcPeak>, epoch: u32, size: u64, stack_id: i
 /// sites keep their figures of before it.
 #[inline(always)]
 pub fn shrank(tgid: u32, size: u64) -> u32 {
-    let Some(p) = PEAKS.get_ptr_mut(&tgid) else {
-        return 0;
+    let p = match crate::proc_state::of(tgid) {
+        Some(s) => &mut s.peak,
+        None => match PEAKS.get_ptr_mut(&tgid) {
+            // SAFETY: map value pointer, valid for the program's run.
+            Some(p) => unsafe { &mut *p },
+            None => return 0,
+        },
     };
-    // SAFETY: map value pointer, valid for the program's run.
-    let p = unsafe { &mut *p };
     // SAFETY: an aligned read of a map value.
     if unsafe { core::ptr::read_volatile(&p.pending) } != 0 {
         // Plain stores: two CPUs' releases at once may move it on twice; a site touched

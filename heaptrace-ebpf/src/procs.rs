@@ -76,6 +76,10 @@ pub fn on_exec(ctx: RawTracePointContext) -> i32 {
     if tgid != self_tgid() {
         restart(tgid);
         crate::unwind::exec(tgid);
+        if watched != 0 || crate::forks::following() {
+            // The one moment no other thread of the process counts (`proc_state.rs`).
+            crate::proc_state::claim(tgid, 0);
+        }
         crate::filter::exec(bpf_get_current_pid_tgid());
         // The image's handlers are gone, and with them the calls they interrupted.
         crate::signals::forget(bpf_get_current_pid_tgid());

@@ -17,8 +17,7 @@ use heaptrace_common::{
     Loss, NO_ROOM_FRAME, STACK_FRAMES, StoredStack,
     stack::{HASH_START, cache_choice, cache_index, cache_word, hash_finish, hash_step, ids},
     unwind::{
-        ProcModules, RULE_FRAME_POINTER, RULE_NO_ROOM, RULE_PENDING, SIGNAL_RBP, SIGNAL_RIP,
-        SIGNAL_RSP, kind,
+        RULE_FRAME_POINTER, RULE_NO_ROOM, RULE_PENDING, SIGNAL_RBP, SIGNAL_RIP, SIGNAL_RSP, kind,
     },
 };
 
@@ -53,7 +52,7 @@ pub fn walk(ctx: &RetProbeContext, tgid: u32) -> Option<(&'static mut StoredStac
     let s = STACK_SCRATCH.get_ptr_mut(0)?;
     let c = STACK_CHUNK.get_ptr_mut(0)?;
     let w = WALK.get_ptr_mut(0)?;
-    let (modules, late) = crate::unwind::modules(tgid)?;
+    let (modules, late) = crate::unwind::modules(tgid);
     if late != 0 {
         // Walked before the process's tables went in: by frame pointer only, maybe cut.
         lose(Loss::UnwindLate);
@@ -133,7 +132,7 @@ pub fn walk(ctx: &RetProbeContext, tgid: u32) -> Option<(&'static mut StoredStac
 
 /// What `step` reaches through its context: pointers to map values, the same at every step.
 struct Frames<'a> {
-    modules: &'a ProcModules,
+    modules: crate::unwind::Entry,
     chunk: &'a mut [u64; CHUNK_WORDS + 1],
     scratch: &'a mut StoredStack,
     state: &'a mut WalkState,
@@ -164,7 +163,7 @@ fn unwind_one(f: &mut Frames<'_>) -> Result<(), u64> {
     }
     let (pc, sp, fp) = (st.pc, st.sp, st.fp);
     // pc is a return address: the call before it is in the frame's function.
-    let rule = crate::unwind::rule(f.modules, pc.wrapping_sub(1))?;
+    let rule = crate::unwind::rule(&f.modules, pc.wrapping_sub(1))?;
     let mut chunk = Chunk {
         c: &mut *f.chunk,
         base: &mut st.base,

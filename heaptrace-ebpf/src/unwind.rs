@@ -7,6 +7,7 @@
 use aya_ebpf::helpers::bpf_get_smp_processor_id;
 use heaptrace_common::{
     Loss,
+    proc_state::{unwind_of, unwind_word},
     unwind::{
         CHUNK_ROWS, CHUNK_SHIFT, MAX_MODULES, MODULE_NO_ROOM, MODULE_PENDING, MODULE_STEPS, Module,
         ProcModules, ROW_STEPS, RULE_FRAME_POINTER, RULE_NO_ROOM, RULE_PENDING, Row, cached_rule,
@@ -16,39 +17,77 @@ use heaptrace_common::{
 
 use crate::maps::{NO_MODULES, UNWIND_CACHE, UNWIND_CHUNKS, UNWIND_PROCS, slot_cpus, unwind_on};
 
-/// The process's modules, where tables are on and it has any; else none (an empty list).
-/// Never None in practice: an empty list rather than an Option, because LLVM computed the
-/// address of an optional entry's fields before its null check, which the verifier refuses.
-/// The flag: 1 where tables are on and user space has written no entry for the process yet
-/// (its walk goes by frame pointer only: `Loss::UnwindLate`).
+/// What a walk needs of its process's unwind entry: which one it is and whether it has any
+/// modules. The entry itself is looked up only where the rule cache has no rule (`rule`).
+#[derive(Clone, Copy)]
+pub struct Entry {
+    pub tgid: u32,
+    /// `ProcModules::version`, its rule cache tags' (`rule_tag`).
+    pub version: u32,
+    /// `ProcModules::count`: 0, no tables (or none for this process).
+    pub count: u32,
+}
+
+/// The process's entry, where tables are on and it has one, from its slot's word
+/// (`proc_state.rs`) or else from the map; else an entry of no modules. The flag: 1 where
+/// tables are on and user space has written no entry for the process yet (its walk goes by
+/// frame pointer only: `Loss::UnwindLate`).
 #[inline(always)]
-pub fn modules(tgid: u32) -> Option<(&'static ProcModules, u64)> {
-    if unwind_on() {
-        // SAFETY: a map value, read only; user space replaces a process's entry whole.
-        if let Some(pm) = unsafe { UNWIND_PROCS.get(&tgid) } {
-            return Some((pm, 0));
-        }
-        return NO_MODULES.get(0).map(|pm| (pm, 1));
+pub fn modules(tgid: u32) -> (Entry, u64) {
+    let none = Entry {
+        tgid,
+        version: 0,
+        count: 0,
+    };
+    if !unwind_on() {
+        return (none, 0);
     }
-    NO_MODULES.get(0).map(|pm| (pm, 0))
+    if let Some(s) = crate::proc_state::of(tgid) {
+        // SAFETY: an aligned read of a map value, written whole.
+        let word = unsafe { core::ptr::read_volatile(&s.unwind) };
+        if let Some((version, count)) = unwind_of(word, tgid) {
+            return (
+                Entry {
+                    tgid,
+                    version,
+                    count,
+                },
+                0,
+            );
+        }
+    }
+    // SAFETY: a map value, read only; user space replaces a process's entry whole.
+    match unsafe { UNWIND_PROCS.get(&tgid) } {
+        Some(pm) => (
+            Entry {
+                tgid,
+                version: pm.version,
+                count: pm.count,
+            },
+            0,
+        ),
+        None => (none, 1),
+    }
 }
 
 /// A process forked `child`: its address space is a copy of the parent's, so the parent's
 /// entry serves it from its first call, until user space writes its own (at its first read of
 /// the child's mappings) or it execs. Where the parent has none, an entry left under the
-/// child's pid by an earlier process goes.
+/// child's pid by an earlier process goes. Returns the child's unwind word (`proc_state.rs`).
 #[inline(always)]
-pub fn inherit(parent: u32, child: u32) {
+pub fn inherit(parent: u32, child: u32) -> u64 {
     if !unwind_on() {
-        return;
+        return 0;
     }
     // SAFETY: a map value, passed as the new value: the helper copies it.
     match unsafe { UNWIND_PROCS.get(&parent) } {
         Some(pm) => {
             let _ = UNWIND_PROCS.insert(&child, pm, 0);
+            unwind_word(child, pm.version, pm.count)
         }
         None => {
             let _ = UNWIND_PROCS.remove(&child);
+            0
         }
     }
 }
@@ -58,6 +97,9 @@ pub fn inherit(parent: u32, child: u32) {
 #[inline(always)]
 pub fn exec(tgid: u32) {
     if unwind_on() {
+        if let Some(s) = crate::proc_state::of(tgid) {
+            s.unwind = 0;
+        }
         let _ = UNWIND_PROCS.remove(&tgid);
     }
 }
@@ -127,29 +169,36 @@ fn table_row(i: u64) -> Option<&'static Row> {
 /// but none for `pc` (a `Loss` index). From the rule cache where it holds it
 /// (`heaptrace_common::unwind::RULE_CACHE_SHIFT`).
 #[inline(always)]
-pub fn rule(pm: &ProcModules, pc: u64) -> Result<Row, u64> {
+pub fn rule(e: &Entry, pc: u64) -> Result<Row, u64> {
     let walked = Row {
         kind: RULE_FRAME_POINTER,
         ..Row::default()
     };
-    if pm.count == 0 {
+    if e.count == 0 {
         return Ok(walked); // no tables (or none for this process): nothing to search
     }
-    let tag = rule_tag(pc, pm.version);
+    let tag = rule_tag(pc, e.version);
     let entry = cache_entry(tag);
-    if let Some(e) = entry {
-        let e = e.cast::<u64>();
+    if let Some(c) = entry {
+        let c = c.cast::<u64>();
         // SAFETY: aligned reads of a map value.
         let words = unsafe {
             [
-                core::ptr::read_volatile(e),
-                core::ptr::read_volatile(e.add(1)),
+                core::ptr::read_volatile(c),
+                core::ptr::read_volatile(c.add(1)),
             ]
         };
         if let Some(r) = cached_rule(&words, tag) {
             return Ok(r);
         }
     }
+    // The entry itself: replaced since (or gone) where its version is not the walk's, whose
+    // rules are then not cached under the walk's tags.
+    // SAFETY: a map value, read only; user space replaces a process's entry whole.
+    let pm = match unsafe { UNWIND_PROCS.get(&e.tgid) } {
+        Some(pm) => pm,
+        None => NO_MODULES.get(0).ok_or(0u64)?,
+    };
     let found = match module(pm, pc) {
         Some(m) if m.rows != 0 => row(m, pc).ok_or(Loss::UnwindNoRule as u64)?,
         Some(m) if m.flags & MODULE_NO_ROOM != 0 => Row {
@@ -162,13 +211,15 @@ pub fn rule(pm: &ProcModules, pc: u64) -> Result<Row, u64> {
         },
         _ => walked,
     };
-    if let Some(e) = entry {
-        let e = e.cast::<u64>();
+    if let Some(c) = entry
+        && pm.version == e.version
+    {
+        let c = c.cast::<u64>();
         // SAFETY: aligned stores to a map value; see `cached_rule` for a program preempted
         // between the two by another on this CPU.
         unsafe {
-            core::ptr::write_volatile(e, tag);
-            core::ptr::write_volatile(e.add(1), rule_word(tag, &found));
+            core::ptr::write_volatile(c, tag);
+            core::ptr::write_volatile(c.add(1), rule_word(tag, &found));
         }
     }
     Ok(found)

@@ -111,6 +111,21 @@ impl<T: Copy> MappedArray<T> {
     }
 }
 
+impl<T: Copy> MappedArray<T> {
+    /// Element `i` as words, for atomic access to its fields; for elements of whole u64s.
+    pub fn first_words(&self, i: usize) -> &[AtomicU64] {
+        assert!(i < self.len, "{}: element {i} of {}", self.map, self.len);
+        const { assert!(size_of::<T>().is_multiple_of(8) && align_of::<T>() >= 8) };
+        // SAFETY: i < len; an element is 8-aligned whole u64s (asserted above).
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base.as_ptr().add(i).cast::<AtomicU64>(),
+                size_of::<T>() / 8,
+            )
+        }
+    }
+}
+
 impl<T> Drop for MappedArray<T> {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `map`, unmapped once.

@@ -5,6 +5,7 @@ pub mod btf;
 pub mod kfunc;
 pub mod links;
 pub mod mmap_array;
+pub mod proc_states;
 pub mod prog_stats;
 pub mod sys;
 pub mod uprobe_multi;

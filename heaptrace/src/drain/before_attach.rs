@@ -90,9 +90,11 @@ impl KernelMaps {
             max_blocks: t.blocks,
             ..ProcPeak::ZERO
         };
-        self.peaks
-            .insert(tgid, peak, 0)
-            .map_err(map_err(maps::PEAKS))?;
+        if !self.proc_states.set_peak(tgid, &peak) {
+            self.peaks
+                .insert(tgid, peak, 0)
+                .map_err(map_err(maps::PEAKS))?;
+        }
         if t.lost_blocks > 0 {
             let i = Loss::LiveMap as u32;
             let mut per_cpu: Vec<u64> = self

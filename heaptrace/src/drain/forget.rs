@@ -58,6 +58,7 @@ impl KernelMaps {
             let _ = self.execs.remove(pid);
             let _ = self.peaks.remove(pid);
         }
+        self.proc_states.free_where(|tgid| pids.contains(&tgid));
         // Gone before the last snapshot, so its keys there are all it has.
         let sizes: Vec<SizeKey> = self
             .size_keys

@@ -38,6 +38,7 @@ use heaptrace_common::{
 use crate::{
     bpf::batch,
     bpf::mmap_array::MappedArray,
+    bpf::proc_states::ProcStates,
     drain::keyed_slots::KeyedSlots,
     drain::live_slots::{Held, LiveSlots},
     drain::proc_slots::ProcSlots,
@@ -99,6 +100,8 @@ pub struct KernelMaps {
     execs: HashMap<MapData, u32, u32>,
     /// Each process's live heap and its highest (`heaptrace_common::ProcPeak`).
     peaks: HashMap<MapData, u32, heaptrace_common::ProcPeak>,
+    /// The peaks of the processes with a slot, in place of the map (`proc_states`).
+    proc_states: ProcStates,
     /// The hash maps read every round or walked for a process's entries, for batched reads
     /// and deletes (`batch`).
     procs_fd: OwnedFd,
@@ -210,6 +213,7 @@ impl KernelMaps {
             latency: take(ebpf, maps::LATENCY)?,
             execs: take(ebpf, maps::EXECS)?,
             peaks: take(ebpf, maps::PEAKS)?,
+            proc_states: ProcStates::map(ebpf)?,
         })
     }
 

@@ -84,7 +84,8 @@ impl KernelMaps {
     pub(super) fn read_peaks(&self, snap: &mut Snapshot) -> PeakStates {
         let mut states = PeakStates::new();
         for pid in snap.procs.keys() {
-            if let Ok(p) = self.peaks.get(pid, 0)
+            let p = self.proc_states.peak(*pid);
+            if let Some(p) = p.or_else(|| self.peaks.get(pid, 0).ok())
                 && p.max as i64 > 0
             {
                 let k = crate::drain::round::KernelPeak {

@@ -266,6 +266,7 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
         heaptrace_common::inflight_slots(opts.inflight_map_size)
     };
     let rows = slot_rows(opts)?;
+    let proc_states = heaptrace_common::proc_state::slots(opts.proc_map_size);
     let (pattern, task) = comm_filter(opts);
     let (ids, oom_victim) = task_offsets(opts)?;
     let mut ebpf = EbpfLoader::new()
@@ -319,6 +320,8 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
         .map_max_entries(maps::STACK_CACHE, rows.entries(rows.stacks))
         .map_max_entries(maps::EXECS, opts.proc_map_size)
         .map_max_entries(maps::PEAKS, opts.proc_map_size)
+        .override_global(globals::PROC_STATE_MASK, &(proc_states - 1), true)
+        .map_max_entries(maps::PROC_STATE, proc_states)
         .map_max_entries(maps::INFLIGHT, opts.inflight_map_size)
         .map_max_entries(maps::STACK_OWNERS, frames)
         .map_max_entries(maps::FRAMES, frames_unread(frames))

@@ -15,6 +15,7 @@ use std::{
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use heaptrace_common::{
     maps,
+    proc_state::unwind_word,
     unwind::{MAX_MODULES, MODULE_NO_ROOM, MODULE_PENDING, Module, ProcModules, Row},
 };
 
@@ -23,7 +24,10 @@ use super::{
     space::RowSpace,
     table::{self, Segment},
 };
-use crate::error::{Error, Result};
+use crate::{
+    bpf::proc_states::ProcStates,
+    error::{Error, Result},
+};
 
 /// Files larger than this are not read for their tables (walked by frame pointer).
 const MAX_FILE_BYTES: u64 = 1 << 30;
@@ -133,6 +137,8 @@ pub trait Store: Send {
 struct Kernel {
     rows: Chunks,
     procs: BpfHashMap<MapData, u32, ProcModules>,
+    /// Each entry's word in its process's slot, where it has one (`proc_state`).
+    states: ProcStates,
 }
 
 impl Store for Kernel {
@@ -147,10 +153,15 @@ impl Store for Kernel {
     fn set_entry(&mut self, pid: u32, entry: &ProcModules) {
         if let Err(e) = self.procs.insert(pid, entry, 0) {
             log::debug!("unwind tables of {pid}: {e}");
+            return;
         }
+        // After the map: a walk that reads the word finds the entry in the map.
+        self.states
+            .set_unwind(pid, unwind_word(pid, entry.version, entry.count));
     }
 
     fn remove_entry(&mut self, pid: u32) {
+        self.states.set_unwind(pid, 0);
         let _ = self.procs.remove(&pid);
     }
 
@@ -186,7 +197,12 @@ impl Tables {
             map: maps::UNWIND_PROCS,
             reason: e.to_string(),
         })?;
-        Ok(Tables::new(Box::new(Kernel { rows, procs })))
+        let states = ProcStates::map(ebpf)?;
+        Ok(Tables::new(Box::new(Kernel {
+            rows,
+            procs,
+            states,
+        })))
     }
 
     /// Tables kept in `store`.
