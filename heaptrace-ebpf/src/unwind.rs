@@ -15,7 +15,7 @@ use heaptrace_common::{
     },
 };
 
-use crate::maps::{NO_MODULES, UNWIND_CACHE, UNWIND_CHUNKS, UNWIND_PROCS, slot_cpus, unwind_on};
+use crate::maps::{UNWIND_CACHE, UNWIND_CHUNKS, UNWIND_PROCS, slot_cpus, unwind_on};
 
 /// What a walk needs of its process's unwind entry: which one it is and whether it has any
 /// modules. The entry itself is looked up only where the rule cache has no rule (`rule`).
@@ -195,9 +195,10 @@ pub fn rule(e: &Entry, pc: u64) -> Result<Row, u64> {
     // The entry itself: replaced since (or gone) where its version is not the walk's, whose
     // rules are then not cached under the walk's tags.
     // SAFETY: a map value, read only; user space replaces a process's entry whole.
-    let pm = match unsafe { UNWIND_PROCS.get(&e.tgid) } {
-        Some(pm) => pm,
-        None => NO_MODULES.get(0).ok_or(0u64)?,
+    // Gone (an exec since): its frames are walked by frame pointer. One map's value either
+    // way, so that the verifier follows the searches once.
+    let Some(pm) = (unsafe { UNWIND_PROCS.get(&e.tgid) }) else {
+        return Ok(walked);
     };
     let found = match module(pm, pc) {
         Some(m) if m.rows != 0 => row(m, pc).ok_or(Loss::UnwindNoRule as u64)?,

@@ -58,7 +58,3 @@ pub struct WalkState {
 
 #[map(name = "WALK")]
 pub static WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
-
-/// An empty module list, for processes without one (`unwind::modules`).
-#[map(name = "NO_MODULES")]
-pub static NO_MODULES: Array<ProcModules> = Array::with_max_entries(1, 0);

@@ -84,8 +84,7 @@ impl KernelMaps {
     pub(super) fn read_peaks(&self, snap: &mut Snapshot) -> PeakStates {
         let mut states = PeakStates::new();
         for pid in snap.procs.keys() {
-            let p = self.proc_states.peak(*pid);
-            if let Some(p) = p.or_else(|| self.peaks.get(pid, 0).ok())
+            if let Some(p) = self.peak_of(*pid)
                 && p.max as i64 > 0
             {
                 let k = crate::drain::round::KernelPeak {
@@ -100,10 +99,17 @@ impl KernelMaps {
         states
     }
 
+    /// `pid`'s peak: in its slot where it has one, else in the map (never both).
+    fn peak_of(&self, pid: u32) -> Option<heaptrace_common::ProcPeak> {
+        self.proc_states
+            .peak(pid)
+            .or_else(|| self.peaks.get(&pid, 0).ok())
+    }
+
     /// The peak state and highest bytes of each of `pids` now, as `read_peaks` reads them.
     fn peak_states<'a>(&self, pids: impl Iterator<Item = &'a u32>) -> PeaksNow {
         pids.filter_map(|pid| {
-            let p = self.peaks.get(pid, 0).ok()?;
+            let p = self.peak_of(*pid)?;
             Some((*pid, ((p.seq, p.pending != 0, p.max_blocks), p.max)))
         })
         .collect()
