@@ -76,6 +76,7 @@ pub fn on_exec(ctx: RawTracePointContext) -> i32 {
     if tgid != self_tgid() {
         restart(tgid);
         crate::unwind::exec(tgid);
+        crate::python::exec(tgid);
         if watched != 0 || crate::forks::following() {
             // The one moment no other thread of the process counts (`proc_state.rs`).
             crate::proc_state::claim(tgid, 0);

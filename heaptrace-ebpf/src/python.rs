@@ -237,6 +237,16 @@ extern "C" fn frame_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     0
 }
 
+/// The process exec'ed: the interpreter user space found was the old image's, and reading
+/// it in the new one (a Python's subprocess) walks junk at every allocation. A new image that
+/// is Python gets its entry at user space's next read of its mappings.
+#[inline(always)]
+pub fn exec(tgid: u32) {
+    if PY_ON.get(0).is_some_and(|on| *on != 0) {
+        let _ = PY_PROCS.remove(&tgid);
+    }
+}
+
 /// Appends the Python frames of the calling thread of `tgid` to `stack` (frames `n` on,
 /// hash `hash` so far): the mark, then two words a frame. Returns the new (n, hash).
 ///

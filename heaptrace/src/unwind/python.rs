@@ -150,11 +150,16 @@ impl Interpreters {
     pub fn sync(&mut self, pid: u32, maps: &str) {
         let files = python_files(maps);
         let paths = names(&files);
-        if files.is_empty()
-            || self
-                .looked
-                .get(&pid)
-                .is_some_and(|l| *l == files || *l == paths)
+        if files.is_empty() {
+            // An exec into a program that is not Python (a Python's subprocess): the walk must
+            // not read the old image's interpreter in it (the kernel also drops it at exec).
+            self.forget(pid);
+            return;
+        }
+        if self
+            .looked
+            .get(&pid)
+            .is_some_and(|l| *l == files || *l == paths)
         {
             return;
         }
@@ -329,4 +334,51 @@ fn to_kernel(pid: u32, rt: &Runtime, off: &Offsets) -> Option<PyProc> {
         str_data: small(StringLayout::for_version(rt.version).ascii_data)?,
         _pad: 0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// Records what the walk was told.
+    struct Told(Arc<Mutex<Vec<u32>>>);
+
+    impl Walks for Told {
+        fn insert(&mut self, _pid: u32, _p: PyProc) -> bool {
+            true
+        }
+        fn remove(&mut self, pid: u32) {
+            self.0.lock().unwrap().push(pid);
+        }
+    }
+
+    #[test]
+    fn an_exec_into_a_program_without_python_files_leaves_the_walk() {
+        let removed = Arc::new(Mutex::new(Vec::new()));
+        let mut py = Interpreters::with(Box::new(Told(removed.clone())));
+        let interp = |version| Interp {
+            runtime: Runtime {
+                version,
+                code_type: 0x1000,
+                runtime: 0x2000,
+            },
+            offsets: Offsets::for_version(version).unwrap(),
+            layout: None,
+            walked: true,
+        };
+        py.procs.insert(7, interp((3, 11)));
+        py.procs.insert(8, interp((3, 11)));
+        let python = "00400000-00500000 r-xp 00000000 08:01 42 /usr/bin/python3.11\n";
+        py.looked.insert(7, names(&python_files(python)));
+        // The same python files: nothing changes.
+        py.sync(7, python);
+        assert!(py.walks(7));
+        // Its child exec'd a C program (a Python's subprocess.run).
+        py.sync(7, "00400000-00401000 r-xp 00000000 08:01 43 /usr/bin/cc1\n");
+        assert!(!py.walks(7));
+        assert!(py.walks(8));
+        assert_eq!(*removed.lock().unwrap(), vec![7]);
+    }
 }
