@@ -4,11 +4,12 @@
 //! program time a malloc+free pair apiece; BENCHMARKS.md, *Many live blocks*).
 //!
 //! A process's peak is a maximum of one sum, so it must live in one place for the whole
-//! process: the slot or the map, never both. So a slot is claimed only where no other thread
-//! of the process can be counting: in the kernel at an exec (the old image's other threads are
-//! gone) and at a followed fork (the child has not run yet), for the processes a launched
-//! command or `-p` traces. A process whose slot another owns, or one running before the
-//! attach, keeps its peak in the map. User space frees the slots of processes gone.
+//! process: the slot or the map, never both. So a slot is claimed only where no thread of the
+//! process can be counting: in the kernel at an exec (the old image's other threads are gone)
+//! and at a followed fork (the child has not run yet), for the processes a launched command or
+//! `-p` traces; in user space before counting starts, for the processes taken in then (`-p`
+//! and its descendants, `--all`'s scan). A process whose slot another owns, or one `--all`
+//! finds later, keeps its peak in the map. User space frees the slots of processes gone.
 
 use crate::ProcPeak;
 

@@ -65,6 +65,25 @@ impl ProcStates {
         true
     }
 
+    /// Gives `tgid` its slot where it is free (or its own already), from no peak; false where
+    /// another owns it (its peak stays in the map). Only before the programs count for it (as
+    /// the kernel claims at an exec or a fork): its peak must be in one place for its life.
+    pub fn claim(&self, tgid: u32) -> bool {
+        if tgid == 0 || self.0.len() == 0 {
+            return false;
+        }
+        let i = tgid as usize & (self.0.len() - 1);
+        let owner = self.word(i, 0);
+        if owner
+            .compare_exchange(FREE, u64::from(tgid), Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+            && owner.load(Ordering::Acquire) != u64::from(tgid)
+        {
+            return false;
+        }
+        self.set_peak(tgid, &ProcPeak::ZERO)
+    }
+
     /// Writes `tgid`'s unwind word (`heaptrace_common::proc_state::unwind_word`; 0: none)
     /// where it owns a slot.
     pub fn set_unwind(&self, tgid: u32, word: u64) {
@@ -129,5 +148,19 @@ mod tests {
         assert_eq!(s.peak(5).map(|p| p.max), Some(100));
         assert_eq!(slots[2], ProcState::ZERO, "freed slots are zeroed");
         assert_eq!(slots[1].unwind, 0);
+    }
+
+    #[test]
+    fn a_claim_takes_a_free_slot_from_no_peak_and_never_anothers() {
+        let mut slots = [ProcState::ZERO; 4];
+        slots[1].owner = 5;
+        slots[3].peak.max = 77; // left by no one: a claim starts from no peak
+        let s = ProcStates::over(&mut slots);
+        assert!(!s.claim(9), "slot 1 is 5's");
+        assert!(s.claim(5), "its own");
+        assert!(s.claim(7));
+        assert_eq!(s.peak(7), Some(ProcPeak::ZERO));
+        assert!(!s.claim(11), "slot 3 is 7's now");
+        assert!(!s.claim(0));
     }
 }

@@ -173,6 +173,13 @@ fn hash_fd(ebpf: &Ebpf, name: &'static str) -> Result<OwnedFd> {
 }
 
 impl KernelMaps {
+    /// Slots (`heaptrace_common::proc_state`) for processes taken in before counting starts
+    /// (`-p` and what it forked already, `--all`'s scan), as the kernel gives them at an exec
+    /// or a fork: their peak and unwind entry then take no hash lookup. Returns how many.
+    pub fn claim_slots(&self, pids: &[u32]) -> usize {
+        pids.iter().filter(|p| self.proc_states.claim(**p)).count()
+    }
+
     pub fn take(ebpf: &mut Ebpf) -> Result<KernelMaps> {
         let procs_fd = hash_fd(ebpf, maps::PROCS)?;
         let sizes_fd = hash_fd(ebpf, maps::SIZES)?;
