@@ -42,25 +42,7 @@ bpf_test!(
             // It waits before its work, too: a process that execs under `--all` is walked by
             // frame pointer until the daemon has read its mappings (`lost.unwind_late`), and
             // stacks cut by that timing in some runs and not others would not fold as one.
-            let mut c = Command::new(&bin)
-                .args(["0", "100", "1", "wait", "hold"])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap();
-            pids.push(c.id());
-            let mut out = BufReader::new(c.stdout.take().unwrap());
-            let mut line = String::new();
-            out.read_line(&mut line).unwrap();
-            assert_eq!(line, "ready\n");
-            std::thread::sleep(Duration::from_millis(500));
-            c.stdin.as_mut().unwrap().write_all(b"g").unwrap();
-            line.clear();
-            out.read_line(&mut line).unwrap();
-            assert_eq!(line, "done\n");
-            std::thread::sleep(Duration::from_millis(300));
-            drop(c.stdin.take());
-            assert!(c.wait().unwrap().success());
+            pids.push(run_held(&bin));
             // Two rounds: one reads its last counts, the next sees it gone.
             std::thread::sleep(Duration::from_millis(500));
         }
@@ -105,65 +87,92 @@ bpf_test!(
         assert_eq!(leak_site[0]["live_blocks"], 3);
         assert!(stderr.contains("[3 exited processes]"), "{stderr}");
 
-        // The recording's report folds them as the live trace did: the same processes, figures
-        // and sites. Before, it listed all five, and the folded leaks under a process it lacked.
-        let out = heaptrace()
-            .arg("report")
-            .arg(&rec)
-            .args(["overview", "--format", "json"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let off: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let procs = |d: &Value| -> Vec<Value> {
-            d["processes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| {
-                    serde_json::json!([p["pid"], p["comm"], p["totals"], p["leaks"], p["folded"]])
-                })
-                .collect()
-        };
-        assert_eq!(procs(&off), procs(&doc));
-        let sites = |d: &Value| -> Vec<Value> {
-            let mut v: Vec<Value> = d["stacks"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| {
-                    let frames: Vec<&Value> = s["frames"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|f| &f["function"])
-                        .collect();
-                    serde_json::json!([s["pid"], s["function"], s["calls"], s["bytes"], frames])
-                })
-                .collect();
-            v.sort_by_key(|x| x.to_string());
-            v
-        };
-        assert_eq!(sites(&off), sites(&doc));
-        assert_eq!(off["totals"], doc["totals"]);
-        // Both say what the trace was narrowed to (a recording before format 8 could not: its
-        // report called these figures "all processes").
-        assert_eq!(doc["target"]["comm"], "allocs", "{}", doc["target"]);
-        assert!(doc["target"]["cgroup"].is_null(), "{}", doc["target"]);
-        assert_eq!(off["target"], doc["target"]);
-        let out = heaptrace().arg("report").arg(&rec).output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            text.contains("target: all processes whose name contains \"allocs\"\n"),
-            "{text}"
-        );
+        report_folds_as_the_trace_did(&rec, &doc);
         let _ = std::fs::remove_file(&rec);
     }
 );
+
+/// Runs the fixture once, held at its start and after its work (see the folding test), and
+/// returns its pid once it ended.
+fn run_held(bin: &std::path::Path) -> u32 {
+    let mut c = Command::new(bin)
+        .args(["0", "100", "1", "wait", "hold"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(c.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    std::thread::sleep(Duration::from_millis(500));
+    c.stdin.as_mut().unwrap().write_all(b"g").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "done\n");
+    std::thread::sleep(Duration::from_millis(300));
+    drop(c.stdin.take());
+    assert!(c.wait().unwrap().success());
+    c.id()
+}
+
+/// The recording's report folds ended processes as the live trace did: the same processes,
+/// figures and sites. Before, it listed all five, and the folded leaks under a process it
+/// lacked.
+fn report_folds_as_the_trace_did(rec: &std::path::Path, doc: &Value) {
+    let out = heaptrace()
+        .arg("report")
+        .arg(rec)
+        .args(["overview", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let off: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let procs = |d: &Value| -> Vec<Value> {
+        d["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| serde_json::json!([p["pid"], p["comm"], p["totals"], p["leaks"], p["folded"]]))
+            .collect()
+    };
+    assert_eq!(procs(&off), procs(doc));
+    let sites = |d: &Value| -> Vec<Value> {
+        let mut v: Vec<Value> = d["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let frames: Vec<&Value> = s["frames"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|f| &f["function"])
+                    .collect();
+                serde_json::json!([s["pid"], s["function"], s["calls"], s["bytes"], frames])
+            })
+            .collect();
+        v.sort_by_key(|x| x.to_string());
+        v
+    };
+    assert_eq!(sites(&off), sites(doc));
+    assert_eq!(off["totals"], doc["totals"]);
+    // Both say what the trace was narrowed to (a recording before format 8 could not: its
+    // report called these figures "all processes").
+    assert_eq!(doc["target"]["comm"], "allocs", "{}", doc["target"]);
+    assert!(doc["target"]["cgroup"].is_null(), "{}", doc["target"]);
+    assert_eq!(off["target"], doc["target"]);
+    let out = heaptrace().arg("report").arg(rec).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("target: all processes whose name contains \"allocs\"\n"),
+        "{text}"
+    );
+}
 
 bpf_test!(
     /// 200 short-lived processes started during a system-wide trace (ten at a time) are all

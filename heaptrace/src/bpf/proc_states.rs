@@ -69,7 +69,7 @@ impl ProcStates {
     /// another owns it (its peak stays in the map). Only before the programs count for it (as
     /// the kernel claims at an exec or a fork): its peak must be in one place for its life.
     pub fn claim(&self, tgid: u32) -> bool {
-        if tgid == 0 || self.0.len() == 0 {
+        if tgid == 0 || self.0.is_empty() {
             return false;
         }
         let i = tgid as usize & (self.0.len() - 1);

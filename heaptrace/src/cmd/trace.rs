@@ -125,8 +125,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     // The blocks the process holds now, taken in with the process stopped until counting is
     // on: each of its frees is of a block known, each of its allocations counted.
     let taken = taken_in(&target, followed.as_ref(), procwatch.as_mut());
-    let slots = maps.claim_slots(&taken);
-    log::debug!("{slots} of {} processes taken in have a slot", taken.len());
+    maps.claim_slots(&taken);
     let (before, held) = match target {
         Target::Pid(pid) => before_attach(cli, &opts, &mut maps, pid)?.unzip(),
         _ => (None, None),

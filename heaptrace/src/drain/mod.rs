@@ -175,9 +175,10 @@ fn hash_fd(ebpf: &Ebpf, name: &'static str) -> Result<OwnedFd> {
 impl KernelMaps {
     /// Slots (`heaptrace_common::proc_state`) for processes taken in before counting starts
     /// (`-p` and what it forked already, `--all`'s scan), as the kernel gives them at an exec
-    /// or a fork: their peak and unwind entry then take no hash lookup. Returns how many.
-    pub fn claim_slots(&self, pids: &[u32]) -> usize {
-        pids.iter().filter(|p| self.proc_states.claim(**p)).count()
+    /// or a fork: their peak and unwind entry then take no hash lookup.
+    pub fn claim_slots(&self, pids: &[u32]) {
+        let n = pids.iter().filter(|p| self.proc_states.claim(**p)).count();
+        log::debug!("{n} of {} processes taken in have a slot", pids.len());
     }
 
     pub fn take(ebpf: &mut Ebpf) -> Result<KernelMaps> {
