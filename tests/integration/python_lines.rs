@@ -74,14 +74,15 @@ fn finish(mut stdin: std::process::ChildStdin, stdout: std::process::ChildStdout
     drop(stdin.flush());
 }
 
-/// `heaptrace OPTIONS -- PYTHON SCRIPT` to the end (`finish`): its JSON document.
-pub fn launched_with(options: &[&str], python: &str, script: &str, tag: &str) -> Value {
+/// `heaptrace OPTIONS -- COMMAND` to the end (`finish`): its JSON document.
+pub fn launched_with(options: &[&str], command: &[&str], tag: &str) -> Value {
     let json = json_path(tag);
     let mut child: Child = heaptrace()
         .args(["-q", "--no-tui", "--interval", "200ms", "--json"])
         .arg(&json)
         .args(options)
-        .args(["--", python, script])
+        .arg("--")
+        .args(command)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -97,47 +98,8 @@ pub fn launched_with(options: &[&str], python: &str, script: &str, tag: &str) ->
     read_json(&json)
 }
 
-/// `heaptrace OPTIONS -- PYTHON lines.py wait`: the script starts its work once heaptrace has
-/// found its interpreter (its debug line), which a launched `--in-process` command is not held
-/// for: what it allocates before has no Python frames (docs/python.md).
-fn launched_once_found(options: &[&str], python: &str, tag: &str) -> Value {
-    let json = json_path(tag);
-    let mut child: Child = heaptrace()
-        .env("RUST_LOG", "warn,heaptrace::unwind::python=debug")
-        .args(["-q", "--no-tui", "--interval", "200ms", "--json"])
-        .arg(&json)
-        .args(options)
-        .args(["--", python, &fixture(), "wait"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (found_tx, found) = std::sync::mpsc::channel();
-    let stderr = BufReader::new(child.stderr.take().unwrap());
-    let reader = std::thread::spawn(move || {
-        let mut all = String::new();
-        for line in stderr.lines().map_while(Result::ok) {
-            if line.contains("walked: true") {
-                let _ = found_tx.send(());
-            }
-            all.push_str(&line);
-            all.push('\n');
-        }
-        all
-    });
-    let mut stdin = child.stdin.take().unwrap();
-    let seen = found.recv_timeout(Duration::from_secs(60)).is_ok();
-    stdin.write_all(b"go\n").unwrap();
-    finish(stdin, child.stdout.take().unwrap());
-    let status = child.wait().unwrap();
-    let stderr = reader.join().unwrap();
-    assert!(seen && status.success(), "{stderr}");
-    read_json(&json)
-}
-
 fn launched(python: &str, script: &str, tag: &str) -> Value {
-    launched_with(&[], python, script, tag)
+    launched_with(&[], &[python, script], tag)
 }
 
 bpf_test!(
@@ -154,7 +116,11 @@ bpf_test!(
 );
 
 /// In process, the library reads the thread's Python frames itself (docs/python.md), named
-/// by the same code: Debian's 3.11 (stripped, non-PIE), 3.12 and 3.13 (shared libpython).
+/// by the same code: Debian's 3.11 (stripped, non-PIE), 3.12 and 3.13 (shared libpython). A
+/// launched command is held at its start until its interpreter is found
+/// (`launch::Event::Started`): `lines.py` runs straight, and `early.py`'s first statements
+/// have their Python frames too, also in a new image of the same process (it execs the same
+/// python again, whose unwind tables and interpreter are read again).
 #[test]
 fn in_process_pythons_name_their_lines() {
     let _lock = shared();
@@ -167,9 +133,47 @@ fn in_process_pythons_name_their_lines() {
             continue;
         }
         let tag = format!("pylines-inproc-{}{}", version.0, version.1);
-        let doc = launched_once_found(&["--in-process"], &python, &tag);
+        let doc = launched_with(&["--in-process"], &[&python, &fixture()], &tag);
         check(&doc, &python);
+        for exec in [false, true] {
+            let early = early_script();
+            let mut command = vec![python.as_str(), early.as_str()];
+            command.extend(exec.then_some("exec"));
+            let tag = format!("pyearly-inproc-{}{}-{exec}", version.0, version.1);
+            let doc = launched_with(&["--in-process"], &command, &tag);
+            check_early(&doc, &format!("{python} (exec: {exec})"));
+        }
     }
+}
+
+fn early_script() -> String {
+    format!(
+        "{}/../tests/fixtures/python/early.py",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// At least 95 % of `early.py`'s 300 blocks of 4 KiB at its marked line, in stacks unwound to
+/// the interpreter's `Py_BytesMain`.
+fn check_early(json: &Value, what: &str) {
+    let line = crate::python_code::marked(&early_script(), "first") as u64;
+    let (mut bytes, mut whole) = (0, 0);
+    for s in json["stacks"].as_array().unwrap() {
+        let frames = s["frames"].as_array().unwrap();
+        let py = frames.iter().find(|f| f["module"] == "[python]");
+        if py.is_some_and(|f| f["function"] == "<module>" && f["line"] == line) {
+            bytes += s["bytes"].as_u64().unwrap();
+            if frames.iter().any(|f| f["function"] == "Py_BytesMain") {
+                whole += s["bytes"].as_u64().unwrap();
+            }
+        }
+    }
+    eprintln!("{what}: first lines {bytes} bytes, {whole} unwound to Py_BytesMain");
+    assert!(bytes >= N * 4096 * 95 / 100, "{what}: first lines {bytes}");
+    assert!(
+        whole >= N * 4096 * 95 / 100,
+        "{what}: unwound whole {whole}"
+    );
 }
 
 bpf_test!(
@@ -253,7 +257,11 @@ bpf_test!(
 fn in_process_reused_code_objects_never_name_another_function() {
     let _lock = shared();
     let python = &pythons()[3].0; // 3.13
-    let doc = launched_with(&["--in-process"], python, &reuse_script(), "pyreuse-inproc");
+    let doc = launched_with(
+        &["--in-process"],
+        &[python, &reuse_script()],
+        "pyreuse-inproc",
+    );
     check_reuse(&doc);
 }
 
@@ -265,7 +273,7 @@ fn small_objects(options: &[&str], tag: &str) -> (u64, u64) {
         env!("CARGO_MANIFEST_DIR")
     );
     let line = crate::python_code::marked(&script, "small") as u64;
-    let doc = launched_with(options, "/usr/bin/python3.11", &script, tag);
+    let doc = launched_with(options, &["/usr/bin/python3.11", &script], tag);
     // bytearray(200)'s buffer: 201 bytes (the object itself is 56).
     let (mut calls, mut bytes) = (0, 0);
     for s in doc["stacks"].as_array().unwrap() {
