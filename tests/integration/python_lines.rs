@@ -2,7 +2,8 @@
 //! (tests/fixtures/python/lines.py: a function's blocks, a growing list, a thread's blocks,
 //! zlib called from Python) has at least 95 % of each set's bytes or calls under the right
 //! function and line, under Debian's stripped 3.11 and pyenv's 3.11, 3.12 and 3.13,
-//! launched and attached (`-p`), and launched in process (`--in-process`).
+//! launched, attached (`-p`) and system-wide (`--all`), and in process (`--in-process`),
+//! launched and attached; tests/fixtures/python/early.py's first statements too.
 use std::{
     io::{BufRead as _, BufReader, Write as _},
     process::{Child, Command, Stdio},
@@ -25,7 +26,8 @@ fn line_of(mark: &str) -> u64 {
     crate::python_code::marked(&fixture(), mark) as u64
 }
 
-/// (calls, bytes) of the stacks whose innermost Python frame is `function` at `line`.
+/// (calls, bytes) of the stacks whose innermost Python frame is `function` at `line` of
+/// lines.py.
 fn at(json: &Value, function: &str, line: u64) -> (u64, u64) {
     let mut sum = (0, 0);
     for s in json["stacks"].as_array().unwrap() {
@@ -34,7 +36,8 @@ fn at(json: &Value, function: &str, line: u64) -> (u64, u64) {
             .unwrap()
             .iter()
             .find(|f| f["module"] == "[python]");
-        if py.is_some_and(|f| f["function"] == function && f["line"] == line) {
+        let here = |f: &Value| f["file"].as_str().is_some_and(|p| p.ends_with("/lines.py"));
+        if py.is_some_and(|f| here(f) && f["function"] == function && f["line"] == line) {
             sum.0 += s["calls"].as_u64().unwrap();
             sum.1 += s["bytes"].as_u64().unwrap();
         }
@@ -176,24 +179,85 @@ fn check_early(json: &Value, what: &str) {
     );
 }
 
+/// `heaptrace -p PID OPTIONS` attached to `PYTHON lines.py wait` once its interpreter is up:
+/// the JSON document of the script's work.
+fn attached(options: &[&str], python: &str, tag: &str) -> Value {
+    let mut target = Command::new(python)
+        .args([&fixture(), "wait"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its interpreter up and waiting: its mappings are whole.
+    std::thread::sleep(Duration::from_millis(300));
+    let json = json_path(tag);
+    let mut cmd = heaptrace();
+    cmd.args(["-q", "--no-tui", "--interval", "200ms", "--json"])
+        .arg(&json)
+        .args(options)
+        .args(["-p", &target.id().to_string()]);
+    let tracer = start_attached(&mut cmd);
+    let mut stdin = target.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    let stdout = target.stdout.take().unwrap();
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    std::thread::sleep(Duration::from_millis(3000));
+    tracer.signal(libc::SIGINT);
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    drop(stdin);
+    target.wait().unwrap();
+    read_json(&json)
+}
+
 bpf_test!(
     shared,
     fn an_attached_python_names_its_lines() {
         let python = &pythons()[2].0; // 3.12, libpython shared
+        check(&attached(&[], python, "pylines-p"), python);
+    }
+);
+
+/// Attached in process (the library injected, the malloc family redirected in every module's
+/// GOT), Debian's stripped, non-PIE 3.11.
+#[test]
+fn an_in_process_attached_python_names_its_lines() {
+    let _lock = shared();
+    let python = &pythons()[0].0;
+    let doc = attached(&["--in-process"], python, "pylines-p-inproc");
+    check(&doc, python);
+}
+
+bpf_test!(
+    exclusive,
+    /// System-wide: a python started after the trace, let go once heaptrace says it found
+    /// its interpreter (a process exec'ed between two reads of its mappings walks without
+    /// Python frames until the next, docs/python.md).
+    fn a_python_traced_with_all_names_its_lines() {
+        let python = &pythons()[0].0;
+        let json = json_path("pylines-all");
+        let mut cmd = heaptrace();
+        cmd.env("RUST_LOG", "warn,heaptrace::unwind::python=debug")
+            .args(["--all", "-q", "--no-tui", "--interval", "200ms", "--json"])
+            .arg(&json);
+        let tracer = start_attached(&mut cmd);
         let mut target = Command::new(python)
             .args([&fixture(), "wait"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        // Its interpreter up and waiting: its mappings are whole.
-        std::thread::sleep(Duration::from_millis(300));
-        let json = json_path("pylines-p");
-        let mut cmd = heaptrace();
-        cmd.args(["-q", "--no-tui", "--interval", "200ms", "--json"])
-            .arg(&json)
-            .args(["-p", &target.id().to_string()]);
-        let tracer = start_attached(&mut cmd);
+        let found = format!("pid {}: CPython (3, 11), walked: true", target.id());
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !tracer.stderr.lock().unwrap().contains(&found) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}",
+                tracer.stderr.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let mut stdin = target.stdin.take().unwrap();
         stdin.write_all(b"go\n").unwrap();
         let stdout = target.stdout.take().unwrap();
