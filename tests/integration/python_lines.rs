@@ -45,23 +45,57 @@ fn at(json: &Value, function: &str, line: u64) -> (u64, u64) {
     sum
 }
 
+/// The innermost Python frames holding the most bytes, for a failure to say what the stacks
+/// had instead (no Python frame at all, or code read after its process freed it).
+fn innermost(json: &Value) -> String {
+    let mut by: std::collections::BTreeMap<String, u64> = Default::default();
+    for s in json["stacks"].as_array().unwrap() {
+        let py = s["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["module"] == "[python]");
+        let name = py.map_or("no Python frame".into(), |f| {
+            let file = f["file"].as_str().unwrap_or("");
+            let file = file.rsplit('/').next().unwrap_or(file);
+            format!(
+                "{} ({file}:{})",
+                f["function"].as_str().unwrap_or(""),
+                f["line"]
+            )
+        });
+        *by.entry(name).or_default() += s["bytes"].as_u64().unwrap();
+    }
+    let mut v: Vec<_> = by.into_iter().collect();
+    v.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
+    v.truncate(6);
+    format!("{v:?}")
+}
+
 const N: u64 = 300;
 
 fn check(json: &Value, python: &str) {
+    let had = || innermost(json);
     let blocks = at(json, "blocks", line_of("blocks"));
     assert!(
         blocks.1 >= N * 4096 * 95 / 100,
-        "{python}: blocks {blocks:?}"
+        "{python}: blocks {blocks:?}; {}",
+        had()
     );
     let grow = at(json, "grow", line_of("grow"));
-    assert!(grow.1 >= N * 1000 * 95 / 100, "{python}: grow {grow:?}");
+    assert!(
+        grow.1 >= N * 1000 * 95 / 100,
+        "{python}: grow {grow:?}; {}",
+        had()
+    );
     let thread = at(json, "in_thread", line_of("thread"));
     assert!(
         thread.1 >= N * 6000 * 95 / 100,
-        "{python}: thread {thread:?}"
+        "{python}: thread {thread:?}; {}",
+        had()
     );
     let zlib = at(json, "through_zlib", line_of("zlib"));
-    assert!(zlib.0 >= N * 95 / 100, "{python}: zlib {zlib:?}");
+    assert!(zlib.0 >= N * 95 / 100, "{python}: zlib {zlib:?}; {}", had());
     // zlib's own frames stay below the Python one.
     eprintln!("{python}: blocks {blocks:?} grow {grow:?} thread {thread:?} zlib {zlib:?}");
 }
@@ -172,7 +206,11 @@ fn check_early(json: &Value, what: &str) {
         }
     }
     eprintln!("{what}: first lines {bytes} bytes, {whole} unwound to Py_BytesMain");
-    assert!(bytes >= N * 4096 * 95 / 100, "{what}: first lines {bytes}");
+    assert!(
+        bytes >= N * 4096 * 95 / 100,
+        "{what}: first lines {bytes}; {}",
+        innermost(json)
+    );
     assert!(
         whole >= N * 4096 * 95 / 100,
         "{what}: unwound whole {whole}"
