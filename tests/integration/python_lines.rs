@@ -6,7 +6,8 @@
 //! launched and attached; tests/fixtures/python/early.py's first statements too.
 use std::{
     io::{BufRead as _, BufReader, Write as _},
-    process::{Child, Command, Stdio},
+    process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, Stdio},
+    sync::{Arc, Condvar, Mutex},
     time::Duration,
 };
 
@@ -100,21 +101,67 @@ fn check(json: &Value, python: &str) {
     eprintln!("{python}: blocks {blocks:?} grow {grow:?} thread {thread:?} zlib {zlib:?}");
 }
 
-/// Reads the fixture's stdout until it says it is done, leaves the trace time to read its
-/// stacks (a round can take seconds the first time it reads a libpython's DWARF), then lets
-/// it end: a code object is read while its process runs (docs/python.md).
-fn finish(mut stdin: std::process::ChildStdin, stdout: std::process::ChildStdout) {
+/// heaptrace's stderr, kept, with the rounds ended so far (its debug line at each).
+#[derive(Clone, Default)]
+struct Rounds(Arc<(Mutex<Read>, Condvar)>);
+
+/// Rounds ended, whether stderr did, its text.
+type Read = (usize, bool, String);
+
+impl Rounds {
+    fn read(stderr: ChildStderr) -> Rounds {
+        let r = Rounds::default();
+        let shared = r.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut s = shared.0.0.lock().unwrap();
+                s.0 += usize::from(line.contains("::round] round ") && line.contains(" done in "));
+                s.2.push_str(&line);
+                s.2.push('\n');
+                shared.0.1.notify_all();
+            }
+            shared.0.0.lock().unwrap().1 = true;
+            shared.0.1.notify_all();
+        });
+        r
+    }
+
+    fn ended(&self) -> usize {
+        self.0.0.lock().unwrap().0
+    }
+
+    /// Until `n` rounds have ended, or heaptrace's stderr did (60 s at most: the figures then
+    /// say what was missed).
+    fn wait_for(&self, n: usize) {
+        let s = self.0.0.lock().unwrap();
+        let _ = self
+            .0
+            .1
+            .wait_timeout_while(s, Duration::from_secs(60), |s| s.0 < n && !s.1);
+    }
+
+    fn text(&self) -> String {
+        self.0.0.lock().unwrap().2.clone()
+    }
+}
+
+/// Reads the fixture's stdout until it says it is done, then lets it end once two more
+/// rounds have: the second began after its work, and read its stacks' code objects while it
+/// ran (a code object is read while its process runs, docs/python.md; a round can take
+/// seconds the first time it reads a libpython's DWARF).
+fn finish(stdin: ChildStdin, stdout: ChildStdout, rounds: &Rounds) {
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "ready");
-    std::thread::sleep(Duration::from_millis(3000));
-    drop(stdin.flush());
+    rounds.wait_for(rounds.ended() + 2);
+    drop(stdin);
 }
 
 /// `heaptrace OPTIONS -- COMMAND` to the end (`finish`): its JSON document.
 pub fn launched_with(options: &[&str], command: &[&str], tag: &str) -> Value {
     let json = json_path(tag);
     let mut child: Child = heaptrace()
+        .env("RUST_LOG", "warn,heaptrace::daemon::round=debug")
         .args(["-q", "--no-tui", "--interval", "200ms", "--json"])
         .arg(&json)
         .args(options)
@@ -125,13 +172,15 @@ pub fn launched_with(options: &[&str], command: &[&str], tag: &str) -> Value {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    finish(child.stdin.take().unwrap(), child.stdout.take().unwrap());
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let rounds = Rounds::read(child.stderr.take().unwrap());
+    finish(
+        child.stdin.take().unwrap(),
+        child.stdout.take().unwrap(),
+        &rounds,
     );
+    let status = child.wait().unwrap();
+    rounds.wait_for(usize::MAX);
+    assert!(status.success(), "{}", rounds.text());
     read_json(&json)
 }
 
