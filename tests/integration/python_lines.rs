@@ -266,15 +266,37 @@ fn check_early(json: &Value, what: &str) {
     );
 }
 
-/// `heaptrace -p PID OPTIONS` attached to `PYTHON lines.py wait` once its interpreter is up:
-/// the JSON document of the script's work.
-fn attached(options: &[&str], python: &str, tag: &str) -> Value {
-    let mut target = Command::new(python)
+/// `PYTHON lines.py wait`: its work waits for a line on stdin.
+fn waiting(python: &str) -> Child {
+    Command::new(python)
         .args([&fixture(), "wait"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
+        .unwrap()
+}
+
+/// Lets `target` do its work under `tracer`, then stops the trace while it still runs (the
+/// last round reads its code objects) and lets it end.
+fn work_then_stop(tracer: Running, mut target: Child) {
+    let mut stdin = target.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(target.stdout.take().unwrap())
+        .read_line(&mut line)
         .unwrap();
+    assert_eq!(line.trim(), "ready");
+    tracer.signal(libc::SIGINT);
+    let (code, stderr) = tracer.wait();
+    assert_eq!(code, 0, "{stderr}");
+    drop(stdin);
+    target.wait().unwrap();
+}
+
+/// `heaptrace -p PID OPTIONS` attached to `PYTHON lines.py wait` once its interpreter is up:
+/// the JSON document of the script's work.
+fn attached(options: &[&str], python: &str, tag: &str) -> Value {
+    let target = waiting(python);
     // Its interpreter up and waiting: its mappings are whole.
     std::thread::sleep(Duration::from_millis(300));
     let json = json_path(tag);
@@ -283,18 +305,7 @@ fn attached(options: &[&str], python: &str, tag: &str) -> Value {
         .arg(&json)
         .args(options)
         .args(["-p", &target.id().to_string()]);
-    let tracer = start_attached(&mut cmd);
-    let mut stdin = target.stdin.take().unwrap();
-    stdin.write_all(b"go\n").unwrap();
-    let stdout = target.stdout.take().unwrap();
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    std::thread::sleep(Duration::from_millis(3000));
-    tracer.signal(libc::SIGINT);
-    let (code, stderr) = tracer.wait();
-    assert_eq!(code, 0, "{stderr}");
-    drop(stdin);
-    target.wait().unwrap();
+    work_then_stop(start_attached(&mut cmd), target);
     read_json(&json)
 }
 
@@ -329,12 +340,7 @@ bpf_test!(
             .args(["--all", "-q", "--no-tui", "--interval", "200ms", "--json"])
             .arg(&json);
         let tracer = start_attached(&mut cmd);
-        let mut target = Command::new(python)
-            .args([&fixture(), "wait"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let target = waiting(python);
         let found = format!("pid {}: CPython (3, 11), walked: true", target.id());
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         while !tracer.stderr.lock().unwrap().contains(&found) {
@@ -345,17 +351,7 @@ bpf_test!(
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        let mut stdin = target.stdin.take().unwrap();
-        stdin.write_all(b"go\n").unwrap();
-        let stdout = target.stdout.take().unwrap();
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
-        std::thread::sleep(Duration::from_millis(3000));
-        tracer.signal(libc::SIGINT);
-        let (code, stderr) = tracer.wait();
-        assert_eq!(code, 0, "{stderr}");
-        drop(stdin);
-        target.wait().unwrap();
+        work_then_stop(tracer, target);
         check(&read_json(&json), python);
     }
 );
