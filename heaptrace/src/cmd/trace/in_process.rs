@@ -6,6 +6,7 @@ use crate::{
     drain::in_process::{Capacities, Region},
     run_info::Collector,
     targets::{launch::Inherit, preload},
+    unwind::python::Interpreters,
 };
 
 /// Options that only the kernel's probes have, refused by name before anything starts.
@@ -171,14 +172,12 @@ pub(super) fn python_walk(
     cli: &TraceArgs,
     region: &Region,
     pid: u32,
-) -> Result<Option<crate::unwind::python::Interpreters>> {
+) -> Result<Option<Interpreters>> {
     if cli.mode != crate::run_info::Mode::Stacks || cli.no_python_frames {
         return Ok(None);
     }
-    let store = region.python_store(pid)?;
-    Ok(Some(crate::unwind::python::Interpreters::with(Box::new(
-        store,
-    ))))
+    let store = Box::new(region.python_store(pid)?);
+    Ok(Some(Interpreters::with(store)))
 }
 
 pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Result<i32> {
@@ -263,7 +262,7 @@ pub(super) struct Started {
     pub child: Option<launch::Child>,
     pub unwind: Option<crate::unwind::loaded::Tables>,
     /// Where the library's walk finds the Python interpreter (`python_walk`).
-    pub python: Option<crate::unwind::python::Interpreters>,
+    pub python: Option<Interpreters>,
     pub collector: Collector,
     /// `-p --census`: the blocks live before the attach, taken in.
     pub before: Option<crate::drain::before_attach::BeforeAttach>,
