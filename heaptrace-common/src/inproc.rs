@@ -444,6 +444,19 @@ impl Layout {
         }
     }
 
+    /// The bytes an exec empties (`start, end`): all but the header and the unwind rows. A
+    /// file's rows serve any image that maps it, and the daemon, which placed them, keeps
+    /// them for the new image; the unwind head and the threads' caches are the earlier
+    /// image's, emptied with the rest.
+    pub const fn emptied_at_exec(&self) -> (usize, usize) {
+        let end = if self.unwind_rows > 0 {
+            self.rows
+        } else {
+            self.bytes
+        };
+        (HEADER_BYTES, end)
+    }
+
     /// The byte offset of thread slot `i`.
     pub const fn thread(&self, i: usize) -> usize {
         self.threads + i * self.thread_stride

@@ -328,7 +328,7 @@ fn take(base: *mut u8, fd: i32, size: u64, token: [u64; 2]) -> Option<Region> {
     match owner.compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed) {
         Ok(_) => {}
         // The traced process exec'ed: its earlier image, and every thread of it, is gone.
-        Err(o) if o == pid => start_over(base, fd, size)?,
+        Err(o) if o == pid => start_over(base, fd, &layout)?,
         // Another process's region: this one is a fork's exec.
         Err(_) => return None,
     }
@@ -343,22 +343,23 @@ fn take(base: *mut u8, fd: i32, size: u64, token: [u64; 2]) -> Option<Region> {
     })
 }
 
-/// A new image of the traced process takes the region over: everything but the header is
-/// emptied (the file's pages given back, not written), the header's shared counts zeroed, and
-/// the epoch moved on, so that the daemon drops what the earlier image counted. The epoch is 0
-/// while this runs: a read of the region meanwhile is not taken.
-fn start_over(base: *mut u8, fd: i32, size: u64) -> Option<()> {
+/// A new image of the traced process takes the region over: everything but the header and
+/// the unwind rows is emptied (`Layout::emptied_at_exec`: the file's pages given back, not
+/// written), the header's shared counts zeroed, and the epoch moved on, so that the daemon
+/// drops what the earlier image counted. The epoch is 0 while this runs: a read of the region
+/// meanwhile is not taken.
+fn start_over(base: *mut u8, fd: i32, layout: &Layout) -> Option<()> {
     let h = base as *mut Header;
     // SAFETY: words of the mapped header; no thread of an earlier image runs any more.
     unsafe {
         let epoch = AtomicU32::from_ptr(&raw mut (*h).epoch);
         let next = epoch.swap(0, Ordering::AcqRel).wrapping_add(1).max(1);
-        let body = inproc::HEADER_BYTES as i64;
+        let (from, to) = layout.emptied_at_exec();
         let punched = libc::fallocate(
             fd,
             libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            body,
-            size as i64 - body,
+            from as i64,
+            (to - from) as i64,
         ) == 0;
         if !punched {
             epoch.store(next - 1, Ordering::Release);

@@ -74,10 +74,14 @@ impl Daemon {
                 {
                     w.look_at(p, pid);
                 }
-                // In process: the region started over before the new image's library takes it.
+                // In process: the region started over before the new image's library takes it,
+                // and the new image's modules and interpreter read at its start (`Started`), as
+                // the probes' exec event has them read: the same python exec'ed again is
+                // another interpreter, whose walk the region's header no longer holds.
                 if self.maps.exec_held()?
                     && let Some(pid) = self.pid
                 {
+                    self.modules.forget(pid);
                     self.start_over(HashSet::from([pid]));
                 }
                 if let Some(c) = &self.child {

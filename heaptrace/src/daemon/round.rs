@@ -118,6 +118,7 @@ impl Daemon {
         self.emit(&round);
         self.prev = snap;
         self.round_seconds = began.elapsed().as_secs_f64();
+        log::debug!("round {} done in {:.3} s", round.index, self.round_seconds);
         self.publish(None, None);
         Ok(())
     }

@@ -322,19 +322,20 @@ impl Region {
     }
 
     /// The command exec'ed: its earlier image is gone, the new one has not run. Everything
-    /// but the header is emptied (the file's pages given back), the header's shared counts
-    /// zeroed and the epoch moved on, so that the next read starts the process over; the new
-    /// image's library takes the region as a first one does (owner 0).
+    /// but the header and the unwind rows is emptied (`Layout::emptied_at_exec`: the file's
+    /// pages given back), the header's shared counts zeroed and the epoch moved on, so that
+    /// the next read starts the process over; the new image's library takes the region as a
+    /// first one does (owner 0).
     pub fn start_over(&mut self) -> Result<()> {
         self.execs += 1;
-        let body = inproc::HEADER_BYTES as i64;
+        let (from, to) = self.layout.emptied_at_exec();
         // SAFETY: punches a hole in our own file, past the header.
         let r = unsafe {
             libc::fallocate(
                 self.file.as_raw_fd(),
                 libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                body,
-                self.len as i64 - body,
+                from as i64,
+                (to - from) as i64,
             )
         };
         if r != 0 {

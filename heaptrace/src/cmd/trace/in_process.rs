@@ -6,6 +6,7 @@ use crate::{
     drain::in_process::{Capacities, Region},
     run_info::Collector,
     targets::{launch::Inherit, preload},
+    unwind::python::Interpreters,
 };
 
 /// Options that only the kernel's probes have, refused by name before anything starts.
@@ -164,6 +165,21 @@ pub(super) fn unwind_tables(
     Ok(Some(t))
 }
 
+/// The library's walk appends the Python frames as the kernel's does (docs/python.md): where
+/// it finds process `pid`'s interpreter, written into the region's header as it is found at
+/// each read of the mappings. None outside stacks mode or with `--no-python-frames`.
+pub(super) fn python_walk(
+    cli: &TraceArgs,
+    region: &Region,
+    pid: u32,
+) -> Result<Option<Interpreters>> {
+    if cli.mode != crate::run_info::Mode::Stacks || cli.no_python_frames {
+        return Ok(None);
+    }
+    let store = Box::new(region.python_store(pid)?);
+    Ok(Some(Interpreters::with(store)))
+}
+
 pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Result<i32> {
     check_in_process(cli, target)?;
     check(cli)?;
@@ -192,6 +208,7 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
         pid,
         child,
         unwind,
+        python,
         collector,
         before,
         rt,
@@ -205,11 +222,7 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
         .transpose()?;
     let mut modules = Modules::default();
     modules.unwind = unwind;
-    // The library's walk appends the Python frames as the kernel's does (docs/python.md).
-    if cli.mode == crate::run_info::Mode::Stacks && !cli.no_python_frames {
-        let store = region.python_store(pid)?;
-        modules.python = Some(crate::unwind::python::Interpreters::with(Box::new(store)));
-    }
+    modules.python = python;
     modules.settle(pid, &provider.path, Duration::from_millis(200));
     let (view, live) = open_view(live_view, cli, target, &info, &[], 0);
     let mut profile = super::new_profile(cli, &info, before);
@@ -248,6 +261,8 @@ pub(super) struct Started {
     pub pid: u32,
     pub child: Option<launch::Child>,
     pub unwind: Option<crate::unwind::loaded::Tables>,
+    /// Where the library's walk finds the Python interpreter (`python_walk`).
+    pub python: Option<Interpreters>,
     pub collector: Collector,
     /// `-p --census`: the blocks live before the attach, taken in.
     pub before: Option<crate::drain::before_attach::BeforeAttach>,
@@ -267,6 +282,8 @@ fn launch(cli: &TraceArgs, argv: &[std::ffi::OsString], live_view: bool) -> Resu
     let in_runtime = rt.enter();
     region.set_pid(stopped.pid);
     let unwind = unwind_tables(&region, stopped.pid, &argv[0], &provider)?;
+    // Its interpreter is found once its libraries are mapped (held there, `Event::Started`).
+    let python = python_walk(cli, &region, stopped.pid)?;
     region.set_counting(true);
     let child = stopped.resume()?;
     let pid = child.pid;
@@ -281,6 +298,7 @@ fn launch(cli: &TraceArgs, argv: &[std::ffi::OsString], live_view: bool) -> Resu
         pid,
         child: Some(child),
         unwind,
+        python,
         collector: Collector::InProcess,
         before: None,
         rt,

@@ -3,7 +3,7 @@
 //! launched `--in-process` one's. At the end, before the last read, every GOT entry is
 //! written back; the library stays loaded, inert.
 use super::{
-    in_process::{Started, capacities, count_as, mode_word, unwind_tables},
+    in_process::{Started, capacities, count_as, mode_word, python_walk, unwind_tables},
     *,
 };
 use crate::{
@@ -18,6 +18,7 @@ pub(super) fn attach(cli: &TraceArgs, pid: u32) -> Result<Started> {
         .enable_all()
         .build()?;
     let mut made: Option<Region> = None;
+    let mut python = None;
     let mut make = |file: std::fs::File| -> Result<(u64, [u64; 2])> {
         let mut region = Region::create_in(
             Some(file),
@@ -27,6 +28,12 @@ pub(super) fn attach(cli: &TraceArgs, pid: u32) -> Result<Started> {
             cli.temporary_allocs,
         )?;
         region.set_pid(pid);
+        // Its interpreter in the header before the GOT is written: the first call counted
+        // has its Python frames.
+        python = python_walk(cli, &region, pid)?;
+        if let (Some(py), Ok(maps)) = (python.as_mut(), crate::targets::procfs::maps(pid)) {
+            py.sync(pid, &maps);
+        }
         // On before the GOT is written: the first call redirected is counted. With a census,
         // on once its blocks are in, the process stopped.
         region.set_counting(!cli.census);
@@ -85,6 +92,7 @@ pub(super) fn attach(cli: &TraceArgs, pid: u32) -> Result<Started> {
         pid,
         child: None,
         unwind,
+        python,
         collector: Collector::InProcessAttached,
         before,
         rt,
