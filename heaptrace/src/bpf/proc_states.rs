@@ -17,6 +17,9 @@ const PEAK_WORD: usize = 8;
 const PEAK_WORDS: usize = size_of::<ProcPeak>() / 8;
 const _: () = assert!(core::mem::offset_of!(ProcState, peak) == PEAK_WORD * 8);
 const _: () = assert!(size_of::<ProcPeak>().is_multiple_of(8));
+/// A peak as a claim leaves it: `ProcPeak::ZERO`, word by word.
+// SAFETY: ProcPeak is plain integers, a multiple of 8 bytes (asserted above).
+const PEAK_ZERO: [u64; PEAK_WORDS] = unsafe { core::mem::transmute(ProcPeak::ZERO) };
 
 pub struct ProcStates(MappedArray<ProcState>);
 
@@ -94,11 +97,28 @@ impl ProcStates {
 
     /// Frees the slots of the processes `gone` accepts; returns how many.
     pub fn free_where(&self, gone: impl Fn(u32) -> bool) -> usize {
+        self.free_if(|_, owner| gone(owner))
+    }
+
+    /// Frees the slots of processes that ended without a block ever counted (a followed fork
+    /// that only exec'ed or exited): user space never hears of them, so `free_where` never
+    /// would, and their slots would stay taken until their pids came back. Where a block was
+    /// counted, the slot waits for `free_where`, after the peak's last read.
+    pub fn free_unused(&self, alive: impl Fn(u32) -> bool) -> usize {
+        self.free_if(|i, owner| {
+            let peak = (PEAK_WORD..PEAK_WORD + PEAK_WORDS)
+                .map(|k| self.word(i, k).load(Ordering::Acquire));
+            let untouched = peak.zip(PEAK_ZERO).all(|(w, z)| w == z);
+            untouched && !alive(owner)
+        })
+    }
+
+    fn free_if(&self, gone: impl Fn(usize, u32) -> bool) -> usize {
         let mut freed = 0;
         for i in 0..self.0.len() {
             let word = self.word(i, 0);
             let owner = word.load(Ordering::Acquire);
-            if owner == FREE || owner == BUSY || owner >> 32 != 0 || !gone(owner as u32) {
+            if owner == FREE || owner == BUSY || owner >> 32 != 0 || !gone(i, owner as u32) {
                 continue;
             }
             if word
@@ -148,6 +168,28 @@ mod tests {
         assert_eq!(s.peak(5).map(|p| p.max), Some(100));
         assert_eq!(slots[2], ProcState::ZERO, "freed slots are zeroed");
         assert_eq!(slots[1].unwind, 0);
+    }
+
+    #[test]
+    fn slots_of_processes_gone_without_a_block_are_freed_alone() {
+        let mut slots = [ProcState::ZERO; 4];
+        let s = ProcStates::over(&mut slots);
+        for p in [4, 5, 6] {
+            assert!(s.claim(p));
+        }
+        let counted = ProcPeak {
+            live: 64,
+            max: 64,
+            blocks: 1,
+            max_blocks: 1,
+            ..ProcPeak::ZERO
+        };
+        assert!(s.set_peak(5, &counted));
+        // 4 and 5 ended; 6 lives. 5 counted a block: its peak is still to be read.
+        assert_eq!(s.free_unused(|p| p == 6), 1);
+        assert_eq!(s.peak(4), None);
+        assert_eq!(s.peak(5), Some(counted));
+        assert_eq!(s.peak(6), Some(ProcPeak::ZERO));
     }
 
     #[test]

@@ -127,6 +127,8 @@ impl KernelMaps {
         for k in &dead {
             let _ = self.inflight.remove(k);
         }
+        // Here too, every round: the state slots of processes gone without a block counted.
+        self.proc_states.free_unused(crate::targets::procfs::alive);
         Ok(dead.len() + free_slots_of_dead_threads(&self.inflight_slots, thread_alive))
     }
 }
