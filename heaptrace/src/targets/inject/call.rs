@@ -7,7 +7,7 @@
 //! it restores the extended state and every register from the frame the call left on the
 //! thread's stack and jumps back to where the thread was. The target keeps running either
 //! way; nothing of the call is left but the trampoline's bytes, in code nothing runs.
-use std::io;
+use std::{cell::Cell, io};
 
 use super::{stop::Held, sys};
 
@@ -53,6 +53,8 @@ fn saved_words(r: &libc::user_regs_struct) -> [u64; SAVED_WORDS] {
 pub struct Trampoline {
     pub at: u64,
     was: Vec<u8>,
+    /// The ptrace stops of the calls made through it.
+    stops: Cell<u32>,
 }
 
 /// Room the trampoline takes.
@@ -66,7 +68,15 @@ impl Trampoline {
         let code = code(held.resumable().rip);
         debug_assert!(code.len() <= ROOM);
         sys::write_mem(pid, at, &code)?;
-        Ok(Trampoline { at, was })
+        Ok(Trampoline {
+            at,
+            was,
+            stops: Cell::new(0),
+        })
+    }
+
+    pub fn stops(&self) -> u32 {
+        self.stops.get()
     }
 
     pub fn remove(self, pid: u32) -> io::Result<()> {
@@ -121,7 +131,7 @@ pub fn call(pid: u32, held: &Held, tramp: &Trampoline, func: u64, args: &[Arg]) 
     regs.orig_rax = u64::MAX;
     [regs.rdi, regs.rsi, regs.rdx, regs.rcx, regs.r8, regs.r9] = values;
     sys::set_regs(held.tid, &regs)?;
-    let result = run(held.tid, tramp.at + SYSCALL_END);
+    let result = run(held.tid, tramp);
     // Given back whatever happened: a thread left with the call's registers would crash.
     let restored =
         sys::set_regs(held.tid, &back).and_then(|_| sys::set_xstate(held.tid, &held.xstate));
@@ -131,12 +141,15 @@ pub fn call(pid: u32, held: &Held, tramp: &Trampoline, func: u64, args: &[Arg]) 
 }
 
 /// Runs the thread until it reaches the trampoline's system call; the call's result.
-fn run(tid: u32, done_at: u64) -> io::Result<u64> {
+fn run(tid: u32, tramp: &Trampoline) -> io::Result<u64> {
+    let done_at = tramp.at + SYSCALL_END;
     let mut sig = 0;
     loop {
         sys::resume_to_syscall(tid, sig)?;
         sig = 0;
-        match sys::wait(tid)? {
+        let stop = sys::wait(tid)?;
+        tramp.stops.set(tramp.stops.get() + 1);
+        match stop {
             sys::Stop::Syscall => {
                 let r = sys::regs(tid)?;
                 if r.rip == done_at && r.orig_rax == libc::SYS_getpid as u64 {
