@@ -18,6 +18,7 @@ mod call;
 mod libc;
 mod loaded;
 mod memfd;
+mod notice;
 mod stop;
 mod sys;
 

@@ -124,6 +124,11 @@ pub fn set_xstate(tid: u32, x: &[u8]) -> io::Result<()> {
     .map(drop)
 }
 
+/// Resumes the thread until its next signal, delivering `sig`.
+pub fn resume(tid: u32, sig: i32) -> io::Result<()> {
+    ptrace(libc::PTRACE_CONT, tid, 0, sig as usize).map(drop)
+}
+
 /// Resumes the thread until its next system call or signal, delivering `sig`.
 pub fn resume_to_syscall(tid: u32, sig: i32) -> io::Result<()> {
     ptrace(libc::PTRACE_SYSCALL, tid, 0, sig as usize).map(drop)
