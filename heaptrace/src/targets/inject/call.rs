@@ -22,9 +22,9 @@ const SYSCALL_END: u64 = 25;
 /// Where the signal number is in the trampoline (the immediate of `mov edx`).
 const SIGNAL_AT: u64 = 14;
 
-/// The trampoline's code, to send thread `tid` of `pid` signal 0; the last 8 bytes are the
-/// address to jump back to.
-fn code(pid: u32, tid: u32, back_to: u64) -> Vec<u8> {
+/// The trampoline's code, to send thread `tid` of `pid` signal 0, then (on its own) give it
+/// back its nice value `nice`; the last 8 bytes are the address to jump back to.
+fn code(pid: u32, tid: u32, nice: i32, back_to: u64) -> Vec<u8> {
     let mut c = vec![0x49, 0x89, 0xc0]; // mov r8, rax: the result, for heaptrace
     c.push(0xbf); // mov edi, pid
     c.extend_from_slice(&pid.to_le_bytes());
@@ -34,8 +34,15 @@ fn code(pid: u32, tid: u32, back_to: u64) -> Vec<u8> {
     c.extend_from_slice(&[
         0xb8, 0xea, 0x00, 0x00, 0x00, // mov eax, SYS_tgkill
         0x0f, 0x05, // syscall: heaptrace stops the thread at its entry or at the signal
-        0xb8, 0xff, 0xff, 0xff, 0xff, // mov eax, -1
-        0xba, 0xff, 0xff, 0xff, 0xff, // mov edx, -1
+        0x31, 0xff, // xor edi, edi: PRIO_PROCESS (esi is still tid)
+        0xba, // mov edx, nice
+    ]);
+    c.extend_from_slice(&nice.to_le_bytes());
+    c.extend_from_slice(&[
+        0xb8, 0x8d, 0x00, 0x00, 0x00, // mov eax, SYS_setpriority
+        0x0f, 0x05, // syscall
+        0x83, 0xc8, 0xff, // or eax, -1
+        0x83, 0xca, 0xff, // or edx, -1
         0x48, 0x0f, 0xae, 0xac, 0x24, 0xc0, 0x00, 0x00, 0x00, // xrstor64 [rsp + 192]
         0x41, 0x5f, 0x41, 0x5e, 0x41, 0x5d, 0x41, 0x5c, // pop r15, r14, r13, r12
         0x5d, 0x5b, // pop rbp, rbx
@@ -63,6 +70,8 @@ pub struct Trampoline {
     was: Vec<u8>,
     /// The signal its code sends now (0: none).
     signal: Cell<i32>,
+    /// The held thread's nice value, which its code gives back.
+    nice: i32,
     /// The ptrace stops of the calls made through it.
     stops: Cell<u32>,
 }
@@ -74,14 +83,16 @@ impl Trampoline {
     /// Writes it at `at` (unused code bytes, found by the caller), to jump back to where
     /// `held` was stopped.
     pub fn install(pid: u32, at: u64, held: &Held) -> io::Result<Trampoline> {
+        let nice = sys::nice(held.tid)?;
         let was = sys::read_mem(pid, at, ROOM)?;
-        let code = code(pid, held.tid, held.resumable().rip);
+        let code = code(pid, held.tid, nice, held.resumable().rip);
         debug_assert!(code.len() <= ROOM);
         sys::write_mem(pid, at, &code)?;
         Ok(Trampoline {
             at,
             was,
             signal: Cell::new(0),
+            nice,
             stops: Cell::new(0),
         })
     }
@@ -153,7 +164,13 @@ pub fn call(pid: u32, held: &Held, tramp: &Trampoline, func: u64, args: &[Arg]) 
     regs.orig_rax = u64::MAX;
     [regs.rdi, regs.rsi, regs.rdx, regs.rcx, regs.r8, regs.r9] = values;
     sys::set_regs(held.tid, &regs)?;
+    // Boosted for the call (`sys::BOOST`), its nice given back at its end by heaptrace or,
+    // with heaptrace gone, by the trampoline.
+    let boosted = tramp.nice > sys::BOOST && sys::set_nice(held.tid, sys::BOOST).is_ok();
     let result = run(held.tid, tramp, signal);
+    if boosted {
+        let _ = sys::set_nice(held.tid, tramp.nice);
+    }
     // Given back whatever happened: a thread left with the call's registers would crash.
     let restored =
         sys::set_regs(held.tid, &back).and_then(|_| sys::set_xstate(held.tid, &held.xstate));
@@ -214,7 +231,7 @@ mod tests {
 
     #[test]
     fn trampoline_decodes_as_written() {
-        let mut c = super::code(0x01020304, 0x05060708, 0x1122334455667788);
+        let mut c = super::code(0x01020304, 0x05060708, -3, 0x1122334455667788);
         c[super::SIGNAL_AT as usize..][..4].copy_from_slice(&libc::SIGURG.to_le_bytes());
         let mut d = Decoder::with_ip(64, &c, 0, DecoderOptions::NONE);
         let ins: Vec<_> = std::iter::from_fn(|| d.can_decode().then(|| d.decode())).collect();
@@ -231,9 +248,21 @@ mod tests {
         assert_eq!(imm(4, Register::EAX), libc::SYS_tgkill as u32);
         assert_eq!(ins[5].mnemonic(), Mnemonic::Syscall);
         assert_eq!(ins[6].ip(), super::SYSCALL_END);
-        assert_eq!(ins[8].mnemonic(), Mnemonic::Xrstor64);
-        assert_eq!(ins[8].memory_base(), Register::RSP);
-        assert_eq!(ins[8].memory_displacement64(), super::XSTATE_AT);
+        // setpriority(PRIO_PROCESS, tid, nice): edi zeroed, esi kept from tgkill.
+        assert_eq!(ins[6].mnemonic(), Mnemonic::Xor);
+        assert_eq!(ins[6].op0_register(), Register::EDI);
+        assert_eq!(imm(7, Register::EDX), -3i32 as u32);
+        assert_eq!(imm(8, Register::EAX), libc::SYS_setpriority as u32);
+        assert_eq!(ins[9].mnemonic(), Mnemonic::Syscall);
+        // XRSTOR's mask, edx:eax, all ones.
+        assert!(
+            ins[10..12]
+                .iter()
+                .all(|i| i.mnemonic() == Mnemonic::Or && i.immediate8to32() == -1)
+        );
+        assert_eq!(ins[12].mnemonic(), Mnemonic::Xrstor64);
+        assert_eq!(ins[12].memory_base(), Register::RSP);
+        assert_eq!(ins[12].memory_displacement64(), super::XSTATE_AT);
         let pops: Vec<Register> = ins
             .iter()
             .filter(|i| i.mnemonic() == Mnemonic::Pop)

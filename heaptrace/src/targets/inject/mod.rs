@@ -109,6 +109,7 @@ fn err(pid: u32, reason: impl std::fmt::Display) -> crate::error::Error {
 /// Loads `library` into `pid`, makes the region there (`make_region`) and attaches.
 pub fn load(pid: u32, library: &[u8], make_region: MakeRegion) -> crate::error::Result<Loaded> {
     let found = libc::find(pid).map_err(|r| err(pid, r))?;
+    let _boosted = sys::Boosted::own();
     let start = Instant::now();
     let mut phases = Phases::default();
     let held = stop::safe_thread(pid, &found.avoid).map_err(|r| err(pid, r))?;
@@ -256,6 +257,7 @@ const DETACH_TRIES: u32 = 20;
 /// Writes back every GOT entry the attach redirected (`heaptrace_detach` at `detach`).
 pub fn unload(pid: u32, detach: u64) -> crate::error::Result<std::time::Duration> {
     let found = libc::find(pid).map_err(|r| err(pid, r))?;
+    let _boosted = sys::Boosted::own();
     let start = Instant::now();
     for _ in 0..DETACH_TRIES {
         let held = stop::safe_thread(pid, &found.avoid).map_err(|r| err(pid, r))?;
