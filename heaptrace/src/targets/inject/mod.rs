@@ -109,6 +109,11 @@ fn err(pid: u32, reason: impl std::fmt::Display) -> crate::error::Error {
 /// Loads `library` into `pid`, makes the region there (`make_region`) and attaches.
 pub fn load(pid: u32, library: &[u8], make_region: MakeRegion) -> crate::error::Result<Loaded> {
     let found = libc::find(pid).map_err(|r| err(pid, r))?;
+    // Read before the stop: the library stays once loaded, and nothing else loads it.
+    let earlier = match loaded::find(pid, library) {
+        Some(sym) => Ok(sym),
+        None => Err(loaded::instances(pid)),
+    };
     let _boosted = sys::Boosted::own();
     let start = Instant::now();
     let mut phases = Phases::default();
@@ -120,7 +125,7 @@ pub fn load(pid: u32, library: &[u8], make_region: MakeRegion) -> crate::error::
         &held,
         &tramp,
         &found.funcs,
-        library,
+        (library, earlier),
         make_region,
         &mut phases,
     );
@@ -147,15 +152,15 @@ fn load_on(
     held: &stop::Held,
     tramp: &Trampoline,
     f: &libc::Funcs,
-    library: &[u8],
+    (library, earlier): (&[u8], Earlier),
     make_region: MakeRegion,
     phases: &mut Phases,
 ) -> crate::error::Result<(u64, u32, u32)> {
     let c = |func: u64, args: &[Arg]| call(pid, held, tramp, func, args).map_err(|e| err(pid, e));
     let start = Instant::now();
-    let sym = match loaded::find(pid, library) {
-        Some(sym) => sym,
-        None => load_library(pid, &c, f, library)?,
+    let sym = match earlier {
+        Ok(sym) => sym,
+        Err(instances) => load_library(pid, &c, f, library, instances)?,
     };
     phases.library = start.elapsed();
     let attached = attach_region(pid, &c, f, &sym, make_region);
@@ -165,19 +170,25 @@ fn load_on(
 
 type Call<'a> = &'a dyn Fn(u64, &[Arg]) -> crate::error::Result<u64>;
 
-/// The library written into a memfd made in the target and opened there; its functions.
+/// This build's library as an earlier attach left it, or how many heaptrace libraries the
+/// process has loaded (`loaded::instances`).
+type Earlier = Result<loaded::Symbols, usize>;
+
+/// The library written into a memfd made in the target and opened there (`instances`
+/// loaded before); its functions.
 fn load_library(
     pid: u32,
     c: Call,
     f: &libc::Funcs,
     library: &[u8],
+    instances: usize,
 ) -> crate::error::Result<loaded::Symbols> {
     let lib_fd = memfd::create(pid, c, f.memfd_create, c"heaptrace-preload")?;
     let opened = (|| {
         memfd::fill(pid, lib_fd, library).map_err(|e| err(pid, e))?;
         // The loader takes a name it has loaded for that library again: an earlier build's,
         // loaded from a descriptor of the same number, is told apart by its slashes.
-        let slashes = "/".repeat(loaded::instances(pid) + 1);
+        let slashes = "/".repeat(instances + 1);
         let path = format!("/proc/self/fd{slashes}{lib_fd}\0");
         let mode = (::libc::RTLD_NOW | ::libc::RTLD_LOCAL) as u64;
         let handle = c(f.dlopen, &[Arg::Bytes(path.as_bytes()), Arg::Num(mode)])?;
