@@ -8,12 +8,17 @@
 //! `heaptrace_attach`, which maps the region and writes every module's GOT. The thread gets
 //! its registers back and is let go; if heaptrace dies at any moment, the thread goes on by
 //! itself (see `call`).
-use std::{fs::File, os::unix::fs::OpenOptionsExt as _, time::Instant};
+use std::{
+    fs::File,
+    os::unix::fs::OpenOptionsExt as _,
+    time::{Duration, Instant},
+};
 
 mod call;
 mod libc;
 mod loaded;
 mod memfd;
+mod notice;
 mod stop;
 mod sys;
 
@@ -72,7 +77,23 @@ pub struct Loaded {
     /// GOT entries found that could not be written.
     pub lost: u32,
     /// Stop to let go.
-    pub took: std::time::Duration,
+    pub took: Duration,
+}
+
+/// Where an attach's time went (stop to let go), for the debug log.
+#[derive(Debug, Default)]
+struct Phases {
+    /// A thread stopped at a safe point; threads stopped and let go before it.
+    stop: Duration,
+    passed_over: u32,
+    /// The library's memfd filled and opened (nothing when an earlier attach left it).
+    library: Duration,
+    /// The region made in the target and the library's attach (the GOT written).
+    region: Duration,
+    /// The trampoline removed and the thread let go.
+    release: Duration,
+    /// The ptrace stops the calls took: one a round trip between heaptrace and the thread.
+    stops: u32,
 }
 
 /// What the caller makes of the region once it exists in the target: its size and token.
@@ -88,13 +109,33 @@ fn err(pid: u32, reason: impl std::fmt::Display) -> crate::error::Error {
 /// Loads `library` into `pid`, makes the region there (`make_region`) and attaches.
 pub fn load(pid: u32, library: &[u8], make_region: MakeRegion) -> crate::error::Result<Loaded> {
     let found = libc::find(pid).map_err(|r| err(pid, r))?;
+    // Read before the stop: the library stays once loaded, and nothing else loads it.
+    let earlier = match loaded::find(pid, library) {
+        Some(sym) => Ok(sym),
+        None => Err(loaded::instances(pid)),
+    };
+    let _boosted = sys::Boosted::own();
     let start = Instant::now();
+    let mut phases = Phases::default();
     let held = stop::safe_thread(pid, &found.avoid).map_err(|r| err(pid, r))?;
+    (phases.stop, phases.passed_over) = (start.elapsed(), held.passed_over);
     let tramp = Trampoline::install(pid, found.scratch, &held).map_err(|e| err(pid, e))?;
-    let result = load_on(pid, &held, &tramp, &found.funcs, library, make_region);
+    let result = load_on(
+        pid,
+        &held,
+        &tramp,
+        &found.funcs,
+        (library, earlier),
+        make_region,
+        &mut phases,
+    );
+    let releasing = Instant::now();
+    phases.stops = tramp.stops();
     // The trampoline's bytes back, then the thread: the order heaptrace can die in safely.
     let removed = tramp.remove(pid);
     let released = held.release();
+    phases.release = releasing.elapsed();
+    log::debug!("pid {pid}: attach took {:?}: {phases:?}", start.elapsed());
     let (detach, redirected, lost) = result?;
     removed.map_err(|e| err(pid, format!("cannot remove the trampoline: {e}")))?;
     released.map_err(|e| err(pid, format!("cannot let the thread go: {e}")))?;
@@ -111,19 +152,43 @@ fn load_on(
     held: &stop::Held,
     tramp: &Trampoline,
     f: &libc::Funcs,
-    library: &[u8],
+    (library, earlier): (&[u8], Earlier),
     make_region: MakeRegion,
+    phases: &mut Phases,
 ) -> crate::error::Result<(u64, u32, u32)> {
     let c = |func: u64, args: &[Arg]| call(pid, held, tramp, func, args).map_err(|e| err(pid, e));
-    if let Some(sym) = loaded::find(pid, library) {
-        return attach_region(pid, &c, f, &sym, make_region);
-    }
-    let lib_fd = memfd::create(pid, &c, f.memfd_create, c"heaptrace-preload")?;
+    let start = Instant::now();
+    let sym = match earlier {
+        Ok(sym) => sym,
+        Err(instances) => load_library(pid, &c, f, library, instances)?,
+    };
+    phases.library = start.elapsed();
+    let attached = attach_region(pid, &c, f, &sym, make_region);
+    phases.region = start.elapsed() - phases.library;
+    attached
+}
+
+type Call<'a> = &'a dyn Fn(u64, &[Arg]) -> crate::error::Result<u64>;
+
+/// This build's library as an earlier attach left it, or how many heaptrace libraries the
+/// process has loaded (`loaded::instances`).
+type Earlier = Result<loaded::Symbols, usize>;
+
+/// The library written into a memfd made in the target and opened there (`instances`
+/// loaded before); its functions.
+fn load_library(
+    pid: u32,
+    c: Call,
+    f: &libc::Funcs,
+    library: &[u8],
+    instances: usize,
+) -> crate::error::Result<loaded::Symbols> {
+    let lib_fd = memfd::create(pid, c, f.memfd_create, c"heaptrace-preload")?;
     let opened = (|| {
         memfd::fill(pid, lib_fd, library).map_err(|e| err(pid, e))?;
         // The loader takes a name it has loaded for that library again: an earlier build's,
         // loaded from a descriptor of the same number, is told apart by its slashes.
-        let slashes = "/".repeat(loaded::instances(pid) + 1);
+        let slashes = "/".repeat(instances + 1);
         let path = format!("/proc/self/fd{slashes}{lib_fd}\0");
         let mode = (::libc::RTLD_NOW | ::libc::RTLD_LOCAL) as u64;
         let handle = c(f.dlopen, &[Arg::Bytes(path.as_bytes()), Arg::Num(mode)])?;
@@ -136,12 +201,9 @@ fn load_on(
     // Mapped by the loader by now, or not needed.
     let _ = c(f.close, &[Arg::Num(lib_fd)]);
     opened?;
-    let sym = loaded::find(pid, library)
-        .ok_or_else(|| err(pid, "the library loaded is not found in its maps"))?;
-    attach_region(pid, &c, f, &sym, make_region)
+    loaded::find(pid, library)
+        .ok_or_else(|| err(pid, "the library loaded is not found in its maps"))
 }
-
-type Call<'a> = &'a dyn Fn(u64, &[Arg]) -> crate::error::Result<u64>;
 
 /// The region made in the target, then the library's attach called with it.
 fn attach_region(
@@ -206,6 +268,7 @@ const DETACH_TRIES: u32 = 20;
 /// Writes back every GOT entry the attach redirected (`heaptrace_detach` at `detach`).
 pub fn unload(pid: u32, detach: u64) -> crate::error::Result<std::time::Duration> {
     let found = libc::find(pid).map_err(|r| err(pid, r))?;
+    let _boosted = sys::Boosted::own();
     let start = Instant::now();
     for _ in 0..DETACH_TRIES {
         let held = stop::safe_thread(pid, &found.avoid).map_err(|r| err(pid, r))?;

@@ -52,6 +52,8 @@ pub struct Held {
     pub tid: u32,
     pub regs: libc::user_regs_struct,
     pub xstate: Vec<u8>,
+    /// Threads stopped and let go before this one (not at a safe point).
+    pub passed_over: u32,
     released: bool,
 }
 
@@ -118,6 +120,7 @@ fn threads(pid: u32) -> Vec<u32> {
 /// passes over its threads, or when the process cannot be traced.
 pub fn safe_thread(pid: u32, avoid: &Unsafe) -> Result<Held, String> {
     let mut last_err = None;
+    let mut passed_over = 0;
     for _ in 0..TRIES {
         let tids = threads(pid);
         if tids.is_empty() {
@@ -138,9 +141,11 @@ pub fn safe_thread(pid: u32, avoid: &Unsafe) -> Result<Held, String> {
                             tid,
                             regs,
                             xstate,
+                            passed_over,
                             released: false,
                         });
                     }
+                    passed_over += 1;
                     let _ = sys::detach(tid);
                 }
                 // A thread that ended meanwhile; any other error is said if none works.

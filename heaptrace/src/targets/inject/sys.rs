@@ -124,6 +124,11 @@ pub fn set_xstate(tid: u32, x: &[u8]) -> io::Result<()> {
     .map(drop)
 }
 
+/// Resumes the thread until its next signal, delivering `sig`.
+pub fn resume(tid: u32, sig: i32) -> io::Result<()> {
+    ptrace(libc::PTRACE_CONT, tid, 0, sig as usize).map(drop)
+}
+
 /// Resumes the thread until its next system call or signal, delivering `sig`.
 pub fn resume_to_syscall(tid: u32, sig: i32) -> io::Result<()> {
     ptrace(libc::PTRACE_SYSCALL, tid, 0, sig as usize).map(drop)
@@ -131,6 +136,55 @@ pub fn resume_to_syscall(tid: u32, sig: i32) -> io::Result<()> {
 
 pub fn detach(tid: u32) -> io::Result<()> {
     ptrace(libc::PTRACE_DETACH, tid, 0, 0).map(drop)
+}
+
+/// Thread `tid`'s nice value.
+pub fn nice(tid: u32) -> io::Result<i32> {
+    // -1 is a nice value too: errno tells.
+    // SAFETY: plain calls; errno is this thread's.
+    unsafe {
+        *libc::__errno_location() = 0;
+        let n = libc::getpriority(libc::PRIO_PROCESS, tid);
+        match *libc::__errno_location() {
+            0 => Ok(n),
+            e => Err(io::Error::from_raw_os_error(e)),
+        }
+    }
+}
+
+pub fn set_nice(tid: u32, nice: i32) -> io::Result<()> {
+    // SAFETY: a plain call.
+    check(unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) } as libc::c_long).map(drop)
+}
+
+/// The nice value heaptrace's own thread runs an attach at, and a held thread its calls at,
+/// where heaptrace may set it (CAP_SYS_NICE): each ptrace stop hands the CPU from one to the
+/// other, and at nice 0 on a loaded machine each would wait for the other runnable threads'
+/// turns (ticks) at every hand-over.
+pub const BOOST: i32 = -20;
+
+/// The calling thread at `BOOST` while this lives, its nice value given back after.
+pub struct Boosted(Option<i32>);
+
+impl Boosted {
+    pub fn own() -> Boosted {
+        // SAFETY: no preconditions.
+        let tid = unsafe { libc::gettid() } as u32;
+        Boosted(
+            nice(tid)
+                .ok()
+                .filter(|n| *n > BOOST && set_nice(tid, BOOST).is_ok()),
+        )
+    }
+}
+
+impl Drop for Boosted {
+    fn drop(&mut self) {
+        if let Some(n) = self.0 {
+            // SAFETY: no preconditions.
+            let _ = set_nice(unsafe { libc::gettid() } as u32, n);
+        }
+    }
 }
 
 /// `len` bytes of the target's memory at `at`.
