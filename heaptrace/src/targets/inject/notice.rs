@@ -9,7 +9,9 @@
 //! gone, the kernel discards it (an ignored signal is never queued). A signal is used only
 //! when the process neither catches nor (on that thread) blocks it, read from /proc just
 //! before each call; otherwise the call is traced as before and the trampoline's system call
-//! sends nothing (signal 0).
+//! sends nothing (signal 0). A thread under a seccomp filter is always traced: its filter may
+//! refuse `tgkill` (or kill for it), and a traced call is stopped at its entry, before the
+//! filter runs.
 use std::io;
 
 /// Signals ignored by default, whose only effect is a handler's: no job control (SIGCONT),
@@ -30,6 +32,14 @@ pub fn signal(pid: u32, tid: u32) -> io::Result<Option<i32>> {
 }
 
 fn pick(status: &str) -> Option<i32> {
+    // Seccomp mode 0: none; 1 strict, 2 filter. Unknown: as if filtered.
+    let seccomp = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Seccomp:"))
+        .map(str::trim);
+    if seccomp != Some("0") {
+        return None;
+    }
     let caught = mask(status, "SigCgt:")?;
     let blocked = mask(status, "SigBlk:")?;
     CANDIDATES
@@ -44,7 +54,7 @@ mod tests {
     fn status(blk: u64, cgt: u64) -> String {
         format!(
             "Name:\tx\nSigPnd:\t0000000000000000\nSigBlk:\t{blk:016x}\nSigIgn:\t0000000000001000\n\
-             SigCgt:\t{cgt:016x}\nCapInh:\t0000000000000000\n"
+             SigCgt:\t{cgt:016x}\nCapInh:\t0000000000000000\nSeccomp:\t0\n"
         )
     }
 
@@ -58,5 +68,10 @@ mod tests {
         // A Go program catches every signal.
         assert_eq!(pick(&status(0, 0xffff_fffe_7fff_feff)), None);
         assert_eq!(pick("Name:\tx\n"), None);
+        // A seccomp filter may refuse (or kill for) the signal's system call.
+        assert_eq!(
+            pick(&status(0, 0).replace("Seccomp:\t0", "Seccomp:\t2")),
+            None
+        );
     }
 }
