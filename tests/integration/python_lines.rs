@@ -27,16 +27,21 @@ fn line_of(mark: &str) -> u64 {
     crate::python_code::marked(&fixture(), mark) as u64
 }
 
+/// A stack's innermost Python frame.
+fn innermost_python(stack: &Value) -> Option<&Value> {
+    stack["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["module"] == "[python]")
+}
+
 /// (calls, bytes) of the stacks whose innermost Python frame is `function` at `line` of
 /// lines.py.
 fn at(json: &Value, function: &str, line: u64) -> (u64, u64) {
     let mut sum = (0, 0);
     for s in json["stacks"].as_array().unwrap() {
-        let py = s["frames"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["module"] == "[python]");
+        let py = innermost_python(s);
         let here = |f: &Value| f["file"].as_str().is_some_and(|p| p.ends_with("/lines.py"));
         if py.is_some_and(|f| here(f) && f["function"] == function && f["line"] == line) {
             sum.0 += s["calls"].as_u64().unwrap();
@@ -51,11 +56,7 @@ fn at(json: &Value, function: &str, line: u64) -> (u64, u64) {
 fn innermost(json: &Value) -> String {
     let mut by: std::collections::BTreeMap<String, u64> = Default::default();
     for s in json["stacks"].as_array().unwrap() {
-        let py = s["frames"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["module"] == "[python]");
+        let py = innermost_python(s);
         let name = py.map_or("no Python frame".into(), |f| {
             let file = f["file"].as_str().unwrap_or("");
             let file = file.rsplit('/').next().unwrap_or(file);
@@ -246,7 +247,7 @@ fn check_early(json: &Value, what: &str) {
     let (mut bytes, mut whole) = (0, 0);
     for s in json["stacks"].as_array().unwrap() {
         let frames = s["frames"].as_array().unwrap();
-        let py = frames.iter().find(|f| f["module"] == "[python]");
+        let py = innermost_python(s);
         if py.is_some_and(|f| f["function"] == "<module>" && f["line"] == line) {
             bytes += s["bytes"].as_u64().unwrap();
             if frames.iter().any(|f| f["function"] == "Py_BytesMain") {
@@ -424,11 +425,7 @@ fn small_objects(options: &[&str], tag: &str) -> (u64, u64) {
     // bytearray(200)'s buffer: 201 bytes (the object itself is 56).
     let (mut calls, mut bytes) = (0, 0);
     for s in doc["stacks"].as_array().unwrap() {
-        let py = s["frames"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["module"] == "[python]");
+        let py = innermost_python(s);
         if py.is_some_and(|f| f["function"] == "small" && f["line"] == line) {
             calls += sized_from(s, 128);
             bytes += s["bytes"].as_u64().unwrap();

@@ -18,9 +18,11 @@ use crate::exit_status::ExitStatus;
 
 /// How long the child may be held at its exit, whatever the daemon is doing.
 const EXIT_HOLD: Duration = Duration::from_secs(5);
-/// How long an exec'ed image may wait for its allocator's probes (attaching takes a few
-/// hundred milliseconds at most).
-const EXEC_HOLD: Duration = Duration::from_secs(5);
+/// How long an exec'ed image may wait for its allocator's probes, its unwind tables and its
+/// interpreter (a few hundred milliseconds, but the daemon takes the event only between two
+/// rounds, and a round naming a big library's first stacks took seconds in a loaded debug
+/// build: past 5 s, a Python's new image ran its first lines before its interpreter was read).
+const EXEC_HOLD: Duration = Duration::from_secs(20);
 
 /// A syscall stop, as `PTRACE_O_TRACESYSGOOD` marks it.
 const SYSCALL_STOP: i32 = libc::SIGTRAP | 0x80;
@@ -47,8 +49,9 @@ fn hold(
     timeout: Duration,
 ) {
     while ack.try_recv().is_ok() {}
-    if events.send(event).is_ok() {
-        let _ = ack.recv_timeout(timeout);
+    let what = format!("{event:?}");
+    if events.send(event).is_ok() && ack.recv_timeout(timeout).is_err() {
+        log::debug!("{what}: no acknowledgement within {timeout:?}, let go");
     }
 }
 
