@@ -63,7 +63,7 @@ fn export(rec: &str, tag: &str, kind: &str, extra: &[&str]) -> (PathBuf, String)
     (path, text)
 }
 
-fn report_ok(args: &[&str]) -> String {
+pub(crate) fn report_ok(args: &[&str]) -> String {
     let o = report(args);
     assert!(
         o.status.success(),
@@ -73,7 +73,7 @@ fn report_ok(args: &[&str]) -> String {
     String::from_utf8(o.stdout).unwrap()
 }
 
-fn report_json(args: &[&str]) -> Value {
+pub(crate) fn report_json(args: &[&str]) -> Value {
     let mut a = args.to_vec();
     a.extend(["--format", "json"]);
     serde_json::from_str(&report_ok(&a)).unwrap()

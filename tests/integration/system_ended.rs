@@ -2,8 +2,8 @@
 //! short-lived ones (milliseconds, ten at a time, 200 in all) counted exactly and named, and
 //! a pid given again kept apart from the process that had it.
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
-    process::{Child, Command, Stdio},
+    io::{BufRead as _, Write as _},
+    process::{Child, Command},
     time::Duration,
 };
 
@@ -95,15 +95,8 @@ bpf_test!(
 /// Runs the fixture once, held at its start and after its work (see the folding test), and
 /// returns its pid once it ended.
 fn run_held(bin: &std::path::Path) -> u32 {
-    let mut c = Command::new(bin)
-        .args(["0", "100", "1", "wait", "hold"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(c.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    let (mut c, mut out, mut line) =
+        piped(Command::new(bin).args(["0", "100", "1", "wait", "hold"]));
     assert_eq!(line, "ready\n");
     std::thread::sleep(Duration::from_millis(500));
     c.stdin.as_mut().unwrap().write_all(b"g").unwrap();
@@ -120,18 +113,7 @@ fn run_held(bin: &std::path::Path) -> u32 {
 /// figures and sites. Before, it listed all five, and the folded leaks under a process it
 /// lacked.
 fn report_folds_as_the_trace_did(rec: &std::path::Path, doc: &Value) {
-    let out = heaptrace()
-        .arg("report")
-        .arg(rec)
-        .args(["overview", "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let off: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let off = crate::recording::report_json(&[rec.to_str().unwrap(), "overview"]);
     let procs = |d: &Value| -> Vec<Value> {
         d["processes"]
             .as_array()
