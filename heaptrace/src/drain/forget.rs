@@ -24,6 +24,9 @@ pub(super) fn free_slots_of_dead_threads(
     freed
 }
 
+/// Rounds between two looks at the state slots of processes gone unseen.
+const UNUSED_SLOTS_EVERY: u32 = 16;
+
 impl KernelMaps {
     /// Deletes `keys` from a map in batches; a failure is the map's error.
     pub(super) fn delete<K: aya::Pod>(fd: &OwnedFd, map: &'static str, keys: &[K]) -> Result<()> {
@@ -127,8 +130,13 @@ impl KernelMaps {
         for k in &dead {
             let _ = self.inflight.remove(k);
         }
-        // Here too, every round: the state slots of processes gone without a block counted.
-        self.proc_states.free_unused(crate::targets::procfs::alive);
+        // Here too, now and then: the state slots of processes gone without a block counted.
+        // Not every round: each slot held by a process that never counted costs a /proc
+        // read (hundreds under `--all`, whose scan takes slots for idle processes too).
+        self.purges = self.purges.wrapping_add(1);
+        if self.purges.is_multiple_of(UNUSED_SLOTS_EVERY) {
+            self.proc_states.free_unused(crate::targets::procfs::alive);
+        }
         Ok(dead.len() + free_slots_of_dead_threads(&self.inflight_slots, thread_alive))
     }
 }

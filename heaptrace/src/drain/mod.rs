@@ -102,6 +102,9 @@ pub struct KernelMaps {
     peaks: HashMap<MapData, u32, heaptrace_common::ProcPeak>,
     /// The peaks of the processes with a slot, in place of the map (`proc_states`).
     proc_states: ProcStates,
+    /// Calls of `purge_inflight`: the slots of processes gone unseen are looked at every
+    /// `UNUSED_SLOTS_EVERY`th.
+    purges: u32,
     /// The hash maps read every round or walked for a process's entries, for batched reads
     /// and deletes (`batch`).
     procs_fd: OwnedFd,
@@ -222,6 +225,7 @@ impl KernelMaps {
             execs: take(ebpf, maps::EXECS)?,
             peaks: take(ebpf, maps::PEAKS)?,
             proc_states: ProcStates::map(ebpf)?,
+            purges: 0,
         })
     }
 
