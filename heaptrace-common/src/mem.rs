@@ -11,6 +11,11 @@ pub const CALL_END: u32 = 0x100;
 pub const EXEC: u32 = 0x101;
 /// `MemEvent::func` of a syscall made outside any allocator call.
 pub const NO_FUNC: u32 = u32::MAX;
+/// `MemEvent::func` of a pymalloc arena's mmap (outside any allocator call, in a Python
+/// process, stacks mode): followed by its own `CALL_END`, with the stack at the syscall.
+pub const PYMALLOC: u32 = u32::MAX - 1;
+/// The size of a pymalloc arena (CPython 3.10 on, 64-bit): 1 MiB.
+pub const PYMALLOC_ARENA: u64 = 1 << 20;
 /// Or'ed into munmap's and mremap's number: the syscall is about to run (`ret` 0). Their
 /// release of the old range is applied here, before the kernel frees it for another
 /// thread's mmap, whose event could otherwise come first.

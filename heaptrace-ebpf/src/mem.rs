@@ -11,7 +11,8 @@
 //! (Debian's libc has no frame pointers). So the syscall only marks the thread's in-flight
 //! allocator call; that call's return probe, where the stack walk works, reports its site, and
 //! user space pairs the two by thread. Syscalls outside any allocator call (free's munmap of an
-//! mmapped chunk, the program's own mappings) are reported without a site.
+//! mmapped chunk, the program's own mappings) are reported without a site, except a Python
+//! process's pymalloc arenas (`pymalloc_arena`), whose stack is taken at the syscall.
 use aya_ebpf::{
     EbpfContext as _,
     bindings::pt_regs,
@@ -68,8 +69,49 @@ pub fn mem_syscall(ctx: ProbeContext) -> u32 {
         begin(id, nr, func, args);
         return 0;
     }
+    if func == mem::NO_FUNC && pymalloc_arena(id, nr, args, ret) {
+        arena(&ctx, id, args, ret);
+        return 0;
+    }
     done(id, MemCall { nr, func, args }, ret);
     0
+}
+
+/// Whether this mmap made a pymalloc arena: CPython maps each with `mmap(NULL, ARENA_SIZE,
+/// PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS)` outside any allocator call (its
+/// object allocator is its own), in a process user space found CPython in. Stacks mode only.
+#[inline(always)]
+fn pymalloc_arena(id: u64, nr: u32, args: [u64; 4], ret: u64) -> bool {
+    const PROT_RW: u64 = 3;
+    const PRIVATE_ANONYMOUS: u64 = 0x22;
+    nr == mem::MMAP
+        && ret <= u64::MAX - MAX_ERRNO
+        && args == [0, mem::PYMALLOC_ARENA, PROT_RW, PRIVATE_ANONYMOUS]
+        && crate::maps::mode() == heaptrace_common::mode::STACKS
+        && crate::python::is_python((id >> 32) as u32)
+}
+
+/// A pymalloc arena: reported as a call of its own (`mem::PYMALLOC`) that made one mmap, with
+/// the stack at the syscall (through libc's wrapper by its unwind rows, then the interpreter
+/// and the Python frames of the line whose object needed a new arena) as its site.
+#[inline(always)]
+fn arena(ctx: &ProbeContext, id: u64, args: [u64; 4], ret: u64) {
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    let (stack_id, _) = crate::sites::stack_id(ctx, tgid);
+    let call = MemCall {
+        nr: mem::MMAP,
+        func: mem::PYMALLOC,
+        args,
+    };
+    done(id, call, ret);
+    report(MemEvent {
+        kind: mem::CALL_END,
+        tgid,
+        tid,
+        func: mem::PYMALLOC,
+        args: [i64::from(stack_id) as u64, 0, 0, 0],
+        ret: 0,
+    });
 }
 
 /// The allocator call a memory syscall of this thread is part of (`mem::NO_FUNC`: none), or
@@ -162,6 +204,7 @@ fn done(id: u64, call: MemCall, ret: u64) {
         return;
     }
     if call.func != mem::NO_FUNC
+        && call.func != mem::PYMALLOC
         && let Some(f) = crate::inflight::get(id)
     {
         f.flags |= INFLIGHT_RESERVED;

@@ -50,6 +50,12 @@ pub struct PyScratch {
 #[map(name = "PY_SCRATCH")]
 static PY_SCRATCH: PerCpuArray<PyScratch> = PerCpuArray::with_max_entries(1, 0);
 
+/// Whether user space found CPython in process `tgid` (its frames are walked).
+#[inline(always)]
+pub fn is_python(tgid: u32) -> bool {
+    PY_ON.get(0).is_some_and(|on| *on != 0) && PY_PROCS.get_ptr(&tgid).is_some()
+}
+
 /// Threads looked through at most to find one's state.
 const THREADS_MAX: u32 = 256;
 

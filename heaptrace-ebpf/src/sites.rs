@@ -4,7 +4,7 @@
 //! in the immediate caller and the frame pointer is the caller's, so the frame-pointer walk
 //! starts at the caller. (At malloc's entry the walk would miss it: glibc's malloc does not
 //! begin with `push %rbp`.) Only successful allocations pay for a stack.
-use aya_ebpf::{EbpfContext as _, programs::RetProbeContext};
+use aya_ebpf::{EbpfContext, programs::RetProbeContext};
 use heaptrace_common::{
     CALLER_ID_BASE, Func, LiveBlock, Loss, SiteCounters, SiteKey, fills, log2_bucket,
 };
@@ -20,10 +20,11 @@ use crate::{
 
 const BPF_F_USER_STACK: u64 = 1 << 8;
 
-/// The id of the user stack at this return probe, stored, and whether it was stored whole:
+/// The id of the user stack at this probe (a return probe's, or `mem.rs`'s pymalloc arenas'),
+/// stored, and whether it was stored whole:
 /// false where it took its caller alone, or nothing (a negative id).
 #[inline(always)]
-pub fn stack_id(ctx: &RetProbeContext, tgid: u32) -> (i32, bool) {
+pub fn stack_id(ctx: &impl EbpfContext, tgid: u32) -> (i32, bool) {
     match store_stack(ctx, tgid) {
         Ok((id, whole)) => (id as i32, whole),
         Err(e) => (if e < 0 { e } else { -1 }, false),
@@ -92,7 +93,7 @@ pub fn untracked(
 /// The id of the user stack at this return probe, stored (`stacks.rs`), and true; or, where
 /// no whole stack can be stored (`stacks::store`), the id of its first frame alone (CALLERS) and false.
 #[inline(always)]
-fn store_stack(ctx: &RetProbeContext, tgid: u32) -> Result<(i64, bool), i32> {
+fn store_stack(ctx: &impl EbpfContext, tgid: u32) -> Result<(i64, bool), i32> {
     match crate::stacks::store(ctx, tgid) {
         Ok(id) => Ok((i64::from(id), true)),
         Err(e) => {

@@ -10,8 +10,9 @@
 //!
 //! Ids and hashes: `heaptrace_common::stack`.
 use aya_ebpf::{
+    EbpfContext,
+    bindings::pt_regs,
     helpers::{bpf_get_smp_processor_id, generated},
-    programs::RetProbeContext,
 };
 use heaptrace_common::{
     Loss, NO_ROOM_FRAME, STACK_FRAMES, StoredStack,
@@ -48,7 +49,7 @@ const CHUNK_BYTES: u64 = 8 * CHUNK_WORDS as u64;
 /// state is in a per-CPU map (`WALK`), not on the stack: values it does not track, so the
 /// callback's states converge at once.
 #[inline(always)]
-pub fn walk(ctx: &RetProbeContext, tgid: u32) -> Option<(&'static mut StoredStack, u64)> {
+pub fn walk(ctx: &impl EbpfContext, tgid: u32) -> Option<(&'static mut StoredStack, u64)> {
     let s = STACK_SCRATCH.get_ptr_mut(0)?;
     let c = STACK_CHUNK.get_ptr_mut(0)?;
     let w = WALK.get_ptr_mut(0)?;
@@ -65,8 +66,10 @@ pub fn walk(ctx: &RetProbeContext, tgid: u32) -> Option<(&'static mut StoredStac
     // end than its own is not kept (nor, now and then, one that only began while another ran).
     // SAFETY: an aligned read of a map value.
     let first = unsafe { core::ptr::read_volatile(&ch[CHUNK_WORDS]) };
+    // A uprobe's context, entry or return, is the user register file.
+    let regs = ctx.as_ptr().cast::<pt_regs>();
     // SAFETY: the context's register file, valid for the program's run.
-    let (ip, sp, fp) = unsafe { ((*ctx.regs).rip, (*ctx.regs).rsp, (*ctx.regs).rbp) };
+    let (ip, sp, fp) = unsafe { ((*regs).rip, (*regs).rsp, (*regs).rbp) };
     sc.ips[0] = ip;
     *st = WalkState {
         pc: ip,
@@ -282,7 +285,7 @@ impl Chunk<'_> {
 /// The stack's id, stored now if it was not. Err: an errno, STACK_OWNERS or FRAMES full
 /// (E2BIG, ENOMEM) or both of its ids held by other stacks (EEXIST).
 #[inline(always)]
-pub fn store(ctx: &RetProbeContext, tgid: u32) -> Result<u32, i32> {
+pub fn store(ctx: &impl EbpfContext, tgid: u32) -> Result<u32, i32> {
     // The hash as the walk computed it, not read back from the scratch: see `intact`.
     let Some((s, hash)) = walk(ctx, tgid) else {
         return Err(-EBUSY); // another walk ran in the middle of this one

@@ -150,8 +150,8 @@ pub fn size_keys(pid: u32) -> std::ops::RangeInclusive<SizeKey> {
 
 /// The keys of process `pid`'s reservations.
 pub fn reservation_keys(pid: u32) -> std::ops::RangeInclusive<crate::reserve::ResKey> {
-    use crate::reserve::{Area, Kind};
-    let last = Kind::Munmap { of: Area::Brk };
+    use crate::reserve::Kind;
+    let last = Kind::Pymalloc;
     (pid, Kind::Arena, i32::MIN, 0)..=(pid, last, i32::MAX, u32::MAX)
 }
 
@@ -394,6 +394,8 @@ pub struct RoundWire {
     newer_losses: Vec<u64>,
     /// Recording format 13.
     peak_held: BTreeMap<u32, PeakHeld>,
+    /// Recording format 14: `Reserved::pymalloc` of each process in `reserved`.
+    pymalloc: BTreeMap<u32, u64>,
 }
 
 impl From<RoundWire> for Round {
@@ -403,6 +405,12 @@ impl From<RoundWire> for Round {
         losses[WIRE_LOSSES..NEWER_LOSSES].copy_from_slice(&w.later_losses);
         for (to, from) in losses[NEWER_LOSSES..].iter_mut().zip(&w.newer_losses) {
             *to = *from;
+        }
+        let mut reserved = w.reserved;
+        for (pid, bytes) in w.pymalloc {
+            if let Some(r) = reserved.get_mut(&pid) {
+                r.pymalloc = bytes;
+            }
         }
         Round {
             index: w.index,
@@ -414,7 +422,7 @@ impl From<RoundWire> for Round {
             sites: w.sites,
             latency: w.latency,
             reservations: w.reservations,
-            reserved: w.reserved,
+            reserved,
             restarted: w.restarted,
             ended: w.ended,
             folded: w.folded,
@@ -431,6 +439,10 @@ impl From<Round> for RoundWire {
         losses.copy_from_slice(&r.losses[..WIRE_LOSSES]);
         let mut later_losses = [0; LATER_LOSSES];
         later_losses.copy_from_slice(&r.losses[WIRE_LOSSES..NEWER_LOSSES]);
+        let pymalloc = (r.reserved.iter())
+            .filter(|(_, m)| m.pymalloc > 0)
+            .map(|(pid, m)| (*pid, m.pymalloc))
+            .collect();
         RoundWire {
             index: r.index,
             elapsed_ms: r.elapsed_ms,
@@ -449,6 +461,7 @@ impl From<Round> for RoundWire {
             later_losses,
             newer_losses: r.losses[NEWER_LOSSES..].to_vec(),
             peak_held: r.peak_held,
+            pymalloc,
         }
     }
 }

@@ -18,6 +18,8 @@ use crate::run_info::{Collector, Mode, RunInfo, TargetKind, Temporary};
 
 pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
 /// What each version added:
+/// - 14: rounds end with each process's pymalloc arena bytes (`Reserved::pymalloc`), and
+///   their reservations may be of kind `Pymalloc`; earlier rounds read with none.
 /// - 13: rounds end with what the processes' peaks were made of (`PeakHeld`: blocks, and
 ///   sites in stacks mode), where it changed; earlier rounds read with none.
 /// - 12: the header's `temporary_counts_frees` (a free in between makes a block not temporary,
@@ -41,7 +43,7 @@ pub const MAGIC: [u8; 8] = *b"HEAPTRC\0";
 ///   header without it, as unsampled).
 /// - 2: rounds carry the allocators' reservations (the memory behind malloc) and one more loss
 ///   counter. Version 1 files (written before any release) are not read.
-pub const VERSION: u16 = 13;
+pub const VERSION: u16 = 14;
 /// The oldest version this reader reads.
 pub const OLDEST: u16 = 2;
 /// No frame is larger: a hostile length cannot make the reader allocate more.
@@ -522,18 +524,19 @@ pub fn decode_round(
     frame: &RawFrame,
     version: u16,
 ) -> Result<crate::drain::round::Round, FormatError> {
-    // The peaks' compositions added in 13 (an empty map), the losses added in 12 (an empty
+    // The pymalloc arenas added in 14, the peaks' compositions added in 13 (an empty map), the losses added in 12 (an empty
     // list), in 10 (3 varints), the peaks added in 9 (an empty map), the lists added in 5
     // and 4.
     let later_losses = crate::drain::round::LATER_LOSSES;
     let missing = match version {
-        13.. => 0,
-        12 => 1,
-        10 | 11 => 2,
-        9 => later_losses + 2,
-        5..=8 => later_losses + 3,
-        4 => later_losses + 5,
-        _ => later_losses + 6,
+        14.. => 0,
+        13 => 1,
+        12 => 2,
+        10 | 11 => 3,
+        9 => later_losses + 3,
+        5..=8 => later_losses + 4,
+        4 => later_losses + 6,
+        _ => later_losses + 7,
     };
     decode_padded(frame, missing)
 }

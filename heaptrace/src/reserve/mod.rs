@@ -33,6 +33,9 @@ pub enum Kind {
     Brk,
     /// Memory given back: unmapped, or the brk heap shrunk (`of` Brk, no site).
     Munmap { of: Area },
+    /// A pymalloc arena (1 MiB), mapped by CPython's object allocator outside malloc: its site
+    /// is the stack at the mmap, Python frames included (recording format 14).
+    Pymalloc,
 }
 
 /// Where reserved memory lies: the three kinds an allocator holds.
@@ -41,6 +44,7 @@ pub enum Area {
     Arena,
     Mmap,
     Brk,
+    Pymalloc,
 }
 
 impl Kind {
@@ -50,6 +54,7 @@ impl Kind {
             Kind::Mmap => "mmap",
             Kind::Brk => "brk",
             Kind::Munmap { .. } => "munmap",
+            Kind::Pymalloc => "pymalloc",
         }
     }
 
@@ -68,6 +73,7 @@ impl From<Area> for Kind {
             Area::Arena => Kind::Arena,
             Area::Mmap => Kind::Mmap,
             Area::Brk => Kind::Brk,
+            Area::Pymalloc => Kind::Pymalloc,
         }
     }
 }
@@ -98,11 +104,15 @@ pub struct Reserved {
     pub arenas: u64,
     /// Large blocks' own mappings made while traced.
     pub mmapped: u64,
+    /// pymalloc's arenas made while traced (a Python process, stacks mode). Not in the
+    /// postcard of format 13 and earlier rounds: recordings carry it beside (`RoundWire`).
+    #[serde(skip)]
+    pub pymalloc: u64,
 }
 
 impl Reserved {
     pub fn total(&self) -> u64 {
-        self.heap + self.arenas + self.mmapped
+        self.heap + self.arenas + self.mmapped + self.pymalloc
     }
 }
 
@@ -230,7 +240,9 @@ impl Tracker {
                 // glibc decommitting part of an arena: still reserved.
                 if flags & MAP_FIXED == 0 || !st.regions.covers(start, end) {
                     call.released.extend(st.regions.unmap(start, end, serial));
-                    let kind = if prot == PROT_NONE && flags & MAP_NORESERVE != 0 {
+                    let kind = if ev.func == mem::PYMALLOC {
+                        Area::Pymalloc
+                    } else if prot == PROT_NONE && flags & MAP_NORESERVE != 0 {
                         Area::Arena
                     } else {
                         Area::Mmap
@@ -395,6 +407,7 @@ impl Tracker {
                 match r.kind {
                     Area::Arena => out.arenas += r.end - start,
                     Area::Mmap => out.mmapped += r.end - start,
+                    Area::Pymalloc => out.pymalloc += r.end - start,
                     Area::Brk => {}
                 }
             }

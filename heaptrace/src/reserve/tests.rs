@@ -376,3 +376,54 @@ fn a_munmap_that_fails_gives_nothing_back() {
         "{fresh:?}"
     );
 }
+
+/// A pymalloc arena (its mmap reported with `mem::PYMALLOC` and its own end, the stack taken
+/// at the syscall): a reservation of kind Pymalloc at that stack, in the process's pymalloc
+/// bytes until CPython unmaps it outside any call, which gives it back to the same site.
+#[test]
+fn a_pymalloc_arena_is_reserved_at_its_stack_and_given_back_there() {
+    let mut t = Tracker::default();
+    let base = 0x7f00_0040_0000;
+    for (i, stack) in [(0, 7), (1, 7), (2, 8)] {
+        let at = base + i * MIB;
+        let args = [0, mem::PYMALLOC_ARENA, RW, PRIVATE_ANON];
+        t.event(&sys(mem::MMAP, 11, mem::PYMALLOC, args, at));
+        t.event(&end(11, mem::PYMALLOC, stack));
+    }
+    assert_eq!(t.reserved(PID).pymalloc, 3 * MIB);
+    assert_eq!(t.reserved(PID).mmapped, 0);
+    let fresh = t.take();
+    let made = |stack| fresh[&(PID, Kind::Pymalloc, stack, mem::PYMALLOC)];
+    assert_eq!(
+        made(7),
+        ResTotals {
+            calls: 2,
+            bytes: 2 * MIB
+        }
+    );
+    assert_eq!(
+        made(8),
+        ResTotals {
+            calls: 1,
+            bytes: MIB
+        }
+    );
+    t.event(&sys(
+        mem::MUNMAP | mem::BEGIN,
+        11,
+        mem::NO_FUNC,
+        [base, MIB, 0, 0],
+        0,
+    ));
+    t.event(&sys(mem::MUNMAP, 11, mem::NO_FUNC, [base, MIB, 0, 0], 0));
+    let back = t.take();
+    let of = Kind::Munmap { of: Area::Pymalloc };
+    assert_eq!(
+        back[&(PID, of, 7, mem::PYMALLOC)],
+        ResTotals {
+            calls: 1,
+            bytes: MIB
+        }
+    );
+    assert_eq!(t.reserved(PID).pymalloc, 2 * MIB);
+}

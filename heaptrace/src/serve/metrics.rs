@@ -150,7 +150,7 @@ fn processes(reg: &mut Registry, s: &Snapshot, max: usize) -> usize {
         ("process_resident_bytes", "Resident memory (VmRSS)", rss),
         (
             "process_allocator_held_bytes",
-            "Bytes the allocator holds from the kernel (heap, arenas, mmapped blocks)",
+            "Bytes the allocators hold from the kernel (heap, arenas, mmapped blocks, pymalloc arenas)",
             held,
         ),
     ];

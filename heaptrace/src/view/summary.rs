@@ -115,7 +115,7 @@ pub fn memory(profile: &Profile, top: usize, attached: bool) -> String {
         let _ = writeln!(
             s,
             "  pid {pid} {}: requested and live {}{}; allocator holds {} (heap {}, arenas {}, \
-             mmapped {}){}; RSS {}; VIRT {}",
+             mmapped {}{}){}; RSS {}; VIRT {}",
             p.comm,
             est(profile.sample_bytes),
             bytes(p.totals.live_bytes),
@@ -123,6 +123,10 @@ pub fn memory(profile: &Profile, top: usize, attached: bool) -> String {
             bytes(r.heap as i64),
             bytes(r.arenas as i64),
             bytes(r.mmapped as i64),
+            match r.pymalloc {
+                0 => String::new(),
+                b => format!(", pymalloc arenas {}", bytes(b as i64)),
+            },
             p.resident.map_or(String::new(), |m| format!(
                 "; resident ~{}{}",
                 bytes(m.total() as i64),
@@ -132,40 +136,72 @@ pub fn memory(profile: &Profile, top: usize, attached: bool) -> String {
             p.mem.map_or("?".into(), |m| bytes(m.virt_kb as i64 * 1024)),
         );
     }
-    let mut made: Vec<_> = profile
-        .reservations
-        .iter()
-        .filter(|(k, _)| k.1.of().is_none())
-        .collect();
-    made.sort_by_key(|(k, t)| (std::cmp::Reverse(t.bytes), **k));
-    for ((pid, kind, stack_id, func), t) in made.into_iter().take(top) {
-        let site = if *stack_id == heaptrace_common::NO_SITE {
-            Func::from_u32(*func).map_or("?", |f| f.name()).to_string()
-        } else {
-            crate::view::site_tables::site_label(profile, &(*pid, *stack_id, *func), 2)
-        };
+    reservation_lines(&mut s, profile, top);
+    s
+}
+
+/// The sites that reserved the most, one line each: lines that would read alike (a pymalloc
+/// arena's Python line, reached through several native stacks) are one, their figures summed.
+fn reservation_lines(s: &mut String, profile: &Profile, top: usize) {
+    use crate::reserve::{Area, Kind};
+    // (process, kind, label) -> (calls, bytes, bytes given back)
+    let mut lines: std::collections::HashMap<(u32, Kind, String), (u64, u64, u64)> =
+        Default::default();
+    for (&(pid, kind, stack_id, func), t) in &profile.reservations {
+        if kind.of().is_some() {
+            continue;
+        }
+        let site = (pid, stack_id, func);
+        let label = match kind {
+            Kind::Pymalloc => python_line(profile, &site),
+            _ => None,
+        }
+        .unwrap_or_else(|| match stack_id {
+            heaptrace_common::NO_SITE => Func::from_u32(func).map_or("?", |f| f.name()).into(),
+            _ => crate::view::site_tables::site_label(profile, &site, 2),
+        });
         let back = match kind {
-            crate::reserve::Kind::Arena => Some(crate::reserve::Area::Arena),
-            crate::reserve::Kind::Mmap => Some(crate::reserve::Area::Mmap),
+            Kind::Arena => Some(Area::Arena),
+            Kind::Mmap => Some(Area::Mmap),
+            Kind::Pymalloc => Some(Area::Pymalloc),
             _ => None,
         }
         .and_then(|of| {
-            let k = (*pid, crate::reserve::Kind::Munmap { of }, *stack_id, *func);
-            profile.reservations.get(&k)
+            profile
+                .reservations
+                .get(&(pid, Kind::Munmap { of }, stack_id, func))
         })
-        .map_or(String::new(), |b| {
-            format!(" ({} given back)", bytes(b.bytes as i64))
-        });
+        .map_or(0, |b| b.bytes);
+        let e = lines.entry((pid, kind, label)).or_default();
+        (e.0, e.1, e.2) = (e.0 + t.calls, e.1 + t.bytes, e.2 + back);
+    }
+    let mut lines: Vec<_> = lines.into_iter().collect();
+    lines.sort_by(|a, b| (b.1.1, &a.0).cmp(&(a.1.1, &b.0)));
+    for ((pid, kind, site), (calls, made, back)) in lines.into_iter().take(top) {
+        let back = match back {
+            0 => String::new(),
+            b => format!(" ({} given back)", bytes(b as i64)),
+        };
         let _ = writeln!(
             s,
-            "  {:>6} {:<5} {:>10}{back}  pid {}: {site}",
-            t.calls,
+            "  {calls:>6} {:<5} {:>10}{back}  pid {}: {site}",
             kind.name(),
-            bytes(t.bytes as i64),
-            crate::profile::incarnation::Pid(*pid),
+            bytes(made as i64),
+            crate::profile::incarnation::Pid(pid),
         );
     }
-    s
+}
+
+/// A pymalloc arena's site: the innermost Python frame of its stack (the line whose object
+/// needed a new arena), as `function (file:line)`.
+fn python_line(profile: &Profile, site: &crate::drain::round::SiteId) -> Option<String> {
+    let frames = profile.frames(site);
+    let f = frames
+        .iter()
+        .find(|f| &*f.module == crate::unwind::python::PYTHON_MODULE)?;
+    let file = f.file.as_deref().unwrap_or("?");
+    let base = file.rsplit('/').next().unwrap_or(file);
+    Some(format!("{} ({base}:{})", f.function, f.line.unwrap_or(0)))
 }
 
 /// Functions shown in tables: every family member except those probed as another's alias.

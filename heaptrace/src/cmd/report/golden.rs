@@ -97,6 +97,7 @@ fn round(index: u64, a: u64, b: u64, with_stacks: bool) -> Round {
             heap: 132 << 10,
             arenas: 0,
             mmapped: 1 << 20,
+            pymalloc: 0,
         },
     );
     if with_stacks {

@@ -25,9 +25,10 @@ fn frames_round_trip_plain_and_deflated() {
     );
 }
 
-/// A round of an earlier version is a version 13 round without the fields added since, each
-/// an empty list or a zero at the end: the peaks' compositions (13), the newer losses (12), the unwinding losses (10), the
-/// peaks (9), the ends and folds (5), the restarts (4). Each reads back whole, its losses of before 10 in their place.
+/// A round of an earlier version is a version 14 round without the fields added since, each
+/// an empty list or a zero at the end: the pymalloc arenas (14), the peaks' compositions (13),
+/// the newer losses (12), the unwinding losses (10), the peaks (9), the ends and folds (5), the
+/// restarts (4). Each reads back whole, its losses of before 10 in their place.
 #[test]
 fn rounds_of_earlier_versions_read_without_the_later_fields() {
     use heaptrace_common::Loss;
@@ -54,11 +55,27 @@ fn rounds_of_earlier_versions_read_without_the_later_fields() {
         sites: vec![(4, 0, 3, 300)],
     };
     round.peak_held.insert(1, held);
-    let v13 = postcard::to_allocvec(&round).unwrap();
+    let reserved = crate::reserve::Reserved {
+        heap: 1,
+        arenas: 2,
+        mmapped: 3,
+        pymalloc: 4 << 20,
+    };
+    round.reserved.insert(1, reserved);
+    let v14 = postcard::to_allocvec(&round).unwrap();
+    assert_eq!(decode_round(&frame(v14), 14).unwrap(), round);
+    // Version 13: without the pymalloc arenas (an empty map, one byte, after the rest).
+    round.reserved.get_mut(&1).unwrap().pymalloc = 0;
+    let before14 = |r: &crate::drain::round::Round| {
+        let mut v = postcard::to_allocvec(r).unwrap();
+        assert_eq!(v.split_off(v.len() - 1), [0], "the pymalloc arenas, last");
+        v
+    };
+    let v13 = before14(&round);
     assert_eq!(decode_round(&frame(v13), 13).unwrap(), round);
     // Version 12: without the peaks' compositions (an empty map, one byte).
     round.peak_held.clear();
-    let mut v12 = postcard::to_allocvec(&round).unwrap();
+    let mut v12 = before14(&round);
     assert_eq!(
         v12.split_off(v12.len() - 1),
         [0],
@@ -68,7 +85,7 @@ fn rounds_of_earlier_versions_read_without_the_later_fields() {
     // Version 10 and 11: without the list of newer losses either (one here, a zero, cut off).
     round.losses[Loss::UnwindLate as usize] = 0;
     let v11 = |r: &crate::drain::round::Round| {
-        let mut v = postcard::to_allocvec(r).unwrap();
+        let mut v = before14(r);
         assert_eq!(
             v.split_off(v.len() - 3),
             [1, 0, 0],

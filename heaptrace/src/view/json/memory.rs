@@ -11,7 +11,7 @@ pub(super) fn memory(profile: &Profile, p: &crate::profile::ProcProfile) -> Valu
         "requested_live_bytes": if profile.calls { Value::Null } else { p.totals.live_bytes.into() },
         "reserved_bytes": p.reserved.map(|r| r.total()),
         "reserved": p.reserved.map(|r| json!({
-            "heap": r.heap, "arenas": r.arenas, "mmapped": r.mmapped,
+            "heap": r.heap, "arenas": r.arenas, "mmapped": r.mmapped, "pymalloc": r.pymalloc,
         })),
         // Estimated from smaps at the end: the brk heap and anonymous mappings, less stacks.
         "resident": p.resident,
@@ -42,7 +42,7 @@ pub(crate) fn reservations(profile: &Profile) -> Node<'_> {
         v.sort_by_key(|(k, t)| (std::cmp::Reverse(t.bytes), **k));
         v.into_iter().map(move |((pid, kind, stack_id, func), t)| {
             let mut m = site(profile, &w, &(*pid, *stack_id, *func));
-            if *func == heaptrace_common::mem::NO_FUNC {
+            if *func == heaptrace_common::mem::NO_FUNC || *func == heaptrace_common::mem::PYMALLOC {
                 m.insert("function".into(), Value::Null);
             }
             if *stack_id == heaptrace_common::NO_SITE {

@@ -70,7 +70,11 @@ fn line(site: &SiteId, frames: &[Frame], at: SiteFrame, shown: Shown, names: &Na
         .iter()
         .map(|f| names.function(f))
         .collect();
-    let mut out = match Func::from_u32(site.2).map(|f| f.name()) {
+    let func = match site.2 {
+        heaptrace_common::mem::PYMALLOC => Some("pymalloc"),
+        f => Func::from_u32(f).map(|f| f.name()),
+    };
+    let mut out = match func {
         Some(func) if wrappers.is_empty() => func.to_string(),
         Some(func) => format!("{func} via {}", wrappers.join(", ")),
         // The function not known (the allocation that reached the peak): wrappers as frames.

@@ -198,7 +198,7 @@ fn columns(screen: Screen) -> &'static [(&'static str, &'static str)] {
             ("allocated", "bytes requested"),
             ("live  allocs/s", "live bytes (calls mode: calls/s)"),
             ("RSS  VIRT", "resident and virtual memory (/proc)"),
-            ("reserved", "what its allocator holds (brk, mmap)"),
+            ("reserved", "what its allocators hold (brk, mmap, pymalloc)"),
         ],
     }
 }

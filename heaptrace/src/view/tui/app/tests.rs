@@ -140,6 +140,7 @@ pub fn sites_round(index: u64, scale: u64, two: bool) -> Round {
             heap: 132 << 10,
             arenas: 64 << 20,
             mmapped: 0,
+            pymalloc: 0,
         },
     );
     r.sizes.insert((4242, 0, 111, 1), scale);
