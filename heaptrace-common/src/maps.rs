@@ -41,3 +41,5 @@ pub const UNWIND_PROCS: &str = "UNWIND_PROCS";
 pub const UNWIND_CACHE: &str = "UNWIND_CACHE";
 pub const PY_PROCS: &str = "PY_PROCS";
 pub const PY_ON: &str = "PY_ON";
+/// Launched Pythons whose `Py_FinalizeEx` is held (tgid -> signal to send).
+pub const PY_HOLD: &str = "PY_HOLD";

@@ -24,6 +24,7 @@ mod peak;
 mod preempt;
 mod proc_state;
 mod procs;
+mod py_hold;
 mod python;
 mod signals;
 mod sites;

@@ -31,6 +31,7 @@ mod placement;
 mod prefork;
 mod python_code;
 mod python_lines;
+mod python_quick;
 mod recording;
 mod rounds;
 mod sampling;

@@ -4,6 +4,7 @@
 //! until the target exits or heaptrace is told to stop.
 pub mod exec_watch;
 mod filter;
+mod finalize;
 mod oom;
 mod processes;
 mod relay;

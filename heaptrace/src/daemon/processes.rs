@@ -57,7 +57,7 @@ impl Daemon {
     /// held with its mappings intact, a round is drained so its new stacks get names.
     pub(super) fn child_event(&mut self, ev: Option<launch::Event>) -> Result<bool> {
         match ev {
-            Some(launch::Event::Exiting) => {
+            Some(launch::Event::Exiting | launch::Event::Finalizing) => {
                 if let Some(pid) = self.pid {
                     self.modules.refresh(pid);
                 }
@@ -68,6 +68,7 @@ impl Daemon {
                 Ok(false)
             }
             Some(launch::Event::Exec) => {
+                self.drop_finalize_hold();
                 // Its executable may be its allocator: probed before it runs.
                 if let (Some(w), Some(p), Some(pid)) =
                     (self.procwatch.as_mut(), self.probes.as_mut(), self.pid)
@@ -103,6 +104,7 @@ impl Daemon {
                 if let Some(pid) = self.pid {
                     self.modules.refresh(pid);
                 }
+                self.hold_finalize();
                 if let Some(c) = &self.child {
                     let _ = c.ack.send(());
                 }

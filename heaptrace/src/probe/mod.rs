@@ -19,6 +19,7 @@ mod load;
 pub mod placement;
 mod plan;
 mod programs;
+mod py_hold;
 pub mod sampling;
 mod signals;
 pub mod syscall_sites;
@@ -136,6 +137,8 @@ pub struct Probes {
     /// How the OOM victims are read (`heaptrace_common::globals::OOM_VICTIM`), or why they
     /// cannot be.
     pub oom_victim: std::result::Result<u32, String>,
+    /// The processes and files whose `Py_FinalizeEx` has a link (`py_hold.rs`).
+    python_holds: std::collections::HashSet<(u32, crate::targets::target_file::FileId)>,
 }
 
 impl Drop for Probes {
@@ -309,6 +312,7 @@ impl Probes {
             reservations,
             syscall_sites: Vec::new(),
             oom_victim,
+            python_holds: Default::default(),
         })
     }
 

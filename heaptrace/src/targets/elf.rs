@@ -295,6 +295,21 @@ pub fn defines_malloc(sites: &[FuncSite]) -> bool {
 /// symbols: what a stripped build still exports), as (name, file offset). A symbol in no
 /// file-backed segment (`.bss`) is left out.
 pub fn data_symbols(target: &TargetFile, names: &[&str]) -> Result<Vec<(String, u64)>> {
+    dynamic_symbols(target, names, SymbolKind::Data)
+}
+
+/// The file offset of function `name`, where `target`'s dynamic symbols define it: a
+/// function's first byte, an instruction boundary.
+pub fn function_symbol(target: &TargetFile, name: &str) -> Result<Option<u64>> {
+    let found = dynamic_symbols(target, &[name], SymbolKind::Text)?;
+    Ok(found.first().map(|(_, off)| *off))
+}
+
+fn dynamic_symbols(
+    target: &TargetFile,
+    names: &[&str],
+    kind: SymbolKind,
+) -> Result<Vec<(String, u64)>> {
     let image = ElfImage::read(target)?;
     let file = object::File::parse(&image).map_err(|e| Error::Elf {
         path: target.shown().into(),
@@ -302,7 +317,7 @@ pub fn data_symbols(target: &TargetFile, names: &[&str]) -> Result<Vec<(String, 
     })?;
     let mut found = Vec::new();
     for sym in file.dynamic_symbols() {
-        if sym.is_undefined() || sym.kind() != SymbolKind::Data {
+        if sym.is_undefined() || sym.kind() != kind {
             continue;
         }
         let Ok(name) = sym.name() else { continue };

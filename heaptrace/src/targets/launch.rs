@@ -45,6 +45,9 @@ use crate::{
 pub enum Event {
     /// Stopped at its exit, mappings intact; it goes on when acknowledged (or after a timeout).
     Exiting,
+    /// Stopped as its Python begins to finalize (`FinalizeHold`), its code objects not yet
+    /// freed; it goes on when acknowledged (or after a timeout).
+    Finalizing,
     /// Stopped just after an exec (not the command's own): the new executable and its loader
     /// are mapped, none of its code has run; it goes on when acknowledged (or after a timeout).
     Exec,
@@ -71,6 +74,7 @@ pub struct Stopped {
     events: Option<tokio::sync::mpsc::UnboundedReceiver<Event>>,
     ack: Option<mpsc::Sender<()>>,
     delivered: Arc<Delivered>,
+    finalize: Arc<FinalizeHold>,
     cmd: String,
     forks: ForkSlot,
 }
@@ -82,6 +86,8 @@ pub struct Child {
     pub ack: mpsc::Sender<()>,
     /// The signals it got, as its tracer saw them delivered.
     pub delivered: Arc<Delivered>,
+    /// Where its Python's finalization is held, once the daemon sets it.
+    pub finalize: Arc<FinalizeHold>,
 }
 
 struct Prepared {
@@ -155,11 +161,13 @@ pub fn spawn_stopped_with(
     let (event_tx, event_rx) = tokio::sync::mpsc::unbounded_channel();
     let (ack_tx, ack_rx) = mpsc::channel();
     let delivered = Arc::new(Delivered::default());
+    let finalize = Arc::new(FinalizeHold::default());
     let forks = ForkSlot::default();
     let link = Link {
         events: event_tx,
         ack: ack_rx,
         delivered: delivered.clone(),
+        finalize: finalize.clone(),
         forks: forks.clone(),
     };
     std::thread::Builder::new()
@@ -176,6 +184,7 @@ pub fn spawn_stopped_with(
         events: Some(event_rx),
         ack: Some(ack_tx),
         delivered,
+        finalize,
         cmd,
         forks,
     })
@@ -198,6 +207,7 @@ impl Stopped {
                 events: self.events.take().expect("events"),
                 ack: self.ack.take().expect("ack"),
                 delivered: self.delivered.clone(),
+                finalize: self.finalize.clone(),
             }),
             Ok(Err(errno)) => Err(Error::Exec {
                 cmd: self.cmd,
@@ -224,6 +234,7 @@ struct Link {
     events: tokio::sync::mpsc::UnboundedSender<Event>,
     ack: mpsc::Receiver<()>,
     delivered: Arc<Delivered>,
+    finalize: Arc<FinalizeHold>,
     /// Told of each fork, with the new process held.
     forks: ForkSlot,
 }
@@ -434,11 +445,13 @@ fn wait_exit(pid: i32) {
 }
 
 mod delivered;
+mod finalize;
 mod forks;
 mod inherit;
 mod redirect;
 mod tracee;
 pub use delivered::{Delivered, monotonic_ns};
+pub use finalize::{FinalizeHold, hold_signal};
 pub use forks::{ForkSlot, Forks};
 pub use inherit::Inherit;
 pub use redirect::Redirect;

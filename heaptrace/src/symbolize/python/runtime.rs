@@ -89,6 +89,30 @@ pub fn find(pid: u32, mem: &dyn Memory) -> Result<Runtime, NotRead> {
     Err(NotRead::NoInterpreter)
 }
 
+/// Where process `pid`'s `Py_FinalizeEx` is: the python file that exports it (opened as
+/// mapped), the function's file offset there, and its address in the process.
+pub fn finalize_site(pid: u32) -> Option<(TargetFile, u64, u64)> {
+    let text = crate::targets::procfs::maps(pid).ok()?;
+    let entries = maps::parse(&text);
+    let dir = format!("/proc/{pid}");
+    let mut tried = Vec::new();
+    for e in entries.iter().filter(|e| is_python_file(e)) {
+        if tried.contains(&e.id) {
+            continue;
+        }
+        tried.push(e.id);
+        let Ok(file) = TargetFile::mapped(&dir, e) else {
+            continue;
+        };
+        if let Ok(Some(off)) = elf::function_symbol(&file, "Py_FinalizeEx")
+            && let Some(at) = address(&entries, e, off)
+        {
+            return Some((file, off, at));
+        }
+    }
+    None
+}
+
 /// `python3.X`, `python3`, `libpython3.X.so...`: the files worth reading symbols of.
 fn is_python_file(e: &MapsEntry) -> bool {
     e.path

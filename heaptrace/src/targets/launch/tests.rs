@@ -94,7 +94,11 @@ fn redirects_output_to_a_file_and_input_from_dev_null() {
     let mut code = None;
     while let Some(e) = child.events.blocking_recv() {
         match e {
-            Event::Exiting | Event::Exec | Event::Started | Event::ForkStarted(_) => {
+            Event::Exiting
+            | Event::Finalizing
+            | Event::Exec
+            | Event::Started
+            | Event::ForkStarted(_) => {
                 let _ = child.ack.send(());
             }
             Event::Released { .. } => {}

@@ -372,6 +372,17 @@ impl Tracee {
     /// A signal-delivery-stop: noted for the daemon and delivered; past `STORM_STOPS` a
     /// second, delivered as the command is let go of.
     fn signal_stop(&mut self, sig: i32) {
+        if self.link.finalize.ours(self.pid, sig) {
+            // The probe's signal, not the program's: held, then dropped.
+            hold(
+                &self.link.events,
+                Event::Finalizing,
+                &self.link.ack,
+                EXIT_HOLD,
+            );
+            self.resume(0);
+            return;
+        }
         self.link.delivered.note(sig);
         let Some(per_second) = self.storm.stop(monotonic_ns()) else {
             self.resume(sig);
