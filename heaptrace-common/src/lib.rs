@@ -420,7 +420,7 @@ pub use peak::ProcPeak;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProcEvent {
-    /// [`PROC_EXEC`], [`PROC_FORK`] or [`PROC_OOM`].
+    /// [`PROC_EXEC`], [`PROC_FORK`], [`PROC_OOM`] or [`PROC_LEFT`].
     pub kind: u32,
     pub tgid: u32,
     /// Its cgroup (v2) id, read in the kernel: a process may be gone before user space could
@@ -437,6 +437,10 @@ pub const PROC_FORK: u32 = 2;
 /// The kernel's OOM killer chose `tgid` as its victim (`oom/mark_victim`; SIGKILL is sent
 /// already); `comm` and `cgroup_id` are zero: the task that ran into the limit is not it.
 pub const PROC_OOM: u32 = 3;
+/// The `-p` process ([`globals::WATCH_TGID`]) forked `tgid`, not followed: the child has its
+/// parent's breakpoints (a copy of its text) and no link counts them; user space writes the
+/// file's bytes back over them. `comm` and `cgroup_id` are the parent's.
+pub const PROC_LEFT: u32 = 4;
 
 /// `globals::OOM_VICTIM`: the victim's `task_struct` (newer kernels; its tgid read at
 /// `TASK_TGID`), or its pid (before).

@@ -1,5 +1,6 @@
 //! Following forks (`-- CMD`, `-p PID --follow-forks`): the probes fire in every process that
-//! maps the allocator, and only the processes in FOLLOWED count. A raw tracepoint on
+//! maps the allocator, and only the processes in FOLLOWED count. Under `-p PID` alone, the
+//! process's forks are reported (`PROC_LEFT`) for their inherited breakpoints to be removed. A raw tracepoint on
 //! sched_process_fork adds each process a followed one forks, in the parent's fork, before the
 //! child first runs: the child is counted from its first call. Judged once per thread and kept
 //! in its in-flight record, as the `--all` filters are (`filter.rs`).
@@ -10,7 +11,7 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use heaptrace_common::{
-    Loss, PROC_FORK, ProcEvent,
+    Loss, PROC_FORK, PROC_LEFT, ProcEvent,
     filter::{TRACED, UNKNOWN},
 };
 
@@ -100,6 +101,9 @@ pub fn on_fork(ctx: RawTracePointContext) -> i32 {
         let _ = crate::unwind::inherit(parent, tgid);
     }
     if !following() || !followed(parent) {
+        if tgid != parent && parent == crate::maps::watch_tgid() {
+            report(PROC_LEFT, tgid);
+        }
         return 0;
     }
     // A record left by a thread of this id whose exit was not seen holds a stale verdict.
@@ -115,8 +119,15 @@ pub fn on_fork(ctx: RawTracePointContext) -> i32 {
     }
     let unwind = crate::unwind::inherit(parent, tgid);
     crate::proc_state::claim(tgid, unwind);
+    report(PROC_FORK, tgid);
+    0
+}
+
+/// The new process `tgid`, to user space, with its parent's cgroup and name.
+#[inline(always)]
+fn report(kind: u32, tgid: u32) {
     let event = ProcEvent {
-        kind: PROC_FORK,
+        kind,
         tgid,
         // SAFETY: no preconditions.
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
@@ -125,5 +136,4 @@ pub fn on_fork(ctx: RawTracePointContext) -> i32 {
     if EVENTS.output(event, 0).is_err() {
         lose(Loss::ProcessEvents);
     }
-    0
 }

@@ -236,3 +236,45 @@ bpf_test!(
         assert_eq!(int3s(&String::from_utf8_lossy(&alone.stdout), "self"), 0);
     }
 );
+
+bpf_test!(
+    shared,
+    /// `-p PID` alone: a fork the process makes after the attach is not followed, and the
+    /// breakpoints it inherited from its parent's text are taken out as it starts (before, a
+    /// trap at each of its calls, counted by nothing); the parent keeps its own.
+    fn an_attached_process_s_fork_loses_the_breakpoints_it_inherited() {
+        let mut cmd = Command::new(fixture("forkcheck", "", &[]));
+        cmd.arg("1000")
+            .env("FORKCHECK_BEFORE", "1")
+            .env("FORKCHECK_SETTLE", "1")
+            .env("FORKCHECK_WAIT", "1");
+        let (mut target, out, line) = piped(&mut cmd);
+        assert_eq!(line, "ready\n");
+        let json = json_path("forkcheck-pid");
+        let mut tracer = heaptrace();
+        tracer
+            .args(["--no-tui", "--interval", "100ms", "--json"])
+            .arg(&json)
+            .args(["-p", &target.id().to_string()]);
+        let tracer = start_attached(&mut tracer);
+        let mut stdin = target.stdin.take().unwrap();
+        stdin.write_all(b"g").unwrap();
+        let mut seen = String::new();
+        for l in out.lines() {
+            seen.push_str(&(l.unwrap() + "\n"));
+            if seen.contains("parent int3") {
+                break;
+            }
+        }
+        stdin.write_all(b"g").unwrap();
+        assert!(target.wait().unwrap().success());
+        let (code, stderr) = tracer.wait();
+        assert_eq!(code, 0, "{stderr}");
+        assert!(int3s(&seen, "parent") >= 1, "{seen}");
+        assert_eq!(int3s(&seen, "child"), 0, "{seen}");
+        let doc = read_json(&json);
+        let procs = doc["processes"].as_array().unwrap();
+        assert_eq!(procs.len(), 1, "{procs:#?}");
+        assert_eq!(calls(&procs[0], "malloc"), (1, 100));
+    }
+);

@@ -17,12 +17,12 @@ use aya::{
     maps::{MapData, RingBuf},
     programs::RawTracePoint,
 };
-use heaptrace_common::{PROC_EXEC, PROC_FORK, PROC_OOM, ProcEvent, maps};
+use heaptrace_common::{PROC_EXEC, PROC_FORK, PROC_LEFT, PROC_OOM, ProcEvent, maps};
 use tokio::{io::unix::AsyncFd, sync::mpsc};
 
 use crate::{
     error::{Error, Result},
-    probe::{Probes, Scope},
+    probe::{Probes, Scope, held::HeldForks},
     symbolize::modules::{EarlyRead, OpenFiles},
     targets::allocator::{self, Provider},
 };
@@ -92,6 +92,8 @@ pub struct ProcWatch {
     /// The running processes the start-up scan of `--all` took in (those the filters want):
     /// their unwind tables go in before counting starts.
     pub scanned: Vec<u32>,
+    /// Under `-p` alone (`leave_forks`), shared with the reader.
+    leave: Arc<std::sync::OnceLock<(u32, Arc<HeldForks>)>>,
 }
 
 /// How long a new process may take to map its allocator.
@@ -144,6 +146,7 @@ impl ProcWatch {
         let ready = Arc::new(unsafe { OwnedFd::from_raw_fd(ready) });
         let early_cgroups =
             crate::targets::cgroups::v1_memory_mount().map(|_| EarlyCgroups::default());
+        let leave = Arc::new(std::sync::OnceLock::new());
         let reader = Reader {
             early_cgroups: early_cgroups.clone(),
             ring,
@@ -155,6 +158,7 @@ impl ProcWatch {
             ready: ready.clone(),
             delay: delay_for_tests(),
             files: OpenFiles::default(),
+            leave: leave.clone(),
         };
         let reader = std::thread::Builder::new()
             .name("heaptrace-execs".into())
@@ -206,7 +210,18 @@ impl ProcWatch {
             forked: Vec::new(),
             oom_killed: Vec::new(),
             scanned: Vec::new(),
+            leave,
         })
+    }
+
+    /// `-p PID` alone, on uprobe_multi links (bound to the process, they neither count nor
+    /// remove the breakpoints its forks inherit): each fork it makes from now on has them
+    /// taken out as it starts, by the reader thread at the kernel's report (`PROC_LEFT`).
+    /// Perf-event links remove them at a fork's first trap themselves.
+    pub fn leave_forks(&self, probes: &mut Probes, pid: u32) -> Result<()> {
+        crate::bpf::btf::id_offsets().map_err(|e| Error::Load(e.to_string()))?;
+        let _ = self.leave.set((pid, probes.forks.clone()));
+        crate::probe::follow::report_forks(probes)
     }
 
     /// Once a round under `--all --cgroup`: the kernel's verdicts on the cgroups made or removed

@@ -28,6 +28,12 @@ pub fn inherit_tables(probes: &mut Probes) -> Result<()> {
     attach_fork(probes)
 }
 
+/// Attaches the fork program alone (`-p PID` without `--follow-forks`): it reports the
+/// process's forks, whose inherited breakpoints user space takes out.
+pub fn report_forks(probes: &mut Probes) -> Result<()> {
+    attach_fork(probes)
+}
+
 fn attach_fork(probes: &mut Probes) -> Result<()> {
     let (prog, tp) = ("on_fork", "sched_process_fork");
     let p: &mut RawTracePoint = crate::probe::program(&mut probes.ebpf, prog)?;

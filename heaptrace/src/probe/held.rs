@@ -1,4 +1,5 @@
-//! A launched command's forks, each held by its tracer at its fork (`targets::launch::Forks`).
+//! A launched command's forks, each held by its tracer at its fork (`targets::launch::Forks`);
+//! and the forks of a `-p` process, restored as they run (`daemon::exec_watch`).
 //!
 //! The links are bound to a process (uprobe_multi's pid): a fork inherits its parent's
 //! breakpoints (fork copies the int3s in the parent's private copies of the text pages), but

@@ -21,6 +21,24 @@ fn state_in(stat_path: &str) -> Option<char> {
 /// leader alone being one is not enough: a main that called pthread_exit leaves a zombie
 /// leader while the other threads run on (counted in its status's `Threads:`, the leader
 /// with them until they are gone).
+/// Whether processes `a` and `b` share one address space (a vfork child and its parent):
+/// `kcmp(KCMP_VM)`; None where the kernel cannot say (no kcmp, either gone).
+pub fn same_memory(a: u32, b: u32) -> Option<bool> {
+    const KCMP_VM: libc::c_long = 1;
+    // SAFETY: no pointers; kcmp only compares the two processes' mm.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            a as libc::pid_t,
+            b as libc::pid_t,
+            KCMP_VM,
+            0,
+            0,
+        )
+    };
+    (r >= 0).then_some(r == 0)
+}
+
 pub fn alive(pid: u32) -> bool {
     match state(pid) {
         Some('Z') => fs::read_to_string(format!("/proc/{pid}/status"))

@@ -123,7 +123,20 @@ pub(super) fn watchers(
             w.scan(probes);
             Some(w)
         }
-        (Ok(w), Scope::Process(_) | Scope::Tree(_) | Scope::Held(_)) => Some(w),
+        (Ok(w), Scope::Process(pid)) => {
+            // A launched command's forks are held by its tracer instead.
+            if cli.pid.is_some()
+                && probes.multi_links()
+                && let Err(e) = w.leave_forks(probes, pid)
+            {
+                crate::say!(
+                    "heaptrace: warning: pid {pid}'s forks keep its breakpoints, a trap at each \
+                     call for nothing ({e}); --follow-forks counts them"
+                );
+            }
+            Some(w)
+        }
+        (Ok(w), Scope::Tree(_) | Scope::Held(_)) => Some(w),
         (Err(e), Scope::All | Scope::Tree(_) | Scope::Held(_)) => return Err(e),
         (Err(e), Scope::Process(pid)) => {
             crate::say!(

@@ -19,6 +19,8 @@ pub(super) struct Reader {
     /// The files of the mappings read, opened at once (a container's are reached through
     /// the process alone).
     pub(super) files: OpenFiles,
+    /// Under `-p` alone: the process, and what takes its forks' inherited breakpoints out.
+    pub(super) leave: Arc<std::sync::OnceLock<(u32, Arc<HeldForks>)>>,
 }
 
 /// Tests only: `HEAPTRACE_DELAY_EXEC_EVENTS_MS` holds each exec event that long before the
@@ -94,6 +96,10 @@ impl Reader {
                 budget = (Instant::now(), READS_PER_SECOND);
             }
             for event in events {
+                if event.kind == PROC_LEFT {
+                    self.left(event.tgid);
+                    continue;
+                }
                 // A fork's mappings are its parent's, and it may be gone at the next round.
                 let wanted = (event.kind == PROC_EXEC || event.kind == PROC_FORK)
                     && self.comm.as_ref().is_none_or(|c| {
@@ -121,6 +127,22 @@ impl Reader {
                     again.push((now + READ_AGAIN[n + 1] - READ_AGAIN[n], pid, n + 1));
                 }
             }
+        }
+    }
+
+    /// A fork of the `-p` process, not followed, already running: the file's bytes written
+    /// back over the breakpoints it inherited, so that it runs at its own speed from here on.
+    /// A vfork (or `posix_spawn`) runs in its parent's memory, whose breakpoints stay.
+    fn left(&self, child: u32) {
+        let Some((parent, forks)) = self.leave.get() else {
+            return;
+        };
+        if crate::targets::procfs::same_memory(*parent, child) != Some(false) {
+            return;
+        }
+        match forks.restore(child) {
+            Ok(n) => log::debug!("pid {child}, forked by {parent}: {n} breakpoints taken out"),
+            Err(e) => log::debug!("pid {child}, forked by {parent}: breakpoints left ({e})"),
         }
     }
 
