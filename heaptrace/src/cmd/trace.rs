@@ -138,8 +138,13 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     probes.enable()?;
     drop(held);
     announce(cli, &probes, first, &provider, scope);
-    if let (Some(t), Target::Command(argv)) = (&mut modules.unwind, &target) {
-        preload_tables(t, argv, &provider);
+    if let (Some(t), Target::Command(argv)) = (&modules.unwind, &target)
+        && let Ok(mut t) = t.lock()
+    {
+        preload_tables(&mut t, argv, &provider);
+    }
+    if let (Some(w), Some(t)) = (procwatch.as_ref(), &modules.unwind) {
+        w.share_tables(t.clone());
     }
     if let Some(s) = &stopped {
         // Its forks: followed (links of their own) or let go of with their text restored.
@@ -240,7 +245,7 @@ fn tables_before_counting(
         inherit_tables(probes);
     }
     let mut modules = Modules::default();
-    modules.unwind = unwind;
+    modules.unwind = unwind.map(|t| std::sync::Arc::new(std::sync::Mutex::new(t)));
     modules.python = python;
     modules.take_in(taken);
     modules

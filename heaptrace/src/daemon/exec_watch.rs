@@ -94,6 +94,8 @@ pub struct ProcWatch {
     pub scanned: Vec<u32>,
     /// Under `-p` alone (`leave_forks`), shared with the reader.
     leave: Arc<std::sync::OnceLock<(u32, Arc<HeldForks>)>>,
+    /// The unwind tables, once shared with the reader (`share_tables`).
+    tables: Arc<std::sync::OnceLock<crate::unwind::loaded::Shared>>,
 }
 
 /// How long a new process may take to map its allocator.
@@ -147,6 +149,7 @@ impl ProcWatch {
         let early_cgroups =
             crate::targets::cgroups::v1_memory_mount().map(|_| EarlyCgroups::default());
         let leave = Arc::new(std::sync::OnceLock::new());
+        let tables = Arc::new(std::sync::OnceLock::new());
         let reader = Reader {
             early_cgroups: early_cgroups.clone(),
             ring,
@@ -159,6 +162,7 @@ impl ProcWatch {
             delay: delay_for_tests(),
             files: OpenFiles::default(),
             leave: leave.clone(),
+            tables: tables.clone(),
         };
         let reader = std::thread::Builder::new()
             .name("heaptrace-execs".into())
@@ -211,7 +215,14 @@ impl ProcWatch {
             oom_killed: Vec::new(),
             scanned: Vec::new(),
             leave,
+            tables,
         })
+    }
+
+    /// The unwind tables: the reader writes a new process's entry itself where every file it
+    /// maps has its table already (`Tables::sync_known`), not waiting for the daemon.
+    pub fn share_tables(&self, tables: crate::unwind::loaded::Shared) {
+        let _ = self.tables.set(tables);
     }
 
     /// `-p PID` alone, on uprobe_multi links (bound to the process, they neither count nor

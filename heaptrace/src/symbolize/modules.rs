@@ -50,7 +50,8 @@ pub struct Modules {
     early: std::collections::HashSet<u32>,
     early_gone: std::collections::HashSet<u32>,
     /// The kernel's unwind tables, kept in step with every read of a process's mappings.
-    pub unwind: Option<crate::unwind::loaded::Tables>,
+    /// Shared with the exec watch's reader thread (`Tables::sync_known`).
+    pub unwind: Option<crate::unwind::loaded::Shared>,
     /// CPython processes' interpreters, for the walk's Python frames and their names.
     pub python: Option<crate::unwind::python::Interpreters>,
     files: OpenFiles,
@@ -142,8 +143,9 @@ impl Modules {
     /// Keeps `maps`, their files among `opened` or opened now.
     fn keep_with(&mut self, pid: u32, maps: &str, opened: &[Arc<TargetFile>]) {
         let parsed = self.parse_maps(pid, maps, opened);
-        if let Some(t) = &mut self.unwind
+        if let Some(t) = &self.unwind
             && !parsed.is_empty()
+            && let Ok(mut t) = t.lock()
         {
             t.sync(pid, maps);
         }
@@ -227,7 +229,9 @@ impl Modules {
     }
 
     pub fn forget(&mut self, pid: u32) {
-        if let Some(t) = &mut self.unwind {
+        if let Some(t) = &self.unwind
+            && let Ok(mut t) = t.lock()
+        {
             t.forget(pid);
         }
         if let Some(p) = &mut self.python {
@@ -241,7 +245,9 @@ impl Modules {
 
     /// Removes the unwind entries the kernel gave forks never read here, once they are gone.
     pub fn sweep(&mut self) {
-        if let Some(t) = &mut self.unwind {
+        if let Some(t) = &self.unwind
+            && let Ok(mut t) = t.lock()
+        {
             t.sweep(crate::targets::procfs::alive);
         }
     }
@@ -253,7 +259,9 @@ impl Modules {
         let gone: std::collections::HashSet<u32> =
             self.early.iter().copied().filter(|p| !alive(*p)).collect();
         for p in gone.intersection(&self.early_gone) {
-            if let Some(t) = &mut self.unwind {
+            if let Some(t) = &self.unwind
+                && let Ok(mut t) = t.lock()
+            {
                 t.forget(*p);
             }
             if let Some(py) = &mut self.python {

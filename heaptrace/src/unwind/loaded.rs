@@ -170,6 +170,9 @@ impl Store for Kernel {
     }
 }
 
+/// The tables as the daemon and the exec watch's reader thread share them.
+pub type Shared = std::sync::Arc<std::sync::Mutex<Tables>>;
+
 pub struct Tables {
     store: Box<dyn Store>,
     space: RowSpace,
@@ -267,6 +270,20 @@ impl Tables {
         for f in old.map(|p| p.files).unwrap_or_default() {
             self.release(f);
         }
+    }
+
+    /// `sync` where every file `pid` maps has its table already (no file to read): true if
+    /// so. The exec watch's reader thread writes a new process's entry this way within a
+    /// millisecond of its exec, where the daemon may be busy with a round for a tenth of a
+    /// second, its walks late all that while.
+    pub fn sync_known(&mut self, pid: u32, maps: &str) -> bool {
+        let known = code_mappings(maps)
+            .iter()
+            .all(|m| self.files.contains_key(&m.file));
+        if known {
+            self.sync(pid, maps);
+        }
+        known
     }
 
     /// Loads the table of the file at `path` before any traced process maps it (a launched

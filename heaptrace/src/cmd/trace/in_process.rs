@@ -221,7 +221,7 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
         .map(|out| start_recording(out, &info))
         .transpose()?;
     let mut modules = Modules::default();
-    modules.unwind = unwind;
+    modules.unwind = unwind.map(|t| std::sync::Arc::new(std::sync::Mutex::new(t)));
     modules.python = python;
     modules.settle(pid, &provider.path, Duration::from_millis(200));
     let (view, live) = open_view(live_view, cli, target, &info, &[], 0);

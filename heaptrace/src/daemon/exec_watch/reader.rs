@@ -21,6 +21,9 @@ pub(super) struct Reader {
     pub(super) files: OpenFiles,
     /// Under `-p` alone: the process, and what takes its forks' inherited breakpoints out.
     pub(super) leave: Arc<std::sync::OnceLock<(u32, Arc<HeldForks>)>>,
+    /// The unwind tables, where a new process's entry is written at once if it needs no file
+    /// read (`ProcWatch::share_tables`).
+    pub(super) tables: Arc<std::sync::OnceLock<crate::unwind::loaded::Shared>>,
 }
 
 /// Tests only: `HEAPTRACE_DELAY_EXEC_EVENTS_MS` holds each exec event that long before the
@@ -173,6 +176,13 @@ impl Reader {
             return false; // ended, not reaped yet
         }
         let read = self.files.read(pid, maps);
+        // Not waiting for the daemon (a round holds it up to a tenth of a second or more),
+        // nor for the tables (the daemon reading a file's rows): the daemon syncs it then.
+        if let Some(t) = self.tables.get()
+            && let Ok(mut t) = t.try_lock()
+        {
+            t.sync_known(pid, &read.maps);
+        }
         match self.early.lock() {
             Ok(mut early) if early.len() < EARLY_MAPS || early.contains_key(&pid) => {
                 early.insert(pid, read);

@@ -101,3 +101,19 @@ fn code_mappings_are_the_executable_file_mappings() {
         }
     );
 }
+
+/// The exec watch's reader writes an entry only where no file needs reading: a process
+/// mapping a file never read is left to the daemon; once its files are known, the next
+/// process mapping them gets its entry at once, nothing read.
+#[test]
+fn sync_known_reads_no_file() {
+    let (pid, maps) = own_maps();
+    let mut t = tables(1 << 22);
+    assert!(!t.sync_known(pid, &maps));
+    assert_eq!(t.stats.read, 0, "{:?}", t.stats);
+    t.sync(pid, &maps);
+    let read = t.stats.read;
+    t.forget(pid);
+    assert!(t.sync_known(pid + 1, &maps));
+    assert_eq!(t.stats.read, read, "nothing read again: {:?}", t.stats);
+}
