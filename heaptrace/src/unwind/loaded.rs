@@ -226,6 +226,9 @@ impl Tables {
     /// files known already go in first: a process starting up allocates while the others
     /// are read.
     pub fn sync(&mut self, pid: u32, maps: &str) {
+        if !loader_done(maps) {
+            return;
+        }
         let code = code_mappings(maps);
         if self.pids.get(&pid).is_some_and(|p| p.signature == code) {
             return;
@@ -544,6 +547,20 @@ fn bias(segments: &[Segment], m: &CodeMapping) -> Option<u64> {
 }
 
 /// The executable mappings of files in /proc/PID/maps, in its order.
+/// Whether the dynamic loader has mapped the libraries (glibc's loader maps libc among them;
+/// musl's loader is its libc; a static program has none). An entry from a read between an
+/// exec and then would lack the libraries mapped next, and their frames would be walked by
+/// frame pointer without being counted: until then there is no entry, and each walk is
+/// counted late (`lost.unwind_late`).
+fn loader_done(maps: &str) -> bool {
+    let has = |name: &str| {
+        maps.lines()
+            .filter_map(|l| l.rsplit('/').next())
+            .any(|f| f.starts_with(name))
+    };
+    !has("ld-linux") || has("libc.so")
+}
+
 fn code_mappings(maps: &str) -> Vec<CodeMapping> {
     maps.lines()
         .filter_map(|line| {

@@ -117,3 +117,22 @@ fn sync_known_reads_no_file() {
     assert!(t.sync_known(pid + 1, &maps));
     assert_eq!(t.stats.read, read, "nothing read again: {:?}", t.stats);
 }
+
+/// A read between an exec and its loader's mapping of the libraries writes no entry (one
+/// without them would walk their frames by frame pointer, uncounted); static and musl
+/// programs have no glibc loader to wait for.
+#[test]
+fn no_entry_before_the_loader_has_mapped_libc() {
+    let exe = "00400000-00401000 r-xp 00001000 08:01 11 /usr/bin/cc1plus\n";
+    let ld = "7f0000001000-7f0000002000 r-xp 00001000 08:01 12 /usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2\n";
+    let libc =
+        "7f0000101000-7f0000102000 r-xp 00028000 08:01 13 /usr/lib/x86_64-linux-gnu/libc.so.6\n";
+    assert!(!loader_done(&format!("{exe}{ld}")));
+    assert!(loader_done(&format!("{exe}{ld}{libc}")));
+    assert!(loader_done(exe), "static");
+    let musl = "7f0000001000-7f0000002000 r-xp 00001000 08:01 14 /lib/ld-musl-x86_64.so.1\n";
+    assert!(loader_done(&format!("{exe}{musl}")));
+    let mut t = tables(1 << 10);
+    t.sync(1, &format!("{exe}{ld}"));
+    assert_eq!(t.stats.read, 0, "{:?}", t.stats);
+}
