@@ -138,14 +138,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     probes.enable()?;
     drop(held);
     announce(cli, &probes, first, &provider, scope);
-    if let (Some(t), Target::Command(argv)) = (&modules.unwind, &target)
-        && let Ok(mut t) = t.lock()
-    {
-        preload_tables(&mut t, argv, &provider);
-    }
-    if let (Some(w), Some(t)) = (procwatch.as_ref(), &modules.unwind) {
-        w.share_tables(t.clone());
-    }
+    share_tables(&modules, &target, &provider, procwatch.as_ref());
     if let Some(s) = &stopped {
         // Its forks: followed (links of their own) or let go of with their text restored.
         probes.forks.set_follow(matches!(scope, Scope::Held(_)));
@@ -279,6 +272,23 @@ fn taken_in(
             .map(|w| std::mem::take(&mut w.scanned))
             .unwrap_or_default(),
         _ => Vec::new(),
+    }
+}
+
+/// The unwind tables, a launched command's files' rows read before it runs, shared with the
+/// exec watch's reader (new processes' entries written at once).
+fn share_tables(
+    modules: &Modules,
+    target: &Target,
+    provider: &Provider,
+    procwatch: Option<&ProcWatch>,
+) {
+    let Some(t) = &modules.unwind else { return };
+    if let (Target::Command(argv), Ok(mut t)) = (target, t.lock()) {
+        preload_tables(&mut t, argv, provider);
+    }
+    if let Some(w) = procwatch {
+        w.share_tables(t.clone());
     }
 }
 

@@ -407,11 +407,10 @@ impl From<RoundWire> for Round {
             *to = *from;
         }
         let mut reserved = w.reserved;
-        for (pid, bytes) in w.pymalloc {
-            if let Some(r) = reserved.get_mut(&pid) {
-                r.pymalloc = bytes;
-            }
-        }
+        let pymalloc = |pid| w.pymalloc.get(pid).copied().unwrap_or(0);
+        reserved
+            .iter_mut()
+            .for_each(|(pid, r)| r.pymalloc = pymalloc(pid));
         Round {
             index: w.index,
             elapsed_ms: w.elapsed_ms,
@@ -439,10 +438,8 @@ impl From<Round> for RoundWire {
         losses.copy_from_slice(&r.losses[..WIRE_LOSSES]);
         let mut later_losses = [0; LATER_LOSSES];
         later_losses.copy_from_slice(&r.losses[WIRE_LOSSES..NEWER_LOSSES]);
-        let pymalloc = (r.reserved.iter())
-            .filter(|(_, m)| m.pymalloc > 0)
-            .map(|(pid, m)| (*pid, m.pymalloc))
-            .collect();
+        let pymalloc = r.reserved.iter().map(|(p, m)| (*p, m.pymalloc));
+        let pymalloc = pymalloc.filter(|(_, b)| *b > 0).collect();
         RoundWire {
             index: r.index,
             elapsed_ms: r.elapsed_ms,

@@ -52,16 +52,7 @@ impl fmt::Display for NotRead {
 pub fn find(pid: u32, mem: &dyn Memory) -> Result<Runtime, NotRead> {
     let text = crate::targets::procfs::maps(pid).map_err(|_| NotRead::Unreadable)?;
     let entries = maps::parse(&text);
-    let dir = format!("/proc/{pid}");
-    let mut tried = Vec::new();
-    for e in entries.iter().filter(|e| is_python_file(e)) {
-        if tried.contains(&e.id) {
-            continue;
-        }
-        tried.push(e.id);
-        let Ok(file) = TargetFile::mapped(&dir, e) else {
-            continue;
-        };
+    for (e, file) in python_files(pid, &entries) {
         let Ok(syms) = elf::data_symbols(&file, &["Py_Version", "PyCode_Type", "_PyRuntime"])
         else {
             continue;
@@ -94,23 +85,29 @@ pub fn find(pid: u32, mem: &dyn Memory) -> Result<Runtime, NotRead> {
 pub fn finalize_site(pid: u32) -> Option<(TargetFile, u64, u64)> {
     let text = crate::targets::procfs::maps(pid).ok()?;
     let entries = maps::parse(&text);
+    python_files(pid, &entries).find_map(|(e, file)| {
+        let off = elf::function_symbol(&file, "Py_FinalizeEx").ok()??;
+        let at = address(&entries, e, off)?;
+        Some((file, off, at))
+    })
+}
+
+/// Each python file `pid` maps (`entries`), once, opened as mapped, as it is asked for.
+fn python_files<'a>(
+    pid: u32,
+    entries: &'a [MapsEntry],
+) -> impl Iterator<Item = (&'a MapsEntry, TargetFile)> + 'a {
     let dir = format!("/proc/{pid}");
     let mut tried = Vec::new();
-    for e in entries.iter().filter(|e| is_python_file(e)) {
-        if tried.contains(&e.id) {
-            continue;
-        }
-        tried.push(e.id);
-        let Ok(file) = TargetFile::mapped(&dir, e) else {
-            continue;
-        };
-        if let Ok(Some(off)) = elf::function_symbol(&file, "Py_FinalizeEx")
-            && let Some(at) = address(&entries, e, off)
-        {
-            return Some((file, off, at));
-        }
-    }
-    None
+    entries
+        .iter()
+        .filter(|e| is_python_file(e))
+        .filter(move |e| {
+            let new = !tried.contains(&e.id);
+            tried.push(e.id);
+            new
+        })
+        .filter_map(move |e| Some((e, TargetFile::mapped(&dir, e).ok()?)))
 }
 
 /// `python3.X`, `python3`, `libpython3.X.so...`: the files worth reading symbols of.
