@@ -4,11 +4,10 @@
 use super::*;
 
 impl Daemon {
-    /// Once the launched command's image is started and its interpreter found: its
-    /// `Py_FinalizeEx` probed and held (again for each new image).
-    pub(super) fn hold_finalize(&mut self) {
-        let (Some(pid), Some(child), Some(probes)) = (self.pid, &self.child, self.probes.as_mut())
-        else {
+    /// Once an image of the launched command or of a followed fork (`pid`) is started and
+    /// its interpreter found: its `Py_FinalizeEx` probed and held (again for each new image).
+    pub(super) fn hold_finalize(&mut self, pid: u32) {
+        let (Some(child), Some(probes)) = (&self.child, self.probes.as_mut()) else {
             return;
         };
         let python = self.modules.python.as_ref();
@@ -24,18 +23,18 @@ impl Daemon {
             return;
         };
         match probes.hold_python_finalize(&file, offset, pid, sig) {
-            Ok(()) => child.finalize.set(at, sig),
+            Ok(()) => child.finalize.set(pid, at, sig),
             Err(e) => log::debug!("pid {pid}: Py_FinalizeEx not held: {e}"),
         }
     }
 
-    /// The command exec'ed: the hold was for the image before (the new one is held again
-    /// once started, where it is a Python too).
-    pub(super) fn drop_finalize_hold(&mut self) {
-        if let (Some(pid), Some(child)) = (self.pid, &self.child) {
-            child.finalize.set(0, 0);
+    /// `pid` exec'ed: the hold was for the image before (the new one is held again once
+    /// started, where it is a Python too); or, `ended`, it is gone.
+    pub(super) fn drop_finalize_hold(&mut self, pid: u32, ended: bool) {
+        if let Some(child) = &self.child {
+            child.finalize.clear(pid);
             if let Some(p) = self.probes.as_mut() {
-                p.unhold_python_finalize(pid);
+                p.unhold_python_finalize(pid, ended);
             }
         }
     }

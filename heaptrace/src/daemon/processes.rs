@@ -17,6 +17,7 @@ impl Daemon {
         self.exited_leaks.append(&mut leaks);
         let (mut ended, mut folded) = (Vec::new(), Vec::new());
         for p in &gone {
+            self.drop_finalize_hold(*p, true);
             self.reserves.forget(*p);
             self.same.forget(*p);
             // Its stacks were named in the round just applied; no more will come.
@@ -57,7 +58,7 @@ impl Daemon {
     /// held with its mappings intact, a round is drained so its new stacks get names.
     pub(super) fn child_event(&mut self, ev: Option<launch::Event>) -> Result<bool> {
         match ev {
-            Some(launch::Event::Exiting | launch::Event::Finalizing) => {
+            Some(launch::Event::Exiting) => {
                 if let Some(pid) = self.pid {
                     self.modules.refresh(pid);
                 }
@@ -67,8 +68,18 @@ impl Daemon {
                 }
                 Ok(false)
             }
+            Some(launch::Event::Finalizing(pid)) => {
+                self.modules.refresh(pid);
+                self.round()?;
+                if let Some(c) = &self.child {
+                    let _ = c.ack.send(());
+                }
+                Ok(false)
+            }
             Some(launch::Event::Exec) => {
-                self.drop_finalize_hold();
+                if let Some(pid) = self.pid {
+                    self.drop_finalize_hold(pid, false);
+                }
                 // Its executable may be its allocator: probed before it runs.
                 if let (Some(w), Some(p), Some(pid)) =
                     (self.procwatch.as_mut(), self.probes.as_mut(), self.pid)
@@ -92,8 +103,10 @@ impl Daemon {
             }
             Some(launch::Event::ForkStarted(pid)) => {
                 // A followed fork's new image: its unwind tables go in before it runs, as
-                // the command's do.
+                // the command's do, and its Python's finalization is held as theirs is.
                 self.modules.refresh(pid);
+                self.drop_finalize_hold(pid, false);
+                self.hold_finalize(pid);
                 if let Some(c) = &self.child {
                     let _ = c.ack.send(());
                 }
@@ -103,8 +116,8 @@ impl Daemon {
                 // Its startup libraries are mapped: their unwind tables go in before they run.
                 if let Some(pid) = self.pid {
                     self.modules.refresh(pid);
+                    self.hold_finalize(pid);
                 }
-                self.hold_finalize();
                 if let Some(c) = &self.child {
                     let _ = c.ack.send(());
                 }

@@ -137,8 +137,8 @@ pub struct Probes {
     /// How the OOM victims are read (`heaptrace_common::globals::OOM_VICTIM`), or why they
     /// cannot be.
     pub oom_victim: std::result::Result<u32, String>,
-    /// The processes and files whose `Py_FinalizeEx` has a link (`py_hold.rs`).
-    python_holds: std::collections::HashSet<(u32, crate::targets::target_file::FileId)>,
+    /// The links on the `Py_FinalizeEx` of each process and file (`py_hold.rs`).
+    python_holds: std::collections::HashMap<(u32, crate::targets::target_file::FileId), Link>,
 }
 
 impl Drop for Probes {
@@ -239,6 +239,7 @@ impl Probes {
         }
         let mut all = std::mem::take(&mut self.links);
         all.append(&mut self.forks.take_links());
+        all.extend(self.python_holds.drain().map(|(_, l)| l));
         links::detach_all(all);
     }
 

@@ -39,7 +39,7 @@ impl Probes {
             HashMap::try_from(map).map_err(|e| err(e.to_string()))?;
         held.insert(pid, sig as u32, 0)
             .map_err(|e| err(e.to_string()))?;
-        if !self.python_holds.insert((pid, file.id())) {
+        if self.python_holds.contains_key(&(pid, file.id())) {
             return Ok(());
         }
         let point = UProbeAttachPoint {
@@ -52,16 +52,21 @@ impl Probes {
         let id = prog
             .attach(point, file.attach_path(), scope)
             .map_err(|e| Error::Load(format!("{PROGRAM}: {e}")))?;
-        self.links.push(Link::Perf(own(prog, id)?));
+        let link = Link::Perf(own(prog, id)?);
+        self.python_holds.insert((pid, file.id()), link);
         Ok(())
     }
 
-    /// Process `pid` is no longer held at its finalization (its link stays, idle).
-    pub fn unhold_python_finalize(&mut self, pid: u32) {
+    /// Process `pid` is no longer held at its finalization: it exec'ed (its link stays,
+    /// for a new image of the same file) or, with `ended`, it is gone (its links closed).
+    pub fn unhold_python_finalize(&mut self, pid: u32, ended: bool) {
         if let Some(map) = self.ebpf.map_mut(maps::PY_HOLD)
             && let Ok(mut held) = HashMap::<_, u32, u32>::try_from(map)
         {
             let _ = held.remove(&pid);
+        }
+        if ended {
+            self.python_holds.retain(|(p, _), _| *p != pid);
         }
     }
 }

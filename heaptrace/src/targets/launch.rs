@@ -45,9 +45,10 @@ use crate::{
 pub enum Event {
     /// Stopped at its exit, mappings intact; it goes on when acknowledged (or after a timeout).
     Exiting,
-    /// Stopped as its Python begins to finalize (`FinalizeHold`), its code objects not yet
-    /// freed; it goes on when acknowledged (or after a timeout).
-    Finalizing,
+    /// The command or a followed fork (this pid), stopped as its Python begins to finalize
+    /// (`FinalizeHold`), its code objects not yet freed; it goes on when acknowledged (or
+    /// after a timeout).
+    Finalizing(u32),
     /// Stopped just after an exec (not the command's own): the new executable and its loader
     /// are mapped, none of its code has run; it goes on when acknowledged (or after a timeout).
     Exec,

@@ -3,31 +3,43 @@
 //! tracer takes a signal-delivery-stop of that signal within the function's first bytes for
 //! the probe's, holds the command for the daemon and drops the signal. Any other stop of the
 //! same signal (a real one, elsewhere) is delivered as usual.
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::{collections::HashMap, sync::Mutex};
 
 /// The probe's signal stop lands after the function's first instruction, emulated or
 /// stepped out of line (at most 15 bytes).
 const FIRST_BYTES: u64 = 16;
 
-/// Set by the daemon, read by the tracer.
+/// Set by the daemon, read by the tracer: for each process held (the command, its followed
+/// forks), where its `Py_FinalizeEx` is and the probe's signal.
 #[derive(Debug, Default)]
 pub struct FinalizeHold {
-    /// `Py_FinalizeEx` in the command (0: not held).
-    at: AtomicU64,
-    sig: AtomicI32,
+    held: Mutex<HashMap<i32, (u64, i32)>>,
 }
 
 impl FinalizeHold {
-    pub fn set(&self, at: u64, sig: i32) {
-        self.sig.store(sig, Ordering::Relaxed);
-        self.at.store(at, Ordering::Release);
+    pub fn set(&self, pid: u32, at: u64, sig: i32) {
+        if let Ok(mut h) = self.held.lock() {
+            h.insert(pid as i32, (at, sig));
+        }
+    }
+
+    /// `pid` is no longer held (it exec'ed, or ended).
+    pub fn clear(&self, pid: u32) {
+        if let Ok(mut h) = self.held.lock() {
+            h.remove(&(pid as i32));
+        }
     }
 
     /// Whether tracee `pid`, in a signal-delivery-stop of `sig`, stopped for the probe: then
     /// the hold is used up.
     pub(super) fn ours(&self, pid: i32, sig: i32) -> bool {
-        let at = self.at.load(Ordering::Acquire);
-        if at == 0 || sig != self.sig.load(Ordering::Relaxed) {
+        let Ok(mut held) = self.held.lock() else {
+            return false;
+        };
+        let Some(&(at, want)) = held.get(&pid) else {
+            return false;
+        };
+        if sig != want {
             return false;
         }
         // SAFETY: reading the registers of our own stopped tracee into a zeroed struct.
@@ -40,7 +52,7 @@ impl FinalizeHold {
         };
         let ours = rip.wrapping_sub(at) < FIRST_BYTES;
         if ours {
-            self.at.store(0, Ordering::Release);
+            held.remove(&pid);
         }
         ours
     }

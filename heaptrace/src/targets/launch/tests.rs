@@ -95,7 +95,7 @@ fn redirects_output_to_a_file_and_input_from_dev_null() {
     while let Some(e) = child.events.blocking_recv() {
         match e {
             Event::Exiting
-            | Event::Finalizing
+            | Event::Finalizing(_)
             | Event::Exec
             | Event::Started
             | Event::ForkStarted(_) => {

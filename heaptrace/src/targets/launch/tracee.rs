@@ -234,6 +234,11 @@ impl Tracee {
                 libc::ptrace(libc::PTRACE_LISTEN, pid, 0, 0);
                 return;
             },
+            0 if self.link.finalize.ours(pid, sig) => {
+                let event = Event::Finalizing(pid as u32);
+                hold(&self.link.events, event, &self.link.ack, EXIT_HOLD);
+                0
+            }
             0 if sig != SYSCALL_STOP => sig,
             _ => 0,
         };
@@ -374,12 +379,8 @@ impl Tracee {
     fn signal_stop(&mut self, sig: i32) {
         if self.link.finalize.ours(self.pid, sig) {
             // The probe's signal, not the program's: held, then dropped.
-            hold(
-                &self.link.events,
-                Event::Finalizing,
-                &self.link.ack,
-                EXIT_HOLD,
-            );
+            let event = Event::Finalizing(self.pid as u32);
+            hold(&self.link.events, event, &self.link.ack, EXIT_HOLD);
             self.resume(0);
             return;
         }
