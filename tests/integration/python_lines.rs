@@ -401,7 +401,8 @@ fn check_reuse(doc: &Value) {
     assert!(wrong.is_empty(), "misnamed: {wrong:?}");
     assert!(
         named_kept >= 950,
-        "kept functions named: {named_kept} of 1000"
+        "kept functions named: {named_kept} of 1000; innermost Python frames by bytes: {}",
+        innermost(doc)
     );
     eprintln!("kept functions' blocks named: {named_kept} of 1000, none misnamed");
 }
