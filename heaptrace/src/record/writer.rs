@@ -87,6 +87,26 @@ impl Recorder {
         Ok(id)
     }
 
+    /// A frame's module that is no file (`[python]`), by its name alone: a report shows it as
+    /// recorded. None for `[unknown]` and for file names no location had.
+    fn named_module(&mut self, name: &str) -> io::Result<Option<u32>> {
+        if !name.starts_with('[') || name == "[unknown]" {
+            return Ok(None);
+        }
+        if let Some(id) = self.modules.get(Path::new(name)) {
+            return Ok(Some(*id));
+        }
+        let id = self.modules.len() as u32;
+        let rec = ModuleRec {
+            id,
+            path: name.to_string(),
+            build_id: None,
+        };
+        self.frame(Kind::Module, &rec)?;
+        self.modules.insert(PathBuf::from(name), id);
+        Ok(Some(id))
+    }
+
     fn stack(
         &mut self,
         pid: u32,
@@ -108,7 +128,7 @@ impl Recorder {
                 l.path.file_name().map(|n| n.to_string_lossy()) == Some((*f.module).into())
             }) {
                 Some(l) => Some(self.module(l)?),
-                None => None,
+                None => self.named_module(&f.module)?,
             };
             recs.push(FrameRec {
                 function: self.string(&f.function)?,

@@ -236,7 +236,8 @@ fn resymbolize(rec: &Recording, p: &mut Profile) {
         .map(|m| {
             let now = crate::record::writer::build_id(Path::new(&m.path));
             let ok = now.is_some() && now == m.build_id;
-            if !ok {
+            // A module named only (`[python]`) is no file: its frames are kept as recorded.
+            if !ok && !m.path.starts_with('[') {
                 changed.insert(m.path.clone());
             }
             ok
@@ -273,6 +274,10 @@ fn resymbolize(rec: &Recording, p: &mut Profile) {
         {
             continue;
         }
+        // Python frames are read from the process, not from a file: such a stack is kept.
+        if s.frames.iter().any(|f| python_frame(rec, f)) {
+            continue;
+        }
         let locs: Vec<Option<Location>> = s
             .locations
             .iter()
@@ -285,6 +290,18 @@ fn resymbolize(rec: &Recording, p: &mut Profile) {
             })
             .collect();
         p.stacks.insert(*key, sym.frames(&s.ips, &locs).into());
+    }
+}
+
+/// A recorded Python frame: of module `[python]`, or (recordings before it was written) of no
+/// module, with a file and line.
+fn python_frame(rec: &Recording, f: &crate::record::format::FrameRec) -> bool {
+    match f.module {
+        Some(m) => rec
+            .modules
+            .get(m as usize)
+            .is_some_and(|m| m.path == crate::unwind::python::PYTHON_MODULE),
+        None => f.file.is_some() && f.line.is_some(),
     }
 }
 
@@ -307,5 +324,66 @@ mod tests {
         assert_eq!(out.restarted, [31395]);
         assert_eq!(out.ended, [second]);
         assert!(out.folded.is_empty());
+    }
+
+    /// `--resymbolize` names a stack's native frames again from this host's files, but a
+    /// stack with Python frames (read from the process, no file to read them from) is kept
+    /// as recorded, its Python frames marked as such.
+    #[test]
+    fn resymbolize_keeps_a_stack_with_python_frames() {
+        use crate::{drain::round::NewStack, symbolize::FrameInfo};
+        let exe = std::env::current_exe().unwrap();
+        let dir = std::env::temp_dir().join(format!("heaptrace-resym-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.bin");
+        let header = crate::record::format::Header {
+            mode: crate::run_info::Mode::Stacks,
+            ..Default::default()
+        };
+        let mut w = crate::record::Recorder::create_at(&path, &header).unwrap();
+        let python = FrameInfo {
+            function: "fill".into(),
+            file: Some("/src/arenas.py".into()),
+            line: Some(12),
+            module: crate::unwind::python::PYTHON_MODULE.into(),
+            offset: 0,
+            inlined: false,
+        };
+        let native = FrameInfo {
+            function: "recorded_name".into(),
+            file: None,
+            line: None,
+            module: exe.file_name().unwrap().to_string_lossy().into(),
+            offset: 0x10,
+            inlined: false,
+        };
+        let mut r = Round {
+            index: 1,
+            ..Default::default()
+        };
+        r.sites.insert((42, 7, 0), Default::default());
+        let location = Location {
+            path: exe.clone().into(),
+            offset: 0x10,
+            file: crate::targets::target_file::TargetFile::host(&exe)
+                .ok()
+                .map(Into::into),
+        };
+        let stack = NewStack {
+            ips: vec![0x1000],
+            locations: vec![Some(location)],
+            frames: vec![native.into(), python.clone().into()].into(),
+        };
+        r.stacks.insert((42, 7), stack);
+        w.round(&r).unwrap();
+        w.finish(None, &Default::default()).unwrap();
+        let rec = Recording::open(&path).unwrap();
+        let mut p = rec.profile();
+        resymbolize(&rec, &mut p);
+        let frames = p.frames(&(42, 7, 0));
+        assert_eq!(frames.len(), 2, "{frames:?}");
+        assert_eq!(frames[0].function.as_ref(), "recorded_name");
+        assert_eq!(*frames[1], python);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
