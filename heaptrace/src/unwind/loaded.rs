@@ -552,7 +552,7 @@ fn bias(segments: &[Segment], m: &CodeMapping) -> Option<u64> {
 /// exec and then would lack the libraries mapped next, and their frames would be walked by
 /// frame pointer without being counted: until then there is no entry, and each walk is
 /// counted late (`lost.unwind_late`).
-fn loader_done(maps: &str) -> bool {
+pub(crate) fn loader_done(maps: &str) -> bool {
     let has = |name: &str| {
         maps.lines()
             .filter_map(|l| l.rsplit('/').next())

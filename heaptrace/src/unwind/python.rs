@@ -148,6 +148,12 @@ impl Interpreters {
     /// needs no relocation is read here (`Py_Version` and the symbols' addresses), so that
     /// the walk has it before the program's first allocation.
     pub fn sync(&mut self, pid: u32, maps: &str) {
+        // While glibc's loader maps libpython, its first mapping spans the whole file from
+        // offset 0, and its symbols' addresses read from there are wrong (a run with no
+        // Python frame at all, now and then): looked for once libc, mapped after it, is.
+        if !crate::unwind::loaded::loader_done(maps) {
+            return;
+        }
         let files = python_files(maps);
         let paths = names(&files);
         if files.is_empty() {
@@ -380,5 +386,16 @@ mod tests {
         assert!(!py.walks(7));
         assert!(py.walks(8));
         assert_eq!(*removed.lock().unwrap(), vec![7]);
+    }
+
+    /// A read while glibc's loader is still mapping the libraries (libpython's first mapping
+    /// spans its whole file from offset 0) is not looked at, nor remembered as looked at.
+    #[test]
+    fn no_interpreter_is_looked_for_before_the_loader_has_mapped_libc() {
+        let mut py = Interpreters::with(Box::new(Told(Arc::new(Mutex::new(Vec::new())))));
+        let maps = "7f0000000000-7f0000400000 r--p 00000000 08:01 42 /opt/lib/libpython3.13.so.1.0\n\
+                    7f0000500000-7f0000501000 r-xp 00001000 08:01 12 /usr/lib/ld-linux-x86-64.so.2\n";
+        py.sync(std::process::id(), maps);
+        assert!(py.looked.is_empty() && py.procs.is_empty());
     }
 }
