@@ -341,14 +341,9 @@ mod tests {
             ..Default::default()
         };
         let mut w = crate::record::Recorder::create_at(&path, &header).unwrap();
-        let python = FrameInfo {
-            function: "fill".into(),
-            file: Some("/src/arenas.py".into()),
-            line: Some(12),
-            module: crate::unwind::python::PYTHON_MODULE.into(),
-            offset: 0,
-            inlined: false,
-        };
+        let python = FrameInfo::named("fill")
+            .at("/src/arenas.py", 12)
+            .in_module(crate::unwind::python::PYTHON_MODULE, 0);
         let native = FrameInfo {
             function: "recorded_name".into(),
             file: None,

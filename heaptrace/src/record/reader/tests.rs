@@ -69,15 +69,10 @@ fn sample_round(index: u64, with_stack: bool) -> Round {
                     }
                     .into(),
                     // A Python frame: no file mapped, marked by its module's name.
-                    crate::symbolize::FrameInfo {
-                        function: "fill".into(),
-                        file: Some("/src/arenas.py".into()),
-                        line: Some(12),
-                        module: crate::unwind::python::PYTHON_MODULE.into(),
-                        offset: 0,
-                        inlined: false,
-                    }
-                    .into(),
+                    crate::symbolize::FrameInfo::named("fill")
+                        .at("/src/arenas.py", 12)
+                        .in_module(crate::unwind::python::PYTHON_MODULE, 0)
+                        .into(),
                 ]
                 .into(),
             },
