@@ -60,6 +60,10 @@ impl Probes {
     /// Process `pid` is no longer held at its finalization: it exec'ed (its link stays,
     /// for a new image of the same file) or, with `ended`, it is gone (its links closed).
     pub fn unhold_python_finalize(&mut self, pid: u32, ended: bool) {
+        // Every process gone passes here: only one held ever has an entry (a map syscall).
+        if !self.python_holds.keys().any(|(p, _)| *p == pid) {
+            return;
+        }
         if let Some(map) = self.ebpf.map_mut(maps::PY_HOLD)
             && let Ok(mut held) = HashMap::<_, u32, u32>::try_from(map)
         {

@@ -203,6 +203,10 @@ impl Tracker {
             self.fresh.retain(|k, _| k.0 != pid);
             return;
         }
+        if ev.func == mem::PYMALLOC {
+            // An arena is a call of its own: any call the thread left open is over.
+            self.finish(pid, ev.tid, NO_SITE);
+        }
         if ev.func != mem::NO_FUNC {
             self.inside(pid, ev);
             return;

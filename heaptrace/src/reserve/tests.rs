@@ -427,3 +427,26 @@ fn a_pymalloc_arena_is_reserved_at_its_stack_and_given_back_there() {
     );
     assert_eq!(t.reserved(PID).pymalloc, 2 * MIB);
 }
+
+/// A pymalloc arena mapped on a thread whose last allocator call never reported its end is a
+/// reservation of its own: the open call is closed first, not merged into it.
+#[test]
+fn a_pymalloc_arena_never_joins_a_call_left_open() {
+    let mut t = Tracker::default();
+    let big = 0x7f00_1000_0000;
+    t.event(&sys(mem::MMAP, 11, 0, [0, 2 * MIB, RW, PRIVATE_ANON], big));
+    let arena = 0x7f00_2000_0000;
+    let args = [0, mem::PYMALLOC_ARENA, RW, PRIVATE_ANON];
+    t.event(&sys(mem::MMAP, 11, mem::PYMALLOC, args, arena));
+    t.event(&end(11, mem::PYMALLOC, 9));
+    let fresh = t.take();
+    assert_eq!(
+        fresh.get(&(PID, Kind::Pymalloc, 9, mem::PYMALLOC)),
+        Some(&ResTotals {
+            calls: 1,
+            bytes: MIB
+        }),
+        "{fresh:?}"
+    );
+    assert_eq!(t.reserved(PID).pymalloc, MIB);
+}
