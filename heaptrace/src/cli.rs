@@ -96,12 +96,11 @@ pub struct TraceArgs {
 
     /// With -p: also trace the processes it forks (and those it forked already).
     ///
-    /// Each from its first call, as its own process. The probes then sit in every process that
-    /// maps the allocator's file, as with --all, and the kernel counts only the traced tree:
-    /// every other process on the host pays a trap per call while it runs (an unrelated loop of
-    /// 1,000,000 malloc+free pairs took 1.43 s instead of 6 ms here). Off by default for that.
-    /// A launched command's forks are followed by default, at no other process's cost (each
-    /// is held at its fork and given probes of its own).
+    /// Each from its first call, as its own process, at no other process's cost: the tree's
+    /// processes are seized with ptrace (nothing stops; each signal they are sent passes
+    /// through heaptrace), and each fork is held until it has probes of its own. A fork no
+    /// tracer holds (made by a thread other than the main one) is counted from the kernel's
+    /// report of it, and said. A launched command's forks are followed by default.
     #[arg(long, conflicts_with_all = ["all", "no_follow_forks"])]
     pub follow_forks: bool,
 

@@ -3,8 +3,7 @@
 # malloc+free pairs (tests/fixtures/pairs.c, best of 3 runs of its own timer) alone, beside
 # `heaptrace --no-follow-forks -- sleep` (probes bound to the command), beside `heaptrace --
 # sleep` (its forks followed, each held at its fork for probes bound to it), and beside
-# `heaptrace -p PID --follow-forks` (probes in every process that maps libc, the kernel
-# counting only the tree).
+# `heaptrace -p PID --follow-forks` (the tree seized, its forks held the same way).
 #
 #   tests/bench/hostcost.sh [HEAPTRACE] [N]
 set -euo pipefail

@@ -64,6 +64,7 @@ mod end;
 mod in_process;
 mod inject;
 mod target;
+mod tree;
 
 use self::{attach::*, end::*, target::*};
 
@@ -116,6 +117,11 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         )?),
         _ => None,
     };
+    // `-p PID --follow-forks`: the tree's running processes with links of their own.
+    let tree = matches!((scope, &target), (Scope::Held(_), Target::Pid(_)));
+    if let (true, Some(f), Some(root)) = (tree, &followed, scope.root()) {
+        tree::follow_running(&probes, f, root);
+    }
     if let Some(got) = signals::take_pending() {
         if let Some(child) = stopped {
             child.abort();
@@ -134,9 +140,20 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         .then(|| crate::unwind::python::Interpreters::take(&mut probes.ebpf))
         .transpose()?;
     let mut modules = tables_before_counting(&mut probes, (unwind, python), scope, taken);
+    // Seized before counting is on, unless a census holds the root (ptrace's one tracer).
+    let seize_first = tree && held.is_none();
+    let mut seized = followed
+        .as_ref()
+        .filter(|_| seize_first)
+        .and_then(|f| tree::seize(&probes, f));
     // Every probe of the start in place (the scan of `--all` included): count from here on.
     probes.enable()?;
+    probes.forks.counting_on();
     drop(held);
+    if let (true, false, Some(f)) = (tree, seize_first, &followed) {
+        seized = tree::seize(&probes, f);
+    }
+    let forks = probes.forks.clone();
     announce(cli, &probes, first, &provider, scope);
     share_tables(&modules, &target, &provider, procwatch.as_ref());
     if let Some(s) = &stopped {
@@ -183,7 +200,9 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         }),
         serve,
     });
-    conclude(cli, &target, &rt, daemon, pid, view, stats_fd, &info)
+    let code = conclude(cli, &target, &rt, daemon, pid, view, stats_fd, &info);
+    tree::said_late(forks.late(), seized.as_ref());
+    code
 }
 
 /// The probes attached, or the launched command (held before exec) ended if they could not be.

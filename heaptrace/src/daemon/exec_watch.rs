@@ -92,10 +92,18 @@ pub struct ProcWatch {
     /// The running processes the start-up scan of `--all` took in (those the filters want):
     /// their unwind tables go in before counting starts.
     pub scanned: Vec<u32>,
-    /// Under `-p` alone (`leave_forks`), shared with the reader.
-    leave: Arc<std::sync::OnceLock<(u32, Arc<HeldForks>)>>,
+    /// What the reader does with the forks reported (`leave_forks`, `follow_unheld`).
+    forks: Arc<std::sync::OnceLock<ForkPolicy>>,
     /// The unwind tables, once shared with the reader (`share_tables`).
     tables: Arc<std::sync::OnceLock<crate::unwind::loaded::Shared>>,
+}
+
+/// What the reader thread does with a fork the kernel reports, beside reading its mappings.
+pub(super) enum ForkPolicy {
+    /// `-p PID` alone (PID, what restores): the breakpoints the fork inherited taken out.
+    Leave(u32, Arc<HeldForks>),
+    /// A followed tree: a fork no tracer of heaptrace's holds gets links of its own.
+    FollowUnheld(Arc<HeldForks>),
 }
 
 /// How long a new process may take to map its allocator.
@@ -148,7 +156,7 @@ impl ProcWatch {
         let ready = Arc::new(unsafe { OwnedFd::from_raw_fd(ready) });
         let early_cgroups =
             crate::targets::cgroups::v1_memory_mount().map(|_| EarlyCgroups::default());
-        let leave = Arc::new(std::sync::OnceLock::new());
+        let forks = Arc::new(std::sync::OnceLock::new());
         let tables = Arc::new(std::sync::OnceLock::new());
         let reader = Reader {
             early_cgroups: early_cgroups.clone(),
@@ -161,7 +169,7 @@ impl ProcWatch {
             ready: ready.clone(),
             delay: delay_for_tests(),
             files: OpenFiles::default(),
-            leave: leave.clone(),
+            forks: forks.clone(),
             tables: tables.clone(),
         };
         let reader = std::thread::Builder::new()
@@ -214,7 +222,7 @@ impl ProcWatch {
             forked: Vec::new(),
             oom_killed: Vec::new(),
             scanned: Vec::new(),
-            leave,
+            forks,
             tables,
         })
     }
@@ -231,8 +239,17 @@ impl ProcWatch {
     /// Perf-event links remove them at a fork's first trap themselves.
     pub fn leave_forks(&self, probes: &mut Probes, pid: u32) -> Result<()> {
         crate::bpf::btf::id_offsets().map_err(|e| Error::Load(e.to_string()))?;
-        let _ = self.leave.set((pid, probes.forks.clone()));
+        let _ = self.forks.set(ForkPolicy::Leave(pid, probes.forks.clone()));
         crate::probe::follow::report_forks(probes)
+    }
+
+    /// A followed tree whose forks are held by a tracer of heaptrace's: each fork the kernel
+    /// reports that none holds gets links of its own from the reader thread at once
+    /// (`HeldForks::follow_late`), not none at all.
+    pub fn follow_unheld(&self, probes: &Probes) {
+        let _ = self
+            .forks
+            .set(ForkPolicy::FollowUnheld(probes.forks.clone()));
     }
 
     /// Once a round under `--all --cgroup`: the kernel's verdicts on the cgroups made or removed

@@ -251,6 +251,12 @@ impl Daemon {
         if let Some(f) = self.followed.as_mut() {
             f.forget(gone);
         }
+        if let Some(p) = &self.probes {
+            // The links of forks followed late (the held ones are closed at their end).
+            for g in gone {
+                crate::targets::launch::Forks::gone(p.forks.as_ref(), *g);
+            }
+        }
         if self.pid.is_none() {
             self.modules.sweep();
         }

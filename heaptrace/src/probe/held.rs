@@ -16,7 +16,10 @@ use std::{
     collections::HashMap,
     io,
     os::unix::fs::FileExt as _,
-    sync::{Arc, Mutex, atomic::AtomicBool, atomic::Ordering},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
 };
 
 use crate::{
@@ -56,6 +59,8 @@ pub struct HeldForks {
     multi: Option<Arc<MultiPrograms>>,
     follow: AtomicBool,
     inner: Mutex<Inner>,
+    /// Forks followed from the kernel's report rather than held (`follow_late`).
+    late: AtomicU64,
 }
 
 impl HeldForks {
@@ -64,6 +69,7 @@ impl HeldForks {
             multi,
             follow: AtomicBool::new(false),
             inner: Mutex::default(),
+            late: AtomicU64::new(0),
         }
     }
 
@@ -111,7 +117,46 @@ impl HeldForks {
         }
     }
 
-    /// Links bound to `pid` for every spec; all or none.
+    /// A process of the tree running already (`-p PID --follow-forks`): links of its own.
+    /// Call before counting is on, and it is counted from its first call.
+    pub fn follow_running(&self, pid: u32) -> Result<(), MultiError> {
+        self.follow_pid(pid)
+    }
+
+    /// A followed process's fork that no tracer held (its parent could not be seized or was
+    /// let go of, or a thread other than the main one forked): links of its own now, its
+    /// calls until then not counted. False if it had them already (held after all).
+    pub fn follow_late(&self, pid: u32) -> bool {
+        if !self.follow.load(Ordering::Relaxed) || self.has_links(pid) {
+            return false;
+        }
+        match self.follow_pid(pid) {
+            Ok(()) => {
+                self.late.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(e) => {
+                log::debug!("fork {pid} not followed: {e}");
+                false
+            }
+        }
+    }
+
+    /// Counting is on: the forks followed late before it missed nothing.
+    pub fn counting_on(&self) {
+        self.late.store(0, Ordering::Relaxed);
+    }
+
+    /// How many forks `follow_late` followed.
+    pub fn late(&self) -> u64 {
+        self.late.load(Ordering::Relaxed)
+    }
+
+    fn has_links(&self, pid: u32) -> bool {
+        self.inner.lock().is_ok_and(|i| i.links.contains_key(&pid))
+    }
+
+    /// Links bound to `pid` for every spec; all or none (none more if it has them).
     fn follow_pid(&self, pid: u32) -> Result<(), MultiError> {
         let multi = self.multi.as_ref().ok_or(MultiError::Link(io::Error::from(
             io::ErrorKind::Unsupported,
@@ -119,6 +164,9 @@ impl HeldForks {
         let Ok(mut inner) = self.inner.lock() else {
             return Err(MultiError::Link(io::Error::other("poisoned")));
         };
+        if inner.links.contains_key(&pid) {
+            return Ok(());
+        }
         let mut made = Vec::with_capacity(inner.specs.len());
         for spec in &inner.specs {
             made.push(attach(multi, spec, pid)?);

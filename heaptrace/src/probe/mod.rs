@@ -62,12 +62,14 @@ pub enum Scope {
     Process(u32),
     /// Every process that maps the provider's file.
     All,
-    /// A process and every process it forks, present (`-p --follow-forks`) and future: the
-    /// probes fire in every process, and the kernel counts the followed ones (`follow`).
+    /// A process and every process it forks, present and future, without uprobe_multi
+    /// links: the probes fire in every process, and the kernel counts the followed ones
+    /// (`follow`).
     Tree(u32),
-    /// A launched command and every process it forks, each held at its fork by the
-    /// command's tracer and given links bound to it (`held`): no other process traps. The
-    /// kernel counts the followed ones as for `Tree`.
+    /// A process and every process it forks, each held at its fork by heaptrace's tracer (a
+    /// launched command's, or the seized tree's under `-p --follow-forks`) and given links
+    /// bound to it (`held`): no other process traps. The kernel counts the followed ones as
+    /// for `Tree`.
     Held(u32),
 }
 

@@ -457,6 +457,7 @@ pub use forks::{ForkSlot, Forks};
 pub use inherit::Inherit;
 pub use redirect::Redirect;
 use tracee::Tracee;
+pub(crate) use tracee::{Storm, group_stop};
 
 #[cfg(test)]
 mod tests;

@@ -13,4 +13,5 @@ pub mod launch;
 pub mod maps;
 pub mod preload;
 pub mod procfs;
+pub mod seized;
 pub mod target_file;

@@ -187,6 +187,12 @@ pub fn own_rss_kb() -> Option<(u64, u64)> {
     ))
 }
 
+/// The process that ptraces `pid` (its status's `TracerPid`, 0: none); None if it is gone.
+pub fn tracer(pid: u32) -> Option<u32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    Some(status_field(&status, "TracerPid:") as u32)
+}
+
 pub(crate) fn status_field(status: &str, name: &str) -> u64 {
     status
         .lines()

@@ -136,7 +136,12 @@ pub(super) fn watchers(
             }
             Some(w)
         }
-        (Ok(w), Scope::Tree(_) | Scope::Held(_)) => Some(w),
+        (Ok(w), Scope::Held(_)) => {
+            // Forks no tracer of heaptrace's holds get links at the kernel's report.
+            w.follow_unheld(probes);
+            Some(w)
+        }
+        (Ok(w), Scope::Tree(_)) => Some(w),
         (Err(e), Scope::All | Scope::Tree(_) | Scope::Held(_)) => return Err(e),
         (Err(e), Scope::Process(pid)) => {
             crate::say!(

@@ -64,8 +64,10 @@ pub(super) fn find_target(
                 Some(c) => allocator::custom_for_pid(*pid, c)?,
                 None => allocator::for_pid(*pid)?,
             };
+            // A tree's forks are held as a launched command's (`tree.rs`); with perf-event
+            // links, `attach` makes it a `Tree`.
             let scope = match cli.follow_forks {
-                true => Scope::Tree(*pid),
+                true => Scope::Held(*pid),
                 false => Scope::Process(*pid),
             };
             (provider, scope, None)

@@ -19,8 +19,9 @@ pub(super) struct Reader {
     /// The files of the mappings read, opened at once (a container's are reached through
     /// the process alone).
     pub(super) files: OpenFiles,
-    /// Under `-p` alone: the process, and what takes its forks' inherited breakpoints out.
-    pub(super) leave: Arc<std::sync::OnceLock<(u32, Arc<HeldForks>)>>,
+    /// What becomes of the forks reported: under `-p` alone, their inherited breakpoints
+    /// taken out; in a followed tree, links for those no tracer holds.
+    pub(super) forks: Arc<std::sync::OnceLock<ForkPolicy>>,
     /// The unwind tables, where a new process's entry is written at once if it needs no file
     /// read (`ProcWatch::share_tables`).
     pub(super) tables: Arc<std::sync::OnceLock<crate::unwind::loaded::Shared>>,
@@ -103,6 +104,9 @@ impl Reader {
                     self.left(event.tgid);
                     continue;
                 }
+                if event.kind == PROC_FORK {
+                    self.unheld(event.tgid);
+                }
                 // A fork's mappings are its parent's, and it may be gone at the next round.
                 let wanted = (event.kind == PROC_EXEC || event.kind == PROC_FORK)
                     && self.comm.as_ref().is_none_or(|c| {
@@ -137,7 +141,7 @@ impl Reader {
     /// back over the breakpoints it inherited, so that it runs at its own speed from here on.
     /// A vfork (or `posix_spawn`) runs in its parent's memory, whose breakpoints stay.
     fn left(&self, child: u32) {
-        let Some((parent, forks)) = self.leave.get() else {
+        let Some(ForkPolicy::Leave(parent, forks)) = self.forks.get() else {
             return;
         };
         if crate::targets::procfs::same_memory(*parent, child) != Some(false) {
@@ -146,6 +150,21 @@ impl Reader {
         match forks.restore(child) {
             Ok(n) => log::debug!("pid {child}, forked by {parent}: {n} breakpoints taken out"),
             Err(e) => log::debug!("pid {child}, forked by {parent}: breakpoints left ({e})"),
+        }
+    }
+
+    /// A fork in a followed tree: if no tracer of heaptrace's holds it (`TracerPid`, set at
+    /// the fork itself, before the kernel's report), links of its own now.
+    fn unheld(&self, child: u32) {
+        let Some(ForkPolicy::FollowUnheld(forks)) = self.forks.get() else {
+            return;
+        };
+        // TracerPid is the tracing thread's id: one of ours holds it.
+        let ours = |t: u32| t != 0 && crate::targets::procfs::thread_alive(std::process::id(), t);
+        if crate::targets::procfs::tracer(child).is_some_and(|t| !ours(t))
+            && forks.follow_late(child)
+        {
+            log::debug!("pid {child}: not held at its fork, followed from its report");
         }
     }
 

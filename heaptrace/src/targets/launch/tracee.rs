@@ -58,7 +58,7 @@ fn hold(
 /// Whether a `PTRACE_EVENT_STOP` is a group-stop: only those stay stopped (`PTRACE_LISTEN`).
 /// The others (SIGTRAP: a SIGCONT reached the command, or ended its group-stop) must be
 /// resumed, or it stays stopped for good.
-fn group_stop(sig: i32) -> bool {
+pub(crate) fn group_stop(sig: i32) -> bool {
     matches!(
         sig,
         libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
@@ -66,13 +66,13 @@ fn group_stop(sig: i32) -> bool {
 }
 
 /// When the last `STORM_STOPS` signal-delivery-stops came.
-struct Storm {
+pub(crate) struct Storm {
     times: Vec<u64>,
     next: usize,
 }
 
 impl Storm {
-    fn new() -> Storm {
+    pub(crate) fn new() -> Storm {
         Storm {
             times: vec![0; STORM_STOPS],
             next: 0,
@@ -81,7 +81,7 @@ impl Storm {
 
     /// A signal-delivery-stop at `now`: the stops a second, if the last `STORM_STOPS` came
     /// within `STORM_WINDOW_NS`.
-    fn stop(&mut self, now: u64) -> Option<u32> {
+    pub(crate) fn stop(&mut self, now: u64) -> Option<u32> {
         let oldest = std::mem::replace(&mut self.times[self.next], now);
         self.next = (self.next + 1) % STORM_STOPS;
         let span = now.saturating_sub(oldest);
