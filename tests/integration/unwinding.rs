@@ -457,3 +457,50 @@ bpf_test!(
         assert_eq!(doc["lost"]["unwind_late"], 0, "{}", doc["lost"]);
     }
 );
+
+bpf_test!(
+    shared,
+    /// The same under `-p SHELL --follow-forks`: the seized shell's fork is held until it has
+    /// links, and its new image at its start until its tables are in.
+    fn an_attached_shell_s_execed_fork_gets_its_tables_before_its_first_call() {
+        let bin = unwinddeep(false, false);
+        let mut sh = std::process::Command::new("sh");
+        sh.arg("-c")
+            .arg(format!("echo ready; read x; {}; true", bin.display()));
+        let (mut shell, _out, line) = piped(&mut sh);
+        assert_eq!(line, "ready\n");
+        let json = json_path("unwind-pid-forkexec");
+        let mut cmd = heaptrace();
+        cmd.args(["--no-tui", "-q", "--interval", "100ms", "--follow-forks"])
+            .args(UNWIND)
+            .arg("--json")
+            .arg(&json)
+            .args(["-p", &shell.id().to_string()]);
+        let tracer = start_attached(&mut cmd);
+        use std::io::Write as _;
+        shell.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        assert!(shell.wait().unwrap().success());
+        let (code, stderr) = tracer.wait();
+        assert_eq!(code, 0, "{stderr}");
+        let mut doc = read_json(&json);
+        let mine: Vec<Value> = doc["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| names(s).iter().any(|f| f == "round_of"))
+            .cloned()
+            .collect();
+        doc["stacks"] = Value::Array(mine);
+        let got: Vec<_> = sites(&doc)
+            .into_iter()
+            .map(|(b, c, f, _)| (b, c, f))
+            .collect();
+        let want: Vec<(u64, u64, Vec<String>)> = vec![
+            (1600, 100, expected(0)),
+            (6400, 200, expected(2)),
+            (14400, 300, expected(4)),
+        ];
+        assert_eq!(got, want);
+        assert_eq!(doc["lost"]["unwind_late"], 0, "{}", doc["lost"]);
+    }
+);

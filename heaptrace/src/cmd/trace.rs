@@ -154,6 +154,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         seized = tree::seize(&probes, f);
     }
     let forks = probes.forks.clone();
+    let (seized, tree_holds) = seized.unzip();
     announce(cli, &probes, first, &provider, scope);
     share_tables(&modules, &target, &provider, procwatch.as_ref());
     if let Some(s) = &stopped {
@@ -183,6 +184,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         profile: new_profile(cli, &info, before),
         pid,
         child,
+        tree: tree_holds,
         exit_watch,
         followed,
         modules,

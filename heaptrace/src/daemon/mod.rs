@@ -67,6 +67,8 @@ pub struct Daemon {
     pub recorder: Option<Recorder>,
     /// A launched command, held at its exit by its tracer thread.
     pub child: Option<launch::Child>,
+    /// A seized `-p` tree's holds: its new images, held at their start.
+    tree: Option<crate::targets::seized::Holds>,
     /// How the target ended, when known (always for a launched command).
     pub exit: Option<ExitStatus>,
     /// The first signal heaptrace got while its launched command runs, which it then waits
@@ -156,6 +158,8 @@ pub struct Start {
     pub profile: Profile,
     pub pid: Option<u32>,
     pub child: Option<launch::Child>,
+    /// A seized `-p` tree's holds (`targets::seized`).
+    pub tree: Option<crate::targets::seized::Holds>,
     /// How a `-p` target ends: opened before the attach, so an end right after it is heard.
     pub exit_watch: Option<ExitWatch>,
     pub followed: Option<crate::probe::follow::Followed>,
@@ -188,6 +192,7 @@ impl Daemon {
             recorder: s.recorder,
             exit_watch: s.exit_watch,
             child: s.child,
+            tree: s.tree,
             followed: s.followed,
             root_ended: false,
             exit: None,
@@ -333,6 +338,7 @@ impl Daemon {
                         return Ok(End::TargetExited);
                     }
                 }
+                ev = tree_event(self.tree.as_mut()) => self.tree_event(ev),
                 _ = relief.tick() => {
                     self.maps.relieve()?;
                 }
@@ -461,6 +467,13 @@ async fn exec_event(
 async fn child_event(child: Option<&mut launch::Child>) -> Option<launch::Event> {
     match child {
         Some(c) => c.events.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn tree_event(tree: Option<&mut crate::targets::seized::Holds>) -> Option<launch::Event> {
+    match tree {
+        Some(t) => t.events.recv().await,
         None => std::future::pending().await,
     }
 }

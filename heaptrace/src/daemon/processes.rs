@@ -54,6 +54,30 @@ impl Daemon {
             .collect()
     }
 
+    /// A followed fork's new image: its unwind tables go in before it runs, as the command's
+    /// do, and its Python's finalization is held as theirs is.
+    fn fork_started(&mut self, pid: u32) {
+        self.modules.refresh(pid);
+        self.drop_finalize_hold(pid, false);
+        self.hold_finalize(pid);
+    }
+
+    /// A seized tree's new image, held at its start (`targets::seized`): its tables go in,
+    /// then it goes on. None: the tree's tracer is gone.
+    pub(super) fn tree_event(&mut self, ev: Option<launch::Event>) {
+        match ev {
+            Some(launch::Event::ForkStarted(pid)) => self.fork_started(pid),
+            Some(_) => {}
+            None => {
+                self.tree = None;
+                return;
+            }
+        }
+        if let Some(t) = &self.tree {
+            let _ = t.ack.send(());
+        }
+    }
+
     /// Handles an event of a launched command; true once it is gone. At its exit, while it is
     /// held with its mappings intact, a round is drained so its new stacks get names.
     pub(super) fn child_event(&mut self, ev: Option<launch::Event>) -> Result<bool> {
@@ -102,11 +126,7 @@ impl Daemon {
                 Ok(false)
             }
             Some(launch::Event::ForkStarted(pid)) => {
-                // A followed fork's new image: its unwind tables go in before it runs, as
-                // the command's do, and its Python's finalization is held as theirs is.
-                self.modules.refresh(pid);
-                self.drop_finalize_hold(pid, false);
-                self.hold_finalize(pid);
+                self.fork_started(pid);
                 if let Some(c) = &self.child {
                     let _ = c.ack.send(());
                 }

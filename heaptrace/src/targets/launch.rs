@@ -457,7 +457,10 @@ pub use forks::{ForkSlot, Forks};
 pub use inherit::Inherit;
 pub use redirect::Redirect;
 use tracee::Tracee;
-pub(crate) use tracee::{Storm, group_stop};
+pub(crate) use tracee::{
+    EXEC_HOLD, ORIG_RAX_OFFSET, STARTUP_STOPS, SYS_SET_TID_ADDRESS, SYSCALL_STOP, Storm,
+    group_stop, hold,
+};
 
 #[cfg(test)]
 mod tests;

@@ -11,6 +11,10 @@
 //! thread is seized (as a launched command's): a fork by another thread is followed late too.
 //! A process another tracer holds already (gdb, strace) cannot be seized: the same.
 //!
+//! An exec (`PTRACE_O_TRACEEXEC`) is followed from syscall to syscall to the new image's first
+//! `set_tid_address` and held there for the daemon (`launch::Event::ForkStarted`), as a
+//! launched command's followed forks are: its unwind tables go in before its first call.
+//!
 //! Nothing is owed at the end: when heaptrace exits, even killed, the kernel lets go of every
 //! tracee it had (`exit_ptrace`), none of them killed (no `PTRACE_O_EXITKILL`).
 use std::{
@@ -23,9 +27,22 @@ use std::{
     },
 };
 
-use super::launch::{Forks, Storm, group_stop, monotonic_ns};
+use super::launch::{
+    EXEC_HOLD, Event, Forks, ORIG_RAX_OFFSET, STARTUP_STOPS, SYS_SET_TID_ADDRESS, SYSCALL_STOP,
+    Storm, group_stop, hold, monotonic_ns,
+};
 
-const OPTIONS: libc::c_int = libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK;
+const OPTIONS: libc::c_int = libc::PTRACE_O_TRACEFORK
+    | libc::PTRACE_O_TRACEVFORK
+    | libc::PTRACE_O_TRACEEXEC
+    | libc::PTRACE_O_TRACESYSGOOD;
+
+/// The daemon's side of the tree's holds: each new image started (`Event::ForkStarted`),
+/// acknowledged once its tables are in.
+pub struct Holds {
+    pub events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    pub ack: mpsc::Sender<()>,
+}
 
 /// The tree's processes as the seize left them.
 pub struct Seized {
@@ -38,16 +55,19 @@ pub struct Seized {
 }
 
 /// Seizes `pids` on a thread of its own (ptrace requests must come from the tracer), which
-/// then holds each of their forks for `forks` until heaptrace exits or the tree is gone.
-pub fn seize(pids: &[u32], forks: Arc<dyn Forks>) -> io::Result<Seized> {
+/// then holds each of their forks for `forks`, and each new image for the daemon, until
+/// heaptrace exits or the tree is gone.
+pub fn seize(pids: &[u32], forks: Arc<dyn Forks>) -> io::Result<(Seized, Holds)> {
     let (tx, rx) = mpsc::channel();
+    let (events_tx, events) = tokio::sync::mpsc::unbounded_channel();
+    let (ack, ack_rx) = mpsc::channel();
     let pids = pids.to_vec();
     let released = Arc::new(AtomicU32::new(0));
     let counter = released.clone();
     std::thread::Builder::new()
         .name("heaptrace-tree".into())
         .spawn(move || {
-            let mut tree = Tree::new(forks, counter);
+            let mut tree = Tree::new(forks, counter, (events_tx, ack_rx));
             let (held, refused) = tree.seize(&pids);
             let _ = tx.send((held, refused));
             tree.run();
@@ -55,11 +75,12 @@ pub fn seize(pids: &[u32], forks: Arc<dyn Forks>) -> io::Result<Seized> {
     let (held, refused) = rx
         .recv()
         .map_err(|_| io::Error::other("the tracer thread ended"))?;
-    Ok(Seized {
+    let seized = Seized {
         held,
         refused,
         released,
-    })
+    };
+    Ok((seized, Holds { events, ack }))
 }
 
 /// The tracer thread's state: the processes it holds and those on their way.
@@ -72,16 +93,31 @@ struct Tree {
     /// Fork events seen before the new process's first stop: whether each was a vfork.
     pending: HashMap<i32, bool>,
     released: Arc<AtomicU32>,
+    /// New images followed from their exec to their start, with the syscall stops seen.
+    startup: HashMap<i32, u32>,
+    daemon: (
+        tokio::sync::mpsc::UnboundedSender<Event>,
+        mpsc::Receiver<()>,
+    ),
 }
 
 impl Tree {
-    fn new(forks: Arc<dyn Forks>, released: Arc<AtomicU32>) -> Tree {
+    fn new(
+        forks: Arc<dyn Forks>,
+        released: Arc<AtomicU32>,
+        daemon: (
+            tokio::sync::mpsc::UnboundedSender<Event>,
+            mpsc::Receiver<()>,
+        ),
+    ) -> Tree {
         Tree {
             forks,
             kids: HashMap::new(),
             early: HashSet::new(),
             pending: HashMap::new(),
             released,
+            startup: HashMap::new(),
+            daemon,
         }
     }
 
@@ -113,6 +149,7 @@ impl Tree {
                 return; // ECHILD: the tree is gone, or let go of
             }
             if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+                self.startup.remove(&r);
                 if self.kids.remove(&r).is_some() {
                     self.forks.gone(r as u32);
                 }
@@ -134,10 +171,21 @@ impl Tree {
             return;
         }
         let (sig, event) = (libc::WSTOPSIG(status), status >> 16);
+        if sig == SYSCALL_STOP && event == 0 {
+            self.syscall_stop(pid);
+            return;
+        }
         let resume = match event {
             libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
                 self.forked(pid, event);
                 0
+            }
+            libc::PTRACE_EVENT_EXEC => {
+                // Its libraries are not mapped yet: followed to their start.
+                self.startup.insert(pid, 0);
+                // SAFETY: our tracee, in its exec stop.
+                unsafe { libc::ptrace(libc::PTRACE_SYSCALL, pid, 0, 0) };
+                return;
             }
             // SAFETY: our tracee, in a group-stop: left stopped until SIGCONT.
             libc::PTRACE_EVENT_STOP if group_stop(sig) => unsafe {
@@ -152,8 +200,38 @@ impl Tree {
             }
             _ => 0,
         };
+        // A new image keeps being followed to its start through any other stop.
+        let request = match self.startup.contains_key(&pid) {
+            true => libc::PTRACE_SYSCALL,
+            false => libc::PTRACE_CONT,
+        };
         // SAFETY: resuming our stopped tracee.
-        unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, resume as libc::c_long) };
+        unsafe { libc::ptrace(request, pid, 0, resume as libc::c_long) };
+    }
+
+    /// A syscall stop of a new image: at its first set_tid_address, held for the daemon
+    /// (`Event::ForkStarted`) and let run on; after `STARTUP_STOPS` without one, let run on.
+    fn syscall_stop(&mut self, pid: i32) {
+        let Some(stops) = self.startup.get_mut(&pid) else {
+            // SAFETY: resuming our stopped tracee.
+            unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
+            return;
+        };
+        *stops += 1;
+        // SAFETY: reading a word of our stopped tracee's user area.
+        let nr = unsafe { libc::ptrace(libc::PTRACE_PEEKUSER, pid, ORIG_RAX_OFFSET, 0) };
+        if nr != SYS_SET_TID_ADDRESS && *stops < STARTUP_STOPS {
+            // SAFETY: as above.
+            unsafe { libc::ptrace(libc::PTRACE_SYSCALL, pid, 0, 0) };
+            return;
+        }
+        self.startup.remove(&pid);
+        if nr == SYS_SET_TID_ADDRESS {
+            let (events, ack) = &self.daemon;
+            hold(events, Event::ForkStarted(pid as u32), ack, EXEC_HOLD);
+        }
+        // SAFETY: as above.
+        unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
     }
 
     /// A signal-delivery-stop: true if it was one too many, the process let go of with it.
@@ -166,6 +244,7 @@ impl Tree {
             return false;
         }
         self.kids.remove(&pid);
+        self.startup.remove(&pid);
         self.released.fetch_add(1, Ordering::Relaxed);
         log::debug!("pid {pid} let go of: {per_second} signals a second");
         true

@@ -237,6 +237,7 @@ pub(super) fn run(cli: &TraceArgs, target: &Target, record: Option<&Path>) -> Re
         profile,
         pid: Some(pid),
         child,
+        tree: None,
         exit_watch,
         followed: None,
         modules,

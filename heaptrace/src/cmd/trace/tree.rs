@@ -17,11 +17,14 @@ pub(super) fn follow_running(probes: &Probes, followed: &probe::follow::Followed
 
 /// Seizes the tree's processes: their forks held from here on. Says which cannot be (their
 /// forks are followed from the kernel's report, their first calls uncounted).
-pub(super) fn seize(probes: &Probes, followed: &probe::follow::Followed) -> Option<Seized> {
+pub(super) fn seize(
+    probes: &Probes,
+    followed: &probe::follow::Followed,
+) -> Option<(Seized, Holds)> {
     let pids: Vec<u32> = followed.pids.iter().copied().collect();
     let forks: std::sync::Arc<dyn launch::Forks> = probes.forks.clone();
     match crate::targets::seized::seize(&pids, forks) {
-        Ok(s) => {
+        Ok((s, holds)) => {
             let refused: Vec<String> = s
                 .refused
                 .iter()
@@ -35,7 +38,7 @@ pub(super) fn seize(probes: &Probes, followed: &probe::follow::Followed) -> Opti
                     refused.join(", ")
                 );
             }
-            Some(s)
+            Some((s, holds))
         }
         Err(e) => {
             crate::say!(
@@ -63,4 +66,4 @@ pub(super) fn said_late(late: u64, seized: Option<&Seized>) {
     }
 }
 
-pub(super) use crate::targets::seized::Seized;
+pub(super) use crate::targets::seized::{Holds, Seized};

@@ -22,17 +22,17 @@ const EXIT_HOLD: Duration = Duration::from_secs(5);
 /// interpreter (a few hundred milliseconds, but the daemon takes the event only between two
 /// rounds, and a round naming a big library's first stacks took seconds in a loaded debug
 /// build: past 5 s, a Python's new image ran its first lines before its interpreter was read).
-const EXEC_HOLD: Duration = Duration::from_secs(20);
+pub(crate) const EXEC_HOLD: Duration = Duration::from_secs(20);
 
 /// A syscall stop, as `PTRACE_O_TRACESYSGOOD` marks it.
-const SYSCALL_STOP: i32 = libc::SIGTRAP | 0x80;
+pub(crate) const SYSCALL_STOP: i32 = libc::SIGTRAP | 0x80;
 /// set_tid_address on x86-64: glibc's loader (and musl, and a static glibc) sets up the main
 /// thread with it once every library the program starts with is mapped.
-const SYS_SET_TID_ADDRESS: i64 = 218;
+pub(crate) const SYS_SET_TID_ADDRESS: i64 = 218;
 /// orig_rax's word in the tracee's user area (`struct user_regs_struct`).
-const ORIG_RAX_OFFSET: usize = 15 * 8;
+pub(crate) const ORIG_RAX_OFFSET: usize = 15 * 8;
 /// Syscall stops a new image is followed through, at most, looking for set_tid_address.
-const STARTUP_STOPS: u32 = 2000;
+pub(crate) const STARTUP_STOPS: u32 = 2000;
 
 /// Signal-delivery-stops within `STORM_WINDOW_NS` past which the command is let go of: a stop
 /// costs tens of microseconds (two switches through this thread, more on a busy host), so
@@ -42,7 +42,7 @@ const STORM_WINDOW_NS: u64 = 1_000_000_000;
 
 /// Tells the daemon about a stop and waits for its acknowledgement (or the timeout). An
 /// acknowledgement that came after an earlier stop's timeout is not taken for this one's.
-fn hold(
+pub(crate) fn hold(
     events: &tokio::sync::mpsc::UnboundedSender<Event>,
     event: Event,
     ack: &mpsc::Receiver<()>,
