@@ -108,20 +108,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         scope,
     } = attached;
     let (mut procwatch, memring) = watchers(cli, &mut probes, &provider, scope, &opts)?;
-    // The root (and, for -p, what it forked already) in the kernel's set before it counts.
-    let followed = match scope {
-        Scope::Tree(root) | Scope::Held(root) => Some(probe::follow::Followed::start(
-            &mut probes,
-            root,
-            stopped.is_none(),
-        )?),
-        _ => None,
-    };
-    // `-p PID --follow-forks`: the tree's running processes with links of their own.
-    let tree = matches!((scope, &target), (Scope::Held(_), Target::Pid(_)));
-    if let (true, Some(f), Some(root)) = (tree, &followed, scope.root()) {
-        tree::follow_running(&probes, f, root);
-    }
+    let (followed, tree) = tree::follow(&mut probes, scope, &target)?;
     if let Some(got) = signals::take_pending() {
         if let Some(child) = stopped {
             child.abort();
@@ -140,19 +127,7 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         .then(|| crate::unwind::python::Interpreters::take(&mut probes.ebpf))
         .transpose()?;
     let mut modules = tables_before_counting(&mut probes, (unwind, python), scope, taken);
-    // Seized before counting is on, unless a census holds the root (ptrace's one tracer).
-    let seize_first = tree && held.is_none();
-    let mut seized = followed
-        .as_ref()
-        .filter(|_| seize_first)
-        .and_then(|f| tree::seize(&probes, f));
-    // Every probe of the start in place (the scan of `--all` included): count from here on.
-    probes.enable()?;
-    probes.forks.counting_on();
-    drop(held);
-    if let (true, false, Some(f)) = (tree, seize_first, &followed) {
-        seized = tree::seize(&probes, f);
-    }
+    let seized = tree::count_from_here(&mut probes, held, followed.as_ref().filter(|_| tree))?;
     let forks = probes.forks.clone();
     let (seized, tree_holds) = seized.unzip();
     announce(cli, &probes, first, &provider, scope);
