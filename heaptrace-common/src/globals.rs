@@ -29,6 +29,11 @@ pub const LIVE_SLOTS_MASK: &str = "LIVE_SLOTS_MASK";
 pub const INFLIGHT_SLOTS_MASK: &str = "INFLIGHT_SLOTS_MASK";
 /// 1 when unwind tables are loaded for code without frame pointers (see [`super::unwind`]).
 pub const UNWIND: &str = "UNWIND";
+/// 1 when a walk in a process without an unwind entry finds each frame's file by its mapping
+/// (`bpf_find_vma`) and its rows in `FILE_ROWS`; `VMA_OFFSETS` then holds where it reads
+/// (see [`super::unwind::vma`]).
+pub const VMA_ROWS: &str = "VMA_ROWS";
+pub const VMA_OFFSETS: &str = "VMA_OFFSETS";
 /// log2 of the process slots per CPU (see [`super::procs`]).
 pub const PROC_SLOTS_SHIFT: &str = "PROC_SLOTS_SHIFT";
 /// The process state slots' count less one (see [`super::proc_state`]).

@@ -555,6 +555,8 @@ mod pod {
     unsafe impl aya::Pod for MemEvent {}
     unsafe impl aya::Pod for unwind::Row {}
     unsafe impl aya::Pod for unwind::ProcModules {}
+    unsafe impl aya::Pod for unwind::FileRowsKey {}
+    unsafe impl aya::Pod for unwind::FileRows {}
     unsafe impl aya::Pod for python::PyProc {}
 }
 

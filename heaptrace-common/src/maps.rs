@@ -39,6 +39,7 @@ pub const COUNTING: &str = "COUNTING";
 pub const UNWIND_CHUNKS: &str = "UNWIND_CHUNKS";
 pub const UNWIND_PROCS: &str = "UNWIND_PROCS";
 pub const UNWIND_CACHE: &str = "UNWIND_CACHE";
+pub const FILE_ROWS: &str = "FILE_ROWS";
 pub const PY_PROCS: &str = "PY_PROCS";
 pub const PY_ON: &str = "PY_ON";
 /// Launched Pythons whose `Py_FinalizeEx` is held (tgid -> signal to send).

@@ -235,3 +235,53 @@ mod tests {
         assert_eq!(rule_index(1, 0) >> RULE_CACHE_SHIFT, 1);
     }
 }
+
+/// A file by the kernel's identity of it, for a walk in a process that has no entry yet
+/// (`FILE_ROWS`): its superblock's device as user space numbers it (`major << 32 | minor`)
+/// and its inode number.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FileRowsKey {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// A loaded file's rows, for walks that find its mapping themselves (`bpf_find_vma`). The
+/// size and modification time tell the file read from another that took its inode since.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileRows {
+    /// As in [`Module`]; `rows` 0: built with frame pointers.
+    pub first: u32,
+    pub rows: u32,
+    /// Its executable segment's virtual address less its file offset: a mapping's bias is
+    /// its start less its file offset less this.
+    pub delta: u64,
+    pub size: u64,
+    pub mtime_sec: i64,
+    pub mtime_nsec: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<FileRows>() == 40);
+
+/// `FILE_ROWS` entries at most: the files with rows, in use or idle.
+pub const FILE_ROWS_ENTRIES: u32 = 4096;
+
+/// Where `bpf_find_vma`'s walk reads, in the running kernel (`VMA_OFFSETS`, from its BTF):
+/// `vm_area_struct`'s `vm_start`, `vm_end`, `vm_pgoff`, `vm_file`; `file`'s `f_inode`;
+/// `inode`'s `i_ino`, `i_sb`, `i_size`, its modification time's seconds and nanoseconds;
+/// `super_block`'s `s_dev`.
+pub mod vma {
+    pub const VM_START: usize = 0;
+    pub const VM_END: usize = 1;
+    pub const VM_PGOFF: usize = 2;
+    pub const VM_FILE: usize = 3;
+    pub const F_INODE: usize = 4;
+    pub const I_INO: usize = 5;
+    pub const I_SB: usize = 6;
+    pub const I_SIZE: usize = 7;
+    pub const I_MTIME_SEC: usize = 8;
+    pub const I_MTIME_NSEC: usize = 9;
+    pub const S_DEV: usize = 10;
+    pub const COUNT: usize = 11;
+}

@@ -32,6 +32,7 @@ mod sizes;
 mod stacks;
 mod threads;
 mod unwind;
+mod vma;
 
 use aya_ebpf::{
     EbpfContext as _,

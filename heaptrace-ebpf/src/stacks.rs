@@ -18,7 +18,8 @@ use heaptrace_common::{
     Loss, NO_ROOM_FRAME, STACK_FRAMES, StoredStack,
     stack::{HASH_START, cache_choice, cache_index, cache_word, hash_finish, hash_step, ids},
     unwind::{
-        RULE_FRAME_POINTER, RULE_NO_ROOM, RULE_PENDING, SIGNAL_RBP, SIGNAL_RIP, SIGNAL_RSP, kind,
+        Module, RULE_FRAME_POINTER, RULE_NO_ROOM, RULE_PENDING, SIGNAL_RBP, SIGNAL_RIP, SIGNAL_RSP,
+        kind,
     },
 };
 
@@ -81,6 +82,7 @@ pub fn walk(ctx: &impl EbpfContext, tgid: u32) -> Option<(&'static mut StoredSta
         reads: 0,
         cut: Loss::StackDepth as u64,
         no_room: 0,
+        last: Module::default(),
     };
     let mut frames = Frames {
         modules,
@@ -88,12 +90,20 @@ pub fn walk(ctx: &impl EbpfContext, tgid: u32) -> Option<(&'static mut StoredSta
         scratch: sc,
         state: st,
     };
-    // SAFETY: the callback is a static function of this object; its context lives on this
+    // A process with no entry yet finds each frame's file by its mapping, in a loop of its
+    // own (`unwind::rule_by_mapping`). Where that is off (all but `--all`), the verifier
+    // sees the first test fail and goes through that loop not at all.
+    let by_mapping = crate::vma::on() && modules.count == crate::unwind::BY_VMA;
+    // SAFETY: the callbacks are static functions of this object; the context lives on this
     // stack for the call.
     unsafe {
         generated::bpf_loop(
             STACK_FRAMES as u32 - 1,
-            step as *mut core::ffi::c_void,
+            if by_mapping {
+                step_by_mapping as *mut core::ffi::c_void
+            } else {
+                step as *mut core::ffi::c_void
+            },
             (&raw mut frames).cast(),
             0,
         )
@@ -146,7 +156,20 @@ struct Frames<'a> {
 extern "C" fn step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // SAFETY: `walk`'s `Frames`, alive for the loop.
     let f = unsafe { &mut *ctx.cast::<Frames<'_>>() };
-    match unwind_one(f) {
+    stop_at(f, unwind_one::<false>)
+}
+
+/// `step` for a process with no entry yet (`unwind::rule_by_mapping`).
+#[inline(never)]
+extern "C" fn step_by_mapping(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `walk`'s `Frames`, alive for the loop.
+    let f = unsafe { &mut *ctx.cast::<Frames<'_>>() };
+    stop_at(f, unwind_one::<true>)
+}
+
+#[inline(always)]
+fn stop_at(f: &mut Frames<'_>, one: fn(&mut Frames<'_>) -> Result<(), u64>) -> i64 {
+    match one(f) {
         Ok(()) => 0,
         Err(cut) => {
             f.state.cut = cut;
@@ -156,9 +179,9 @@ extern "C" fn step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
 }
 
 /// Unwinds the frame at `state.pc` into the next; Err: why the walk stops (a `Loss` index, or
-/// 0 where the stack simply ends).
+/// 0 where the stack simply ends). `BY_MAPPING`: the process has no entry yet.
 #[inline(always)]
-fn unwind_one(f: &mut Frames<'_>) -> Result<(), u64> {
+fn unwind_one<const BY_MAPPING: bool>(f: &mut Frames<'_>) -> Result<(), u64> {
     let st = &mut *f.state;
     let n = st.n;
     if n >= STACK_FRAMES as u64 {
@@ -166,7 +189,10 @@ fn unwind_one(f: &mut Frames<'_>) -> Result<(), u64> {
     }
     let (pc, sp, fp) = (st.pc, st.sp, st.fp);
     // pc is a return address: the call before it is in the frame's function.
-    let rule = crate::unwind::rule(&f.modules, pc.wrapping_sub(1))?;
+    let rule = match BY_MAPPING {
+        true => crate::unwind::rule_by_mapping(pc.wrapping_sub(1), &mut st.last)?,
+        false => crate::unwind::rule(&f.modules, pc.wrapping_sub(1))?,
+    };
     let mut chunk = Chunk {
         c: &mut *f.chunk,
         base: &mut st.base,

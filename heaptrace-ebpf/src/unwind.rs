@@ -66,9 +66,21 @@ pub fn modules(tgid: u32) -> (Entry, u64) {
             },
             0,
         ),
+        // Each frame's file found by its mapping; late only where one has no rows loaded.
+        None if crate::vma::on() => (
+            Entry {
+                count: BY_VMA,
+                ..none
+            },
+            0,
+        ),
         None => (none, 1),
     }
 }
+
+/// `Entry::count` of a process with no entry whose frames' files are found by their mappings
+/// (`vma.rs`, [`rule_by_mapping`]).
+pub const BY_VMA: u32 = u32::MAX;
 
 /// A process forked `child`: its address space is a copy of the parent's, so the parent's
 /// entry serves it from its first call, until user space writes its own (at its first read of
@@ -224,6 +236,32 @@ pub fn rule(e: &Entry, pc: u64) -> Result<Row, u64> {
         }
     }
     Ok(found)
+}
+
+/// [`rule`] for a process with no entry ([`BY_VMA`]): the frame's file found by its mapping,
+/// and its rows where user space loaded them; else by frame pointer, counted late. Walked by
+/// a loop of its own (`stacks::step_by_mapping`): in `rule`'s, the verifier followed every
+/// path of the rest of the frame twice.
+/// `last`: the module of the frame before, kept for the next (most frames of a walk are in
+/// one or two files; a mapping's lookup costs more than the rest of the frame).
+#[inline(always)]
+pub fn rule_by_mapping(pc: u64, last: &mut Module) -> Result<Row, u64> {
+    let found = if last.start <= pc && pc < last.end {
+        Some(*last)
+    } else {
+        crate::vma::module(pc).inspect(|m| *last = *m)
+    };
+    match found {
+        Some(m) if m.rows != 0 => row(&m, pc).ok_or(Loss::UnwindNoRule as u64),
+        Some(_) => Ok(Row {
+            kind: RULE_FRAME_POINTER,
+            ..Row::default()
+        }),
+        None => Ok(Row {
+            kind: RULE_FRAME_POINTER | RULE_PENDING,
+            ..Row::default()
+        }),
+    }
 }
 
 /// `tag`'s entry in this CPU's row of the rule cache (None where the cache is off).

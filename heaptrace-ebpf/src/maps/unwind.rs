@@ -4,7 +4,7 @@ use aya_ebpf::{
     macros::{btf_map, map},
     maps::{Array, HashMap, PerCpuArray},
 };
-use heaptrace_common::unwind::{CHUNK_ROWS, MAX_CHUNKS, ProcModules, Row};
+use heaptrace_common::unwind::{CHUNK_ROWS, MAX_CHUNKS, Module, ProcModules, Row};
 
 use super::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC};
 
@@ -54,6 +54,9 @@ pub struct WalkState {
     /// Bit 0: a frame was in a module whose table did not fit; bit 1: in one whose table was
     /// not loaded yet.
     pub no_room: u64,
+    /// A walk by mapping (`vma.rs`): the last module found, for the next frames in the same
+    /// file (`end` 0: none yet).
+    pub last: Module,
 }
 
 #[map(name = "WALK")]

@@ -12,6 +12,8 @@
 //! Parsed here, not by aya-obj 0.3.0: its `Btf` finds a type id by name and kind, but keeps
 //! lookups by id, names and struct members crate-private, and it panics on a name offset past
 //! the strings.
+use heaptrace_common::unwind::vma;
+
 use crate::error::Error;
 
 const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
@@ -134,6 +136,54 @@ pub fn parse_id_offsets(data: &[u8]) -> Result<IdOffsets, Error> {
         pid: int32("pid")?,
         tgid: int32("tgid")?,
     })
+}
+
+/// Where a walk reads a mapping's bounds and its file's identity (`heaptrace_common::unwind::
+/// vma`), in the running kernel.
+pub fn vma_offsets() -> Result<[u32; vma::COUNT], Error> {
+    let data = std::fs::read(VMLINUX).map_err(|source| Error::Read {
+        path: VMLINUX.into(),
+        source,
+    })?;
+    parse_vma_offsets(&data)
+}
+
+pub fn parse_vma_offsets(data: &[u8]) -> Result<[u32; vma::COUNT], Error> {
+    let btf = Btf::parse(data)?;
+    let named = |name: &str| {
+        (1..)
+            .zip(&btf.types)
+            .find_map(|(id, t)| (t.kind == STRUCT && btf.is_named(id, name)).then_some(id))
+            .ok_or_else(|| fail!("offsets", "no complete struct {name}"))
+    };
+    let (area, file, inode, sb) = (
+        named("vm_area_struct")?,
+        named("file")?,
+        named("inode")?,
+        named("super_block")?,
+    );
+    let at = |id: u32, name: &str| btf.member(id, name).map(|(at, _)| at);
+    // 6.11 on: seconds and nanoseconds apart; before, a timespec64 (seconds, then a long).
+    let (mtime_sec, mtime_nsec) = match at(inode, "i_mtime_sec") {
+        Ok(sec) => (sec, at(inode, "i_mtime_nsec")?),
+        Err(_) => {
+            let t = at(inode, "i_mtime")?;
+            (t, t + 8)
+        }
+    };
+    let mut o = [0u32; vma::COUNT];
+    o[vma::VM_START] = at(area, "vm_start")?;
+    o[vma::VM_END] = at(area, "vm_end")?;
+    o[vma::VM_PGOFF] = at(area, "vm_pgoff")?;
+    o[vma::VM_FILE] = at(area, "vm_file")?;
+    o[vma::F_INODE] = at(file, "f_inode")?;
+    o[vma::I_INO] = at(inode, "i_ino")?;
+    o[vma::I_SB] = at(inode, "i_sb")?;
+    o[vma::I_SIZE] = at(inode, "i_size")?;
+    o[vma::I_MTIME_SEC] = mtime_sec;
+    o[vma::I_MTIME_NSEC] = mtime_nsec;
+    o[vma::S_DEV] = at(sb, "s_dev")?;
+    Ok(o)
 }
 
 /// What the running kernel's `oom/mark_victim` tracepoint passes first:
@@ -349,184 +399,4 @@ impl<'a> Btf<'a> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Or'd into a kind: sets the type's kind_flag.
-    const KFLAG: u32 = 0x80;
-
-    #[derive(Default)]
-    struct Builder {
-        /// Each type's words; type id N is `types[N - 1]`.
-        types: Vec<Vec<u32>>,
-        strings: Vec<u8>,
-    }
-
-    fn le(words: &[u32]) -> Vec<u8> {
-        words.iter().flat_map(|w| w.to_le_bytes()).collect()
-    }
-
-    impl Builder {
-        fn name(&mut self, s: &str) -> u32 {
-            if self.strings.is_empty() {
-                self.strings.push(0); // offset 0 is the empty name
-            }
-            if s.is_empty() {
-                return 0;
-            }
-            self.strings.extend(s.bytes().chain([0]));
-            (self.strings.len() - s.len() - 1) as u32
-        }
-
-        /// Appends a type; returns its id.
-        fn ty(&mut self, name: &str, kind: u32, vlen: u32, size_or_type: u32, rest: &[u32]) -> u32 {
-            let words = [self.name(name), kind << 24 | vlen, size_or_type];
-            self.types.push(words.iter().chain(rest).copied().collect());
-            self.types.len() as u32
-        }
-
-        fn blob(&self) -> Vec<u8> {
-            let types = le(&self.types.concat());
-            let (t, s) = (types.len() as u32, self.strings.len() as u32);
-            // Magic 0xEB9F, version 1, flags 0; then hdr_len and the sections, strings last.
-            let mut blob = le(&[0x1_eb9f, 24, 0, t, t, s]);
-            blob.extend(types);
-            blob.extend(&self.strings);
-            blob
-        }
-    }
-
-    /// A task_struct with `group_leader` at byte 8 (in an anonymous union) and `comm` at 24,
-    /// after types of the other kinds the parser has to step over.
-    fn task(struct_name: &str, comm_len: u32, leader_is_ptr: bool) -> Vec<u8> {
-        let mut b = Builder::default();
-        let int = b.ty("int", INT, 0, 4, &[0x0100_0020]);
-        let char = b.ty("char", INT, 0, 1, &[0x0100_0008]);
-        let [a, z, x, y] = ["A", "Z", "x", "y"].map(|n| b.name(n));
-        b.ty("letters", ENUM, 2, 4, &[a, 0, z, 25]);
-        b.ty("", FUNC_PROTO, 2, int, &[x, int, y, char]);
-        let var = b.ty("jiffies", VAR, 0, int, &[1]);
-        let proto = b.ty("", FUNC_PROTO, 0, 0, &[]);
-        b.ty("bpf_preempt_disable", FUNC, 0, proto, &[]);
-        b.ty(".data", DATASEC, 1, 4, &[var, 0, 4]);
-        b.ty("task_struct", FWD, 0, 0, &[]);
-        let ptr = b.ty("", PTR, 0, 0, &[]); // to task_struct, once that has an id
-        let const_ptr = b.ty("", CONST, 0, ptr, &[]);
-        let leader = b.ty("task_ptr", TYPEDEF, 0, const_ptr, &[]);
-        let leader = if leader_is_ptr { leader } else { int };
-        let comm = b.ty("", ARRAY, 0, 0, &[char, int, comm_len]);
-        let [cookie, gl, state, flags, cm] =
-            ["cookie", "group_leader", "state", "flags", "comm"].map(|n| b.name(n));
-        let union = b.ty("", UNION, 2, 8, &[cookie, int, 0, gl, leader, 0]);
-        // kind_flag: `flags` is a 3-bit bitfield at bit 32.
-        let members = [
-            state, int, 0, flags, int, 0x300_0020, 0, union, 64, cm, comm, 192,
-        ];
-        let task = b.ty(struct_name, STRUCT | KFLAG, 4, 40, &members);
-        b.types[ptr as usize - 1][2] = task;
-        b.blob()
-    }
-
-    fn assert_err(data: &[u8], wanted: &str) {
-        match parse_task_offsets(data) {
-            Err(Error::Btf(e)) => assert!(e.contains(wanted), "{e:?} lacks {wanted:?}"),
-            other => panic!("{other:?}, wanted an error about {wanted:?}"),
-        }
-    }
-
-    #[test]
-    fn finds_members_inside_anonymous_unions() {
-        let found = parse_task_offsets(&task("task_struct", 16, true)).unwrap();
-        assert_eq!((found.group_leader, found.comm), (8, 24));
-    }
-
-    #[test]
-    fn finds_functions_by_name() {
-        let blob = task("task_struct", 16, true);
-        let ids = parse_func_ids(&blob, ["bpf_preempt_enable", "bpf_preempt_disable", "int"]);
-        // The function is the 7th type (after int, char, the enum, a prototype, the variable
-        // and its own prototype); `int` is no function, and enable is missing.
-        assert_eq!(ids.unwrap(), [None, Some(7), None]);
-    }
-
-    #[test]
-    fn rejects_bad_magic_and_big_endian() {
-        let mut blob = task("task_struct", 16, true);
-        blob.swap(0, 1);
-        assert_err(&blob, "big-endian");
-        blob[0] = 0;
-        assert_err(&blob, "bad magic");
-    }
-
-    #[test]
-    fn every_truncation_is_an_error() {
-        let blob = task("task_struct", 16, true);
-        for len in 0..blob.len() {
-            assert!(parse_task_offsets(&blob[..len]).is_err(), "{len} bytes");
-        }
-    }
-
-    #[test]
-    fn rejects_wrong_member_types() {
-        assert_err(
-            &task("task_struct", 8, true),
-            "comm (an array of 8 elements",
-        );
-        assert_err(
-            &task("task_struct", 16, false),
-            "group_leader (kind 1, not a pointer",
-        );
-    }
-
-    /// `typedef void (*btf_trace_mark_victim)(void *, FIRST, unsigned int)`.
-    fn mark_victim(first_is_task: bool) -> Vec<u8> {
-        let mut b = Builder::default();
-        let int = b.ty("int", INT, 0, 4, &[32]);
-        let task = b.ty("task_struct", FWD, 0, 0, &[]);
-        let task_ptr = b.ty("", PTR, 0, task, &[]);
-        let void_ptr = b.ty("", PTR, 0, 0, &[]);
-        let first = if first_is_task { task_ptr } else { int };
-        let proto = b.ty("", FUNC_PROTO, 3, 0, &[0, void_ptr, 0, first, 0, int]);
-        let ptr = b.ty("", PTR, 0, proto, &[]);
-        b.ty("btf_trace_mark_victim", TYPEDEF, 0, ptr, &[]);
-        b.blob()
-    }
-
-    #[test]
-    fn finds_what_mark_victim_passes() {
-        assert_eq!(
-            parse_oom_victim(&mark_victim(true)).unwrap(),
-            heaptrace_common::OOM_TASK
-        );
-        assert_eq!(
-            parse_oom_victim(&mark_victim(false)).unwrap(),
-            heaptrace_common::OOM_PID
-        );
-        let none = parse_oom_victim(&task("task_struct", 16, true)).unwrap_err();
-        assert!(none.to_string().contains("no such tracepoint"), "{none}");
-    }
-
-    #[test]
-    fn rejects_a_missing_task_struct() {
-        assert_err(
-            &task("task_struct2", 16, true),
-            "no complete struct task_struct",
-        );
-    }
-
-    #[test]
-    fn running_kernel() {
-        if !std::path::Path::new(VMLINUX).exists() {
-            assert!(std::env::var_os("CI").is_none(), "CI must have {VMLINUX}");
-            println!("SKIPPED no {VMLINUX}");
-            return;
-        }
-        let found = task_offsets().unwrap();
-        println!("{found:?}");
-        let [a, b] = func_ids(["schedule", "no_such_function_here"]).unwrap();
-        assert!(a.is_some() && b.is_none(), "{a:?} {b:?}");
-        let TaskOffsets { group_leader, comm } = found;
-        assert!(group_leader != 0 && comm != 0 && group_leader != comm);
-        assert!(!(group_leader..group_leader + 8).contains(&comm));
-    }
-}
+mod tests;

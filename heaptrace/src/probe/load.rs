@@ -79,6 +79,11 @@ impl LoadOptions {
         self.probes().at_entry()
     }
 
+    /// Every process (`--all`): neither one process nor a followed tree.
+    pub fn all_processes(&self) -> bool {
+        self.watch_tgid == 0 && !self.follow_forks
+    }
+
     /// Whether the stack walk unwinds by tables where code has no frame pointers.
     pub fn unwinds(&self) -> bool {
         self.floor.is_none()
@@ -269,6 +274,7 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
     let proc_states = heaptrace_common::proc_state::slots(opts.proc_map_size);
     let (pattern, task) = comm_filter(opts);
     let (ids, oom_victim) = task_offsets(opts)?;
+    let vma = vma_offsets(opts);
     let mut ebpf = EbpfLoader::new()
         .override_global(globals::COMM_FILTER, &pattern.bytes, true)
         .override_global(globals::COMM_FILTER_MASK, &pattern.mask, true)
@@ -328,6 +334,12 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
         .map_max_entries(maps::CALLERS, callers)
         .map_max_entries(maps::SITES, if stacks { opts.site_map_size } else { 1 })
         .override_global(globals::UNWIND, &u32::from(opts.unwinds()), true)
+        .override_global(globals::VMA_ROWS, &u32::from(vma.is_some()), true)
+        .override_global(globals::VMA_OFFSETS, &vma.unwrap_or_default(), true)
+        .map_max_entries(
+            maps::FILE_ROWS,
+            vma.map_or(1, |_| heaptrace_common::unwind::FILE_ROWS_ENTRIES),
+        )
         .map_max_entries(
             maps::UNWIND_CACHE,
             if opts.unwinds() {
@@ -384,6 +396,19 @@ fn task_offsets(
             how => Ok(how),
         });
     Ok((ids, oom_victim))
+}
+
+/// Where a walk before a process's entry reads its frames' mappings: under `--all`, where a
+/// process that execs is not held until its entry is written, with tables on and the
+/// kernel's BTF naming every field (else those walks go by frame pointer, counted late).
+/// Elsewhere the verifier is spared that walk's loop (0.1 s of every start).
+fn vma_offsets(opts: &LoadOptions) -> Option<[u32; heaptrace_common::unwind::vma::COUNT]> {
+    if !opts.unwinds() || !opts.all_processes() {
+        return None;
+    }
+    crate::bpf::btf::vma_offsets()
+        .inspect_err(|e| log::debug!("no walks by mapping before an entry: {e}"))
+        .ok()
 }
 
 /// Sampling's table of log2 values, which the programs draw from.

@@ -12,22 +12,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap as BpfHashMap, MapData};
-use heaptrace_common::{
-    maps,
-    proc_state::unwind_word,
-    unwind::{MAX_MODULES, MODULE_NO_ROOM, MODULE_PENDING, Module, ProcModules, Row},
+use heaptrace_common::unwind::{
+    FileRows, FileRowsKey, MAX_MODULES, MODULE_NO_ROOM, MODULE_PENDING, Module, ProcModules, Row,
 };
 
 use super::{
-    chunks::Chunks,
     space::RowSpace,
     table::{self, Segment},
 };
-use crate::{
-    bpf::proc_states::ProcStates,
-    error::{Error, Result},
-};
+use crate::error::Result;
 
 /// Files larger than this are not read for their tables (walked by frame pointer).
 const MAX_FILE_BYTES: u64 = 1 << 30;
@@ -131,43 +124,9 @@ pub trait Store: Send {
     fn entries(&self) -> Vec<u32> {
         Vec::new()
     }
-}
-
-/// The kernel's maps, which the return program reads.
-struct Kernel {
-    rows: Chunks,
-    procs: BpfHashMap<MapData, u32, ProcModules>,
-    /// Each entry's word in its process's slot, where it has one (`proc_state`).
-    states: ProcStates,
-}
-
-impl Store for Kernel {
-    fn capacity(&self) -> u32 {
-        self.rows.capacity()
-    }
-
-    fn write_rows(&mut self, first: u32, rows: &[Row]) -> bool {
-        self.rows.write(first, rows)
-    }
-
-    fn set_entry(&mut self, pid: u32, entry: &ProcModules) {
-        if let Err(e) = self.procs.insert(pid, entry, 0) {
-            log::debug!("unwind tables of {pid}: {e}");
-            return;
-        }
-        // After the map: a walk that reads the word finds the entry in the map.
-        self.states
-            .set_unwind(pid, unwind_word(pid, entry.version, entry.count));
-    }
-
-    fn remove_entry(&mut self, pid: u32) {
-        self.states.set_unwind(pid, 0);
-        let _ = self.procs.remove(&pid);
-    }
-
-    fn entries(&self) -> Vec<u32> {
-        self.procs.keys().filter_map(|k| k.ok()).collect()
-    }
+    /// A file's rows by its identity (None: given back), for walks that find a frame's
+    /// mapping themselves.
+    fn set_file(&mut self, _key: FileRowsKey, _rows: Option<FileRows>) {}
 }
 
 /// The tables as the daemon and the exec watch's reader thread share them.
@@ -189,23 +148,7 @@ impl Tables {
     /// Takes the loaded object's unwind maps (`probe::LoadOptions::unwinds`), to hold up to
     /// `rows` rows.
     pub fn take(ebpf: &mut aya::Ebpf, rows: u32) -> Result<Tables> {
-        let rows = Chunks::take(ebpf, rows)?;
-        let map = ebpf
-            .take_map(maps::UNWIND_PROCS)
-            .ok_or_else(|| Error::Map {
-                map: maps::UNWIND_PROCS,
-                reason: "missing from the object".into(),
-            })?;
-        let procs = BpfHashMap::try_from(map).map_err(|e| Error::Map {
-            map: maps::UNWIND_PROCS,
-            reason: e.to_string(),
-        })?;
-        let states = ProcStates::map(ebpf)?;
-        Ok(Tables::new(Box::new(Kernel {
-            rows,
-            procs,
-            states,
-        })))
+        Ok(Tables::new(Box::new(kernel::Kernel::take(ebpf, rows)?)))
     }
 
     /// Tables kept in `store`.
@@ -251,6 +194,7 @@ impl Tables {
                     let path = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
                     let entry = self.read_file(&path);
                     self.files.insert(m.file, entry);
+                    self.publish(m.file);
                 }
             }
         }
@@ -303,6 +247,7 @@ impl Tables {
         if !self.files.contains_key(&key) {
             let entry = self.read_file(&path.to_string_lossy());
             self.files.insert(key, entry);
+            self.publish(key);
             self.idle.push_back(key);
             self.trim_idle();
         }
@@ -403,6 +348,39 @@ impl Tables {
         }
     }
 
+    /// File `f`'s rows by its identity, for the walks of processes with no entry yet: where
+    /// its executable segments share one bias and its table is in place (or not needed).
+    fn publish(&mut self, f: FileKey) {
+        let Some(e) = self.files.get(&f) else {
+            return;
+        };
+        let (first, rows) = match e.placement {
+            Placement::Rows { first, rows } => (first, rows),
+            Placement::FramePointers => (0, 0),
+            Placement::NoRoom | Placement::Unusable => return,
+        };
+        let mut deltas = e
+            .segments
+            .iter()
+            .filter(|s| s.exec)
+            .map(|s| s.vaddr.wrapping_sub(s.offset));
+        let (Some(delta), Some(stamp)) = (deltas.next(), e.stamp) else {
+            return;
+        };
+        if deltas.any(|d| d != delta) {
+            return;
+        }
+        let rows = FileRows {
+            first,
+            rows,
+            delta,
+            size: stamp.size,
+            mtime_sec: stamp.mtime.0,
+            mtime_nsec: stamp.mtime.1 as u64,
+        };
+        self.store.set_file(file_rows_key(f), Some(rows));
+    }
+
     fn release(&mut self, f: FileKey) {
         let Some(e) = self.files.get_mut(&f) else {
             return;
@@ -436,6 +414,7 @@ impl Tables {
         let Some(e) = self.files.remove(&f) else {
             return;
         };
+        self.store.set_file(file_rows_key(f), None);
         if let Placement::Rows { first, rows } = e.placement {
             // A walk on another CPU may still read them as this file's for a moment: a wrong
             // row there ends its stack early or in frames user space cuts (not code).
@@ -530,6 +509,13 @@ impl Tables {
     }
 }
 
+fn file_rows_key(f: FileKey) -> FileRowsKey {
+    FileRowsKey {
+        dev: f.dev,
+        ino: f.inode,
+    }
+}
+
 /// The file at `path`, if it is a regular file no larger than [`MAX_FILE_BYTES`].
 fn open_bounded(path: &str) -> Option<(std::fs::File, Stamp)> {
     let f = std::fs::File::open(path).ok()?;
@@ -594,5 +580,6 @@ fn code_mappings(maps: &str) -> Vec<CodeMapping> {
         .collect()
 }
 
+mod kernel;
 #[cfg(test)]
 mod tests;

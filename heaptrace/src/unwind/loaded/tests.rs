@@ -136,3 +136,71 @@ fn no_entry_before_the_loader_has_mapped_libc() {
     t.sync(1, &format!("{exe}{ld}"));
     assert_eq!(t.stats.read, 0, "{:?}", t.stats);
 }
+
+type Shared<T> = std::sync::Arc<std::sync::Mutex<T>>;
+
+/// Entries and files' rows by identity, kept where the test reads them.
+#[derive(Default)]
+struct Recorder {
+    entries: Shared<HashMap<u32, ProcModules>>,
+    files: Shared<HashMap<FileRowsKey, FileRows>>,
+}
+
+impl Store for Recorder {
+    fn capacity(&self) -> u32 {
+        1 << 22
+    }
+    fn write_rows(&mut self, _first: u32, _rows: &[Row]) -> bool {
+        true
+    }
+    fn set_entry(&mut self, pid: u32, entry: &ProcModules) {
+        self.entries.lock().unwrap().insert(pid, *entry);
+    }
+    fn remove_entry(&mut self, pid: u32) {
+        self.entries.lock().unwrap().remove(&pid);
+    }
+    fn set_file(&mut self, key: FileRowsKey, rows: Option<FileRows>) {
+        let mut files = self.files.lock().unwrap();
+        match rows {
+            Some(r) => files.insert(key, r),
+            None => files.remove(&key),
+        };
+    }
+}
+
+/// Each file with rows is found by its identity too, and a mapping's bias worked out the
+/// kernel's way from it (start less file offset less `delta`, `vma.rs`) is the entry's.
+#[test]
+fn a_file_s_rows_by_identity_give_the_entry_s_bias() {
+    let (pid, maps) = own_maps();
+    let store = Recorder::default();
+    let (entries, shared) = (store.entries.clone(), store.files.clone());
+    let mut t = Tables::new(Box::new(store));
+    t.sync(pid, &maps);
+    let entry = entries.lock().unwrap()[&pid];
+    let files = shared.lock().unwrap();
+    let mut checked = 0;
+    for m in code_mappings(&maps) {
+        let Some(module) = entry.modules[..entry.count as usize]
+            .iter()
+            .find(|e| e.start == m.start && e.rows > 0)
+        else {
+            continue;
+        };
+        let rows = files[&file_rows_key(m.file)];
+        assert_eq!((rows.first, rows.rows), (module.first, module.rows));
+        let bias = m.start.wrapping_sub(m.offset).wrapping_sub(rows.delta);
+        assert_eq!(bias, module.bias, "{m:?}");
+        checked += 1;
+    }
+    assert!(checked > 0, "{maps}");
+    // Given back (evicted), a file's rows are no longer found by identity.
+    let some = *t
+        .files
+        .keys()
+        .find(|k| files.contains_key(&file_rows_key(**k)))
+        .unwrap();
+    drop(files);
+    t.evict(some);
+    assert!(!shared.lock().unwrap().contains_key(&file_rows_key(some)));
+}
