@@ -149,6 +149,18 @@ fn int3s(stdout: &str, who: &str) -> u64 {
     line.trim().parse().unwrap()
 }
 
+/// What `forkcheck` printed up to its parent's line (its child has ended by then).
+fn until_parent(out: impl std::io::BufRead) -> String {
+    let mut seen = String::new();
+    for l in out.lines() {
+        seen.push_str(&(l.unwrap() + "\n"));
+        if seen.contains("parent int3") {
+            break;
+        }
+    }
+    seen
+}
+
 /// `heaptrace [flags] -- forkcheck 1000`: its stdout and JSON document.
 fn forkcheck(flags: &[&str]) -> (String, Value) {
     let json = json_path("forkcheck");
@@ -259,13 +271,7 @@ bpf_test!(
         let tracer = start_attached(&mut tracer);
         let mut stdin = target.stdin.take().unwrap();
         stdin.write_all(b"g").unwrap();
-        let mut seen = String::new();
-        for l in out.lines() {
-            seen.push_str(&(l.unwrap() + "\n"));
-            if seen.contains("parent int3") {
-                break;
-            }
-        }
+        let seen = until_parent(out);
         stdin.write_all(b"g").unwrap();
         assert!(target.wait().unwrap().success());
         let (code, stderr) = tracer.wait();
@@ -317,13 +323,7 @@ bpf_test!(
         let tracer = start_attached(&mut tracer);
         let mut stdin = target.stdin.take().unwrap();
         stdin.write_all(b"g").unwrap();
-        let mut seen = String::new();
-        for l in out.lines() {
-            seen.push_str(&(l.unwrap() + "\n"));
-            if seen.contains("parent int3") {
-                break;
-            }
-        }
+        let seen = until_parent(out);
         let alone = Command::new(fixture("forkcheck", "", &[]))
             .arg("self")
             .output()

@@ -103,6 +103,29 @@ pub(crate) fn expected(depth: usize) -> Vec<String> {
     f
 }
 
+/// `unwinddeep`'s three sites (its stacks only, not a shell's), each whole, and no walk late.
+fn whole_from_the_first_call(mut doc: Value) {
+    let mine: Vec<Value> = doc["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| names(s).iter().any(|f| f == "round_of"))
+        .cloned()
+        .collect();
+    doc["stacks"] = Value::Array(mine);
+    let got: Vec<_> = sites(&doc)
+        .into_iter()
+        .map(|(b, c, f, _)| (b, c, f))
+        .collect();
+    let want: Vec<(u64, u64, Vec<String>)> = vec![
+        (1600, 100, expected(0)),
+        (6400, 200, expected(2)),
+        (14400, 300, expected(4)),
+    ];
+    assert_eq!(got, want);
+    assert_eq!(doc["lost"]["unwind_late"], 0, "{}", doc["lost"]);
+}
+
 fn check_whole(doc: &Value) {
     let got = sites(doc);
     let want: Vec<(u64, u64, Vec<String>)> = vec![
@@ -434,27 +457,7 @@ bpf_test!(
             .args(["--", "sh", "-c"])
             .arg(format!("{}; true", bin.display()));
         run_ok(&mut cmd);
-        let mut doc = read_json(&json);
-        // The program's stacks only, not the shell's.
-        let mine: Vec<Value> = doc["stacks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| names(s).iter().any(|f| f == "round_of"))
-            .cloned()
-            .collect();
-        doc["stacks"] = Value::Array(mine);
-        let got: Vec<_> = sites(&doc)
-            .into_iter()
-            .map(|(b, c, f, _)| (b, c, f))
-            .collect();
-        let want: Vec<(u64, u64, Vec<String>)> = vec![
-            (1600, 100, expected(0)),
-            (6400, 200, expected(2)),
-            (14400, 300, expected(4)),
-        ];
-        assert_eq!(got, want);
-        assert_eq!(doc["lost"]["unwind_late"], 0, "{}", doc["lost"]);
+        whole_from_the_first_call(read_json(&json));
     }
 );
 
@@ -482,26 +485,7 @@ bpf_test!(
         assert!(shell.wait().unwrap().success());
         let (code, stderr) = tracer.wait();
         assert_eq!(code, 0, "{stderr}");
-        let mut doc = read_json(&json);
-        let mine: Vec<Value> = doc["stacks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| names(s).iter().any(|f| f == "round_of"))
-            .cloned()
-            .collect();
-        doc["stacks"] = Value::Array(mine);
-        let got: Vec<_> = sites(&doc)
-            .into_iter()
-            .map(|(b, c, f, _)| (b, c, f))
-            .collect();
-        let want: Vec<(u64, u64, Vec<String>)> = vec![
-            (1600, 100, expected(0)),
-            (6400, 200, expected(2)),
-            (14400, 300, expected(4)),
-        ];
-        assert_eq!(got, want);
-        assert_eq!(doc["lost"]["unwind_late"], 0, "{}", doc["lost"]);
+        whole_from_the_first_call(read_json(&json));
     }
 );
 

@@ -449,18 +449,17 @@ mod delivered;
 mod finalize;
 mod forks;
 mod inherit;
+mod newborn;
 mod redirect;
 mod tracee;
 pub use delivered::{Delivered, monotonic_ns};
 pub use finalize::{FinalizeHold, hold_signal};
 pub use forks::{ForkSlot, Forks};
 pub use inherit::Inherit;
+pub(crate) use newborn::{Newborns, Startup, startup_stop};
 pub use redirect::Redirect;
 use tracee::Tracee;
-pub(crate) use tracee::{
-    EXEC_HOLD, ORIG_RAX_OFFSET, STARTUP_STOPS, SYS_SET_TID_ADDRESS, SYSCALL_STOP, Storm,
-    group_stop, hold,
-};
+pub(crate) use tracee::{EXEC_HOLD, SYSCALL_STOP, Storm, group_stop, hold};
 
 #[cfg(test)]
 mod tests;

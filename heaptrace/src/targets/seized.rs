@@ -18,7 +18,7 @@
 //! Nothing is owed at the end: when heaptrace exits, even killed, the kernel lets go of every
 //! tracee it had (`exit_ptrace`), none of them killed (no `PTRACE_O_EXITKILL`).
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     io,
     sync::{
         Arc,
@@ -28,8 +28,8 @@ use std::{
 };
 
 use super::launch::{
-    EXEC_HOLD, Event, Forks, ORIG_RAX_OFFSET, STARTUP_STOPS, SYS_SET_TID_ADDRESS, SYSCALL_STOP,
-    Storm, group_stop, hold, monotonic_ns,
+    EXEC_HOLD, Event, Forks, Newborns, SYSCALL_STOP, Startup, Storm, group_stop, hold,
+    monotonic_ns, startup_stop,
 };
 
 const OPTIONS: libc::c_int = libc::PTRACE_O_TRACEFORK
@@ -88,10 +88,8 @@ struct Tree {
     forks: Arc<dyn Forks>,
     /// Seized (main threads), each with its signal stops' times.
     kids: HashMap<i32, Storm>,
-    /// New processes seen stopped before their parent's fork event.
-    early: HashSet<i32>,
-    /// Fork events seen before the new process's first stop: whether each was a vfork.
-    pending: HashMap<i32, bool>,
+    /// New processes on their way (their fork event and their first stop).
+    newborns: Newborns,
     released: Arc<AtomicU32>,
     /// New images followed from their exec to their start, with the syscall stops seen.
     startup: HashMap<i32, u32>,
@@ -113,8 +111,7 @@ impl Tree {
         Tree {
             forks,
             kids: HashMap::new(),
-            early: HashSet::new(),
-            pending: HashMap::new(),
+            newborns: Newborns::default(),
             released,
             startup: HashMap::new(),
             daemon,
@@ -162,11 +159,8 @@ impl Tree {
     fn stopped(&mut self, pid: i32, status: i32) {
         if !self.kids.contains_key(&pid) {
             // A new process's first stop: settled once its parent's event told how it came.
-            match self.pending.remove(&pid) {
-                Some(vfork) => self.settle(pid, vfork),
-                None => {
-                    self.early.insert(pid);
-                }
+            if let Some(vfork) = self.newborns.first_stop(pid) {
+                self.settle(pid, vfork);
             }
             return;
         }
@@ -217,18 +211,16 @@ impl Tree {
             unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
             return;
         };
-        *stops += 1;
-        // SAFETY: reading a word of our stopped tracee's user area.
-        let nr = unsafe { libc::ptrace(libc::PTRACE_PEEKUSER, pid, ORIG_RAX_OFFSET, 0) };
-        if nr != SYS_SET_TID_ADDRESS && *stops < STARTUP_STOPS {
-            // SAFETY: as above.
-            unsafe { libc::ptrace(libc::PTRACE_SYSCALL, pid, 0, 0) };
-            return;
-        }
-        self.startup.remove(&pid);
-        if nr == SYS_SET_TID_ADDRESS {
-            let (events, ack) = &self.daemon;
-            hold(events, Event::ForkStarted(pid as u32), ack, EXEC_HOLD);
+        match startup_stop(pid, stops) {
+            Startup::Follow => return,
+            Startup::Started => {
+                self.startup.remove(&pid);
+                let (events, ack) = &self.daemon;
+                hold(events, Event::ForkStarted(pid as u32), ack, EXEC_HOLD);
+            }
+            Startup::GaveUp => {
+                self.startup.remove(&pid);
+            }
         }
         // SAFETY: as above.
         unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
@@ -253,17 +245,8 @@ impl Tree {
     /// A fork event in `parent`: the new process is settled now if its first stop came
     /// already, else at that stop.
     fn forked(&mut self, parent: i32, event: i32) {
-        let mut msg: libc::c_ulong = 0;
-        // SAFETY: our stopped tracee, in a fork event stop; msg is a valid out-pointer.
-        if unsafe { libc::ptrace(libc::PTRACE_GETEVENTMSG, parent, 0, &mut msg) } != 0 {
-            return;
-        }
-        let child = msg as i32;
-        let vfork = event == libc::PTRACE_EVENT_VFORK;
-        if self.early.remove(&child) {
+        if let Some((child, vfork)) = self.newborns.fork_event(parent, event) {
             self.settle(child, vfork);
-        } else {
-            self.pending.insert(child, vfork);
         }
     }
 

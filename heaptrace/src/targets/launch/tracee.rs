@@ -13,7 +13,11 @@ use std::{
     time::Duration,
 };
 
-use super::{Event, Link, monotonic_ns, wait_exit};
+use super::{
+    Event, Link, monotonic_ns,
+    newborn::{Newborns, Startup, startup_stop},
+    wait_exit,
+};
 use crate::exit_status::ExitStatus;
 
 /// How long the child may be held at its exit, whatever the daemon is doing.
@@ -108,10 +112,8 @@ pub(super) struct Tracee {
     gone: bool,
     /// The forks followed, traced by this thread: their stops are passed on, never held.
     kids: HashSet<i32>,
-    /// New processes seen stopped before their parent's fork event.
-    early: HashSet<i32>,
-    /// Fork events seen before the new process's first stop: whether each was a vfork.
-    pending: HashMap<i32, bool>,
+    /// New processes on their way (their fork event and their first stop).
+    newborns: Newborns,
     /// Followed forks that exec'ed, followed from syscall to syscall to their image's start
     /// (`Event::ForkStarted`), with the stops seen.
     kid_startup: HashMap<i32, u32>,
@@ -134,8 +136,7 @@ impl Tracee {
             storm: Storm::new(),
             gone: false,
             kids: HashSet::new(),
-            early: HashSet::new(),
-            pending: HashMap::new(),
+            newborns: Newborns::default(),
             kid_startup: HashMap::new(),
         }
     }
@@ -203,11 +204,8 @@ impl Tracee {
         }
         if !self.kids.contains(&pid) {
             // A new process's first stop: settled once its parent's event told how it came.
-            match self.pending.remove(&pid) {
-                Some(vfork) => self.settle(pid, vfork),
-                None => {
-                    self.early.insert(pid);
-                }
+            if let Some(vfork) = self.newborns.first_stop(pid) {
+                self.settle(pid, vfork);
             }
             return;
         }
@@ -255,22 +253,16 @@ impl Tracee {
             unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
             return;
         };
-        *stops += 1;
-        // SAFETY: reading a word of a stopped tracee's user area.
-        let nr = unsafe { libc::ptrace(libc::PTRACE_PEEKUSER, pid, ORIG_RAX_OFFSET, 0) };
-        if nr != SYS_SET_TID_ADDRESS && *stops < STARTUP_STOPS {
-            // SAFETY: as above.
-            unsafe { libc::ptrace(libc::PTRACE_SYSCALL, pid, 0, 0) };
-            return;
-        }
-        self.kid_startup.remove(&pid);
-        if nr == SYS_SET_TID_ADDRESS {
-            hold(
-                &self.link.events,
-                Event::ForkStarted(pid as u32),
-                &self.link.ack,
-                EXEC_HOLD,
-            );
+        match startup_stop(pid, stops) {
+            Startup::Follow => return,
+            Startup::Started => {
+                self.kid_startup.remove(&pid);
+                let event = Event::ForkStarted(pid as u32);
+                hold(&self.link.events, event, &self.link.ack, EXEC_HOLD);
+            }
+            Startup::GaveUp => {
+                self.kid_startup.remove(&pid);
+            }
         }
         // SAFETY: as above.
         unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, 0) };
@@ -279,17 +271,8 @@ impl Tracee {
     /// A fork event in `parent`: the new process is settled now if its first stop came
     /// already, else at that stop.
     fn forked(&mut self, parent: i32, event: i32) {
-        let mut msg: libc::c_ulong = 0;
-        // SAFETY: our stopped tracee, in a fork event stop; msg is a valid out-pointer.
-        if unsafe { libc::ptrace(libc::PTRACE_GETEVENTMSG, parent, 0, &mut msg) } != 0 {
-            return;
-        }
-        let child = msg as i32;
-        let vfork = event == libc::PTRACE_EVENT_VFORK;
-        if self.early.remove(&child) {
+        if let Some((child, vfork)) = self.newborns.fork_event(parent, event) {
             self.settle(child, vfork);
-        } else {
-            self.pending.insert(child, vfork);
         }
     }
 
