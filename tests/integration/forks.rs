@@ -149,6 +149,37 @@ fn int3s(stdout: &str, who: &str) -> u64 {
     line.trim().parse().unwrap()
 }
 
+/// `forkcheck 1000` waiting to be attached (with `env` set too), and `heaptrace -p` on it
+/// with `flags`: the target, its stdout past "ready", the tracer and its JSON path.
+fn forkcheck_attached(
+    tag: &str,
+    env: &[&str],
+    flags: &[&str],
+) -> (
+    std::process::Child,
+    BufReader<std::process::ChildStdout>,
+    Running,
+    std::path::PathBuf,
+) {
+    let mut cmd = Command::new(fixture("forkcheck", "", &[]));
+    cmd.arg("1000")
+        .env("FORKCHECK_BEFORE", "1")
+        .env("FORKCHECK_WAIT", "1");
+    for e in env {
+        cmd.env(e, "1");
+    }
+    let (target, out, line) = piped(&mut cmd);
+    assert_eq!(line, "ready\n");
+    let json = json_path(&format!("forkcheck-{tag}"));
+    let mut tracer = heaptrace();
+    tracer
+        .args(["--no-tui", "--interval", "100ms", "--json"])
+        .arg(&json)
+        .args(flags)
+        .args(["-p", &target.id().to_string()]);
+    (target, out, start_attached(&mut tracer), json)
+}
+
 /// What `forkcheck` printed up to its parent's line (its child has ended by then).
 fn until_parent(out: impl std::io::BufRead) -> String {
     let mut seen = String::new();
@@ -255,20 +286,7 @@ bpf_test!(
     /// breakpoints it inherited from its parent's text are taken out as it starts (before, a
     /// trap at each of its calls, counted by nothing); the parent keeps its own.
     fn an_attached_process_s_fork_loses_the_breakpoints_it_inherited() {
-        let mut cmd = Command::new(fixture("forkcheck", "", &[]));
-        cmd.arg("1000")
-            .env("FORKCHECK_BEFORE", "1")
-            .env("FORKCHECK_SETTLE", "1")
-            .env("FORKCHECK_WAIT", "1");
-        let (mut target, out, line) = piped(&mut cmd);
-        assert_eq!(line, "ready\n");
-        let json = json_path("forkcheck-pid");
-        let mut tracer = heaptrace();
-        tracer
-            .args(["--no-tui", "--interval", "100ms", "--json"])
-            .arg(&json)
-            .args(["-p", &target.id().to_string()]);
-        let tracer = start_attached(&mut tracer);
+        let (mut target, out, tracer, json) = forkcheck_attached("pid", &["FORKCHECK_SETTLE"], &[]);
         let mut stdin = target.stdin.take().unwrap();
         stdin.write_all(b"g").unwrap();
         let seen = until_parent(out);
@@ -302,25 +320,7 @@ bpf_test!(
     /// went into every process that maps libc, 1.4 s for another's million pairs instead of
     /// 6 ms). At the end it runs on, traced by none.
     fn an_attached_tree_holds_its_forks_and_nothing_outside_traps() {
-        let mut cmd = Command::new(fixture("forkcheck", "", &[]));
-        cmd.arg("1000")
-            .env("FORKCHECK_BEFORE", "1")
-            .env("FORKCHECK_WAIT", "1");
-        let (mut target, out, line) = piped(&mut cmd);
-        assert_eq!(line, "ready\n");
-        let json = json_path("forkcheck-tree");
-        let mut tracer = heaptrace();
-        tracer
-            .args([
-                "--no-tui",
-                "--interval",
-                "100ms",
-                "--follow-forks",
-                "--json",
-            ])
-            .arg(&json)
-            .args(["-p", &target.id().to_string()]);
-        let tracer = start_attached(&mut tracer);
+        let (mut target, out, tracer, json) = forkcheck_attached("tree", &[], &["--follow-forks"]);
         let mut stdin = target.stdin.take().unwrap();
         stdin.write_all(b"g").unwrap();
         let seen = until_parent(out);

@@ -120,20 +120,22 @@ impl HeldForks {
     /// A process of the tree running already (`-p PID --follow-forks`): links of its own.
     /// Call before counting is on, and it is counted from its first call.
     pub fn follow_running(&self, pid: u32) -> Result<(), MultiError> {
-        self.follow_pid(pid)
+        self.follow_pid(pid).map(|_| ())
     }
 
     /// A followed process's fork that no tracer held (its parent could not be seized or was
     /// let go of, or a thread other than the main one forked): links of its own now, its
     /// calls until then not counted. False if it had them already (held after all).
     pub fn follow_late(&self, pid: u32) -> bool {
-        if !self.follow.load(Ordering::Relaxed) || self.has_links(pid) {
+        if !self.follow.load(Ordering::Relaxed) {
             return false;
         }
         match self.follow_pid(pid) {
-            Ok(()) => {
-                self.late.fetch_add(1, Ordering::Relaxed);
-                true
+            Ok(made) => {
+                if made {
+                    self.late.fetch_add(1, Ordering::Relaxed);
+                }
+                made
             }
             Err(e) => {
                 log::debug!("fork {pid} not followed: {e}");
@@ -152,12 +154,8 @@ impl HeldForks {
         self.late.load(Ordering::Relaxed)
     }
 
-    fn has_links(&self, pid: u32) -> bool {
-        self.inner.lock().is_ok_and(|i| i.links.contains_key(&pid))
-    }
-
-    /// Links bound to `pid` for every spec; all or none (none more if it has them).
-    fn follow_pid(&self, pid: u32) -> Result<(), MultiError> {
+    /// Links bound to `pid` for every spec; all or none. False: it had them already.
+    fn follow_pid(&self, pid: u32) -> Result<bool, MultiError> {
         let multi = self.multi.as_ref().ok_or(MultiError::Link(io::Error::from(
             io::ErrorKind::Unsupported,
         )))?;
@@ -165,14 +163,14 @@ impl HeldForks {
             return Err(MultiError::Link(io::Error::other("poisoned")));
         };
         if inner.links.contains_key(&pid) {
-            return Ok(());
+            return Ok(false);
         }
         let mut made = Vec::with_capacity(inner.specs.len());
         for spec in &inner.specs {
             made.push(attach(multi, spec, pid)?);
         }
         inner.links.insert(pid, made);
-        Ok(())
+        Ok(true)
     }
 
     /// Writes the file's bytes back over every probe in `pid`'s text where a breakpoint is;
@@ -230,7 +228,7 @@ impl Forks for HeldForks {
     fn forked(&self, pid: u32, vfork: bool) -> bool {
         if self.follow.load(Ordering::Relaxed) {
             match self.follow_pid(pid) {
-                Ok(()) => return true,
+                Ok(_) => return true,
                 Err(e) => crate::say!("heaptrace: warning: fork {pid} not followed: {e}"),
             }
         }

@@ -46,8 +46,6 @@ pub struct Holds {
 
 /// The tree's processes as the seize left them.
 pub struct Seized {
-    /// Seized: their forks are held.
-    pub held: Vec<u32>,
     /// Not seized, and why (another tracer has it, or it ended).
     pub refused: Vec<(u32, io::Error)>,
     /// How many were let go of since, for the signals they were sent.
@@ -68,18 +66,13 @@ pub fn seize(pids: &[u32], forks: Arc<dyn Forks>) -> io::Result<(Seized, Holds)>
         .name("heaptrace-tree".into())
         .spawn(move || {
             let mut tree = Tree::new(forks, counter, (events_tx, ack_rx));
-            let (held, refused) = tree.seize(&pids);
-            let _ = tx.send((held, refused));
+            let _ = tx.send(tree.seize(&pids));
             tree.run();
         })?;
-    let (held, refused) = rx
+    let refused = rx
         .recv()
         .map_err(|_| io::Error::other("the tracer thread ended"))?;
-    let seized = Seized {
-        held,
-        refused,
-        released,
-    };
+    let seized = Seized { refused, released };
     Ok((seized, Holds { events, ack }))
 }
 
@@ -118,19 +111,19 @@ impl Tree {
         }
     }
 
-    fn seize(&mut self, pids: &[u32]) -> (Vec<u32>, Vec<(u32, io::Error)>) {
-        let (mut held, mut refused) = (Vec::new(), Vec::new());
+    /// Seizes each of `pids`; those refused, with why.
+    fn seize(&mut self, pids: &[u32]) -> Vec<(u32, io::Error)> {
+        let mut refused = Vec::new();
         for &pid in pids {
             // SAFETY: seizing a process by pid; no memory is passed.
             let r = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid as i32, 0, OPTIONS) };
             if r == 0 {
                 self.kids.insert(pid as i32, Storm::new());
-                held.push(pid);
             } else {
                 refused.push((pid, io::Error::last_os_error()));
             }
         }
-        (held, refused)
+        refused
     }
 
     /// Waits for the tracees' stops until none is left.
