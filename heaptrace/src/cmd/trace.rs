@@ -127,11 +127,12 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
         .then(|| crate::unwind::python::Interpreters::take(&mut probes.ebpf))
         .transpose()?;
     let mut modules = tables_before_counting(&mut probes, (unwind, python), scope, taken);
+    // Before counting: processes started since the watch did have their entries in place.
+    share_tables(&modules, &target, &provider, procwatch.as_ref());
     let seized = tree::count_from_here(&mut probes, held, followed.as_ref().filter(|_| tree))?;
     let forks = probes.forks.clone();
     let (seized, tree_holds) = seized.unzip();
     announce(cli, &probes, first, &provider, scope);
-    share_tables(&modules, &target, &provider, procwatch.as_ref());
     if let Some(s) = &stopped {
         // Its forks: followed (links of their own) or let go of with their text restored.
         probes.forks.set_follow(matches!(scope, Scope::Held(_)));

@@ -171,6 +171,7 @@ impl ProcWatch {
             files: OpenFiles::default(),
             forks: forks.clone(),
             tables: tables.clone(),
+            loads: None,
         };
         let reader = std::thread::Builder::new()
             .name("heaptrace-execs".into())
@@ -229,7 +230,16 @@ impl ProcWatch {
 
     /// The unwind tables: the reader writes a new process's entry itself where every file it
     /// maps has its table already (`Tables::sync_known`), not waiting for the daemon.
+    /// Those it read before (started while the trace was starting) have theirs written here.
     pub fn share_tables(&self, tables: crate::unwind::loaded::Shared) {
+        if let Ok(early) = self.early.lock()
+            && let Ok(mut t) = tables.lock()
+        {
+            for (pid, read) in early.iter() {
+                let files = crate::symbolize::modules::table_files(read.files.iter());
+                t.sync_with(*pid, &read.maps, &files);
+            }
+        }
         let _ = self.tables.set(tables);
     }
 

@@ -110,6 +110,34 @@ impl OpenFiles {
     }
 }
 
+/// The files of `mappings` as the unwind tables read them: through the descriptors held here,
+/// which a process gone (or in another mount namespace) does not take with it.
+pub fn table_files<'a>(
+    files: impl Iterator<Item = &'a Arc<TargetFile>>,
+) -> Vec<crate::unwind::loaded::Opened> {
+    let mut out: Vec<crate::unwind::loaded::Opened> = Vec::new();
+    for f in files {
+        let id = f.id();
+        let dev = u64::from(id.major) << 32 | u64::from(id.minor);
+        if !out.iter().any(|o| o.dev == dev && o.inode == id.ino) {
+            out.push(crate::unwind::loaded::Opened {
+                dev,
+                inode: id.ino,
+                path: f.attach_path(),
+            });
+        }
+    }
+    out
+}
+
+/// The waits before each read again of a process the start found before its libraries were
+/// mapped (its loader maps them within milliseconds).
+const STARTING_READS: [std::time::Duration; 3] = [
+    std::time::Duration::from_millis(2),
+    std::time::Duration::from_millis(4),
+    std::time::Duration::from_millis(14),
+];
+
 /// The lowest address a mapping can have (the kernel's default `vm.mmap_min_addr`), and the
 /// highest user address on x86-64 (47 bits).
 const LOWEST: u64 = 0x1_0000;
@@ -147,7 +175,11 @@ impl Modules {
             && !parsed.is_empty()
             && let Ok(mut t) = t.lock()
         {
-            t.sync(pid, maps);
+            t.sync_with(
+                pid,
+                maps,
+                &table_files(parsed.iter().filter_map(|m| m.file.as_ref())),
+            );
         }
         if let Some(p) = &mut self.python
             && !parsed.is_empty()
@@ -183,9 +215,32 @@ impl Modules {
     /// Reads the mappings of processes the trace takes in as it starts (the `-p` process, its
     /// running descendants, those the scan of `--all` found), before counting is on: their
     /// unwind tables are then in place for their first counted call.
+    /// One in its first milliseconds after an exec, its libraries not mapped yet, has no
+    /// entry from that read (`loader_done`), nor an exec event to read it again by: it is
+    /// read again here a few times, or else it would walk late until the daemon's first
+    /// round (a compile loop's cc1plus, all of its life).
     pub fn take_in(&mut self, pids: impl IntoIterator<Item = u32>) {
+        let mut starting = Vec::new();
         for pid in pids {
-            self.refresh(pid);
+            if let Ok(maps) = crate::targets::procfs::maps(pid) {
+                if !maps.is_empty() && !crate::unwind::loaded::loader_done(&maps) {
+                    starting.push(pid);
+                }
+                self.keep(pid, &maps);
+            }
+        }
+        for wait in STARTING_READS {
+            if starting.is_empty() {
+                break;
+            }
+            std::thread::sleep(wait);
+            starting.retain(|&pid| {
+                let Ok(maps) = crate::targets::procfs::maps(pid) else {
+                    return false;
+                };
+                self.keep(pid, &maps);
+                !maps.is_empty() && !crate::unwind::loaded::loader_done(&maps)
+            });
         }
     }
 

@@ -9,7 +9,7 @@
 use std::{
     collections::{HashMap, VecDeque},
     os::unix::fs::MetadataExt as _,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use heaptrace_common::unwind::{
@@ -169,6 +169,11 @@ impl Tables {
     /// files known already go in first: a process starting up allocates while the others
     /// are read.
     pub fn sync(&mut self, pid: u32, maps: &str) {
+        self.sync_with(pid, maps, &[]);
+    }
+
+    /// `sync`, reading the files `opened` holds through it (`Opened`).
+    pub fn sync_with(&mut self, pid: u32, maps: &str, opened: &[Opened]) {
         if !loader_done(maps) {
             return;
         }
@@ -178,7 +183,7 @@ impl Tables {
         }
         let mut seen = std::collections::HashSet::new();
         for m in code.iter().filter(|m| seen.insert(m.file)) {
-            self.check_idle(pid, m);
+            self.check_idle(pid, m, opened);
             // Not to be given back for the room of this process's other files, read below:
             // its entry points at them from the first write on.
             self.idle.retain(|k| *k != m.file);
@@ -191,8 +196,8 @@ impl Tables {
             self.write_entry(pid, &code, true);
             for m in unknown {
                 if !self.files.contains_key(&m.file) {
-                    let path = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
-                    let entry = self.read_file(&path);
+                    let to = ToRead::of(pid, m, opened);
+                    let entry = self.entry_of(to.read());
                     self.files.insert(m.file, entry);
                     self.publish(m.file);
                 }
@@ -245,7 +250,7 @@ impl Tables {
             inode: meta.ino(),
         };
         if !self.files.contains_key(&key) {
-            let entry = self.read_file(&path.to_string_lossy());
+            let entry = self.entry_of(Built::at(key, path.to_string_lossy().into_owned()));
             self.files.insert(key, entry);
             self.publish(key);
             self.idle.push_back(key);
@@ -255,16 +260,19 @@ impl Tables {
 
     /// Gives back the idle table of `m`'s file where the file mapped now is not the one read:
     /// a file deleted since, whose inode a new one took.
-    fn check_idle(&mut self, pid: u32, m: &CodeMapping) {
+    /// A process gone, whose file `opened` does not hold, cannot tell: its idle table stays
+    /// (its entry is walked by no one).
+    fn check_idle(&mut self, pid: u32, m: &CodeMapping, opened: &[Opened]) {
         let Some(e) = self.files.get(&m.file) else {
             return;
         };
         if e.users > 0 {
             return;
         }
-        let path = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
-        let now = std::fs::metadata(path).ok().map(|meta| Stamp::of(&meta));
-        if now.is_some() && now == e.stamp {
+        let Some(now) = ToRead::of(pid, m, opened).stamp() else {
+            return;
+        };
+        if Some(now) == e.stamp {
             self.stats.reused += 1;
         } else {
             self.evict(m.file);
@@ -339,12 +347,18 @@ impl Tables {
     }
 
     /// Removes the entries the kernel gave forks that this never wrote, of processes `alive`
-    /// says are gone (under `--all` no event says a fork ended, or that it was there).
+    /// says are gone (under `--all` no event says a fork ended, or that it was there), and
+    /// those written for processes gone that the daemon never took in (the exec watch's
+    /// threads write entries of processes too short for its reads).
     pub fn sweep(&mut self, alive: impl Fn(u32) -> bool) {
         for pid in self.store.entries() {
             if !self.pids.contains_key(&pid) && !alive(pid) {
                 self.store.remove_entry(pid);
             }
+        }
+        let gone: Vec<u32> = self.pids.keys().copied().filter(|p| !alive(*p)).collect();
+        for pid in gone {
+            self.forget(pid);
         }
     }
 
@@ -424,55 +438,6 @@ impl Tables {
         }
     }
 
-    /// Reads the file at `path` and places its table. A mapped file is read through
-    /// `/proc/PID/map_files`: the very file the process maps, whatever its path says now (a
-    /// container's, one replaced since).
-    fn read_file(&mut self, path: &str) -> FileEntry {
-        let start = Instant::now();
-        let mut unusable = FileEntry {
-            placement: Placement::Unusable,
-            segments: Vec::new(),
-            users: 0,
-            stamp: None,
-        };
-        let Some((file, stamp)) = open_bounded(path) else {
-            self.stats.unusable += 1;
-            return unusable;
-        };
-        unusable.stamp = Some(stamp);
-        // Only the headers and the unwind sections are read, not the whole file.
-        let cache = object::ReadCache::new(file);
-        let built = table::build(&cache);
-        self.stats.read += 1;
-        self.stats.build += start.elapsed();
-        let t = match built {
-            Ok(t) => t,
-            Err(e) => {
-                log::debug!("no unwind table for {path}: {e}");
-                self.stats.unusable += 1;
-                return unusable;
-            }
-        };
-        let placement = if t.frame_pointers() {
-            self.stats.frame_pointers += 1;
-            Placement::FramePointers
-        } else {
-            self.place(&t.rows)
-        };
-        log::debug!(
-            "unwind table of {path}: {} rows, {:?}, {placement:?}, {:?}",
-            t.rows.len(),
-            t.stats,
-            start.elapsed()
-        );
-        FileEntry {
-            placement,
-            segments: t.segments,
-            users: 0,
-            stamp: Some(stamp),
-        }
-    }
-
     /// Writes `rows` into the store's where there is room.
     fn place(&mut self, rows: &[Row]) -> Placement {
         let n = rows.len() as u32;
@@ -514,13 +479,6 @@ fn file_rows_key(f: FileKey) -> FileRowsKey {
         dev: f.dev,
         ino: f.inode,
     }
-}
-
-/// The file at `path`, if it is a regular file no larger than [`MAX_FILE_BYTES`].
-fn open_bounded(path: &str) -> Option<(std::fs::File, Stamp)> {
-    let f = std::fs::File::open(path).ok()?;
-    let meta = f.metadata().ok()?;
-    (meta.is_file() && meta.size() <= MAX_FILE_BYTES).then(|| (f, Stamp::of(&meta)))
 }
 
 /// The bias of mapping `m`: run-time address less the file's virtual address.
@@ -581,5 +539,7 @@ fn code_mappings(maps: &str) -> Vec<CodeMapping> {
 }
 
 mod kernel;
+mod read;
+pub use read::{Built, Opened, ToRead};
 #[cfg(test)]
 mod tests;

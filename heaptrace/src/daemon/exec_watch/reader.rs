@@ -25,7 +25,36 @@ pub(super) struct Reader {
     /// The unwind tables, where a new process's entry is written at once if it needs no file
     /// read (`ProcWatch::share_tables`).
     pub(super) tables: Arc<std::sync::OnceLock<crate::unwind::loaded::Shared>>,
+    /// New processes whose mappings hold files with no table yet, for the loader thread.
+    pub(super) loads: Option<std::sync::mpsc::SyncSender<(u32, EarlyRead)>>,
 }
+
+/// Processes waiting for the loader thread; a host that starts more new programs at once has
+/// the rest read by the daemon, at its next take of the early reads.
+const LOADS_QUEUED: usize = 64;
+
+/// The loader thread: the tables of the files a new process maps that no process mapped
+/// before, read at once, away from the tables' lock, and the process's entry written. Left to
+/// the daemon, they waited for its round (up to a second on a busy host), and the first
+/// process of a new program (a compile loop's first cc1plus) was walked late throughout.
+fn load(rx: std::sync::mpsc::Receiver<(u32, EarlyRead)>, tables: &TablesCell) {
+    while let Ok((pid, read)) = rx.recv() {
+        let Some(t) = tables.get() else { continue };
+        let opened = crate::symbolize::modules::table_files(read.files.iter());
+        let todo = match t.lock() {
+            Ok(t) => t.to_read(pid, &read.maps, &opened),
+            Err(_) => continue,
+        };
+        let built: Vec<_> = todo.into_iter().map(|r| r.read()).collect();
+        let Ok(mut t) = t.lock() else { continue };
+        for b in built {
+            t.admit(b);
+        }
+        t.sync_with(pid, &read.maps, &opened);
+    }
+}
+
+type TablesCell = std::sync::OnceLock<crate::unwind::loaded::Shared>;
 
 /// Tests only: `HEAPTRACE_DELAY_EXEC_EVENTS_MS` holds each exec event that long before the
 /// daemon gets it, as a loaded host may (the reads of /proc before it, the scheduler), so that
@@ -58,6 +87,23 @@ impl Reader {
     }
 
     pub(super) fn run(mut self) {
+        let (tx, rx) = std::sync::mpsc::sync_channel(LOADS_QUEUED);
+        self.loads = Some(tx);
+        let tables = self.tables.clone();
+        std::thread::scope(|s| {
+            let loader = std::thread::Builder::new()
+                .name("heaptrace-tables".into())
+                .spawn_scoped(s, || load(rx, &tables));
+            if loader.is_err() {
+                self.loads = None;
+            }
+            self.watch();
+            // Ends the loader's wait; the scope joins it.
+            self.loads = None;
+        });
+    }
+
+    fn watch(&mut self) {
         // Run as soon as woken: a process of a millisecond is gone if the read waits for a
         // time slice behind the daemon's round and the traced programs (with this thread at
         // normal priority, 2 runs of 8 of `recurse 7` often went unread). Its work is bounded
@@ -197,10 +243,16 @@ impl Reader {
         let read = self.files.read(pid, maps);
         // Not waiting for the daemon (a round holds it up to a tenth of a second or more),
         // nor for the tables (the daemon reading a file's rows): the daemon syncs it then.
-        if let Some(t) = self.tables.get()
-            && let Ok(mut t) = t.try_lock()
-        {
-            t.sync_known(pid, &read.maps);
+        if let Some(t) = self.tables.get() {
+            let known = t
+                .try_lock()
+                .is_ok_and(|mut t| t.sync_known(pid, &read.maps));
+            if !known
+                && crate::unwind::loaded::loader_done(&read.maps)
+                && let Some(l) = &self.loads
+            {
+                let _ = l.try_send((pid, read.clone()));
+            }
         }
         match self.early.lock() {
             Ok(mut early) if early.len() < EARLY_MAPS || early.contains_key(&pid) => {

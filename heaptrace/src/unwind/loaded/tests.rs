@@ -204,3 +204,89 @@ fn a_file_s_rows_by_identity_give_the_entry_s_bias() {
     t.evict(some);
     assert!(!shared.lock().unwrap().contains_key(&file_rows_key(some)));
 }
+
+/// A pid no process has: its `/proc/PID/map_files` is not there, as for a process gone.
+const GONE: u32 = u32::MAX - 1;
+
+/// The files of `maps`, opened here, as a caller that holds them passes them.
+fn opened_files(maps: &str) -> (Vec<std::fs::File>, Vec<Opened>) {
+    use std::os::fd::AsRawFd as _;
+    let mut held = Vec::new();
+    let mut opened = Vec::new();
+    for line in maps.lines().filter(|l| l.contains(" r-xp ")) {
+        let Some(path) = line
+            .split_whitespace()
+            .nth(5)
+            .filter(|p| p.starts_with('/'))
+        else {
+            continue;
+        };
+        let f = std::fs::File::open(path).unwrap();
+        let meta = f.metadata().unwrap();
+        opened.push(Opened {
+            dev: u64::from(libc::major(meta.dev())) << 32 | u64::from(libc::minor(meta.dev())),
+            inode: meta.ino(),
+            path: format!("/proc/self/fd/{}", f.as_raw_fd()).into(),
+        });
+        held.push(f);
+    }
+    (held, opened)
+}
+
+/// A process gone before its files were read: read through the descriptors the caller holds
+/// (the exec watch opened them at the exec), where `map_files` has nothing any more.
+#[test]
+fn a_gone_process_s_files_are_read_through_those_held() {
+    let (_, maps) = own_maps();
+    let mut t = tables(1 << 22);
+    t.sync(GONE, &maps);
+    assert_eq!(t.stats.rows, 0, "{:?}", t.stats);
+    assert!(t.stats.unusable > 0, "{:?}", t.stats);
+    let (_held, opened) = opened_files(&maps);
+    let mut t = tables(1 << 22);
+    t.sync_with(GONE, &maps, &opened);
+    assert!(t.stats.rows > 0, "{:?}", t.stats);
+    assert_eq!(t.stats.unusable, 0, "{:?}", t.stats);
+}
+
+/// An idle file is not given back because a process gone cannot show it is the same file:
+/// the loader thread syncs processes of a few milliseconds (`as`) after their end, and each
+/// of them read their libraries again.
+#[test]
+fn an_idle_file_stays_where_a_gone_process_cannot_tell() {
+    let (pid, maps) = own_maps();
+    let mut t = tables(1 << 22);
+    t.sync(pid, &maps);
+    t.forget(pid);
+    let (read, rows) = (t.stats.read, t.stats.rows);
+    t.sync(GONE, &maps);
+    assert_eq!((t.stats.read, t.stats.rows), (read, rows), "{:?}", t.stats);
+}
+
+/// Tables read away from the lock (`to_read`, then `admit`): each file once, whichever
+/// read comes second is dropped, and the process's entry then takes no reading.
+#[test]
+fn tables_read_away_from_the_lock_go_in_once() {
+    let (pid, maps) = own_maps();
+    let mut t = tables(1 << 22);
+    let first: Vec<Built> = t
+        .to_read(pid, &maps, &[])
+        .into_iter()
+        .map(ToRead::read)
+        .collect();
+    let again: Vec<Built> = t
+        .to_read(pid, &maps, &[])
+        .into_iter()
+        .map(ToRead::read)
+        .collect();
+    assert!(!first.is_empty());
+    let n = first.len() as u32;
+    for b in first.into_iter().chain(again) {
+        t.admit(b);
+    }
+    assert_eq!(t.stats.read, n, "{:?}", t.stats);
+    assert!(t.to_read(pid, &maps, &[]).is_empty());
+    assert!(t.sync_known(pid, &maps));
+    assert_eq!(t.stats.read, n, "{:?}", t.stats);
+    assert!(t.to_read(pid, "", &[]).is_empty());
+}
