@@ -250,11 +250,12 @@ impl Daemon {
     pub(super) fn forget_gone(&mut self, gone: &HashSet<u32>) {
         if let Some(f) = self.followed.as_mut() {
             f.forget(gone);
-        }
-        if let Some(p) = &self.probes {
-            // The links of forks followed late (the held ones are closed at their end).
-            for g in gone {
-                crate::targets::launch::Forks::gone(p.forks.as_ref(), *g);
+            // The links of forks followed late (the held ones are closed at their end): only
+            // in a followed tree.
+            if let Some(p) = &self.probes {
+                for g in gone {
+                    crate::targets::launch::Forks::gone(p.forks.as_ref(), *g);
+                }
             }
         }
         if self.pid.is_none() {
