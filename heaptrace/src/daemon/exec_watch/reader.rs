@@ -32,12 +32,18 @@ pub(super) struct Reader {
 /// Processes waiting for the loader thread; a host that starts more new programs at once has
 /// the rest read by the daemon, at its next take of the early reads.
 const LOADS_QUEUED: usize = 64;
+/// The loader thread's nice value.
+const LOADER_NICE: libc::c_int = -10;
 
 /// The loader thread: the tables of the files a new process maps that no process mapped
 /// before, read at once, away from the tables' lock, and the process's entry written. Left to
 /// the daemon, they waited for its round (up to a second on a busy host), and the first
 /// process of a new program (a compile loop's first cc1plus) was walked late throughout.
 fn load(rx: std::sync::mpsc::Receiver<(u32, EarlyRead)>, tables: &TablesCell) {
+    // Ahead of the daemon's round, whose CPU it would share on a busy host, not real-time:
+    // a read takes tens of milliseconds. The nice value is this thread's alone (Linux).
+    // SAFETY: no pointers; 0 is the calling thread.
+    let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, LOADER_NICE) };
     while let Ok((pid, read)) = rx.recv() {
         let Some(t) = tables.get() else { continue };
         let opened = crate::symbolize::modules::table_files(read.files.iter());
