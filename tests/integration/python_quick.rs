@@ -3,8 +3,12 @@
 //! The command is held as its finalization begins (docs/python.md): the 300 blocks of
 //! tests/fixtures/python/quick.py are named by their line, under Debian's 3.11 and pyenv's
 //! 3.13, and run by a shell as its child (a followed fork); a script that handles SIGURG
-//! (the signal the hold uses) never sees one.
-use std::process::Stdio;
+//! (the signal the hold uses) never sees one. A seized tree's (`-p SHELL --follow-forks`)
+//! Python child is held the same way.
+use std::{
+    io::Write as _,
+    process::{Command, Stdio},
+};
 
 use serde_json::Value;
 
@@ -20,7 +24,6 @@ fn script() -> String {
 /// Calls of 4 KiB or more whose innermost Python frame is quick.py's marked line, and the
 /// script's standard output, in a launched run of `command`.
 fn quick(command: &[&str], tag: &str) -> (u64, String) {
-    let line = crate::python_code::marked(&script(), "quick") as u64;
     let json = json_path(tag);
     let out = heaptrace()
         .args(["-q", "--no-tui", "--json"])
@@ -32,7 +35,14 @@ fn quick(command: &[&str], tag: &str) -> (u64, String) {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{command:?}: {stderr}");
-    let doc = read_json(&json);
+    let calls = at_line(&json);
+    (calls, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Calls of 4 KiB or more whose innermost Python frame is quick.py's marked line, in a JSON.
+fn at_line(json: &std::path::Path) -> u64 {
+    let line = crate::python_code::marked(&script(), "quick") as u64;
+    let doc = read_json(json);
     let mut calls = 0;
     for s in doc["stacks"].as_array().unwrap() {
         let frames = s["frames"].as_array().unwrap();
@@ -42,7 +52,7 @@ fn quick(command: &[&str], tag: &str) -> (u64, String) {
             calls += sized(s, 4096);
         }
     }
-    (calls, String::from_utf8_lossy(&out.stdout).into_owned())
+    calls
 }
 
 /// Calls in a stack's size buckets from `from` bytes up.
@@ -76,5 +86,39 @@ bpf_test!(
         let (calls, stdout) = quick(&catching, "pyquick-catch");
         assert!(calls >= 285, "catching SIGURG: {calls} of 300");
         assert!(!stdout.contains("SIGURG"), "its handler ran: {stdout}");
+    }
+);
+
+bpf_test!(
+    shared,
+    /// Traced with its forks (`-p --follow-forks`, seized), a running Python (waiting for a
+    /// line), and a running shell that runs the script as its child once the trace is on:
+    /// each finalization is held as a launched one's. Without the hold: 0 of 300 named.
+    fn an_attached_tree_s_script_that_ends_at_once_names_its_lines() {
+        let script = script();
+        let run = format!("echo ready; read x; /usr/bin/python3.11 {script}; true");
+        let shell = ["/bin/sh", "-c", &run];
+        let python = ["/usr/bin/python3.11", &script, "wait"];
+        for (what, argv) in [("a Python", &python), ("a shell's child", &shell)] {
+            let (mut root, _out, line) = piped(Command::new(argv[0]).args(&argv[1..]));
+            assert_eq!(line, "ready\n");
+            let json = json_path("pyquick-tree");
+            let mut tracer = heaptrace();
+            tracer
+                .args(["--no-tui", "--follow-forks", "--json"])
+                .arg(&json)
+                .args(["-p", &root.id().to_string()]);
+            let tracer = start_attached(&mut tracer);
+            root.stdin.take().unwrap().write_all(b"go\n").unwrap();
+            let _ = root.wait();
+            let (code, stderr) = tracer.wait();
+            assert_eq!(code, 0, "{what}: {stderr}");
+            let calls = at_line(&json);
+            eprintln!("{what}, seized: {calls} of 300 blocks at their line");
+            assert!(
+                calls >= 285,
+                "{what}: {calls} of 300 at their line: {stderr}"
+            );
+        }
     }
 );

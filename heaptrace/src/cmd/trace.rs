@@ -132,6 +132,12 @@ pub fn run(cli: &TraceArgs, record: Option<&Path>) -> Result<i32> {
     let seized = tree::count_from_here(&mut probes, held, followed.as_ref().filter(|_| tree))?;
     let forks = probes.forks.clone();
     let (seized, tree_holds) = seized.unzip();
+    hold_tree_finalize(
+        &mut probes,
+        &modules,
+        tree_holds.as_ref(),
+        followed.as_ref(),
+    );
     announce(cli, &probes, first, &provider, scope);
     if let Some(s) = &stopped {
         // Its forks: followed (links of their own) or let go of with their text restored.
@@ -269,6 +275,22 @@ fn taken_in(
             .map(|w| std::mem::take(&mut w.scanned))
             .unwrap_or_default(),
         _ => Vec::new(),
+    }
+}
+
+/// A seized tree's Pythons held as they finalize (`daemon::hold_python_finalize`), in place
+/// before the trace says it is attached: one told to end then is named.
+fn hold_tree_finalize(
+    probes: &mut Probes,
+    modules: &Modules,
+    holds: Option<&crate::targets::seized::Holds>,
+    followed: Option<&probe::follow::Followed>,
+) {
+    let (Some(h), Some(f)) = (holds, followed) else {
+        return;
+    };
+    for &pid in &f.pids {
+        crate::daemon::hold_python_finalize(probes, modules.python.as_ref(), &h.finalize, pid);
     }
 }
 

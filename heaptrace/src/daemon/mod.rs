@@ -12,6 +12,7 @@ mod round;
 pub mod signals;
 
 pub use filter::Filter;
+pub use finalize::hold_python_finalize;
 pub use oom::OomReports;
 pub use relay::{Relay, Route};
 pub use signals::Sig;
@@ -338,7 +339,7 @@ impl Daemon {
                         return Ok(End::TargetExited);
                     }
                 }
-                ev = tree_event(self.tree.as_mut()) => self.tree_event(ev),
+                ev = tree_event(self.tree.as_mut()) => self.tree_event(ev)?,
                 _ = relief.tick() => {
                     self.maps.relieve()?;
                 }

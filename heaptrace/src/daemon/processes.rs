@@ -64,18 +64,24 @@ impl Daemon {
 
     /// A seized tree's new image, held at its start (`targets::seized`): its tables go in,
     /// then it goes on. None: the tree's tracer is gone.
-    pub(super) fn tree_event(&mut self, ev: Option<launch::Event>) {
+    pub(super) fn tree_event(&mut self, ev: Option<launch::Event>) -> Result<()> {
         match ev {
             Some(launch::Event::ForkStarted(pid)) => self.fork_started(pid),
+            Some(launch::Event::Finalizing(pid)) => {
+                // Its code objects not freed yet: a round names its stacks first.
+                self.modules.refresh(pid);
+                self.round()?;
+            }
             Some(_) => {}
             None => {
                 self.tree = None;
-                return;
+                return Ok(());
             }
         }
         if let Some(t) = &self.tree {
             let _ = t.ack.send(());
         }
+        Ok(())
     }
 
     /// Handles an event of a launched command; true once it is gone. At its exit, while it is

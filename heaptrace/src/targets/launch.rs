@@ -459,7 +459,7 @@ pub use inherit::Inherit;
 pub(crate) use newborn::{Newborns, Startup, startup_stop};
 pub use redirect::Redirect;
 use tracee::Tracee;
-pub(crate) use tracee::{EXEC_HOLD, SYSCALL_STOP, Storm, group_stop, hold};
+pub(crate) use tracee::{EXEC_HOLD, EXIT_HOLD, SYSCALL_STOP, Storm, group_stop, hold};
 
 #[cfg(test)]
 mod tests;

@@ -15,6 +15,10 @@
 //! `set_tid_address` and held there for the daemon (`launch::Event::ForkStarted`), as a
 //! launched command's followed forks are: its unwind tables go in before its first call.
 //!
+//! A Python of the tree is held as its finalization begins (`launch::FinalizeHold`, the
+//! daemon's `hold_finalize`), as a launched command is: the probe's signal stop is taken
+//! for a round, then dropped.
+//!
 //! Nothing is owed at the end: when heaptrace exits, even killed, the kernel lets go of every
 //! tracee it had (`exit_ptrace`), none of them killed (no `PTRACE_O_EXITKILL`).
 use std::{
@@ -28,8 +32,8 @@ use std::{
 };
 
 use super::launch::{
-    EXEC_HOLD, Event, Forks, Newborns, SYSCALL_STOP, Startup, Storm, group_stop, hold,
-    monotonic_ns, startup_stop,
+    EXEC_HOLD, EXIT_HOLD, Event, FinalizeHold, Forks, Newborns, SYSCALL_STOP, Startup, Storm,
+    group_stop, hold, monotonic_ns, startup_stop,
 };
 
 const OPTIONS: libc::c_int = libc::PTRACE_O_TRACEFORK
@@ -38,10 +42,12 @@ const OPTIONS: libc::c_int = libc::PTRACE_O_TRACEFORK
     | libc::PTRACE_O_TRACESYSGOOD;
 
 /// The daemon's side of the tree's holds: each new image started (`Event::ForkStarted`),
-/// acknowledged once its tables are in.
+/// acknowledged once its tables are in; each Python finalizing (`Event::Finalizing`), once a
+/// round is drained.
 pub struct Holds {
     pub events: tokio::sync::mpsc::UnboundedReceiver<Event>,
     pub ack: mpsc::Sender<()>,
+    pub finalize: Arc<FinalizeHold>,
 }
 
 /// The tree's processes as the seize left them.
@@ -62,10 +68,13 @@ pub fn seize(pids: &[u32], forks: Arc<dyn Forks>) -> io::Result<(Seized, Holds)>
     let pids = pids.to_vec();
     let released = Arc::new(AtomicU32::new(0));
     let counter = released.clone();
+    let finalize = Arc::new(FinalizeHold::default());
+    let held = finalize.clone();
     std::thread::Builder::new()
         .name("heaptrace-tree".into())
         .spawn(move || {
             let mut tree = Tree::new(forks, counter, (events_tx, ack_rx));
+            tree.finalize = held;
             let _ = tx.send(tree.seize(&pids));
             tree.run();
         })?;
@@ -73,7 +82,12 @@ pub fn seize(pids: &[u32], forks: Arc<dyn Forks>) -> io::Result<(Seized, Holds)>
         .recv()
         .map_err(|_| io::Error::other("the tracer thread ended"))?;
     let seized = Seized { refused, released };
-    Ok((seized, Holds { events, ack }))
+    let holds = Holds {
+        events,
+        ack,
+        finalize,
+    };
+    Ok((seized, holds))
 }
 
 /// The tracer thread's state: the processes it holds and those on their way.
@@ -90,6 +104,8 @@ struct Tree {
         tokio::sync::mpsc::UnboundedSender<Event>,
         mpsc::Receiver<()>,
     ),
+    /// Where each Python of the tree is held at its finalization (set by the daemon).
+    finalize: Arc<FinalizeHold>,
 }
 
 impl Tree {
@@ -108,6 +124,7 @@ impl Tree {
             released,
             startup: HashMap::new(),
             daemon,
+            finalize: Arc::default(),
         }
     }
 
@@ -179,6 +196,12 @@ impl Tree {
                 libc::ptrace(libc::PTRACE_LISTEN, pid, 0, 0);
                 return;
             },
+            0 if self.finalize.ours(pid, sig) => {
+                // The probe's signal, not the program's: held for a round, then dropped.
+                let (events, ack) = &self.daemon;
+                hold(events, Event::Finalizing(pid as u32), ack, EXIT_HOLD);
+                0
+            }
             0 => {
                 if self.storm(pid, sig) {
                     return;

@@ -32,7 +32,7 @@ impl FinalizeHold {
 
     /// Whether tracee `pid`, in a signal-delivery-stop of `sig`, stopped for the probe: then
     /// the hold is used up.
-    pub(super) fn ours(&self, pid: i32, sig: i32) -> bool {
+    pub(crate) fn ours(&self, pid: i32, sig: i32) -> bool {
         let Ok(mut held) = self.held.lock() else {
             return false;
         };

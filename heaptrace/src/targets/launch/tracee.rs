@@ -21,7 +21,7 @@ use super::{
 use crate::exit_status::ExitStatus;
 
 /// How long the child may be held at its exit, whatever the daemon is doing.
-const EXIT_HOLD: Duration = Duration::from_secs(5);
+pub(crate) const EXIT_HOLD: Duration = Duration::from_secs(5);
 /// How long an exec'ed image may wait for its allocator's probes, its unwind tables and its
 /// interpreter (a few hundred milliseconds, but the daemon takes the event only between two
 /// rounds, and a round naming a big library's first stacks took seconds in a loaded debug
