@@ -451,7 +451,9 @@ bpf_test!(
             .filter(|s| s["stack_id"].as_i64() < Some(0))
             .collect();
         assert!(!lost.is_empty(), "{stacks:?}");
-        assert!(fname(&lost[0]["frames"][0]).starts_with("[stack lost: errno"));
+        let why = fname(&lost[0]["frames"][0]);
+        assert!(why.starts_with("[stack lost: no room"), "{why}");
+        assert!(why.contains("--stack-map-size"), "{why}");
         let all: u64 = stacks.iter().map(|s| s["calls"].as_u64().unwrap()).sum();
         assert_eq!(all, 33, "every call is in some site, stored or lost");
     }

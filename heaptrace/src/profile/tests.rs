@@ -340,8 +340,20 @@ fn a_process_ended_in_its_first_round_is_not_live_at_it() {
 #[test]
 fn lost_stacks_get_a_frame_that_says_so() {
     let p = Profile::default();
-    let f = p.frames(&(1, -17, 0));
-    assert_eq!(&*f[0].function, "[stack lost: errno 17]");
+    let full =
+        "[stack lost: no room in the stack maps, even for its caller; raise --stack-map-size]";
+    for errno in [libc::E2BIG, libc::ENOMEM, libc::EEXIST] {
+        let f = p.frames(&(1, -errno, 0));
+        assert_eq!(&*f[0].function, full, "errno {errno}");
+    }
+    let f = p.frames(&(1, -libc::EBUSY, 0));
+    assert!(
+        f[0].function.contains("cut by another"),
+        "{}",
+        f[0].function
+    );
+    let f = p.frames(&(1, -libc::EFAULT, 0));
+    assert_eq!(&*f[0].function, "[stack lost: errno 14]");
     let f = p.frames(&(1, heaptrace_common::NO_SITE, 0));
     assert_eq!(&*f[0].function, "[no stack: not collected in this mode]");
 }

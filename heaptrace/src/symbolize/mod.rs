@@ -149,13 +149,18 @@ impl Frame {
         &*self.function == NO_ROOM_FUNCTION
     }
 
-    /// A frame standing for an allocation whose stack was lost (the errno says why).
+    /// A frame standing for an allocation whose stack was lost, and its caller with it (the
+    /// kernel's errno for the whole stack says why, `stacks::store`): named by its cause.
     pub fn lost(errno: i32) -> Frame {
-        Frame::placeholder(
-            &format!("[stack lost: errno {}]", errno.unsigned_abs()),
-            "[lost]",
-            0,
-        )
+        let why = match errno.unsigned_abs() as i32 {
+            // STACK_OWNERS or FRAMES full, or both of its ids held by other stacks.
+            libc::E2BIG | libc::ENOMEM | libc::EEXIST => {
+                "no room in the stack maps, even for its caller; raise --stack-map-size".into()
+            }
+            libc::EBUSY => "its walk was cut by another on its CPU, no room for its caller".into(),
+            n => format!("errno {n}"),
+        };
+        Frame::placeholder(&format!("[stack lost: {why}]"), "[lost]", 0)
     }
 
     /// A site first seen just after its stack id was freed, when another stack has taken the

@@ -42,8 +42,8 @@ fn labels_sites_innermost_first() {
         "malloc <- alloc_a (fx.c:12) <- main"
     );
     assert_eq!(
-        site_label(&p, &(1, -17, 1), 4),
-        "calloc <- [stack lost: errno 17]"
+        site_label(&p, &(1, -14, 1), 4),
+        "calloc <- [stack lost: errno 14]"
     );
 }
 
