@@ -37,14 +37,18 @@ const LOADER_NICE: libc::c_int = -10;
 
 /// The loader thread: the tables of the files a new process maps that no process mapped
 /// before, read at once, away from the tables' lock, and the process's entry written. Left to
-/// the daemon, they waited for its round (up to a second on a busy host), and the first
-/// process of a new program (a compile loop's first cc1plus) was walked late throughout.
-fn load(rx: std::sync::mpsc::Receiver<(u32, EarlyRead)>, tables: &TablesCell) {
+/// the daemon, they waited for its round (up to a second on a busy host), the process walked
+/// late meanwhile; now, only while they are read.
+/// Ends with the watch (`stop`), the reads still queued dropped: heaptrace exits at once.
+fn load(rx: std::sync::mpsc::Receiver<(u32, EarlyRead)>, tables: &TablesCell, stop: &AtomicBool) {
     // Ahead of the daemon's round, whose CPU it would share on a busy host, not real-time:
     // a read takes tens of milliseconds. The nice value is this thread's alone (Linux).
     // SAFETY: no pointers; 0 is the calling thread.
     let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, LOADER_NICE) };
     while let Ok((pid, read)) = rx.recv() {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
         let Some(t) = tables.get() else { continue };
         let opened = crate::symbolize::modules::table_files(read.files.iter());
         let todo = match t.lock() {
@@ -96,10 +100,11 @@ impl Reader {
         let (tx, rx) = std::sync::mpsc::sync_channel(LOADS_QUEUED);
         self.loads = Some(tx);
         let tables = self.tables.clone();
+        let stop = self.stop.clone();
         std::thread::scope(|s| {
             let loader = std::thread::Builder::new()
                 .name("heaptrace-tables".into())
-                .spawn_scoped(s, || load(rx, &tables));
+                .spawn_scoped(s, || load(rx, &tables, &stop));
             if loader.is_err() {
                 self.loads = None;
             }
