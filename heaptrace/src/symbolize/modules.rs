@@ -298,12 +298,16 @@ impl Modules {
         self.early_gone.remove(&pid);
     }
 
-    /// Removes the unwind entries the kernel gave forks never read here, once they are gone.
+    /// Removes the unwind entries the kernel gave forks never read here, once they are gone,
+    /// and those the exec watch's threads wrote. A process read here is not looked at: the
+    /// daemon forgets it at its end (`forget`), and a read of /proc a round for each would
+    /// double the daemon's own.
     pub fn sweep(&mut self) {
         if let Some(t) = &self.unwind
             && let Ok(mut t) = t.lock()
         {
-            t.sweep(crate::targets::procfs::alive);
+            let procs = &self.procs;
+            t.sweep(|p| procs.contains_key(&p) || crate::targets::procfs::alive(p));
         }
     }
 

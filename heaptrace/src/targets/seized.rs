@@ -73,8 +73,7 @@ pub fn seize(pids: &[u32], forks: Arc<dyn Forks>) -> io::Result<(Seized, Holds)>
     std::thread::Builder::new()
         .name("heaptrace-tree".into())
         .spawn(move || {
-            let mut tree = Tree::new(forks, counter, (events_tx, ack_rx));
-            tree.finalize = held;
+            let mut tree = Tree::new(forks, counter, (events_tx, ack_rx), held);
             let _ = tx.send(tree.seize(&pids));
             tree.run();
         })?;
@@ -116,6 +115,7 @@ impl Tree {
             tokio::sync::mpsc::UnboundedSender<Event>,
             mpsc::Receiver<()>,
         ),
+        finalize: Arc<FinalizeHold>,
     ) -> Tree {
         Tree {
             forks,
@@ -124,7 +124,7 @@ impl Tree {
             released,
             startup: HashMap::new(),
             daemon,
-            finalize: Arc::default(),
+            finalize,
         }
     }
 
