@@ -485,7 +485,9 @@ pub mod maps;
 pub mod fills {
     pub const SITES: u32 = 0;
     pub const SIZES: u32 = 1;
-    pub const COUNT: u32 = 2;
+    /// Stacks whose frames were stored in FRAMES.
+    pub const FRAMES: u32 = 2;
+    pub const COUNT: u32 = 3;
     /// Creations not counted (the process map).
     pub const NONE: u32 = u32::MAX;
 }

@@ -10,8 +10,8 @@ pub const STACK_GEN: &str = "STACK_GEN";
 pub const INFLIGHT: &str = "INFLIGHT";
 pub const INFLIGHT_SLOTS: &str = "INFLIGHT_SLOTS";
 pub const LOSSES: &str = "LOSSES";
-/// Entries created in the site and size maps, per CPU, by [`super::fills`] index: how full
-/// they are getting between two reads (heaptrace's `drain::relief`).
+/// Entries created in the site, size and frames maps, per CPU, by [`super::fills`] index: how
+/// full they are getting between two reads (heaptrace's `drain::relief`).
 pub const FILLS: &str = "FILLS";
 pub const FRAMES: &str = "FRAMES";
 pub const STACK_OWNERS: &str = "STACK_OWNERS";

@@ -198,7 +198,7 @@ pub static INFLIGHT: HashMap<u64, InFlight> = HashMap::with_max_entries(16384, 0
 #[map(name = "LOSSES")]
 pub static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOSS_COUNT as u32, 0);
 
-/// Entries created in SITES and SIZES (`heaptrace_common::fills`).
+/// Entries created in SITES, SIZES and FRAMES (`heaptrace_common::fills`).
 #[map(name = "FILLS")]
 pub static FILLS: PerCpuArray<u64> = PerCpuArray::with_max_entries(fills::COUNT, 0);
 

@@ -15,7 +15,7 @@ use aya_ebpf::{
     helpers::{bpf_get_smp_processor_id, generated},
 };
 use heaptrace_common::{
-    Loss, NO_ROOM_FRAME, STACK_FRAMES, StoredStack,
+    Loss, NO_ROOM_FRAME, STACK_FRAMES, StoredStack, fills,
     stack::{HASH_START, cache_choice, cache_index, cache_word, hash_finish, hash_step, ids},
     unwind::{
         Module, RULE_FRAME_POINTER, RULE_NO_ROOM, RULE_PENDING, SIGNAL_RBP, SIGNAL_RIP, SIGNAL_RSP,
@@ -24,7 +24,7 @@ use heaptrace_common::{
 };
 
 use crate::maps::{
-    BPF_NOEXIST, CHUNK_WORDS, FRAMES, STACK_CACHE, STACK_CHUNK, STACK_GEN, STACK_OWNERS,
+    BPF_NOEXIST, CHUNK_WORDS, FILLS, FRAMES, STACK_CACHE, STACK_CHUNK, STACK_GEN, STACK_OWNERS,
     STACK_SCRATCH, WALK, WalkState, add, lose, lose_index, slot_cpus, stack_cache_shift,
 };
 
@@ -385,7 +385,15 @@ fn find_or_store(s: &StoredStack, hash: u64, ids: [u32; 2]) -> Result<(u32, u32)
 fn store_frames(s: &StoredStack, hash: u64, id: u32) -> Result<(), i32> {
     // BPF_ANY: frames a freed id's stack left unread are this one's now.
     let r = match FRAMES.insert(&id, s, 0) {
-        Ok(()) if intact(s, hash) => return Ok(()),
+        Ok(()) if intact(s, hash) => {
+            // Counted for the reads between rounds (`drain::relief`): a round on a starved
+            // host can store more new stacks than FRAMES holds.
+            if let Some(n) = FILLS.get_ptr_mut(fills::FRAMES) {
+                // SAFETY: map value pointer, valid for the program's run.
+                add(unsafe { &mut *n }, 1);
+            }
+            return Ok(());
+        }
         Ok(()) => {
             // What was stored may be part another stack's: not kept.
             let _ = FRAMES.remove(&id);

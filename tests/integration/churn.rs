@@ -53,15 +53,17 @@ bpf_test!(
 bpf_test!(
     shared,
     /// Rounds far apart (a minute: only the last one at the exit) while a process makes 1,600
-    /// site and size keys into maps of 256 each: the maps are read and their past keys
-    /// retired between rounds as they fill, so nothing is lost and every count is exact.
-    fn site_and_size_maps_are_relieved_between_long_rounds() {
+    /// site and size keys into maps of 256 each, and 1,600 new stacks into a FRAMES of 1,024:
+    /// the maps are read (the keys' past ones retired, the frames archived) between rounds as
+    /// they fill, so nothing is lost and every count is exact.
+    fn site_size_and_frames_maps_are_relieved_between_long_rounds() {
         let (phases, per) = (16u64, 100u64);
         let json = json_path("stackchurn-relief");
         run_ok(
             heaptrace()
                 .args(["-q", "--no-tui", "--interval", "60s"])
                 .args(["--site-map-size", "256", "--size-map-size", "256"])
+                .args(["--stack-map-size", "2048"])
                 .args(["--json-max-stacks", "10000", "--json"])
                 .arg(&json)
                 .arg("--")

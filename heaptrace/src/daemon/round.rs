@@ -118,7 +118,13 @@ impl Daemon {
         self.emit(&round);
         self.prev = snap;
         self.round_seconds = began.elapsed().as_secs_f64();
-        log::debug!("round {} done in {:.3} s", round.index, self.round_seconds);
+        log::debug!(
+            "round {} done in {:.3} s: {} new stacks, {} stacks held",
+            round.index,
+            self.round_seconds,
+            round.stacks.len(),
+            self.idle.held()
+        );
         self.publish(None, None);
         Ok(())
     }

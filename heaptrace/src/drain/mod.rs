@@ -249,6 +249,7 @@ impl KernelMaps {
     /// the stacks of the keys read are stored by then (a program stores its stack before it
     /// counts).
     pub(super) fn read_frames(&mut self) -> Result<()> {
+        let at = self.fills.frames_now()?;
         let mut read = Vec::new();
         let archive = &mut self.archive;
         batch::per_cpu_hash::<u32, StoredStack>(self.frames_fd.as_fd(), 1, |id, stack| {
@@ -262,7 +263,9 @@ impl KernelMaps {
             self.stored_anew(*id, *hash);
         }
         let ids: Vec<u32> = read.into_iter().map(|(id, _)| id).collect();
-        Self::delete(&self.frames_fd, maps::FRAMES, &ids)
+        Self::delete(&self.frames_fd, maps::FRAMES, &ids)?;
+        self.fills.frames_read(at);
+        Ok(())
     }
 
     /// Frees stored stacks for others to take (ids as in the site map; lost ones, negative,
