@@ -54,6 +54,9 @@ pub const FOLDED: u32 = u32::MAX;
 pub const FOLDED_STACKS: usize = 65_536;
 /// The folded stack of the stacks past [`FOLDED_STACKS`], and of those never named.
 const OTHER: i32 = 0;
+/// The same for the stacks past the bound that were cut for want of room (their caller then
+/// `[more frames lost ...]`): still counted in `lost.stack` once folded.
+const OTHER_LOST: i32 = FOLDED_STACKS as i32 + 1;
 
 impl Profile {
     /// Marks process `key` ended: its figures are final, and its blocks still live were taken
@@ -191,6 +194,16 @@ impl Profile {
                 let fid = self.folded.ids.len() as i32 + 1;
                 self.folded.ids.insert(f.clone(), fid);
                 (fid, f)
+            }
+            (_, f)
+                if f.as_ref()
+                    .and_then(|f| f.last())
+                    .is_some_and(Frame::is_more_lost) =>
+            {
+                (
+                    OTHER_LOST,
+                    [Frame::folded_other(), Frame::more_lost()].into(),
+                )
             }
             _ => (OTHER, [Frame::folded_other()].into()),
         };
@@ -340,11 +353,26 @@ mod tests {
         for i in 0..FOLDED_STACKS {
             p.folded.ids.insert(frames(&[&i.to_string()]), i as i32 + 1);
         }
+        // Process 10's stack 8 was cut for want of room: its caller alone.
+        let cut: Arc<[Frame]> = [frames(&["caller"])[0].clone(), Frame::more_lost()].into();
+        p.stacks.insert((10, 8), cut);
+        let t = SiteTotals {
+            calls: 3,
+            ..Default::default()
+        };
+        p.sites.insert((10, 8, 0), t);
+        assert_eq!(p.losses_of(None)[heaptrace_common::Loss::Stack as usize], 3);
         p.fold(10, &mut leaks);
         assert_eq!(p.sites[&(FOLDED, OTHER, 0)].calls, 5);
         assert_eq!(
             *p.frames(&(FOLDED, OTHER, 0))[0].function,
             *"[other stacks of exited processes]"
+        );
+        assert_eq!(p.sites[&(FOLDED, OTHER_LOST, 0)].calls, 3);
+        assert_eq!(
+            p.losses_of(None)[heaptrace_common::Loss::Stack as usize],
+            3,
+            "still lost once folded"
         );
     }
 }
