@@ -73,7 +73,7 @@ impl Daemon {
         }
         // After the filter: the stacks of processes left out are never symbolized (in --all,
         // those of every other program on the host, and their debug info would stay loaded).
-        self.new_stacks(&mut round);
+        self.new_stacks(&mut round)?;
         self.keep_up()?;
         // Its caches grow with every program the host runs: bounded here, between rounds.
         self.symbolizer.trim();
@@ -325,7 +325,7 @@ impl Daemon {
     }
 
     /// Symbolizes the stacks first seen this round, while their processes are (maybe) alive.
-    pub(super) fn new_stacks(&mut self, round: &mut crate::drain::round::Round) {
+    pub(super) fn new_stacks(&mut self, round: &mut crate::drain::round::Round) -> Result<()> {
         self.early_maps();
         let new: Vec<(u32, i32)> = round
             .sites
@@ -338,7 +338,14 @@ impl Daemon {
             .collect();
         self.read_python_first(&new);
         let mut refreshed = HashSet::new();
+        let mut kept_up = Instant::now();
         for (pid, id) in new {
+            // Naming a round's new stacks can take seconds on a starved host (beside two
+            // `rustc`, tens of thousands of them); the maps fill meanwhile.
+            if kept_up.elapsed() >= RELIEF_EVERY {
+                self.keep_up()?;
+                kept_up = Instant::now();
+            }
             if refreshed.insert(pid) && procfs::alive(pid) {
                 self.modules.refresh(pid);
             }
@@ -351,6 +358,7 @@ impl Daemon {
         // After the stacks are named: a process gone before this round's read may have
         // stacks in the next one.
         self.modules.prune_early(procfs::alive);
+        Ok(())
     }
 
     /// Names the Python frames of the new stacks before any native frame is: a code object
