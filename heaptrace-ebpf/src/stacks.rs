@@ -331,7 +331,15 @@ pub fn store(ctx: &impl EbpfContext, tgid: u32) -> Result<u32, i32> {
             None => {}
         }
     }
-    let (choice, id) = find_or_store(s, hash, [first, second])?;
+    let (choice, id, new) = find_or_store(s, hash, [first, second])?;
+    if new {
+        // Counted for the reads between rounds (`drain::relief`): a round on a starved host
+        // can store more new stacks than FRAMES holds.
+        if let Some(n) = FILLS.get_ptr_mut(fills::FRAMES) {
+            // SAFETY: map value pointer, valid for the program's run.
+            add(unsafe { &mut *n }, 1);
+        }
+    }
     if let Some(w) = word {
         // SAFETY: as above; one aligned store, so a program preempted by another on this
         // CPU leaves the one word or the other, whole.
@@ -351,26 +359,26 @@ fn cached(hash: u64) -> Option<*mut u64> {
     STACK_CACHE.get_ptr_mut(cache_index(cpu, hash, stack_cache_shift()))
 }
 
-/// The stack's id and which of its two it is, stored now if it was not. An id is the stack's
+/// The stack's id, which of its two it is, and whether it was stored now. An id is the stack's
 /// while STACK_OWNERS holds its hash there; its frames wait in FRAMES until user space reads
 /// them (every round, and deletes them then).
 #[inline(always)]
-fn find_or_store(s: &StoredStack, hash: u64, ids: [u32; 2]) -> Result<(u32, u32), i32> {
+fn find_or_store(s: &StoredStack, hash: u64, ids: [u32; 2]) -> Result<(u32, u32, bool), i32> {
     for (choice, id) in [(0, ids[0]), (1, ids[1])] {
         // SAFETY: a read of the value; a concurrent delete (user space freeing the stack of a
         // process gone) leaves the element readable until the program ends.
         match unsafe { STACK_OWNERS.get(&id) } {
-            Some(held) if *held == hash => return Ok((choice, id)),
+            Some(held) if *held == hash => return Ok((choice, id, false)),
             Some(_) => continue,
             None => {}
         }
         match STACK_OWNERS.insert(&id, &hash, BPF_NOEXIST) {
-            Ok(()) => return store_frames(s, hash, id).map(|()| (choice, id)),
+            Ok(()) => return store_frames(s, hash, id).map(|()| (choice, id, true)),
             // Another CPU took the id first: for this stack, or another.
             Err(e) if e == -EEXIST => {
                 // SAFETY: as above.
                 if unsafe { STACK_OWNERS.get(&id) }.is_some_and(|held| *held == hash) {
-                    return Ok((choice, id));
+                    return Ok((choice, id, false));
                 }
             }
             Err(e) => return Err(e),
@@ -385,15 +393,7 @@ fn find_or_store(s: &StoredStack, hash: u64, ids: [u32; 2]) -> Result<(u32, u32)
 fn store_frames(s: &StoredStack, hash: u64, id: u32) -> Result<(), i32> {
     // BPF_ANY: frames a freed id's stack left unread are this one's now.
     let r = match FRAMES.insert(&id, s, 0) {
-        Ok(()) if intact(s, hash) => {
-            // Counted for the reads between rounds (`drain::relief`): a round on a starved
-            // host can store more new stacks than FRAMES holds.
-            if let Some(n) = FILLS.get_ptr_mut(fills::FRAMES) {
-                // SAFETY: map value pointer, valid for the program's run.
-                add(unsafe { &mut *n }, 1);
-            }
-            return Ok(());
-        }
+        Ok(()) if intact(s, hash) => return Ok(()),
         Ok(()) => {
             // What was stored may be part another stack's: not kept.
             let _ = FRAMES.remove(&id);
