@@ -216,6 +216,10 @@ fn unwind_one<const BY_MAPPING: bool>(f: &mut Frames<'_>) -> Result<(), u64> {
             kind::RSP => sp,
             kind::RBP => fp,
             kind::END => return Err(0),
+            // No rule where rbp is 0: the outermost frame by the ABI's mark. ld.so's
+            // `_dl_start_user`, which runs the libraries' constructors, has no FDE and
+            // clears rbp first; its stacks are whole, not cut.
+            _ if fp == 0 => return Err(0),
             _ => return Err(Loss::UnwindNoRule as u64),
         };
         let cfa = reg.wrapping_add(rule.cfa_words() * 8);

@@ -25,3 +25,4 @@ print("lost:", {k: v for k, v in d["lost"].items() if v})
 PY
 cat "$out/time"
 rm -rf "$out/target"
+echo "json: $out/all.json"

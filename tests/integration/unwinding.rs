@@ -158,6 +158,45 @@ bpf_test!(
 
 bpf_test!(
     shared,
+    /// A library's constructor mallocs, run by ld.so from `_dl_start_user`, which has no FDE
+    /// and clears rbp first: the stack is whole there, not counted as cut for want of a rule.
+    fn a_library_constructor_s_stack_ends_at_ld_so_s_start_whole() {
+        let lib = fixture(
+            "ctorlib",
+            ".so",
+            &["-O2", "-fomit-frame-pointer", "-shared", "-fPIC"],
+        );
+        let bin = fixture(
+            "ctorprog",
+            "",
+            &["-O2", "-Wl,--no-as-needed", lib.to_str().unwrap()],
+        );
+        let doc = trace("unwind-ctor", &bin, &[]);
+        let ctor: Vec<&Value> = doc["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["function"] == "malloc" && names(s).contains(&"ctor_alloc".into()))
+            .collect();
+        assert_eq!(ctor.len(), 1, "{ctor:?}");
+        assert_eq!(ctor[0]["calls"], 100);
+        let all = names(ctor[0]);
+        assert_eq!(
+            all.first().map(String::as_str),
+            Some("ctor_alloc"),
+            "{all:?}"
+        );
+        assert_eq!(
+            all.last().map(String::as_str),
+            Some("_dl_start_user"),
+            "{all:?}"
+        );
+        assert_eq!(doc["lost"]["unwind_no_rule"], 0, "{}", doc["lost"]);
+    }
+);
+
+bpf_test!(
+    shared,
     /// The program keeps frame pointers, its library has none (and the other way round):
     /// frame-pointer steps and table steps interleave in one stack.
     fn frame_pointer_and_table_frames_interleave() {
