@@ -5,6 +5,7 @@
 #![no_std]
 
 pub mod filter;
+pub mod histogram;
 pub mod inproc;
 pub mod keyed;
 pub mod live;
@@ -15,6 +16,7 @@ pub mod sampling;
 pub mod stack;
 pub mod unwind;
 
+pub use histogram::{LOG2_BUCKETS, bit_length, log2_bucket, log2_bucket_floor};
 pub use stack::{CALLER_ID_BASE, NO_ROOM_FRAME, STACK_FRAMES, StoredStack};
 
 /// Functions of the malloc family heaptrace probes, as indexes into [`ProcCounters::funcs`].
@@ -220,45 +222,6 @@ pub mod mode {
     /// user stack at the return and count calls. What heaptrace's real work costs is the
     /// difference.
     pub const BARE: u32 = 255;
-}
-
-/// Buckets of the power-of-two histograms: bucket `b` holds values in `[2^(b-1), 2^b)`,
-/// bucket 0 holds 0, the last bucket everything from `2^(LOG2_BUCKETS-2)` up.
-pub const LOG2_BUCKETS: usize = 32;
-
-/// The number of significant bits of `v` (0 for 0). BPF has no count-leading-zeros
-/// instruction, and a binary search made the verifier follow each result on its own path
-/// through the rest of a program (a result is an index, so its value is kept): the top bit is
-/// smeared down and the ones counted instead, with no branch.
-#[inline(always)]
-pub fn bit_length(v: u64) -> u32 {
-    let mut x = v;
-    x |= x >> 1;
-    x |= x >> 2;
-    x |= x >> 4;
-    x |= x >> 8;
-    x |= x >> 16;
-    x |= x >> 32;
-    x -= (x >> 1) & 0x5555_5555_5555_5555;
-    x = (x & 0x3333_3333_3333_3333) + ((x >> 2) & 0x3333_3333_3333_3333);
-    x = (x + (x >> 4)) & 0x0f0f_0f0f_0f0f_0f0f;
-    (x.wrapping_mul(0x0101_0101_0101_0101) >> 56) as u32
-}
-
-/// The bucket of `v`: the number of significant bits, capped at the last bucket.
-#[inline(always)]
-pub fn log2_bucket(v: u64) -> usize {
-    let r = bit_length(v) as usize;
-    if r >= LOG2_BUCKETS {
-        LOG2_BUCKETS - 1
-    } else {
-        r
-    }
-}
-
-/// The smallest value that lands in bucket `b`.
-pub const fn log2_bucket_floor(b: usize) -> u64 {
-    if b == 0 { 0 } else { 1u64 << (b - 1) }
 }
 
 /// An allocation site: the process, the user stack (id in the stack map) and the function.
@@ -567,35 +530,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bit_length_counts_significant_bits() {
-        for v in [0u64, 1, 2, 3, 255, 256, 1 << 40, u64::MAX]
-            .into_iter()
-            .chain((0..64).flat_map(|b| [1u64 << b, (1u64 << b) - 1, (1u64 << b) | 1]))
-        {
-            assert_eq!(bit_length(v), 64 - v.leading_zeros(), "{v:#x}");
-        }
-    }
-
-    #[test]
     fn inflight_slots_are_a_power_of_two_up_to_the_map() {
         assert_eq!(inflight_slots(16384), 16384);
         assert_eq!(inflight_slots(10000), 8192);
         assert_eq!(inflight_slots(u32::MAX), 1 << 16);
         assert_eq!(inflight_slots(1), 1);
         assert_eq!(inflight_slots(0), 1);
-    }
-
-    #[test]
-    fn log2_buckets_hold_their_floors() {
-        assert_eq!(log2_bucket(0), 0);
-        assert_eq!(log2_bucket(1), 1);
-        assert_eq!(log2_bucket(2), 2);
-        assert_eq!(log2_bucket(3), 2);
-        assert_eq!(log2_bucket(1000), 10);
-        assert_eq!(log2_bucket(1024), 11);
-        assert_eq!(log2_bucket(u64::MAX), LOG2_BUCKETS - 1);
-        for b in 0..LOG2_BUCKETS {
-            assert_eq!(log2_bucket(log2_bucket_floor(b)), b);
-        }
     }
 }
