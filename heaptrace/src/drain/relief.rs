@@ -17,9 +17,11 @@ pub(super) struct Fills {
     map: PerCpuArray<MapData, u64>,
     /// Each map's capacity.
     capacity: [u64; 3],
-    /// The entries created by the read before last and by the last read (`moved`); FRAMES's
-    /// are those created by its last read (`frames_read`), the map holding only those since.
+    /// The entries created by the read before last and by the last read (`moved`); only
+    /// the site and size maps' are used, FRAMES being emptied by its own reads.
     at_reads: [[u64; 3]; 2],
+    /// The stacks stored in FRAMES up to its last read.
+    frames_at_read: u64,
 }
 
 /// What is filling (`Fills::due`).
@@ -45,6 +47,7 @@ impl Fills {
             map: take(ebpf, maps::FILLS)?,
             capacity,
             at_reads: [[0; 3]; 2],
+            frames_at_read: 0,
         })
     }
 
@@ -60,10 +63,7 @@ impl Fills {
 
     /// A read moved the generation on: the keys created before the read before it are gone.
     pub(super) fn moved(&mut self) -> Result<()> {
-        let now = self.created()?;
-        let frames = self.at_reads[1][2];
-        self.at_reads = [self.at_reads[1], now];
-        self.at_reads[1][2] = frames;
+        self.at_reads = [self.at_reads[1], self.created()?];
         Ok(())
     }
 
@@ -75,7 +75,7 @@ impl Fills {
 
     /// FRAMES was read and emptied of what was stored up to `at` (`frames_now`).
     pub(super) fn frames_read(&mut self, at: u64) {
-        self.at_reads[1][2] = at;
+        self.frames_at_read = at;
     }
 
     /// Whether a map holds a quarter of its capacity in entries created since the read that
@@ -85,11 +85,8 @@ impl Fills {
     /// entries each read copies are about as many whatever the threshold.
     pub(super) fn due(&self) -> Result<Due> {
         let now = self.created()?;
-        let since = [
-            self.at_reads[0][0],
-            self.at_reads[0][1],
-            self.at_reads[1][2],
-        ];
+        let [sites, sizes, _] = self.at_reads[0];
+        let since = [sites, sizes, self.frames_at_read];
         let full = quarter_full(now, since, self.capacity);
         Ok(Due {
             keys: full[0] || full[1],
