@@ -132,7 +132,7 @@ bpf_test!(
 bpf_test!(
     /// A handler's stacks go on through the signal frame (`__restore_rt`, whose CFA is a
     /// DWARF expression) into the code it interrupted, to `_start`: on the thread's stack and
-    /// on an alternate one (but in a PLT stub, counted). Where the signal came while the kernel's uretprobe trampoline ran
+    /// on an alternate one. Where the signal came while the kernel's uretprobe trampoline ran
     /// (a probed malloc returning: its frame is in the `[uprobes]` page), the walk goes on by
     /// frame pointer from there and misses main; elsewhere main is in the stack.
     fn handler_stacks_go_on_through_the_signal_frame() {
@@ -150,8 +150,7 @@ bpf_test!(
                 }
             }
             assert!(through > 0, "{extra:?}: no handler stacks");
-            // A signal in a PLT stub (its CFA is an expression too) cuts the stack there,
-            // counted.
+            // A stack cut for want of a rule is counted.
             let cut = doc["lost"]["unwind_no_rule"].as_u64().unwrap();
             assert!(
                 whole + cut >= through,
@@ -206,5 +205,55 @@ bpf_test!(
         }
         assert!(through > 0, "no handler stacks");
         assert_eq!(whole, through, "handler calls reaching _start");
+    }
+);
+
+bpf_test!(
+    shared,
+    /// A signal taken in a PLT stub (the lazy PLT's CFA is a DWARF expression): `pltfault`
+    /// faults on fetching `labs@plt` 50 times, and its SIGSEGV handler mallocs each time.
+    /// Both walks go on through the stub to `_start`, none cut.
+    fn a_signal_in_a_plt_stub_is_unwound_through() {
+        use object::{Object as _, ObjectSection as _};
+        let bin = fixture("pltfault", "", &[]);
+        let data = std::fs::read(&bin).unwrap();
+        let file = object::File::parse(&data[..]).unwrap();
+        let plt = file.section_by_name(".plt").expect("a lazy .plt");
+        let plt = plt.address()..=plt.address() + plt.size();
+        for how in [&[][..], &["--in-process"][..]] {
+            let json = json_path(&format!("pltfault{}", how.concat()));
+            let mut cmd = heaptrace();
+            cmd.args(["--no-tui", "-q", "--mode", "stacks"])
+                .args(how)
+                .arg("--json")
+                .arg(&json)
+                .arg("--")
+                .arg(&bin)
+                .arg("50");
+            run_ok(&mut cmd);
+            let doc = read_json(&json);
+            let (mut handler, mut whole, mut in_plt) = (0, 0, 0);
+            for s in doc["stacks"].as_array().unwrap() {
+                let frames = function_names(s);
+                let Some(at) = frames.iter().position(|f| *f == "on_fault") else {
+                    continue;
+                };
+                if s["function"] != "malloc" {
+                    continue;
+                }
+                let calls = s["calls"].as_u64().unwrap();
+                handler += calls;
+                whole += calls * u64::from(frames.last() == Some(&"_start"));
+                // After the handler, __restore_rt; then the interrupted stub.
+                let stub = &s["frames"][at + 2];
+                let at_stub = stub["module"] == "pltfault"
+                    && stub["offset"].as_u64().is_some_and(|o| plt.contains(&o));
+                in_plt += calls * u64::from(at_stub);
+            }
+            assert_eq!(handler, 50, "{how:?}");
+            assert_eq!(in_plt, 50, "{how:?}: interrupted in the stub");
+            assert_eq!(whole, 50, "{how:?}: reaching _start");
+            assert_eq!(doc["lost"]["unwind_no_rule"], 0, "{how:?}: {}", doc["lost"]);
+        }
     }
 );

@@ -4,6 +4,7 @@
 //! (`region`). docs/unwinding.md has the design.
 pub mod chunks;
 pub mod loaded;
+mod plt;
 pub mod python;
 pub mod region;
 pub mod space;

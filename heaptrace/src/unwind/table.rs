@@ -8,6 +8,8 @@ use gimli::{
     UnwindSection, X86_64,
 };
 use heaptrace_common::unwind::{MAX_FILE_ROWS, Row, kind};
+
+use super::plt;
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
 
 type Reader<'a> = EndianSlice<'a, LittleEndian>;
@@ -16,7 +18,7 @@ type Reader<'a> = EndianSlice<'a, LittleEndian>;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Functions described (FDEs); those of 16 bytes or more whose CFA is never an expression
-    /// (not PLT stubs), and those of them whose CFA is rbp + 16 somewhere: built with a frame
+    /// (not PLT stubs, not even the lazy PLT's, made plain rows), and those of them whose CFA is rbp + 16 somewhere: built with a frame
     /// pointer.
     pub fdes: u32,
     pub fn_fdes: u32,
@@ -25,6 +27,8 @@ pub struct Stats {
     pub bad_fdes: u32,
     /// CFI rows whose CFA is a DWARF expression (the PLT's, a signal frame's).
     pub expressions: u32,
+    /// CFI rows of a lazy PLT, whose CFA expression is known and made plain rows.
+    pub plt_rows: u32,
     /// CFI rows with another rule the kernel does not follow.
     pub other: u32,
 }
@@ -216,7 +220,7 @@ fn collect<'a, S: UnwindSection<Reader<'a>>>(
         };
         let mut rows = Vec::new();
         let mut fp = false;
-        let expressions = stats.expressions;
+        let expressions = stats.expressions + stats.plt_rows;
         loop {
             match table.next_row() {
                 Ok(Some(r)) => {
@@ -225,6 +229,13 @@ fn collect<'a, S: UnwindSection<Reader<'a>>>(
                     let Ok(pc) = u32::try_from(r.start_address()) else {
                         break;
                     };
+                    let room = (MAX_FILE_ROWS as usize).saturating_sub(held);
+                    if let Some(plt) = plt_rows(section, r, room) {
+                        held += plt.len();
+                        rows.extend(plt);
+                        stats.plt_rows += 1;
+                        continue;
+                    }
                     rows.push(row(pc, r, stats));
                     held += 1;
                     if held > MAX_FILE_ROWS as usize {
@@ -238,7 +249,7 @@ fn collect<'a, S: UnwindSection<Reader<'a>>>(
                 }
             }
         }
-        let function = fde.len() >= 16 && stats.expressions == expressions;
+        let function = fde.len() >= 16 && stats.expressions + stats.plt_rows == expressions;
         let fp = fp && function;
         stats.fdes += 1;
         stats.fn_fdes += u32::from(function);
@@ -252,6 +263,20 @@ fn collect<'a, S: UnwindSection<Reader<'a>>>(
         });
     }
     Ok(())
+}
+
+/// A lazy PLT's row, whose CFA expression [`plt`] knows, as plain rows; None where it is not
+/// one, or would need more than `room` rows (counted then as an expression by `row`).
+fn plt_rows<'a, S: UnwindSection<Reader<'a>>>(
+    section: &S,
+    r: &gimli::UnwindTableRow<usize>,
+    room: usize,
+) -> Option<Vec<Row>> {
+    let CfaRule::Expression(e) = r.cfa() else {
+        return None;
+    };
+    let k = plt::pushed_at(e.get(section).ok()?.0.slice())?;
+    plt::rows(r.start_address(), r.end_address(), k, room)
 }
 
 /// One CFI row as the kernel follows it.

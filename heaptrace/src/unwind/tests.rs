@@ -1,5 +1,5 @@
 use heaptrace_common::unwind::{Row, kind};
-use object::{Object as _, ObjectSymbol as _};
+use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 
 use super::table::{FileTable, TableError, build};
 
@@ -63,8 +63,22 @@ fn without_frame_pointers_the_cfa_follows_rsp_through_the_function() {
     let end = t.rows.iter().find(|r| u64::from(r.pc) > f + 0x10).unwrap();
     assert!(u64::from(end.pc) <= f + 0x20);
     assert_eq!(t.stats.bad_fdes, 0);
-    // The PLT's CFA is an expression: counted, and a row with no rule.
-    assert!(t.stats.expressions >= 1, "{:?}", t.stats);
+    // The lazy PLT's CFA expression is made plain rows: rsp + 8 at an entry's start, rsp + 16
+    // once its push ran; its stubs are not functions.
+    assert!(t.stats.plt_rows >= 1, "{:?}", t.stats);
+    assert_eq!(t.stats.expressions, 0, "{:?}", t.stats);
+    let plt = {
+        let file = object::File::parse(&data[..]).unwrap();
+        file.section_by_name(".plt").unwrap().address()
+    };
+    let entry = plt + 16;
+    assert_eq!(rule(t.row_for(entry).unwrap()), rsp(1));
+    assert_eq!(rule(t.row_for(entry + 10).unwrap()), rsp(1));
+    assert_eq!(
+        rule(t.row_for(entry + 11).unwrap()),
+        rsp(2),
+        "after the push"
+    );
 }
 
 #[test]
