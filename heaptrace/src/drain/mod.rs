@@ -6,6 +6,7 @@
 //! flag the hot path must check) and cannot lose or double-count a call: an increment that lands
 //! after the read is simply in the next round's difference.
 pub mod before_attach;
+pub mod buckets;
 mod forget;
 pub mod idle;
 pub mod in_process;

@@ -39,10 +39,9 @@ impl<K, V> Default for Past<K, V> {
 }
 
 /// A retired site's figures: a `SiteTotals` without its size histogram (the kernel's site
-/// counters have none: it is folded from the sizes at each snapshot) and with its lifetimes
-/// only where some were timed: a sixth of the room. Under `--all` the archive holds every
-/// live process's sites of past rounds (its table of `SiteTotals` reached 74 MiB beside a
-/// compile loop and Rust builds).
+/// counters have none: it is folded from the sizes at each snapshot). Under `--all` the
+/// archive holds every live process's sites of past rounds (its table of dense `SiteTotals`
+/// reached 74 MiB beside a compile loop and Rust builds).
 #[derive(Default)]
 pub(super) struct RetiredSite {
     calls: u64,
@@ -53,7 +52,7 @@ pub(super) struct RetiredSite {
     live_bytes: i64,
     temp_blocks: u64,
     temp_bytes: u64,
-    lifetimes: Option<Box<crate::drain::round::Log2>>,
+    lifetimes: crate::drain::round::Buckets,
 }
 
 impl RetiredSite {
@@ -67,15 +66,9 @@ impl RetiredSite {
         self.live_bytes = signed(self.live_bytes, t.live_bytes);
         self.temp_blocks = self.temp_blocks.wrapping_add(t.temp_blocks);
         self.temp_bytes = self.temp_bytes.wrapping_add(t.temp_bytes);
-        debug_assert!(
-            t.sizes.iter().all(|n| *n == 0),
-            "a kernel site has no sizes"
-        );
-        if t.lifetimes.iter().any(|n| *n != 0) {
-            let l = self.lifetimes.get_or_insert_with(Default::default);
-            for (a, b) in l.iter_mut().zip(t.lifetimes.iter()) {
-                *a = a.wrapping_add(*b);
-            }
+        debug_assert!(t.sizes.is_empty(), "a kernel site has no sizes");
+        if !t.lifetimes.is_empty() {
+            self.lifetimes = self.lifetimes.zip(&t.lifetimes, u64::wrapping_add);
         }
     }
 
@@ -89,7 +82,7 @@ impl RetiredSite {
             live_bytes: self.live_bytes,
             temp_blocks: self.temp_blocks,
             temp_bytes: self.temp_bytes,
-            lifetimes: self.lifetimes.as_deref().copied().unwrap_or_default(),
+            lifetimes: self.lifetimes.clone(),
             ..SiteTotals::default()
         }
     }
@@ -302,15 +295,14 @@ mod tests {
         };
         let mut r = RetiredSite::default();
         r.plus(&a);
-        assert!(r.lifetimes.is_none(), "no lifetimes timed, none kept");
+        assert!(r.lifetimes.is_empty(), "no lifetimes timed, none kept");
         assert_eq!(r.totals(), a);
-        a.lifetimes[4] = 2;
+        a.lifetimes.set(4, 2);
         r.plus(&a);
-        let mut twice = a;
+        let mut twice = a.clone();
         twice.plus(&a);
-        twice.lifetimes = a.lifetimes;
+        twice.lifetimes = a.lifetimes.clone();
         assert_eq!(r.totals(), twice);
-        assert!(std::mem::size_of::<RetiredSite>() * 5 < std::mem::size_of::<SiteTotals>());
     }
 
     #[test]

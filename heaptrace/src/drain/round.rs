@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use heaptrace_common::{FUNC_COUNT, Func, LOG2_BUCKETS, LOSS_COUNT, ProcCounters, SiteCounters};
 use serde::{Deserialize, Serialize};
 
+pub use crate::drain::buckets::Buckets;
 use crate::targets::procfs::Mem;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -170,7 +171,7 @@ pub fn take_range<K: Ord + Copy, V>(
 pub type Log2 = [u64; LOG2_BUCKETS];
 
 /// Counters of one allocation site; cumulative in a snapshot, a difference in a round.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SiteTotals {
     pub calls: u64,
     pub bytes: u64,
@@ -180,13 +181,9 @@ pub struct SiteTotals {
     pub live_bytes: i64,
     pub temp_blocks: u64,
     pub temp_bytes: u64,
-    pub sizes: Log2,
+    pub sizes: Buckets,
     /// Lifetimes of released blocks, in units of 1024 ns.
-    pub lifetimes: Log2,
-}
-
-fn log2_zip(a: &Log2, b: &Log2, op: impl Fn(u64, u64) -> u64 + Copy) -> Log2 {
-    std::array::from_fn(|i| op(a[i], b[i]))
+    pub lifetimes: Buckets,
 }
 
 impl SiteTotals {
@@ -202,15 +199,19 @@ impl SiteTotals {
             live_bytes: signed(self.live_bytes, other.live_bytes),
             temp_blocks: op(self.temp_blocks, other.temp_blocks),
             temp_bytes: op(self.temp_bytes, other.temp_bytes),
-            sizes: log2_zip(&self.sizes, &other.sizes, op),
-            lifetimes: log2_zip(&self.lifetimes, &other.lifetimes, op),
+            sizes: self.sizes.zip(&other.sizes, op),
+            lifetimes: self.lifetimes.zip(&other.lifetimes, op),
         }
     }
 
     pub fn from_per_cpu<'a>(cpus: impl IntoIterator<Item = &'a SiteCounters>) -> SiteTotals {
         let mut t = SiteTotals::default();
         let (mut untracked, mut untracked_bytes) = (0u64, 0u64);
+        let mut lifetimes: Log2 = [0; LOG2_BUCKETS];
         for c in cpus {
+            for (a, b) in lifetimes.iter_mut().zip(c.lifetimes) {
+                *a = a.wrapping_add(b);
+            }
             untracked = untracked.wrapping_add(c.untracked);
             untracked_bytes = untracked_bytes.wrapping_add(c.untracked_bytes);
             let cpu = SiteTotals {
@@ -220,11 +221,11 @@ impl SiteTotals {
                 freed_bytes: c.freed_bytes,
                 temp_blocks: c.temp_blocks,
                 temp_bytes: c.temp_bytes,
-                lifetimes: c.lifetimes,
                 ..SiteTotals::default()
             };
             t = t.zip(&cpu, u64::wrapping_add);
         }
+        t.lifetimes = Buckets::from_dense(&lifetimes);
         // The kernel keeps no live counters per site: what was allocated minus what was freed,
         // minus what the live map refused (its frees are not seen as this site's).
         t.live_blocks = t.calls.wrapping_sub(t.frees).wrapping_sub(untracked) as i64;
@@ -246,13 +247,13 @@ impl SiteTotals {
 
 /// The entries of `cur` that differ from `base`'s (`minus`), those new in `cur` whole; an
 /// entry that did not change is left out.
-pub fn map_delta<K: Ord + Copy, V: Copy + PartialEq + Default>(
+pub fn map_delta<K: Ord + Copy, V: Clone + PartialEq + Default>(
     cur: &BTreeMap<K, V>,
     base: &BTreeMap<K, V>,
     minus: impl Fn(&V, &V) -> V,
 ) -> BTreeMap<K, V> {
     cur.iter()
-        .map(|(k, v)| (*k, base.get(k).map_or(*v, |b| minus(v, b))))
+        .map(|(k, v)| (*k, base.get(k).map_or_else(|| v.clone(), |b| minus(v, b))))
         .filter(|(_, d)| *d != V::default())
         .collect()
 }
@@ -503,8 +504,7 @@ impl Snapshot {
     pub fn fold_site_sizes(&mut self) {
         for (&(tgid, func, size, stack_id), &n) in &self.sizes {
             if let Some(site) = self.sites.get_mut(&(tgid, stack_id, func)) {
-                let b = &mut site.sizes[heaptrace_common::log2_bucket(size)];
-                *b = b.wrapping_add(n);
+                site.sizes.add(heaptrace_common::log2_bucket(size), n);
             }
         }
     }
@@ -590,7 +590,7 @@ impl Snapshot {
             .map(|(p, h)| (*p, h.clone()))
             .collect();
         for (f, hist) in self.latency.iter().enumerate() {
-            round.latency[f] = log2_zip(hist, &prev.latency[f], u64::wrapping_sub);
+            round.latency[f] = std::array::from_fn(|i| hist[i].wrapping_sub(prev.latency[f][i]));
         }
         round
     }

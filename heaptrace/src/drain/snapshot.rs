@@ -238,17 +238,17 @@ impl KernelMaps {
                 let fix = peak_fix(per_cpu.iter().chain(slots), seq, pending);
                 (seq, fix)
             });
-            if key.round != round {
-                past.totals.insert(*key, t);
-                if let Some(f) = fix.filter(|f| f.1 != (0, 0)) {
-                    past_fix.push((*key, f));
-                }
-            }
             if epochs.get(&key.tgid) == Some(&key.epoch) {
                 let id = (key.tgid, key.stack_id, u32::from(key.func));
                 snap.sites.entry(id).or_default().plus(&t);
                 if let Some((_, f)) = fix {
                     add_fix(snap.peak_fix.entry(id).or_default(), f);
+                }
+            }
+            if key.round != round {
+                past.totals.insert(*key, t);
+                if let Some(f) = fix.filter(|f| f.1 != (0, 0)) {
+                    past_fix.push((*key, f));
                 }
             }
         };

@@ -239,7 +239,7 @@ mod tests {
                 bytes: 50,
                 ..Default::default()
             };
-            p.sites.insert((pid, st, 0), t);
+            p.sites.insert((pid, st, 0), t.clone());
             p.sizes.insert((pid, 0, 10, st), 5);
             // As sampling keeps them: the sampled counters and their weights, per site.
             p.samples.insert((pid, st, 0), t);

@@ -388,7 +388,7 @@ impl Profile {
             .into_iter()
             .map(|(id, l)| {
                 let w = self.weights.get(&id).copied().unwrap_or_default();
-                let raw_site = self.samples.get(&id).copied().unwrap_or_default();
+                let raw_site = self.samples.get(&id).cloned().unwrap_or_default();
                 let (_, scale) =
                     crate::profile::sampling::estimate(&raw_site, &w, self.sample_bytes);
                 (id, crate::profile::sampling::scale_leak(&l, scale))
@@ -527,7 +527,7 @@ impl Profile {
             .sites
             .iter()
             .filter(|(_, s)| key(s) > 0)
-            .map(|(id, s)| (*id, *s))
+            .map(|(id, s)| (*id, s.clone()))
             .collect();
         v.sort_by_key(|(id, s)| (std::cmp::Reverse(key(s)), *id));
         v.truncate(top);

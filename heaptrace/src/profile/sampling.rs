@@ -134,11 +134,11 @@ pub fn estimate(raw: &SiteTotals, w: &Weighted, sample_bytes: u64) -> (SiteTotal
         temp_bytes: by(raw.temp_bytes, scale.bytes),
         ..SiteTotals::default()
     };
-    for (e, s) in t.sizes.iter_mut().zip(sizes) {
-        *e = s.round() as u64;
+    for (b, s) in sizes.iter().enumerate() {
+        t.sizes.set(b, s.round() as u64);
     }
-    for (e, l) in t.lifetimes.iter_mut().zip(raw.lifetimes) {
-        *e = by(l, scale.blocks);
+    for (b, l) in raw.lifetimes.iter() {
+        t.lifetimes.set(b, by(l, scale.blocks));
     }
     // Blocks the live map refused left the raw live figures at once (see SiteTotals); scaled
     // like the frees, they leave the estimates too.
@@ -220,7 +220,7 @@ mod tests {
         assert_eq!(est.sizes[log2_bucket(1 << 20)], 2);
         assert_eq!(est.live_blocks, est.calls as i64 - est.frees as i64);
         // A sampled allocation the histogram does not hold yet: weighted by its size.
-        let mut more = raw;
+        let mut more = raw.clone();
         more.calls += 1;
         more.bytes += 2048;
         more.live_blocks += 1;

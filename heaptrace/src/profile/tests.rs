@@ -269,7 +269,7 @@ fn sampled_sites_become_estimates_and_so_do_live_figures() {
     );
     p.apply(&r);
     let w = crate::profile::sampling::weight(1024, n);
-    let site = p.sites[&(10, 5, 0)];
+    let site = &p.sites[&(10, 5, 0)];
     assert_eq!(site.calls, (10.0 * w).round() as u64);
     assert_eq!(site.frees, (4.0 * w).round() as u64);
     assert_eq!(p.samples[&(10, 5, 0)].calls, 10);

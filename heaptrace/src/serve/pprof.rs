@@ -38,7 +38,7 @@ pub fn sites(p: &Profile, q: &Query) -> BTreeMap<SiteId, SiteTotals> {
     p.sites
         .iter()
         .filter(|(id, _)| admitted.contains(&id.0))
-        .map(|(id, t)| (*id, *t))
+        .map(|(id, t)| (*id, t.clone()))
         .collect()
 }
 

@@ -40,7 +40,7 @@ pub fn running(p: &Profile) -> Profile {
     let mut sites = BTreeMap::new();
     let mut stacks = BTreeMap::new();
     for pid in procs.keys() {
-        sites.extend(p.sites.range(site_ids(*pid)).map(|(k, v)| (*k, *v)));
+        sites.extend(p.sites.range(site_ids(*pid)).map(|(k, v)| (*k, v.clone())));
         let ids = (*pid, i32::MIN)..=(*pid, i32::MAX);
         stacks.extend(p.stacks.range(ids).map(|(k, v)| (*k, v.clone())));
     }

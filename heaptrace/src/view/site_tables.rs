@@ -56,7 +56,7 @@ pub fn top_by_bytes(profile: &Profile, top: usize, names: &Names) -> String {
     let rows = profile.top_sites(top, |t| t.bytes as i64);
     let ids: Vec<SiteId> = rows.iter().map(|r| r.0).collect();
     for ((_, t), label) in rows.iter().zip(labels(profile, &ids, names)) {
-        let life = percentiles(&t.lifetimes, 1024)
+        let life = percentiles(&t.lifetimes.dense(), 1024)
             .map(|p| format!(", lifetime p50 {}", nanos(p.p50)))
             .unwrap_or_default();
         let _ = writeln!(

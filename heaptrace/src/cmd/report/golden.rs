@@ -53,8 +53,8 @@ fn round(index: u64, a: u64, b: u64, with_stacks: bool) -> Round {
         temp_bytes: 100 * a,
         ..Default::default()
     };
-    sa.sizes[heaptrace_common::log2_bucket(100)] = a;
-    sa.lifetimes[3] = a;
+    sa.sizes.set(heaptrace_common::log2_bucket(100), a);
+    sa.lifetimes.set(3, a);
     r.sites.insert((7, 1, 0), sa);
     r.sites.insert(
         (7, 2, 0),

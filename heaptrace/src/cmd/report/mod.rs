@@ -211,7 +211,7 @@ fn only_pid(r: &Round, pid: u32) -> Round {
         .sites
         .iter()
         .filter(|(k, _)| real(k.0) == pid)
-        .map(|(k, v)| (*k, *v))
+        .map(|(k, v)| (*k, v.clone()))
         .collect();
     out.mem = r
         .mem

@@ -128,8 +128,8 @@ impl Region {
                 && [s.bytes, s.freed_bytes, s.temp_bytes]
                     .iter()
                     .all(|n| *n <= MAX_BYTES)
-                && s.lifetimes.iter().all(|n| *n <= MAX_COUNT)
-                && s.sizes.iter().all(|n| *n <= MAX_COUNT)
+                && s.lifetimes.iter().all(|(_, n)| n <= MAX_COUNT)
+                && s.sizes.iter().all(|(_, n)| n <= MAX_COUNT)
         };
         let sum = |f: fn(&crate::drain::round::SiteTotals) -> u64| -> u128 {
             snap.sites.values().map(|s| f(s) as u128).sum()

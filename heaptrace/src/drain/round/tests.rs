@@ -101,11 +101,11 @@ fn sites_get_their_sizes_from_the_exact_histogram() {
     s.sizes.insert((9, 0, 64, heaptrace_common::NOT_SAMPLED), 9); // sampled out: no site
     s.fold_site_sizes();
     let b = heaptrace_common::log2_bucket;
-    let sizes = s.sites[&site].sizes;
+    let sizes = &s.sites[&site].sizes;
     assert_eq!((sizes[b(100)], sizes[b(5000)]), (5, 1));
-    assert_eq!(sizes.iter().sum::<u64>(), 6);
+    assert_eq!(sizes.sum(), 6);
     assert_eq!(s.sites[&other].sizes[b(64)], 4);
-    assert_eq!(s.sites[&other].sizes.iter().sum::<u64>(), 4);
+    assert_eq!(s.sites[&other].sizes.sum(), 4);
     assert_eq!(s.sites.len(), 2);
 }
 
@@ -126,15 +126,15 @@ fn site_deltas_follow_the_same_arithmetic() {
     s2.sites.insert(id, SiteTotals::from_per_cpu([&c, &freed]));
     s2.latency[0][5] = 10;
     let r = s2.since(&s1);
-    let d = r.sites[&id];
+    let d = &r.sites[&id];
     assert_eq!(
         (d.calls, d.frees, d.live_blocks, d.live_bytes),
         (0, 2, -2, -200)
     );
     assert_eq!(d.lifetimes[3], 2);
     assert_eq!(r.latency[0][5], 7);
-    let mut total = s1.since(&Snapshot::default()).sites[&id];
-    total.plus(&d);
+    let mut total = s1.since(&Snapshot::default()).sites[&id].clone();
+    total.plus(d);
     assert_eq!(total, s2.sites[&id]);
 }
 

@@ -155,7 +155,7 @@ pub fn pprof(rec: &Recording, p: &Profile, names: &Names) -> PProfile {
         ids.extend(l.keys().copied().filter(|k| !p.sites.contains_key(k)));
     }
     for id in ids {
-        let site = p.sites.get(&id).copied().unwrap_or_default();
+        let site = p.sites.get(&id).cloned().unwrap_or_default();
         let leak = p
             .leaks
             .as_ref()

@@ -182,8 +182,6 @@ fn stack(
     let sizes: Vec<Value> = t
         .sizes
         .iter()
-        .enumerate()
-        .filter(|(_, n)| **n > 0)
         .map(|(b, n)| json!({ "from": heaptrace_common::log2_bucket_floor(b), "count": n }))
         .collect();
     with(
@@ -199,7 +197,7 @@ fn stack(
             "live_bytes": t.live_bytes,
             "temporary": { "blocks": t.temp_blocks, "bytes": t.temp_bytes },
             "sizes": sizes,
-            "lifetime": percentiles_json(percentiles(&t.lifetimes, 1024)),
+            "lifetime": percentiles_json(percentiles(&t.lifetimes.dense(), 1024)),
         }),
     )
 }

@@ -89,8 +89,8 @@ fn stacks_carry_frames_and_counters() {
         temp_bytes: 100,
         ..Default::default()
     };
-    t.sizes[heaptrace_common::log2_bucket(100)] = 2;
-    t.lifetimes[1] = 1;
+    t.sizes.set(heaptrace_common::log2_bucket(100), 2);
+    t.lifetimes.set(1, 1);
     p.sites.insert((7, 3, 0), t);
     let mut leaked = std::collections::BTreeMap::new();
     leaked.insert(

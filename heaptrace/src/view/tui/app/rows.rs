@@ -140,7 +140,7 @@ impl App {
                 }
                 Some(SiteRow {
                     id: *id,
-                    totals: *t,
+                    totals: t.clone(),
                     leak: leaks.map(|l| l.get(id).copied().unwrap_or_default()),
                     named: wrappers.site(&frames).0,
                     frames,

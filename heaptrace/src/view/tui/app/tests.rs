@@ -56,8 +56,8 @@ fn site(calls: u64, bytes: u64, live: i64, temp: u64) -> SiteTotals {
         temp_bytes: temp * (bytes / calls.max(1)),
         ..Default::default()
     };
-    t.sizes[log2_bucket(bytes / calls.max(1))] = calls;
-    t.lifetimes[10] = calls;
+    t.sizes.set(log2_bucket(bytes / calls.max(1)), calls);
+    t.lifetimes.set(10, calls);
     t
 }
 

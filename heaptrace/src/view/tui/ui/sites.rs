@@ -183,8 +183,8 @@ pub(super) fn draw_stack(f: &mut Frame, app: &App, area: Rect) {
             t.temp_blocks,
             bytes(t.temp_bytes as i64)
         );
-        l.push_str(&site_sizes(app.view(), &id, &t.sizes));
-        if let Some(p) = percentiles(&t.lifetimes, 1024) {
+        l.push_str(&site_sizes(app.view(), &id, &t.sizes.dense()));
+        if let Some(p) = percentiles(&t.lifetimes.dense(), 1024) {
             let timed = match app.view().latency_sampled() {
                 Some(n) => format!(" (1 in {n} timed)"),
                 None => String::new(),

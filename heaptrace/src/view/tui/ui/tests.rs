@@ -192,7 +192,7 @@ fn a_sampled_trace_says_its_rate_and_marks_estimates() {
         live_bytes: 15 * 1024,
         ..Default::default()
     };
-    site.sizes[heaptrace_common::log2_bucket(1024)] = 1564;
+    site.sizes.set(heaptrace_common::log2_bucket(1024), 1564);
     r.sites.insert((4242, 7, 0), site);
     r.stacks.insert(
         (4242, 7),
