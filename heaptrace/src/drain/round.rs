@@ -208,22 +208,19 @@ impl SiteTotals {
         let mut t = SiteTotals::default();
         let (mut untracked, mut untracked_bytes) = (0u64, 0u64);
         let mut lifetimes: Log2 = [0; LOG2_BUCKETS];
+        let add = |a: &mut u64, b: u64| *a = a.wrapping_add(b);
         for c in cpus {
             for (a, b) in lifetimes.iter_mut().zip(c.lifetimes) {
-                *a = a.wrapping_add(b);
+                add(a, b);
             }
-            untracked = untracked.wrapping_add(c.untracked);
-            untracked_bytes = untracked_bytes.wrapping_add(c.untracked_bytes);
-            let cpu = SiteTotals {
-                calls: c.calls,
-                bytes: c.bytes,
-                frees: c.frees,
-                freed_bytes: c.freed_bytes,
-                temp_blocks: c.temp_blocks,
-                temp_bytes: c.temp_bytes,
-                ..SiteTotals::default()
-            };
-            t = t.zip(&cpu, u64::wrapping_add);
+            add(&mut untracked, c.untracked);
+            add(&mut untracked_bytes, c.untracked_bytes);
+            add(&mut t.calls, c.calls);
+            add(&mut t.bytes, c.bytes);
+            add(&mut t.frees, c.frees);
+            add(&mut t.freed_bytes, c.freed_bytes);
+            add(&mut t.temp_blocks, c.temp_blocks);
+            add(&mut t.temp_bytes, c.temp_bytes);
         }
         t.lifetimes = Buckets::from_dense(&lifetimes);
         // The kernel keeps no live counters per site: what was allocated minus what was freed,

@@ -1,4 +1,6 @@
 //! One read of every counter map into a Snapshot, in the order the rounds need.
+use std::collections::btree_map::Entry;
+
 use super::*;
 
 pub(super) fn comm_str(comm: &[u8; 16]) -> String {
@@ -233,19 +235,25 @@ impl KernelMaps {
         }
         let mut past_fix = Vec::new();
         let mut add_site = |key: &SiteKey, per_cpu: &[SiteCounters], slots: &[SiteCounters]| {
-            let t = SiteTotals::from_per_cpu(per_cpu.iter().chain(slots));
+            let mut t = SiteTotals::from_per_cpu(per_cpu.iter().chain(slots));
+            let past_round = key.round != round;
             let fix = peaks.get(&key.tgid).map(|&(seq, pending, _)| {
                 let fix = peak_fix(per_cpu.iter().chain(slots), seq, pending);
                 (seq, fix)
             });
             if epochs.get(&key.tgid) == Some(&key.epoch) {
                 let id = (key.tgid, key.stack_id, u32::from(key.func));
-                snap.sites.entry(id).or_default().plus(&t);
+                match snap.sites.entry(id) {
+                    Entry::Occupied(mut o) => o.get_mut().plus(&t),
+                    // Moved where the archive does not take it too.
+                    Entry::Vacant(v) if past_round => _ = v.insert(t.clone()),
+                    Entry::Vacant(v) => _ = v.insert(std::mem::take(&mut t)),
+                }
                 if let Some((_, f)) = fix {
                     add_fix(snap.peak_fix.entry(id).or_default(), f);
                 }
             }
-            if key.round != round {
+            if past_round {
                 past.totals.insert(*key, t);
                 if let Some(f) = fix.filter(|f| f.1 != (0, 0)) {
                     past_fix.push((*key, f));
