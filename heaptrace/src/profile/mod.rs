@@ -43,6 +43,9 @@ pub struct Profile {
     pub rounds: Vec<TimelineRow>,
     /// Rounds per row of the timeline (0 or 1: every round has its row).
     pub timeline_step: u64,
+    /// The longest time from one round's read to the next's, in ms: the kernel maps that
+    /// hold what is new since a read fill in between (a loss of room says so).
+    pub max_round_gap_ms: u64,
     pub procs: BTreeMap<u32, ProcProfile>,
     /// (process, function index, size, stack id) -> count.
     pub sizes: BTreeMap<crate::drain::round::SizeKey, u64>,
@@ -292,6 +295,10 @@ impl Profile {
         }
         let total = self.live_now();
         self.apply_peaks(round, &total);
+        if let Some(last) = self.rounds.last() {
+            let gap = round.elapsed_ms.saturating_sub(last.elapsed_ms);
+            self.max_round_gap_ms = self.max_round_gap_ms.max(gap);
+        }
         self.push_row(TimelineRow {
             index: round.index,
             rounds: 1,

@@ -60,6 +60,7 @@ impl Profile {
         Profile {
             rounds: self.rounds.clone(),
             timeline_step: self.timeline_step,
+            max_round_gap_ms: self.max_round_gap_ms,
             procs: of_pid(&self.procs, pid),
             sizes: of_pid(&self.sizes, pid),
             losses: self.losses,

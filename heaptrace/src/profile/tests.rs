@@ -401,4 +401,19 @@ fn stack_losses_are_those_of_the_processes_shown() {
             "site_map 1 (raise --site-map-size)"
         ]
     );
+    // Rounds read 1 s apart, then one 4.5 s after the one before: the loss says so.
+    for (index, elapsed_ms) in [(1, 1000), (2, 2000), (3, 3000), (4, 7500)] {
+        let mut r = crate::drain::round::Round {
+            index,
+            elapsed_ms,
+            ..Default::default()
+        };
+        r.losses = [0; heaptrace_common::LOSS_COUNT];
+        p.apply(&r);
+    }
+    assert_eq!(p.max_round_gap_ms, 4500);
+    assert_eq!(
+        crate::view::summary::losses(&p, None)[1],
+        "site_map 1 (raise --site-map-size; the reads came up to 4.5 s apart)"
+    );
 }

@@ -421,8 +421,13 @@ pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
         .filter(|l| shown[**l as usize] > 0 || profile.losses[**l as usize] > 0)
         .map(|l| {
             let (n, all) = (shown[*l as usize], profile.losses[*l as usize]);
-            let more =
-                room_flag(*l, profile.collector).map_or(String::new(), |f| format!(", raise {f}"));
+            let late = late_reads(profile)
+                .filter(|_| matches!(l, Loss::Stack | Loss::SiteMap | Loss::SizeHistogram))
+                .map_or(String::new(), |s| {
+                    format!("; the reads came up to {s:.1} s apart")
+                });
+            let more = room_flag(*l, profile.collector)
+                .map_or(String::new(), |f| format!(", raise {f}{late}"));
             if n == all && more.is_empty() {
                 format!("{} {n}", l.name())
             } else if n == all {
@@ -441,6 +446,17 @@ pub fn losses(profile: &Profile, pid: Option<u32>) -> Vec<String> {
             )
         }))
         .collect()
+}
+
+/// The longest time between two rounds' reads, in seconds, where it was at least twice their
+/// mean: the maps that hold what is new since a read (stacks, sites, sizes) filled for want
+/// of a read as much as of room (a daemon kept from the CPU on a busy host, or slow to name a
+/// burst of new stacks).
+fn late_reads(profile: &Profile) -> Option<f64> {
+    let (first, last) = (profile.rounds.first()?, profile.rounds.last()?);
+    let mean = (last.elapsed_ms.saturating_sub(first.elapsed_ms))
+        .checked_div(last.index.checked_sub(first.index)?)?;
+    (profile.max_round_gap_ms >= 2 * mean.max(1)).then(|| profile.max_round_gap_ms as f64 / 1e3)
 }
 
 /// The option that gives the kernel map (or the in-process region's table) behind a loss
