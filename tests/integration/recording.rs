@@ -109,6 +109,7 @@ fn recording_agrees_with_the_live_trace(tag: &str, flags: &[&str]) -> PathBuf {
         "totals",
         "lost",
         "temporary",
+        "max_round_gap_ms",
     ] {
         assert_eq!(off[key], live[key], "{key} differs between live and report");
     }

@@ -445,6 +445,7 @@ pub fn document<'a>(profile: &'a Profile, run: &Run<'_>) -> Node<'a> {
         "sample_bytes": profile.sample_bytes,
         "latency_every": profile.latency_every.max(1),
         "rounds": profile.round_count(),
+        "max_round_gap_ms": profile.max_round_gap_ms,
         "provider": run.provider(),
         "aliases": alias_names,
         "functions": functions(&totals, &info.aliases, profile),
