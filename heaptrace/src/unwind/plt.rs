@@ -33,6 +33,9 @@ pub fn pushed_at(expr: &[u8]) -> Option<u64> {
 pub fn rows(start: u64, end: u64, k: u64, room: usize) -> Option<Vec<Row>> {
     let at = |pc: u64, words: u64| Row::new(u32::try_from(pc).ok()?, kind::RSP, words, 0);
     let words = |pc: u64| if pc & 15 >= k { 2 } else { 1 };
+    if room == 0 {
+        return None;
+    }
     let mut out = vec![at(start, words(start))?];
     let mut block = start & !15;
     while block < end {
@@ -77,7 +80,9 @@ mod tests {
         let r = rows(0x103c, 0x1041, 11, 100).unwrap();
         let got: Vec<_> = r.iter().map(|r| (r.pc, r.cfa_words())).collect();
         assert_eq!(got, [(0x103c, 2), (0x1040, 1)]);
-        // Bounded.
+        // Bounded, the first row too.
         assert!(rows(0, 1 << 31, 11, 1000).is_none());
+        assert!(rows(0x1030, 0x1031, 11, 0).is_none());
+        assert_eq!(rows(0x1030, 0x1031, 11, 1).map(|r| r.len()), Some(1));
     }
 }
