@@ -221,17 +221,8 @@ bpf_test!(
         let plt = file.section_by_name(".plt").expect("a lazy .plt");
         let plt = plt.address()..=plt.address() + plt.size();
         for how in [&[][..], &["--in-process"][..]] {
-            let json = json_path(&format!("pltfault{}", how.concat()));
-            let mut cmd = heaptrace();
-            cmd.args(["--no-tui", "-q", "--mode", "stacks"])
-                .args(how)
-                .arg("--json")
-                .arg(&json)
-                .arg("--")
-                .arg(&bin)
-                .arg("50");
-            run_ok(&mut cmd);
-            let doc = read_json(&json);
+            // The fixture's 50 faults by default.
+            let doc = trace_stacks(&format!("pltfault{}", how.concat()), "pltfault", how);
             let (mut handler, mut whole, mut in_plt) = (0, 0, 0);
             for s in doc["stacks"].as_array().unwrap() {
                 let frames = function_names(s);

@@ -56,8 +56,10 @@ impl Buckets {
         self.counts.iter().fold(0u64, |a, n| a.wrapping_add(*n))
     }
 
-    /// Bucket by bucket `op(self's, other's)`, over the buckets either has.
+    /// Bucket by bucket `op(self's, other's)`, over the buckets either has; `op(0, 0)` must
+    /// be 0 (wrapping add and subtract, as `SiteTotals` uses it).
     pub fn zip(&self, other: &Buckets, op: impl Fn(u64, u64) -> u64) -> Buckets {
+        // Adding or taking away nothing: no new allocation.
         if other.mask == 0 && op(1, 0) == 1 {
             return self.clone();
         }
@@ -105,7 +107,7 @@ impl Buckets {
 }
 
 fn bits(mask: u32) -> impl Iterator<Item = usize> {
-    (0..32).filter(move |b| mask & 1 << b != 0)
+    (0..LOG2_BUCKETS).filter(move |b| mask & 1 << b != 0)
 }
 
 impl std::ops::Index<usize> for Buckets {
