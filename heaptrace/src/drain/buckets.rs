@@ -77,6 +77,24 @@ impl Buckets {
         }
     }
 
+    /// `zip` in place, with no new allocation where `other`'s buckets are among `self`'s;
+    /// `op(n, 0)` must be `n` too.
+    pub fn combine(&mut self, other: &Buckets, op: impl Fn(u64, u64) -> u64) {
+        if other.mask & !self.mask != 0 {
+            *self = self.zip(other, op);
+            return;
+        }
+        let mut emptied = false;
+        for (b, n) in other.iter() {
+            let i = (self.mask & ((1u32 << b) - 1)).count_ones() as usize;
+            self.counts[i] = op(self.counts[i], n);
+            emptied |= self.counts[i] == 0;
+        }
+        if emptied {
+            *self = Buckets::from_dense(&self.dense());
+        }
+    }
+
     /// Adds `n` to bucket `b` (wrapping); nothing past the last bucket.
     pub fn add(&mut self, b: usize, n: u64) {
         self.set(b, self.get(b).wrapping_add(n));
@@ -167,6 +185,20 @@ mod tests {
         assert_eq!(diff, b);
         assert!(a.zip(&a, u64::wrapping_sub).is_empty());
         assert_eq!(a.zip(&Buckets::default(), u64::wrapping_add), a);
+    }
+
+    #[test]
+    fn combine_is_zip_in_place() {
+        let a = Buckets::from_dense(&std::array::from_fn(|b| [0, 3, 5].contains(&b) as u64 * 7));
+        let some = Buckets::from_dense(&std::array::from_fn(|b| (b == 3) as u64 * 2));
+        let more = Buckets::from_dense(&std::array::from_fn(|b| (b == 4) as u64));
+        for other in [&some, &more, &a, &Buckets::default()] {
+            for op in [u64::wrapping_add, u64::wrapping_sub] {
+                let mut c = a.clone();
+                c.combine(other, op);
+                assert_eq!(c, a.zip(other, op));
+            }
+        }
     }
 
     #[test]

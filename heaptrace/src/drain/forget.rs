@@ -42,7 +42,7 @@ impl KernelMaps {
     pub fn forget(&mut self, pids: &HashSet<u32>) -> Result<BTreeMap<SiteId, Leak>> {
         let blocks = self.live_where(|k| pids.contains(&k.tgid))?;
         // Blocks of an image before an exec not cleared yet go too, but are not its leaks.
-        let epochs: StdHashMap<u32, u32> = pids.iter().map(|p| (*p, self.epoch(*p))).collect();
+        let epochs: FastMap<u32, u32> = pids.iter().map(|p| (*p, self.epoch(*p))).collect();
         let mut leaks: BTreeMap<SiteId, Leak> = BTreeMap::new();
         for (key, block) in blocks.iter() {
             if epochs.get(&key.tgid) == Some(&key.epoch) {
@@ -89,7 +89,7 @@ impl KernelMaps {
     /// in the site map): once no other site holds them, they are for others to take, as an
     /// ended process's are.
     pub fn restarted(&mut self, pids: &HashSet<u32>) -> Result<BTreeSet<i32>> {
-        let epochs: StdHashMap<u32, u32> = pids.iter().map(|p| (*p, self.epoch(*p))).collect();
+        let epochs: FastMap<u32, u32> = pids.iter().map(|p| (*p, self.epoch(*p))).collect();
         let old = |tgid: u32, epoch: u32| epochs.get(&tgid).is_some_and(|e| *e != epoch);
         self.drop_live(self.live_where(|k| old(k.tgid, k.epoch))?)?;
         let sizes: Vec<SizeKey> = self

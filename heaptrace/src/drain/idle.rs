@@ -41,9 +41,9 @@ struct Gone {
 #[derive(Default)]
 pub struct IdleStacks {
     /// Each stored stack (kernel ids).
-    last: StdHashMap<i32, Held>,
+    last: FastMap<i32, Held>,
     /// The stacks freed while idle and not stored again.
-    gone: StdHashMap<i32, Gone>,
+    gone: FastMap<i32, Gone>,
 }
 
 impl IdleStacks {
@@ -78,8 +78,8 @@ impl IdleStacks {
         snap: &Snapshot,
         now: u64,
         held: impl Fn(i32) -> bool,
-    ) -> StdHashMap<i32, Vec<u32>> {
-        let mut idle: StdHashMap<i32, Vec<u32>> = self
+    ) -> FastMap<i32, Vec<u32>> {
+        let mut idle: FastMap<i32, Vec<u32>> = self
             .last
             .iter()
             .filter(|(id, h)| now.saturating_sub(h.seen) >= h.wait && !held(**id))
@@ -116,7 +116,7 @@ impl IdleStacks {
 
     /// The stacks `pick`ed in round `now`, freed (`freed`) or not: each freed one is
     /// remembered until it is stored again.
-    pub fn freed_idle(&mut self, picked: StdHashMap<i32, Vec<u32>>, freed: &Freed, now: u64) {
+    pub fn freed_idle(&mut self, picked: FastMap<i32, Vec<u32>>, freed: &Freed, now: u64) {
         for (id, users) in picked {
             let held = self.last.remove(&id);
             if freed.contains_key(&id) {
@@ -260,10 +260,10 @@ mod tests {
         picked.sort();
         // 9: stored, never counted (its count lost): idle all the same.
         assert_eq!(picked, [(1, vec![7, 8]), (9, vec![])]);
-        let at4: StdHashMap<i32, Vec<u32>> = idle.pick(&snap, 4, |_| false);
+        let at4: FastMap<i32, Vec<u32>> = idle.pick(&snap, 4, |_| false);
         assert!(at4.contains_key(&6) && at4.contains_key(&5));
 
-        let freed = Freed::from([(1, None), (9, None)]);
+        let freed = Freed::from_iter([(1, None), (9, None)]);
         idle.freed_idle(idle.pick(&snap, 3, |id| id == 5), &freed, 3);
         assert_eq!(idle.held(), 5);
         assert_eq!(idle.taken(1), [7, 8]);

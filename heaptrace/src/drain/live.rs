@@ -3,11 +3,11 @@ use super::*;
 
 /// Live blocks as `live_where` read them: a block is in a slot or in the map, never both.
 pub(super) struct Live {
-    in_map: StdHashMap<LiveKey, LiveBlock>,
+    in_map: FastMap<LiveKey, LiveBlock>,
     in_slots: Vec<Held>,
 }
 
-pub(super) fn group_by_site(blocks: &StdHashMap<LiveKey, LiveBlock>) -> BTreeMap<SiteId, Leak> {
+pub(super) fn group_by_site(blocks: &FastMap<LiveKey, LiveBlock>) -> BTreeMap<SiteId, Leak> {
     let mut out: BTreeMap<SiteId, Leak> = BTreeMap::new();
     for (key, block) in blocks {
         let l = out
@@ -38,8 +38,8 @@ impl KernelMaps {
     pub(super) fn live_entries(
         &self,
         want: impl Fn(u32) -> bool,
-    ) -> Result<StdHashMap<LiveKey, LiveBlock>> {
-        let mut epochs: StdHashMap<u32, u32> = StdHashMap::new();
+    ) -> Result<FastMap<LiveKey, LiveBlock>> {
+        let mut epochs: FastMap<u32, u32> = FastMap::new();
         let live = self.live_where(|key| {
             want(key.tgid)
                 && key.epoch
@@ -56,7 +56,7 @@ impl KernelMaps {
     /// and met keys twice).
     pub(super) fn live_where(&self, mut want: impl FnMut(&LiveKey) -> bool) -> Result<Live> {
         let mut out = Live {
-            in_map: StdHashMap::new(),
+            in_map: FastMap::new(),
             in_slots: self.live_slots.held_where(&mut want),
         };
         batch::per_cpu_hash::<LiveKey, LiveBlock>(self.live_fd.as_fd(), 1, |key, block| {

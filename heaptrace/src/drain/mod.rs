@@ -21,15 +21,18 @@ mod snapshot;
 pub mod source;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap as StdHashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     os::fd::{AsFd as _, OwnedFd},
     sync::atomic::Ordering,
 };
 
+// Keyed by what traced processes give (pids, stack ids, sizes), read every round: foldhash,
+// seeded per run, is several times faster than SipHash here.
 use aya::{
     Ebpf,
     maps::{HashMap, MapData, PerCpuArray, StackTraceMap},
 };
+pub(crate) use foldhash::{HashMap as FastMap, HashMapExt as _};
 use heaptrace_common::{
     CALLER_ID_BASE, FUNC_COUNT, InFlight, InFlightSlot, LatencyHist, LiveBlock, LiveKey, Loss,
     ProcCounters, SiteCounters, SiteKey, SizeKey, StoredStack, maps,
@@ -50,7 +53,7 @@ use crate::{
 
 /// Stacks freed (`KernelMaps::free_stacks`): id -> its return addresses and whether they were
 /// whole, if it could be read.
-pub type Freed = StdHashMap<i32, Option<(Vec<u64>, bool)>>;
+pub type Freed = FastMap<i32, Option<(Vec<u64>, bool)>>;
 
 /// The stack a site first seen right after its stack id was freed was counted under, from
 /// what the id held then (`held`) and holds `now`: the stack freed, unless another has taken
@@ -85,9 +88,9 @@ pub struct KernelMaps {
     /// Which stack holds each id (its hash), every stack's not freed.
     owners: HashMap<MapData, u32, u64>,
     /// The frames read from FRAMES, by id, until the id is freed.
-    archive: StdHashMap<u32, Vec<u64>>,
+    archive: FastMap<u32, Vec<u64>>,
     /// Ids freed while their processes lived (`idle`), with the hash of the stack they held.
-    idle: StdHashMap<u32, u64>,
+    idle: FastMap<u32, u64>,
     /// Ids read from FRAMES since `take_stored`, and those of them that were freed while idle
     /// and hold another stack now.
     stored: Vec<i32>,
@@ -215,8 +218,8 @@ impl KernelMaps {
             frames: take(ebpf, maps::FRAMES)?,
             frames_fd,
             owners: take(ebpf, maps::STACK_OWNERS)?,
-            archive: StdHashMap::new(),
-            idle: StdHashMap::new(),
+            archive: FastMap::new(),
+            idle: FastMap::new(),
             stored: Vec::new(),
             rebound: Vec::new(),
             callers: take(ebpf, maps::CALLERS)?,

@@ -7,24 +7,26 @@
 //! They are added here (keyed with generation 0) and the key is deleted, so the kernel holds
 //! the keys of about two rounds, and the archive, here, the run's. Every snapshot starts from
 //! the archive: its figures stay cumulative, and the rounds' differences are as before.
+use std::collections::btree_map::Entry;
+
 use super::*;
 
 /// The retired figures, by key with `round` 0, every image's (an earlier image's go when it
 /// is dropped, `KernelMaps::restarted`).
 #[derive(Default)]
 pub struct Retired {
-    sites: StdHashMap<SiteKey, RetiredSite>,
-    sizes: StdHashMap<SizeKey, u64>,
+    sites: FastMap<SiteKey, RetiredSite>,
+    sizes: FastMap<SizeKey, u64>,
     /// What the retired keys add to their live figures to give them at their process's peak
     /// (`SiteCounters::at_peak_correction`), with the peak number that holds for: a retired
     /// key is final, so once its process's number moves on, its figures are the peak's too.
-    peak_fix: StdHashMap<SiteKey, (u32, (u64, u64))>,
+    peak_fix: FastMap<SiteKey, (u32, (u64, u64))>,
 }
 
 /// A key's figures read this round, where its generation is a past one: to retire.
 pub(super) struct Past<K, V> {
     /// Summed over the map's CPUs and the slots.
-    pub totals: StdHashMap<K, V>,
+    pub totals: FastMap<K, V>,
     /// Those found in the hash map (the others are in slots only).
     pub in_map: Vec<K>,
 }
@@ -32,7 +34,7 @@ pub(super) struct Past<K, V> {
 impl<K, V> Default for Past<K, V> {
     fn default() -> Self {
         Past {
-            totals: StdHashMap::new(),
+            totals: FastMap::new(),
             in_map: Vec::new(),
         }
     }
@@ -88,6 +90,21 @@ impl RetiredSite {
     }
 }
 
+/// Adds `entries` to `map`, moved in where new. In the archive's order, not sorted: a
+/// sorted copy would be one more of its entries, and a map filled in order is half empty.
+fn merge_into<K: Ord, V>(
+    map: &mut BTreeMap<K, V>,
+    entries: impl Iterator<Item = (K, V)>,
+    add: impl Fn(&mut V, V),
+) {
+    for (k, v) in entries {
+        match map.entry(k) {
+            Entry::Occupied(mut o) => add(o.get_mut(), v),
+            Entry::Vacant(e) => _ = e.insert(v),
+        }
+    }
+}
+
 fn site_base(k: &SiteKey) -> SiteKey {
     SiteKey { round: 0, ..*k }
 }
@@ -102,29 +119,33 @@ impl Retired {
     pub(super) fn add_to(
         &self,
         snap: &mut Snapshot,
-        epochs: &StdHashMap<u32, u32>,
+        epochs: &FastMap<u32, u32>,
         peaks: &snapshot::PeakStates,
     ) {
         let current = |tgid: u32, epoch: u32| epochs.get(&tgid) == Some(&epoch);
+        // Each site's totals made once, with no sum to allocate: the archive is most of a
+        // busy host's sites, and this is every round.
         for (k, t) in self.sites.iter().filter(|(k, _)| current(k.tgid, k.epoch)) {
             let id = (k.tgid, k.stack_id, u32::from(k.func));
-            snap.sites.entry(id).or_default().plus(&t.totals());
-        }
-        for (k, (seq, fix)) in self
-            .peak_fix
-            .iter()
-            .filter(|(k, _)| current(k.tgid, k.epoch))
-        {
-            if peaks.get(&k.tgid).is_some_and(|s| s.0 == *seq && !s.1) {
-                let id = (k.tgid, k.stack_id, u32::from(k.func));
-                snapshot::add_fix(snap.peak_fix.entry(id).or_default(), *fix);
+            match snap.sites.entry(id) {
+                Entry::Occupied(mut o) => o.get_mut().plus(&t.totals()),
+                Entry::Vacant(e) => _ = e.insert(t.totals()),
             }
         }
-        for (k, n) in self.sizes.iter().filter(|(k, _)| current(k.tgid, k.epoch)) {
-            let id = (k.tgid, u32::from(k.func), k.size, k.stack_id);
-            let c = snap.sizes.entry(id).or_default();
-            *c = c.wrapping_add(*n);
-        }
+        let fixes = self
+            .peak_fix
+            .iter()
+            .filter(|(k, (seq, _))| {
+                current(k.tgid, k.epoch) && peaks.get(&k.tgid).is_some_and(|s| s.0 == *seq && !s.1)
+            })
+            .map(|(k, (_, fix))| ((k.tgid, k.stack_id, u32::from(k.func)), *fix));
+        merge_into(&mut snap.peak_fix, fixes, snapshot::add_fix);
+        let sizes = self
+            .sizes
+            .iter()
+            .filter(|(k, _)| current(k.tgid, k.epoch))
+            .map(|(k, n)| ((k.tgid, u32::from(k.func), k.size, k.stack_id), *n));
+        merge_into(&mut snap.sizes, sizes, |a, b| *a = a.wrapping_add(b));
     }
 
     /// Keeps a retiring key's correction at its process's peak `seq` (`peak_fix`); one of an
@@ -200,7 +221,7 @@ mod tests {
         pending: bool,
         live: u64,
         max: u64,
-        entries: StdHashMap<SiteKey, SiteCounters>,
+        entries: FastMap<SiteKey, SiteCounters>,
     }
 
     const PID: u32 = 7;
@@ -247,9 +268,9 @@ mod tests {
         /// What `snapshot` makes of it: the entries of `round` are current, the others
         /// retired into `retired` (and gone from here).
         fn read(&mut self, retired: &mut Retired, round: u16) -> PeakHeld {
-            let states = PeakStates::from([(PID, (self.seq, self.pending, 0))]);
+            let states = PeakStates::from_iter([(PID, (self.seq, self.pending, 0))]);
             let mut snap = Snapshot::default();
-            let epochs = StdHashMap::from([(PID, 1)]);
+            let epochs = FastMap::from_iter([(PID, 1)]);
             retired.add_to(&mut snap, &epochs, &states);
             for (k, c) in &self.entries {
                 let id = (k.tgid, k.stack_id, 0);

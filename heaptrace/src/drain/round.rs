@@ -237,22 +237,58 @@ impl SiteTotals {
         self.zip(prev, u64::wrapping_sub)
     }
 
+    /// `zip` with a wrapping add, in place: every round adds up hundreds of thousands.
     pub fn plus(&mut self, d: &SiteTotals) {
-        *self = self.zip(d, u64::wrapping_add);
+        // Every field named: one added to SiteTotals cannot be missed here.
+        let SiteTotals {
+            calls,
+            bytes,
+            frees,
+            freed_bytes,
+            live_blocks,
+            live_bytes,
+            temp_blocks,
+            temp_bytes,
+            sizes,
+            lifetimes,
+        } = d;
+        let add = |a: &mut u64, b: u64| *a = a.wrapping_add(b);
+        add(&mut self.calls, *calls);
+        add(&mut self.bytes, *bytes);
+        add(&mut self.frees, *frees);
+        add(&mut self.freed_bytes, *freed_bytes);
+        self.live_blocks = self.live_blocks.wrapping_add(*live_blocks);
+        self.live_bytes = self.live_bytes.wrapping_add(*live_bytes);
+        add(&mut self.temp_blocks, *temp_blocks);
+        add(&mut self.temp_bytes, *temp_bytes);
+        self.sizes.combine(sizes, u64::wrapping_add);
+        self.lifetimes.combine(lifetimes, u64::wrapping_add);
     }
 }
 
 /// The entries of `cur` that differ from `base`'s (`minus`), those new in `cur` whole; an
-/// entry that did not change is left out.
+/// entry that did not change is left out (`minus(v, v)` must be the default). Both maps are
+/// walked once, side by side: each round compares every site of the host.
 pub fn map_delta<K: Ord + Copy, V: Clone + PartialEq + Default>(
     cur: &BTreeMap<K, V>,
     base: &BTreeMap<K, V>,
     minus: impl Fn(&V, &V) -> V,
 ) -> BTreeMap<K, V> {
-    cur.iter()
-        .map(|(k, v)| (*k, base.get(k).map_or_else(|| v.clone(), |b| minus(v, b))))
-        .filter(|(_, d)| *d != V::default())
-        .collect()
+    let mut base = base.iter().peekable();
+    let mut out = Vec::new();
+    for (k, v) in cur {
+        while base.next_if(|(b, _)| *b < k).is_some() {}
+        let d = match base.peek() {
+            Some((b, was)) if *b == k && v == *was => continue,
+            Some((b, was)) if *b == k => minus(v, was),
+            _ => v.clone(),
+        };
+        if d != V::default() {
+            out.push((*k, d));
+        }
+    }
+    // Sorted already: built whole.
+    out.into_iter().collect()
 }
 
 /// What the kernel maps held at one instant, summed over CPUs.
@@ -499,17 +535,39 @@ impl Snapshot {
     /// call's size after its site, and the size map is read first: a site's classes never hold
     /// more than its calls, and a call counted between the two reads gets its class next round.
     pub fn fold_site_sizes(&mut self) {
-        for (&(tgid, func, size, stack_id), &n) in &self.sizes {
-            if let Some(site) = self.sites.get_mut(&(tgid, stack_id, func)) {
-                site.sizes.add(heaptrace_common::log2_bucket(size), n);
+        // A process's sizes gathered by site first: one lookup and one histogram made per
+        // site, not per size.
+        let mut of_proc: Vec<(SiteId, usize, u64)> = Vec::new();
+        let mut sizes = self.sizes.iter().peekable();
+        while let Some((&(tgid, func, size, stack_id), &n)) = sizes.next() {
+            of_proc.push((
+                (tgid, stack_id, func),
+                heaptrace_common::log2_bucket(size),
+                n,
+            ));
+            if sizes.peek().is_some_and(|(k, _)| k.0 == tgid) {
+                continue;
             }
+            of_proc.sort_unstable_by_key(|e| e.0);
+            for one in of_proc.chunk_by(|a, b| a.0 == b.0) {
+                if let Some(site) = self.sites.get_mut(&one[0].0) {
+                    let mut dense = site.sizes.dense();
+                    for &(_, b, n) in one {
+                        if let Some(d) = dense.get_mut(b) {
+                            *d = d.wrapping_add(n);
+                        }
+                    }
+                    site.sizes = Buckets::from_dense(&dense);
+                }
+            }
+            of_proc.clear();
         }
     }
 
     /// What each process's peak was made of (`peak_held`): its sites' live figures now with
     /// the corrections read (`peak_fix`) that give them as they were at the peak. `states`:
     /// each process's peak number, whether its peak is pending, and its blocks at the peak.
-    pub fn compose_peaks(&mut self, states: &std::collections::HashMap<u32, (u32, bool, u64)>) {
+    pub fn compose_peaks(&mut self, states: &crate::drain::FastMap<u32, (u32, bool, u64)>) {
         let fix = std::mem::take(&mut self.peak_fix);
         for (pid, k) in &self.peaks {
             let blocks = states.get(pid).map_or(0, |s| s.2);

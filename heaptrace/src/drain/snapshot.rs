@@ -10,7 +10,7 @@ pub(super) fn comm_str(comm: &[u8; 16]) -> String {
 
 /// Each process's peak number, whether its peak is pending, and its blocks at the peak
 /// (`heaptrace_common::ProcPeak`), by tgid.
-pub(super) type PeakStates = StdHashMap<u32, (u32, bool, u64)>;
+pub(super) type PeakStates = FastMap<u32, (u32, bool, u64)>;
 
 /// What the entries of one key add to its live figures to give them at the peak `seq`.
 pub(super) fn peak_fix<'a>(
@@ -26,7 +26,7 @@ pub(super) fn peak_fix<'a>(
 }
 
 /// Each process's peak state (`PeakStates`) and highest live bytes, read again.
-type PeaksNow = StdHashMap<u32, ((u32, bool, u64), u64)>;
+type PeaksNow = FastMap<u32, ((u32, bool, u64), u64)>;
 
 /// The processes whose peak moved between two reads: a new number, a new high, or other
 /// blocks at it.
@@ -120,11 +120,11 @@ impl KernelMaps {
     /// The processes' counters; returns each one's current image: only its entries count (an
     /// earlier image's wait to be dropped, see `restarted`). A process without counters has
     /// no current entries yet.
-    pub(super) fn read_procs(&self, snap: &mut Snapshot) -> Result<StdHashMap<u32, u32>> {
-        let mut epochs: StdHashMap<u32, u32> = StdHashMap::new();
+    pub(super) fn read_procs(&self, snap: &mut Snapshot) -> Result<FastMap<u32, u32>> {
+        let mut epochs: FastMap<u32, u32> = FastMap::new();
         // A process counts in its slots and, on CPUs where another owns its slot, in the map:
         // its figures are the sum of both.
-        let mut in_slots: StdHashMap<u32, Vec<ProcCounters>> = StdHashMap::new();
+        let mut in_slots: FastMap<u32, Vec<ProcCounters>> = FastMap::new();
         for (tgid, counters) in self.proc_slots.owned() {
             in_slots.entry(tgid).or_default().push(counters);
         }
@@ -165,7 +165,7 @@ impl KernelMaps {
     pub(super) fn read_sizes(
         &mut self,
         snap: &mut Snapshot,
-        epochs: &StdHashMap<u32, u32>,
+        epochs: &FastMap<u32, u32>,
         round: u16,
     ) -> Result<()> {
         let mut size_keys = std::mem::take(&mut self.size_keys);
@@ -220,7 +220,7 @@ impl KernelMaps {
     pub(super) fn read_sites(
         &mut self,
         snap: &mut Snapshot,
-        epochs: &StdHashMap<u32, u32>,
+        epochs: &FastMap<u32, u32>,
         round: u16,
         peaks: &PeakStates,
     ) -> Result<()> {
@@ -229,7 +229,7 @@ impl KernelMaps {
         let mut past: retire::Past<SiteKey, SiteTotals> = Default::default();
         // As sizes: the slots' figures and the map's, summed; and a site's keys of every
         // round too.
-        let mut site_slots: StdHashMap<SiteKey, Vec<SiteCounters>> = StdHashMap::new();
+        let mut site_slots: FastMap<SiteKey, Vec<SiteCounters>> = FastMap::new();
         for (key, counters) in self.site_slots.held() {
             site_slots.entry(key).or_default().push(counters);
         }

@@ -32,7 +32,7 @@ pub trait Source {
     /// Frees the ids of stacks idle while their processes live (`drain::idle`); returns what
     /// each held. A source whose stacks have no ids to run out of frees none.
     fn free_idle_stacks(&mut self, _ids: Vec<i32>) -> Freed {
-        Freed::new()
+        Freed::default()
     }
     /// The ids stored since the last call, and those of them freed while idle and now
     /// another stack's (`KernelMaps::take_stored`).

@@ -5,9 +5,11 @@
 //! sizes, reservations and leaks add up there, and its sites go under the folded stack with
 //! the same frames, so the same code in many short processes is one site. Totals stay exact.
 use std::{
-    collections::{BTreeMap, HashMap, VecDeque},
+    collections::{BTreeMap, VecDeque},
     sync::Arc,
 };
+
+use foldhash::{HashMap, HashMapExt as _};
 
 use crate::{
     drain::round::{Leak, SiteId, reservation_keys, site_ids, size_keys, take_range},

@@ -114,7 +114,7 @@ pub struct Folded {
     /// `--json-max-stacks`: the JSON document's lists by stack list this many at most, the
     /// largest (None: all).
     pub document_stacks: Option<usize>,
-    ids: std::collections::HashMap<Arc<[Frame]>, i32>,
+    ids: foldhash::HashMap<Arc<[Frame]>, i32>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]

@@ -7,15 +7,16 @@
 pub mod modules;
 pub mod python;
 use std::{
-    collections::{HashMap, HashSet},
     path::{Path, PathBuf},
     sync::Arc,
 };
 
+// Every frame of every new stack is looked up by its location: foldhash, not SipHash.
 use blazesym::symbolize::{
     Input, Symbolized, Symbolizer as Blaze,
     source::{Elf, Source},
 };
+use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use serde::Serialize;
 
 use crate::{

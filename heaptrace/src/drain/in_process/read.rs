@@ -203,7 +203,7 @@ impl Region {
             snap.peaks.insert(self.pid, peak);
             if self.made.mode >= mode::STACKS {
                 // No count of blocks at the peak here: those of its sites.
-                let states = std::collections::HashMap::from([(self.pid, (0, false, 0))]);
+                let states = crate::drain::FastMap::from_iter([(self.pid, (0, false, 0))]);
                 snap.compose_peaks(&states);
                 if let Some(held) = snap.peak_held.get_mut(&self.pid) {
                     // Saturating: a region the process scribbled on can hold any figures.
@@ -282,7 +282,7 @@ impl Source for Region {
     }
 
     fn free_stacks(&mut self, _ids: Vec<i32>) -> Freed {
-        Freed::new()
+        Freed::default()
     }
 
     fn epoch(&self, _tgid: u32) -> u32 {

@@ -99,6 +99,12 @@ fn sites_get_their_sizes_from_the_exact_histogram() {
     s.sizes.insert((9, 2, 100, 4), 7); // realloc at that stack: another site, not there
     s.sizes.insert((9, 2, 64, 5), 4); // other
     s.sizes.insert((9, 0, 64, heaptrace_common::NOT_SAMPLED), 9); // sampled out: no site
+    // Other processes' sizes, before and after: each goes to its own process's site.
+    s.sites.insert((3, 4, 0), SiteTotals::default());
+    s.sites.insert((12, 4, 0), SiteTotals::default());
+    s.sizes.insert((3, 0, 100, 4), 11);
+    s.sizes.insert((12, 0, 5000, 4), 13);
+    s.sizes.insert((12, 0, 100, 5), 17); // no such site
     s.fold_site_sizes();
     let b = heaptrace_common::log2_bucket;
     let sizes = &s.sites[&site].sizes;
@@ -106,7 +112,31 @@ fn sites_get_their_sizes_from_the_exact_histogram() {
     assert_eq!(sizes.sum(), 6);
     assert_eq!(s.sites[&other].sizes[b(64)], 4);
     assert_eq!(s.sites[&other].sizes.sum(), 4);
-    assert_eq!(s.sites.len(), 2);
+    assert_eq!(
+        s.sites[&(3, 4, 0)].sizes.iter().collect::<Vec<_>>(),
+        [(b(100), 11)]
+    );
+    assert_eq!(
+        s.sites[&(12, 4, 0)].sizes.iter().collect::<Vec<_>>(),
+        [(b(5000), 13)]
+    );
+    assert_eq!(s.sites.len(), 4);
+}
+
+proptest::proptest! {
+    #[test]
+    fn map_delta_gives_each_changed_entry_its_difference(
+        cur in proptest::collection::btree_map(0u8..40, 0u64..4, 0..30),
+        base in proptest::collection::btree_map(0u8..40, 0u64..4, 0..30),
+    ) {
+        let d = map_delta(&cur, &base, |a, b| a.wrapping_sub(*b));
+        let want: BTreeMap<u8, u64> = cur
+            .iter()
+            .map(|(k, v)| (*k, v.wrapping_sub(base.get(k).copied().unwrap_or(0))))
+            .filter(|(_, d)| *d != 0)
+            .collect();
+        proptest::prop_assert_eq!(d, want);
+    }
 }
 
 #[test]
@@ -203,7 +233,7 @@ fn the_peaks_composition_keeps_blocks_of_zero_bytes() {
             ..KernelPeak::default()
         },
     );
-    snap.compose_peaks(&std::collections::HashMap::from([(7, (1, true, 7))]));
+    snap.compose_peaks(&crate::drain::FastMap::from_iter([(7, (1, true, 7))]));
     let held = &snap.peak_held[&7];
     assert_eq!(held.sites, [(1, 0, 3, 300), (2, 0, 4, 0)]);
     let blocks: i64 = held.sites.iter().map(|s| s.2).sum();
