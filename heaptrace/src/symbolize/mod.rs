@@ -52,7 +52,7 @@ impl std::fmt::Debug for Frame {
 }
 
 /// What a frame says. Never blank: a frame that cannot be named shows its module and offset.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct FrameInfo {
     pub function: Arc<str>,
     pub file: Option<Arc<str>>,
@@ -61,6 +61,32 @@ pub struct FrameInfo {
     pub offset: u64,
     /// A function inlined into the next frame (same address).
     pub inlined: bool,
+}
+
+// Hashed by its numbers and its names' lengths, not their text (C++ names run to hundreds of
+// bytes): the frames of every new stack are hashed (`SameStacks`, folding exited processes).
+// Equal frames hash the same; those that differ only in text are told apart by `Eq`.
+impl std::hash::Hash for FrameInfo {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let FrameInfo {
+            function,
+            file,
+            line,
+            module,
+            offset,
+            inlined,
+        } = self;
+        let len = |s: &Arc<str>| s.len();
+        (
+            *offset,
+            *line,
+            *inlined,
+            len(function),
+            file.as_ref().map(len),
+            len(module),
+        )
+            .hash(state);
+    }
 }
 
 /// The text of [`Frame::folded_other`].
