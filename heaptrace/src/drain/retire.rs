@@ -90,13 +90,17 @@ impl RetiredSite {
     }
 }
 
-/// Adds `entries` to `map`, moved in where new. In the archive's order, not sorted: a
-/// sorted copy would be one more of its entries, and a map filled in order is half empty.
+/// Adds `entries` (keys unique) to `map`, moved in where new; built whole from them, sorted,
+/// where `map` is empty.
 fn merge_into<K: Ord, V>(
     map: &mut BTreeMap<K, V>,
     entries: impl Iterator<Item = (K, V)>,
     add: impl Fn(&mut V, V),
 ) {
+    if map.is_empty() {
+        *map = entries.collect();
+        return;
+    }
     for (k, v) in entries {
         match map.entry(k) {
             Entry::Occupied(mut o) => add(o.get_mut(), v),
@@ -123,10 +127,18 @@ impl Retired {
         peaks: &snapshot::PeakStates,
     ) {
         let current = |tgid: u32, epoch: u32| epochs.get(&tgid) == Some(&epoch);
-        // Each site's totals made once, with no sum to allocate: the archive is most of a
-        // busy host's sites, and this is every round.
-        for (k, t) in self.sites.iter().filter(|(k, _)| current(k.tgid, k.epoch)) {
-            let id = (k.tgid, k.stack_id, u32::from(k.func));
+        // The archive is most of a busy host's sites and sizes, added every round: in the
+        // maps' order, each insertion's path is in the cache (in the archive's, nearly every
+        // node is a miss). One key per id: only the current image's count. Sites are sorted
+        // by reference, a copy of their totals would be one more of them.
+        let mut sites: Vec<(SiteId, &RetiredSite)> = self
+            .sites
+            .iter()
+            .filter(|(k, _)| current(k.tgid, k.epoch))
+            .map(|(k, t)| ((k.tgid, k.stack_id, u32::from(k.func)), t))
+            .collect();
+        sites.sort_unstable_by_key(|e| e.0);
+        for (id, t) in sites {
             match snap.sites.entry(id) {
                 Entry::Occupied(mut o) => o.get_mut().plus(&t.totals()),
                 Entry::Vacant(e) => _ = e.insert(t.totals()),
