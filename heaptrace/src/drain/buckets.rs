@@ -95,11 +95,6 @@ impl Buckets {
         }
     }
 
-    /// Adds `n` to bucket `b` (wrapping); nothing past the last bucket.
-    pub fn add(&mut self, b: usize, n: u64) {
-        self.set(b, self.get(b).wrapping_add(n));
-    }
-
     /// Sets bucket `b` to `n`; nothing past the last bucket.
     pub fn set(&mut self, b: usize, n: u64) {
         if b >= LOG2_BUCKETS {
@@ -174,11 +169,11 @@ mod tests {
     #[test]
     fn zip_goes_over_either_s_buckets_and_drops_zeros() {
         let mut a = Buckets::default();
-        a.add(2, 5);
-        a.add(9, 1);
+        a.set(2, 5);
+        a.set(9, 1);
         let mut b = Buckets::default();
-        b.add(9, 1);
-        b.add(12, 4);
+        b.set(9, 1);
+        b.set(12, 4);
         let sum = a.zip(&b, u64::wrapping_add);
         assert_eq!(sum.iter().collect::<Vec<_>>(), [(2, 5), (9, 2), (12, 4)]);
         let diff = sum.zip(&a, u64::wrapping_sub);
@@ -192,7 +187,16 @@ mod tests {
         let a = Buckets::from_dense(&std::array::from_fn(|b| [0, 3, 5].contains(&b) as u64 * 7));
         let some = Buckets::from_dense(&std::array::from_fn(|b| (b == 3) as u64 * 2));
         let more = Buckets::from_dense(&std::array::from_fn(|b| (b == 4) as u64));
-        for other in [&some, &more, &a, &Buckets::default()] {
+        // Bucket 3 wraps to zero when added: gone.
+        let wraps = Buckets::from_dense(&std::array::from_fn(|b| (b == 3) as u64 * (u64::MAX - 6)));
+        let mut c = a.clone();
+        c.combine(&wraps, u64::wrapping_add);
+        assert_eq!(
+            c.iter().collect::<Vec<_>>(),
+            [(0, 7), (5, 7)],
+            "wrapped to zero: gone"
+        );
+        for other in [&some, &more, &a, &wraps, &Buckets::default()] {
             for op in [u64::wrapping_add, u64::wrapping_sub] {
                 let mut c = a.clone();
                 c.combine(other, op);
@@ -206,14 +210,10 @@ mod tests {
         let mut a = Buckets::default();
         a.set(9, 1);
         a.set(2, 5);
-        a.add(40, 1);
+        a.set(40, 1);
         assert_eq!(a.iter().collect::<Vec<_>>(), [(2, 5), (9, 1)]);
-        a.add(2, u64::MAX - 4);
-        assert_eq!(
-            a.iter().collect::<Vec<_>>(),
-            [(9, 1)],
-            "wrapped to zero: gone"
-        );
+        a.set(2, 0);
+        assert_eq!(a.iter().collect::<Vec<_>>(), [(9, 1)], "zero: gone");
         a.set(9, 0);
         assert_eq!(a, Buckets::default());
     }
