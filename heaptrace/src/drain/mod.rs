@@ -17,6 +17,7 @@ pub mod proc_slots;
 mod relief;
 mod retire;
 pub mod round;
+pub mod site_totals;
 mod snapshot;
 pub mod source;
 

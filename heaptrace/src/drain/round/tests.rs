@@ -1,3 +1,5 @@
+use heaptrace_common::SiteCounters;
+
 use super::*;
 
 fn counters(calls: u64, bytes: u64, live_blocks: i64, live_bytes: i64) -> ProcCounters {
