@@ -3,6 +3,7 @@
 //! they are ignored, but in CI (`CI` set) a missing capability fails them.
 mod access;
 mod arguments;
+mod batch;
 mod before_attach;
 mod busy;
 mod busy_attach;

@@ -88,6 +88,17 @@ pub fn per_cpu_hash<K: Pod, V: Pod>(
 /// Deletes `keys` from the hash map `fd` with BPF_MAP_DELETE_BATCH: a system call for many
 /// keys instead of one each. A key gone already is skipped (the kernel stops at it).
 pub fn delete<K: Pod>(fd: BorrowedFd<'_>, keys: &[K]) -> std::io::Result<()> {
+    delete_each(fd, keys, |_| {})
+}
+
+/// `delete`, telling `absent` the index of each key that was not in the map: the kernel
+/// deletes a batch's keys in order and stops at the first it does not find, so every key
+/// before it went.
+pub fn delete_each<K: Pod>(
+    fd: BorrowedFd<'_>,
+    keys: &[K],
+    mut absent: impl FnMut(usize),
+) -> std::io::Result<()> {
     let mut at = 0;
     while at < keys.len() {
         let n = (keys.len() - at).min(CHUNK);
@@ -106,7 +117,12 @@ pub fn delete<K: Pod>(fd: BorrowedFd<'_>, keys: &[K]) -> std::io::Result<()> {
         let done = (unsafe { attr.batch.count } as usize).min(n);
         match result {
             Ok(_) => at += n,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => at += done + 1,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                if done < n {
+                    absent(at + done);
+                }
+                at += done + 1;
+            }
             Err(e) => return Err(e),
         }
     }

@@ -156,18 +156,28 @@ impl KernelMaps {
     /// and held since, so no stack could store its frames under it.
     pub fn free_idle_stacks(&mut self, ids: Vec<i32>) -> Freed {
         let mut freed = Freed::new();
+        // The hash from the archive, the deletes in batches (as `free_stacks`): an id held
+        // since the last read has its stack there.
+        let mut picked: Vec<(u32, u64, HeldStack)> = Vec::new();
         for id in ids {
             let Some(u) = u32::try_from(id).ok().filter(|u| *u < CALLER_ID_BASE) else {
                 continue;
             };
-            let Ok(hash) = self.owners.get(&u, 0) else {
+            let Some(hash) = self.archive.get(&u).map(|(hash, _)| *hash) else {
                 continue;
             };
-            let held = self.stack(id);
-            if self.owners.remove(&u).is_ok() {
-                self.archive.remove(&u);
-                self.idle.insert(u, hash);
-                freed.insert(id, held);
+            picked.push((u, hash, self.stack(id)));
+        }
+        let keys: Vec<u32> = picked.iter().map(|(u, ..)| *u).collect();
+        let mut absent = vec![false; keys.len()];
+        let deleted = batch::delete_each(self.owners_fd.as_fd(), &keys, |i| absent[i] = true);
+        if deleted.is_ok() {
+            for ((u, hash, held), absent) in picked.into_iter().zip(absent) {
+                if !absent {
+                    self.archive.remove(&u);
+                    self.idle.insert(u, hash);
+                    freed.insert(u as i32, held);
+                }
             }
         }
         if !freed.is_empty() {

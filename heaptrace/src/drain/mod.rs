@@ -54,7 +54,10 @@ use crate::{
 
 /// Stacks freed (`KernelMaps::free_stacks`): id -> its return addresses and whether they were
 /// whole, if it could be read.
-pub type Freed = FastMap<i32, Option<(Vec<u64>, bool)>>;
+pub type Freed = FastMap<i32, HeldStack>;
+
+/// A stored stack's return addresses and whether it is whole (`KernelMaps::stack`).
+pub type HeldStack = Option<(Vec<u64>, bool)>;
 
 /// The stack a site first seen right after its stack id was freed was counted under, from
 /// what the id held then (`held`) and holds `now`: the stack freed, unless another has taken
@@ -86,10 +89,10 @@ pub struct KernelMaps {
     /// `CALLER_ID_BASE`): read and deleted every round (`read_frames`).
     frames: HashMap<MapData, u32, StoredStack>,
     frames_fd: OwnedFd,
-    /// Which stack holds each id (its hash), every stack's not freed.
-    owners: HashMap<MapData, u32, u64>,
-    /// The frames read from FRAMES, by id, until the id is freed.
-    archive: FastMap<u32, Vec<u64>>,
+    /// STACK_OWNERS: which stack holds each id (its hash), every stack's not freed.
+    owners_fd: OwnedFd,
+    /// The hash and frames of each stack read from FRAMES, by id, until the id is freed.
+    archive: FastMap<u32, (u64, Vec<u64>)>,
     /// Ids freed while their processes lived (`idle`), with the hash of the stack they held.
     idle: FastMap<u32, u64>,
     /// Ids read from FRAMES since `take_stored`, and those of them that were freed while idle
@@ -218,7 +221,7 @@ impl KernelMaps {
             inflight_slots: MappedArray::map(ebpf, maps::INFLIGHT_SLOTS)?,
             frames: take(ebpf, maps::FRAMES)?,
             frames_fd,
-            owners: take(ebpf, maps::STACK_OWNERS)?,
+            owners_fd: hash_fd(ebpf, maps::STACK_OWNERS)?,
             archive: FastMap::new(),
             idle: FastMap::new(),
             stored: Vec::new(),
@@ -242,7 +245,7 @@ impl KernelMaps {
             let trace = self.callers.get(&(id - CALLER_ID_BASE), 0).ok()?;
             return Some((trace.frames().iter().map(|f| f.ip).collect(), false));
         }
-        if let Some(frames) = self.archive.get(&id) {
+        if let Some((_, frames)) = self.archive.get(&id) {
             return Some((frames.clone(), true));
         }
         // Stored since the last read.
@@ -259,7 +262,7 @@ impl KernelMaps {
         let archive = &mut self.archive;
         batch::per_cpu_hash::<u32, StoredStack>(self.frames_fd.as_fd(), 1, |id, stack| {
             if let Some(s) = stack.first() {
-                archive.insert(*id, s.frames().to_vec());
+                archive.insert(*id, (s.hash, s.frames().to_vec()));
                 read.push((*id, s.hash));
             }
         })
@@ -280,20 +283,40 @@ impl KernelMaps {
     /// have been counted under the stack freed, or under one that took its place since.
     pub fn free_stacks(&mut self, ids: impl IntoIterator<Item = i32>) -> Freed {
         let mut freed = Freed::new();
+        // Whole stacks' ids, deleted in batches: a compiler that ends frees tens of
+        // thousands at once, and a system call each took seconds of a round on a busy host.
+        let mut owned: Vec<(u32, HeldStack)> = Vec::new();
+        let mut unread = Vec::new();
         for id in ids {
             let Ok(u) = u32::try_from(id) else { continue };
-            // Freed while idle before: no process's any more.
-            self.idle.remove(&u);
+            // Freed while idle and not stored again since: nothing to delete. Most ids of a
+            // long process's sites are, and each absent key costs the batch a system call.
+            if self.idle.remove(&u).is_some() {
+                continue;
+            }
             let held = self.stack(id);
-            let removed = if u >= CALLER_ID_BASE {
-                self.callers.remove(&(u - CALLER_ID_BASE))
-            } else {
-                let _ = self.frames.remove(&u);
-                self.archive.remove(&u);
-                self.owners.remove(&u)
-            };
-            if removed.is_ok() {
-                freed.insert(id, held);
+            if u >= CALLER_ID_BASE {
+                if self.callers.remove(&(u - CALLER_ID_BASE)).is_ok() {
+                    freed.insert(id, held);
+                }
+                continue;
+            }
+            // Frames are in FRAMES only until read into the archive, and an id is taken
+            // anew only once deleted from STACK_OWNERS, which takes it out of the archive.
+            if self.archive.remove(&u).is_none() {
+                unread.push(u);
+            }
+            owned.push((u, held));
+        }
+        let _ = batch::delete(self.frames_fd.as_fd(), &unread);
+        let keys: Vec<u32> = owned.iter().map(|(u, _)| *u).collect();
+        let mut absent = vec![false; keys.len()];
+        let deleted = batch::delete_each(self.owners_fd.as_fd(), &keys, |i| absent[i] = true);
+        if deleted.is_ok() {
+            for ((u, held), absent) in owned.into_iter().zip(absent) {
+                if !absent {
+                    freed.insert(u as i32, held);
+                }
             }
         }
         if !freed.is_empty() {
