@@ -34,10 +34,29 @@ impl Daemon {
                 ended.push(key);
             }
         }
+        // The maps are read meanwhile if they fill: one compiler's fold took seconds of a
+        // round beside a Rust build.
+        let mut kept_up = Instant::now();
+        let mut failed = None;
         while let Some(key) = self.exited_kept.next_to_fold(self.keep_exited) {
-            let made = self.profile.fold(key, &mut self.exited_leaks);
+            let maps = &mut self.maps;
+            let mut tick = || {
+                if kept_up.elapsed() >= RELIEF_EVERY {
+                    if let Err(e) = maps.relieve() {
+                        failed.get_or_insert(e);
+                    }
+                    kept_up = Instant::now();
+                }
+            };
+            tick();
+            let made = self
+                .profile
+                .fold_pacing(key, &mut self.exited_leaks, &mut tick);
             self.folded_stacks.extend(made);
             folded.push(key);
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         Ok((ended, folded))
     }

@@ -47,6 +47,9 @@ impl Kept {
     }
 }
 
+/// Entries `Profile::fold_pacing` moves between two calls of its tick.
+pub const TICK_EVERY: usize = 4096;
+
 /// The key of the folded processes. Never a process's: it is above every pid Linux gives.
 pub const FOLDED: u32 = u32::MAX;
 
@@ -85,6 +88,18 @@ impl Profile {
         key: u32,
         leaks: &mut BTreeMap<SiteId, Leak>,
     ) -> Vec<(i32, Arc<[Frame]>)> {
+        self.fold_pacing(key, leaks, &mut || {})
+    }
+
+    /// `fold`, calling `tick` every [`TICK_EVERY`] entries moved: a compiler's process
+    /// has hundreds of thousands of sites, whose fold took over a second of a round on a
+    /// busy host, and the daemon's kernel maps must be read meanwhile.
+    pub fn fold_pacing(
+        &mut self,
+        key: u32,
+        leaks: &mut BTreeMap<SiteId, Leak>,
+        tick: &mut dyn FnMut(),
+    ) -> Vec<(i32, Arc<[Frame]>)> {
         let Some(p) = self.procs.remove(&key) else {
             return Vec::new();
         };
@@ -96,18 +111,26 @@ impl Profile {
         f.exited = true;
         f.leaks_at_exit = true;
         f.peak_rss_kb = f.peak_rss_kb.max(p.peak_rss_kb);
-        self.move_sites(key, FOLDED, leaks)
+        self.move_sites(key, FOLDED, leaks, tick)
     }
 
     /// Moves the figures of process `key` by site to process `into`, each site's stack by its
     /// frames (stacks of one frames are one site there); `leaks` too. Returns the stacks made
-    /// under `into`. Its process entry is the caller's.
+    /// under `into`. Its process entry is the caller's. `tick`: as `fold_pacing`.
     pub(super) fn move_sites(
         &mut self,
         key: u32,
         into: u32,
         leaks: &mut BTreeMap<SiteId, Leak>,
+        tick: &mut dyn FnMut(),
     ) -> Vec<(i32, Arc<[Frame]>)> {
+        let mut moved = 0usize;
+        let mut pace = || {
+            moved += 1;
+            if moved.is_multiple_of(TICK_EVERY) {
+                tick();
+            }
+        };
         let mut made = Vec::new();
         let mut to: HashMap<i32, i32> = HashMap::new();
         let mut id = |profile: &mut Profile, id: i32| -> i32 {
@@ -125,18 +148,22 @@ impl Profile {
         };
         let range = site_ids(key);
         for (k, v) in take_range(&mut self.sites, range.clone()) {
+            pace();
             let k = (into, id(self, k.1), k.2);
             self.sites.entry(k).or_default().plus(&v);
         }
         for (k, v) in take_range(&mut self.samples, range.clone()) {
+            pace();
             let k = (into, id(self, k.1), k.2);
             self.samples.entry(k).or_default().plus(&v);
         }
         for (k, w) in take_range(&mut self.weights, range.clone()) {
+            pace();
             let k = (into, id(self, k.1), k.2);
             self.weights.entry(k).or_default().plus(&w);
         }
         for ((_, func, size, st), n) in take_range(&mut self.sizes, size_keys(key)) {
+            pace();
             let k = (into, func, size, id(self, st));
             *self.sizes.entry(k).or_default() += n;
         }

@@ -43,7 +43,12 @@ impl Profile {
                 g.oom_killed |= p.oom_killed;
                 g.peak_rss_kb = g.peak_rss_kb.max(p.peak_rss_kb);
                 g.cgroup.clone_from(&p.cgroup);
-                out.move_sites(*key, into, leaks.as_mut().unwrap_or(&mut scratch));
+                out.move_sites(
+                    *key,
+                    into,
+                    leaks.as_mut().unwrap_or(&mut scratch),
+                    &mut || {},
+                );
             }
         }
         out.leaks = leaks;
