@@ -294,9 +294,9 @@ pub struct TraceArgs {
 
     /// Capacity of the stack map (distinct user stacks held at once).
     ///
-    /// Default: 131072 for the kernel's probes (~100 bytes of kernel memory a stack held,
-    /// allocated as stacks come, freed when their processes end; the frames of half as many
-    /// new stacks a round), 16384 with --in-process.
+    /// Default: 262144 for the kernel's probes (~100 bytes of kernel memory a stack held,
+    /// allocated as stacks come, freed when their processes end or idle; the frames of half
+    /// as many new stacks, at most 65536, between reads), 16384 with --in-process.
     #[arg(long, value_name = "STACKS",
           value_parser = clap::value_parser!(u32).range(1..=1 << 24))]
     pub stack_map_size: Option<u32>,
@@ -409,7 +409,7 @@ impl TraceArgs {
     /// `--stack-map-size` for the kernel's probes: the kernel maps hold what a process's
     /// rounds name at once, allocated as stacks come (docs/kernel.md, *The stack walk*).
     pub fn kernel_stack_map_size(&self) -> u32 {
-        self.stack_map_size.unwrap_or(131072)
+        self.stack_map_size.unwrap_or(1 << 18)
     }
 
     /// `--unwind-table-size` for the kernel's probes: a bound, allocated as used.

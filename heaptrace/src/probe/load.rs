@@ -176,9 +176,11 @@ pub fn stack_maps(opts: &LoadOptions) -> (u32, u32) {
 }
 
 /// The capacity of FRAMES, the frames of the stacks stored since user space last read them (a
-/// round's new stacks; STACK_OWNERS holds every stack's id, `stacks` of them): half as many.
+/// round's new stacks; STACK_OWNERS holds every stack's id, `stacks` of them): half as many,
+/// at most 65,536. A stack's frames take 1 KiB there, and the map is read once a quarter
+/// full (`drain::relief`), so more room would be kernel memory for bursts alone.
 pub fn frames_unread(stacks: u32) -> u32 {
-    (stacks / 2).max(1)
+    (stacks / 2).clamp(1, 1 << 16)
 }
 
 /// The live slots in front of the live map (`heaptrace_common::live`): one where no mode
@@ -466,6 +468,16 @@ mod tests {
             stack_map_size,
             ..LoadOptions::default()
         })
+    }
+
+    /// FRAMES holds half the stacks' ids, within 1 KiB stacks' bound.
+    #[test]
+    fn frames_hold_half_the_stacks_up_to_65536() {
+        assert_eq!(frames_unread(1), 1);
+        assert_eq!(frames_unread(16384), 8192);
+        assert_eq!(frames_unread(131072), 65536);
+        assert_eq!(frames_unread(1 << 18), 65536);
+        assert_eq!(frames_unread(1 << 24), 65536);
     }
 
     /// (whole stacks, callers): the callers' stack map gets one more for a power of two.
