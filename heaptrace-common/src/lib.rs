@@ -263,8 +263,10 @@ pub struct SiteCounters {
     // site's from it. One atomic add less per allocation, and a site is 40 % smaller on every
     // CPU (the map is per CPU and preallocated).
     /// Lifetimes of released blocks whose allocation was timed (`--latency-every`), in units
-    /// of 1024 ns (~us), power-of-two buckets.
-    pub lifetimes: [u64; LOG2_BUCKETS],
+    /// of 1024 ns (~us), power-of-two buckets. 32 bits: a key counts for about two rounds
+    /// (`round_gen`), far from 2^32 timed frees, and the daemon copies every site of the map
+    /// for every CPU each round; 64-bit buckets were 256 of a site's 344 bytes.
+    pub lifetimes: [u32; LOG2_BUCKETS],
     /// The peak's composition, folded lazily (memray's high-water mark): the process's
     /// [`ProcPeak::seq`] this entry last saw, and its live blocks and bytes (as the fields
     /// above give them, wrapping) before its first change after `seq` moved there. An entry
@@ -490,7 +492,7 @@ const _: () = assert!(core::mem::size_of::<InFlight>() == 56);
 const _: () = assert!(core::mem::size_of::<InFlightSlot>() == 64);
 const _: () = assert!(core::mem::size_of::<SiteKey>() == 16);
 const _: () = assert!(core::mem::size_of::<StoredStack>() == 8 * (1 + STACK_FRAMES));
-const _: () = assert!(core::mem::size_of::<SiteCounters>() == 11 * 8 + 8 * LOG2_BUCKETS);
+const _: () = assert!(core::mem::size_of::<SiteCounters>() == 11 * 8 + 4 * LOG2_BUCKETS);
 const _: () = assert!(core::mem::size_of::<LatencyHist>() == 8 * LOG2_BUCKETS);
 const _: () = assert!(core::mem::size_of::<ProcEvent>() == 32);
 const _: () = assert!(core::mem::size_of::<MemEvent>() == 56);

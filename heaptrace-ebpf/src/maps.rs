@@ -274,6 +274,12 @@ pub fn add(counter: &mut u64, v: u64) {
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, v) };
 }
 
+#[inline(always)]
+pub fn add32(counter: &mut u32, v: u32) {
+    // SAFETY: the pointer comes from a live map value, aligned for u32.
+    unsafe { atomic_xadd::<u32, u32, { AtomicOrdering::Relaxed }>(counter, v) };
+}
+
 /// Compare-and-swap: true if `word` was `old` and is now `new`.
 #[inline(always)]
 pub fn cas(word: &mut u64, old: u64, new: u64) -> bool {

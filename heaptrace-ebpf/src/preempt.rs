@@ -39,6 +39,7 @@ fn placeholder(id: i32) {
 /// Adding to this CPU's counters.
 pub trait Count {
     fn add(&self, counter: &mut u64, v: u64);
+    fn add32(&self, counter: &mut u32, v: u32);
 }
 
 /// Atomic adds, wherever preemption may be on.
@@ -48,6 +49,11 @@ impl Count for Atomic {
     #[inline(always)]
     fn add(&self, counter: &mut u64, v: u64) {
         crate::maps::add(counter, v);
+    }
+
+    #[inline(always)]
+    fn add32(&self, counter: &mut u32, v: u32) {
+        crate::maps::add32(counter, v);
     }
 }
 
@@ -73,6 +79,15 @@ impl Count for PreemptOff {
             *counter = counter.wrapping_add(v);
         } else {
             crate::maps::add(counter, v);
+        }
+    }
+
+    #[inline(always)]
+    fn add32(&self, counter: &mut u32, v: u32) {
+        if preempt_off() {
+            *counter = counter.wrapping_add(v);
+        } else {
+            crate::maps::add32(counter, v);
         }
     }
 }

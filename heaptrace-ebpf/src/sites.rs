@@ -154,7 +154,7 @@ pub fn released(
     if block.ts_ns != 0 {
         // SAFETY: no preconditions.
         let lifetime = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() }.wrapping_sub(block.ts_ns);
-        c.add(&mut site.lifetimes[log2_bucket(lifetime >> 10)], 1);
+        c.add32(&mut site.lifetimes[log2_bucket(lifetime >> 10)], 1);
     }
     // The thread's allocations and frees in between: its count now, less the count before this
     // block and this block itself.

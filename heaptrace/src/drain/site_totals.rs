@@ -51,7 +51,7 @@ impl SiteTotals {
         let add = |a: &mut u64, b: u64| *a = a.wrapping_add(b);
         for c in cpus {
             for (a, b) in lifetimes.iter_mut().zip(c.lifetimes) {
-                add(a, b);
+                add(a, u64::from(b));
             }
             add(&mut untracked, c.untracked);
             add(&mut untracked_bytes, c.untracked_bytes);

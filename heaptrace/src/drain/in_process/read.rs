@@ -15,7 +15,7 @@ use super::{
 use crate::{
     drain::{
         Freed,
-        round::{KernelPeak, Leak, ProcSnapshot, SiteId, SiteTotals, Snapshot, Totals},
+        round::{Buckets, KernelPeak, Leak, ProcSnapshot, SiteId, SiteTotals, Snapshot, Totals},
         source::Source,
     },
     error::Result,
@@ -112,10 +112,12 @@ impl Region {
                 temp_bytes: sum.temp_bytes,
                 untracked: sum.untracked,
                 untracked_bytes: sum.untracked_bytes,
-                lifetimes: std::array::from_fn(|b| lifetimes[at + b]),
                 ..SiteCounters::ZERO
             };
-            snap.sites.insert(key, SiteTotals::from_per_cpu([&c]));
+            let mut t = SiteTotals::from_per_cpu([&c]);
+            // The region's are 64-bit, counted for the whole run: not through the kernel's.
+            t.lifetimes = Buckets::from_dense(&std::array::from_fn(|b| lifetimes[at + b]));
+            snap.sites.insert(key, t);
             if fixes[i] != (0, 0) {
                 snap.peak_fix.insert(key, fixes[i]);
             }
