@@ -292,6 +292,38 @@ mod tests {
         (p, leaks)
     }
 
+    /// A process of 10,000 sites folds as `fold` does, its tick called every 4,096.
+    #[test]
+    fn a_paced_fold_ticks_every_4096_sites_and_moves_the_same() {
+        let build = || {
+            let mut p = Profile::default();
+            let pp = ProcProfile {
+                comm: "cc1plus".into(),
+                exited: true,
+                ..Default::default()
+            };
+            p.procs.insert(10, pp);
+            for st in 0..10_000 {
+                p.stacks
+                    .insert((10, st), frames(&[&st.to_string(), "main"]));
+                let t = SiteTotals {
+                    calls: 1,
+                    bytes: 8,
+                    ..Default::default()
+                };
+                p.sites.insert((10, st, 0), t);
+            }
+            p
+        };
+        let (mut paced, mut whole) = (build(), build());
+        let mut ticks = 0;
+        paced.fold_pacing(10, &mut BTreeMap::new(), &mut || ticks += 1);
+        whole.fold(10, &mut BTreeMap::new());
+        assert_eq!(ticks, 10_000 / TICK_EVERY);
+        assert_eq!(paced.sites, whole.sites);
+        assert_eq!(paced.sites.len(), 10_000);
+    }
+
     #[test]
     fn ended_processes_fold_into_one_with_their_sites_by_frames() {
         let (mut p, mut leaks) = two_processes();
