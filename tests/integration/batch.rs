@@ -4,7 +4,7 @@ use std::os::fd::AsFd as _;
 
 use aya::maps::HashMap;
 use heaptrace::{bpf::batch, probe};
-use heaptrace_common::maps;
+use heaptrace_common::{SizeKey, maps};
 
 use crate::support::bpf_test;
 
@@ -36,5 +36,57 @@ bpf_test!(
         let mut again = 0;
         batch::delete_each(fd.as_fd(), &keys[..100], |_| again += 1).unwrap();
         assert_eq!(again, 100);
+    }
+);
+
+bpf_test!(
+    /// 5,000 sizes in the per-CPU size map, read whole twice (the second time into the
+    /// buffers the first left), and read again from inside a read's visit: every read sees
+    /// every entry once, with its values on every CPU.
+    fn batch_reads_see_every_entry_again_and_within_a_read() {
+        // The defaults: stacks mode, whose size map is keyed by stack.
+        let mut ebpf = probe::load(&probe::LoadOptions::default()).unwrap().ebpf;
+        let fd = match ebpf.map(maps::SIZES) {
+            Some(aya::maps::Map::PerCpuHashMap(data)) => {
+                data.fd().as_fd().try_clone_to_owned().unwrap()
+            }
+            _ => panic!("SIZES is a per-CPU hash map"),
+        };
+        let cpus = aya::util::nr_cpus().unwrap();
+        let mut sizes: aya::maps::PerCpuHashMap<_, SizeKey, u64> =
+            aya::maps::PerCpuHashMap::try_from(ebpf.map_mut(maps::SIZES).unwrap()).unwrap();
+        let key = |i: u64| SizeKey {
+            tgid: 77,
+            func: 0,
+            round: 0,
+            size: i,
+            stack_id: 1,
+            epoch: 1,
+        };
+        for i in 0..5_000u64 {
+            let values = aya::maps::PerCpuValues::try_from(vec![i; cpus]).unwrap();
+            sizes.insert(key(i), values, 0).unwrap();
+        }
+        let read = || {
+            let mut seen = std::collections::BTreeMap::new();
+            batch::per_cpu_hash::<SizeKey, u64>(fd.as_fd(), cpus, |k, v| {
+                assert!(v.iter().all(|x| *x == k.size), "{k:?} {v:?}");
+                assert!(seen.insert(k.size, v.len()).is_none(), "{k:?} twice");
+            })
+            .unwrap();
+            seen
+        };
+        let whole: std::collections::BTreeMap<u64, usize> = (0..5_000).map(|i| (i, cpus)).collect();
+        assert_eq!(read(), whole);
+        assert_eq!(read(), whole);
+        let mut outer = 0;
+        batch::per_cpu_hash::<SizeKey, u64>(fd.as_fd(), cpus, |_, _| {
+            if outer == 0 {
+                assert_eq!(read(), whole);
+            }
+            outer += 1;
+        })
+        .unwrap();
+        assert_eq!(outer, 5_000);
     }
 );
