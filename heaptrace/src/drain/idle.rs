@@ -168,16 +168,12 @@ impl KernelMaps {
             };
             picked.push((u, hash, self.stack(id)));
         }
-        let keys: Vec<u32> = picked.iter().map(|(u, ..)| *u).collect();
-        let mut absent = vec![false; keys.len()];
-        let deleted = batch::delete_each(self.owners_fd.as_fd(), &keys, |i| absent[i] = true);
-        if deleted.is_ok() {
-            for ((u, hash, held), absent) in picked.into_iter().zip(absent) {
-                if !absent {
-                    self.archive.remove(&u);
-                    self.idle.insert(u, hash);
-                    freed.insert(u as i32, held);
-                }
+        let gone = self.delete_owners(picked.iter().map(|(u, ..)| *u).collect());
+        for ((u, hash, held), gone) in picked.into_iter().zip(gone) {
+            if gone {
+                self.archive.remove(&u);
+                self.idle.insert(u, hash);
+                freed.insert(u as i32, held);
             }
         }
         if !freed.is_empty() {

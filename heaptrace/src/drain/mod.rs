@@ -309,20 +309,26 @@ impl KernelMaps {
             owned.push((u, held));
         }
         let _ = batch::delete(self.frames_fd.as_fd(), &unread);
-        let keys: Vec<u32> = owned.iter().map(|(u, _)| *u).collect();
-        let mut absent = vec![false; keys.len()];
-        let deleted = batch::delete_each(self.owners_fd.as_fd(), &keys, |i| absent[i] = true);
-        if deleted.is_ok() {
-            for ((u, held), absent) in owned.into_iter().zip(absent) {
-                if !absent {
-                    freed.insert(u as i32, held);
-                }
+        let gone = self.delete_owners(owned.iter().map(|(u, _)| *u).collect());
+        for ((u, held), gone) in owned.into_iter().zip(gone) {
+            if gone {
+                freed.insert(u as i32, held);
             }
         }
         if !freed.is_empty() {
             next_stack_generation(&self.stack_cache, &self.stack_gen);
         }
         freed
+    }
+
+    /// Deletes ids from STACK_OWNERS in batches; whether each was there and went (none did
+    /// if the delete failed).
+    fn delete_owners(&self, ids: Vec<u32>) -> Vec<bool> {
+        let mut gone = vec![true; ids.len()];
+        if batch::delete_each(self.owners_fd.as_fd(), &ids, |i| gone[i] = false).is_err() {
+            gone.fill(false);
+        }
+        gone
     }
 
     /// The epoch of a process's current image (see `ProcCounters::epoch`).
