@@ -23,7 +23,8 @@ pub struct PyProc {
     /// `_PyRuntime`'s address.
     pub runtime: u64,
     /// The pid namespace's device and inode (`bpf_get_ns_current_pid_tgid`): a thread's
-    /// `native_thread_id` is its id there.
+    /// `native_thread_id` is its id there. Both 0 for the initial namespace, where that id
+    /// is the global one.
     pub ns_dev: u64,
     pub ns_ino: u64,
     pub interpreters_head: u32,

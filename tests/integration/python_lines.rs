@@ -202,6 +202,16 @@ bpf_test!(
     }
 );
 
+bpf_test!(
+    shared,
+    fn a_python_in_its_own_pid_namespace_names_its_lines() {
+        // Its threads' ids there are not the kernel's (the walk asks for the namespace's).
+        let python = "/usr/bin/python3.11";
+        let command = ["unshare", "--pid", "--fork", python, &fixture()];
+        check(&launched_with(&[], &command, "pylines-pidns"), python);
+    }
+);
+
 /// In process, the library reads the thread's Python frames itself (docs/python.md), named
 /// by the same code: Debian's 3.11 (stripped, non-PIE), 3.12 and 3.13 (shared libpython). A
 /// launched command is held at its start until its interpreter is found

@@ -33,6 +33,10 @@ const LOOKED_MAX: usize = 65_536;
 const FRAME_BYTES: u64 = 128;
 const CODE_BYTES: u64 = 256;
 
+/// The initial pid namespace's inode number (`PROC_PID_INIT_INO`): a thread's id there is
+/// the one the kernel's helpers give.
+const INIT_PID_NS: u64 = 0xEFFF_FFFC;
+
 /// A Python frame whose code object was freed, replaced, or its process ended, before it
 /// was read.
 pub const CODE_GONE: &str = "[python code gone before read]";
@@ -299,6 +303,12 @@ fn frame(code: Option<&Code>, unit: u32) -> Frame {
 /// The walk's entry for `pid`, if every offset it reads fits its reads.
 fn to_kernel(pid: u32, rt: &Runtime, off: &Offsets) -> Option<PyProc> {
     let ns = std::fs::metadata(format!("/proc/{pid}/ns/pid")).ok()?;
+    // In the initial namespace the walk asks no helper for the thread's id there (~0.1 us an
+    // allocation): it is the global one.
+    let (ns_dev, ns_ino) = match ns.ino() {
+        INIT_PID_NS => (0, 0),
+        ino => (ns.dev(), ino),
+    };
     let (frame_path, cframe, current_frame) = match off.frame {
         FramePath::ThroughCFrame {
             cframe,
@@ -318,8 +328,8 @@ fn to_kernel(pid: u32, rt: &Runtime, off: &Offsets) -> Option<PyProc> {
     let small = |v: u64| u32::try_from(v).ok();
     Some(PyProc {
         runtime: rt.runtime,
-        ns_dev: ns.dev(),
-        ns_ino: ns.ino(),
+        ns_dev,
+        ns_ino,
         interpreters_head: small(off.interpreters_head)?,
         threads_head: small(off.threads_head)?,
         interpreter_next: small(off.interpreter_next)?,
