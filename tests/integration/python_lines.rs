@@ -99,7 +99,54 @@ fn check(json: &Value, python: &str) {
     let zlib = at(json, "through_zlib", line_of("zlib"));
     assert!(zlib.0 >= N * 95 / 100, "{python}: zlib {zlib:?}; {}", had());
     // zlib's own frames stay below the Python one.
-    eprintln!("{python}: blocks {blocks:?} grow {grow:?} thread {thread:?} zlib {zlib:?}");
+    let mut chain = vec![("chain", line_of("chain_end"))];
+    chain.extend([("chain", line_of("chain")); 12]);
+    chain.push(("<module>", line_of("chain_call")));
+    let chain = whole(json, &chain);
+    assert!(chain >= N * 95 / 100, "{python}: chain {chain}; {}", had());
+    let generated = [
+        ("gen", line_of("gen")),
+        ("from_gen", line_of("from_gen")),
+        ("<module>", line_of("from_gen_call")),
+    ];
+    let generated = whole(json, &generated);
+    assert!(
+        generated >= N * 95 / 100,
+        "{python}: gen {generated}; {}",
+        had()
+    );
+    eprintln!(
+        "{python}: blocks {blocks:?} grow {grow:?} thread {thread:?} zlib {zlib:?} \
+         chain {chain} gen {generated}"
+    );
+}
+
+/// Calls of the stacks whose Python frames are exactly `want` (function and line of
+/// lines.py, innermost first): callers through many pages of frames, and a generator's frame
+/// (in its object, not on the data stack), named whole.
+fn whole(json: &Value, want: &[(&str, u64)]) -> u64 {
+    let mut calls = 0;
+    for s in json["stacks"].as_array().unwrap() {
+        let frames: Vec<(&str, u64)> = s["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["module"] == "[python]")
+            .map(|f| {
+                let here = f["file"].as_str().is_some_and(|p| p.ends_with("/lines.py"));
+                let function = if here {
+                    f["function"].as_str().unwrap_or("")
+                } else {
+                    ""
+                };
+                (function, f["line"].as_u64().unwrap_or(0))
+            })
+            .collect();
+        if frames == want {
+            calls += s["calls"].as_u64().unwrap();
+        }
+    }
+    calls
 }
 
 /// heaptrace's stderr, kept, with the rounds ended so far (its debug line at each).

@@ -28,8 +28,9 @@ use crate::{
 const CODES_MAX: usize = 65_536;
 /// Processes whose python files were looked through without an interpreter found, kept so.
 const LOOKED_MAX: usize = 65_536;
-/// The bytes of a frame and of a code object the walk reads in one go
-/// (`heaptrace-ebpf/src/python.rs`, `FRAME_WORDS` and `CODE_WORDS`).
+/// The bytes of a frame its fields must lie in (the walk reads them from its windows of the
+/// data stack), and of a code object the walk reads in one go (`heaptrace-ebpf/src/python.rs`,
+/// `CODE_WORDS`).
 const FRAME_BYTES: u64 = 128;
 const CODE_BYTES: u64 = 256;
 
