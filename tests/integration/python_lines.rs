@@ -283,6 +283,24 @@ fn in_process_pythons_name_their_lines() {
     }
 }
 
+bpf_test!(
+    shared,
+    fn launched_pythons_name_their_first_lines_after_an_exec() {
+        // Each version execs the next on the same script: the process's interpreter, and its
+        // offsets, change under the walk, which drops what it kept of the one before (each
+        // CPU's copy of the process's entry).
+        let versions = minor_versions();
+        for pair in versions.windows(2) {
+            let (from, to) = (&pair[0], &pair[1]);
+            let early = early_script();
+            let command = [from.0.as_str(), early.as_str(), "exec", to.0.as_str()];
+            let tag = format!("pyearly-exec-{}{}", to.1.0, to.1.1);
+            let doc = launched_with(&[], &command, &tag);
+            check_early(&doc, &format!("{} exec'ing {}", from.0, to.0));
+        }
+    }
+);
+
 /// One python of each minor version (Debian's 3.11, pyenv's 3.12 and 3.13) that is here;
 /// under CI, each of them (a missing one fails where it is run).
 fn minor_versions() -> Vec<(String, (u8, u8))> {
