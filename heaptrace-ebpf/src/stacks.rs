@@ -93,21 +93,20 @@ pub fn walk(ctx: &impl EbpfContext, tgid: u32) -> Option<(&'static mut StoredSta
     // A process with no entry yet finds each frame's file by its mapping, in a loop of its
     // own (`unwind::rule_by_mapping`). Where that is off (all but `--all`), the verifier
     // sees the first test fail and goes through that loop not at all.
-    let by_mapping = crate::vma::on() && modules.count == crate::unwind::BY_VMA;
-    // SAFETY: the callbacks are static functions of this object; the context lives on this
-    // stack for the call.
-    unsafe {
-        generated::bpf_loop(
-            STACK_FRAMES as u32 - 1,
-            if by_mapping {
-                step_by_mapping as *mut core::ffi::c_void
-            } else {
-                step as *mut core::ffi::c_void
-            },
-            (&raw mut frames).cast(),
-            0,
-        )
-    };
+    if crate::vma::on() && modules.count == crate::unwind::BY_VMA {
+        loop_by_mapping(&mut frames);
+    } else {
+        // SAFETY: the callback is a static function of this object; the context lives on
+        // this stack for the call.
+        unsafe {
+            generated::bpf_loop(
+                STACK_FRAMES as u32 - 1,
+                step as *mut core::ffi::c_void,
+                (&raw mut frames).cast(),
+                0,
+            )
+        };
+    }
     // SAFETY: map value pointers, as above.
     let (sc, ch, st) = unsafe { (&mut *s, &mut *c, &mut *w) };
     if st.cut != 0 {
@@ -157,6 +156,23 @@ extern "C" fn step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // SAFETY: `walk`'s `Frames`, alive for the loop.
     let f = unsafe { &mut *ctx.cast::<Frames<'_>>() };
     stop_at(f, unwind_one::<false>)
+}
+
+/// The walk by mapping, in a function of its own: with both callbacks in one `bpf_loop` call,
+/// LLVM loaded `step_by_mapping`'s address on a path that called `step`, and the kernel,
+/// which had never verified that callback there, failed to load the program ("No program
+/// to jit").
+#[inline(never)]
+fn loop_by_mapping(frames: &mut Frames<'_>) {
+    // SAFETY: as in `walk`.
+    unsafe {
+        generated::bpf_loop(
+            STACK_FRAMES as u32 - 1,
+            step_by_mapping as *mut core::ffi::c_void,
+            (frames as *mut Frames<'_>).cast(),
+            0,
+        )
+    };
 }
 
 /// `step` for a process with no entry yet (`unwind::rule_by_mapping`).

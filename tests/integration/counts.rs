@@ -573,3 +573,38 @@ bpf_test!(
         assert!((10_000..=100_000).contains(&mem), "mem_syscall: {mem}");
     }
 );
+
+bpf_test!(
+    shared,
+    /// Each mode and each floor is its own set of paths through the same programs, and the
+    /// kernel loads each apart: a build whose bare floor loaded a callback's address on a path
+    /// that called another one failed to load there ("No program to jit") while every mode
+    /// loaded.
+    fn every_mode_and_floor_loads_and_runs() {
+        let bin = fixture("pairs", "", &[]);
+        let runs: [&[&str]; 7] = [
+            &["--mode", "calls"],
+            &["--mode", "counts"],
+            &["--mode", "sizes"],
+            &["--mode", "stacks"],
+            &["--floor", "bare-entry"],
+            &["--floor", "bare-traps"],
+            &["--floor", "bare"],
+        ];
+        for flags in runs {
+            let out = heaptrace()
+                .args(["--no-tui", "-q"])
+                .args(flags)
+                .arg("--")
+                .arg(&bin)
+                .arg("100")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{flags:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+);
