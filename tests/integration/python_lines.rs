@@ -397,8 +397,11 @@ fn attached(options: &[&str], python: &str, tag: &str) -> Value {
 bpf_test!(
     shared,
     fn an_attached_python_names_its_lines() {
-        let python = &pythons()[2].0; // 3.12, libpython shared
-        check(&attached(&[], python, "pylines-p"), python);
+        // Debian's stripped, non-PIE 3.11, and 3.12 and 3.13 with a shared libpython.
+        for (python, version) in minor_versions() {
+            let tag = format!("pylines-p-{}{}", version.0, version.1);
+            check(&attached(&[], &python, &tag), &python);
+        }
     }
 );
 
