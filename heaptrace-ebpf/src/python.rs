@@ -25,12 +25,10 @@ use heaptrace_common::{
 #[map(name = "PY_PROCS")]
 pub static PY_PROCS: HashMap<u32, PyProc> = HashMap::with_max_entries(1024, 1);
 
-/// User space's count of its changes to `PY_PROCS`, 0 until it put any process there (until
-/// then no walk looks there: a hash lookup an allocation, for nothing, on a host with no
-/// Python traced); then the kernel's count of its own (an exec removes the process's entry).
-/// Together they say when a CPU's copy of an entry (`PyScratch::proc`) is still the map's.
+/// 1 once user space put any process in `PY_PROCS`: until then no walk looks there (a hash
+/// lookup an allocation, for nothing, on a host with no Python traced).
 #[map(name = "PY_ON")]
-pub static PY_ON: Array<u64> = Array::with_max_entries(2, 0);
+pub static PY_ON: Array<u32> = Array::with_max_entries(1, 0);
 
 /// Each thread's state, by its global thread id: (tgid << 32 | namespaced id, state).
 #[map(name = "PY_THREADS")]
@@ -56,11 +54,6 @@ const TSTATE_WORDS: usize = 32;
 
 #[repr(C)]
 pub struct PyScratch {
-    /// The last process walked on this CPU: its `PY_PROCS` entry, copied, and (its tgid, then
-    /// `PY_ON`'s counts) when copied. Most allocations here come from the process of the one
-    /// before, and this read costs no hash lookup (~50 ns).
-    proc: PyProc,
-    proc_key: [u64; 3],
     window: [u64; WINDOW_WORDS],
     /// Where `window` was read from, its bytes read (0: none yet in this walk), and whose
     /// (a walk preempted by another process's on this CPU does not read its window).
@@ -427,10 +420,6 @@ fn qualname_words(p: &PyProc, qualname: u64) -> u64 {
 pub fn exec(tgid: u32) {
     if PY_ON.get(0).is_some_and(|on| *on != 0) {
         let _ = PY_PROCS.remove(&tgid);
-        if let Some(count) = PY_ON.get_ptr_mut(1) {
-            // SAFETY: a map value pointer, valid for the program's run.
-            crate::maps::add(unsafe { &mut *count }, 1);
-        }
     }
 }
 
@@ -442,12 +431,10 @@ pub fn exec(tgid: u32) {
 /// verified instead of 230k).
 #[inline(always)]
 pub fn append(tgid: u32, stack: &mut StoredStack, n: u64, hash: u64) -> (u64, u64) {
-    let Some(&changes) = PY_ON.get(0).filter(|on| **on != 0) else {
+    if PY_ON.get(0).is_none_or(|on| *on == 0) {
         return (n, hash);
-    };
-    let key = [u64::from(tgid), changes, PY_ON.get(1).copied().unwrap_or(0)];
+    }
     let mut a = Append {
-        key,
         tgid,
         stack,
         n,
@@ -466,7 +453,6 @@ pub fn append(tgid: u32, stack: &mut StoredStack, n: u64, hash: u64) -> (u64, u6
 }
 
 struct Append {
-    key: [u64; 3],
     tgid: u32,
     stack: *mut StoredStack,
     n: u64,
@@ -479,32 +465,19 @@ extern "C" fn append_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let a = unsafe { &mut *ctx.cast::<Append>() };
     // SAFETY: as above.
     let stack = unsafe { &mut *a.stack };
-    (a.n, a.hash) = append_now(a.key, a.tgid, stack, a.n, a.hash);
+    (a.n, a.hash) = append_now(a.tgid, stack, a.n, a.hash);
     1
 }
 
-/// Word by word: compared whole, LLVM calls a byte loop.
 #[inline(always)]
-fn same(a: &[u64; 3], b: &[u64; 3]) -> bool {
-    a[0] == b[0] && a[1] == b[1] && a[2] == b[2]
-}
-
-#[inline(always)]
-fn append_now(key: [u64; 3], tgid: u32, stack: &mut StoredStack, n: u64, hash: u64) -> (u64, u64) {
+fn append_now(tgid: u32, stack: &mut StoredStack, n: u64, hash: u64) -> (u64, u64) {
+    // SAFETY: a map value pointer, alive for the program's run.
+    let Some(p) = (unsafe { PY_PROCS.get(&tgid) }) else {
+        return (n, hash);
+    };
     let Some(sc) = PY_SCRATCH.get_ptr_mut(0) else {
         return (n, hash);
     };
-    // SAFETY: this CPU's scratch, alive for the program's run.
-    if !same(unsafe { &(*sc).proc_key }, &key) {
-        // SAFETY: a map value pointer, alive for the program's run.
-        let Some(entry) = (unsafe { PY_PROCS.get(&tgid) }) else {
-            return (n, hash);
-        };
-        // SAFETY: as above.
-        unsafe { ((*sc).proc, (*sc).proc_key) = (*entry, key) };
-    }
-    // SAFETY: as above; read through `sc` like the rest of the scratch.
-    let p = unsafe { &*(&raw const (*sc).proc) };
     // SAFETY: this CPU's scratch, ours for the program's run.
     let tstate = thread_state(tgid, p, unsafe { &mut *sc });
     if tstate == 0 || n + 3 > STACK_FRAMES as u64 - 1 {
@@ -554,9 +527,5 @@ fn append_now(key: [u64; 3], tgid: u32, stack: &mut StoredStack, n: u64, hash: u
     };
     // SAFETY: as above.
     let s = unsafe { &*sc };
-    if !same(&s.proc_key, &key) {
-        // A walk of another process, preempting this one on this CPU, took the scratch.
-        return (n, hash);
-    }
     (s.n, s.hash)
 }

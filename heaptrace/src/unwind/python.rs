@@ -62,34 +62,23 @@ pub trait Walks: Send {
     fn remove(&mut self, pid: u32);
 }
 
-/// The kernel walk's map, and its switch: on at the first interpreter found, then the count
-/// of the map's changes (a CPU's copy of an entry is used while the count is the same).
+/// The kernel walk's map, and its switch: on at the first interpreter found.
 struct KernelWalks {
     map: BpfHashMap<MapData, u32, PyProc>,
-    on: BpfArray<MapData, u64>,
-    changes: u64,
-}
-
-impl KernelWalks {
-    fn changed(&mut self) {
-        self.changes += 1;
-        let _ = self.on.set(0, self.changes, 0);
-    }
+    on: BpfArray<MapData, u32>,
 }
 
 impl Walks for KernelWalks {
     fn insert(&mut self, pid: u32, p: PyProc) -> bool {
         let ok = self.map.insert(pid, p, 0).is_ok();
         if ok {
-            self.changed();
+            let _ = self.on.set(0, 1, 0);
         }
         ok
     }
 
     fn remove(&mut self, pid: u32) {
-        if self.map.remove(&pid).is_ok() {
-            self.changed();
-        }
+        let _ = self.map.remove(&pid);
     }
 }
 
@@ -146,7 +135,6 @@ impl Interpreters {
         Ok(Interpreters::with(Box::new(KernelWalks {
             map: BpfHashMap::try_from(map).map_err(|e| err(e.to_string()))?,
             on: BpfArray::try_from(on).map_err(|e| err(e.to_string()))?,
-            changes: 0,
         })))
     }
 
