@@ -321,8 +321,7 @@ extern "C" fn frame_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let code = f(p.code, 8);
     let ip = f(p.instruction, 8);
     let mut entry = p.is_entry != u32::MAX && f(p.is_entry, 1) != 0;
-    let next = f(p.previous, 8);
-    sc.next = next;
+    sc.next = f(p.previous, 8);
     if owner == OWNED_BY_CSTACK {
         return 0;
     }

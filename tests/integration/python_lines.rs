@@ -287,8 +287,8 @@ bpf_test!(
     shared,
     fn launched_pythons_name_their_first_lines_after_an_exec() {
         // Each version execs the next on the same script: the process's interpreter, and its
-        // offsets, change under the walk, which drops what it kept of the one before (each
-        // CPU's copy of the process's entry).
+        // offsets, change under the walk, whose cached thread states (each CPU's last, and
+        // `PY_THREADS`) are the old image's until checked against the new one.
         let versions = minor_versions();
         for pair in versions.windows(2) {
             let (from, to) = (&pair[0], &pair[1]);
