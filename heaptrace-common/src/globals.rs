@@ -16,8 +16,11 @@ pub const SAMPLE_SCALE: &str = "SAMPLE_SCALE";
 /// Calls mode (1): a function without a return probe ([`super::COOKIE_NO_RETURN`]) is
 /// counted at its entry, and nothing is kept in the live map.
 pub const CALLS_MODE: &str = "CALLS_MODE";
-/// Bare mode (a benchmark floor): 1 walks the user stack at the return, 0 only counts.
+/// Bare mode (a benchmark floor): [`BARE_WALK`] walks the user stack at the return,
+/// [`BARE_READ`] reads one word of it, 0 only counts.
 pub const BARE_STACK: &str = "BARE_STACK";
+pub const BARE_WALK: u32 = 1;
+pub const BARE_READ: u32 = 2;
 /// The one process traced (`-p`, a launched command), whose execs alone are reported; 0
 /// reports every exec (`--all`).
 pub const WATCH_TGID: &str = "WATCH_TGID";

@@ -56,7 +56,7 @@ use crate::{
 const BPF_ANY: u64 = 0;
 
 #[inline(always)]
-fn stack_pointer(regs: *mut aya_ebpf::bindings::pt_regs) -> u64 {
+pub(crate) fn stack_pointer(regs: *mut aya_ebpf::bindings::pt_regs) -> u64 {
     // SAFETY: the context's register file, valid for the program's run.
     unsafe { (*regs).rsp }
 }

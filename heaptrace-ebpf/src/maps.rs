@@ -82,9 +82,9 @@ pub fn watch_tgid() -> u32 {
 static BARE_STACK: u32 = 1;
 
 #[inline(always)]
-pub fn bare_stack() -> bool {
+pub fn bare_stack() -> u32 {
     // SAFETY: a plain read of a global the loader wrote before load.
-    unsafe { core::ptr::read_volatile(&BARE_STACK) != 0 }
+    unsafe { core::ptr::read_volatile(&BARE_STACK) }
 }
 
 /// Calls mode: see `heaptrace_common::globals::CALLS_MODE`.

@@ -6,7 +6,9 @@
 //! begin with `push %rbp`.) Only successful allocations pay for a stack.
 use aya_ebpf::{EbpfContext, programs::RetProbeContext};
 use heaptrace_common::{
-    CALLER_ID_BASE, Func, LiveBlock, Loss, SiteCounters, SiteKey, fills, log2_bucket,
+    CALLER_ID_BASE, Func, LiveBlock, Loss, SiteCounters, SiteKey, fills,
+    globals::{BARE_READ, BARE_WALK},
+    log2_bucket,
 };
 
 use crate::{
@@ -111,12 +113,22 @@ fn store_stack(ctx: &impl EbpfContext, tgid: u32) -> Result<(i64, bool), i32> {
     }
 }
 
-/// Bare mode: the stack walk (unless the floor measured is the traps' alone) and a count.
+/// Bare mode: the stack walk, or one read of the caller's stack (the least an exact stack
+/// takes), or neither (the traps' floor alone); and a count.
 #[inline(always)]
 pub fn bare_stack(ctx: &RetProbeContext) {
-    if crate::maps::bare_stack() {
-        let tgid = (aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32;
-        let _ = crate::stacks::walk(ctx, tgid);
+    match crate::maps::bare_stack() {
+        BARE_WALK => {
+            let tgid = (aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32;
+            let _ = crate::stacks::walk(ctx, tgid);
+        }
+        BARE_READ => {
+            // The word at the caller's stack pointer: the page the walk begins in.
+            let sp = crate::stack_pointer(ctx.regs) & !7;
+            // SAFETY: bpf_probe_read_user validates the user address.
+            let _ = unsafe { aya_ebpf::helpers::bpf_probe_read_user(sp as *const u64) };
+        }
+        _ => {}
     }
     crate::maps::bare_count(1);
 }

@@ -78,6 +78,9 @@ pub enum Floor {
     BareTraps,
     /// Calls mode's probes (no return probe on malloc); the programs only count.
     BareEntry,
+    /// Stacks mode's probes; the programs read one word of the user stack at the return and
+    /// count: what the least an exact stack needs costs, with no walk.
+    BareRead,
 }
 
 impl Floor {
@@ -87,6 +90,7 @@ impl Floor {
             Floor::Bare => Mode::Stacks,
             Floor::BareTraps => Mode::Counts,
             Floor::BareEntry => Mode::Calls,
+            Floor::BareRead => Mode::Stacks,
         }
     }
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Cost per malloc+free pair with many blocks live against one: Hoard's threadtest (P = 1,
 # 30,000 live 8-byte blocks a round, ROUNDS rounds: 30,000 * ROUNDS pairs) and `pairs N` (one
-# live block), natively and under `heaptrace -q` in the floors `bare-traps` (the three traps)
+# live block), natively and under `heaptrace -q` in the floors `bare-traps` (the three traps),
+# `bare-read` (the traps and one read of the caller's stack: the least an exact stack takes)
 # and `bare` (the traps and the stack walk) and in counts and stacks modes, REPS interleaved
 # rounds; each BUILD (a heaptrace binary; default: this tree's release build) in every round.
 # Per pair: (traced - native) / pairs, by each program's own timer, best and median, and each
@@ -24,7 +25,7 @@ for _ in $(seq "$REPS"); do
     echo "threadtest - native $(ttime env)" >>"$out"
     echo "pairs - native $("$pairs" "$N")" >>"$out"
     for b in "${!builds[@]}"; do
-        for m in bare-traps bare counts stacks; do
+        for m in bare-traps bare-read bare counts stacks; do
             echo "threadtest $b $m $(ttime "${builds[$b]}" -q $(modeflag "$m") --)" >>"$out"
             echo "pairs $b $m $("${builds[$b]}" -q $(modeflag "$m") -- "$pairs" "$N" 2>/dev/null)" \
                 >>"$out"
@@ -46,7 +47,7 @@ for w in pairs:
     for b, path in enumerate(builds):
         def add(m, f):
             return (f(runs[(w, str(b), m)]) - f(runs[(w, "-", "native")])) / pairs[w] * 1e6
-        for m in ("bare-traps", "bare", "counts", "stacks"):
+        for m in ("bare-traps", "bare-read", "bare", "counts", "stacks"):
             best, med = add(m, min), add(m, statistics.median)
             r1, r2 = best / add("bare", min), med / add("bare", statistics.median)
             t1 = best / add("bare-traps", min)

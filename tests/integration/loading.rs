@@ -40,7 +40,7 @@ bpf_test!(
     /// loaded.
     fn every_mode_and_floor_loads_and_runs() {
         let bin = fixture("pairs", "", &[]);
-        let runs: [&[&str]; 7] = [
+        let runs: [&[&str]; 8] = [
             &["--mode", "calls"],
             &["--mode", "counts"],
             &["--mode", "sizes"],
@@ -48,6 +48,7 @@ bpf_test!(
             &["--floor", "bare-entry"],
             &["--floor", "bare-traps"],
             &["--floor", "bare"],
+            &["--floor", "bare-read"],
         ];
         for flags in runs {
             let out = heaptrace()

@@ -301,7 +301,11 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
         .override_global(globals::CALLS_MODE, &u32::from(opts.at_entry()), true)
         .override_global(
             globals::BARE_STACK,
-            &u32::from(opts.floor == Some(Floor::Bare)),
+            &match opts.floor {
+                Some(Floor::Bare) => globals::BARE_WALK,
+                Some(Floor::BareRead) => globals::BARE_READ,
+                _ => 0,
+            },
             true,
         )
         .override_global(globals::WATCH_TGID, &opts.watch_tgid, true)
