@@ -258,6 +258,15 @@ pub fn slot_rows(opts: &LoadOptions) -> Result<SlotRows> {
     })
 }
 
+/// What a floor's return program does of the stack (`globals::BARE_STACK`).
+fn bare_stack(floor: Option<Floor>) -> u32 {
+    match floor {
+        Some(Floor::Bare) => globals::BARE_WALK,
+        Some(Floor::BareRead) => globals::BARE_READ,
+        _ => 0,
+    }
+}
+
 pub fn load(opts: &LoadOptions) -> Result<Loaded> {
     let me = std::process::id();
     let object = object(opts.preempt_off)?;
@@ -299,15 +308,7 @@ pub fn load(opts: &LoadOptions) -> Result<Loaded> {
             true,
         )
         .override_global(globals::CALLS_MODE, &u32::from(opts.at_entry()), true)
-        .override_global(
-            globals::BARE_STACK,
-            &match opts.floor {
-                Some(Floor::Bare) => globals::BARE_WALK,
-                Some(Floor::BareRead) => globals::BARE_READ,
-                _ => 0,
-            },
-            true,
-        )
+        .override_global(globals::BARE_STACK, &bare_stack(opts.floor), true)
         .override_global(globals::WATCH_TGID, &opts.watch_tgid, true)
         .override_global(globals::FOLLOW_FORKS, &u32::from(opts.follow_forks), true)
         .override_global(globals::TASK_PID, &ids.pid, true)
