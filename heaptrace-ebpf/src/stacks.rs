@@ -23,14 +23,16 @@ use heaptrace_common::{
 };
 
 use crate::maps::{
-    BPF_NOEXIST, CHUNK_WORDS, FILLS, FRAMES, STACK_CACHE, STACK_CHUNK, STACK_GEN, STACK_OWNERS,
-    STACK_SCRATCH, WALK, WalkState, add, lose, lose_index, slot_cpus, stack_cache_shift,
+    BPF_NOEXIST, CHUNK_WORDS, FILLS, FIRST_CHUNK_WORDS, FRAMES, STACK_CACHE, STACK_CHUNK,
+    STACK_GEN, STACK_OWNERS, STACK_SCRATCH, WALK, WalkState, add, lose, lose_index, slot_cpus,
+    stack_cache_shift,
 };
 
 const EEXIST: i32 = 17;
 const EBUSY: i32 = 16;
 
 const CHUNK_BYTES: u64 = 8 * CHUNK_WORDS as u64;
+const FIRST_CHUNK_BYTES: u64 = 8 * FIRST_CHUNK_WORDS as u64;
 
 /// Walks the user stack of process `tgid` into this CPU's scratch: the return address the
 /// probe returns to, then each frame's, then a zero (unless 127 were taken). The stack's hash
@@ -79,6 +81,7 @@ pub fn walk(ctx: &impl EbpfContext, tgid: u32) -> Option<(&'static mut StoredSta
     // SAFETY: aligned stores into this CPU's walk state.
     unsafe {
         core::ptr::write_volatile(&mut st.reads, 0);
+        core::ptr::write_volatile(&mut st.len, 0);
         core::ptr::write_volatile(&mut st.no_room, 0);
         core::ptr::write_volatile(&mut st.last.end, 0);
     }
@@ -210,6 +213,7 @@ fn unwind_one<const BY_MAPPING: bool>(f: &mut Frames<'_>) -> Result<(), u64> {
     let mut chunk = Chunk {
         c: &mut *f.chunk,
         base: &mut st.base,
+        len: &mut st.len,
         reads: &mut st.reads,
     };
     let (ret, cfa, fp) = if rule.kind == kind::SIGNAL {
@@ -280,15 +284,17 @@ fn unwind_one<const BY_MAPPING: bool>(f: &mut Frames<'_>) -> Result<(), u64> {
     Ok(())
 }
 
-/// The user stack as a walk reads it: 512 bytes at a time, from the aligned eighth of a page
-/// that holds the word asked for. A read never reaches into a page the frame does not, so it
-/// faults no more often than reading the word alone (a fault costs ~0.6 us here, see above),
-/// and the stack's deeper frames often come with it (one helper call each before, ~20 ns
-/// here plus the copy).
+/// The user stack as a walk reads it: from the aligned part of a page that holds the word
+/// asked for, its eighth at a walk's first read, its half at the next (`CHUNK_WORDS`). A
+/// read never reaches into a page the frame does not, so it faults no more often than reading
+/// the word alone (a fault costs ~0.6 us here, see above), and the stack's deeper frames often
+/// come with it.
 struct Chunk<'a> {
     c: &'a mut [u64; CHUNK_WORDS + 1],
     /// Where the chunk was read from; none yet (1: any word is past it).
     base: &'a mut u64,
+    /// Its bytes (0: none yet).
+    len: &'a mut u64,
     /// Reads into the chunk by this walk.
     reads: &'a mut u64,
 }
@@ -300,27 +306,34 @@ impl Chunk<'_> {
         if addr & 7 != 0 {
             return None;
         }
+        // Aligned words from an aligned base: any off below len holds a whole word; a word
+        // below the base wraps to past it.
         let mut off = addr.wrapping_sub(*self.base);
-        if off > CHUNK_BYTES - 8 {
-            // Computed from addr alone, the verifier sees it bounded as in the other branch.
-            off = addr & (CHUNK_BYTES - 1);
+        if off >= *self.len {
+            let len = if *self.reads == 0 {
+                FIRST_CHUNK_BYTES
+            } else {
+                CHUNK_BYTES
+            };
+            // Masked from addr, the verifier sees it bounded as in the other branch.
+            off = addr & (len - 1) & (CHUNK_BYTES - 1);
             let from = addr - off;
             add(&mut self.c[CHUNK_WORDS], 1);
             *self.reads += 1;
-            // SAFETY: bpf_probe_read_user validates the user address; the size is the
-            // chunk's.
+            // SAFETY: bpf_probe_read_user validates the user address; `len` is at most the
+            // chunk's size.
             let r = unsafe {
                 generated::bpf_probe_read_user(
                     self.c.as_mut_ptr().cast(),
-                    CHUNK_BYTES as u32,
+                    len as u32,
                     from as *const core::ffi::c_void,
                 )
             };
             if r != 0 {
-                *self.base = 1;
+                (*self.base, *self.len) = (1, 0);
                 return None;
             }
-            *self.base = from;
+            (*self.base, *self.len) = (from, len);
         }
         self.c[..CHUNK_WORDS].get((off >> 3) as usize).copied()
     }

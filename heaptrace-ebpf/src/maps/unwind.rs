@@ -46,8 +46,9 @@ pub struct WalkState {
     pub hash: u64,
     /// Frames taken.
     pub n: u64,
-    /// Where the chunk was read from (1: not yet), and the reads into it.
+    /// Where the chunk was read from (1: not yet), its bytes, and the reads into it.
     pub base: u64,
+    pub len: u64,
     pub reads: u64,
     /// Why the walk stopped, where that is a loss (a `Loss` index), else 0.
     pub cut: u64,
